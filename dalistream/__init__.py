@@ -1,0 +1,28 @@
+"""dalistream: stream WebDataset tar shards through parallel DALI sources into PyTorch.
+
+Light to import: DALI and torch are loaded only when a pipeline is built or run.
+"""
+
+from __future__ import annotations
+
+from .config import Field, StreamConfig
+from .errors import (ConfigError, DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError,
+                     StateError, WorkerError)
+from .loader import Loader
+from .pipeline import pipeline_def, raw_pipeline, read
+from .stream import Stream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Field", "StreamConfig", "Stream", "Loader", "pipeline_def", "read", "raw_pipeline",
+    "DalistreamError", "ConfigError", "SourceError", "ShardFormatError", "SampleError", "ManifestError",
+    "StateError", "WorkerError", "loader",
+]
+
+
+def loader(sources, *, fields, batch_size: int, pipeline=None, workers: int = 2, device: str = "auto",
+           pipeline_kwargs=None, **options) -> Loader:
+    """Shortcut: :meth:`Stream.open` then :class:`Loader` (``options`` as in ``Stream.open``)."""
+    stream = Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device, **options)
+    return Loader(stream, pipeline, **(pipeline_kwargs or {}))

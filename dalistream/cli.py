@@ -1,0 +1,214 @@
+"""Command line: ``dalistream synth|plan|index|keys|bench|demo``.
+
+Environment variables are read here (and in :meth:`Stream.open`), never inside library stages.
+With ``--json`` a command prints only JSON on stdout; progress bars go to stderr on a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional
+
+from .errors import DalistreamError
+
+log = logging.getLogger("dalistream")
+
+# Commands living in their own modules register here: name -> "module:add_parser function".
+EXTERNAL_COMMANDS: Dict[str, str] = {
+    "bench": "dalistream.bench:add_parser",
+    "demo": "dalistream.demo:add_parser",
+}
+
+
+def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True) -> None:
+    """The options every data-reading command shares."""
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, s3://, http(s)://")
+    p.add_argument("--workers", "-W", type=int, default=2, help="DALI worker processes (shard owners) per rank")
+    p.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
+    p.add_argument("--world-size", type=int, default=None, help="number of ranks (default: WORLD_SIZE or 1)")
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--manifest", default=None, help="manifest file with per-shard counts (from `dalistream index`)")
+    p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad samples/shards: stop, or count and skip")
+    p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO, Ceph, R2, moto); default from AWS config")
+    p.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
+    if batch:
+        p.add_argument("--batch-size", "-B", type=int, default=32)
+        p.add_argument("--shuffle", type=int, default=0, help="per-worker sample shuffle buffer (0: off)")
+        p.add_argument("--policy", choices=["even", "exact", "fixed"], default="even")
+        p.add_argument("--batches-per-epoch", type=int, default=None, help="with --policy fixed")
+
+
+def storage_options(args: argparse.Namespace) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    if getattr(args, "endpoint_url", None):
+        out["endpoint_url"] = args.endpoint_url
+    if getattr(args, "profile", None):
+        out["profile"] = args.profile
+    return out
+
+
+def emit(args: argparse.Namespace, payload: Any, text: Optional[str] = None) -> None:
+    """Print ``payload`` as one JSON line with --json, else ``text`` (or pretty JSON)."""
+    if getattr(args, "json", False) or text is None:
+        print(json.dumps(payload, sort_keys=False), flush=True)
+    else:
+        print(text, flush=True)
+
+
+# -- synth ---------------------------------------------------------------------------------------
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from .synth import SynthSpec, write_dataset
+
+    spec = SynthSpec(shards=args.shards, samples_per_shard=args.samples_per_shard, uneven=args.uneven,
+                     seed=args.seed, classes=args.classes)
+    paths = write_dataset(args.out_dir, spec)
+    emit(args, {"shards": paths}, f"wrote {len(paths)} shards to {args.out_dir}")
+    return 0
+
+
+# -- plan ----------------------------------------------------------------------------------------
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .manifest import shard_counts
+    from .plan import owned_shards, slot_sizes, steps_per_epoch
+    from .shards import expand_sources
+
+    urls = expand_sources(args.sources, storage_options(args))
+    counts = shard_counts(urls, manifest=args.manifest, options=storage_options(args),
+                          cache_dir=_cache_dir()) if not args.no_counts else None
+    slots = slot_sizes(args.batch_size, args.workers)
+    rows = []
+    for r in range(args.world_size):
+        steps = steps_per_epoch(counts, args.seed, args.epoch, r, args.world_size, args.workers, args.batch_size,
+                                args.policy, args.batches_per_epoch) if counts is not None or args.policy == "fixed" else None
+        for w in range(args.workers):
+            owned = owned_shards(len(urls), args.seed, args.epoch, r, args.world_size, args.workers, w)
+            rows.append({
+                "rank": r, "worker": w, "global_worker": r * args.workers + w, "slot": slots[w],
+                "shards": [urls[i] for i in owned],
+                "samples": sum(counts[i] for i in owned) if counts is not None else None, "steps": steps,
+            })
+    payload = {"epoch": args.epoch, "seed": args.seed, "world_size": args.world_size, "workers": args.workers,
+               "batch_size": args.batch_size, "policy": args.policy, "plan": rows}
+    if args.json:
+        emit(args, payload)
+    else:
+        for row in rows:
+            print(f"rank {row['rank']} worker {row['worker']} (g={row['global_worker']}, slot {row['slot']}): "
+                  f"{len(row['shards'])} shards, {row['samples']} samples, {row['steps']} steps")
+            for url in row["shards"]:
+                print(f"    {url}")
+    return 0
+
+
+# -- index ---------------------------------------------------------------------------------------
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from .manifest import build_manifest, write_manifest
+    from .shards import expand_sources
+
+    urls = expand_sources(args.sources, storage_options(args))
+    infos = build_manifest(urls, options=storage_options(args))
+    if args.output:
+        write_manifest(infos, args.output)
+    payload = {"shards": [i.__dict__ for i in infos], "samples": sum(i.samples for i in infos), "output": args.output}
+    text = "\n".join(f"{i.samples:8d} samples {i.bytes:12d} bytes  {i.url}" for i in infos)
+    emit(args, payload, text + f"\n{payload['samples']} samples in {len(infos)} shards")
+    return 0
+
+
+# -- keys ----------------------------------------------------------------------------------------
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from .loader import Loader
+    from .stream import Stream
+
+    stream = Stream.open(
+        args.sources, fields={"key": "__key__"}, batch_size=args.batch_size, workers=args.workers,
+        rank=args.rank, world_size=args.world_size, device="cpu", seed=args.seed, shuffle=args.shuffle,
+        policy=args.policy, batches_per_epoch=args.batches_per_epoch, manifest=args.manifest,
+        on_error=args.on_error, storage_options=storage_options(args),
+    )
+    with Loader(stream) as loader:
+        loader.set_epoch(args.epoch)
+        for step, batch in enumerate(loader):
+            print(json.dumps({"rank": stream.config.rank, "step": step, "keys": batch["key"]}), flush=True)
+        if not args.json:
+            print(json.dumps({"stats": loader.stats()}), file=sys.stderr)
+    return 0
+
+
+def _cache_dir() -> str:
+    return os.environ.get("DALISTREAM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dalistream")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dalistream", description="Stream WebDataset shards through DALI into PyTorch.")
+    parser.add_argument("--log-level", default=os.environ.get("DALISTREAM_LOG", "WARNING"), help="logging level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("synth", help="write a small synthetic WebDataset (JPEG/PNG images, cls labels, txt captions)")
+    p.add_argument("out_dir")
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--samples-per-shard", type=int, default=64)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--uneven", action="store_true", help="vary the number of samples per shard")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("plan", help="show which shards each (rank, worker) owns and the batches that gives")
+    add_stream_args(p)
+    p.set_defaults(world_size=1)
+    p.add_argument("--no-counts", action="store_true", help="do not scan shards for sample counts")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("index", help="count samples and bytes per shard; write a manifest")
+    add_stream_args(p, batch=False)
+    p.add_argument("-o", "--output", default=None, help="manifest file to write")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_index)
+
+    p = sub.add_parser("keys", help="run the real pipeline for one rank and print the sample keys of each batch")
+    add_stream_args(p)
+    p.add_argument("--json", action="store_true", help="only the JSON lines on stdout")
+    p.set_defaults(func=cmd_keys)
+
+    for name, target in EXTERNAL_COMMANDS.items():
+        module, _, func = target.partition(":")
+        try:
+            add: Callable = getattr(__import__(module, fromlist=[func]), func)
+        except ImportError:
+            continue
+        add(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if getattr(args, "world_size", 1) is None and args.command == "plan":
+        args.world_size = 1
+    try:
+        return int(args.func(args) or 0)
+    except DalistreamError as e:
+        print(f"dalistream {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `dalistream keys ... | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""Inside a DALI pipeline: one parallel external source per worker, merged into one batch.
+
+Every worker's source yields a full-size batch whose own slot holds real samples. A constant
+per-position *owner* index (which worker fills position ``i``) drives a chain of conditionals
+(``if owner == w``): DALI splits each source's batch by the predicate and merges the selected
+samples back in batch order. Padding positions never reach anything but the merge.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .config import StreamConfig
+from .plan import slot_sizes
+from .source import WorkerSource
+
+_names = itertools.count()
+
+
+class OwnerIndex:
+    """Main-process source of the constant owner index (the same arrays every iteration)."""
+
+    def __init__(self, batch_size: int, workers: int) -> None:
+        owners = [w for w, n in enumerate(slot_sizes(batch_size, workers)) for _ in range(n)]
+        self.batch = [np.array(w, np.int32) for w in owners]
+
+    def __call__(self) -> List[np.ndarray]:
+        return self.batch
+
+
+def merge(owner, branches: Sequence[Sequence]) -> list:
+    """Select, for each batch position, the outputs of the branch that owns it.
+
+    ``branches[w]`` is the tuple of data nodes of worker ``w``. Needs a pipeline built with
+    ``enable_conditionals=True``.
+    """
+    result = list(branches[-1])
+    for w in range(len(branches) - 2, -1, -1):
+        chosen = list(branches[w])
+        if owner == w:
+            out = chosen
+        else:
+            out = result
+        result = out
+    return result
+
+
+def sharded_sources(
+    config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], *, start_epoch: int = 0,
+    start_step: int = 0, stats_dir: Optional[str] = None,
+) -> Dict[str, object]:
+    """Create the W parallel sources and the merge; return ``{field name: node, "valid": node}``.
+
+    Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.pipeline`),
+    whose ``py_num_workers`` equals ``config.workers``.
+    """
+    from nvidia.dali import fn, types
+
+    prefix = f"dalistream{next(_names)}"
+    n_out = len(config.fields) + 1
+    branches = []
+    for w in range(config.workers):
+        source = WorkerSource(
+            config, urls, counts, w, start_epoch=start_epoch, start_step=start_step,
+            stats_path=os.path.join(stats_dir, f"worker-{w}.json") if stats_dir else None,
+        ).for_dali()
+        nodes = fn.external_source(
+            source=source, num_outputs=n_out, batch=True, parallel=True, cycle="quiet",
+            prefetch_queue_depth=config.prefetch,
+        )
+        branches.append(nodes)
+    if config.workers == 1:
+        merged = list(branches[0])
+    else:
+        owner = fn.external_source(source=OwnerIndex(config.batch_size, config.workers), batch=True,
+                                   dtype=types.INT32, name=f"{prefix}_owner")
+        merged = merge(owner, branches)
+    names = [f.name for f in config.fields] + ["valid"]
+    return dict(zip(names, merged))

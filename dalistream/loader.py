@@ -1,0 +1,236 @@
+"""The torch-facing loader: runs a dalistream pipeline and yields dicts of torch tensors.
+
+``len()`` is the number of batches in the current epoch (computed from counts before the
+epoch starts), ``set_epoch(e)`` selects the epoch, ``state_dict()``/``load_state_dict()`` save
+and restore (epoch, step) for an exact mid-epoch resume. Padding (``valid == 0``) is removed
+here, so users only ever see real samples. The DALI pipeline runs on across epoch boundaries;
+it is rebuilt only when the position asked for is not where it stands (``set_epoch`` to
+another epoch, ``load_state_dict``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections import Counter
+from typing import Any, Callable, Dict, Iterator, Optional
+
+import numpy as np
+
+from . import errors
+from .errors import StateError, WorkerError
+from .stream import Stream
+
+STATE_VERSION = 1
+_ERROR_LINE = re.compile(r"dalistream\.errors\.(\w+): (.+)")
+
+
+class Loader:
+    """Iterate a dalistream pipeline as dicts of torch tensors (CUDA tensors on GPU).
+
+    ``pipeline`` is a function decorated with :func:`dalistream.pipeline_def`; by default the
+    raw fields. Use as ``with Loader(...) as loader: for batch in loader: ...``.
+    """
+
+    def __init__(self, stream: Stream, pipeline: Optional[Callable] = None, **pipeline_kwargs: Any) -> None:
+        from .pipeline import raw_pipeline
+
+        self.stream = stream
+        self.pipeline_fn = pipeline or raw_pipeline
+        self.pipeline_kwargs = pipeline_kwargs
+        self.epoch = stream.start_epoch
+        self.step = stream.start_step
+        self._pipe = None
+        self._pipe_at: Optional[tuple] = None
+        self._stats_dir = tempfile.mkdtemp(prefix="dalistream-stats-")
+        self._closed = False
+
+    # -- iteration ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.stream.steps(self.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch at the next ``iter()``."""
+        if epoch != self.epoch or self.step:
+            self.epoch, self.step = int(epoch), 0
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        if self._closed:
+            raise RuntimeError("loader is closed")
+        steps = len(self)
+        if self.step >= steps:  # a finished epoch: the next one
+            self.epoch, self.step = self.epoch + 1, 0
+            steps = len(self)
+        if self._pipe is None or self._pipe_at != (self.epoch, self.step):
+            self._build()
+        while self.step < steps:
+            batch = self._run()
+            self.step += 1
+            self._pipe_at = (self.epoch, self.step)
+            yield batch
+        # the sources go straight on with the next epoch: the pipeline stays valid
+        self.epoch, self.step = self.epoch + 1, 0
+        self._pipe_at = (self.epoch, 0)
+
+    def _build(self) -> None:
+        self._shutdown_pipe()
+        for path in glob.glob(os.path.join(self._stats_dir, "*.json")):
+            os.remove(path)
+        stream = self.stream.at(self.epoch, self.step, stats_dir=self._stats_dir)
+        pipe = self.pipeline_fn(stream, **self.pipeline_kwargs)
+        try:
+            pipe.build()
+        except Exception as e:
+            self._pipe = pipe
+            self._shutdown_pipe()
+            raise _translate(e, self.stream.config.rank) from None
+        self._pipe = pipe
+        self._outputs = pipe.dalistream_outputs
+        self._pipe_at = (self.epoch, self.step)
+
+    def _run(self) -> Dict[str, Any]:
+        try:
+            outputs = self._pipe.run()
+        except Exception as e:  # after a worker failure the pipeline is dead: never run it again
+            self._shutdown_pipe()
+            raise _translate(e, self.stream.config.rank) from None
+        return _to_torch(self._outputs, outputs)
+
+    # -- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Plain data to resume from: the position (epoch, step) and the layout it is valid for."""
+        c = self.stream.config
+        return {
+            "version": STATE_VERSION,
+            "loader": {"epoch": self.epoch, "step": self.step},
+            "plan": {"seed": c.seed, "rank": c.rank, "world_size": c.world_size, "workers": c.workers,
+                     "batch_size": c.batch_size, "policy": c.policy, "shuffle": c.shuffle,
+                     "batches_per_epoch": c.batches_per_epoch, "sources": self.stream.digest},
+        }
+
+    def load_state_dict(self, state: Dict[str, Any], *, allow_layout_change: bool = False) -> None:
+        """Continue from a saved state. A state saved under another layout is an error, unless
+        ``allow_layout_change``: then the saved epoch restarts from its beginning."""
+        if state.get("version") != STATE_VERSION:
+            raise StateError(f"unknown loader state version {state.get('version')!r}")
+        saved = state["plan"]
+        current = self.state_dict()["plan"]
+        saved_layout = {k: v for k, v in saved.items() if k != "rank"}
+        current_layout = {k: v for k, v in current.items() if k != "rank"}
+        epoch, step = int(state["loader"]["epoch"]), int(state["loader"]["step"])
+        if saved_layout != current_layout:
+            if not allow_layout_change:
+                diff = {k: (saved_layout.get(k), current_layout.get(k)) for k in current_layout
+                        if saved_layout.get(k) != current_layout.get(k)}
+                raise StateError(f"saved state does not fit this loader (saved, current): {diff}",
+                                 hint="pass allow_layout_change=True to restart the saved epoch at shard granularity")
+            step = 0
+        self.epoch, self.step = epoch, step
+
+    # -- counters ----------------------------------------------------------------------------
+
+    def stats(self) -> Dict[str, Any]:
+        """Per-worker counters (bytes read, samples, padding, skips, time reading) and their sums."""
+        workers = []
+        for path in sorted(glob.glob(os.path.join(self._stats_dir, "worker-*.json"))):
+            try:
+                with open(path) as f:
+                    workers.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+        skipped: Counter = Counter()
+        for w in workers:
+            skipped.update(w.get("skipped", {}))
+        totals = {k: sum(w.get(k, 0) for w in workers) for k in ("samples", "padded", "bytes", "dropped")}
+        return {"workers": workers, "skipped": dict(skipped), **totals}
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def _shutdown_pipe(self) -> None:
+        pipe, self._pipe, self._pipe_at = self._pipe, None, None
+        if pipe is None:
+            return
+        try:
+            pipe._shutdown()
+        finally:
+            pool = getattr(pipe, "_py_pool", None)
+            if pool is not None:
+                pool.close()
+
+    def close(self) -> None:
+        """Stop the pipeline and its worker processes and free their shared memory."""
+        if self._closed:
+            return
+        self._closed = True
+        self._shutdown_pipe()
+        shutil.rmtree(self._stats_dir, ignore_errors=True)
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        c = self.stream.config
+        return (f"Loader(shards={len(self.stream.urls)}, batch_size={c.batch_size}, workers={c.workers}, "
+                f"rank={c.rank}/{c.world_size}, device={self.stream.device}, epoch={self.epoch}, step={self.step})")
+
+
+def _translate(error: Exception, rank: int) -> Exception:
+    """Turn DALI's plain worker exception (traceback text inside) back into a dalistream error."""
+    text = str(error)
+    found = _ERROR_LINE.findall(text)
+    if found:
+        name, message = found[-1]
+        cls = getattr(errors, name, WorkerError)
+        if isinstance(cls, type) and issubclass(cls, errors.DalistreamError):
+            out = cls(message.strip())
+            out.worker_traceback = text  # type: ignore[attr-defined]
+            return out
+    if "Worker data receiving interrupted" in text or "worker" in text.lower():
+        return WorkerError(f"a DALI worker process failed: {text.strip()[-2000:]}", rank=rank,
+                           hint="a killed worker is often the OOM killer: check memory and /dev/shm size")
+    return WorkerError(f"DALI pipeline failed: {text.strip()[-2000:]}", rank=rank)
+
+
+def _to_torch(names_kinds, outputs) -> Dict[str, Any]:
+    import torch
+    from nvidia.dali.plugin.pytorch.torch_utils import to_torch_tensor
+
+    batch: Dict[str, Any] = {}
+    mask = None
+    for (name, kind), tl in zip(names_kinds, outputs):
+        if name == "valid":
+            mask = np.array(tl.as_cpu().as_tensor() if hasattr(tl, "as_cpu") else tl.as_tensor(), dtype=bool)
+            continue
+        if kind in ("bytes", "text"):
+            tl = tl.as_cpu() if hasattr(tl, "as_cpu") else tl
+            values = [np.array(tl.at(i)).tobytes() for i in range(len(tl))]
+            batch[name] = [v.decode("utf-8") for v in values] if kind == "text" else values
+        elif tl.is_dense_tensor():
+            batch[name] = to_torch_tensor(tl.as_tensor(), copy=True)
+        else:
+            tl = tl.as_cpu() if hasattr(tl, "as_cpu") else tl
+            batch[name] = [torch.from_numpy(np.array(tl.at(i))) for i in range(len(tl))]
+    if mask is not None and not mask.all():
+        keep = np.flatnonzero(mask)
+        index = torch.from_numpy(keep)
+        for name, value in batch.items():
+            if isinstance(value, list):
+                batch[name] = [value[i] for i in keep]
+            else:
+                batch[name] = value.index_select(0, index.to(value.device))
+    return batch

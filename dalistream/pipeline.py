@@ -1,0 +1,101 @@
+"""``@pipeline_def`` helpers: write a DALI pipeline around dalistream's sharded sources.
+
+::
+
+    @dalistream.pipeline_def
+    def train(stream, size=224):
+        data = dalistream.read(stream)                     # {"image": ..., "label": ..., "valid": ...}
+        images = ops.decode_images(data["image"], data["valid"], stream.device, random_crop=True)
+        images = ops.random_resized_crop(images, stream.device, (size, size))
+        return {"image": ops.normalize(images, stream.device), "label": data["label"]}
+
+    pipe = train(stream)        # a built-ready nvidia.dali.Pipeline (batch size, workers, spawn, dill…)
+
+The pipeline function returns a dict of named outputs. Raw byte fields returned unchanged from
+:func:`read` (captions, keys) reach torch as ``bytes``/``str``; everything else as tensors. The
+``valid`` mask is added automatically when the stream can pad, so the loader can trim padding.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, List, Optional
+
+from .stream import Stream
+
+_building: List[dict] = []  # the graph under construction (pipelines are built one at a time)
+
+
+def read(stream: Stream) -> Dict[str, Any]:
+    """Create the sharded parallel sources and their merge; return ``{field: node, "valid": node}``.
+
+    Call it inside a function decorated with :func:`pipeline_def`.
+    """
+    from .graph import sharded_sources
+
+    if not _building:
+        raise RuntimeError("dalistream.read() must be called inside a @dalistream.pipeline_def function")
+    nodes = sharded_sources(stream.config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
+                            start_step=stream.start_step, stats_dir=stream.stats_dir)
+    ctx = _building[-1]
+    for field in stream.config.fields:
+        if field.kind in ("bytes", "meta"):
+            ctx["raw"][id(nodes[field.name])] = "text" if field.kind == "meta" else "bytes"
+    ctx["valid"] = nodes["valid"]
+    return nodes
+
+
+def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
+    """Decorate ``fn(stream, ...) -> {name: node}``; calling the result with a :class:`Stream`
+    returns a DALI ``Pipeline`` set up the way sharded sources need it: ``batch_size`` and
+    ``py_num_workers`` from the stream, ``py_start_method="spawn"``, the ``dill`` pickler,
+    ``enable_conditionals=True``, ``device_id`` from the stream (``None`` on CPU). Other keyword
+    arguments go to DALI's ``pipeline_def`` (``num_threads``, ``prefetch_queue_depth``, …).
+    """
+    if fn is None:
+        return functools.partial(pipeline_def, **dali_kwargs)
+
+    @functools.wraps(fn)
+    def build(stream: Stream, *args: Any, **kwargs: Any):
+        import dill
+        from nvidia.dali import pipeline_def as dali_pipeline_def
+
+        c = stream.config
+        options = dict(num_threads=2, prefetch_queue_depth=2, exec_dynamic=True)
+        options.update(dali_kwargs)
+        for key in list(options):
+            if key in kwargs:
+                options[key] = kwargs.pop(key)
+        seed = (c.seed * 7919 + c.rank * 104729 + stream.start_epoch * 1299709 + stream.start_step) & 0x7FFFFFFF
+        ctx: dict = {"raw": {}, "valid": None, "names": [], "kinds": []}
+
+        def graph():
+            outputs = fn(stream, *args, **kwargs)
+            if not isinstance(outputs, dict):
+                raise TypeError(f"{fn.__name__} must return a dict of named outputs, got {type(outputs).__name__}")
+            outputs = dict(outputs)
+            if "valid" not in outputs and ctx["valid"] is not None and stream.may_pad:
+                outputs["valid"] = ctx["valid"]
+            ctx["names"] = list(outputs)
+            ctx["kinds"] = [ctx["raw"].get(id(node), "tensor") for node in outputs.values()]
+            return tuple(outputs.values())
+
+        graph.__name__ = fn.__name__
+        decorated = dali_pipeline_def(graph, enable_conditionals=True)
+        _building.append(ctx)
+        try:
+            pipe = decorated(batch_size=c.batch_size, device_id=stream.device_id, py_num_workers=c.workers,
+                             py_start_method="spawn", py_callback_pickler=dill, seed=seed, **options)
+        finally:
+            _building.pop()
+        pipe.dalistream_outputs = list(zip(ctx["names"], ctx["kinds"]))
+        return pipe
+
+    build.dalistream_pipeline = True  # type: ignore[attr-defined]
+    return build
+
+
+@pipeline_def
+def raw_pipeline(stream: Stream) -> Dict[str, Any]:
+    """The fields as read, undecoded (``dalistream keys`` and read-only benchmarks)."""
+    return read(stream)

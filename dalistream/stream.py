@@ -1,0 +1,120 @@
+"""A resolved stream: the config plus its shard list, counts, device and starting point.
+
+This is the entry point where defaults come from the outside world: rank and world size from
+``torch.distributed`` (when initialized) or ``RANK``/``WORLD_SIZE``, the GPU from ``LOCAL_RANK``,
+the manifest cache directory from ``DALISTREAM_CACHE``. Everything below receives them explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+from .config import StreamConfig
+from .errors import ConfigError
+from .manifest import shard_counts
+from .ops import resolve_device
+from .plan import check_layout, steps_per_epoch
+from .shards import expand_sources
+
+
+def resolve_layout(rank: Optional[int], world_size: Optional[int], env: Mapping[str, str]) -> Tuple[int, int]:
+    """(rank, world size): explicit values, else torch.distributed, else RANK/WORLD_SIZE, else (0, 1)."""
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    dist_rank = dist_world = None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist_rank, dist_world = dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    if dist_world is None and "WORLD_SIZE" in env:
+        try:
+            dist_rank, dist_world = int(env.get("RANK", "0")), int(env["WORLD_SIZE"])
+        except ValueError:
+            raise ConfigError(f"RANK/WORLD_SIZE are not integers: {env.get('RANK')!r}/{env.get('WORLD_SIZE')!r}") from None
+    return (int(rank) if rank is not None else (dist_rank or 0),
+            int(world_size) if world_size is not None else (dist_world or 1))
+
+
+def sources_digest(urls: Sequence[str]) -> str:
+    """A short digest of the shard list (saved with the loader state, compared on load)."""
+    return hashlib.sha256("\n".join(urls).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Stream:
+    """What a pipeline reads: config, shard URLs, per-shard counts, device, start (epoch, step).
+
+    Build it with :meth:`Stream.open`; pipelines receive it as their first argument.
+    """
+
+    config: StreamConfig
+    urls: Tuple[str, ...]
+    counts: Optional[Tuple[int, ...]]
+    device: str = "cpu"
+    device_id: Optional[int] = None
+    start_epoch: int = 0
+    start_step: int = 0
+    stats_dir: Optional[str] = None
+
+    @classmethod
+    def open(
+        cls, sources: Any, *, fields: Any, batch_size: int, workers: int = 2, rank: Optional[int] = None,
+        world_size: Optional[int] = None, device: str = "auto", device_id: Optional[int] = None,
+        env: Optional[Mapping[str, str]] = None, **options: Any,
+    ) -> "Stream":
+        """Resolve layout and device, list the shards and count their samples.
+
+        ``options`` are :class:`~dalistream.config.StreamConfig` fields (``seed``, ``shuffle``,
+        ``policy``, ``batches_per_epoch``, ``missing``, ``on_error``, ``manifest``, …).
+        """
+        env = os.environ if env is None else env
+        rank, world_size = resolve_layout(rank, world_size, env)
+        if device_id is None and "LOCAL_RANK" in env:
+            device_id = int(env["LOCAL_RANK"])
+        options.setdefault("cache_dir", env.get("DALISTREAM_CACHE") or os.path.join(
+            env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "dalistream"))
+        if isinstance(sources, (str, os.PathLike)):
+            sources = [os.fspath(sources)]
+        config = StreamConfig(sources=tuple(os.fspath(s) for s in sources), fields=fields, batch_size=batch_size,
+                              workers=workers, rank=rank, world_size=world_size, **options)
+        return cls.from_config(config, device=device, device_id=device_id)
+
+    @classmethod
+    def from_config(cls, config: StreamConfig, *, device: str = "auto", device_id: Optional[int] = None) -> "Stream":
+        """List shards and count samples for an already built config."""
+        urls = expand_sources(config.sources, config.storage_options)
+        check_layout(len(urls), config.world_size, config.workers)
+        counts = None
+        if config.policy != "fixed" or config.manifest:
+            counts = tuple(shard_counts(urls, manifest=config.manifest, cache_dir=config.cache_dir,
+                                        options=config.storage_options, lowercase=config.lowercase_ext))
+        device, device_id = resolve_device(device, device_id)
+        return cls(config, tuple(urls), counts, device, device_id)
+
+    def steps(self, epoch: int) -> int:
+        """Batches this rank yields in ``epoch``."""
+        c = self.config
+        return steps_per_epoch(self.counts, c.seed, epoch, c.rank, c.world_size, c.workers, c.batch_size,
+                               c.policy, c.batches_per_epoch, c.shuffle_shards)
+
+    def at(self, epoch: int, step: int = 0, stats_dir: Optional[str] = None) -> "Stream":
+        """The same stream starting at (``epoch``, ``step``)."""
+        return dataclasses.replace(self, start_epoch=epoch, start_step=step,
+                                   stats_dir=stats_dir if stats_dir is not None else self.stats_dir)
+
+    @property
+    def may_pad(self) -> bool:
+        """True when batches can hold padding (``exact``, or samples that may be skipped)."""
+        c = self.config
+        return c.policy == "exact" or c.on_error != "raise" or c.missing == "skip"
+
+    @property
+    def digest(self) -> str:
+        return sources_digest(self.urls)

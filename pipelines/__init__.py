@@ -1,0 +1,1 @@
+"""Ready pipelines built only from dalistream's public helpers (installed as ``dalistream.pipelines``)."""
