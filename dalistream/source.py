@@ -26,7 +26,7 @@ from .config import StreamConfig
 from .errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
 from .plan import WorkerPlan, epoch_order, worker_plan
 from .samples import ErrorPolicy, FieldDecoder, emitted_indices, shuffle_seed, shuffled
-from .streams import open_shard
+from .streams import ShardSequence
 from .tario import iter_samples
 
 ONE = np.ones((), np.uint8)
@@ -52,6 +52,7 @@ class WorkerSource:
         self._probe_pid: Optional[int] = None
         self._iters = 0
         self._gen: Optional[Iterator] = None
+        self._stats: Optional[_Stats] = None
         self.epoch = start_epoch
 
     def for_dali(self) -> "WorkerSource":
@@ -95,9 +96,12 @@ class WorkerSource:
         tar header, never decoded."""
         c = self.config
         plan = self.plan(epoch)
-        stats = _Stats(self.stats_path, c.rank, self.worker, epoch)
+        if self._stats is None:
+            self._stats = _Stats(self.stats_path, c.rank, self.worker)
+        stats = self._stats
+        stats.epoch, stats.step = epoch, start_step
         policy = ErrorPolicy(c.on_error)
-        stats.skipped = policy.skipped
+        policy.skipped = stats.skipped  # counters add up over epochs
         skip_count = start_step * plan.slot
         seed = shuffle_seed(c.seed, epoch, plan.global_worker)
         if c.shuffle > 1 and skip_count:
@@ -116,7 +120,7 @@ class WorkerSource:
             chunk = [s for s in itertools.islice(stream, plan.slot)]
             stats.read_s += time.perf_counter() - t0
             n = len(chunk)
-            if n < plan.slot and c.policy == "even" and not policy.skipped:
+            if n < plan.slot and c.policy == "even" and not sum(policy.skipped.values()):
                 raise ManifestError(
                     f"worker ran out of samples at step {step} of {plan.steps}: the shards hold fewer samples "
                     "than their counts say", url=self.urls[plan.shards[0]],
@@ -134,7 +138,7 @@ class WorkerSource:
             stats.maybe_write()
             yield outputs
         if plan.samples is not None and c.policy == "even":
-            stats.dropped = plan.samples - plan.steps * plan.slot - sum(policy.skipped.values())
+            stats.dropped += max(0, plan.samples - plan.steps * plan.slot - sum(policy.skipped.values()))
         stats.write()
 
     def _decoded(self, plan: WorkerPlan, keep, policy: ErrorPolicy, stats: "_Stats") -> Iterator:
@@ -148,11 +152,12 @@ class WorkerSource:
                 perm = epoch_order(len(order), c.seed, plan.epoch * 1_000_003 + n_pass)
                 order = [order[i] for i in perm]
             start = ordinal
-            for index in order:
+            shards = ShardSequence([self.urls[i] for i in order], c.storage_options)
+            for position, index in enumerate(order):
                 url = self.urls[index]
                 base = ordinal
                 try:
-                    with open_shard(url, 0, c.storage_options) as f:
+                    with shards.open(position) as f:
                         for sample in iter_samples(
                             f, url, keep=lambda i: keep(base + i), want_ext=self.decoder.wants,
                             lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes,
@@ -178,17 +183,19 @@ class WorkerSource:
                 except (OSError, EOFError) as e:  # zlib/gzip/network errors mid-stream
                     policy.handle(ShardFormatError(f"{type(e).__name__}: {e}", url=url, rank=c.rank, worker=self.worker),
                                   "shards")
+            shards.close()
             if ordinal == start:
                 raise SourceError("worker's shards hold no samples", url=self.urls[plan.shards[0]],
                                   rank=c.rank, worker=self.worker)
 
 
 class _Stats:
-    """Per-worker counters, written as a small JSON file the loader reads (throttled)."""
+    """Per-worker counters since the pipeline started, written as a small JSON file that the
+    loader reads (throttled)."""
 
-    def __init__(self, path: Optional[str], rank: int, worker: int, epoch: int) -> None:
+    def __init__(self, path: Optional[str], rank: int, worker: int) -> None:
         self.path = path
-        self.rank, self.worker, self.epoch = rank, worker, epoch
+        self.rank, self.worker, self.epoch = rank, worker, 0
         self.step = self.samples = self.padded = self.bytes = self.dropped = 0
         self.read_s = 0.0
         self.skipped: Counter = Counter()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import subprocess
-from typing import Any, BinaryIO, Mapping, Optional
+from typing import Any, BinaryIO, Mapping, Optional, Sequence
 
 from .errors import SourceError
 
@@ -100,3 +100,21 @@ def _discard(stream: BinaryIO, n: int) -> None:
         if not got:
             return
         n -= len(got)
+
+
+class ShardSequence:
+    """Opens one worker's shards in order; the hook where remote read-ahead lives.
+
+    ``open(i)`` returns the stream of ``urls[i]``. Local shards are simply opened; remote
+    backends may start fetching ``urls[i + 1]`` in the background while ``urls[i]`` is parsed.
+    """
+
+    def __init__(self, urls: Sequence[str], options: Optional[Mapping[str, Any]] = None) -> None:
+        self.urls = list(urls)
+        self.options = dict(options or {})
+
+    def open(self, i: int) -> BinaryIO:
+        return open_shard(self.urls[i], 0, self.options)
+
+    def close(self) -> None:
+        """Stop any background fetches."""
