@@ -64,6 +64,8 @@ class WorkerSource:
     def __iter__(self) -> "WorkerSource":
         if self._probe_pid == os.getpid():
             return self
+        if self._iters and self._gen is None:  # iter(iter(source)): this epoch has not started yet
+            return self
         self.epoch = self.start_epoch + self._iters
         skip = self.start_step if self._iters == 0 else 0
         self._iters += 1

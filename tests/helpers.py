@@ -1,0 +1,61 @@
+"""Shared test helpers: real tar writers and small data sets."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+PEER_DATA = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "peer-data", "webdataset"))
+
+
+def write_tar(path: str, members: Sequence[tuple], fmt=tarfile.USTAR_FORMAT) -> str:
+    """Write ``(name, bytes)`` members to a tar with Python's tarfile."""
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def write_wds(path: str, samples: Sequence[Dict[str, object]]) -> str:
+    """Write samples with webdataset's own TarWriter."""
+    import webdataset as wds
+
+    with wds.TarWriter(path) as sink:
+        for sample in samples:
+            sink.write(dict(sample))
+    return path
+
+
+def key_shards(directory: str, sizes: Sequence[int], prefix: str = "s") -> List[str]:
+    """Shards of tiny samples (``.cls`` + ``.bin``) with globally unique keys ``s<shard>/<i>``."""
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for s, n in enumerate(sizes):
+        members = []
+        for i in range(n):
+            members.append((f"{prefix}{s:03d}/{i:05d}.cls", str((s * 1000 + i) % 7).encode()))
+            members.append((f"{prefix}{s:03d}/{i:05d}.bin", bytes([s % 256, i % 256]) * 3))
+        paths.append(write_tar(os.path.join(directory, f"{prefix}-{s:04d}.tar"), members))
+    return paths
+
+
+def uneven_sizes(n: int, seed: int = 0, low: int = 3, high: int = 30) -> List[int]:
+    return [int(v) for v in np.random.default_rng(seed).integers(low, high, n)]
+
+
+def check_resume(run_from, ks) -> None:
+    """The reusable save→load→compare check for stateful stages.
+
+    ``run_from(k)`` restores the stage at step ``k`` (from saved state) and returns everything it
+    yields from there to the end of the epoch; the result must equal the uninterrupted run from
+    step ``k`` on, for every ``k`` in ``ks``.
+    """
+    full = run_from(0)
+    for k in ks:
+        assert run_from(k) == full[k:], f"resume at step {k} differs from the uninterrupted run"

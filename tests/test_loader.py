@@ -1,0 +1,158 @@
+"""Real DALI pipelines (CPU): ownership, equal steps, exactly-once, epochs, resume, shutdown."""
+
+import itertools
+import os
+
+import pytest
+import torch
+
+import dalistream
+from dalistream import Loader, Stream
+from dalistream.errors import ConfigError, StateError
+
+from helpers import check_resume, key_shards, uneven_sizes
+
+B = 7  # divisible by none of W = 2, 3, 4
+SIZES = uneven_sizes(13, seed=1, low=2, high=24)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("keys"))
+    key_shards(d, SIZES)
+    return d
+
+
+def all_keys():
+    return {f"s{s:03d}/{i:05d}" for s, n in enumerate(SIZES) for i in range(n)}
+
+
+def open_stream(shards, rank, world, workers, **kw):
+    kw.setdefault("seed", 11)
+    return Stream.open(shards, fields={"key": "__key__", "label": "cls"}, batch_size=kw.pop("batch_size", B),
+                       workers=workers, rank=rank, world_size=world, device="cpu", **kw)
+
+
+def run_epochs(stream, epochs):
+    with Loader(stream) as loader:
+        out = []
+        for _ in range(epochs):
+            assert len(loader) == stream.steps(loader.epoch)
+            out.append([batch["key"] for batch in loader])
+        return out
+
+
+@pytest.mark.parametrize("R,W", list(itertools.product([1, 2, 3], [1, 2, 3, 4])))
+def test_even_policy_matrix(shards, R, W):
+    per_rank = [run_epochs(open_stream(shards, r, R, W, shuffle=5), 3) for r in range(R)]
+    for epoch in range(3):
+        batches = [per_rank[r][epoch] for r in range(R)]
+        assert len({len(b) for b in batches}) == 1, "every rank yields the same number of batches"
+        assert all(len(batch) == B for b in batches for batch in b), "only full batches"
+        keys = [k for b in batches for batch in b for k in batch]
+        assert len(keys) == len(set(keys)), "no sample twice in an epoch across ranks"
+        assert set(keys) <= all_keys()
+    orders = [[k for batch in per_rank[0][e] for k in batch] for e in range(3)]
+    assert orders[0] != orders[1] != orders[2]
+
+
+@pytest.mark.parametrize("R,W", list(itertools.product([1, 2, 3], [1, 2, 3, 4])))
+def test_exact_policy_matrix(shards, R, W):
+    keys = []
+    for r in range(R):
+        (epoch,) = run_epochs(open_stream(shards, r, R, W, policy="exact", shuffle=3), 1)
+        keys += [k for batch in epoch for k in batch]
+    assert sorted(keys) == sorted(all_keys())
+
+
+def test_same_seed_same_order_other_seed_other_order(shards):
+    a = run_epochs(open_stream(shards, 0, 1, 2, shuffle=4), 1)
+    b = run_epochs(open_stream(shards, 0, 1, 2, shuffle=4), 1)
+    c = run_epochs(open_stream(shards, 0, 1, 2, shuffle=4, seed=12), 1)
+    assert a == b and a != c
+
+
+def test_set_epoch_matches_a_run_through(shards):
+    through = run_epochs(open_stream(shards, 0, 1, 2, shuffle=4), 3)
+    with Loader(open_stream(shards, 0, 1, 2, shuffle=4)) as loader:
+        loader.set_epoch(2)
+        assert [b["key"] for b in loader] == through[2]
+        loader.set_epoch(0)
+        assert [b["key"] for b in loader] == through[0]
+
+
+def test_state_dict_save_load_compare(shards):
+    stream = open_stream(shards, 1, 2, 3, shuffle=6, policy="exact")
+
+    def run_from(k):
+        with Loader(stream) as first:
+            first.set_epoch(1)
+            it = iter(first)
+            for _ in range(k):
+                next(it)
+            state = first.state_dict()
+        with Loader(stream) as second:
+            second.load_state_dict(state)
+            return [b["key"] for b in second]
+
+    steps = stream.steps(1)
+    check_resume(run_from, [1, steps - 1])
+
+
+def test_state_from_another_layout_is_an_error(shards):
+    with Loader(open_stream(shards, 0, 1, 2)) as a:
+        state = a.state_dict()
+    with Loader(open_stream(shards, 0, 1, 3)) as b:
+        with pytest.raises(StateError, match="workers"):
+            b.load_state_dict(state)
+        state["loader"]["step"] = 3
+        b.load_state_dict(state, allow_layout_change=True)
+        assert (b.epoch, b.step) == (0, 0)
+
+
+def test_batches_are_torch_tensors_and_stats_count(shards):
+    with Loader(open_stream(shards, 0, 1, 2)) as loader:
+        batch = next(iter(loader))
+        assert batch["label"].dtype == torch.int64 and batch["label"].shape == (B,)
+        assert isinstance(batch["key"][0], str)
+        list(loader)
+        stats = loader.stats()
+        assert len(stats["workers"]) == 2 and stats["samples"] >= B
+
+
+def _children():
+    me = os.getpid()
+    out = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        out.add(int(pid))
+            except OSError:
+                pass
+    return out
+
+
+def test_close_leaves_no_worker_processes(shards):
+    before = _children()
+    loader = Loader(open_stream(shards, 0, 1, 3))
+    next(iter(loader))
+    assert len(_children() - before) >= 3
+    loader.close()
+    assert _children() - before == set()
+
+
+def test_configuration_errors_are_clear(shards):
+    with pytest.raises(ConfigError, match="13 shards cannot be split over 4 ranks x 4 workers"):
+        open_stream(shards, 0, 4, 4)
+    with pytest.raises(ConfigError, match="smaller than workers"):
+        open_stream(shards, 0, 1, 4, batch_size=3)
+
+
+def test_rank_and_world_from_environment(shards):
+    stream = Stream.open(shards, fields={"key": "__key__"}, batch_size=4, workers=1, device="cpu",
+                         env={"RANK": "1", "WORLD_SIZE": "2"})
+    assert (stream.config.rank, stream.config.world_size) == (1, 2)
+    assert dalistream.Stream.open(shards, fields={"key": "__key__"}, batch_size=4, workers=1, device="cpu",
+                                  env={}).config.world_size == 1

@@ -1,0 +1,114 @@
+import dill
+import numpy as np
+import pytest
+
+from dalistream.config import StreamConfig
+from dalistream.errors import ManifestError
+from dalistream.source import WorkerSource
+
+from helpers import check_resume, key_shards
+
+
+def make(tmp_path, sizes, **kw):
+    paths = key_shards(str(tmp_path), sizes)
+    options = dict(sources=tuple(paths), fields={"key": "__key__", "label": "cls"}, batch_size=6, workers=2)
+    options.update(kw)
+    config = StreamConfig(**options)
+    return config, paths, list(sizes)
+
+
+def keys_of(batch, lo=0, hi=None):
+    keys, labels, valid = batch
+    return [bytes(k).decode() for k, v in zip(keys[lo:hi], valid[lo:hi]) if int(v)]
+
+
+def test_padded_batch_layout_and_shared_dummies(tmp_path):
+    config, paths, counts = make(tmp_path, [10, 10, 10, 10], batch_size=7, workers=3, rank=0, world_size=1)
+    source = WorkerSource(config, paths, counts, worker=1)
+    batch = next(source.epoch_batches(0))
+    keys, labels, valid = batch
+    assert len(keys) == len(labels) == len(valid) == 7
+    assert [int(v) for v in valid] == [0, 0, 0, 1, 1, 0, 0]  # slots 3,2,2: worker 1 owns positions 3..4
+    dummies = [k for i, k in enumerate(keys) if i not in (3, 4)]
+    assert all(d is dummies[0] and d.size == 0 for d in dummies)  # one shared empty array
+    assert labels[0].shape == () and labels[0].dtype == np.int64
+
+
+def test_exact_covers_every_sample_once_and_pads(tmp_path):
+    config, paths, counts = make(tmp_path, [3, 17, 8, 1, 9], policy="exact", shuffle=4)
+    keys = []
+    steps = set()
+    for w in range(2):
+        batches = list(WorkerSource(config, paths, counts, w).epoch_batches(0))
+        steps.add(len(batches))
+        lo = 0 if w == 0 else 3
+        keys += [k for b in batches for k in keys_of(b, lo, lo + 3)]
+    assert len(steps) == 1
+    assert sorted(keys) == sorted(f"s{s:03d}/{i:05d}" for s, n in enumerate(counts) for i in range(n))
+
+
+def test_even_yields_full_batches_and_counts_the_drop(tmp_path):
+    config, paths, counts = make(tmp_path, [3, 17, 8, 1, 9])
+    source = WorkerSource(config, paths, counts, 0)
+    batches = list(source.epoch_batches(0))
+    assert all(keys_of(b, 0, 3) and len(keys_of(b, 0, 3)) == 3 for b in batches)
+    plan = source.plan(0)
+    assert source._stats.dropped == plan.samples - len(batches) * 3
+
+
+def test_epochs_via_iter_advance_and_differ(tmp_path):
+    config, paths, counts = make(tmp_path, [5, 6, 7, 8], shuffle=3, policy="exact")
+    source = WorkerSource(config, paths, counts, 0, start_epoch=4)
+    epochs = []
+    for _ in range(3):
+        epochs.append([k for b in iter(source) for k in keys_of(b, 0, 3)])
+    assert source.epoch == 6
+    assert epochs[0] != epochs[1] != epochs[2]
+    again = WorkerSource(config, paths, counts, 0, start_epoch=4)
+    assert [k for b in iter(again) for k in keys_of(b, 0, 3)] == epochs[0]
+
+
+def test_dali_probe_in_the_main_process_does_not_start_an_epoch(tmp_path):
+    config, paths, counts = make(tmp_path, [5, 6])
+    source = WorkerSource(config, paths, counts, 0).for_dali()
+    iter(source)
+    assert source._iters == 0
+    copy = dill.loads(dill.dumps(source))  # what the spawned worker receives
+    copy._probe_pid = -1                    # a different process
+    iter(copy)
+    assert copy._iters == 1 and copy.epoch == 0
+
+
+def test_pickles_after_iteration_started(tmp_path):
+    config, paths, counts = make(tmp_path, [5, 6])
+    source = WorkerSource(config, paths, counts, 0)
+    next(iter(source))
+    restored = dill.loads(dill.dumps(source))
+    assert restored._gen is None
+
+
+def test_fixed_policy_cycles_over_own_shards(tmp_path):
+    config, paths, counts = make(tmp_path, [2, 3], policy="fixed", batches_per_epoch=10)
+    batches = list(WorkerSource(config, paths, None, 0).epoch_batches(0))
+    assert len(batches) == 10
+    keys = [k for b in batches for k in keys_of(b, 0, 3)]
+    assert len(keys) == 30 and len(set(keys)) <= 3  # worker 0 owns one shard, read over and over
+
+
+def test_stale_counts_are_an_error_not_a_desync(tmp_path):
+    config, paths, counts = make(tmp_path, [4, 4])
+    with pytest.raises(ManifestError, match="ran out of samples"):
+        list(WorkerSource(config, paths, [40, 40], 0).epoch_batches(0))
+
+
+@pytest.mark.parametrize("shuffle", [0, 5])
+@pytest.mark.parametrize("policy", ["even", "exact"])
+def test_resume_at_step_k_equals_uninterrupted_run(tmp_path, shuffle, policy):
+    config, paths, counts = make(tmp_path, [13, 4, 22, 9, 15, 6], shuffle=shuffle, policy=policy, seed=3)
+
+    def run_from(k):
+        source = WorkerSource(config, paths, counts, 1, start_epoch=2, start_step=k)
+        return [keys_of(b) for b in iter(source)]
+
+    steps = WorkerSource(config, paths, counts, 1).plan(2).steps
+    check_resume(run_from, [1, steps // 2, steps - 1, steps])

@@ -1,0 +1,140 @@
+import io
+import os
+import tarfile
+
+import pytest
+
+from dalistream.errors import SampleError, ShardFormatError
+from dalistream.streams import open_shard
+from dalistream.tario import iter_members, iter_samples, split_name
+
+from helpers import PEER_DATA, write_tar, write_wds
+
+
+def samples_of(path, **kw):
+    with open_shard(path) as f:
+        return list(iter_samples(f, path, **kw))
+
+
+@pytest.mark.parametrize("name,key,ext", [
+    ("a.b/c.seg.png", "a.b/c", "seg.png"),
+    ("x/y/z.jpg", "x/y/z", "jpg"),
+    ("plain.cls", "plain", "cls"),
+    ("noext", "noext", ""),
+    ("d/.hidden", "d/.hidden", ""),
+])
+def test_split_name(name, key, ext):
+    assert split_name(name) == (key, ext)
+
+
+def test_case_insensitive_extensions_on_request():
+    assert split_name("A/B.JPG", lowercase=True) == ("A/B", "jpg")
+    assert split_name("A/B.JPG") == ("A/B", "JPG")
+
+
+def test_webdataset_tarwriter_shards_group_into_samples(tmp_path):
+    path = write_wds(str(tmp_path / "w.tar"), [
+        {"__key__": f"k{i:03d}", "cls": str(i).encode(), "txt": f"caption {i}".encode(), "seg.png": b"\x89PNG" + bytes([i])}
+        for i in range(5)
+    ])
+    out = samples_of(path)
+    assert [s["__key__"] for s in out] == [f"k{i:03d}" for i in range(5)]
+    assert out[3]["cls"] == b"3" and out[3]["txt"] == b"caption 3" and out[3]["seg.png"] == b"\x89PNG\x03"
+    assert all(s["__url__"] == path for s in out)
+    assert [s["__index__"] for s in out] == list(range(5))
+
+
+def test_long_names_pax_and_gnu(tmp_path):
+    long = "d" * 150 + "/sample.with.dots/" + "k" * 120
+    for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        path = write_tar(str(tmp_path / f"long{fmt}.tar"), [(long + ".jpg", b"abc"), (long + ".cls", b"7")], fmt=fmt)
+        (s,) = samples_of(path)
+        assert s["__key__"] == long and s["jpg"] == b"abc" and s["cls"] == b"7"
+
+
+def test_peer_gzip_shard_streams(tmp_path):
+    path = os.path.join(PEER_DATA, "sample.tgz")
+    out = samples_of(path)
+    assert len(out) == 90
+    assert out[0]["__key__"] == "10" and out[0]["png"][:4] == b"\x89PNG"
+    assert int(out[0]["cls"]) >= 0
+
+
+def test_peer_shard_with_directory_entry_and_gz_members():
+    path = os.path.join(PEER_DATA, "compressed.tar")
+    out = samples_of(path)
+    assert [s["__key__"] for s in out][:2] == ["compressed/0001", "compressed/0002"]
+    assert all("txt.gz" in s for s in out)
+
+
+def test_skip_by_header_reads_no_data(tmp_path):
+    path = write_tar(str(tmp_path / "t.tar"), [(f"{i}.jpg", bytes(1000)) for i in range(6)])
+    out = samples_of(path, keep=lambda i: i >= 4)
+    assert [s["jpg"] is None for s in out] == [True] * 4 + [False] * 2
+    assert [s["__index__"] for s in out] == list(range(6))
+
+
+def test_unwanted_extensions_are_not_read(tmp_path):
+    path = write_tar(str(tmp_path / "t.tar"), [("a.jpg", b"1"), ("a.txt", b"2")])
+    (s,) = samples_of(path, want_ext=lambda e: e == "jpg")
+    assert s["jpg"] == b"1" and s["txt"] is None
+
+
+def test_non_seekable_stream_skips_by_reading(tmp_path):
+    path = write_tar(str(tmp_path / "t.tar"), [(f"{i}.jpg", bytes([i]) * 700) for i in range(4)])
+    stream = io.BufferedReader(io.BytesIO(open(path, "rb").read()))
+    stream.seekable = lambda: False
+    out = list(iter_samples(stream, "mem", keep=lambda i: i % 2 == 1))
+    assert [s["jpg"] for s in out] == [None, bytes([1]) * 700, None, bytes([3]) * 700]
+
+
+@pytest.mark.parametrize("cut,match", [(700, "header cut|member data cut"), (512 + 100, "member data cut"), (100, "header cut")])
+def test_truncated_tars_name_shard_and_member(tmp_path, cut, match):
+    path = write_tar(str(tmp_path / "t.tar"), [("a.jpg", bytes(300)), ("b.jpg", bytes(300))])
+    data = open(path, "rb").read()
+    cut_path = tmp_path / "cut.tar"
+    cut_path.write_bytes(data[:cut])
+    with pytest.raises(ShardFormatError, match=match) as e:
+        samples_of(str(cut_path))
+    assert str(cut_path) in str(e.value)
+
+
+def test_tar_cut_at_member_boundary_is_reported(tmp_path):
+    path = write_tar(str(tmp_path / "t.tar"), [("a.jpg", bytes(512))])
+    data = open(path, "rb").read()
+    (tmp_path / "cut.tar").write_bytes(data[:1024])
+    with pytest.raises(ShardFormatError, match="end-of-archive"):
+        samples_of(str(tmp_path / "cut.tar"))
+
+
+def test_not_a_tar_and_empty(tmp_path):
+    (tmp_path / "x.tar").write_bytes(os.urandom(2048))
+    with pytest.raises(ShardFormatError, match="not a tar"):
+        samples_of(str(tmp_path / "x.tar"))
+    (tmp_path / "e.tar").write_bytes(b"")
+    with pytest.raises(ShardFormatError, match="empty shard"):
+        samples_of(str(tmp_path / "e.tar"))
+
+
+def test_duplicate_keys_and_extensions(tmp_path):
+    path = write_tar(str(tmp_path / "d.tar"), [("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"3")])
+    with pytest.raises(SampleError, match="duplicate sample key") as e:
+        samples_of(path)
+    assert "a.cls" in str(e.value)
+    path = write_tar(str(tmp_path / "e.tar"), [("a.jpg", b"1"), ("a.jpg", b"2")])
+    with pytest.raises(SampleError, match="appears twice"):
+        samples_of(path)
+
+
+def test_member_larger_than_limit_is_refused(tmp_path):
+    path = write_tar(str(tmp_path / "big.tar"), [("a.jpg", bytes(5000))])
+    with pytest.raises(SampleError, match="exceeds the limit") as e:
+        samples_of(path, max_member_bytes=4096)
+    assert "a.jpg" in str(e.value)
+
+
+def test_members_header_offsets(tmp_path):
+    path = write_tar(str(tmp_path / "t.tar"), [("a.jpg", bytes(10)), ("b.jpg", bytes(600))])
+    with open(path, "rb") as f:
+        members = list(iter_members(f, path))
+    assert [m.offset for m in members] == [0, 1024]
