@@ -116,7 +116,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     urls = expand_sources(args.sources, storage_options(args))
     infos = build_manifest(urls, options=storage_options(args))
     if args.output:
-        write_manifest(infos, args.output)
+        write_manifest(infos, args.output, storage_options(args))
     payload = {"shards": [i.__dict__ for i in infos], "samples": sum(i.samples for i in infos), "output": args.output}
     text = "\n".join(f"{i.samples:8d} samples {i.bytes:12d} bytes  {i.url}" for i in infos)
     emit(args, payload, text + f"\n{payload['samples']} samples in {len(infos)} shards")
@@ -136,9 +136,21 @@ def cmd_keys(args: argparse.Namespace) -> int:
         on_error=args.on_error, storage_options=storage_options(args),
     )
     with Loader(stream) as loader:
-        loader.set_epoch(args.epoch)
-        for step, batch in enumerate(loader):
-            print(json.dumps({"rank": stream.config.rank, "step": step, "keys": batch["key"]}), flush=True)
+        if args.state_in:
+            with open(args.state_in) as f:
+                loader.load_state_dict(json.load(f))
+        else:
+            loader.set_epoch(args.epoch)
+        done = 0
+        for batch in (loader if args.stop_after != 0 else ()):
+            print(json.dumps({"rank": stream.config.rank, "epoch": loader.epoch, "step": loader.step - 1,
+                              "keys": batch["key"]}), flush=True)
+            done += 1
+            if args.stop_after is not None and done >= args.stop_after:
+                break
+        if args.state_out:
+            with open(args.state_out, "w") as f:
+                json.dump(loader.state_dict(), f)
         if not args.json:
             print(json.dumps({"stats": loader.stats()}), file=sys.stderr)
     return 0
@@ -178,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("keys", help="run the real pipeline for one rank and print the sample keys of each batch")
     add_stream_args(p)
+    p.add_argument("--stop-after", type=int, default=None, metavar="K", help="stop after K batches")
+    p.add_argument("--state-out", default=None, metavar="FILE", help="write the loader state (to resume from) here")
+    p.add_argument("--state-in", default=None, metavar="FILE", help="resume from a state written by --state-out")
     p.add_argument("--json", action="store_true", help="only the JSON lines on stdout")
     p.set_defaults(func=cmd_keys)
 

@@ -26,7 +26,7 @@ from .config import StreamConfig
 from .errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
 from .plan import WorkerPlan, epoch_order, worker_plan
 from .samples import ErrorPolicy, FieldDecoder, emitted_indices, shuffle_seed, shuffled
-from .streams import ShardSequence
+from .streams import IOCounters, ShardSequence
 from .tario import iter_samples
 
 ONE = np.ones((), np.uint8)
@@ -154,10 +154,15 @@ class WorkerSource:
                 perm = epoch_order(len(order), c.seed, plan.epoch * 1_000_003 + n_pass)
                 order = [order[i] for i in perm]
             start = ordinal
-            shards = ShardSequence([self.urls[i] for i in order], c.storage_options)
+            shards = ShardSequence([self.urls[i] for i in order], c.storage_options, stats.io)
             for position, index in enumerate(order):
                 url = self.urls[index]
                 base = ordinal
+                count = self.counts[index] if self.counts is not None else None
+                if count is not None and not any(keep(base + i) for i in range(count)):
+                    ordinal += count  # resume: a shard consumed before the restart is not even opened
+                    yield from itertools.repeat(None, count)
+                    continue
                 try:
                     with shards.open(position) as f:
                         for sample in iter_samples(
@@ -200,6 +205,7 @@ class _Stats:
         self.rank, self.worker, self.epoch = rank, worker, 0
         self.step = self.samples = self.padded = self.bytes = self.dropped = 0
         self.read_s = 0.0
+        self.io = IOCounters()  # remote requests, retries, resumes of this worker
         self.skipped: Counter = Counter()
         self._last = 0.0
         self._t0 = time.perf_counter()
@@ -217,7 +223,7 @@ class _Stats:
             "rank": self.rank, "worker": self.worker, "epoch": self.epoch, "step": self.step,
             "samples": self.samples, "padded": self.padded, "bytes": self.bytes, "dropped": self.dropped,
             "read_s": round(self.read_s, 6), "wall_s": round(time.perf_counter() - self._t0, 6),
-            "skipped": dict(self.skipped),
+            "skipped": dict(self.skipped), "io": self.io.as_dict(),
         }
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
