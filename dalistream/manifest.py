@@ -1,8 +1,11 @@
 """Per-shard sample counts: the manifest behind ``even``/``exact`` epochs and ``len()``.
 
-Counts come from, in order: a manifest file the user names; a cached header scan of local
-shards (keyed by path, size and mtime, so an edited shard is scanned again); or a header scan
-of the stream. A scan reads tar headers only and seeks over member data.
+Counts come from, in order: a manifest file the user names (a local path, ``s3://`` or
+``http(s)://``); a cached header scan (local shards keyed by path, size and mtime; remote ones
+by URL, size and ETag from a HEAD request, so an edited shard is scanned again); or a header
+scan of the stream. A scan reads tar headers only and seeks over member data where it can
+(remote shards are read through once, sequentially). Manifests can be written to local disk
+or uploaded next to the shards (``s3://bucket/prefix/manifest.json``).
 
 Manifest file format (JSON)::
 
@@ -20,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .errors import ManifestError, SourceError
+from .errors import ManifestError, SourceError, redact
 from .shards import is_remote
-from .streams import open_shard
+from .streams import FETCHED, decompressed, open_raw
 from .tario import iter_samples
 
 FORMAT = "dalistream-manifest"
@@ -38,26 +41,45 @@ class ShardInfo:
 
 
 def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase: bool = False) -> ShardInfo:
-    """Count the samples of one shard by reading its tar headers only."""
+    """Count the samples of one shard by reading its tar headers only.
+
+    ``bytes`` is the stored (possibly compressed) size: from the file system for local shards,
+    from the server's answer for remote ones, ``-1`` for ``pipe:``. Remote URLs are recorded
+    with credentials redacted.
+    """
     count = 0
-    with open_shard(url, 0, options) as stream:
+    raw = open_raw(url, 0, options)
+    size = getattr(getattr(raw, "raw", None), "size", None) if url.startswith(FETCHED) else None
+    with decompressed(raw, url) as stream:
         for _ in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase):
             count += 1
-    size = os.path.getsize(url) if not is_remote(url) else -1
-    return ShardInfo(url, count, size)
+    if not is_remote(url):
+        size = os.path.getsize(url[len("file://"):] if url.startswith("file://") else url)
+    return ShardInfo(redact(url) if is_remote(url) else url, count, size if size is not None else -1)
 
 
-def _cache_path(cache_dir: str, url: str) -> Optional[str]:
-    try:
-        st = os.stat(url)
-    except OSError:
-        return None
-    ident = f"{os.path.abspath(url)}|{st.st_size}|{st.st_mtime_ns}".encode()
+def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    if url.startswith(FETCHED):
+        from .remote import stat_remote
+
+        try:
+            size, tag = stat_remote(url, options)
+        except SourceError:
+            return None  # e.g. a presigned URL valid for GET only: the scan reports real errors
+        if size is None or not tag:
+            return None  # no way to tell an edited object: always scan
+        ident = f"{url}|{size}|{tag}".encode()
+    else:
+        try:
+            st = os.stat(url)
+        except OSError:
+            return None
+        ident = f"{os.path.abspath(url)}|{st.st_size}|{st.st_mtime_ns}".encode()
     return os.path.join(cache_dir, "manifests", hashlib.sha256(ident).hexdigest()[:32] + ".json")
 
 
 def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool) -> ShardInfo:
-    path = _cache_path(cache_dir, url) if cache_dir and not is_remote(url) else None
+    path = _cache_path(cache_dir, url, options) if cache_dir and not url.startswith("pipe:") else None
     if path and os.path.exists(path):
         try:
             with open(path) as f:
@@ -83,9 +105,15 @@ def build_manifest(
         return list(pool.map(lambda u: _scan_cached(u, cache_dir, options, lowercase), urls))
 
 
-def write_manifest(infos: Sequence[ShardInfo], path: str) -> None:
-    """Write a manifest file atomically."""
+def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapping[str, Any]] = None) -> None:
+    """Write a manifest file atomically: a local path, or ``s3://bucket/key`` (uploaded with
+    ``options``, the storage options)."""
     payload = {"format": FORMAT, "version": 1, "shards": [asdict(i) for i in infos]}
+    if is_remote(path):
+        from .remote import put_bytes
+
+        put_bytes(path, json.dumps(payload, indent=1).encode(), options)
+        return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory)
@@ -94,15 +122,24 @@ def write_manifest(infos: Sequence[ShardInfo], path: str) -> None:
     os.replace(tmp, path)
 
 
-def read_manifest(path: str) -> Dict[str, ShardInfo]:
-    """Read a manifest file into ``{url: ShardInfo}``."""
+def read_manifest(path: str, options: Optional[Mapping[str, Any]] = None) -> Dict[str, ShardInfo]:
+    """Read a manifest (local path, ``s3://`` or ``http(s)://``) into ``{url: ShardInfo}``."""
     try:
-        with open(path) as f:
-            payload = json.load(f)
+        if path.startswith(FETCHED):
+            from .remote import read_bytes
+
+            payload = json.loads(read_bytes(path, options))
+        else:
+            with open(path) as f:
+                payload = json.load(f)
     except FileNotFoundError:
         raise SourceError("manifest file does not exist", url=path) from None
+    except SourceError as e:
+        raise SourceError(f"cannot read manifest: {e.message}", url=path, hint=e.hint) from None
     except ValueError as e:
         raise ManifestError(f"manifest is not valid JSON: {e}", url=path) from None
+    if not isinstance(payload, dict):
+        raise ManifestError("not a dalistream manifest (not a JSON object)", url=path)
     if payload.get("format") != FORMAT:
         raise ManifestError("not a dalistream manifest (missing format marker)", url=path)
     return {row["url"]: ShardInfo(**row) for row in payload["shards"]}
@@ -115,7 +152,7 @@ def lookup_counts(urls: Sequence[str], table: Mapping[str, ShardInfo], manifest_
         by_base.setdefault(os.path.basename(info.url), []).append(info)
     counts = []
     for url in urls:
-        info = table.get(url)
+        info = table.get(url) or table.get(redact(url))
         if info is None:
             candidates = by_base.get(os.path.basename(url), [])
             if len(candidates) != 1:
@@ -132,5 +169,45 @@ def shard_counts(
 ) -> List[int]:
     """Sample count of every shard: from ``manifest`` if given, else a (cached) header scan."""
     if manifest:
-        return lookup_counts(urls, read_manifest(manifest), manifest)
+        return lookup_counts(urls, read_manifest(manifest, options), manifest)
     return [i.samples for i in build_manifest(urls, cache_dir=cache_dir, options=options, lowercase=lowercase)]
+
+
+def scan_tolerant(
+    urls: Sequence[str], *, cache_dir: Optional[str] = None, options: Optional[Mapping[str, Any]] = None,
+    lowercase: bool = False, threads: int = 8,
+) -> "tuple[List[ShardInfo], list]":
+    """:func:`build_manifest` for ``on_error="skip"``: a shard that cannot be scanned to its end
+    (empty, truncated, not a tar, unreadable, duplicate keys) is not an error but is counted up
+    to its problem — exactly the samples a worker delivers (or skips one by one) before it skips
+    the rest of that shard — and not cached. Returns the infos and the errors met, in URL order."""
+    from .errors import DalistreamError
+
+    def one(url: str):
+        try:
+            return _scan_cached(url, cache_dir, options, lowercase), None
+        except DalistreamError as e:
+            return _scan_partial(url, options, lowercase), e
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
+        results = list(pool.map(one, urls))
+    return [info for info, _ in results], [error for _, error in results if error is not None]
+
+
+def _scan_partial(url: str, options: Optional[Mapping[str, Any]], lowercase: bool) -> ShardInfo:
+    from .errors import DalistreamError
+
+    count = 0
+    try:
+        with decompressed(open_raw(url, 0, options), url) as stream:
+            for _ in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase, mark_errors=True):
+                count += 1
+    except DalistreamError:
+        pass
+    size = -1
+    if not is_remote(url):
+        try:
+            size = os.path.getsize(url[len("file://"):] if url.startswith("file://") else url)
+        except OSError:
+            pass
+    return ShardInfo(redact(url) if is_remote(url) else url, count, size)

@@ -11,11 +11,52 @@ from __future__ import annotations
 import gzip
 import io
 import subprocess
-from typing import Any, BinaryIO, Mapping, Optional, Sequence
+import threading
+from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Sequence
 
 from .errors import SourceError
 
 CHUNK = 1 << 20
+FETCHED = ("s3://", "http://", "https://")  # served by dalistream.remote, with read-ahead
+
+
+class IOCounters:
+    """Counters of remote I/O: ``requests`` (GETs started), ``retries`` (requests repeated after
+    throttling, 5xx answers or connection failures), ``resumes`` (ranged GETs that continued a
+    transfer cut mid-object), ``resumed_bytes`` (bytes those resumed GETs delivered) and
+    ``bytes`` (bytes received). Thread-safe; :meth:`as_dict` gives a snapshot."""
+
+    FIELDS = ("requests", "retries", "resumes", "resumed_bytes", "bytes")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: Dict[str, int] = dict.fromkeys(self.FIELDS, 0)
+
+    def add(self, **amounts: int) -> None:
+        """Add to some counters, e.g. ``add(retries=1)``."""
+        with self._lock:
+            for name, amount in amounts.items():
+                self._values[name] += amount
+
+    def as_dict(self) -> Dict[str, int]:
+        """A snapshot of all counters."""
+        with self._lock:
+            return dict(self._values)
+
+    def __getattr__(self, name: str) -> int:
+        if name in IOCounters.FIELDS:
+            return self.as_dict()[name]
+        raise AttributeError(name)
+
+    def __getstate__(self) -> dict:
+        return {"values": self.as_dict()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+        self._values.update(state["values"])
+
+    def __repr__(self) -> str:
+        return "IOCounters(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
 
 
 class PipeStream(io.RawIOBase):
@@ -48,7 +89,7 @@ class PipeStream(io.RawIOBase):
 def open_raw(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None) -> BinaryIO:
     """Open ``url`` as a buffered binary stream positioned at byte ``offset`` (not decompressed)."""
     options = options or {}
-    if url.startswith(("s3://", "http://", "https://")):
+    if url.startswith(FETCHED):
         from .remote import open_remote
 
         return open_remote(url, offset, options)
@@ -82,16 +123,38 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
     """
     if offset and not url.endswith((".gz", ".tgz")):
         return open_raw(url, offset, options)
-    stream = open_raw(url, 0, options)
+    return decompressed(open_raw(url, 0, options), url, offset)
+
+
+def decompressed(stream: BinaryIO, url: str, offset: int = 0) -> BinaryIO:
+    """``stream`` (raw shard bytes from the start) decompressed if gzip, then advanced to
+    ``offset`` of the tar."""
     try:
         if is_gzip(stream):
-            stream = io.BufferedReader(gzip.GzipFile(fileobj=stream, mode="rb"), CHUNK)  # type: ignore[arg-type]
+            stream = _Gunzipped(stream)
         if offset:
             _discard(stream, offset)
     except OSError as e:
         stream.close()
         raise SourceError(f"cannot read shard: {e}", url=url) from None
+    except BaseException:
+        stream.close()
+        raise
     return stream
+
+
+class _Gunzipped(io.BufferedReader):
+    """Decompressed view of a gzip stream; closing it closes the compressed stream too."""
+
+    def __init__(self, source: BinaryIO) -> None:
+        self._source = source
+        super().__init__(gzip.GzipFile(fileobj=source, mode="rb"), CHUNK)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._source.close()
 
 
 def _discard(stream: BinaryIO, n: int) -> None:
@@ -105,16 +168,41 @@ def _discard(stream: BinaryIO, n: int) -> None:
 class ShardSequence:
     """Opens one worker's shards in order; the hook where remote read-ahead lives.
 
-    ``open(i)`` returns the stream of ``urls[i]``. Local shards are simply opened; remote
-    backends may start fetching ``urls[i + 1]`` in the background while ``urls[i]`` is parsed.
+    ``open(i)`` returns the (decompressed) stream of ``urls[i]``. Local and ``pipe:`` shards are
+    simply opened. ``s3://`` and ``http(s)://`` shards are fetched by one background thread, one
+    GET per shard in list order, running ahead of the reader by at most
+    ``options["read_ahead_bytes"]`` (default 64 MiB) across shard boundaries, so the next shard's
+    first-byte latency is hidden while the current one is parsed. Opening shards in order is
+    the fast path; opening any other index restarts the fetcher there. ``counters`` (an
+    :class:`IOCounters`) receives this sequence's retries and resumes.
     """
 
-    def __init__(self, urls: Sequence[str], options: Optional[Mapping[str, Any]] = None) -> None:
-        self.urls = list(urls)
+    def __init__(self, urls: Sequence[str], options: Optional[Mapping[str, Any]] = None,
+                 counters: Optional[IOCounters] = None) -> None:
+        self.urls: List[str] = list(urls)
         self.options = dict(options or {})
+        self.counters = counters
+        self._ahead = None
 
     def open(self, i: int) -> BinaryIO:
-        return open_shard(self.urls[i], 0, self.options)
+        """The stream of ``urls[i]``, decompressed if gzip (a :class:`SourceError` if it cannot be opened)."""
+        url = self.urls[i]
+        if not url.startswith(FETCHED):
+            return open_shard(url, 0, self.options)
+        if self._ahead is None:
+            from .readahead import ReadAhead
+
+            self._ahead = ReadAhead(self.urls, self.options, self.counters)
+        return decompressed(self._ahead.open(i), url)
 
     def close(self) -> None:
         """Stop any background fetches."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.close()
+
+    def __del__(self) -> None:  # a generator dropped mid-epoch must not leave a fetcher running
+        try:
+            self.close()
+        except Exception:
+            pass
