@@ -13,7 +13,12 @@
 
 The pipeline function returns a dict of named outputs. Raw byte fields returned unchanged from
 :func:`read` (captions, keys) reach torch as ``bytes``/``str``; everything else as tensors. The
-``valid`` mask is added automatically when the stream can pad, so the loader can trim padding.
+``valid`` mask is added automatically, so the loader can trim padding; ``"valid"`` is therefore not
+a name an output may have. Between :func:`read` and the ``return`` any DALI op may be used (on
+``stream.device``); ``if`` statements on data nodes work (conditionals are enabled).
+
+DALI's workers are started with ``spawn``: a script that builds a pipeline at top level needs the
+usual ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -21,7 +26,12 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Dict, List, Optional
 
+from .errors import ConfigError
 from .stream import Stream
+
+# Set from the stream, never by the user: they must agree with the sharded sources.
+RESERVED = ("batch_size", "device_id", "py_num_workers", "py_start_method", "py_callback_pickler",
+            "enable_conditionals")
 
 _building: List[dict] = []  # the graph under construction (pipelines are built one at a time)
 
@@ -35,6 +45,9 @@ def read(stream: Stream) -> Dict[str, Any]:
 
     if not _building:
         raise RuntimeError("dalistream.read() must be called inside a @dalistream.pipeline_def function")
+    if _building[-1]["valid"] is not None:
+        raise ConfigError("dalistream.read() was called twice in one pipeline",
+                          hint="call it once and use its nodes as often as needed")
     nodes = sharded_sources(stream.config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
                             start_step=stream.start_step, stats_dir=stream.stats_dir)
     ctx = _building[-1]
@@ -50,10 +63,16 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
     returns a DALI ``Pipeline`` set up the way sharded sources need it: ``batch_size`` and
     ``py_num_workers`` from the stream, ``py_start_method="spawn"``, the ``dill`` pickler,
     ``enable_conditionals=True``, ``device_id`` from the stream (``None`` on CPU). Other keyword
-    arguments go to DALI's ``pipeline_def`` (``num_threads``, ``prefetch_queue_depth``, …).
+    arguments go to DALI's ``pipeline_def`` (``num_threads``, ``prefetch_queue_depth``, ``seed``, …),
+    given here or when calling the decorated function; the remaining call arguments are the
+    pipeline's own (``train(stream, size=160)``).
     """
     if fn is None:
         return functools.partial(pipeline_def, **dali_kwargs)
+    reserved = sorted(set(dali_kwargs) & set(RESERVED))
+    if reserved:
+        raise ConfigError(f"@pipeline_def: {reserved} are set from the stream and cannot be given",
+                          hint="set batch size, workers and device when opening the Stream")
 
     @functools.wraps(fn)
     def build(stream: Stream, *args: Any, **kwargs: Any):
@@ -61,12 +80,15 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
         from nvidia.dali import pipeline_def as dali_pipeline_def
 
         c = stream.config
-        options = dict(num_threads=2, prefetch_queue_depth=2, exec_dynamic=True)
+        seed = (c.seed * 7919 + c.rank * 104729 + stream.start_epoch * 1299709 + stream.start_step) & 0x7FFFFFFF
+        options = dict(num_threads=2, prefetch_queue_depth=2, exec_dynamic=True, seed=seed)
         options.update(dali_kwargs)
         for key in list(options):
             if key in kwargs:
                 options[key] = kwargs.pop(key)
-        seed = (c.seed * 7919 + c.rank * 104729 + stream.start_epoch * 1299709 + stream.start_step) & 0x7FFFFFFF
+        reserved = sorted(set(kwargs) & set(RESERVED))
+        if reserved:
+            raise ConfigError(f"{fn.__name__}: {reserved} are set from the stream and cannot be given")
         ctx: dict = {"raw": {}, "valid": None, "names": [], "kinds": []}
 
         def graph():
@@ -74,8 +96,16 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
             if not isinstance(outputs, dict):
                 raise TypeError(f"{fn.__name__} must return a dict of named outputs, got {type(outputs).__name__}")
             outputs = dict(outputs)
-            if "valid" not in outputs and ctx["valid"] is not None and stream.may_pad:
-                outputs["valid"] = ctx["valid"]
+            for name in outputs:
+                if not isinstance(name, str) or not name:
+                    raise ConfigError(f"{fn.__name__}: output names must be non-empty strings, got {name!r}")
+            if "valid" in outputs and outputs["valid"] is not ctx["valid"]:
+                raise ConfigError(f"{fn.__name__}: 'valid' is reserved for the padding mask; rename that output")
+            if ctx["valid"] is None:
+                raise ConfigError(f"{fn.__name__}: call dalistream.read(stream) in the pipeline function")
+            # always returned (not only when the stream can pad): the loader trims padding with
+            # it, and DALI warns about source outputs that nothing uses
+            outputs["valid"] = ctx["valid"]
             ctx["names"] = list(outputs)
             ctx["kinds"] = [ctx["raw"].get(id(node), "tensor") for node in outputs.values()]
             return tuple(outputs.values())
@@ -85,7 +115,12 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
         _building.append(ctx)
         try:
             pipe = decorated(batch_size=c.batch_size, device_id=stream.device_id, py_num_workers=c.workers,
-                             py_start_method="spawn", py_callback_pickler=dill, seed=seed, **options)
+                             py_start_method="spawn", py_callback_pickler=dill, **options)
+        except Exception as e:  # autograph wraps errors raised in the graph function: unwrap ours
+            original = _dalistream_cause(e)
+            if original is None:
+                raise
+            raise original from None
         finally:
             _building.pop()
         pipe.dalistream_outputs = list(zip(ctx["names"], ctx["kinds"]))
@@ -93,6 +128,19 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
 
     build.dalistream_pipeline = True  # type: ignore[attr-defined]
     return build
+
+
+def _dalistream_cause(error: BaseException) -> Optional[BaseException]:
+    """The dalistream error behind ``error`` (itself, or up its cause/context chain), if any."""
+    from .errors import DalistreamError
+
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, DalistreamError):
+            return error
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return None
 
 
 @pipeline_def

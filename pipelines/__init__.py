@@ -1,1 +1,19 @@
-"""Ready pipelines built only from dalistream's public helpers (installed as ``dalistream.pipelines``)."""
+"""Ready pipelines built only from dalistream's public helpers (installed as ``dalistream.pipelines``).
+
+Each module has a ``pipeline`` (a :func:`dalistream.pipeline_def` function, for use with your own
+:class:`dalistream.Stream`) and a one-line ``loader(sources, batch_size=…, size=…, workers=…,
+**stream_options)`` returning a :class:`dalistream.Loader`; its docstring tables the outputs.
+
+- :mod:`~dalistream.pipelines.classification_train`: random-resized-crop fused into the decode,
+  flip, optional colour jitter, normalized ``CHW`` float, ``int64`` labels.
+- :mod:`~dalistream.pipelines.classification_eval`: decode, resize shorter side, centre crop,
+  normalize; every sample once (``exact`` policy).
+- :mod:`~dalistream.pipelines.image_text`: image + caption pairs for CLIP-style training,
+  captions as Python ``str``.
+
+Importing this package does not import DALI or torch.
+"""
+
+from . import classification_eval, classification_train, image_text
+
+__all__ = ["classification_train", "classification_eval", "image_text"]

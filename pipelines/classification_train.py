@@ -1,0 +1,76 @@
+"""Image classification, training: random-resized-crop fused into the decode, flip, jitter, normalize.
+
+::
+
+    from dalistream.pipelines import classification_train
+
+    with classification_train.loader("/data/train-{0000..1023}.tar", batch_size=64, size=224) as loader:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                images, labels = batch["image"], batch["label"]
+
+Graph (one switch, ``stream.device``; on a GPU the decoder runs ``mixed``, the rest ``gpu``):
+``fn.decoders.image_random_crop`` (only the random window is decoded) → resize to ``size`` ×
+``size`` → optional colour jitter → ``crop_mirror_normalize`` (random horizontal flip, ImageNet
+mean/std, ``CHW``).
+
+Outputs (``B`` = samples in the batch, ``S`` = ``size``):
+
+=========  =====================================  ================  =============================
+name       dtype                                  shape             device
+=========  =====================================  ================  =============================
+``image``  ``torch.float32`` (``float16``: fp16)  ``(B, 3, S, S)``  CUDA on a GPU stream, else CPU
+``label``  ``torch.int64``                        ``(B,)``          CUDA on a GPU stream, else CPU
+=========  =====================================  ================  =============================
+
+Images are RGB whatever the file holds (grayscale, CMYK, PNG), normalized as
+``(pixel - mean) / std`` with ``mean``/``std`` on the 0–255 scale (default ImageNet's).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import dalistream
+from dalistream import ops
+
+#: The fields read from each sample (override with ``image_exts``/``label_exts``).
+FIELDS = {"image": "jpg;jpeg;png;webp", "label": "cls"}
+
+
+@dalistream.pipeline_def
+def pipeline(stream: "dalistream.Stream", size: int = 224, flip: bool = True, color_jitter: bool = False,
+             fp16: bool = False, random_area: Sequence[float] = (0.08, 1.0),
+             random_aspect_ratio: Sequence[float] = (3 / 4, 4 / 3),
+             mean: Sequence[float] = ops.IMAGENET_MEAN, std: Sequence[float] = ops.IMAGENET_STD) -> Dict[str, Any]:
+    """The training graph; ``stream`` must have fields ``image`` (encoded bytes) and ``label`` (int)."""
+    device = stream.device
+    data = dalistream.read(stream)
+    images = ops.decode_images(data["image"], data["valid"], device, random_crop=True, random_area=random_area,
+                               random_aspect_ratio=random_aspect_ratio, padded=stream.may_pad)
+    images = ops.random_resized_crop(images, device, (size, size))
+    if color_jitter:
+        images = ops.color_jitter(images, device)
+    mirror = ops.coin_flip(0.5) if flip else None
+    images = ops.normalize(images, device, mirror=mirror, mean=mean, std=std, fp16=fp16)
+    return {"image": images, "label": ops.to_device(data["label"], device)}
+
+
+def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = 2, device: str = "auto",
+           flip: bool = True, color_jitter: bool = False, fp16: bool = False,
+           random_area: Sequence[float] = (0.08, 1.0), image_exts: str = FIELDS["image"],
+           label_exts: str = FIELDS["label"], shuffle: int = 1000,
+           dali_options: Optional[Mapping[str, Any]] = None, **stream_options: Any) -> "dalistream.Loader":
+    """A :class:`dalistream.Loader` over ``sources`` running :func:`pipeline`.
+
+    ``shuffle`` is the per-worker sample shuffle buffer (default 1000). ``stream_options`` go to
+    :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``,
+    ``storage_options``, ``manifest``, …; policy ``even`` by default). ``dali_options`` go to the
+    DALI pipeline (``num_threads``, ``prefetch_queue_depth``).
+    """
+    stream = dalistream.Stream.open(sources, fields={"image": image_exts, "label": label_exts},
+                                    batch_size=batch_size, workers=workers, device=device, shuffle=shuffle,
+                                    **stream_options)
+    return dalistream.Loader(stream, pipeline, size=size, flip=flip, color_jitter=color_jitter, fp16=fp16,
+                             random_area=tuple(random_area), **dict(dali_options or {}))

@@ -1,0 +1,257 @@
+"""The ready pipelines and the @pipeline_def helpers, built on the CPU over real, odd images.
+
+The shards hold RGB JPEGs, grayscale and CMYK JPEGs, PNGs stored as ``.jpg``, RGBA and
+grayscale PNGs; every one must come out as 3-channel RGB. Each sample's ``cls`` is unique, so
+a label names its sample. DALI pipeline builds are slow here: this file builds five.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dalistream
+from dalistream import ops
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("nvidia.dali")
+wds = pytest.importorskip("webdataset")
+Image = pytest.importorskip("PIL.Image")
+
+KINDS = [  # (tar extension, PIL format, PIL mode or None for RGB)
+    ("jpg", "JPEG", None), ("jpg", "JPEG", "L"), ("jpg", "JPEG", "CMYK"), ("jpg", "PNG", None),
+    ("png", "PNG", "RGBA"), ("png", "PNG", "L"),
+]
+SHARDS, PER_SHARD = 2, 11  # 11 per worker: uneven batches, padding under "exact"
+
+
+def _encode(image: np.ndarray, fmt: str, mode) -> bytes:
+    pil = Image.fromarray(image)
+    if mode:
+        pil = pil.convert(mode)
+    out = io.BytesIO()
+    pil.save(out, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def odd(tmp_path_factory):
+    """Write the shards; return (directory, {key: sample facts}, cache dir)."""
+    root = tmp_path_factory.mktemp("odd")
+    data = root / "shards"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    truth = {}
+    i = 0
+    for s in range(SHARDS):
+        with wds.TarWriter(str(data / f"odd-{s:03d}.tar")) as sink:
+            for _ in range(PER_SHARD):
+                ext, fmt, mode = KINDS[i % len(KINDS)]
+                h, w = (int(v) for v in rng.integers(40, 90, 2))
+                y, x = np.mgrid[0:h, 0:w]
+                image = np.stack([x * 255 // w, y * 255 // h, (x + y) * 127 // (w + h) + 60 + i], -1).astype(np.uint8)
+                encoded = _encode(image, fmt, mode)
+                key = f"odd{s}/{i:04d}"
+                caption = f"caption {i}: a gradient, très lisse"
+                sample = {"__key__": key, ext: encoded, "cls": str(i).encode()}
+                if i % 4 == 3:  # some captions only as JSON
+                    sample["json"] = json.dumps({"caption": caption, "width": w}).encode()
+                else:
+                    sample["txt"] = caption.encode()
+                sink.write(sample)
+                truth[key] = {"bytes": encoded, "label": i, "caption": caption, "kind": (ext, fmt, mode)}
+                i += 1
+    return str(data), truth, str(root / "cache")
+
+
+def _pil_rgb(encoded: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(encoded)).convert("RGB"), dtype=np.float32)
+
+
+def _range(mean, std):
+    lo = min((0 - m) / s for m, s in zip(mean, std))
+    hi = max((255 - m) / s for m, s in zip(mean, std))
+    return lo - 1e-3, hi + 1e-3
+
+
+def _check_images(images, batch_len: int, size: int, dtype, mean=ops.IMAGENET_MEAN, std=ops.IMAGENET_STD):
+    assert isinstance(images, torch.Tensor)
+    assert images.dtype == dtype and images.device.type == "cpu"
+    assert tuple(images.shape) == (batch_len, 3, size, size)
+    values = images.float()
+    assert torch.isfinite(values).all()
+    lo, hi = _range(mean, std)
+    assert lo <= float(values.min()) and float(values.max()) <= hi
+    # real pictures, not padding: every image varies
+    assert (values.flatten(1).std(1) > 0.05).all()
+
+
+# -- the helpers ----------------------------------------------------------------------------
+
+
+@dalistream.pipeline_def
+def decoded(stream, shift=0):
+    """A user pipeline: read, decode without augmentation, a user op on the labels, a user argument."""
+    data = dalistream.read(stream)
+    images = ops.decode_images(data["image"], data["valid"], stream.device, padded=stream.may_pad)
+    return {"image": images, "label": data["label"] + shift, "key": data["key"]}
+
+
+def test_user_pipeline_decodes_like_pil(odd):
+    """Grayscale, CMYK, PNG-in-.jpg and RGBA all come out RGB and match PIL's decode."""
+    shards, truth, cache = odd
+    stream = dalistream.Stream.open(shards, fields={"image": "jpg;png", "label": "cls", "key": "__key__"},
+                                    batch_size=8, workers=2, device="cpu", policy="exact", cache_dir=cache)
+    assert stream.may_pad
+    seen = []
+    with dalistream.Loader(stream, decoded, shift=100) as loader:
+        assert len(loader) == 3
+        for batch in loader:
+            assert batch["label"].dtype == torch.int64 and batch["label"].shape == (len(batch["key"]),)
+            for key, image, label in zip(batch["key"], batch["image"], batch["label"].tolist()):
+                fact = truth[key]
+                assert label == fact["label"] + 100
+                assert image.dtype == torch.uint8 and image.ndim == 3 and image.shape[2] == 3, fact["kind"]
+                reference = _pil_rgb(fact["bytes"])
+                assert tuple(image.shape) == reference.shape, fact["kind"]
+                diff = np.abs(image.numpy().astype(np.float32) - reference).mean()
+                assert diff < 2.0, (fact["kind"], diff)
+                seen.append(key)
+    assert sorted(seen) == sorted(truth)  # every sample once, padding trimmed
+
+
+def test_pipeline_def_rejects_misuse(odd):
+    shards, _, cache = odd
+    stream = dalistream.Stream.open(shards, fields={"image": "jpg;png", "label": "cls"}, batch_size=4,
+                                    workers=1, device="cpu", cache_dir=cache)
+
+    @dalistream.pipeline_def
+    def named_valid(stream):
+        data = dalistream.read(stream)
+        return {"valid": data["label"]}
+
+    @dalistream.pipeline_def
+    def reads_twice(stream):
+        dalistream.read(stream)
+        return dalistream.read(stream)
+
+    @dalistream.pipeline_def
+    def no_read(stream):
+        from nvidia.dali import fn
+        return {"x": fn.zeros(shape=[1])}
+
+    for bad in (named_valid, reads_twice, no_read):
+        with pytest.raises(dalistream.ConfigError):
+            bad(stream)
+    with pytest.raises(dalistream.ConfigError):
+        decoded(stream, batch_size=3)
+    with pytest.raises(dalistream.ConfigError):
+        dalistream.pipeline_def(lambda s: {}, py_num_workers=3)
+    with pytest.raises(RuntimeError):
+        dalistream.read(stream)
+
+
+# -- the ready pipelines ---------------------------------------------------------------------
+
+
+def test_classification_train(odd):
+    from dalistream.pipelines import classification_train
+
+    shards, truth, cache = odd
+    labels = set()
+    with classification_train.loader(shards, batch_size=8, size=32, workers=2, device="cpu", shuffle=6,
+                                     cache_dir=cache, seed=3) as loader:
+        assert isinstance(loader, dalistream.Loader)
+        assert len(loader) == 2  # "even": 11 samples per worker, slot 4
+        for epoch in range(2):  # epochs follow each other on the same pipeline
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            assert len(batches) == 2
+            for batch in batches:
+                assert set(batch) == {"image", "label"}
+                _check_images(batch["image"], 8, 32, torch.float32)
+                assert batch["label"].dtype == torch.int64 and tuple(batch["label"].shape) == (8,)
+                labels.update(batch["label"].tolist())
+        state = loader.state_dict()
+        assert state["loader"] == {"epoch": 2, "step": 0}
+        assert state["plan"]["shuffle"] == 6 and state["plan"]["policy"] == "even"
+    assert labels <= {f["label"] for f in truth.values()}
+
+
+def test_classification_train_fp16_jitter(odd):
+    from dalistream.pipelines import classification_train
+
+    shards, _, cache = odd
+    with classification_train.loader(shards, batch_size=4, size=24, workers=1, device="cpu", fp16=True,
+                                     color_jitter=True, flip=False, cache_dir=cache) as loader:
+        batch = next(iter(loader))
+        _check_images(batch["image"], 4, 24, torch.float16)
+        assert batch["label"].dtype == torch.int64
+
+
+def test_classification_eval_exact_and_centre_crop(odd):
+    """Every sample once; each image is the centre crop of the shorter-side resize (as PIL does it)."""
+    from dalistream.pipelines import classification_eval
+
+    shards, truth, cache = odd
+    by_label = {f["label"]: f for f in truth.values()}
+    mean, std = np.array(ops.IMAGENET_MEAN), np.array(ops.IMAGENET_STD)
+    seen = []
+    with classification_eval.loader(shards, batch_size=8, size=32, resize=40, workers=2, device="cpu",
+                                    cache_dir=cache) as loader:
+        assert loader.stream.config.policy == "exact" and len(loader) == 3
+        for batch in loader:
+            n = len(batch["label"])
+            _check_images(batch["image"], n, 32, torch.float32)
+            for image, label in zip(batch["image"], batch["label"].tolist()):
+                seen.append(label)
+                pil = Image.open(io.BytesIO(by_label[label]["bytes"])).convert("RGB")
+                w, h = pil.size
+                scale = 40 / min(w, h)
+                pil = pil.resize((max(40, round(w * scale)), max(40, round(h * scale))), Image.BILINEAR)
+                left, top = (pil.size[0] - 32) // 2, (pil.size[1] - 32) // 2
+                reference = np.asarray(pil.crop((left, top, left + 32, top + 32)), np.float32)
+                pixels = image.permute(1, 2, 0).numpy() * std + mean
+                assert np.abs(pixels - reference).mean() < 6.0
+    assert sorted(seen) == sorted(by_label)
+
+
+def test_image_text_captions_are_str(odd):
+    from dalistream.pipelines import image_text
+
+    shards, truth, cache = odd
+    keys = []
+    with image_text.loader(shards, batch_size=8, size=32, workers=2, device="cpu", keys=True, policy="exact",
+                           cache_dir=cache) as loader:
+        for batch in loader:
+            assert set(batch) == {"image", "text", "key"}
+            _check_images(batch["image"], len(batch["key"]), 32, torch.float32,
+                          image_text.CLIP_MEAN, image_text.CLIP_STD)
+            for key, text in zip(batch["key"], batch["text"]):
+                assert isinstance(key, str) and isinstance(text, str)
+                assert text == truth[key]["caption"]
+                keys.append(key)
+    assert sorted(keys) == sorted(truth)
+
+
+def test_caption_text_from_json_and_txt():
+    from dalistream.pipelines.image_text import caption_text, captions_to_str
+
+    assert caption_text("plain é".encode()) == "plain é"
+    assert caption_text(b'{"caption": "from json"}') == "from json"
+    assert caption_text(b'{"text": "t", "x": 1}') == "t"
+    assert caption_text(b"{not json") == "{not json"
+    assert captions_to_str({"text": [b"a", b"b"]}) == {"text": ["a", "b"]}
+
+
+def test_pipelines_package_is_installed_and_light(tmp_path):
+    code = ("import sys, dalistream.pipelines as p; "
+            "assert p.classification_train.loader and p.classification_eval.loader and p.image_text.loader; "
+            "assert not [m for m in sys.modules if m.startswith(('nvidia.dali', 'torch'))], 'heavy import'")
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, env={**os.environ, "PYTHONPATH": ""})
