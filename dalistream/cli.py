@@ -80,8 +80,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .shards import expand_sources
 
     urls = expand_sources(args.sources, storage_options(args))
-    counts = shard_counts(urls, manifest=args.manifest, options=storage_options(args),
-                          cache_dir=_cache_dir()) if not args.no_counts else None
+    counts = None
+    problems: list = []
+    if args.no_counts:
+        pass
+    elif args.on_error == "skip" and not args.manifest:
+        from .manifest import scan_tolerant
+
+        infos, problems = scan_tolerant(urls, options=storage_options(args), cache_dir=_cache_dir())
+        for problem in problems:
+            log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
+        counts = [i.samples for i in infos]
+    else:
+        counts = shard_counts(urls, manifest=args.manifest, options=storage_options(args), cache_dir=_cache_dir())
     slots = slot_sizes(args.batch_size, args.workers)
     rows = []
     for r in range(args.world_size):
@@ -96,6 +107,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             })
     payload = {"epoch": args.epoch, "seed": args.seed, "world_size": args.world_size, "workers": args.workers,
                "batch_size": args.batch_size, "policy": args.policy, "plan": rows}
+    if args.on_error == "skip":  # shards counted only up to their damage
+        payload.update(skipped_shards=len(problems), errors=[p.fields() for p in problems])
     if args.json:
         emit(args, payload)
     else:
@@ -114,12 +127,23 @@ def cmd_index(args: argparse.Namespace) -> int:
     from .shards import expand_sources
 
     urls = expand_sources(args.sources, storage_options(args))
-    infos = build_manifest(urls, options=storage_options(args))
+    problems: list = []
+    if args.on_error == "skip":  # a bad shard is counted up to its problem, reported, not fatal
+        from .manifest import scan_tolerant
+
+        infos, problems = scan_tolerant(urls, options=storage_options(args))
+    else:
+        infos = build_manifest(urls, options=storage_options(args))
     if args.output:
         write_manifest(infos, args.output, storage_options(args))
-    payload = {"shards": [i.__dict__ for i in infos], "samples": sum(i.samples for i in infos), "output": args.output}
+    payload = {"shards": [i.__dict__ for i in infos], "samples": sum(i.samples for i in infos), "output": args.output,
+               "skipped_shards": len(problems), "errors": [p.fields() for p in problems]}
     text = "\n".join(f"{i.samples:8d} samples {i.bytes:12d} bytes  {i.url}" for i in infos)
-    emit(args, payload, text + f"\n{payload['samples']} samples in {len(infos)} shards")
+    text += f"\n{payload['samples']} samples in {len(infos)} shards"
+    if problems:
+        text += f"\n{len(problems)} shards could not be read to their end (counted up to the problem):"
+        text += "".join(f"\n    {p}" for p in problems)
+    emit(args, payload, text)
     return 0
 
 
@@ -127,6 +151,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     from .loader import Loader
+    from .samples import skip_totals
     from .stream import Stream
 
     stream = Stream.open(
@@ -151,8 +176,15 @@ def cmd_keys(args: argparse.Namespace) -> int:
         if args.state_out:
             with open(args.state_out, "w") as f:
                 json.dump(loader.state_dict(), f)
+        # counters: exact at the end of an epoch (the workers' last write is awaited briefly); the
+        # skip counters at the top are those of the epoch printed (workers read ahead into the next)
+        stats = loader.stats(wait_s=2.0 if loader.step == 0 else 0.0)
+        ran = loader.epoch - 1 if loader.step == 0 else loader.epoch
+        stats.update(stats["by_epoch"].get(ran, skip_totals({})))
         if not args.json:
-            print(json.dumps({"stats": loader.stats()}), file=sys.stderr)
+            print(json.dumps({"stats": stats}), file=sys.stderr)
+        elif args.on_error != "raise":  # the skip counters close the JSON lines
+            print(json.dumps({"stats": stats}), flush=True)
     return 0
 
 
@@ -193,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-after", type=int, default=None, metavar="K", help="stop after K batches")
     p.add_argument("--state-out", default=None, metavar="FILE", help="write the loader state (to resume from) here")
     p.add_argument("--state-in", default=None, metavar="FILE", help="resume from a state written by --state-out")
-    p.add_argument("--json", action="store_true", help="only the JSON lines on stdout")
+    p.add_argument("--json", action="store_true",
+                   help="only JSON lines on stdout, one per batch; with --on-error skip a last line {\"stats\": …} "
+                        "holds the skip counters (without --json the stats go to stderr)")
     p.set_defaults(func=cmd_keys)
 
     for name, target in EXTERNAL_COMMANDS.items():

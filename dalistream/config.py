@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, redact
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm", "jp2"})
 INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id"})
@@ -170,7 +170,11 @@ class StreamConfig:
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        shown["storage_options"] = {k: ("***" if _secret(k) else v) for k, v in self.storage_options.items()}
+        shown["sources"] = tuple(redact(s) for s in self.sources)  # https://user:password@… → https://***@…
+        if self.manifest:
+            shown["manifest"] = redact(self.manifest)
+        shown["storage_options"] = {k: ("***" if _secret(k) else redact(v) if isinstance(v, str) else v)
+                                    for k, v in self.storage_options.items()}
         return "StreamConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     @property

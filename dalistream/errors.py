@@ -2,33 +2,62 @@
 
 Every error carries, where known, the shard URL (credentials redacted), the tar member or
 sample key, and the rank and worker that hit it, so a message from a cluster of hundreds of
-loader workers still says where to look.
+loader workers still says where to look; ``hint`` says what to do about it and ``reason`` is a
+short machine-readable kind (``"truncated"``, ``"missing_field"``, …) under which the error
+policy counts skips. Catch by class::
+
+    DalistreamError            anything raised by dalistream
+    ├── ConfigError            invalid arguments (also a ValueError)
+    ├── SourceError            a source cannot be listed, opened or read (missing file, 404, 403)
+    ├── ShardFormatError       a shard is not a valid tar stream (empty, truncated, not a tar, bad gzip)
+    ├── SampleError            one sample is unusable (missing field, bad value, bad image, too large, duplicate)
+    ├── ManifestError          per-shard counts are missing or disagree with the data
+    ├── StateError             a saved loader state does not fit the loader
+    └── WorkerError            a DALI worker process died, or DALI failed outside dalistream's code
+
+An error raised inside a DALI worker reaches the training loop as the same class with the same
+fields (see :func:`dalistream.loader._translate`); the worker's traceback is kept in
+``worker_traceback`` and shown as a note under the error. URLs are redacted everywhere: user
+info (``https://user:password@host``) and secret-looking query parameters become ``***``.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Optional
+from typing import Any, Dict, Optional
 
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
 _SECRET_QUERY = re.compile(
     r"(?i)(?P<k>(?:x-amz-signature|x-amz-credential|x-amz-security-token|signature|"
-    r"sig|token|access_token|secret|password|aws_secret_access_key|aws_access_key_id)=)[^&\s]+"
+    r"sig|token|access_token|secret|password|aws_secret_access_key|aws_access_key_id|"
+    r"aws_session_token)=)[^&\s'\"]+"
 )
+FIELDS_NOTE = "dalistream-error-fields: "  # marks the machine-readable note of a worker-side error
 
 
 def redact(url: str) -> str:
-    """Return ``url`` with user info and secret-looking query parameters replaced by ``***``."""
+    """Return ``url`` (or any text) with user info and secret-looking ``key=value`` parameters
+    replaced by ``***``."""
     url = _USERINFO.sub(r"\g<scheme>***@", str(url))
     return _SECRET_QUERY.sub(r"\g<k>***", url)
+
+
+def _in_subprocess() -> bool:
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
 
 
 class DalistreamError(Exception):
     """Base of all dalistream errors.
 
     Attributes ``url``, ``member``, ``rank`` and ``worker`` say where the error happened
-    (``None`` where not known); ``hint`` says what to do about it.
+    (``None`` where not known); ``hint`` says what to do about it; ``reason`` is the kind of
+    problem, the key under which ``on_error="skip"`` counts it.
     """
+
+    reason = "error"
 
     def __init__(
         self,
@@ -39,13 +68,16 @@ class DalistreamError(Exception):
         rank: Optional[int] = None,
         worker: Optional[int] = None,
         hint: Optional[str] = None,
+        reason: Optional[str] = None,
     ) -> None:
-        self.message = message
+        self.message = redact(message)
         self.url = redact(url) if url is not None else None
         self.member = member
         self.rank = rank
         self.worker = worker
-        self.hint = hint
+        self.hint = redact(hint) if hint else hint
+        if reason is not None:
+            self.reason = reason
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -66,48 +98,88 @@ class DalistreamError(Exception):
         return text
 
     def at(self, *, rank: Optional[int] = None, worker: Optional[int] = None) -> "DalistreamError":
-        """Fill in rank and worker (if not yet known) and return self, for re-raising."""
+        """Fill in rank and worker (if not yet known) and return self, for re-raising.
+
+        In a worker process this also attaches a one-line machine-readable note (the fields as
+        JSON) to the exception: DALI passes only the text of a worker's traceback to the main
+        process, and the loader rebuilds the same error from that note.
+        """
         if self.rank is None and rank is not None:
             self.rank = rank
         if self.worker is None and worker is not None:
             self.worker = worker
         self.args = (self._render(),)
+        if _in_subprocess():
+            notes = [n for n in getattr(self, "__notes__", []) if not n.startswith(FIELDS_NOTE)]
+            notes.append(FIELDS_NOTE + json.dumps(self.fields()))
+            self.__notes__ = notes
         return self
 
+    def fields(self) -> Dict[str, Any]:
+        """The error as plain data: class name, message, place, hint and reason."""
+        return {"type": type(self).__name__, "message": self.message, "url": self.url, "member": self.member,
+                "rank": self.rank, "worker": self.worker, "hint": self.hint, "reason": self.reason}
+
+    @staticmethod
+    def from_fields(fields: Dict[str, Any]) -> "DalistreamError":
+        """Rebuild an error from :meth:`fields` (an unknown class name gives a :class:`WorkerError`)."""
+        cls = _CLASSES.get(str(fields.get("type")), WorkerError)
+        return cls(str(fields.get("message", "")), url=fields.get("url"), member=fields.get("member"),
+                   rank=fields.get("rank"), worker=fields.get("worker"), hint=fields.get("hint"),
+                   reason=fields.get("reason"))
+
     def __reduce__(self):  # keep the fields across process boundaries (pickle/dill)
-        return (
-            _rebuild,
-            (type(self), self.message, self.url, self.member, self.rank, self.worker, self.hint),
-        )
+        return (_rebuild, (type(self), self.message, self.url, self.member, self.rank, self.worker, self.hint,
+                           self.reason))
 
 
-def _rebuild(cls, message, url, member, rank, worker, hint):
-    return cls(message, url=url, member=member, rank=rank, worker=worker, hint=hint)
+def _rebuild(cls, message, url, member, rank, worker, hint, reason=None):
+    return cls(message, url=url, member=member, rank=rank, worker=worker, hint=hint, reason=reason)
 
 
 class ConfigError(DalistreamError, ValueError):
     """Invalid arguments: layout, batch size, fields, policy."""
 
+    reason = "config"
+
 
 class SourceError(DalistreamError):
-    """A source could not be listed or opened (missing file, no shards matched, 404, 403)."""
+    """A source could not be listed, opened or read (missing file, no shards matched, 404, 403)."""
+
+    reason = "unreadable"
 
 
 class ShardFormatError(DalistreamError):
-    """A shard is not a valid tar stream (truncated, not a tar, bad header)."""
+    """A shard is not a valid tar stream (empty, truncated, not a tar, bad gzip, bad header)."""
+
+    reason = "bad_tar"
 
 
 class SampleError(DalistreamError):
-    """A sample is unusable: missing field, duplicate member, undecodable value, too large."""
+    """A sample is unusable: missing field, duplicate key or member, undecodable value or image,
+    member too large."""
+
+    reason = "bad_sample"
 
 
 class ManifestError(DalistreamError):
     """Per-shard counts are missing or disagree with the data."""
 
+    reason = "manifest"
+
 
 class StateError(DalistreamError):
     """A saved loader state does not fit the loader it is loaded into."""
 
+    reason = "state"
+
 
 class WorkerError(DalistreamError):
-    """A DALI worker process failed; the message holds the worker's own traceback."""
+    """A DALI worker process died, or the DALI pipeline failed outside dalistream's own code;
+    the message (and ``worker_traceback``) holds what DALI reported."""
+
+    reason = "worker"
+
+
+_CLASSES = {cls.__name__: cls for cls in (DalistreamError, ConfigError, SourceError, ShardFormatError, SampleError,
+                                          ManifestError, StateError, WorkerError)}

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
-from .config import Field
+from .config import IMAGE_EXTS, Field
 from .errors import DalistreamError, SampleError
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,14 @@ class FieldDecoder:
 
     ``missing``: ``"error"`` raises :class:`SampleError` naming URL and key, ``"skip"`` returns
     ``None`` (the caller counts it), ``"empty"`` puts the field's empty value in its place.
+
+    Raw-bytes fields read from an image extension (``jpg``, ``png``, …, see
+    :data:`dalistream.config.IMAGE_EXTS`) are checked cheaply with :func:`image_problem` (known
+    signature; JPEG end-of-image and PNG ``IEND`` markers; RIFF length of WebP), so that random
+    bytes or a cut file fail here, as a :class:`SampleError` naming shard and key (reason
+    ``"bad_image"``), instead of inside DALI's decoder, which kills the whole pipeline without
+    saying which sample it was. To pass image bytes on unchecked, declare the field with
+    ``kind="custom", decoder=lambda b: np.frombuffer(b, np.uint8)``.
     """
 
     def __init__(self, fields: Sequence[Field], missing: str = "error") -> None:
@@ -51,7 +59,7 @@ class FieldDecoder:
                     present = sorted(k for k in sample if not k.startswith("__"))
                     raise SampleError(
                         f"sample has no member for field {field.name!r} (looked for {wanted}; it has {present})",
-                        url=sample.get("__url__"), member=sample.get("__key__"),
+                        url=sample.get("__url__"), member=sample.get("__key__"), reason="missing_field",
                         hint="use missing='skip' or missing='empty' to accept such samples",
                     )
                 if self.missing == "skip":
@@ -71,20 +79,77 @@ class FieldDecoder:
                     data = gzip.decompress(sample[ext + ".gz"])
                 except (OSError, EOFError, zlib.error) as e:
                     raise SampleError(f"cannot gunzip .{ext}.gz: {e}", url=sample.get("__url__"),
-                                      member=f"{sample.get('__key__')}.{ext}.gz") from None
+                                      member=f"{sample.get('__key__')}.{ext}.gz", reason="bad_value") from None
             if data is not None:
                 try:
-                    return _convert(field, data)
+                    return _convert(field, data, ext)
                 except DalistreamError:
                     raise
+                except _BadImage as e:
+                    raise SampleError(f"field {field.name!r} is not a decodable image: {e}", reason="bad_image",
+                                      url=sample.get("__url__"), member=f"{sample.get('__key__')}.{ext}",
+                                      hint="re-encode or remove the image, or use on_error='skip'") from None
                 except Exception as e:
                     raise SampleError(f"cannot decode field {field.name!r}: {type(e).__name__}: {e}",
-                                      url=sample.get("__url__"), member=f"{sample.get('__key__')}.{ext}") from None
+                                      url=sample.get("__url__"), member=f"{sample.get('__key__')}.{ext}",
+                                      reason="bad_value") from None
         return None
 
 
-def _convert(field: Field, data: bytes) -> np.ndarray:
+class _BadImage(ValueError):
+    pass
+
+
+_JPEG, _PNG, _PNG_END = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
+_SIGNATURES = (  # formats DALI's image decoders read, besides JPEG and PNG
+    (b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\0", "TIFF"), (b"MM\0*", "TIFF"),
+    (b"\0\0\0\x0cjP  \r\n\x87\n", "JPEG 2000"), (b"\xff\x4f\xff\x51", "JPEG 2000"),
+)
+
+
+def image_problem(data: bytes) -> Optional[str]:
+    """What is wrong with encoded image bytes, or ``None`` if they pass a cheap check.
+
+    The check costs a few microseconds and never decodes: the data must start with the
+    signature of a format DALI decodes (JPEG, PNG, GIF, BMP, TIFF, WebP, JPEG 2000, PNM) and,
+    where the format has an end marker, contain it: JPEG needs an end-of-image marker after its
+    first start-of-scan (data after it, as in motion photos, is fine), PNG its ``IEND`` chunk,
+    WebP as many bytes as its RIFF header announces. It catches random bytes, empty members
+    and files cut short; damage inside the compressed data passes and is left to the decoder.
+    """
+    n = len(data)
+    if n == 0:
+        return "0 bytes"
+    if data.startswith(_JPEG):
+        scan = data.find(b"\xff\xda", 2)
+        if scan < 0:
+            return f"JPEG of {n} bytes without image data (no start-of-scan marker): cut short?"
+        if data.find(b"\xff\xd9", scan) < 0:
+            return f"JPEG of {n} bytes without its end-of-image marker: cut short?"
+        return None
+    if data.startswith(_PNG):
+        if data.find(_PNG_END, 8) < 0:
+            return f"PNG of {n} bytes without its IEND chunk: cut short?"
+        return None
+    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+        announced = int.from_bytes(data[4:8], "little") + 8
+        if n < announced:
+            return f"WebP of {n} bytes whose header announces {announced}: cut short?"
+        return None
+    for magic, _name in _SIGNATURES:
+        if data.startswith(magic):
+            return None
+    if n >= 3 and data[:1] == b"P" and data[1:2] in b"1234567" and data[2:3] in b" \t\r\n#":
+        return None  # PNM
+    return f"unknown image format ({n} bytes starting {data[:8]!r})"
+
+
+def _convert(field: Field, data: bytes, ext: str = "") -> np.ndarray:
     if field.kind == "bytes":
+        if ext.rsplit(".", 1)[-1].lower() in IMAGE_EXTS:
+            problem = image_problem(data)
+            if problem is not None:
+                raise _BadImage(problem)
         return np.frombuffer(data, np.uint8)
     if field.kind == "int":
         text = data.strip()
@@ -101,27 +166,57 @@ def _convert(field: Field, data: bytes) -> np.ndarray:
     return np.ascontiguousarray(value, dtype=field.dtype)
 
 
+class Skips(Counter):
+    """Skip counters keyed ``"samples:<reason>"`` and ``"shards:<reason>"``; ``skips["samples"]``
+    and ``skips["shards"]`` are the totals of each kind."""
+
+    def __missing__(self, key):
+        if key in ("samples", "shards"):
+            return sum(v for k, v in self.items() if k.startswith(key + ":"))
+        return 0
+
+
+def skip_totals(skipped) -> dict:
+    """``{"skipped_samples": n, "skipped_shards": n, "skipped": {"samples": {reason: n}, "shards": {...}}}``
+    from flat ``"kind:reason"`` counters (as workers write them)."""
+    nested: dict = {"samples": {}, "shards": {}}
+    for key, value in sorted(dict(skipped).items()):
+        kind, _, reason = key.partition(":")
+        if kind in nested and reason:
+            nested[kind][reason] = nested[kind].get(reason, 0) + int(value)
+    return {"skipped_samples": sum(nested["samples"].values()), "skipped_shards": sum(nested["shards"].values()),
+            "skipped": nested}
+
+
 class ErrorPolicy:
-    """Applies ``on_error`` to a :class:`SampleError`: re-raise, or count and skip.
+    """Applies ``on_error`` to an error of one sample or one shard: re-raise, or count and skip.
 
     ``on_error`` is ``"raise"``, ``"skip"`` or a callable ``f(error)`` that raises to stop or
-    returns to skip. Skips are counted by reason in :attr:`skipped` and logged once per shard.
+    returns to skip (in the DALI worker process: it must pickle with dill, and what it records
+    stays in that process). ``kind`` is ``"samples"`` or ``"shards"``; skips are counted in
+    :attr:`skipped` under ``"<kind>:<error.reason>"`` (``skipped["samples"]`` is the total) and
+    logged as a warning once per shard.
     """
 
     def __init__(self, on_error) -> None:
         self.on_error = on_error
-        self.skipped: Counter = Counter()
+        self.skipped: Counter = Skips()
         self._warned: set = set()
 
-    def handle(self, error: DalistreamError, reason: str) -> None:
+    def handle(self, error: DalistreamError, kind: str) -> None:
         if self.on_error == "raise":
             raise error
         if callable(self.on_error):
             self.on_error(error)
-        self.skipped[reason] += 1
+        self.count(kind, error.reason)
         if error.url not in self._warned:
             self._warned.add(error.url)
-            log.warning("skipping bad data (further skips in this shard are counted, not logged): %s", error)
+            log.warning("skipping bad %s (further skips in this shard are counted, not logged): %s",
+                        "shard" if kind == "shards" else "sample", error)
+
+    def count(self, kind: str, reason: str) -> None:
+        """Count one skip without an error (e.g. ``missing="skip"``)."""
+        self.skipped[f"{kind}:{reason}"] += 1
 
 
 def shuffle_seed(seed: int, epoch: int, global_worker: int) -> int:

@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections import Counter
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from .errors import DalistreamError, ManifestError, SampleError, ShardFormatErro
 from .plan import WorkerPlan, epoch_order, worker_plan
 from .samples import ErrorPolicy, FieldDecoder, emitted_indices, shuffle_seed, shuffled
 from .streams import IOCounters, ShardSequence
-from .tario import iter_samples
+from .tario import _read_failed, iter_samples
 
 ONE = np.ones((), np.uint8)
 ZERO = np.zeros((), np.uint8)
@@ -103,7 +103,7 @@ class WorkerSource:
         stats = self._stats
         stats.epoch, stats.step = epoch, start_step
         policy = ErrorPolicy(c.on_error)
-        policy.skipped = stats.skipped  # counters add up over epochs
+        policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
         skip_count = start_step * plan.slot
         seed = shuffle_seed(c.seed, epoch, plan.global_worker)
         if c.shuffle > 1 and skip_count:
@@ -144,7 +144,57 @@ class WorkerSource:
         stats.write()
 
     def _decoded(self, plan: WorkerPlan, keep, policy: ErrorPolicy, stats: "_Stats") -> Iterator:
-        """Decoded samples of this worker's shards (endless, re-ordered per pass, for ``fixed``)."""
+        """Decoded samples of this worker's shards (endless, re-ordered per pass, for ``fixed``),
+        ``None`` for samples skipped on resume.
+
+        The error policy is applied here: a bad sample (duplicate key or member, member too large,
+        undecodable value or image, missing field) is raised, or counted and skipped, and its shard
+        goes on; a shard that cannot be opened or read on is raised, or counted and skipped after
+        the samples before the damage. Shard problems are met one raw sample early (see
+        :func:`_problem_first`), so a worker that stops after its last planned sample has still
+        met, counted and reported the damage right after it, and the unreadable shards after it.
+        """
+        c = self.config
+        good = 0
+        for item in _problem_first(self._raw(plan, keep, stats)):
+            if item is _PASS_END:
+                if c.policy == "fixed" and not good:  # cycling over nothing would never end
+                    raise SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
+                                      url=self.urls[plan.shards[0]], rank=c.rank, worker=self.worker,
+                                      reason="no_samples", hint="check the shards (see the warnings), or use fewer workers")
+                good = 0
+                continue
+            if item is None:
+                good += 1
+                yield None
+                continue
+            if isinstance(item, DalistreamError):  # per shard
+                policy.handle(item.at(rank=c.rank, worker=self.worker), "shards")
+                _flush_skips(stats)
+                continue
+            error = item.get("__error__")  # per sample, found by the tar reader
+            if error is not None:
+                policy.handle(error.at(rank=c.rank, worker=self.worker), "samples")
+                _flush_skips(stats)
+                continue
+            stats.bytes += sum(len(v) for k, v in item.items() if v is not None and not k.startswith("__"))
+            try:
+                value = self.decoder.decode(item)
+            except SampleError as e:
+                policy.handle(e.at(rank=c.rank, worker=self.worker), "samples")
+                _flush_skips(stats)
+                continue
+            if value is None:
+                policy.count("samples", "missing_field")
+                _flush_skips(stats)
+                continue
+            good += 1
+            yield value
+
+    def _raw(self, plan: WorkerPlan, keep, stats: "_Stats") -> Iterator:
+        """This worker's raw samples (``ext -> bytes`` dicts, numbered in plan order; ``None`` when
+        ``keep`` rejects one), a shard's error in place of what follows its damage, and
+        ``_PASS_END`` after each pass over the shards."""
         c = self.config
         ordinal = 0
         passes = itertools.count() if c.policy == "fixed" else range(1)
@@ -153,13 +203,12 @@ class WorkerSource:
             if n_pass:
                 perm = epoch_order(len(order), c.seed, plan.epoch * 1_000_003 + n_pass)
                 order = [order[i] for i in perm]
-            start = ordinal
             shards = ShardSequence([self.urls[i] for i in order], c.storage_options, stats.io)
             for position, index in enumerate(order):
                 url = self.urls[index]
                 base = ordinal
                 count = self.counts[index] if self.counts is not None else None
-                if count is not None and not any(keep(base + i) for i in range(count)):
+                if count and not any(keep(base + i) for i in range(count)):
                     ordinal += count  # resume: a shard consumed before the restart is not even opened
                     yield from itertools.repeat(None, count)
                     continue
@@ -167,33 +216,51 @@ class WorkerSource:
                     with shards.open(position) as f:
                         for sample in iter_samples(
                             f, url, keep=lambda i: keep(base + i), want_ext=self.decoder.wants,
-                            lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes,
+                            lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
                         ):
                             ordinal += 1
-                            if not keep(ordinal - 1):
-                                yield None
-                                continue
-                            stats.bytes += sum(len(v) for k, v in sample.items() if v is not None and not k.startswith("__"))
-                            try:
-                                value = self.decoder.decode(sample)
-                            except SampleError as e:
-                                policy.handle(e.at(rank=c.rank, worker=self.worker), "samples")
-                                continue
-                            if value is None:
-                                policy.skipped["missing_field"] += 1
-                                continue
-                            yield value
+                            yield sample if keep(ordinal - 1) else None
                 except (ShardFormatError, SourceError) as e:
-                    policy.handle(e.at(rank=c.rank, worker=self.worker), "shards")
+                    yield e
                 except DalistreamError as e:
                     raise e.at(rank=c.rank, worker=self.worker)
-                except (OSError, EOFError) as e:  # zlib/gzip/network errors mid-stream
-                    policy.handle(ShardFormatError(f"{type(e).__name__}: {e}", url=url, rank=c.rank, worker=self.worker),
-                                  "shards")
+                except (OSError, EOFError) as e:  # I/O errors outside the tar reader (open, close)
+                    yield _read_failed(e, url)
             shards.close()
-            if ordinal == start:
-                raise SourceError("worker's shards hold no samples", url=self.urls[plan.shards[0]],
-                                  rank=c.rank, worker=self.worker)
+            yield _PASS_END
+
+
+SKIP_FLUSH_S = 0.05
+
+
+_PASS_END = object()
+
+
+def _problem_first(items: Iterator) -> Iterator:
+    """``items`` one behind, except errors, which overtake the item held back.
+
+    The reader yields a shard's last samples and then the error that ends it (or the errors of
+    the unreadable shards after it). A worker stops reading once it has the samples its plan
+    counted — for a damaged shard, counted up to the damage — so without this it would stop just
+    before the error, and never count or report it."""
+    held, holding = None, False
+    for item in items:
+        if isinstance(item, DalistreamError):
+            yield item
+            continue
+        if holding:
+            yield held
+        held, holding = item, True
+    if holding:
+        yield held
+
+
+def _flush_skips(stats: "_Stats") -> None:
+    """Write the counters soon after a skip, so that the loader sees skips of delivered batches."""
+    now = time.perf_counter()
+    if now - stats._last > SKIP_FLUSH_S:
+        stats._last = now
+        stats.write()
 
 
 class _Stats:
@@ -206,9 +273,17 @@ class _Stats:
         self.step = self.samples = self.padded = self.bytes = self.dropped = 0
         self.read_s = 0.0
         self.io = IOCounters()  # remote requests, retries, resumes of this worker
-        self.skipped: Counter = Counter()
+        self.skipped_by_epoch: Dict[int, Counter] = {}  # "samples:<reason>"/"shards:<reason>" -> n, per epoch
         self._last = 0.0
         self._t0 = time.perf_counter()
+
+    @property
+    def skipped(self) -> Counter:
+        """Skips of all epochs together."""
+        total: Counter = Counter()
+        for counts in self.skipped_by_epoch.values():
+            total.update(counts)
+        return total
 
     def maybe_write(self) -> None:
         now = time.perf_counter()
@@ -224,6 +299,7 @@ class _Stats:
             "samples": self.samples, "padded": self.padded, "bytes": self.bytes, "dropped": self.dropped,
             "read_s": round(self.read_s, 6), "wall_s": round(time.perf_counter() - self._t0, 6),
             "skipped": dict(self.skipped), "io": self.io.as_dict(),
+            "skipped_by_epoch": {str(e): dict(c) for e, c in self.skipped_by_epoch.items() if c},
         }
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:

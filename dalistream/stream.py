@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from .config import StreamConfig
-from .errors import ConfigError
-from .manifest import shard_counts
+from .errors import ConfigError, redact
+from .manifest import scan_tolerant, shard_counts
 from .ops import resolve_device
 from .plan import check_layout, steps_per_epoch
 from .shards import expand_sources
+
+log = logging.getLogger(__name__)
 
 
 def resolve_layout(rank: Optional[int], world_size: Optional[int], env: Mapping[str, str]) -> Tuple[int, int]:
@@ -63,6 +66,12 @@ class Stream:
     start_step: int = 0
     stats_dir: Optional[str] = None
 
+    def __repr__(self) -> str:  # URLs redacted: no credentials in logs
+        shards = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
+        return (f"Stream(config={self.config!r}, urls=[{shards}] ({len(self.urls)} shards), "
+                f"samples={sum(self.counts) if self.counts is not None else None}, device={self.device!r}, "
+                f"device_id={self.device_id!r}, start_epoch={self.start_epoch}, start_step={self.start_step})")
+
     @classmethod
     def open(
         cls, sources: Any, *, fields: Any, batch_size: int, workers: int = 2, rank: Optional[int] = None,
@@ -93,8 +102,16 @@ class Stream:
         check_layout(len(urls), config.world_size, config.workers)
         counts = None
         if config.policy != "fixed" or config.manifest:
-            counts = tuple(shard_counts(urls, manifest=config.manifest, cache_dir=config.cache_dir,
-                                        options=config.storage_options, lowercase=config.lowercase_ext))
+            if config.on_error != "raise" and not config.manifest:
+                # skip: a bad shard counts the samples before its problem (what a worker delivers)
+                infos, problems = scan_tolerant(urls, cache_dir=config.cache_dir, options=config.storage_options,
+                                                lowercase=config.lowercase_ext)
+                for problem in problems:
+                    log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
+                counts = tuple(info.samples for info in infos)
+            else:
+                counts = tuple(shard_counts(urls, manifest=config.manifest, cache_dir=config.cache_dir,
+                                            options=config.storage_options, lowercase=config.lowercase_ext))
         device, device_id = resolve_device(device, device_id)
         return cls(config, tuple(urls), counts, device, device_id)
 

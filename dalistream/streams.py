@@ -8,10 +8,10 @@ stdout (as in the webdataset library); ``s3://`` and ``http(s)://`` are served b
 
 from __future__ import annotations
 
-import gzip
 import io
 import subprocess
 import threading
+import zlib
 from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Sequence
 
 from .errors import SourceError
@@ -101,7 +101,8 @@ def open_raw(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = N
     try:
         f = open(path, "rb", buffering=CHUNK)
     except FileNotFoundError:
-        raise SourceError("shard file does not exist", url=url, hint="check the path and that every node sees the same files") from None
+        raise SourceError("shard file does not exist", url=url, reason="missing",
+                          hint="check the path and that every node sees the same files") from None
     except OSError as e:
         raise SourceError(f"cannot open shard: {e.strerror}", url=url) from None
     if offset:
@@ -144,17 +145,58 @@ def decompressed(stream: BinaryIO, url: str, offset: int = 0) -> BinaryIO:
 
 
 class _Gunzipped(io.BufferedReader):
-    """Decompressed view of a gzip stream; closing it closes the compressed stream too."""
+    """Decompressed view of a gzip stream; closing it closes the compressed stream too.
+
+    Every byte that decompresses is delivered before a cut or corrupt stream raises
+    (``EOFError``/``zlib.error``, which the tar reader reports as a damaged shard): Python's
+    ``GzipFile`` drops what it decompressed in a read that then meets the end of a truncated file
+    (up to its buffer size), so a ``.tar.gz`` cut at 800 kB would deliver no sample at all."""
 
     def __init__(self, source: BinaryIO) -> None:
         self._source = source
-        super().__init__(gzip.GzipFile(fileobj=source, mode="rb"), CHUNK)  # type: ignore[arg-type]
+        super().__init__(_GunzipRaw(source), CHUNK)  # type: ignore[arg-type]
 
     def close(self) -> None:
         try:
             super().close()
         finally:
             self._source.close()
+
+
+class _GunzipRaw(io.RawIOBase):
+    """Streaming gzip decoder (concatenated members too) as a raw stream."""
+
+    def __init__(self, source: BinaryIO) -> None:
+        self._source = source
+        self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._input = b""
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        while not self._done:
+            if self._zlib.eof:  # end of one gzip member: another may follow (padding zeros are ignored)
+                rest = self._zlib.unused_data.lstrip(b"\0")  # (at the end, the unconsumed tail is the same)
+                if not rest:
+                    rest = self._source.read(CHUNK).lstrip(b"\0")
+                    if not rest:
+                        self._done = True
+                        break
+                self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._input = rest
+            if not self._input:
+                self._input = self._source.read(CHUNK)
+                if not self._input:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+            out = self._zlib.decompress(self._input, len(view))
+            self._input = self._zlib.unconsumed_tail
+            if out:
+                view[:len(out)] = out
+                return len(out)
+        return 0
 
 
 def _discard(stream: BinaryIO, n: int) -> None:

@@ -9,11 +9,14 @@ seek when the stream can seek, so skipping never reads or decodes image bytes.
 
 from __future__ import annotations
 
+import io
+import os
 import posixpath
+import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 
-from .errors import SampleError, ShardFormatError
+from .errors import DalistreamError, SampleError, ShardFormatError, SourceError
 
 BLOCK = 512
 REGULAR = (b"0", b"\0", b"7")
@@ -21,12 +24,17 @@ REGULAR = (b"0", b"\0", b"7")
 
 @dataclass
 class Member:
-    """One tar member: its name, size, header offset in the tar and (if read) its data."""
+    """One tar member: its name, size, header offset in the tar and (if read) its data.
+
+    ``error`` is set (and ``data`` is ``None``) for a member refused with ``mark_errors``: a
+    :class:`SampleError` when it is larger than ``max_member_bytes`` (its data were skipped, never
+    read), a :class:`ShardFormatError` when its data are cut (the last member of the stream)."""
 
     name: str
     size: int
     offset: int
     data: Optional[bytes]
+    error: Optional[DalistreamError] = None
 
 
 def _octal(field: bytes, url: str, what: str) -> int:
@@ -40,7 +48,7 @@ def _octal(field: bytes, url: str, what: str) -> int:
         return int(text, 8) if text else 0
     except ValueError:
         raise ShardFormatError(f"not a tar stream: bad {what} field {text[:20]!r} in header", url=url,
-                               hint="is this file really a tar shard?") from None
+                               hint="is this file really a tar shard?", reason="not_tar") from None
 
 
 def _checksum_ok(header: bytes) -> bool:
@@ -53,16 +61,35 @@ def _checksum_ok(header: bytes) -> bool:
     return expected == unsigned
 
 
-def _parse_pax(data: bytes) -> Dict[str, str]:
+def _parse_pax(data: bytes, url: str) -> Dict[str, str]:
     out: Dict[str, str] = {}
     pos = 0
-    while pos < len(data):
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
-        out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-        pos += length
+    try:
+        while pos < len(data) and data[pos:pos + 1] not in (b"", b"\0"):
+            space = data.index(b" ", pos)
+            length = int(data[pos:space])
+            if length <= 0:
+                raise ValueError(length)
+            key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+            pos += length
+    except ValueError:
+        raise ShardFormatError("corrupt tar: malformed pax extended header", url=url, reason="bad_tar",
+                               hint="re-write the shard") from None
     return out
+
+
+_GZIP_ERRORS = (EOFError, zlib.error)
+
+
+def _read_failed(error: BaseException, url: str) -> DalistreamError:
+    """A read error of the byte stream as a dalistream error: bad gzip data is the shard's fault,
+    any other I/O error the source's."""
+    text = f"{type(error).__name__}: {error}"
+    if isinstance(error, _GZIP_ERRORS) or type(error).__name__ == "BadGzipFile":
+        return ShardFormatError(f"corrupt or truncated gzip data ({text})", url=url, reason="bad_gzip",
+                                hint="re-compress or re-upload the shard")
+    return SourceError(f"read error ({text})", url=url, reason="read_error")
 
 
 class _Reader:
@@ -72,25 +99,33 @@ class _Reader:
         self.stream = stream
         self.url = url
         self.pos = 0
+        self.size: Optional[int] = None  # known for plain files: a seek past the end is a cut shard
         try:
             self.seekable = stream.seekable()
             if self.seekable:
                 self.pos = stream.tell()
-        except (AttributeError, OSError):
+                if isinstance(stream, io.BufferedReader) and isinstance(stream.raw, io.FileIO):
+                    self.size = os.fstat(stream.fileno()).st_size
+        except (AttributeError, OSError, ValueError):
             self.seekable = False
 
     def read(self, n: int) -> bytes:
-        data = self.stream.read(n)
-        if len(data) < n:
-            chunks = [data]
-            got = len(data)
-            while got < n:
-                more = self.stream.read(n - got)
-                if not more:
-                    break
-                chunks.append(more)
-                got += len(more)
-            data = b"".join(chunks)
+        try:
+            data = self.stream.read(n)
+            if len(data) < n:
+                chunks = [data]
+                got = len(data)
+                while got < n:
+                    more = self.stream.read(n - got)
+                    if not more:
+                        break
+                    chunks.append(more)
+                    got += len(more)
+                data = b"".join(chunks)
+        except DalistreamError:
+            raise
+        except (OSError, EOFError, zlib.error) as e:
+            raise _read_failed(e, self.url) from None
         self.pos += len(data)
         return data
 
@@ -98,28 +133,39 @@ class _Reader:
         if n <= 0:
             return 0
         if self.seekable:
+            if self.size is not None and self.pos + n > self.size:
+                n = max(0, self.size - self.pos)
             self.stream.seek(n, 1)
             self.pos += n
-            return n  # a short file shows up as a short read of the next header
+            return n  # (for other streams, a short file shows up as a short read of the next header)
         left = n
-        while left:
-            chunk = self.stream.read(min(left, 1 << 20))
-            if not chunk:
-                break
-            left -= len(chunk)
+        try:
+            while left:
+                chunk = self.stream.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except DalistreamError:
+            raise
+        except (OSError, EOFError, zlib.error) as e:
+            raise _read_failed(e, self.url) from None
         self.pos += n - left
         return n - left
 
 
 def iter_members(
     stream: BinaryIO, url: str, *, want: Callable[[str], bool] = lambda name: True,
-    max_member_bytes: int = 256 << 20,
+    max_member_bytes: int = 256 << 20, mark_errors: bool = False,
 ) -> Iterator[Member]:
     """Yield the regular-file members of a tar stream; ``data`` is read only if ``want(name)``.
 
     Handles ustar prefixes, GNU long names and pax ``path``/``size`` records. Raises
-    :class:`ShardFormatError` for a stream that is not a tar, is cut mid-header or mid-member,
-    or ends without the end-of-archive marker.
+    :class:`ShardFormatError` for a stream that is empty, not a tar, cut mid-header or
+    mid-member, or ends without the end-of-archive marker. A wanted member larger than
+    ``max_member_bytes`` is refused before anything is allocated: a :class:`SampleError`, or
+    with ``mark_errors`` a :class:`Member` carrying the error whose data were skipped unread.
+    With ``mark_errors`` a wanted member whose data are cut is also yielded, carrying its
+    :class:`ShardFormatError`, as the last member (so the caller knows the member before it ended).
     """
     reader = _Reader(stream, url)
     long_name: Optional[str] = None
@@ -130,16 +176,28 @@ def iter_members(
         header = reader.read(BLOCK)
         if not header:
             if first:
-                raise ShardFormatError("empty shard (0 bytes)", url=url)
+                raise ShardFormatError("empty shard (0 bytes)", url=url, reason="empty",
+                                       hint="re-write or re-upload the shard, or remove it from the sources")
             raise ShardFormatError("tar ends without its end-of-archive marker: truncated shard", url=url,
-                                   member=None, hint="re-write or re-upload the shard")
+                                   member=None, hint="re-write or re-upload the shard", reason="truncated")
         if len(header) < BLOCK:
-            raise ShardFormatError(f"truncated tar: header cut after {len(header)} bytes at offset {offset}", url=url)
+            if first:  # a tar cut inside its first header, or a short file that is no tar at all
+                looks_tar = b"\0" in header  # tar headers are NUL-padded; error pages and text are not
+                raise ShardFormatError(
+                    f"{'truncated tar' if looks_tar else 'not a tar shard'}: header cut after {len(header)} bytes "
+                    f"at offset 0 (the whole shard is {len(header)} bytes, starting {header[:16]!r})", url=url,
+                    reason="truncated" if looks_tar else "not_tar",
+                    hint="re-write or re-upload the shard" if looks_tar else "is this file really a tar shard?")
+            raise ShardFormatError(f"truncated tar: header cut after {len(header)} bytes at offset {offset}", url=url,
+                                   reason="truncated", hint="re-write or re-upload the shard")
         if header == b"\0" * BLOCK:
             return
         if not _checksum_ok(header):
-            raise ShardFormatError(f"not a tar stream: header checksum mismatch at offset {offset}", url=url,
-                                   hint="is this file really a tar shard (or a truncated one)?")
+            if first:
+                raise ShardFormatError(f"not a tar stream: no valid tar header at offset 0 (starts {header[:16]!r})",
+                                       url=url, reason="not_tar", hint="is this file really a tar shard?")
+            raise ShardFormatError(f"corrupt tar: header checksum mismatch at offset {offset}", url=url,
+                                   reason="bad_tar", hint="the shard is damaged: re-write or re-upload it")
         first = False
         kind = header[156:157]
         size = _octal(header[124:136], url, "size")
@@ -151,43 +209,77 @@ def iter_members(
         padded = -(-size // BLOCK) * BLOCK
         if kind in (b"L", b"x", b"g"):
             if size > (1 << 20):
-                raise ShardFormatError(f"extended header of {size} bytes is implausible", url=url)
+                raise ShardFormatError(f"corrupt tar: extended header of {size} bytes is implausible", url=url,
+                                       reason="bad_tar")
             data = reader.read(padded)
             if len(data) < padded:
-                raise ShardFormatError("truncated tar: extended header cut", url=url)
+                raise ShardFormatError("truncated tar: extended header cut", url=url, reason="truncated")
             if kind == b"L":
                 long_name = data[:size].split(b"\0", 1)[0].decode("utf-8", "replace")
             elif kind == b"x":
-                pax = _parse_pax(data[:size])
+                pax = _parse_pax(data[:size], url)
             continue
         if long_name is not None:
             name, long_name = long_name, None
         if pax:
             name = pax.get("path", name)
-            size = int(pax.get("size", size))
+            try:
+                size = int(pax.get("size", size))
+            except ValueError:
+                raise ShardFormatError("corrupt tar: bad size in pax header", url=url, member=name,
+                                       reason="bad_tar") from None
             padded = -(-size // BLOCK) * BLOCK
             pax = {}
         if kind not in REGULAR:
-            if reader.skip(padded) < padded:
-                raise ShardFormatError("truncated tar: member cut", url=url, member=name)
+            got = reader.skip(padded)
+            if got < padded:
+                raise _cut_error(name, size, got, url)
             continue
         if want(name):
             if size > max_member_bytes:
-                raise SampleError(
-                    f"member of {size} bytes exceeds the limit of {max_member_bytes} bytes", url=url, member=name,
+                error = SampleError(
+                    f"member of {size} bytes exceeds the limit of {max_member_bytes} bytes (max_member_bytes); "
+                    "it was not read", url=url, member=name, reason="too_large",
                     hint="raise max_member_bytes if such members are expected",
                 )
+                if not mark_errors:
+                    raise error
+                got = reader.skip(padded)
+                if got < padded:
+                    yield from _cut(name, size, offset, got, url, mark_errors)
+                    return
+                yield Member(name, size, offset, None, error)
+                continue
             data = reader.read(size)
             if len(data) < size:
-                raise ShardFormatError(f"truncated tar: member data cut after {len(data)} of {size} bytes",
-                                       url=url, member=name)
+                yield from _cut(name, size, offset, len(data), url, mark_errors)
+                return
             if reader.skip(padded - size) < padded - size:
-                raise ShardFormatError("truncated tar: member padding cut", url=url, member=name)
+                yield from _cut(name, size, offset, size, url, mark_errors)
+                return
             yield Member(name, size, offset, data)
         else:
-            if reader.skip(padded) < padded:
-                raise ShardFormatError("truncated tar: member data cut", url=url, member=name)
+            got = reader.skip(padded)
+            if got < padded:
+                yield from _cut(name, size, offset, got, url, mark_errors)
+                return
             yield Member(name, size, offset, None)
+
+
+def _cut_error(name: str, size: int, got: int, url: str) -> ShardFormatError:
+    """The error of a member whose data (``size`` bytes) end after ``got`` bytes of data and padding."""
+    text = f"member data cut after {got} of {size} bytes" if got < size else "cut in the padding after the member's data"
+    return ShardFormatError(f"truncated tar: {text}", url=url, member=name, reason="truncated",
+                            hint="re-write or re-upload the shard")
+
+
+def _cut(name: str, size: int, offset: int, got: int, url: str, mark_errors: bool) -> Iterator[Member]:
+    """A member whose data end early: raise, or (``mark_errors``) yield it carrying the error, so
+    that the caller knows the member before it ended (its header was whole)."""
+    error = _cut_error(name, size, got, url)
+    if not mark_errors:
+        raise error
+    yield Member(name, size, offset, None, error)
 
 
 def split_name(name: str, lowercase: bool = False) -> Tuple[str, str]:
@@ -206,14 +298,20 @@ Sample = Dict[str, object]
 def iter_samples(
     stream: BinaryIO, url: str, *, keep: Callable[[int], bool] = lambda index: True,
     want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False,
-    max_member_bytes: int = 256 << 20,
+    max_member_bytes: int = 256 << 20, mark_errors: bool = False,
 ) -> Iterator[Sample]:
     """Group members into samples: dicts of ``ext -> bytes`` plus ``__key__``, ``__url__``,
     ``__index__`` (sample number in the shard) and ``__offset__`` (tar offset of its first member).
 
     ``keep(index)`` false: the sample is still yielded (with no data) so counts and positions
     stay right, but its members are skipped by header. Members without an extension are ignored.
-    A key seen twice in a shard, or an extension twice in one sample, raises :class:`SampleError`.
+
+    Problems of one sample — its key seen before in the shard (members of a sample must be
+    adjacent), an extension twice in it, a member over ``max_member_bytes`` — raise
+    :class:`SampleError`; with ``mark_errors`` the sample is yielded instead, numbered like any
+    other, with the error under ``"__error__"`` (its data may be incomplete), and the shard goes
+    on. Problems of the stream itself (:class:`ShardFormatError`, :class:`SourceError`) always
+    raise: nothing after them can be trusted. Keys are only ever used as strings, never as paths.
     """
     current: Optional[Sample] = None
     index = -1
@@ -228,24 +326,37 @@ def iter_samples(
             state["read"] = keep(index + 1)
         return state["read"] and want_ext(ext)
 
-    for member in iter_members(stream, url, want=want, max_member_bytes=max_member_bytes):
+    def problem(error: SampleError) -> None:
+        if not mark_errors:
+            raise error
+        current.setdefault("__error__", error)  # the first problem of a sample is the one reported
+
+    for member in iter_members(stream, url, want=want, max_member_bytes=max_member_bytes, mark_errors=mark_errors):
         key, ext = split_name(member.name, lowercase)
         if not ext:
+            if isinstance(member.error, ShardFormatError):
+                raise member.error
             continue
         if current is None or key != current["__key__"]:
             if current is not None:
                 yield current
-            if key in seen_keys:
-                raise SampleError("duplicate sample key in shard (members of one sample must be adjacent)",
-                                  url=url, member=member.name)
-            seen_keys.add(key)
             index += 1
             current = {"__key__": key, "__url__": url, "__index__": index, "__offset__": member.offset}
-        if ext in current:
-            raise SampleError(f"extension {ext!r} appears twice in sample {key!r}", url=url, member=member.name)
-        if member.data is not None:
-            current[ext] = member.data
-        else:
+            if key in seen_keys:
+                problem(SampleError("duplicate sample key in shard (members of one sample must be adjacent)",
+                                    url=url, member=member.name, reason="duplicate_key",
+                                    hint="write each sample's members next to each other, under a key unique in the shard"))
+            seen_keys.add(key)
+        if isinstance(member.error, ShardFormatError):
+            raise member.error  # data cut: the sample before it was complete and has been yielded
+        if member.error is not None:
+            problem(member.error)
             current[ext] = None
+            continue
+        if ext in current:
+            problem(SampleError(f"extension {ext!r} appears twice in sample {key!r}", url=url, member=member.name,
+                                reason="duplicate_member"))
+            continue
+        current[ext] = member.data
     if current is not None:
         yield current

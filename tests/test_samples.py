@@ -32,8 +32,9 @@ def test_decode_bytes_int_npy_custom_and_meta():
         "n": {"exts": "txt", "decoder": lambda b: np.array([len(b)], np.int32), "dtype": "int32", "ndim": 1},
         "key": "__key__",
     })
-    out = FieldDecoder(fields).decode(sample(png=b"\x89PNG", cls=b" 42\n", npy=buf.getvalue(), txt=b"hello"))
-    assert bytes(out[0]) == b"\x89PNG" and out[0].dtype == np.uint8
+    png = b"\x89PNG\r\n\x1a\n" + b"IEND\xaeB`\x82"  # passes the cheap image check (signature, IEND)
+    out = FieldDecoder(fields).decode(sample(png=png, cls=b" 42\n", npy=buf.getvalue(), txt=b"hello"))
+    assert bytes(out[0]) == png and out[0].dtype == np.uint8
     assert out[1] == 42 and out[1].dtype == np.int64 and out[1].ndim == 0
     assert out[2].shape == (2, 3) and out[2].dtype == np.float32
     assert out[3].tolist() == [5]
@@ -48,11 +49,12 @@ def test_gzipped_members_are_decompressed():
 
 def test_missing_policies():
     fields = parse_fields({"image": "jpg", "label": "cls"})
+    jpg = b"\xff\xd8\xff\xda\xff\xd9"  # passes the cheap image check (SOI, SOS, EOI)
     with pytest.raises(SampleError) as e:
-        FieldDecoder(fields, "error").decode(sample(jpg=b"x"))
+        FieldDecoder(fields, "error").decode(sample(jpg=jpg))
     assert "/data/x.tar" in str(e.value) and "k1" in str(e.value) and "label" in str(e.value)
-    assert FieldDecoder(fields, "skip").decode(sample(jpg=b"x")) is None
-    image, label = FieldDecoder(fields, "empty").decode(sample(jpg=b"x"))
+    assert FieldDecoder(fields, "skip").decode(sample(jpg=jpg)) is None
+    image, label = FieldDecoder(fields, "empty").decode(sample(jpg=jpg))
     assert label.shape == () and label.dtype == np.int64
 
 

@@ -1,0 +1,165 @@
+"""Worker failures: a DALI worker killed by a signal is a WorkerError within seconds, not a hang;
+Ctrl-C leaves no process and no shared memory behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from dalistream import Loader, Stream, WorkerError
+
+from helpers import key_shards
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("faults"))
+    key_shards(d, [20, 20, 20, 20])
+    return d
+
+
+def _stat(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1]), int(fields[2])  # state, parent, process group
+
+
+def _processes(match):
+    out = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                state, parent, group = _stat(pid)
+            except (OSError, IndexError, ValueError):
+                continue
+            if state != "Z" and match(int(pid), parent, group):
+                out.add(int(pid))
+    return out
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def dali_workers():
+    """DALI worker processes (spawned children) of this test process."""
+    me = os.getpid()
+    return {p for p in _processes(lambda pid, parent, group: parent == me) if "spawn_main" in _cmdline(p)}
+
+
+def test_killed_worker_is_a_worker_error_within_seconds(shards):
+    stream = Stream.open(shards, fields={"key": "__key__"}, batch_size=4, workers=2, device="cpu", policy="fixed",
+                         batches_per_epoch=10**6)
+    before = dali_workers()
+    loader = Loader(stream)
+    outcome = {}
+    started = threading.Event()
+
+    def train():
+        try:
+            for i, _ in enumerate(loader):
+                if i == 2:
+                    started.set()
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            outcome["error"], outcome["at"] = e, time.monotonic()
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(120), "the loader did not start"
+        workers = sorted(dali_workers() - before)
+        assert len(workers) == 2
+        victim = workers[-1]
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)  # what the OOM killer does
+        thread.join(30)
+        assert not thread.is_alive(), "a killed worker made the loader hang"
+        error = outcome["error"]
+        detected = outcome["at"] - killed_at
+        print(f"killed worker detected after {detected:.2f} s")
+        assert isinstance(error, WorkerError) and detected < 10
+        assert f"(pid {victim}) was killed by signal SIGKILL" in str(error)
+        assert error.rank == 0 and error.worker in (0, 1) and "out-of-memory" in str(error)
+        assert dali_workers() - before == set()  # the failed pipeline is gone, its workers too
+        batch = next(iter(loader))  # iterating again starts new workers at the current position
+        assert len(batch["key"]) == 4
+    finally:
+        t0 = time.monotonic()
+        loader.close()
+        assert time.monotonic() - t0 < 20
+    assert dali_workers() - before == set()
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    import dalistream
+
+    if __name__ == "__main__":
+        stream = dalistream.Stream.open({shards!r}, fields={{"key": "__key__", "label": "cls"}}, batch_size=4,
+                                        workers=2, device="cpu", policy="fixed", batches_per_epoch=10**6)
+        loader = dalistream.Loader(stream)   # no `with`: Ctrl-C alone must clean up
+        for i, batch in enumerate(loader):
+            if i == 3:
+                print("running", flush=True)
+""")
+
+
+def _shm_mapped(pids):
+    """Named /dev/shm entries mapped by these processes (DALI's chunks are unlinked at once;
+    multiprocessing's named semaphores are not)."""
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    path = line.split(None, 5)[-1].strip()
+                    if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
+                        out.add(path)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("target", ["process", "group"])
+def test_ctrl_c_leaves_no_processes_and_no_shared_memory(shards, tmp_path, target):
+    """SIGINT to the training process alone, or to its whole process group (a terminal's Ctrl-C)."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(root=ROOT, shards=shards))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # its own process group
+    try:
+        assert proc.stdout.readline().strip() == "running", proc.stderr.read()
+        tree = _processes(lambda pid, parent, group: group == proc.pid) | {proc.pid}
+        assert len(tree) >= 3  # the script and its two DALI workers (and multiprocessing's tracker)
+        shm = _shm_mapped(tree)
+        assert shm, "expected the multiprocessing semaphores of the DALI worker pool"
+        if target == "group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)
+        proc.wait(60)
+        assert "KeyboardInterrupt" in proc.stderr.read()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _processes(lambda pid, parent, group: group == proc.pid or parent == proc.pid):
+            time.sleep(0.1)
+        assert _processes(lambda pid, parent, group: group == proc.pid or parent == proc.pid) == set()
+        assert {p for p in shm if os.path.exists(p)} == set()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
