@@ -17,11 +17,11 @@ __version__ = "0.1.0"
 __all__ = [
     "Field", "StreamConfig", "Stream", "Loader", "pipeline_def", "read", "raw_pipeline",
     "DalistreamError", "ConfigError", "SourceError", "ShardFormatError", "SampleError", "ManifestError",
-    "StateError", "WorkerError", "loader",
+    "StateError", "WorkerError", "open_loader",
 ]
 
 
-def loader(sources, *, fields, batch_size: int, pipeline=None, workers: int = 2, device: str = "auto",
+def open_loader(sources, *, fields, batch_size: int, pipeline=None, workers: int = 2, device: str = "auto",
            pipeline_kwargs=None, **options) -> Loader:
     """Shortcut: :meth:`Stream.open` then :class:`Loader` (``options`` as in ``Stream.open``)."""
     stream = Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device, **options)

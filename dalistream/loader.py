@@ -14,24 +14,20 @@ import glob
 import json
 import logging
 import os
-import queue
-import re
 import shutil
-import signal
 import tempfile
-import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import numpy as np
 
-from . import errors
-from .errors import StateError, WorkerError
+from .errors import StateError
+from .diagnose import translate
 from .stream import Stream
+from .watchdog import stop_pipe, watched_run
 
 STATE_VERSION = 1
-_ERROR_LINE = re.compile(r"dalistream\.errors\.(\w+): (.+)")
 log = logging.getLogger(__name__)
 
 
@@ -98,19 +94,19 @@ class Loader:
         except Exception as e:
             self._pipe = pipe
             self._shutdown_pipe()
-            raise _translate(e, self.stream.config.rank) from None
+            raise translate(e, self.stream.config.rank) from None
         self._pipe = pipe
         self._outputs = pipe.dalistream_outputs
         self._pipe_at = (self.epoch, self.step)
 
     def _run(self) -> Dict[str, Any]:
         try:
-            outputs = _watched_run(self._pipe)
+            outputs = watched_run(self._pipe)
         except BaseException as e:  # after a failure (or Ctrl-C) the pipeline is dead: never run it again
             self._shutdown_pipe()
             if not isinstance(e, Exception):
                 raise
-            raise _translate(e, self.stream.config.rank, (self.stream, self.epoch, self.step)) from None
+            raise translate(e, self.stream.config.rank, (self.stream, self.epoch, self.step)) from None
         batch = _to_torch(self._outputs, outputs)
         return self.transform(batch) if self.transform is not None else batch
 
@@ -204,7 +200,7 @@ class Loader:
         pipe, self._pipe, self._pipe_at = self._pipe, None, None
         if pipe is None:
             return
-        _stop_pipe(pipe)
+        stop_pipe(pipe)
 
     def close(self) -> None:
         """Stop the pipeline and its worker processes and free their shared memory.
@@ -235,315 +231,6 @@ class Loader:
         c = self.stream.config
         return (f"Loader(shards={len(self.stream.urls)}, batch_size={c.batch_size}, workers={c.workers}, "
                 f"rank={c.rank}/{c.world_size}, device={self.stream.device}, epoch={self.epoch}, step={self.step})")
-
-
-_WORKER_TB = "Exception traceback received from worker thread:"
-_DECODER = re.compile(r"fn\.decoders\.\w+|decoders__\w+|nvImageCodec")
-_LAST_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (.*)$")
-
-
-def _translate(error: Exception, rank: int, where: Optional[tuple] = None) -> Exception:
-    """Turn what a failed DALI pipeline raised into a dalistream error.
-
-    - an error of dalistream's own code in a worker (DALI passes on only its traceback text):
-      the same class with the same fields (shard, member, rank, worker, hint), rebuilt from the
-      note :meth:`DalistreamError.at` attached in the worker;
-    - any other exception in a worker: :class:`WorkerError` naming its type and message;
-    - DALI's image decoder failing (a corrupt image that passed the workers' cheap check): a
-      :class:`SampleError` naming the shard and key when they can be found (``where`` is
-      ``(stream, epoch, step)`` of the batch asked for; see :func:`_locate_bad_images`);
-    - anything else: :class:`WorkerError` with DALI's message.
-
-    The worker's traceback, where there is one, is kept in ``worker_traceback`` and added as a note.
-    """
-    if isinstance(error, errors.DalistreamError):
-        if error.rank is None:
-            error.rank = rank
-            error.args = (error._render(),)
-        return error
-    text = str(error)
-    traceback_text = text.split(_WORKER_TB, 1)[1].strip("\n") if _WORKER_TB in text else None
-    out: Optional[errors.DalistreamError] = None
-    if traceback_text is not None:
-        out = _from_worker_traceback(traceback_text, rank)
-    elif _DECODER.search(text):
-        out = _decoder_error(text, rank, where)
-    elif "Worker data receiving interrupted" in text:
-        out = WorkerError("a DALI worker process stopped while the pipeline waited for its data", rank=rank,
-                          hint="a killed worker is often the out-of-memory killer: check memory, `dmesg`, and the "
-                               "size of /dev/shm")
-    if out is None:
-        out = WorkerError(f"DALI pipeline failed: {text.strip()[-3000:]}", rank=rank)
-    if traceback_text is not None:
-        tb = "\n".join(line for line in traceback_text.splitlines() if not line.startswith(errors.FIELDS_NOTE))
-        out.worker_traceback = tb  # type: ignore[attr-defined]
-        out.add_note("Traceback in the DALI worker process:\n" + tb)
-    return out
-
-
-def _from_worker_traceback(tb: str, rank: int) -> errors.DalistreamError:
-    for line in reversed(tb.splitlines()):
-        if line.startswith(errors.FIELDS_NOTE):
-            try:
-                fields = json.loads(line[len(errors.FIELDS_NOTE):])
-            except ValueError:
-                break
-            out = errors.DalistreamError.from_fields(fields)
-            if out.rank is None:
-                out.rank = rank
-                out.args = (out._render(),)
-            return out
-    found = _ERROR_LINE.findall(tb)
-    if found:  # a dalistream error raised without .at() (no fields note): class and text only
-        name, message = found[-1]
-        cls = getattr(errors, name, WorkerError)
-        if isinstance(cls, type) and issubclass(cls, errors.DalistreamError):
-            out = cls(message.strip())
-            out.args = (message.strip() + (f" [rank {rank}]" if "rank " not in message else ""),)
-            return out
-    last = next((m for m in (_LAST_LINE.match(x) for x in reversed(tb.splitlines())) if m), None)
-    what = f"{last.group(1)}: {last.group(2)}" if last else tb.strip().splitlines()[-1]
-    return WorkerError(f"a DALI worker raised {what}", rank=rank,
-                       hint="see the worker's traceback below; the pipeline has been stopped")
-
-
-def _decoder_error(text: str, rank: int, where: Optional[tuple]) -> errors.DalistreamError:
-    status = re.search(r"nvImageCodec failure: '?([^'\n]*)'?", text)
-    what = f"nvImageCodec failure {status.group(1)}" if status else "decoder error"
-    op = _DECODER.search(text).group(0)
-    found: List[tuple] = []
-    keys: List[str] = []
-    if where is not None:
-        stream, epoch, step = where
-        try:
-            found, keys = _locate_bad_images(stream, epoch, step)
-        except Exception as e:  # locating is a courtesy: never hide the real error behind it
-            log.debug("could not locate the undecodable image: %s", e)
-    if found:
-        url, key, field, problem, bad_step = found[0]
-        more = f" ({len(found) - 1} more in the same batches)" if len(found) > 1 else ""
-        return errors.SampleError(
-            f"DALI's image decoder ({op}) failed ({what}); the undecodable image is field {field!r} of the batch at "
-            f"epoch {epoch}, step {bad_step}: {problem}{more}", url=url, member=key, rank=rank, reason="bad_image",
-            hint="re-encode or remove the image; on_error='skip' skips only images that fail the workers' cheap "
-                 "check (signature and end marker), not images that only DALI's decoder rejects")
-    shown = ", ".join(keys[:8]) + (", …" if len(keys) > 8 else "")
-    near = f" of the batch at epoch {where[1]}, step {where[2]} (keys: {shown})" if where is not None and keys else ""
-    return errors.SampleError(
-        f"DALI's image decoder ({op}) failed ({what}) on a sample{near}. DALI does not say which sample, and no image "
-        "of that batch failed to decode with PIL", rank=rank, reason="bad_image",
-        hint="check the images of these samples; the pipeline has been stopped")
-
-
-def _locate_bad_images(stream: Stream, epoch: int, step: int, depth: int = 2):
-    """Re-read, in this process, the batches ``step .. step + depth`` of ``epoch`` (DALI may fail
-    on a prefetched batch) and decode their image fields with PIL; return ``([(url, key, field,
-    problem, step), ...], keys of the batch at step)``. Only called after a decoder failure."""
-    import dataclasses
-    import io
-
-    from .config import IMAGE_EXTS, Field
-    from .source import WorkerSource
-
-    c = stream.config
-    images = [i for i, f in enumerate(c.fields)
-              if f.kind == "bytes" and any(e.rsplit(".", 1)[-1].lower() in IMAGE_EXTS for e in f.exts)]
-    if not images:
-        return [], []
-    try:
-        from PIL import Image
-    except ImportError:
-        Image = None  # noqa: N806
-    extra = (Field("__dalistream_key__", ("__key__",), kind="meta"), Field("__dalistream_url__", ("__url__",), kind="meta"))
-    config = dataclasses.replace(c, fields=tuple(c.fields) + extra)
-    n = len(c.fields)
-    found, keys = [], []
-    last = min(stream.steps(epoch), step + depth + 1)
-    for w in range(c.workers):
-        source = WorkerSource(config, stream.urls, stream.counts, w, start_epoch=epoch, start_step=step)
-        batches = source.epoch_batches(epoch, step)
-        try:
-            for s, batch in zip(range(step, last), batches):
-                valid = batch[-1]
-                for pos in range(len(valid)):
-                    if not int(valid[pos]):
-                        continue
-                    key = bytes(batch[n][pos]).decode("utf-8", "replace")
-                    url = bytes(batch[n + 1][pos]).decode("utf-8", "replace")
-                    if s == step:
-                        keys.append(key)
-                    for i in images:
-                        data = bytes(batch[i][pos])
-                        if not data or Image is None:
-                            continue
-                        try:
-                            with Image.open(io.BytesIO(data)) as im:
-                                im.load()
-                        except Exception as e:
-                            found.append((url, key, c.fields[i].name, f"PIL: {type(e).__name__}: {e}", s))
-        finally:
-            batches.close()
-    return found, keys
-
-
-# -- running a pipeline without hanging on a dead worker -----------------------------------------
-
-_POLL_S = 0.05      # how often the waiting thread looks at the worker processes
-_GRACE_S = 0.5      # after a worker died: time DALI gets to report it itself
-_STOP_WAIT_S = 2.0  # at shutdown: time an interrupted run() gets to finish
-_SHUTDOWN_S = 10.0  # time DALI's own shutdown gets before the workers are killed
-
-
-def _worker_processes(pipe) -> list:
-    """The ``multiprocessing.Process`` objects of the pipeline's DALI workers (DALI internals;
-    an empty list where they cannot be found)."""
-    pool = getattr(pipe, "_py_pool", None)
-    return list(getattr(getattr(pool, "pool", None), "_processes", None) or [])
-
-
-class _Runner:
-    """A daemon thread that runs ``pipe.run()`` for a caller who waits on it with a timeout.
-
-    A DALI worker killed by a signal can leave ``pipe.run()`` blocked for ever (on a
-    multiprocessing condition the dead process was waiting on); the caller, not being blocked,
-    sees the dead process and raises instead. One thread per pipeline, so DALI is always called
-    from the same thread."""
-
-    def __init__(self) -> None:
-        self._requests: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._done = threading.Event()
-        self._result: tuple = ()
-        self.busy = False
-        self.thread = threading.Thread(target=self._loop, name="dalistream-run", daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            pipe = self._requests.get()
-            if pipe is None:
-                return
-            try:
-                self._result = (True, pipe.run())
-            except BaseException as e:  # handed to the waiting thread
-                self._result = (False, e)
-            pipe = None
-            self._done.set()
-
-    def run(self, pipe, processes: list):
-        self._done.clear()
-        self.busy = True
-        self._requests.put(pipe)
-        dead_since = None
-        while not self._done.wait(_POLL_S):
-            dead = [(i, p) for i, p in enumerate(processes) if p.exitcode is not None]
-            if dead:
-                now = time.monotonic()
-                dead_since = dead_since or now
-                if now - dead_since >= _GRACE_S:
-                    raise _worker_died(dead)
-        self.busy = False
-        ok, value = self._result
-        self._result = ()
-        if not ok:
-            dead = [(i, p) for i, p in enumerate(processes) if p.exitcode is not None]
-            if dead:  # DALI noticed first ("Worker data receiving interrupted"): say which one and how
-                raise _worker_died(dead) from value
-            raise value
-        return value
-
-    def stop(self, timeout: float) -> bool:
-        """End the thread once the current run (if any) is over; False if it is still running."""
-        if self.busy and not self._done.wait(timeout):
-            return False
-        self.busy = False
-        self._requests.put(None)
-        return True
-
-
-def _watched_run(pipe):
-    """``pipe.run()``, but a dead DALI worker process is a :class:`WorkerError` within about a
-    second instead of a hang."""
-    processes = _worker_processes(pipe)
-    if not processes:
-        return pipe.run()
-    runner = getattr(pipe, "_dalistream_runner", None)
-    if runner is None:
-        runner = pipe._dalistream_runner = _Runner()
-    return runner.run(pipe, processes)
-
-
-def _exit_text(code: Optional[int]) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-def _worker_died(dead: list) -> WorkerError:
-    # DALI terminates (SIGTERM) the other workers as soon as one dies: report the first one
-    dead = sorted(dead, key=lambda item: item[1].exitcode == -signal.SIGTERM)
-    worker, process = dead[0]
-    code = process.exitcode
-    how = _exit_text(code)
-    others = ""
-    if len(dead) > 1:
-        others = "; then " + ", ".join(f"worker {w} {_exit_text(p.exitcode)}" for w, p in dead[1:])
-    hint = ("SIGKILL is usually the out-of-memory killer: check `dmesg`, the memory limit and the size of /dev/shm; "
-            if code == -signal.SIGKILL else "")
-    return WorkerError(
-        f"DALI worker process {worker} (pid {process.pid}) {how}{others}; the pipeline cannot go on", worker=worker,
-        hint=hint + "the pipeline has been stopped; iterating the loader again starts new workers where it stood")
-
-
-def _stop_pipe(pipe) -> None:
-    """Shut a pipeline and its workers down, in bounded time even when a worker died."""
-    processes = _worker_processes(pipe)
-    runner = getattr(pipe, "_dalistream_runner", None)
-    if runner is not None:
-        dead = any(p.exitcode is not None for p in processes)
-        if not runner.stop(0.0 if dead else _STOP_WAIT_S):
-            log.debug("a pipeline run is still blocked in DALI; shutting down around it")
-
-    failure: list = []
-
-    def shutdown() -> None:
-        try:
-            try:
-                pipe._shutdown()
-            finally:
-                pool = getattr(pipe, "_py_pool", None)
-                if pool is not None:
-                    pool.close()
-        except BaseException as e:
-            failure.append(e)
-
-    thread = threading.Thread(target=shutdown, name="dalistream-shutdown", daemon=True)
-    try:
-        thread.start()
-    except RuntimeError:  # no new threads at interpreter exit: shut down in this one
-        shutdown()
-    else:
-        thread.join(_SHUTDOWN_S)
-    if thread.is_alive():
-        log.warning("DALI did not shut down within %.0f s; killing its worker processes", _SHUTDOWN_S)
-        observer = getattr(getattr(getattr(pipe, "_py_pool", None), "pool", None), "_observer", None)
-        if observer is not None:
-            observer.thread = None  # its close() would block again at exit
-    for p in processes:  # normally all gone by now
-        if p.exitcode is None:
-            try:
-                p.join(1.0 if not thread.is_alive() else 0.0)
-                if p.exitcode is None:
-                    os.kill(p.pid, signal.SIGKILL)
-                    p.join(1.0)
-            except (OSError, ValueError, AssertionError):
-                pass
-    if failure:
-        if not isinstance(failure[0], Exception):
-            raise failure[0]
-        log.debug("error while shutting the pipeline down: %r", failure[0])
 
 
 def _to_torch(names_kinds, outputs) -> Dict[str, Any]:

@@ -12,7 +12,7 @@ import logging
 import random
 import zlib
 from collections import Counter
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Tuple, TypeVar
+from typing import Iterable, Iterator, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 

@@ -116,7 +116,7 @@ class WorkerSource:
         stream = itertools.islice(stream, skip_count, None)
 
         templates = [[f.empty] * c.batch_size for f in c.fields] + [[ZERO] * c.batch_size]
-        lo, hi = plan.offset, plan.offset + plan.slot
+        lo = plan.offset
         for step in range(start_step, plan.steps):
             t0 = time.perf_counter()
             chunk = [s for s in itertools.islice(stream, plan.slot)]

@@ -4,7 +4,6 @@ reports back into the same classes, and no credentials in errors, logs, repr() o
 import logging
 import os
 import pickle
-import sys
 
 import pytest
 
@@ -18,7 +17,7 @@ from dalistream.source import WorkerSource
 
 from helpers import key_shards, write_tar
 
-loader_module = sys.modules["dalistream.loader"]  # the module, not the dalistream.loader() shortcut
+from dalistream import diagnose
 SECRET = "SECRETVALUE"
 SECRET_OPTIONS = {"aws_access_key_id": "AKIDSECRETVALUE", "aws_secret_access_key": SECRET,
                   "aws_session_token": "TOKEN" + SECRET, "endpoint_url": f"http://minio:{SECRET}@127.0.0.1:9"}
@@ -179,21 +178,21 @@ def test_translate_rebuilds_the_worker_error_with_its_fields_and_traceback():
                            reason="bad_value", hint="fix it")
     text = _dali_worker_text(f"dalistream.errors.SampleError: {original}\n{errors.FIELDS_NOTE}"
                              + __import__("json").dumps(original.fields()))
-    out = loader_module._translate(Exception(text), rank=1)
+    out = diagnose.translate(Exception(text), rank=1)
     assert type(out) is SampleError and out.fields() == original.fields() and str(out) == str(original)
     assert "Traceback (most recent call last)" in out.worker_traceback and errors.FIELDS_NOTE not in out.worker_traceback
     assert any("DALI worker process" in note for note in out.__notes__)
 
 
 def test_translate_other_worker_exceptions_and_dali_failures():
-    out = loader_module._translate(Exception(_dali_worker_text("ZeroDivisionError: division by zero")), rank=0)
+    out = diagnose.translate(Exception(_dali_worker_text("ZeroDivisionError: division by zero")), rank=0)
     assert type(out) is WorkerError and "ZeroDivisionError: division by zero" in str(out) and out.rank == 0
-    out = loader_module._translate(RuntimeError("Worker data receiving interrupted"), rank=2)
+    out = diagnose.translate(RuntimeError("Worker data receiving interrupted"), rank=2)
     assert type(out) is WorkerError and "stopped" in str(out) and "rank 2" in str(out)
     decoder = ("Critical error in pipeline:\nError in CPU operator `nvidia.dali.fn.decoders.image`,\n"
                "encountered:\n\nnvImageCodec failure: '#4'\nCurrent pipeline object is no longer valid.")
-    out = loader_module._translate(RuntimeError(decoder), rank=0)
+    out = diagnose.translate(RuntimeError(decoder), rank=0)
     assert type(out) is SampleError and out.reason == "bad_image"
     assert "fn.decoders.image" in str(out) and "#4" in str(out) and "DALI does not say which sample" in str(out)
     already = ShardFormatError("cut", url="/a.tar")
-    assert loader_module._translate(already, rank=4) is already and already.rank == 4
+    assert diagnose.translate(already, rank=4) is already and already.rank == 4
