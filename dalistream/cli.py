@@ -133,7 +133,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
         infos, problems = scan_tolerant(urls, options=storage_options(args))
     else:
-        infos = build_manifest(urls, options=storage_options(args))
+        infos = build_manifest(urls, options=storage_options(args), offsets=args.offsets)
     if args.output:
         write_manifest(infos, args.output, storage_options(args))
     payload = {"shards": [i.__dict__ for i in infos], "samples": sum(i.samples for i in infos), "output": args.output,
@@ -216,7 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("index", help="count samples and bytes per shard; write a manifest")
     add_stream_args(p, batch=False)
-    p.add_argument("-o", "--output", default=None, help="manifest file to write")
+    p.add_argument("-o", "--output", default=None, help="manifest file to write (local path or s3://)")
+    p.add_argument("--offsets", action="store_true",
+                   help="also record each sample's tar offset: a mid-shard resume then seeks (ranged GET) to it")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_index)
 

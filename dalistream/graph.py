@@ -51,7 +51,7 @@ def merge(owner, branches: Sequence[Sequence]) -> list:
 
 def sharded_sources(
     config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], *, start_epoch: int = 0,
-    start_step: int = 0, stats_dir: Optional[str] = None,
+    start_step: int = 0, stats_dir: Optional[str] = None, offsets: Optional[Sequence[Sequence[int]]] = None,
 ) -> Dict[str, object]:
     """Create the W parallel sources and the merge; return ``{field name: node, "valid": node}``.
 
@@ -65,7 +65,7 @@ def sharded_sources(
     branches = []
     for w in range(config.workers):
         source = WorkerSource(
-            config, urls, counts, w, start_epoch=start_epoch, start_step=start_step,
+            config, urls, counts, w, start_epoch=start_epoch, start_step=start_step, offsets=offsets,
             stats_path=os.path.join(stats_dir, f"worker-{w}.json") if stats_dir else None,
         ).for_dali()
         nodes = fn.external_source(

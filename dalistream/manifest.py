@@ -10,7 +10,11 @@ or uploaded next to the shards (``s3://bucket/prefix/manifest.json``).
 Manifest file format (JSON)::
 
     {"format": "dalistream-manifest", "version": 1,
-     "shards": [{"url": "...", "samples": 1000, "bytes": 123456}, ...]}
+     "shards": [{"url": "...", "samples": 1000, "bytes": 123456, "offsets": [0, 5120, ...]}, ...]}
+
+``offsets`` (optional, ``dalistream index --offsets``) are the tar offsets of each sample's first
+header: a mid-shard resume then opens the shard at the first sample it still needs (a seek, or
+a ranged GET for remote shards) instead of reading the consumed part.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ManifestError, SourceError, redact
 from .shards import is_remote
@@ -33,29 +37,44 @@ FORMAT = "dalistream-manifest"
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One manifest row: shard URL, number of samples, size in bytes (as stored)."""
+    """One manifest row: shard URL, number of samples, size in bytes (as stored), and optionally
+    the tar offset of every sample."""
 
     url: str
     samples: int
     bytes: int
+    offsets: Optional[Tuple[int, ...]] = None
+
+    def __post_init__(self) -> None:
+        if self.offsets is not None:
+            object.__setattr__(self, "offsets", tuple(self.offsets))
+            if len(self.offsets) != self.samples:
+                raise ManifestError(f"manifest row has {len(self.offsets)} offsets for {self.samples} samples",
+                                    url=self.url)
 
 
-def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase: bool = False) -> ShardInfo:
-    """Count the samples of one shard by reading its tar headers only.
+def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
+               offsets: bool = False) -> ShardInfo:
+    """Count the samples of one shard by reading its tar headers only (``offsets``: and record
+    where each sample starts).
 
     ``bytes`` is the stored (possibly compressed) size: from the file system for local shards,
     from the server's answer for remote ones, ``-1`` for ``pipe:``. Remote URLs are recorded
     with credentials redacted.
     """
     count = 0
+    starts: List[int] = []
     raw = open_raw(url, 0, options)
     size = getattr(getattr(raw, "raw", None), "size", None) if url.startswith(FETCHED) else None
     with decompressed(raw, url) as stream:
-        for _ in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase):
+        for sample in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase):
             count += 1
+            if offsets:
+                starts.append(sample["__offset__"])
     if not is_remote(url):
         size = os.path.getsize(url[len("file://"):] if url.startswith("file://") else url)
-    return ShardInfo(redact(url) if is_remote(url) else url, count, size if size is not None else -1)
+    return ShardInfo(redact(url) if is_remote(url) else url, count, size if size is not None else -1,
+                     tuple(starts) if offsets else None)
 
 
 def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
@@ -78,15 +97,17 @@ def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] =
     return os.path.join(cache_dir, "manifests", hashlib.sha256(ident).hexdigest()[:32] + ".json")
 
 
-def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool) -> ShardInfo:
+def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool, offsets: bool = False) -> ShardInfo:
     path = _cache_path(cache_dir, url, options) if cache_dir and not url.startswith("pipe:") else None
     if path and os.path.exists(path):
         try:
             with open(path) as f:
-                return ShardInfo(**json.load(f))
-        except (OSError, ValueError, TypeError):
+                cached = ShardInfo(**json.load(f))
+            if cached.offsets is not None or not offsets:
+                return cached
+        except (OSError, ValueError, TypeError, ManifestError):
             pass  # a broken cache entry is rescanned
-    info = scan_shard(url, options, lowercase)
+    info = scan_shard(url, options, lowercase, offsets)
     if path:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
@@ -98,17 +119,20 @@ def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool) -
 
 def build_manifest(
     urls: Sequence[str], *, cache_dir: Optional[str] = None, options: Optional[Mapping[str, Any]] = None,
-    lowercase: bool = False, threads: int = 8,
+    lowercase: bool = False, threads: int = 8, offsets: bool = False,
 ) -> List[ShardInfo]:
-    """Scan every shard (in parallel threads; cached for local shards when ``cache_dir`` is set)."""
+    """Scan every shard (in parallel threads; cached when ``cache_dir`` is set); ``offsets``:
+    record each sample's tar offset too."""
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
-        return list(pool.map(lambda u: _scan_cached(u, cache_dir, options, lowercase), urls))
+        return list(pool.map(lambda u: _scan_cached(u, cache_dir, options, lowercase, offsets), urls))
 
 
 def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapping[str, Any]] = None) -> None:
     """Write a manifest file atomically: a local path, or ``s3://bucket/key`` (uploaded with
     ``options``, the storage options)."""
-    payload = {"format": FORMAT, "version": 1, "shards": [asdict(i) for i in infos]}
+    rows = [{k: (list(v) if k == "offsets" else v) for k, v in asdict(i).items() if k != "offsets" or v is not None}
+            for i in infos]
+    payload = {"format": FORMAT, "version": 1, "shards": rows}
     if is_remote(path):
         from .remote import put_bytes
 
@@ -145,8 +169,8 @@ def read_manifest(path: str, options: Optional[Mapping[str, Any]] = None) -> Dic
     return {row["url"]: ShardInfo(**row) for row in payload["shards"]}
 
 
-def lookup_counts(urls: Sequence[str], table: Mapping[str, ShardInfo], manifest_path: str) -> List[int]:
-    """Counts for ``urls`` from a manifest table; a URL may also match by its base name if unique."""
+def lookup(urls: Sequence[str], table: Mapping[str, ShardInfo], manifest_path: str) -> List[ShardInfo]:
+    """Rows for ``urls`` from a manifest table; a URL may also match by its base name if unique."""
     by_base: Dict[str, List[ShardInfo]] = {}
     for info in table.values():
         by_base.setdefault(os.path.basename(info.url), []).append(info)
@@ -159,7 +183,7 @@ def lookup_counts(urls: Sequence[str], table: Mapping[str, ShardInfo], manifest_
                 raise ManifestError("shard is not in the manifest", url=url, member=None,
                                     hint=f"rebuild it with `dalistream index ... -o {manifest_path}`")
             info = candidates[0]
-        counts.append(info.samples)
+        counts.append(info)
     return counts
 
 
@@ -169,7 +193,7 @@ def shard_counts(
 ) -> List[int]:
     """Sample count of every shard: from ``manifest`` if given, else a (cached) header scan."""
     if manifest:
-        return lookup_counts(urls, read_manifest(manifest, options), manifest)
+        return [i.samples for i in lookup(urls, read_manifest(manifest, options), manifest)]
     return [i.samples for i in build_manifest(urls, cache_dir=cache_dir, options=options, lowercase=lowercase)]
 
 

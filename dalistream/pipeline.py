@@ -49,7 +49,7 @@ def read(stream: Stream) -> Dict[str, Any]:
         raise ConfigError("dalistream.read() was called twice in one pipeline",
                           hint="call it once and use its nodes as often as needed")
     nodes = sharded_sources(stream.config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
-                            start_step=stream.start_step, stats_dir=stream.stats_dir)
+                            start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets)
     ctx = _building[-1]
     for field in stream.config.fields:
         if field.kind in ("bytes", "meta"):

@@ -26,7 +26,7 @@ from .config import StreamConfig
 from .errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
 from .plan import WorkerPlan, epoch_order, worker_plan
 from .samples import ErrorPolicy, FieldDecoder, emitted_indices, shuffle_seed, shuffled
-from .streams import IOCounters, ShardSequence
+from .streams import IOCounters, ShardSequence, open_shard
 from .tario import _read_failed, iter_samples
 
 ONE = np.ones((), np.uint8)
@@ -40,10 +40,12 @@ class WorkerSource:
     def __init__(
         self, config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], worker: int, *,
         start_epoch: int = 0, start_step: int = 0, stats_path: Optional[str] = None,
+        offsets: Optional[Sequence[Sequence[int]]] = None,
     ) -> None:
         self.config = config
         self.urls = list(urls)
         self.counts = list(counts) if counts is not None else None
+        self.offsets = offsets  # per shard, the tar offset of each sample: resume opens mid-shard
         self.worker = worker
         self.start_epoch = start_epoch
         self.start_step = start_step
@@ -208,15 +210,23 @@ class WorkerSource:
                 url = self.urls[index]
                 base = ordinal
                 count = self.counts[index] if self.counts is not None else None
-                if count and not any(keep(base + i) for i in range(count)):
+                first = next((i for i in range(count) if keep(base + i)), count) if count else 0
+                if count and first == count:
                     ordinal += count  # resume: a shard consumed before the restart is not even opened
                     yield from itertools.repeat(None, count)
                     continue
+                if first and self.offsets is None:
+                    first = 0  # no offsets: the consumed samples are skipped by header
+                ordinal += first
+                yield from itertools.repeat(None, first)
                 try:
-                    with shards.open(position) as f:
+                    opened = (open_shard(url, self.offsets[index][first], c.storage_options) if first
+                              else shards.open(position))  # resume mid-shard: a seek or a ranged GET
+                    with opened as f:
                         for sample in iter_samples(
                             f, url, keep=lambda i: keep(base + i), want_ext=self.decoder.wants,
                             lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
+                            first_index=first,
                         ):
                             ordinal += 1
                             yield sample if keep(ordinal - 1) else None

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from .config import StreamConfig
 from .errors import ConfigError, redact
-from .manifest import scan_tolerant, shard_counts
+from .manifest import lookup, read_manifest, scan_tolerant, shard_counts
 from .ops import resolve_device
 from .plan import check_layout, steps_per_epoch
 from .shards import expand_sources
@@ -65,6 +65,7 @@ class Stream:
     start_epoch: int = 0
     start_step: int = 0
     stats_dir: Optional[str] = None
+    offsets: Optional[Tuple[Tuple[int, ...], ...]] = None  # per shard, per sample (from a manifest)
 
     def __repr__(self) -> str:  # URLs redacted: no credentials in logs
         shards = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
@@ -100,9 +101,14 @@ class Stream:
         """List shards and count samples for an already built config."""
         urls = expand_sources(config.sources, config.storage_options)
         check_layout(len(urls), config.world_size, config.workers)
-        counts = None
-        if config.policy != "fixed" or config.manifest:
-            if config.on_error != "raise" and not config.manifest:
+        counts = offsets = None
+        if config.manifest:
+            infos = lookup(urls, read_manifest(config.manifest, config.storage_options), config.manifest)
+            counts = tuple(info.samples for info in infos)
+            if all(info.offsets is not None for info in infos):
+                offsets = tuple(info.offsets for info in infos)
+        elif config.policy != "fixed":
+            if config.on_error != "raise":
                 # skip: a bad shard counts the samples before its problem (what a worker delivers)
                 infos, problems = scan_tolerant(urls, cache_dir=config.cache_dir, options=config.storage_options,
                                                 lowercase=config.lowercase_ext)
@@ -110,10 +116,10 @@ class Stream:
                     log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
                 counts = tuple(info.samples for info in infos)
             else:
-                counts = tuple(shard_counts(urls, manifest=config.manifest, cache_dir=config.cache_dir,
-                                            options=config.storage_options, lowercase=config.lowercase_ext))
+                counts = tuple(shard_counts(urls, cache_dir=config.cache_dir, options=config.storage_options,
+                                            lowercase=config.lowercase_ext))
         device, device_id = resolve_device(device, device_id)
-        return cls(config, tuple(urls), counts, device, device_id)
+        return cls(config, tuple(urls), counts, device, device_id, offsets=offsets)
 
     def steps(self, epoch: int) -> int:
         """Batches this rank yields in ``epoch``."""

@@ -298,11 +298,12 @@ Sample = Dict[str, object]
 def iter_samples(
     stream: BinaryIO, url: str, *, keep: Callable[[int], bool] = lambda index: True,
     want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False,
-    max_member_bytes: int = 256 << 20, mark_errors: bool = False,
+    max_member_bytes: int = 256 << 20, mark_errors: bool = False, first_index: int = 0,
 ) -> Iterator[Sample]:
     """Group members into samples: dicts of ``ext -> bytes`` plus ``__key__``, ``__url__``,
     ``__index__`` (sample number in the shard) and ``__offset__`` (tar offset of its first member).
 
+    ``first_index`` numbers the first sample of a stream opened mid-shard (at a manifest offset).
     ``keep(index)`` false: the sample is still yielded (with no data) so counts and positions
     stay right, but its members are skipped by header. Members without an extension are ignored.
 
@@ -314,7 +315,7 @@ def iter_samples(
     raise: nothing after them can be trusted. Keys are only ever used as strings, never as paths.
     """
     current: Optional[Sample] = None
-    index = -1
+    index = first_index - 1  # a stream opened at the offset of sample ``first_index``
     seen_keys: set = set()
     state = {"read": True}
 

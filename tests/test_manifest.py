@@ -35,3 +35,34 @@ def test_manifest_roundtrip_and_lookup(tmp_path):
     assert shard_counts(paths, manifest=out) == [2, 7]
     with pytest.raises(ManifestError, match="not in the manifest"):
         shard_counts([str(tmp_path / "other.tar")], manifest=out)
+
+
+def test_offsets_are_recorded_and_roundtrip(tmp_path):
+    (p,) = key_shards(str(tmp_path / "d"), [5])
+    (info,) = build_manifest([p], offsets=True)
+    assert info.offsets[0] == 0 and len(info.offsets) == 5 and list(info.offsets) == sorted(info.offsets)
+    out = str(tmp_path / "m.json")
+    write_manifest([info], out)
+    assert read_manifest(out)[p].offsets == info.offsets
+    write_manifest(build_manifest([p]), out)
+    assert "offsets" not in json.load(open(out))["shards"][0]
+
+
+def test_offsets_must_match_the_count():
+    from dalistream.manifest import ShardInfo
+
+    with pytest.raises(ManifestError, match="2 offsets for 3 samples"):
+        ShardInfo("u", 3, 10, (0, 512))
+
+
+def test_stream_takes_offsets_from_the_manifest(tmp_path):
+    from dalistream import Stream
+
+    paths = key_shards(str(tmp_path / "d"), [3, 4])
+    with_offsets, without = str(tmp_path / "a.json"), str(tmp_path / "b.json")
+    write_manifest(build_manifest(paths, offsets=True), with_offsets)
+    write_manifest(build_manifest(paths), without)
+    kw = dict(fields={"key": "__key__"}, batch_size=2, workers=1, device="cpu")
+    stream = Stream.open(paths, manifest=with_offsets, **kw)
+    assert stream.counts == (3, 4) and [len(o) for o in stream.offsets] == [3, 4]
+    assert Stream.open(paths, manifest=without, **kw).offsets is None

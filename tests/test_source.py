@@ -112,3 +112,20 @@ def test_resume_at_step_k_equals_uninterrupted_run(tmp_path, shuffle, policy):
 
     steps = WorkerSource(config, paths, counts, 1).plan(2).steps
     check_resume(run_from, [1, steps // 2, steps - 1, steps])
+
+
+def test_resume_mid_shard_with_manifest_offsets_never_reads_the_consumed_part(tmp_path):
+    from dalistream.manifest import build_manifest
+
+    config, paths, counts = make(tmp_path, [30, 30], batch_size=2, workers=1, policy="exact")
+    infos = build_manifest(paths, offsets=True)
+    offsets = [i.offsets for i in infos]
+    full = [keys_of(b) for b in WorkerSource(config, paths, counts, 0, offsets=offsets).epoch_batches(0)]
+    first_shard = paths[WorkerSource(config, paths, counts, 0).plan(0).shards[0]]
+    with open(first_shard, "r+b") as f:  # destroy the first sample's header: only a seek gets past it
+        f.write(b"\xff" * 512)
+    k = 5  # 10 samples consumed: resume inside the first shard
+    resumed = [keys_of(b) for b in WorkerSource(config, paths, counts, 0, start_step=k, offsets=offsets).epoch_batches(0, k)]
+    assert resumed == full[k:]
+    with pytest.raises(Exception, match="not a tar|checksum"):  # without offsets the reader meets the damage
+        list(WorkerSource(config, paths, counts, 0, start_step=k).epoch_batches(0, k))
