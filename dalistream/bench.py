@@ -1,0 +1,348 @@
+"""``dalistream bench``: dalistream's throughput next to DALI's own reader and webdataset.
+
+::
+
+    dalistream bench /data/train-{0000..0015}.tar --workers 2 --batch-size 64 \\
+        --compare dali-native,webdataset --repeats 3
+    dalistream bench /data/*.tar --pipeline read-only --compare dali-native,webdataset
+    dalistream bench /data/*.tar --sweep workers=1,2,4 --plot notebooks/bench_workers.png
+    dalistream bench --merge-only --merge-workers 1,2,4,8 --batch-size 64
+
+Every measurement runs in a fresh process (:mod:`dalistream.benchpeers`) whose whole process
+tree is sampled from ``/proc`` (:mod:`dalistream.benchmon`). Runs alternate between the
+systems (dalistream, peer 1, peer 2, dalistream, …) so that drift on a shared machine hits all
+alike; figures are medians over ``--repeats``, ratios are dalistream / peer. Samples/s is the
+steady rate after the first batch; time to first batch counts from the start of the loader's
+construction (after ``import torch``, which a training script has done anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Sequence
+
+from .benchmon import watch
+from .cli import add_stream_args, storage_options
+from .errors import ConfigError, DalistreamError
+
+PEERS = ("dali-native", "webdataset")
+PIPELINES = ("classification_train", "read-only")
+METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "peak_rss_mb", "peak_pss_mb", "peak_shm_mb",
+           "cpu_ms_per_sample", "steady_cpu_ms_per_sample")
+SWEEPABLE = {"workers": "workers", "batch-size": "batch_size", "batch_size": "batch_size", "threads": "threads"}
+CHILD = "import sys; from dalistream.benchpeers import main; sys.exit(main(sys.argv[1:]))"
+# The default child is a script like a training script: torch imported at the top. DALI starts its
+# workers with spawn, which runs the parent's main script again in every worker (as __mp_main__):
+# that cost is part of what a user pays, so it is measured. --lean-main runs ``python -c`` instead.
+SCRIPT = """import torch  # a training script imports torch at the top
+import sys
+
+from dalistream.benchpeers import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``dalistream bench`` on the CLI's subparsers."""
+    p = subparsers.add_parser("bench", help="throughput, first-batch time and memory, next to DALI's reader and webdataset")
+    add_stream_args(p)
+    for action in p._actions:  # sources are optional with --merge-only
+        if action.dest == "sources":
+            action.nargs, action.required = "*", False
+    p.set_defaults(batch_size=64, func=run)
+    p.add_argument("--epochs", type=int, default=1, help="epochs per run (each system's own epochs)")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    p.add_argument("--pipeline", choices=PIPELINES, default="classification_train",
+                   help="decode + augment (random-resized-crop, flip, normalize), or read-only: bytes, no decode")
+    p.add_argument("--size", type=int, default=224, help="output image side (classification_train)")
+    p.add_argument("--threads", type=int, default=2, help="DALI num_threads for both DALI pipelines")
+    p.add_argument("--compare", default="", help=f"comma-separated peers: {','.join(PEERS)}")
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs per system")
+    p.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
+                   help="repeat the comparison over values of workers, batch-size or threads")
+    p.add_argument("--merge-only", action="store_true",
+                   help="measure the merge of W tiny sources (no data): ms per batch for --merge-workers")
+    p.add_argument("--merge-workers", default="1,2,4,8", help="W values for --merge-only")
+    p.add_argument("--merge-batches", type=int, default=200, help="timed batches per --merge-only run")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="with --sweep: plot samples/s against the swept value")
+    p.add_argument("--lean-main", action="store_true",
+                   help="run each measurement as `python -c` (no main script for DALI's spawned workers to import "
+                        "again) instead of a script that imports torch at the top, as training scripts do")
+    p.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
+    p.add_argument("--json", action="store_true", help="progress on stderr; the last stdout line is one JSON object")
+
+
+# -- running children ----------------------------------------------------------------------------
+
+def run_child(spec: Dict[str, Any], timeout: float, lean_main: bool = False) -> Dict[str, Any]:
+    """Run one measurement in a fresh process; its result with the tree's memory peaks and CPU."""
+    with tempfile.TemporaryDirectory(prefix="dalistream-bench-") as tmp, \
+            tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        spec_path = os.path.join(tmp, "spec.json")  # a file: shard lists can exceed argv limits
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        if lean_main:
+            cmd = [sys.executable, "-c", CHILD]
+        else:
+            script = os.path.join(tmp, "bench_child.py")
+            with open(script, "w") as f:
+                f.write(SCRIPT)
+            cmd = [sys.executable, script]
+        peaks = watch(cmd + [spec_path], stdout=out, stderr=err, timeout=timeout)
+        out.seek(0)
+        err.seek(0)
+        lines = [line for line in out.read().splitlines() if line.startswith("{")]
+        if peaks["returncode"] != 0 or not lines:
+            tail = err.read()[-3000:]
+            raise DalistreamError(f"bench run of {spec['system']} failed (exit {peaks['returncode']}):\n{tail}",
+                                  hint="run it alone with --repeats 1 to see the whole error")
+    result = json.loads(lines[-1])
+    result.update(peaks)
+    if result.get("samples"):
+        result["cpu_ms_per_sample"] = result["cpu_s"] / result["samples"] * 1000
+    return result
+
+
+def _local_size(url: str) -> Optional[int]:
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if "://" in path or path.startswith("pipe:"):
+        return None
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
+def _warm(urls: Sequence[str]) -> None:
+    """Read local shards once so that every run, the first included, finds them in the page cache."""
+    for url in urls:
+        if _local_size(url) is None:
+            continue
+        with open(url[len("file://"):] if url.startswith("file://") else url, "rb") as f:
+            while f.read(1 << 20):
+                pass
+
+
+def _median(runs: List[Dict[str, Any]], key: str) -> Optional[float]:
+    values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+    return statistics.median(values) if values else None
+
+
+def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Medians of every metric over the runs of one system, plus the individual samples/s."""
+    out = {key: _median(runs, key) for key in METRICS}
+    out["runs"] = len(runs)
+    out["samples_per_s_runs"] = [r.get("samples_per_s") for r in runs]
+    return out
+
+
+def ratios(ours: Dict[str, Any], peer: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """dalistream / peer for each metric (above 1: more throughput, or more time/memory)."""
+    return {k: (ours[k] / peer[k] if ours.get(k) and peer.get(k) else None) for k in METRICS}
+
+
+def compare(args: argparse.Namespace, urls: List[str], counts: List[int], base: Dict[str, Any],
+            systems: Sequence[str], log) -> Dict[str, Any]:
+    """Alternate runs of ``systems`` ``--repeats`` times; the report for one configuration."""
+    total_bytes = [_local_size(u) for u in urls]
+    bytes_per_sample = (sum(total_bytes) / sum(counts)) if None not in total_bytes and sum(counts) else None
+    runs: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
+    load_before = os.getloadavg()[0]
+    for repeat in range(args.repeats):
+        for system in systems:
+            spec = dict(base, system=system)
+            result = run_child(spec, args.timeout, args.lean_main)
+            if bytes_per_sample and result.get("samples_per_s"):
+                result["mb_per_s"] = result["samples_per_s"] * bytes_per_sample / 1e6
+            if base["pipeline"] == "read-only" and result.get("payload_mb_per_s"):
+                result["mb_per_s"] = result["payload_mb_per_s"]
+            runs[system].append(result)
+            log(f"  [{repeat + 1}/{args.repeats}] {system:16s} {_fmt(result.get('samples_per_s'), 8)} samples/s  "
+                f"first batch {_fmt(result.get('first_batch_s'), 6, 2)} s  peak RSS {_fmt(result.get('peak_rss_mb'), 6)} MB  "
+                f"PSS {_fmt(result.get('peak_pss_mb'), 6)} MB  CPU {_fmt(result.get('steady_cpu_ms_per_sample'), 5, 2)} ms/sample")
+    ours = summarize(runs["dalistream"])
+    report: Dict[str, Any] = {key: ours[key] for key in METRICS}
+    report.update(runs=ours["runs"], samples_per_s_runs=ours["samples_per_s_runs"], config={
+        k: base[k] for k in ("pipeline", "batch_size", "workers", "threads", "epochs", "size", "device")})
+    report["config"]["device"] = runs["dalistream"][-1].get("device", base["device"])  # resolved
+    report["config"].update(shards=len(urls), samples=sum(counts), shard_bytes_per_sample=bytes_per_sample,
+                            child="lean" if args.lean_main else "script", cpus=os.cpu_count(),
+                            loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)])
+    stats = runs["dalistream"][-1].get("stats")
+    if stats:
+        report["worker_stats"] = stats
+    peers = {}
+    for system in systems[1:]:
+        figures = summarize(runs[system])
+        figures["ratio"] = ratios(report, figures)
+        peers[system] = figures
+    if peers:
+        report["peers"] = peers
+    return report
+
+
+# -- text output ---------------------------------------------------------------------------------
+
+def _fmt(value: Any, width: int = 8, digits: int = 0) -> str:
+    return f"{value:{width}.{digits}f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
+
+
+def format_report(report: Dict[str, Any]) -> str:
+    """The medians table, ratios and dalistream's per-worker counters, as text."""
+    cols = [("samples/s", "samples_per_s", 0), ("MB/s", "mb_per_s", 1), ("1st batch s", "first_batch_s", 2),
+            ("RSS MB", "peak_rss_mb", 0), ("PSS MB", "peak_pss_mb", 0), ("shm MB", "peak_shm_mb", 1),
+            ("CPU ms/smp", "steady_cpu_ms_per_sample", 2)]
+    head = f"{'system':18s}" + "".join(f"{c[0]:>12s}" for c in cols)
+    lines = [head, "-" * len(head)]
+    c = report.get("config", {})
+    if "loadavg_1m" in c:
+        lines.insert(0, f"(medians of {report.get('runs')} runs; {c['cpus']} CPUs, load average "
+                        f"{c['loadavg_1m'][0]} before / {c['loadavg_1m'][1]} after: other load inflates wall times, "
+                        f"CPU ms/sample much less)")
+    rows = [("dalistream", report)] + list(report.get("peers", {}).items())
+    for name, fig in rows:
+        lines.append(f"{name:18s}" + "".join(_fmt(fig.get(key), 12, d) for _, key, d in cols))
+    for name, fig in report.get("peers", {}).items():
+        r = fig["ratio"]
+        if name == "sequential-read":
+            lines.append(f"dalistream delivers {_fmt(100 * (r['samples_per_s'] or 0), 5, 1)}% of the sample rate of a "
+                         "plain sequential read of the same files (the I/O limit)")
+            continue
+        lines.append(f"{'dalistream / ' + name:30s} throughput {_fmt(r['samples_per_s'], 5, 2)}x   first batch "
+                     f"{_fmt(r['first_batch_s'], 5, 2)}x   peak RSS {_fmt(r['peak_rss_mb'], 5, 2)}x   "
+                     f"CPU/sample {_fmt(r['steady_cpu_ms_per_sample'], 5, 2)}x")
+    stats = report.get("worker_stats")
+    if stats:
+        lines.append("dalistream workers (last run; counters include prefetched batches):")
+        for w in stats["workers"]:
+            wall = w.get("wall_s") or 0
+            share = f"{100 * w['read_s'] / wall:5.1f}%" if wall else "-"
+            lines.append(f"  worker {w['worker']}: {w['samples']} samples, {w['bytes'] / 1e6:.1f} MB read, "
+                         f"read+parse {w['read_s']:.2f} s of {wall:.2f} s alive ({share}); padded {w['padded']}")
+        lines.append("  (a low read+parse share means the workers wait on the pipeline: decode or the step is the limit)")
+    return "\n".join(lines)
+
+
+# -- entry point ---------------------------------------------------------------------------------
+
+def _parse_sweep(text: Optional[str]) -> Optional[tuple]:
+    if not text:
+        return None
+    name, _, values = text.partition("=")
+    key = SWEEPABLE.get(name.strip())
+    if key is None or not values:
+        raise ConfigError(f"--sweep {text!r}: expected workers=1,2,4, batch-size=32,64 or threads=1,2")
+    try:
+        return key, [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--sweep {text!r}: values must be integers") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """``dalistream bench``: run the measurements, print the table (and JSON, and the plot)."""
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else (lambda msg: print(msg, flush=True))
+    if args.merge_only:
+        from .benchmerge import run_merge_only
+
+        return run_merge_only(args, log)
+    if not args.sources:
+        raise ConfigError("dalistream bench needs shard sources (or --merge-only)")
+    from .manifest import shard_counts
+    from .shards import expand_sources
+
+    peers = [p.strip() for p in args.compare.split(",") if p.strip()]
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        raise ConfigError(f"--compare: unknown peers {unknown}; choose from {list(PEERS)}")
+    if args.repeats < 1 or args.epochs < 1:
+        raise ConfigError("--repeats and --epochs must be at least 1")
+    options = storage_options(args)
+    urls = expand_sources(args.sources, options)
+    cache_dir = os.environ.get("DALISTREAM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dalistream")
+    counts = shard_counts(urls, manifest=args.manifest, cache_dir=cache_dir, options=options)
+    _warm(urls)
+    systems = ["dalistream"] + peers + (["sequential-read"] if args.pipeline == "read-only" else [])
+    base = {"urls": urls, "counts": counts, "batch_size": args.batch_size, "workers": args.workers,
+            "threads": args.threads, "device": args.device, "seed": args.seed, "size": args.size,
+            "epochs": args.epochs, "pipeline": args.pipeline, "storage_options": options, "manifest": args.manifest,
+            # dalistream only (the peers read every shard in order, unshuffled)
+            "epoch": args.epoch, "shuffle": args.shuffle, "policy": args.policy,
+            "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error}
+    sweep = _parse_sweep(args.sweep)
+    if sweep is None:
+        log(f"bench: {len(urls)} shards, {sum(counts)} samples, batch {args.batch_size}, workers {args.workers}, "
+            f"{args.pipeline}, {args.repeats} alternating repeats of {', '.join(systems)}")
+        report = compare(args, urls, counts, base, systems, log)
+        log(format_report(report))
+    else:
+        key, values = sweep
+        points = []
+        for value in values:
+            log(f"bench: {key} = {value}")
+            point = compare(args, urls, counts, dict(base, **{key: value}), systems, log)
+            point["value"] = value
+            log(format_report(point))
+            points.append(point)
+        report = {"sweep": {"param": key, "points": points}}
+        log(format_sweep(key, points))
+        if args.plot:
+            plot_sweep(key, points, args.plot)
+            log(f"plot written to {args.plot}")
+    if args.json:
+        print(json.dumps(report), flush=True)
+    return 0
+
+
+def format_sweep(key: str, points: List[Dict[str, Any]]) -> str:
+    """One line per swept value: samples/s and peak memory of each system."""
+    names = ["dalistream"] + list(points[0].get("peers", {})) if points else []
+    lines = [f"{key:>10s} " + "".join(f"{n + ' sps':>24s}{'RSS MB':>8s}" for n in names)]
+    for point in points:
+        figs = [point] + [point["peers"][n] for n in names[1:]]
+        lines.append(f"{point['value']:>10d} " + "".join(
+            f"{_fmt(f.get('samples_per_s'), 24)}{_fmt(f.get('peak_rss_mb'), 8)}" for f in figs))
+    return "\n".join(lines)
+
+
+def plot_sweep(key: str, points: List[Dict[str, Any]], path: str) -> None:
+    """Plot median samples/s (bars: min–max over repeats) and steady CPU ms per sample against
+    the swept value (matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib", hint='pip install "dalistream[bench]"') from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["dalistream"] + [n for n in points[0].get("peers", {}) if n != "sequential-read"]  # off the scale
+    xs = [p["value"] for p in points]
+    fig, (ax, ax_cpu) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    for name in names:
+        figs = [p if name == "dalistream" else p["peers"][name] for p in points]
+        ys = [f.get("samples_per_s") or 0 for f in figs]
+        runs = [[v for v in f.get("samples_per_s_runs", []) if v] or [0] for f in figs]
+        err = [[y - min(r) for y, r in zip(ys, runs)], [max(r) - y for y, r in zip(ys, runs)]]
+        label = name + (" (no workers: same run at every x)" if name == "dali-native" and key == "workers" else "")
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+        ax_cpu.plot(xs, [f.get("steady_cpu_ms_per_sample") or 0 for f in figs], marker="o", label=name)
+    c = points[0]["config"]
+    fixed = ", ".join(f"{k.replace('_', ' ')} {c[k]}" for k in ("batch_size", "workers") if k != key)
+    for axis, ylabel in ((ax, "samples/s (median; bars min-max)"), (ax_cpu, "CPU ms per sample, whole process tree")):
+        axis.set_xlabel(key.replace("_", " "))
+        axis.set_ylabel(ylabel)
+        axis.set_xticks(xs)
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{c['pipeline']}, {fixed}, {c['device']} decode, {c['cpus']} cores, "
+                 f"{c.get('size', '')} px output", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
