@@ -20,12 +20,11 @@ import time
 from collections import Counter
 from typing import Any, Callable, Dict, Iterator, Optional
 
-import numpy as np
-
 from .errors import StateError
 from .diagnose import translate
 from .stream import Stream
-from .watchdog import stop_pipe, watched_run
+from .totorch import BufferPool, to_torch
+from .watchdog import spawn_without_main, stop_pipe, watched_run
 
 STATE_VERSION = 1
 log = logging.getLogger(__name__)
@@ -90,13 +89,15 @@ class Loader:
         stream = self.stream.at(self.epoch, self.step, stats_dir=self._stats_dir)
         pipe = self.pipeline_fn(stream, **self.pipeline_kwargs)
         try:
-            pipe.build()
+            with spawn_without_main(self.stream.config):
+                pipe.build()
         except Exception as e:
             self._pipe = pipe
             self._shutdown_pipe()
             raise translate(e, self.stream.config.rank) from None
         self._pipe = pipe
         self._outputs = pipe.dalistream_outputs
+        self._buffers = BufferPool()
         self._pipe_at = (self.epoch, self.step)
 
     def _run(self) -> Dict[str, Any]:
@@ -107,7 +108,7 @@ class Loader:
             if not isinstance(e, Exception):
                 raise
             raise translate(e, self.stream.config.rank, (self.stream, self.epoch, self.step)) from None
-        batch = _to_torch(self._outputs, outputs)
+        batch = to_torch(self._outputs, outputs, self._buffers)
         return self.transform(batch) if self.transform is not None else batch
 
     # -- state -------------------------------------------------------------------------------
@@ -231,33 +232,3 @@ class Loader:
         c = self.stream.config
         return (f"Loader(shards={len(self.stream.urls)}, batch_size={c.batch_size}, workers={c.workers}, "
                 f"rank={c.rank}/{c.world_size}, device={self.stream.device}, epoch={self.epoch}, step={self.step})")
-
-
-def _to_torch(names_kinds, outputs) -> Dict[str, Any]:
-    import torch
-    from nvidia.dali.plugin.pytorch.torch_utils import to_torch_tensor
-
-    batch: Dict[str, Any] = {}
-    mask = None
-    for (name, kind), tl in zip(names_kinds, outputs):
-        if name == "valid":
-            mask = np.array(tl.as_cpu().as_tensor() if hasattr(tl, "as_cpu") else tl.as_tensor(), dtype=bool)
-            continue
-        if kind in ("bytes", "text"):
-            tl = tl.as_cpu() if hasattr(tl, "as_cpu") else tl
-            values = [np.array(tl.at(i)).tobytes() for i in range(len(tl))]
-            batch[name] = [v.decode("utf-8") for v in values] if kind == "text" else values
-        elif tl.is_dense_tensor():
-            batch[name] = to_torch_tensor(tl.as_tensor(), copy=True)
-        else:
-            tl = tl.as_cpu() if hasattr(tl, "as_cpu") else tl
-            batch[name] = [torch.from_numpy(np.array(tl.at(i))) for i in range(len(tl))]
-    if mask is not None and not mask.all():
-        keep = np.flatnonzero(mask)
-        index = torch.from_numpy(keep)
-        for name, value in batch.items():
-            if isinstance(value, list):
-                batch[name] = [value[i] for i in keep]
-            else:
-                batch[name] = value.index_select(0, index.to(value.device))
-    return batch

@@ -1,4 +1,5 @@
-"""Running a DALI pipeline without hanging on a dead worker, and shutting it down in bounded time.
+"""DALI's worker processes: started without re-running the user's script, watched while a
+batch is awaited (no hang on a dead worker), shut down in bounded time.
 
 A DALI worker killed by a signal (the out-of-memory killer) can leave ``pipe.run()`` blocked for
 ever on a multiprocessing condition the dead process was waiting on. ``watched_run`` runs it on
@@ -8,13 +9,15 @@ down and kills what is left.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import queue
 import signal
 import threading
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 from .errors import WorkerError
 
@@ -177,3 +180,29 @@ def stop_pipe(pipe) -> None:
         if not isinstance(failure[0], Exception):
             raise failure[0]
         log.debug("error while shutting the pipeline down: %r", failure[0])
+
+
+@contextlib.contextmanager
+def spawn_without_main(config) -> Iterator[None]:
+    """While DALI starts its workers, keep ``spawn`` from re-running the user's script in each.
+
+    multiprocessing's spawn imports the main script (as ``__mp_main__``) in every child, so
+    that objects defined there can be unpickled: seconds of ``import torch`` and hundreds of MB
+    per worker. The workers only need dalistream's own source objects, so the re-import is
+    skipped — unless the config carries user callables (custom decoders, an ``on_error``
+    function), which may live in the main script.
+    """
+    main = sys.modules.get("__main__")
+    user_code = callable(config.on_error) or any(f.decoder is not None for f in config.fields)
+    if main is None or user_code:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        if "__spec__" not in saved:
+            main.__dict__.pop("__spec__", None)

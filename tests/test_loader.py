@@ -156,3 +156,14 @@ def test_rank_and_world_from_environment(shards):
     assert (stream.config.rank, stream.config.world_size) == (1, 2)
     assert dalistream.Stream.open(shards, fields={"key": "__key__"}, batch_size=4, workers=1, device="cpu",
                                   env={}).config.world_size == 1
+
+
+def test_batches_kept_by_the_user_are_never_overwritten(shards):
+    stream = open_stream(shards, 0, 1, 2, shuffle=5)
+    with Loader(stream) as loader:
+        kept = [(batch["key"], batch["label"]) for batch in loader]
+        reused = {batch["label"].data_ptr() for batch in loader}  # next epoch: buffers released each step
+    for keys, labels in kept:
+        expected = [(int(k[1:4]) * 1000 + int(k[5:])) % 7 for k in keys]
+        assert labels.tolist() == expected
+    assert len(reused) <= 3
