@@ -60,6 +60,14 @@ def emit(args: argparse.Namespace, payload: Any, text: Optional[str] = None) -> 
         print(text, flush=True)
 
 
+def progress_bar(args: argparse.Namespace, *, total: int, unit: str):
+    """A tqdm bar on stderr when it is a terminal and ``--json`` is off; a silent one otherwise."""
+    from tqdm import tqdm
+
+    show = sys.stderr.isatty() and not getattr(args, "json", False)
+    return tqdm(total=total, unit=unit, file=sys.stderr, disable=not show, dynamic_ncols=True, leave=False)
+
+
 # -- synth ---------------------------------------------------------------------------------------
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -133,7 +141,9 @@ def cmd_index(args: argparse.Namespace) -> int:
 
         infos, problems = scan_tolerant(urls, options=storage_options(args))
     else:
-        infos = build_manifest(urls, options=storage_options(args), offsets=args.offsets)
+        with progress_bar(args, total=len(urls), unit="shard") as bar:
+            infos = build_manifest(urls, options=storage_options(args), offsets=args.offsets,
+                                   progress=lambda info: bar.update(1))
     if args.output:
         write_manifest(infos, args.output, storage_options(args))
     payload = {"shards": [i.__dict__ for i in infos], "samples": sum(i.samples for i in infos), "output": args.output,
@@ -167,12 +177,15 @@ def cmd_keys(args: argparse.Namespace) -> int:
         else:
             loader.set_epoch(args.epoch)
         done = 0
+        bar = progress_bar(args, total=max(0, len(loader) - loader.step), unit="batch")
         for batch in (loader if args.stop_after != 0 else ()):
+            bar.update(1)
             print(json.dumps({"rank": stream.config.rank, "epoch": loader.epoch, "step": loader.step - 1,
                               "keys": batch["key"]}), flush=True)
             done += 1
             if args.stop_after is not None and done >= args.stop_after:
                 break
+        bar.close()
         if args.state_out:
             with open(args.state_out, "w") as f:
                 json.dump(loader.state_dict(), f)

@@ -25,7 +25,7 @@ import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ManifestError, SourceError, redact
 from .shards import is_remote
@@ -120,11 +120,17 @@ def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool, o
 def build_manifest(
     urls: Sequence[str], *, cache_dir: Optional[str] = None, options: Optional[Mapping[str, Any]] = None,
     lowercase: bool = False, threads: int = 8, offsets: bool = False,
+    progress: Optional[Callable[[ShardInfo], None]] = None,
 ) -> List[ShardInfo]:
     """Scan every shard (in parallel threads; cached when ``cache_dir`` is set); ``offsets``:
-    record each sample's tar offset too."""
+    record each sample's tar offset too; ``progress`` is called with each row as it is done."""
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
-        return list(pool.map(lambda u: _scan_cached(u, cache_dir, options, lowercase, offsets), urls))
+        rows = []
+        for info in pool.map(lambda u: _scan_cached(u, cache_dir, options, lowercase, offsets), urls):
+            rows.append(info)
+            if progress is not None:
+                progress(info)
+        return rows
 
 
 def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapping[str, Any]] = None) -> None:
