@@ -38,7 +38,7 @@ from dalistream.tario import iter_samples
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_SHARD = os.path.join(REPO, "..", "shared", "peer-data", "webdataset", "sample.tgz")
 BUCKET = "shards"
-FAKE_KEY_ID = "AKIAFAKEKEYID0000042"
+FAKE_KEY_ID = "TESTONLY-not-a-key-id-42"
 FAKE_SECRET = "fakeSecretDoNotPrint42"
 KEYS = {"key": "__key__"}
 
