@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .benchmon import watch
 from .cli import add_stream_args, storage_options
+from .stream import default_cache_dir
 from .errors import ConfigError, DalistreamError
 
 PEERS = ("dali-native", "webdataset")
@@ -265,8 +266,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--repeats and --epochs must be at least 1")
     options = storage_options(args)
     urls = expand_sources(args.sources, options)
-    cache_dir = os.environ.get("DALISTREAM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dalistream")
-    counts = shard_counts(urls, manifest=args.manifest, cache_dir=cache_dir, options=options)
+    counts = shard_counts(urls, manifest=args.manifest, cache_dir=default_cache_dir(os.environ), options=options)
     _warm(urls)
     systems = ["dalistream"] + peers + (["sequential-read"] if args.pipeline == "read-only" else [])
     base = {"urls": urls, "counts": counts, "batch_size": args.batch_size, "workers": args.workers,

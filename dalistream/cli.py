@@ -14,6 +14,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from .errors import DalistreamError
+from .stream import default_cache_dir
 
 log = logging.getLogger("dalistream")
 
@@ -60,12 +61,17 @@ def emit(args: argparse.Namespace, payload: Any, text: Optional[str] = None) -> 
         print(text, flush=True)
 
 
+def show_progress(args: argparse.Namespace) -> bool:
+    """Progress bars go to stderr when it is a terminal and ``--json`` is off, or with ``--progress``."""
+    return bool(getattr(args, "progress", False)) or (sys.stderr.isatty() and not getattr(args, "json", False))
+
+
 def progress_bar(args: argparse.Namespace, *, total: int, unit: str):
-    """A tqdm bar on stderr when it is a terminal and ``--json`` is off; a silent one otherwise."""
+    """A tqdm bar on stderr when :func:`show_progress` says so; a silent one otherwise."""
     from tqdm import tqdm
 
-    show = sys.stderr.isatty() and not getattr(args, "json", False)
-    return tqdm(total=total, unit=unit, file=sys.stderr, disable=not show, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, unit=unit, file=sys.stderr, disable=not show_progress(args), dynamic_ncols=True,
+                leave=False)
 
 
 # -- synth ---------------------------------------------------------------------------------------
@@ -95,12 +101,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     elif args.on_error == "skip" and not args.manifest:
         from .manifest import scan_tolerant
 
-        infos, problems = scan_tolerant(urls, options=storage_options(args), cache_dir=_cache_dir())
+        infos, problems = scan_tolerant(urls, options=storage_options(args), cache_dir=default_cache_dir(os.environ))
         for problem in problems:
             log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
         counts = [i.samples for i in infos]
     else:
-        counts = shard_counts(urls, manifest=args.manifest, options=storage_options(args), cache_dir=_cache_dir())
+        counts = shard_counts(urls, manifest=args.manifest, options=storage_options(args), cache_dir=default_cache_dir(os.environ))
     slots = slot_sizes(args.batch_size, args.workers)
     rows = []
     for r in range(args.world_size):
@@ -201,10 +207,6 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cache_dir() -> str:
-    return os.environ.get("DALISTREAM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dalistream")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dalistream", description="Stream WebDataset shards through DALI into PyTorch.")
     parser.add_argument("--log-level", default=os.environ.get("DALISTREAM_LOG", "WARNING"), help="logging level")
@@ -260,8 +262,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    if getattr(args, "world_size", 1) is None and args.command == "plan":
-        args.world_size = 1
     try:
         return int(args.func(args) or 0)
     except DalistreamError as e:

@@ -20,6 +20,7 @@ import time
 from collections import deque
 from typing import Any, Dict, List, Mapping, Optional
 
+from .cli import show_progress, storage_options
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -113,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
     for name in ("steps", "batch_size", "size", "workers", "classes"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-    show_bar = args.progress or (sys.stderr.isatty() and not args.json)
+    show_bar = show_progress(args)
     args.threads = torch_threads(args.threads, args.workers, os.environ)
-    storage = {k: v for k, v in (("endpoint_url", args.endpoint_url), ("profile", args.profile)) if v}
+    storage = storage_options(args)
     cleanup = None
     try:
         if args.data:

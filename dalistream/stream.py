@@ -45,6 +45,13 @@ def resolve_layout(rank: Optional[int], world_size: Optional[int], env: Mapping[
             int(world_size) if world_size is not None else (dist_world or 1))
 
 
+def default_cache_dir(env: Mapping[str, str]) -> str:
+    """Where scanned shard counts are cached: ``$DALISTREAM_CACHE``, else ``$XDG_CACHE_HOME/dalistream``,
+    else ``~/.cache/dalistream``."""
+    return env.get("DALISTREAM_CACHE") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "dalistream")
+
+
 def sources_digest(urls: Sequence[str]) -> str:
     """A short digest of the shard list (saved with the loader state, compared on load)."""
     return hashlib.sha256("\n".join(urls).encode()).hexdigest()[:16]
@@ -88,8 +95,7 @@ class Stream:
         rank, world_size = resolve_layout(rank, world_size, env)
         if device_id is None and "LOCAL_RANK" in env:
             device_id = int(env["LOCAL_RANK"])
-        options.setdefault("cache_dir", env.get("DALISTREAM_CACHE") or os.path.join(
-            env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "dalistream"))
+        options.setdefault("cache_dir", default_cache_dir(env))
         if isinstance(sources, (str, os.PathLike)):
             sources = [os.fspath(sources)]
         config = StreamConfig(sources=tuple(os.fspath(s) for s in sources), fields=fields, batch_size=batch_size,
