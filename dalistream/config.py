@@ -177,11 +177,6 @@ class StreamConfig:
                                     for k, v in self.storage_options.items()}
         return "StreamConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
-    @property
-    def global_workers(self) -> int:
-        """R × W: the number of shard owners in the whole job."""
-        return self.world_size * self.workers
-
     def replace(self, **changes: Any) -> "StreamConfig":
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

@@ -158,6 +158,11 @@ class WorkerSource:
         """
         c = self.config
         good = 0
+
+        def skip(error: DalistreamError, kind: str) -> None:
+            policy.handle(error.at(rank=c.rank, worker=self.worker), kind)
+            _flush_skips(stats)
+
         for item in _problem_first(self._raw(plan, keep, stats)):
             if item is _PASS_END:
                 if c.policy == "fixed" and not good:  # cycling over nothing would never end
@@ -171,20 +176,17 @@ class WorkerSource:
                 yield None
                 continue
             if isinstance(item, DalistreamError):  # per shard
-                policy.handle(item.at(rank=c.rank, worker=self.worker), "shards")
-                _flush_skips(stats)
+                skip(item, "shards")
                 continue
             error = item.get("__error__")  # per sample, found by the tar reader
             if error is not None:
-                policy.handle(error.at(rank=c.rank, worker=self.worker), "samples")
-                _flush_skips(stats)
+                skip(error, "samples")
                 continue
             stats.bytes += sum(len(v) for k, v in item.items() if v is not None and not k.startswith("__"))
             try:
                 value = self.decoder.decode(item)
             except SampleError as e:
-                policy.handle(e.at(rank=c.rank, worker=self.worker), "samples")
-                _flush_skips(stats)
+                skip(e, "samples")
                 continue
             if value is None:
                 policy.count("samples", "missing_field")

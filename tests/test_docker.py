@@ -405,7 +405,7 @@ def test_compose_runs_the_s3_path(compose):
     shards = " ".join(services["shards"]["command"])
     assert "dalistream synth /data/shards/train" in shards
     upload = " ".join(services["upload"]["command"])
-    assert f"mc mirror --overwrite /data/shards \"local/$BUCKET\"" in upload and services["upload"]["environment"]["BUCKET"] == bucket
+    assert "mc mirror --overwrite /data/shards \"local/$BUCKET\"" in upload and services["upload"]["environment"]["BUCKET"] == bucket
     command = services["trainer"]["command"]
     assert command[0] == "demo"
     assert command[command.index("--data") + 1] == f"s3://{bucket}/train/"

@@ -4,7 +4,7 @@ import io
 import numpy as np
 import pytest
 
-from dalistream.config import Field, parse_fields
+from dalistream.config import parse_fields
 from dalistream.errors import ConfigError, SampleError
 from dalistream.samples import ErrorPolicy, FieldDecoder, emitted_indices, shuffled
 
