@@ -10,6 +10,7 @@ another epoch, ``load_state_dict``).
 
 from __future__ import annotations
 
+import atexit
 import glob
 import json
 import logging
@@ -17,6 +18,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from collections import Counter
 from typing import Any, Callable, Dict, Iterator, Optional
 
@@ -28,6 +30,28 @@ from .watchdog import spawn_without_main, stop_pipe, watched_run
 
 STATE_VERSION = 1
 log = logging.getLogger(__name__)
+
+_open_loaders: "weakref.WeakSet[Loader]" = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _close_open_loaders() -> None:
+    # At exit, before the interpreter finalizes: a Loader still open (a script ended by Ctrl-C
+    # without `with`) is closed while threads can still be started. Left to ``__del__`` during
+    # finalization, the bounded shutdown could not start its helper thread.
+    for loader in list(_open_loaders):
+        try:
+            loader.close()
+        except Exception:  # noqa: BLE001 - at exit, the others still get closed
+            log.debug("closing a loader at exit failed", exc_info=True)
+
+
+def _track(loader: "Loader") -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_close_open_loaders)  # registered on first use, not at import
+        _atexit_registered = True
+    _open_loaders.add(loader)
 
 
 class Loader:
@@ -53,6 +77,7 @@ class Loader:
         self._pipe_at: Optional[tuple] = None
         self._stats_dir = tempfile.mkdtemp(prefix="dalistream-stats-")
         self._closed = False
+        _track(self)
 
     # -- iteration ---------------------------------------------------------------------------
 
@@ -211,6 +236,7 @@ class Loader:
         if self._closed:
             return
         self._closed = True
+        _open_loaders.discard(self)
         try:
             self._shutdown_pipe()
         finally:

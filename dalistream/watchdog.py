@@ -156,12 +156,15 @@ def stop_pipe(pipe) -> None:
             failure.append(e)
 
     thread = threading.Thread(target=shutdown, name="dalistream-shutdown", daemon=True)
-    try:
-        thread.start()
-    except RuntimeError:  # no new threads at interpreter exit: shut down in this one
+    if sys.is_finalizing():  # a new thread would never start (Thread.start() waits for ever)
         shutdown()
     else:
-        thread.join(_SHUTDOWN_S)
+        try:
+            thread.start()
+        except RuntimeError:  # no new threads at interpreter exit: shut down in this one
+            shutdown()
+        else:
+            thread.join(_SHUTDOWN_S)
     if thread.is_alive():
         log.warning("DALI did not shut down within %.0f s; killing its worker processes", _SHUTDOWN_S)
         observer = getattr(getattr(getattr(pipe, "_py_pool", None), "pool", None), "_observer", None)

@@ -116,6 +116,8 @@ SCRIPT = textwrap.dedent("""
         for i, batch in enumerate(loader):
             if i == 3:
                 print("running", flush=True)
+                if {raise_in_body!r} and sys.stdin.readline():  # the test's go-ahead
+                    raise KeyboardInterrupt  # lands outside the loader: it is closed at exit
 """)
 
 
@@ -135,13 +137,15 @@ def _shm_mapped(pids):
     return out
 
 
-@pytest.mark.parametrize("target", ["process", "group"])
+@pytest.mark.parametrize("target", ["process", "group", "loop-body"])
 def test_ctrl_c_leaves_no_processes_and_no_shared_memory(shards, tmp_path, target):
-    """SIGINT to the training process alone, or to its whole process group (a terminal's Ctrl-C)."""
+    """SIGINT to the training process alone, or to its whole process group (a terminal's Ctrl-C),
+    or a KeyboardInterrupt in the training step, outside the loader (the loader, never closed,
+    is then shut down at interpreter exit: this once hung in Thread.start())."""
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT.format(root=ROOT, shards=shards))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # its own process group
+    script.write_text(SCRIPT.format(root=ROOT, shards=shards, raise_in_body=target == "loop-body"))
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # its own process group
     try:
         assert proc.stdout.readline().strip() == "running", proc.stderr.read()
         tree = _processes(lambda pid, parent, group: group == proc.pid) | {proc.pid}
@@ -150,8 +154,11 @@ def test_ctrl_c_leaves_no_processes_and_no_shared_memory(shards, tmp_path, targe
         assert shm, "expected the multiprocessing semaphores of the DALI worker pool"
         if target == "group":
             os.killpg(proc.pid, signal.SIGINT)
-        else:
+        elif target == "process":
             os.kill(proc.pid, signal.SIGINT)
+        else:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
         proc.wait(60)
         assert "KeyboardInterrupt" in proc.stderr.read()
         deadline = time.monotonic() + 10
