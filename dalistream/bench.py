@@ -173,6 +173,7 @@ def compare(args: argparse.Namespace, urls: List[str], counts: List[int], base: 
     report.update(runs=ours["runs"], samples_per_s_runs=ours["samples_per_s_runs"], config={
         k: base[k] for k in ("pipeline", "batch_size", "workers", "threads", "epochs", "size", "device")})
     report["config"]["device"] = runs["dalistream"][-1].get("device", base["device"])  # resolved
+    report["config"]["start_method"] = runs["dalistream"][-1].get("start_method", base["start_method"])
     report["config"].update(shards=len(urls), samples=sum(counts), shard_bytes_per_sample=bytes_per_sample,
                             child="lean" if args.lean_main else "script", cpus=os.cpu_count(),
                             loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)])
@@ -271,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
     systems = ["dalistream"] + peers + (["sequential-read"] if args.pipeline == "read-only" else [])
     base = {"urls": urls, "counts": counts, "batch_size": args.batch_size, "workers": args.workers,
             "threads": args.threads, "device": args.device, "seed": args.seed, "size": args.size,
+            "start_method": args.start_method,
             "epochs": args.epochs, "pipeline": args.pipeline, "storage_options": options, "manifest": args.manifest,
             # dalistream only (the peers read every shard in order, unshuffled)
             "epoch": args.epoch, "shuffle": args.shuffle, "policy": args.policy,

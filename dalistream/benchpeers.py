@@ -111,6 +111,7 @@ def run_dalistream(spec: Dict[str, Any]) -> Dict[str, Any]:
     """dalistream's Loader; adds ``loader.stats()`` (per-worker counters) to the result."""
     t0 = time.perf_counter()
     import dalistream
+    from .watchdog import start_method
 
     read_only = spec["pipeline"] == "read-only"
     stream = dalistream.Stream.open(
@@ -118,7 +119,7 @@ def run_dalistream(spec: Dict[str, Any]) -> Dict[str, Any]:
         workers=spec["workers"], device=spec["device"], seed=spec["seed"], shuffle=spec.get("shuffle", 0),
         policy=spec.get("policy", "even"), batches_per_epoch=spec.get("batches_per_epoch"),
         on_error=spec.get("on_error", "raise"), storage_options=spec.get("storage_options") or {},
-        manifest=spec.get("manifest"),
+        manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"),
     )
     dali_kwargs = {"num_threads": spec["threads"]}
     if read_only:
@@ -136,6 +137,7 @@ def run_dalistream(spec: Dict[str, Any]) -> Dict[str, Any]:
         result = measure(batches(), count, t0)
         result["stats"] = loader.stats()
     result["device"] = stream.device
+    result["start_method"] = start_method(stream.start_method, stream.device)
     return result
 
 

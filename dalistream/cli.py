@@ -37,6 +37,8 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True) -> None:
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad samples/shards: stop, or count and skip")
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO, Ceph, R2, moto); default from AWS config")
     p.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
+    p.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
+                   help="how DALI starts its workers (auto: fork for CPU pipelines while CUDA is untouched)")
     if batch:
         p.add_argument("--batch-size", "-B", type=int, default=32)
         p.add_argument("--shuffle", type=int, default=0, help="per-worker sample shuffle buffer (0: off)")
@@ -174,7 +176,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         args.sources, fields={"key": "__key__"}, batch_size=args.batch_size, workers=args.workers,
         rank=args.rank, world_size=args.world_size, device="cpu", seed=args.seed, shuffle=args.shuffle,
         policy=args.policy, batches_per_epoch=args.batches_per_epoch, manifest=args.manifest,
-        on_error=args.on_error, storage_options=storage_options(args),
+        on_error=args.on_error, storage_options=storage_options(args), start_method=args.start_method,
     )
     with Loader(stream) as loader:
         if args.state_in:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .autograph import do_not_convert
 from .config import StreamConfig
 from .plan import slot_sizes
 from .source import WorkerSource
@@ -36,27 +37,26 @@ def merge(owner, branches: Sequence[Sequence]) -> list:
     """Select, for each batch position, the outputs of the branch that owns it.
 
     ``branches[w]`` is the tuple of data nodes of worker ``w``. Needs a pipeline built with
-    ``enable_conditionals=True``.
+    ``enable_conditionals=True``, and a caller that AutoGraph converts (the ``if`` below is on
+    data: AutoGraph turns it into DALI's split and merge).
     """
     result = list(branches[-1])
     for w in range(len(branches) - 2, -1, -1):
-        chosen = list(branches[w])
         if owner == w:
-            out = chosen
-        else:
-            out = result
-        result = out
+            result = list(branches[w])
     return result
 
 
+@do_not_convert
 def sharded_sources(
     config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], *, start_epoch: int = 0,
     start_step: int = 0, stats_dir: Optional[str] = None, offsets: Optional[Sequence[Sequence[int]]] = None,
-) -> Dict[str, object]:
-    """Create the W parallel sources and the merge; return ``{field name: node, "valid": node}``.
+) -> Tuple[Optional[object], List[Sequence]]:
+    """Create the W parallel sources; return ``(owner, branches)``: the owner index node (``None``
+    with one worker) and, per worker, its output nodes (the fields, then ``valid``).
 
     Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.pipeline`),
-    whose ``py_num_workers`` equals ``config.workers``.
+    whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge`.
     """
     from nvidia.dali import fn, types
 
@@ -74,10 +74,7 @@ def sharded_sources(
         )
         branches.append(nodes)
     if config.workers == 1:
-        merged = list(branches[0])
-    else:
-        owner = fn.external_source(source=OwnerIndex(config.batch_size, config.workers), batch=True,
-                                   dtype=types.INT32, name=f"{prefix}_owner")
-        merged = merge(owner, branches)
-    names = [f.name for f in config.fields] + ["valid"]
-    return dict(zip(names, merged))
+        return None, branches
+    owner = fn.external_source(source=OwnerIndex(config.batch_size, config.workers), batch=True,
+                               dtype=types.INT32, name=f"{prefix}_owner")
+    return owner, branches

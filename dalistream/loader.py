@@ -114,7 +114,7 @@ class Loader:
         stream = self.stream.at(self.epoch, self.step, stats_dir=self._stats_dir)
         pipe = self.pipeline_fn(stream, **self.pipeline_kwargs)
         try:
-            with spawn_without_main(self.stream.config):
+            with spawn_without_main(self.stream.config, pipe.dalistream_start_method):
                 pipe.build()
         except Exception as e:
             self._pipe = pipe

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
+from .autograph import converted, do_not_convert
 from .errors import ConfigError
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -50,6 +51,7 @@ def resolve_device(device: str = "auto", device_id: Optional[int] = None) -> Tup
     return "gpu", device_id
 
 
+@do_not_convert
 def _placeholder(device: str):
     from nvidia.dali import fn, types
 
@@ -57,6 +59,7 @@ def _placeholder(device: str):
     return image.gpu() if device == "gpu" else image
 
 
+@do_not_convert
 def decode_images(data, valid, device: str, *, random_crop: bool = False,
                   random_area: Sequence[float] = (0.08, 1.0),
                   random_aspect_ratio: Sequence[float] = (3 / 4, 4 / 3), padded: bool = True):
@@ -65,26 +68,38 @@ def decode_images(data, valid, device: str, *, random_crop: bool = False,
     ``random_crop`` fuses a random-resized-crop window into the decode (only the window is
     decoded). ``padded=False`` drops the guard conditional when the batch can hold no padding.
     """
-    from nvidia.dali import fn, types
-
-    backend = "mixed" if device == "gpu" else "cpu"
-
-    def decode(x):
-        if random_crop:
-            return fn.decoders.image_random_crop(x, device=backend, output_type=types.RGB,
-                                                 random_area=list(random_area),
-                                                 random_aspect_ratio=list(random_aspect_ratio), num_attempts=10)
-        return fn.decoders.image(x, device=backend, output_type=types.RGB)
-
+    crop = _crop_window(random_crop, random_area, random_aspect_ratio)
     if not padded:
-        return decode(data)
-    if valid == 1:
-        image = decode(data)
-    else:
-        image = _placeholder(device)
+        return _decode(data, device, crop)
+    return _decode_valid(data, valid, device, crop)
+
+
+@converted
+def _decode_valid(data, valid, device, crop):
+    image = _placeholder(device)
+    if valid == 1:  # on data: a DALI conditional
+        image = _decode(data, device, crop)
     return image
 
 
+@do_not_convert
+def _crop_window(random_crop: bool, area: Sequence[float], ratio: Sequence[float]) -> Optional[tuple]:
+    return (tuple(area), tuple(ratio)) if random_crop else None
+
+
+@do_not_convert
+def _decode(data, device: str, crop: Optional[tuple]):
+    from nvidia.dali import fn, types
+
+    backend = "mixed" if device == "gpu" else "cpu"
+    if crop is not None:
+        area, ratio = crop
+        return fn.decoders.image_random_crop(data, device=backend, output_type=types.RGB, random_area=list(area),
+                                             random_aspect_ratio=list(ratio), num_attempts=10)
+    return fn.decoders.image(data, device=backend, output_type=types.RGB)
+
+
+@do_not_convert
 def random_resized_crop(images, device: str, size: Sequence[int]):
     """Resize a random crop window (chosen at decode) to ``size`` = (height, width)."""
     from nvidia.dali import fn, types
@@ -93,6 +108,7 @@ def random_resized_crop(images, device: str, size: Sequence[int]):
                      antialias=False)
 
 
+@do_not_convert
 def resize_shorter(images, device: str, shorter: int):
     """Resize so the shorter side is ``shorter`` pixels, keeping the aspect ratio."""
     from nvidia.dali import fn, types
@@ -100,6 +116,7 @@ def resize_shorter(images, device: str, shorter: int):
     return fn.resize(images, device=device, resize_shorter=shorter, interp_type=types.INTERP_LINEAR)
 
 
+@do_not_convert
 def normalize(images, device: str, *, crop: Optional[Sequence[int]] = None, mirror=None,
               mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD, fp16: bool = False):
     """Centre-crop (optional), flip where ``mirror`` is 1, normalize, and lay out as ``CHW`` float."""
@@ -112,6 +129,7 @@ def normalize(images, device: str, *, crop: Optional[Sequence[int]] = None, mirr
                                     output_layout="CHW", mean=list(mean), std=list(std), **kwargs)
 
 
+@do_not_convert
 def coin_flip(probability: float = 0.5):
     """A per-sample 0/1 flag (for ``mirror``)."""
     from nvidia.dali import fn
@@ -119,6 +137,7 @@ def coin_flip(probability: float = 0.5):
     return fn.random.coin_flip(probability=probability)
 
 
+@do_not_convert
 def color_jitter(images, device: str, brightness: float = 0.4, contrast: float = 0.4, saturation: float = 0.4):
     """Random brightness, contrast and saturation, as torchvision's ColorJitter."""
     from nvidia.dali import fn
@@ -130,6 +149,7 @@ def color_jitter(images, device: str, brightness: float = 0.4, contrast: float =
     return fn.saturation(images, device=device, saturation=factor(saturation))
 
 
+@do_not_convert
 def to_device(node, device: str):
     """Move a CPU node to the GPU when the pipeline runs there (labels, masks)."""
     return node.gpu() if device == "gpu" else node

@@ -9,7 +9,7 @@
         images = ops.random_resized_crop(images, stream.device, (size, size))
         return {"image": ops.normalize(images, stream.device), "label": data["label"]}
 
-    pipe = train(stream)        # a built-ready nvidia.dali.Pipeline (batch size, workers, spawn, dill…)
+    pipe = train(stream)        # a built-ready nvidia.dali.Pipeline (batch size, workers, start method…)
 
 The pipeline function returns a dict of named outputs. Raw byte fields returned unchanged from
 :func:`read` (captions, keys) reach torch as ``bytes``/``str``; everything else as tensors. The
@@ -17,8 +17,9 @@ The pipeline function returns a dict of named outputs. Raw byte fields returned 
 a name an output may have. Between :func:`read` and the ``return`` any DALI op may be used (on
 ``stream.device``); ``if`` statements on data nodes work (conditionals are enabled).
 
-DALI's workers are started with ``spawn``: a script that builds a pipeline at top level needs the
-usual ``if __name__ == "__main__":`` guard.
+DALI's workers are forked for CPU pipelines while CUDA is untouched, and spawned otherwise
+(``Stream.open(..., start_method=...)``, see :func:`dalistream.watchdog.start_method`): a script
+that builds a pipeline at top level needs the usual ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -26,16 +27,21 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Dict, List, Optional
 
+from .autograph import converted, do_not_convert
 from .errors import ConfigError
+from .graph import merge
 from .stream import Stream
+from .watchdog import start_method
 
 # Set from the stream, never by the user: they must agree with the sharded sources.
 RESERVED = ("batch_size", "device_id", "py_num_workers", "py_start_method", "py_callback_pickler",
             "enable_conditionals")
 
 _building: List[dict] = []  # the graph under construction (pipelines are built one at a time)
+_merge = converted(merge)  # its `if` is on data; converted at first use, not at import
 
 
+@do_not_convert
 def read(stream: Stream) -> Dict[str, Any]:
     """Create the sharded parallel sources and their merge; return ``{field: node, "valid": node}``.
 
@@ -45,12 +51,14 @@ def read(stream: Stream) -> Dict[str, Any]:
 
     if not _building:
         raise RuntimeError("dalistream.read() must be called inside a @dalistream.pipeline_def function")
-    if _building[-1]["valid"] is not None:
+    ctx = _building[-1]
+    if ctx["valid"] is not None:
         raise ConfigError("dalistream.read() was called twice in one pipeline",
                           hint="call it once and use its nodes as often as needed")
-    nodes = sharded_sources(stream.config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
-                            start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets)
-    ctx = _building[-1]
+    owner, branches = sharded_sources(stream.config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
+                                      start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets)
+    merged = list(branches[0]) if owner is None else _merge(owner, branches)
+    nodes = dict(zip([f.name for f in stream.config.fields] + ["valid"], merged))
     for field in stream.config.fields:
         if field.kind in ("bytes", "meta"):
             ctx["raw"][id(nodes[field.name])] = "text" if field.kind == "meta" else "bytes"
@@ -61,7 +69,8 @@ def read(stream: Stream) -> Dict[str, Any]:
 def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
     """Decorate ``fn(stream, ...) -> {name: node}``; calling the result with a :class:`Stream`
     returns a DALI ``Pipeline`` set up the way sharded sources need it: ``batch_size`` and
-    ``py_num_workers`` from the stream, ``py_start_method="spawn"``, the ``dill`` pickler,
+    ``py_num_workers`` from the stream, ``py_start_method`` from the stream (``fork`` or ``spawn``
+    with the ``dill`` pickler),
     ``enable_conditionals=True``, ``device_id`` from the stream (``None`` on CPU). Other keyword
     arguments go to DALI's ``pipeline_def`` (``num_threads``, ``prefetch_queue_depth``, ``seed``, …),
     given here or when calling the decorated function; the remaining call arguments are the
@@ -91,31 +100,17 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
             raise ConfigError(f"{fn.__name__}: {reserved} are set from the stream and cannot be given")
         ctx: dict = {"raw": {}, "valid": None, "names": [], "kinds": []}
 
-        def graph():
-            outputs = fn(stream, *args, **kwargs)
-            if not isinstance(outputs, dict):
-                raise TypeError(f"{fn.__name__} must return a dict of named outputs, got {type(outputs).__name__}")
-            outputs = dict(outputs)
-            for name in outputs:
-                if not isinstance(name, str) or not name:
-                    raise ConfigError(f"{fn.__name__}: output names must be non-empty strings, got {name!r}")
-            if "valid" in outputs and outputs["valid"] is not ctx["valid"]:
-                raise ConfigError(f"{fn.__name__}: 'valid' is reserved for the padding mask; rename that output")
-            if ctx["valid"] is None:
-                raise ConfigError(f"{fn.__name__}: call dalistream.read(stream) in the pipeline function")
-            # always returned (not only when the stream can pad): the loader trims padding with
-            # it, and DALI warns about source outputs that nothing uses
-            outputs["valid"] = ctx["valid"]
-            ctx["names"] = list(outputs)
-            ctx["kinds"] = [ctx["raw"].get(id(node), "tensor") for node in outputs.values()]
-            return tuple(outputs.values())
+        def graph():  # the pipeline definition: DALI's AutoGraph converts it, so it stays tiny
+            return _check_outputs(fn, ctx, fn(stream, *args, **kwargs))
 
         graph.__name__ = fn.__name__
         decorated = dali_pipeline_def(graph, enable_conditionals=True)
+        method = start_method(stream.start_method, stream.device)
         _building.append(ctx)
         try:
             pipe = decorated(batch_size=c.batch_size, device_id=stream.device_id, py_num_workers=c.workers,
-                             py_start_method="spawn", py_callback_pickler=dill, **options)
+                             py_start_method=method, py_callback_pickler=dill if method == "spawn" else None,
+                             **options)
         except Exception as e:  # autograph wraps errors raised in the graph function: unwrap ours
             original = _dalistream_cause(e)
             if original is None:
@@ -124,10 +119,32 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
         finally:
             _building.pop()
         pipe.dalistream_outputs = list(zip(ctx["names"], ctx["kinds"]))
+        pipe.dalistream_start_method = method
         return pipe
 
     build.dalistream_pipeline = True  # type: ignore[attr-defined]
     return build
+
+
+@do_not_convert
+def _check_outputs(fn: Callable, ctx: dict, outputs: Any) -> tuple:
+    """Validate the pipeline function's named outputs, add ``valid``; the graph's output tuple."""
+    if not isinstance(outputs, dict):
+        raise TypeError(f"{fn.__name__} must return a dict of named outputs, got {type(outputs).__name__}")
+    outputs = dict(outputs)
+    for name in outputs:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{fn.__name__}: output names must be non-empty strings, got {name!r}")
+    if "valid" in outputs and outputs["valid"] is not ctx["valid"]:
+        raise ConfigError(f"{fn.__name__}: 'valid' is reserved for the padding mask; rename that output")
+    if ctx["valid"] is None:
+        raise ConfigError(f"{fn.__name__}: call dalistream.read(stream) in the pipeline function")
+    # always returned (not only when the stream can pad): the loader trims padding with it, and
+    # DALI warns about source outputs that nothing uses
+    outputs["valid"] = ctx["valid"]
+    ctx["names"] = list(outputs)
+    ctx["kinds"] = [ctx["raw"].get(id(node), "tensor") for node in outputs.values()]
+    return tuple(outputs.values())
 
 
 def _dalistream_cause(error: BaseException) -> Optional[BaseException]:

@@ -3,7 +3,8 @@
 :class:`WorkerSource` is the iterable given to ``fn.external_source(parallel=True, batch=True)``.
 Each ``next()`` returns one full-size batch per output in which only this worker's slot holds
 real samples; every other position holds the field's shared empty array (no per-slot Python
-work). The extra ``valid`` output marks real samples (1) and padding (0).
+work), or a zero in the dense array of a scalar field. The extra ``valid`` output marks real
+samples (1) and padding (0).
 
 Epochs: the loader builds sources with ``cycle="quiet"``; DALI's worker calls ``__iter__`` again
 right after our ``StopIteration``, so the worker's epoch is ``start_epoch`` plus the number of
@@ -18,7 +19,7 @@ import json
 import os
 import time
 from collections import Counter
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -29,8 +30,6 @@ from .samples import ErrorPolicy, FieldDecoder, emitted_indices, shuffle_seed, s
 from .streams import IOCounters, ShardSequence, open_shard
 from .tario import _read_failed, iter_samples
 
-ONE = np.ones((), np.uint8)
-ZERO = np.zeros((), np.uint8)
 STATS_INTERVAL_S = 0.5
 
 
@@ -75,7 +74,7 @@ class WorkerSource:
         self._skip = skip
         return self
 
-    def __next__(self) -> Tuple[List[np.ndarray], ...]:
+    def __next__(self) -> Tuple[Union[List[np.ndarray], np.ndarray], ...]:
         if self._gen is None:
             if self._iters == 0:
                 self.__iter__()
@@ -95,7 +94,7 @@ class WorkerSource:
         return worker_plan(self.counts, len(self.urls), c.seed, epoch, c.rank, c.world_size, c.workers,
                            self.worker, c.batch_size, c.policy, c.batches_per_epoch, c.shuffle_shards)
 
-    def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[List[np.ndarray], ...]]:
+    def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are skipped by
         tar header, never decoded."""
         c = self.config
@@ -117,7 +116,10 @@ class WorkerSource:
         stream = shuffled(self._decoded(plan, keep, policy, stats), c.shuffle, seed)
         stream = itertools.islice(stream, skip_count, None)
 
-        templates = [[f.empty] * c.batch_size for f in c.fields] + [[ZERO] * c.batch_size]
+        # scalar fields (labels) and ``valid`` travel as one dense array each: DALI's worker
+        # serializes a list sample by sample, an array in one piece
+        templates = [np.zeros(c.batch_size, f.dtype) if f.ndim == 0 else [f.empty] * c.batch_size
+                     for f in c.fields] + [np.zeros(c.batch_size, np.uint8)]
         lo = plan.offset
         for step in range(start_step, plan.steps):
             t0 = time.perf_counter()
@@ -135,7 +137,7 @@ class WorkerSource:
                 columns = list(zip(*chunk))
                 for out, column in zip(outputs, columns):
                     out[lo:lo + n] = column
-                outputs[-1][lo:lo + n] = [ONE] * n
+                outputs[-1][lo:lo + n] = 1
             stats.step = step + 1
             stats.samples += n
             stats.padded += plan.slot - n

@@ -20,6 +20,7 @@ from .manifest import lookup, read_manifest, scan_tolerant, shard_counts
 from .ops import resolve_device
 from .plan import check_layout, steps_per_epoch
 from .shards import expand_sources
+from .watchdog import START_METHODS
 
 log = logging.getLogger(__name__)
 
@@ -73,23 +74,26 @@ class Stream:
     start_step: int = 0
     stats_dir: Optional[str] = None
     offsets: Optional[Tuple[Tuple[int, ...], ...]] = None  # per shard, per sample (from a manifest)
+    start_method: str = "auto"  # how DALI starts its workers: auto, fork or spawn (see watchdog.start_method)
 
     def __repr__(self) -> str:  # URLs redacted: no credentials in logs
         shards = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
         return (f"Stream(config={self.config!r}, urls=[{shards}] ({len(self.urls)} shards), "
                 f"samples={sum(self.counts) if self.counts is not None else None}, device={self.device!r}, "
-                f"device_id={self.device_id!r}, start_epoch={self.start_epoch}, start_step={self.start_step})")
+                f"device_id={self.device_id!r}, start_method={self.start_method!r}, start_epoch={self.start_epoch}, start_step={self.start_step})")
 
     @classmethod
     def open(
         cls, sources: Any, *, fields: Any, batch_size: int, workers: int = 2, rank: Optional[int] = None,
         world_size: Optional[int] = None, device: str = "auto", device_id: Optional[int] = None,
-        env: Optional[Mapping[str, str]] = None, **options: Any,
+        start_method: str = "auto", env: Optional[Mapping[str, str]] = None, **options: Any,
     ) -> "Stream":
         """Resolve layout and device, list the shards and count their samples.
 
         ``options`` are :class:`~dalistream.config.StreamConfig` fields (``seed``, ``shuffle``,
         ``policy``, ``batches_per_epoch``, ``missing``, ``on_error``, ``manifest``, …).
+        ``start_method`` (``auto``, ``fork``, ``spawn``) is how DALI starts its worker processes:
+        ``auto`` forks CPU pipelines while CUDA is untouched, and spawns otherwise.
         """
         env = os.environ if env is None else env
         rank, world_size = resolve_layout(rank, world_size, env)
@@ -100,10 +104,11 @@ class Stream:
             sources = [os.fspath(sources)]
         config = StreamConfig(sources=tuple(os.fspath(s) for s in sources), fields=fields, batch_size=batch_size,
                               workers=workers, rank=rank, world_size=world_size, **options)
-        return cls.from_config(config, device=device, device_id=device_id)
+        return cls.from_config(config, device=device, device_id=device_id, start_method=start_method)
 
     @classmethod
-    def from_config(cls, config: StreamConfig, *, device: str = "auto", device_id: Optional[int] = None) -> "Stream":
+    def from_config(cls, config: StreamConfig, *, device: str = "auto", device_id: Optional[int] = None,
+                    start_method: str = "auto") -> "Stream":
         """List shards and count samples for an already built config."""
         urls = expand_sources(config.sources, config.storage_options)
         check_layout(len(urls), config.world_size, config.workers)
@@ -125,7 +130,9 @@ class Stream:
                 counts = tuple(shard_counts(urls, cache_dir=config.cache_dir, options=config.storage_options,
                                             lowercase=config.lowercase_ext))
         device, device_id = resolve_device(device, device_id)
-        return cls(config, tuple(urls), counts, device, device_id, offsets=offsets)
+        if start_method not in START_METHODS:
+            raise ConfigError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+        return cls(config, tuple(urls), counts, device, device_id, offsets=offsets, start_method=start_method)
 
     def steps(self, epoch: int) -> int:
         """Batches this rank yields in ``epoch``."""

@@ -65,6 +65,24 @@ def test_exact_policy_matrix(shards, R, W):
     assert sorted(keys) == sorted(all_keys())
 
 
+@pytest.mark.parametrize("policy", ["exact", "even"])
+def test_forked_and_spawned_workers_deliver_the_same_batches(shards, policy):
+    """CPU pipelines fork their workers by default; spawned ones (GPU, or CUDA already up) get the
+    sources by pickling: both deliver the same batches, resumed mid-epoch too."""
+    runs = {}
+    for method in ("fork", "spawn"):
+        stream = open_stream(shards, 1, 2, 2, shuffle=5, policy=policy, start_method=method)
+        with Loader(stream) as loader:
+            assert loader._pipe is None
+            epochs = [[b["key"] for b in loader] for _ in range(2)]
+            assert loader._pipe.dalistream_start_method == method
+            loader.load_state_dict({**loader.state_dict(), "loader": {"epoch": 0, "step": 2}})
+            resumed = [b["key"] for b in loader]
+        runs[method] = epochs, resumed
+    assert runs["fork"] == runs["spawn"]
+    assert runs["fork"][1] == runs["fork"][0][0][2:]
+
+
 def test_same_seed_same_order_other_seed_other_order(shards):
     a = run_epochs(open_stream(shards, 0, 1, 2, shuffle=4), 1)
     b = run_epochs(open_stream(shards, 0, 1, 2, shuffle=4), 1)

@@ -126,6 +126,39 @@ def test_user_pipeline_decodes_like_pil(odd):
     assert sorted(seen) == sorted(truth)  # every sample once, padding trimmed
 
 
+@dalistream.pipeline_def
+def by_parity(stream):
+    """A user's own `if` on data, with dalistream's ops (kept out of AutoGraph) in both branches."""
+    data = dalistream.read(stream)
+    if data["label"] % 2 == 0:  # the decode guard (an `if` of its own) nests in the user's
+        images = ops.decode_images(data["image"], data["valid"], stream.device, padded=stream.may_pad)
+        out = ops.normalize(ops.random_resized_crop(images, stream.device, (8, 8)), stream.device,
+                            mean=(0, 0, 0), std=(1, 1, 1))
+    else:
+        images = ops.decode_images(data["image"], data["valid"], stream.device, padded=stream.may_pad)
+        out = ops.normalize(ops.random_resized_crop(images, stream.device, (8, 8)), stream.device,
+                            mean=(255, 255, 255), std=(1, 1, 1))
+    return {"image": out, "label": data["label"]}
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_user_conditionals_around_dalistream_ops(odd, start_method):
+    shards, truth, cache = odd
+    stream = dalistream.Stream.open(shards, fields={"image": "jpg;png", "label": "cls"}, batch_size=8, workers=2,
+                                    device="cpu", policy="exact", cache_dir=cache, start_method=start_method)
+    labels = []
+    with dalistream.Loader(stream, by_parity) as loader:
+        for batch in loader:
+            for image, label in zip(batch["image"], batch["label"].tolist()):
+                assert tuple(image.shape) == (3, 8, 8)
+                if label % 2 == 0:
+                    assert float(image.min()) >= 0 and float(image.max()) > 0
+                else:
+                    assert float(image.max()) <= 0 and float(image.min()) < 0
+                labels.append(label)
+    assert sorted(labels) == sorted(fact["label"] for fact in truth.values())
+
+
 def test_pipeline_def_rejects_misuse(odd):
     shards, _, cache = odd
     stream = dalistream.Stream.open(shards, fields={"image": "jpg;png", "label": "cls"}, batch_size=4,
