@@ -68,7 +68,7 @@ def decode_images(data, valid, device: str, *, random_crop: bool = False,
     ``random_crop`` fuses a random-resized-crop window into the decode (only the window is
     decoded). ``padded=False`` drops the guard conditional when the batch can hold no padding.
     """
-    crop = _crop_window(random_crop, random_area, random_aspect_ratio)
+    crop = (tuple(random_area), tuple(random_aspect_ratio)) if random_crop else None
     if not padded:
         return _decode(data, device, crop)
     return _decode_valid(data, valid, device, crop)
@@ -80,11 +80,6 @@ def _decode_valid(data, valid, device, crop):
     if valid == 1:  # on data: a DALI conditional
         image = _decode(data, device, crop)
     return image
-
-
-@do_not_convert
-def _crop_window(random_crop: bool, area: Sequence[float], ratio: Sequence[float]) -> Optional[tuple]:
-    return (tuple(area), tuple(ratio)) if random_crop else None
 
 
 @do_not_convert

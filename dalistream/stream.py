@@ -20,7 +20,7 @@ from .manifest import lookup, read_manifest, scan_tolerant, shard_counts
 from .ops import resolve_device
 from .plan import check_layout, steps_per_epoch
 from .shards import expand_sources
-from .watchdog import START_METHODS
+from .watchdog import check_start_method
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,7 @@ class Stream:
                 counts = tuple(shard_counts(urls, cache_dir=config.cache_dir, options=config.storage_options,
                                             lowercase=config.lowercase_ext))
         device, device_id = resolve_device(device, device_id)
-        if start_method not in START_METHODS:
-            raise ConfigError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+        check_start_method(start_method)
         return cls(config, tuple(urls), counts, device, device_id, offsets=offsets, start_method=start_method)
 
     def steps(self, epoch: int) -> int:

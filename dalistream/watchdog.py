@@ -34,6 +34,12 @@ _SHUTDOWN_S = 10.0  # time DALI's own shutdown gets before the workers are kille
 START_METHODS = ("auto", "fork", "spawn")
 
 
+def check_start_method(requested: str) -> None:
+    """Raise :class:`ConfigError` unless ``requested`` is one of :data:`START_METHODS`."""
+    if requested not in START_METHODS:
+        raise ConfigError(f"start_method must be one of {START_METHODS}, got {requested!r}")
+
+
 def start_method(requested: str, device: str) -> str:
     """How DALI starts its worker processes: ``requested`` unless ``"auto"``.
 
@@ -42,8 +48,7 @@ def start_method(requested: str, device: str) -> str:
     DALI again (about a second of CPU per worker). A GPU pipeline, or any process that has
     touched CUDA, gets ``spawn``, since a forked CUDA context is unusable.
     """
-    if requested not in START_METHODS:
-        raise ConfigError(f"start_method must be one of {START_METHODS}, got {requested!r}")
+    check_start_method(requested)
     if requested != "auto":
         return requested
     if device != "cpu":
