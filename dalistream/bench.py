@@ -35,7 +35,8 @@ PEERS = ("dali-native", "webdataset")
 PIPELINES = ("classification_train", "read-only")
 METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "peak_rss_mb", "peak_pss_mb", "peak_shm_mb",
            "cpu_ms_per_sample", "steady_cpu_ms_per_sample")
-SWEEPABLE = {"workers": "workers", "batch-size": "batch_size", "batch_size": "batch_size", "threads": "threads"}
+SWEEPABLE = {"workers": "workers", "batch-size": "batch_size", "batch_size": "batch_size", "threads": "threads",
+             "shards": "shards"}  # shards=N: the first N shards of the sources (memory as the data set grows)
 CHILD = "import sys; from dalistream.benchpeers import main; sys.exit(main(sys.argv[1:]))"
 # The default child is a script like a training script: torch imported at the top. DALI starts its
 # workers with spawn, which runs the parent's main script again in every worker (as __mp_main__):
@@ -67,7 +68,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--compare", default="", help=f"comma-separated peers: {','.join(PEERS)}")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs per system")
     p.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
-                   help="repeat the comparison over values of workers, batch-size or threads")
+                   help="repeat the comparison over values of workers, batch-size, threads or shards "
+                        "(shards=16,160: the first N shards of the sources)")
     p.add_argument("--merge-only", action="store_true",
                    help="measure the merge of W tiny sources (no data): ms per batch for --merge-workers")
     p.add_argument("--merge-workers", default="1,2,4,8", help="W values for --merge-only")
@@ -121,6 +123,16 @@ def _local_size(url: str) -> Optional[int]:
         return None
 
 
+def _shard_size(url: str, options: Dict[str, Any]) -> Optional[int]:
+    """Bytes of one shard: a stat of a local file, a HEAD request for s3/http(s); None for pipes."""
+    size = _local_size(url)
+    if size is None and url.split("://", 1)[0] in ("s3", "http", "https"):
+        from .remote import stat_remote
+
+        size = stat_remote(url, options)[0]
+    return size
+
+
 def _warm(urls: Sequence[str]) -> None:
     """Read local shards once so that every run, the first included, finds them in the page cache."""
     for url in urls:
@@ -152,7 +164,7 @@ def ratios(ours: Dict[str, Any], peer: Dict[str, Any]) -> Dict[str, Optional[flo
 def compare(args: argparse.Namespace, urls: List[str], counts: List[int], base: Dict[str, Any],
             systems: Sequence[str], log) -> Dict[str, Any]:
     """Alternate runs of ``systems`` ``--repeats`` times; the report for one configuration."""
-    total_bytes = [_local_size(u) for u in urls]
+    total_bytes = [_shard_size(u, base["storage_options"]) for u in urls]
     bytes_per_sample = (sum(total_bytes) / sum(counts)) if None not in total_bytes and sum(counts) else None
     runs: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
     load_before = os.getloadavg()[0]
@@ -240,7 +252,7 @@ def _parse_sweep(text: Optional[str]) -> Optional[tuple]:
     name, _, values = text.partition("=")
     key = SWEEPABLE.get(name.strip())
     if key is None or not values:
-        raise ConfigError(f"--sweep {text!r}: expected workers=1,2,4, batch-size=32,64 or threads=1,2")
+        raise ConfigError(f"--sweep {text!r}: expected workers=1,2,4, batch-size=32,64, threads=1,2 or shards=16,160")
     try:
         return key, [int(v) for v in values.split(",") if v.strip()]
     except ValueError:
@@ -285,10 +297,17 @@ def run(args: argparse.Namespace) -> int:
         log(format_report(report))
     else:
         key, values = sweep
+        if key == "shards" and (min(values) < 1 or max(values) > len(urls)):
+            raise ConfigError(f"--sweep shards={args.sweep.partition('=')[2]}: the sources hold {len(urls)} shards",
+                              hint="sweep over 1 to that many shards, or list more sources")
         points = []
         for value in values:
             log(f"bench: {key} = {value}")
-            point = compare(args, urls, counts, dict(base, **{key: value}), systems, log)
+            if key == "shards":
+                point = compare(args, urls[:value], counts[:value], dict(base, urls=urls[:value], counts=counts[:value]),
+                                systems, log)
+            else:
+                point = compare(args, urls, counts, dict(base, **{key: value}), systems, log)
             point["value"] = value
             log(format_report(point))
             points.append(point)
@@ -305,11 +324,12 @@ def run(args: argparse.Namespace) -> int:
 def format_sweep(key: str, points: List[Dict[str, Any]]) -> str:
     """One line per swept value: samples/s and peak memory of each system."""
     names = ["dalistream"] + list(points[0].get("peers", {})) if points else []
-    lines = [f"{key:>10s} " + "".join(f"{n + ' sps':>24s}{'RSS MB':>8s}" for n in names)]
+    lines = [f"{key:>10s} " + "".join(f"{n + ' sps':>24s}{'RSS MB':>8s}{'PSS MB':>8s}" for n in names)]
     for point in points:
         figs = [point] + [point["peers"][n] for n in names[1:]]
         lines.append(f"{point['value']:>10d} " + "".join(
-            f"{_fmt(f.get('samples_per_s'), 24)}{_fmt(f.get('peak_rss_mb'), 8)}" for f in figs))
+            f"{_fmt(f.get('samples_per_s'), 24)}{_fmt(f.get('peak_rss_mb'), 8)}{_fmt(f.get('peak_pss_mb'), 8)}"
+            for f in figs))
     return "\n".join(lines)
 
 

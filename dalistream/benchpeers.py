@@ -243,6 +243,24 @@ def _raw(sample: Tuple[bytes, bytes]):
     return sample[0], int(sample[1])
 
 
+def _register_s3_gopen(options: Dict[str, Any]) -> None:
+    """Let webdataset open ``s3://`` URLs with one streaming boto3 GET per shard (its ``gopen``
+    has no S3 handler; users add one, or write ``pipe:aws s3 cp URL -``). The client is built
+    from the same storage options (endpoint, profile) as dalistream's; no read-ahead, no retries:
+    the plain thing a webdataset user writes."""
+    import webdataset.gopen  # noqa: F401  (the module; the package's ``gopen`` attribute is the function)
+
+    from .remote import remote_options, s3_client, split_s3
+
+    opts = remote_options(options)
+
+    def gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any):
+        bucket, key = split_s3(url)
+        return s3_client(opts).get_object(Bucket=bucket, Key=key)["Body"]  # a client per (forked) worker
+
+    sys.modules["webdataset.gopen"].gopen_schemes["s3"] = gopen_s3
+
+
 def run_webdataset(spec: Dict[str, Any]) -> Dict[str, Any]:
     """``webdataset.WebDataset`` in a ``DataLoader`` with ``workers`` processes (fork, persistent)."""
     t0 = time.perf_counter()
@@ -250,6 +268,7 @@ def run_webdataset(spec: Dict[str, Any]) -> Dict[str, Any]:
     import webdataset as wds
 
     read_only = spec["pipeline"] == "read-only"
+    _register_s3_gopen(spec.get("storage_options") or {})
     dataset = wds.WebDataset(list(spec["urls"]), shardshuffle=False, empty_check=False).to_tuple(IMAGE_EXTS, LABEL_EXTS)
     dataset = dataset.map(_raw if read_only else Augment(spec["size"], spec["seed"]))
     workers = spec["workers"]

@@ -1,4 +1,37 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))  # tests/helpers.py
+
+from helpers import free_port  # noqa: E402
+
+
+# -- a real S3 server (moto) for the modules that read s3:// -------------------------------------
+
+@pytest.fixture(scope="module")
+def aws_env():
+    """Test credentials for boto3's normal chain (also inherited by DALI's workers and by child
+    processes); any AWS_* settings of the machine are hidden for the module's duration."""
+    saved = dict(os.environ)
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            del os.environ[name]
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+                      AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint(aws_env):
+    """A moto S3 server in this process (a thread) on a free port of 127.0.0.1."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()

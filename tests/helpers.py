@@ -59,3 +59,12 @@ def check_resume(run_from, ks) -> None:
     full = run_from(0)
     for k in ks:
         assert run_from(k) == full[k:], f"resume at step {k} differs from the uninterrupted run"
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

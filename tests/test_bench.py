@@ -71,6 +71,41 @@ def test_read_only_sweep_and_plot(shards, tmp_path):
     assert plot.stat().st_size > 1000
 
 
+def test_compare_on_s3(shards, tmp_path, moto_endpoint):
+    """The same comparison with the shards in a real S3 server (moto): all three systems read
+    ``s3://`` (dalistream's streams, DALI's own S3 reader, webdataset through boto3)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=moto_endpoint)
+    client.create_bucket(Bucket="bench")
+    for name in sorted(os.listdir(shards)):
+        client.upload_file(os.path.join(shards, name), "bench", f"data/{name}")
+    os.environ["AWS_ENDPOINT_URL"] = moto_endpoint  # DALI's S3 reader and boto3's chain (aws_env restores)
+    report, proc = run_bench(tmp_path, "s3://bench/data/", "--workers", 2, "--batch-size", 16, "--size", 64,
+                             "--compare", "dali-native,webdataset", "--repeats", 1)
+    assert report["config"]["shards"] == 4 and report["config"]["samples"] == 160
+    positive(report, MAIN)
+    for peer in report["peers"].values():
+        positive(peer, MAIN)
+        positive(peer["ratio"], ("samples_per_s", "first_batch_s"))
+    assert sum(w["samples"] for w in report["worker_stats"]["workers"]) == 160
+    assert "testing" not in proc.stderr  # the credentials of aws_env
+
+
+def test_sweep_over_shards(shards, tmp_path):
+    report, _ = run_bench(tmp_path, shards, "--pipeline", "read-only", "--batch-size", 16, "--repeats", 1,
+                          "--compare", "dali-native", "--sweep", "shards=2,4", "--lean-main")
+    points = report["sweep"]["points"]
+    assert report["sweep"]["param"] == "shards" and [p["value"] for p in points] == [2, 4]
+    assert [p["config"]["shards"] for p in points] == [2, 4]
+    assert [p["config"]["samples"] for p in points] == [80, 160]
+    for point in points:
+        positive(point, ("samples_per_s", "peak_rss_mb", "peak_pss_mb"))
+        positive(point["peers"]["dali-native"], ("samples_per_s", "peak_rss_mb"))
+    with pytest.raises(AssertionError, match="hold 4 shards"):
+        run_bench(tmp_path, shards, "--repeats", 1, "--sweep", "shards=2,8")
+
+
 def test_merge_only(tmp_path):
     report, _ = run_bench(tmp_path, "--merge-only", "--merge-workers", "2", "--merge-batches", 10, "--repeats", 1,
                           "--batch-size", 8)
@@ -83,6 +118,7 @@ def test_merge_only(tmp_path):
 def test_helpers():
     assert bench._parse_sweep("workers=1,2,4") == ("workers", [1, 2, 4])
     assert bench._parse_sweep("batch-size=32,64") == ("batch_size", [32, 64])
+    assert bench._parse_sweep("shards=16,160") == ("shards", [16, 160])
     with pytest.raises(ConfigError):
         bench._parse_sweep("colour=1")
     ours = {"samples_per_s": 200.0, "first_batch_s": 1.0}

@@ -34,6 +34,7 @@ from dalistream.shards import expand_sources
 from dalistream.streams import IOCounters, ShardSequence
 from dalistream.synth import SynthSpec, write_dataset
 from dalistream.tario import iter_samples
+from helpers import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_SHARD = os.path.join(REPO, "..", "shared", "peer-data", "webdataset", "sample.tgz")
@@ -43,40 +44,6 @@ FAKE_SECRET = "fakeSecretDoNotPrint42"
 KEYS = {"key": "__key__"}
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# -- servers -----------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def aws_env():
-    """Test credentials for boto3's normal chain (also inherited by DALI's spawned workers)."""
-    saved = dict(os.environ)
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            del os.environ[name]
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
-                      AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint(aws_env):
-    """A moto S3 server in this process (a thread) on a free port of 127.0.0.1."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 def _write_wds_shards(directory: str, shards: int = 2, samples: int = 15) -> None:
