@@ -234,14 +234,28 @@ def format_report(report: Dict[str, Any]) -> str:
                      f"CPU/sample {_fmt(r['steady_cpu_ms_per_sample'], 5, 2)}x")
     stats = report.get("worker_stats")
     if stats:
-        lines.append("dalistream workers (last run; counters include prefetched batches):")
-        for w in stats["workers"]:
-            wall = w.get("wall_s") or 0
-            share = f"{100 * w['read_s'] / wall:5.1f}%" if wall else "-"
-            lines.append(f"  worker {w['worker']}: {w['samples']} samples, {w['bytes'] / 1e6:.1f} MB read, "
-                         f"read+parse {w['read_s']:.2f} s of {wall:.2f} s alive ({share}); padded {w['padded']}")
-        lines.append("  (a low read+parse share means the workers wait on the pipeline: decode or the step is the limit)")
+        lines.extend(_where_time_goes(stats))
     return "\n".join(lines)
+
+
+def _where_time_goes(stats: Dict[str, Any]) -> List[str]:
+    """dalistream's per-worker and loader counters of the last run, as text."""
+    lines = ["where dalistream's time went (last run; worker counters include prefetched batches):"]
+    for w in stats["workers"]:
+        wall = w.get("wall_s") or 0.0
+        io_wait, read, batch = w.get("io_wait_s", 0.0), w.get("read_s", 0.0), w.get("batch_s", 0.0)
+        idle = max(0.0, wall - read - batch)
+        pct = (lambda x: f"{100 * x / wall:4.0f}%") if wall else (lambda x: "   -")
+        lines.append(f"  worker {w['worker']}: {w['samples']} samples, {w['bytes'] / 1e6:.1f} MB read; of {wall:.2f} s: "
+                     f"I/O wait {pct(io_wait)}, parse {pct(read - io_wait)}, batching {pct(batch)}, idle {pct(idle)}; "
+                     f"padded {w['padded']}")
+    loop = stats.get("loader")
+    if loop and loop.get("batches"):
+        lines.append(f"  training loop: {loop['batches']} batches, waited {loop['wait_s']:.2f} s for them, "
+                     f"{loop['step_s']:.2f} s in its own steps")
+    lines.append("  (workers mostly idle: decode or the training step is the limit; I/O wait high: storage; "
+                 "parse high: add workers)")
+    return lines
 
 
 # -- entry point ---------------------------------------------------------------------------------

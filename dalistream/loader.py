@@ -76,6 +76,7 @@ class Loader:
         self._pipe = None
         self._pipe_at: Optional[tuple] = None
         self._stats_dir = tempfile.mkdtemp(prefix="dalistream-stats-")
+        self._timing = {"batches": 0, "wait_s": 0.0, "step_s": 0.0}  # see stats()
         self._closed = False
         _track(self)
 
@@ -98,11 +99,17 @@ class Loader:
             steps = len(self)
         if self._pipe is None or self._pipe_at != (self.epoch, self.step):
             self._build()
+        timing = self._timing
         while self.step < steps:
+            t0 = time.perf_counter()
             batch = self._run()
+            t1 = time.perf_counter()
+            timing["batches"] += 1
+            timing["wait_s"] += t1 - t0
             self.step += 1
             self._pipe_at = (self.epoch, self.step)
             yield batch
+            timing["step_s"] += time.perf_counter() - t1
         # the sources go straight on with the next epoch: the pipeline stays valid
         self.epoch, self.step = self.epoch + 1, 0
         self._pipe_at = (self.epoch, 0)
@@ -171,7 +178,11 @@ class Loader:
     # -- counters ----------------------------------------------------------------------------
 
     def stats(self, wait_s: float = 0.0) -> Dict[str, Any]:
-        """Per-worker counters (bytes read, samples, padding, skips, time reading) and their sums.
+        """Per-worker counters (bytes read, samples, padding, skips, where the time went) and their
+        sums, and the training loop's side under ``loader``: ``wait_s``, the time it waited for
+        batches (the input pipeline was the limit; the first includes the workers' start), and
+        ``step_s``, the time it spent between batches (its own step), over ``batches`` batches.
+        See :class:`dalistream.source._Stats` for the workers' times.
 
         Workers write their counters every ~0.5 s, soon after every skip, and when they finish an
         epoch. ``wait_s`` > 0 waits up to that long for every worker to have written counters up to
@@ -203,7 +214,7 @@ class Loader:
             for epoch, counts in w.get("skipped_by_epoch", {}).items():
                 by_epoch.setdefault(int(epoch), Counter()).update(counts)
         totals = {k: sum(w.get(k, 0) for w in workers) for k in ("samples", "padded", "bytes", "dropped")}
-        return {"workers": workers, **totals, **skip_totals(skipped),
+        return {"workers": workers, **totals, **skip_totals(skipped), "loader": dict(self._timing),
                 "by_epoch": {e: skip_totals(c) for e, c in sorted(by_epoch.items())}}
 
     def _workers_reached(self, workers) -> bool:

@@ -28,7 +28,7 @@ from .errors import DalistreamError, ManifestError, SampleError, ShardFormatErro
 from .plan import WorkerPlan, epoch_order, worker_plan
 from .samples import ErrorPolicy, FieldDecoder, emitted_indices, shuffle_seed, shuffled
 from .streams import IOCounters, ShardSequence, open_shard
-from .tario import _read_failed, iter_samples
+from .tario import ReadClock, _read_failed, iter_samples
 
 STATS_INTERVAL_S = 0.5
 
@@ -124,7 +124,8 @@ class WorkerSource:
         for step in range(start_step, plan.steps):
             t0 = time.perf_counter()
             chunk = [s for s in itertools.islice(stream, plan.slot)]
-            stats.read_s += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            stats.read_s += t1 - t0
             n = len(chunk)
             if n < plan.slot and c.policy == "even" and not sum(policy.skipped.values()):
                 raise ManifestError(
@@ -141,6 +142,7 @@ class WorkerSource:
             stats.step = step + 1
             stats.samples += n
             stats.padded += plan.slot - n
+            stats.batch_s += time.perf_counter() - t1
             stats.maybe_write()
             yield outputs
         if plan.samples is not None and c.policy == "even":
@@ -230,7 +232,7 @@ class WorkerSource:
                         for sample in iter_samples(
                             f, url, keep=lambda i: keep(base + i), want_ext=self.decoder.wants,
                             lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
-                            first_index=first,
+                            first_index=first, clock=stats.io_clock,
                         ):
                             ordinal += 1
                             yield sample if keep(ordinal - 1) else None
@@ -279,13 +281,19 @@ def _flush_skips(stats: "_Stats") -> None:
 
 class _Stats:
     """Per-worker counters since the pipeline started, written as a small JSON file that the
-    loader reads (throttled)."""
+    loader reads (throttled).
+
+    Times, in seconds: ``io_wait_s`` blocked reading shard bytes; ``read_s`` reading, parsing tar
+    and checking samples (includes ``io_wait_s``); ``batch_s`` assembling padded batches;
+    ``wall_s`` since the worker started. ``wall_s - read_s - batch_s`` is time the worker was
+    idle, its batches not yet taken: the pipeline (decode) or the training step is the limit."""
 
     def __init__(self, path: Optional[str], rank: int, worker: int) -> None:
         self.path = path
         self.rank, self.worker, self.epoch = rank, worker, 0
         self.step = self.samples = self.padded = self.bytes = self.dropped = 0
-        self.read_s = 0.0
+        self.read_s = self.batch_s = 0.0
+        self.io_clock = ReadClock()
         self.io = IOCounters()  # remote requests, retries, resumes of this worker
         self.skipped_by_epoch: Dict[int, Counter] = {}  # "samples:<reason>"/"shards:<reason>" -> n, per epoch
         self._last = 0.0
@@ -311,7 +319,8 @@ class _Stats:
         payload = {
             "rank": self.rank, "worker": self.worker, "epoch": self.epoch, "step": self.step,
             "samples": self.samples, "padded": self.padded, "bytes": self.bytes, "dropped": self.dropped,
-            "read_s": round(self.read_s, 6), "wall_s": round(time.perf_counter() - self._t0, 6),
+            "io_wait_s": round(self.io_clock.seconds, 6), "read_s": round(self.read_s, 6),
+            "batch_s": round(self.batch_s, 6), "wall_s": round(time.perf_counter() - self._t0, 6),
             "skipped": dict(self.skipped), "io": self.io.as_dict(),
             "skipped_by_epoch": {str(e): dict(c) for e, c in self.skipped_by_epoch.items() if c},
         }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import time
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
@@ -92,12 +93,23 @@ def _read_failed(error: BaseException, url: str) -> DalistreamError:
     return SourceError(f"read error ({text})", url=url, reason="read_error")
 
 
+class ReadClock:
+    """Seconds spent inside the stream's ``read`` calls: the time a reader was blocked on I/O
+    (for a remote stream, on its read-ahead)."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
 class _Reader:
     """Exact reads and skips over a stream, tracking the byte position."""
 
-    def __init__(self, stream: BinaryIO, url: str) -> None:
+    def __init__(self, stream: BinaryIO, url: str, clock: Optional[ReadClock] = None) -> None:
         self.stream = stream
         self.url = url
+        self.clock = clock
         self.pos = 0
         self.size: Optional[int] = None  # known for plain files: a seek past the end is a cut shard
         try:
@@ -110,6 +122,7 @@ class _Reader:
             self.seekable = False
 
     def read(self, n: int) -> bytes:
+        t0 = time.perf_counter() if self.clock is not None else 0.0
         try:
             data = self.stream.read(n)
             if len(data) < n:
@@ -126,6 +139,8 @@ class _Reader:
             raise
         except (OSError, EOFError, zlib.error) as e:
             raise _read_failed(e, self.url) from None
+        if self.clock is not None:
+            self.clock.seconds += time.perf_counter() - t0
         self.pos += len(data)
         return data
 
@@ -139,6 +154,7 @@ class _Reader:
             self.pos += n
             return n  # (for other streams, a short file shows up as a short read of the next header)
         left = n
+        t0 = time.perf_counter() if self.clock is not None else 0.0
         try:
             while left:
                 chunk = self.stream.read(min(left, 1 << 20))
@@ -149,13 +165,15 @@ class _Reader:
             raise
         except (OSError, EOFError, zlib.error) as e:
             raise _read_failed(e, self.url) from None
+        if self.clock is not None:
+            self.clock.seconds += time.perf_counter() - t0
         self.pos += n - left
         return n - left
 
 
 def iter_members(
     stream: BinaryIO, url: str, *, want: Callable[[str], bool] = lambda name: True,
-    max_member_bytes: int = 256 << 20, mark_errors: bool = False,
+    max_member_bytes: int = 256 << 20, mark_errors: bool = False, clock: Optional[ReadClock] = None,
 ) -> Iterator[Member]:
     """Yield the regular-file members of a tar stream; ``data`` is read only if ``want(name)``.
 
@@ -166,8 +184,9 @@ def iter_members(
     with ``mark_errors`` a :class:`Member` carrying the error whose data were skipped unread.
     With ``mark_errors`` a wanted member whose data are cut is also yielded, carrying its
     :class:`ShardFormatError`, as the last member (so the caller knows the member before it ended).
+    ``clock``, if given, accumulates the time spent waiting for the stream's bytes.
     """
-    reader = _Reader(stream, url)
+    reader = _Reader(stream, url, clock)
     long_name: Optional[str] = None
     pax: Dict[str, str] = {}
     first = True
@@ -299,6 +318,7 @@ def iter_samples(
     stream: BinaryIO, url: str, *, keep: Callable[[int], bool] = lambda index: True,
     want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False,
     max_member_bytes: int = 256 << 20, mark_errors: bool = False, first_index: int = 0,
+    clock: Optional[ReadClock] = None,
 ) -> Iterator[Sample]:
     """Group members into samples: dicts of ``ext -> bytes`` plus ``__key__``, ``__url__``,
     ``__index__`` (sample number in the shard) and ``__offset__`` (tar offset of its first member).
@@ -313,6 +333,7 @@ def iter_samples(
     other, with the error under ``"__error__"`` (its data may be incomplete), and the shard goes
     on. Problems of the stream itself (:class:`ShardFormatError`, :class:`SourceError`) always
     raise: nothing after them can be trusted. Keys are only ever used as strings, never as paths.
+    ``clock``, if given, accumulates the time spent waiting for the stream's bytes.
     """
     current: Optional[Sample] = None
     index = first_index - 1  # a stream opened at the offset of sample ``first_index``
@@ -332,7 +353,8 @@ def iter_samples(
             raise error
         current.setdefault("__error__", error)  # the first problem of a sample is the one reported
 
-    for member in iter_members(stream, url, want=want, max_member_bytes=max_member_bytes, mark_errors=mark_errors):
+    for member in iter_members(stream, url, want=want, max_member_bytes=max_member_bytes, mark_errors=mark_errors,
+                               clock=clock):
         key, ext = split_name(member.name, lowercase)
         if not ext:
             if isinstance(member.error, ShardFormatError):

@@ -2,6 +2,7 @@
 
 import itertools
 import os
+import time
 
 import pytest
 import torch
@@ -136,6 +137,21 @@ def test_batches_are_torch_tensors_and_stats_count(shards):
         list(loader)
         stats = loader.stats()
         assert len(stats["workers"]) == 2 and stats["samples"] >= B
+
+
+def test_stats_say_where_time_goes(shards):
+    with Loader(open_stream(shards, 0, 1, 2)) as loader:
+        n = 0
+        for _ in loader:
+            time.sleep(0.05)  # the training step
+            n += 1
+        stats = loader.stats(wait_s=10)
+    loop = stats["loader"]
+    assert loop["batches"] == n > 2
+    assert loop["step_s"] >= 0.05 * n and loop["wait_s"] > 0
+    for w in stats["workers"]:
+        assert 0 <= w["io_wait_s"] <= w["read_s"] and w["batch_s"] > 0
+        assert w["read_s"] + w["batch_s"] <= w["wall_s"]
 
 
 def _children():

@@ -6,7 +6,7 @@ import pytest
 
 from dalistream.errors import SampleError, ShardFormatError
 from dalistream.streams import open_shard
-from dalistream.tario import iter_members, iter_samples, split_name
+from dalistream.tario import ReadClock, iter_members, iter_samples, split_name
 
 from helpers import PEER_DATA, write_tar, write_wds
 
@@ -42,6 +42,35 @@ def test_webdataset_tarwriter_shards_group_into_samples(tmp_path):
     assert out[3]["cls"] == b"3" and out[3]["txt"] == b"caption 3" and out[3]["seg.png"] == b"\x89PNG\x03"
     assert all(s["__url__"] == path for s in out)
     assert [s["__index__"] for s in out] == list(range(5))
+
+
+class SlowStream(io.RawIOBase):
+    """A byte stream that takes ``delay`` seconds per read (a slow disk or network)."""
+
+    def __init__(self, data: bytes, delay: float) -> None:
+        self.inner, self.delay, self.reads = io.BytesIO(data), delay, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        import time
+
+        time.sleep(self.delay)
+        self.reads += 1
+        return self.inner.readinto(buffer)
+
+
+def test_read_clock_counts_time_blocked_on_the_stream(tmp_path):
+    path = write_wds(str(tmp_path / "w.tar"), [{"__key__": f"k{i}", "cls": b"1", "bin": bytes(3000)} for i in range(4)])
+    with open(path, "rb") as f:
+        data = f.read()
+    slow = SlowStream(data, delay=0.02)
+    clock = ReadClock()
+    out = list(iter_samples(slow, path, clock=clock))
+    assert len(out) == 4 and slow.reads >= 4
+    assert clock.seconds >= 0.02 * slow.reads * 0.9  # every read waited; parsing is not counted
+    assert samples_of(path) == out  # the clock changes nothing read
 
 
 def test_long_names_pax_and_gnu(tmp_path):
