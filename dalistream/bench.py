@@ -123,16 +123,6 @@ def _local_size(url: str) -> Optional[int]:
         return None
 
 
-def _shard_size(url: str, options: Dict[str, Any]) -> Optional[int]:
-    """Bytes of one shard: a stat of a local file, a HEAD request for s3/http(s); None for pipes."""
-    size = _local_size(url)
-    if size is None and url.split("://", 1)[0] in ("s3", "http", "https"):
-        from .remote import stat_remote
-
-        size = stat_remote(url, options)[0]
-    return size
-
-
 def _warm(urls: Sequence[str]) -> None:
     """Read local shards once so that every run, the first included, finds them in the page cache."""
     for url in urls:
@@ -161,11 +151,12 @@ def ratios(ours: Dict[str, Any], peer: Dict[str, Any]) -> Dict[str, Optional[flo
     return {k: (ours[k] / peer[k] if ours.get(k) and peer.get(k) else None) for k in METRICS}
 
 
-def compare(args: argparse.Namespace, urls: List[str], counts: List[int], base: Dict[str, Any],
+def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequence[int],
             systems: Sequence[str], log) -> Dict[str, Any]:
-    """Alternate runs of ``systems`` ``--repeats`` times; the report for one configuration."""
-    total_bytes = [_shard_size(u, base["storage_options"]) for u in urls]
-    bytes_per_sample = (sum(total_bytes) / sum(counts)) if None not in total_bytes and sum(counts) else None
+    """Alternate runs of ``systems`` ``--repeats`` times over ``base["urls"]`` (whose sizes are
+    ``shard_bytes``); the report for one configuration."""
+    urls, counts = base["urls"], base["counts"]
+    bytes_per_sample = sum(shard_bytes) / sum(counts) if sum(counts) else None
     runs: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
     load_before = os.getloadavg()[0]
     for repeat in range(args.repeats):
@@ -282,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         return run_merge_only(args, log)
     if not args.sources:
         raise ConfigError("dalistream bench needs shard sources (or --merge-only)")
-    from .manifest import shard_counts
+    from .manifest import shard_infos
     from .shards import expand_sources
 
     peers = [p.strip() for p in args.compare.split(",") if p.strip()]
@@ -293,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--repeats and --epochs must be at least 1")
     options = storage_options(args)
     urls = expand_sources(args.sources, options)
-    counts = shard_counts(urls, manifest=args.manifest, cache_dir=default_cache_dir(os.environ), options=options)
+    infos = shard_infos(urls, manifest=args.manifest, cache_dir=default_cache_dir(os.environ), options=options)
+    counts, shard_bytes = [i.samples for i in infos], [i.bytes for i in infos]
     _warm(urls)
     systems = ["dalistream"] + peers + (["sequential-read"] if args.pipeline == "read-only" else [])
     base = {"urls": urls, "counts": counts, "batch_size": args.batch_size, "workers": args.workers,
@@ -307,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     if sweep is None:
         log(f"bench: {len(urls)} shards, {sum(counts)} samples, batch {args.batch_size}, workers {args.workers}, "
             f"{args.pipeline}, {args.repeats} alternating repeats of {', '.join(systems)}")
-        report = compare(args, urls, counts, base, systems, log)
+        report = compare(args, base, shard_bytes, systems, log)
         log(format_report(report))
     else:
         key, values = sweep
@@ -318,10 +310,10 @@ def run(args: argparse.Namespace) -> int:
         for value in values:
             log(f"bench: {key} = {value}")
             if key == "shards":
-                point = compare(args, urls[:value], counts[:value], dict(base, urls=urls[:value], counts=counts[:value]),
+                point = compare(args, dict(base, urls=urls[:value], counts=counts[:value]), shard_bytes[:value],
                                 systems, log)
             else:
-                point = compare(args, urls, counts, dict(base, **{key: value}), systems, log)
+                point = compare(args, dict(base, **{key: value}), shard_bytes, systems, log)
             point["value"] = value
             log(format_report(point))
             points.append(point)

@@ -193,14 +193,23 @@ def lookup(urls: Sequence[str], table: Mapping[str, ShardInfo], manifest_path: s
     return counts
 
 
+def shard_infos(
+    urls: Sequence[str], *, manifest: Optional[str] = None, cache_dir: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
+) -> List[ShardInfo]:
+    """Every shard's row (sample count, size): from ``manifest`` if given, else a (cached) header scan."""
+    if manifest:
+        return lookup(urls, read_manifest(manifest, options), manifest)
+    return build_manifest(urls, cache_dir=cache_dir, options=options, lowercase=lowercase)
+
+
 def shard_counts(
     urls: Sequence[str], *, manifest: Optional[str] = None, cache_dir: Optional[str] = None,
     options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
 ) -> List[int]:
-    """Sample count of every shard: from ``manifest`` if given, else a (cached) header scan."""
-    if manifest:
-        return [i.samples for i in lookup(urls, read_manifest(manifest, options), manifest)]
-    return [i.samples for i in build_manifest(urls, cache_dir=cache_dir, options=options, lowercase=lowercase)]
+    """Sample count of every shard (see :func:`shard_infos`)."""
+    return [i.samples for i in shard_infos(urls, manifest=manifest, cache_dir=cache_dir, options=options,
+                                           lowercase=lowercase)]
 
 
 def scan_tolerant(

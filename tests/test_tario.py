@@ -1,6 +1,7 @@
 import io
 import os
 import tarfile
+import time
 
 import pytest
 
@@ -54,8 +55,6 @@ class SlowStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
-        import time
-
         time.sleep(self.delay)
         self.reads += 1
         return self.inner.readinto(buffer)
