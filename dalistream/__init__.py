@@ -8,8 +8,8 @@ from __future__ import annotations
 from .config import Field, StreamConfig
 from .errors import (ConfigError, DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError,
                      StateError, WorkerError)
+from .dali.pipeline import pipeline_def, raw_pipeline, read
 from .loader import Loader
-from .pipeline import pipeline_def, raw_pipeline, read
 from .stream import Stream
 
 __version__ = "0.1.0"

@@ -11,75 +11,21 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import List, Optional
 
 from .errors import DalistreamError
 from .stream import default_cache_dir
+from .tools import demo
+from .tools.args import add_stream_args, emit, progress_bar, storage_options
+from .tools.bench import runner as bench
 
 log = logging.getLogger("dalistream")
-
-# Commands living in their own modules register here: name -> "module:add_parser function".
-EXTERNAL_COMMANDS: Dict[str, str] = {
-    "bench": "dalistream.bench:add_parser",
-    "demo": "dalistream.demo:add_parser",
-}
-
-
-def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True) -> None:
-    """The options every data-reading command shares."""
-    p.add_argument("sources", nargs="+", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, s3://, http(s)://")
-    p.add_argument("--workers", "-W", type=int, default=2, help="DALI worker processes (shard owners) per rank")
-    p.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
-    p.add_argument("--world-size", type=int, default=None, help="number of ranks (default: WORLD_SIZE or 1)")
-    p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--manifest", default=None, help="manifest file with per-shard counts (from `dalistream index`)")
-    p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad samples/shards: stop, or count and skip")
-    p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO, Ceph, R2, moto); default from AWS config")
-    p.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
-    p.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
-                   help="how DALI starts its workers (auto: fork for CPU pipelines while CUDA is untouched)")
-    if batch:
-        p.add_argument("--batch-size", "-B", type=int, default=32)
-        p.add_argument("--shuffle", type=int, default=0, help="per-worker sample shuffle buffer (0: off)")
-        p.add_argument("--policy", choices=["even", "exact", "fixed"], default="even")
-        p.add_argument("--batches-per-epoch", type=int, default=None, help="with --policy fixed")
-
-
-def storage_options(args: argparse.Namespace) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    if getattr(args, "endpoint_url", None):
-        out["endpoint_url"] = args.endpoint_url
-    if getattr(args, "profile", None):
-        out["profile"] = args.profile
-    return out
-
-
-def emit(args: argparse.Namespace, payload: Any, text: Optional[str] = None) -> None:
-    """Print ``payload`` as one JSON line with --json, else ``text`` (or pretty JSON)."""
-    if getattr(args, "json", False) or text is None:
-        print(json.dumps(payload, sort_keys=False), flush=True)
-    else:
-        print(text, flush=True)
-
-
-def show_progress(args: argparse.Namespace) -> bool:
-    """Progress bars go to stderr when it is a terminal and ``--json`` is off, or with ``--progress``."""
-    return bool(getattr(args, "progress", False)) or (sys.stderr.isatty() and not getattr(args, "json", False))
-
-
-def progress_bar(args: argparse.Namespace, *, total: int, unit: str):
-    """A tqdm bar on stderr when :func:`show_progress` says so; a silent one otherwise."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit=unit, file=sys.stderr, disable=not show_progress(args), dynamic_ncols=True,
-                leave=False)
 
 
 # -- synth ---------------------------------------------------------------------------------------
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from .synth import SynthSpec, write_dataset
+    from .tools.synth import SynthSpec, write_dataset
 
     spec = SynthSpec(shards=args.shards, samples_per_shard=args.samples_per_shard, uneven=args.uneven,
                      seed=args.seed, classes=args.classes)
@@ -92,8 +38,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from .manifest import shard_counts
-    from .plan import owned_shards, slot_sizes, steps_per_epoch
-    from .shards import expand_sources
+    from .plan import Layout, Schedule, owned_shards, steps_per_epoch
+    from .sources import expand_sources
 
     urls = expand_sources(args.sources, storage_options(args))
     counts = None
@@ -109,13 +55,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         counts = [i.samples for i in infos]
     else:
         counts = shard_counts(urls, manifest=args.manifest, options=storage_options(args), cache_dir=default_cache_dir(os.environ))
-    slots = slot_sizes(args.batch_size, args.workers)
+    layout = Layout(args.world_size, args.workers, args.batch_size)
+    schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
+    slots = layout.slots
     rows = []
     for r in range(args.world_size):
-        steps = steps_per_epoch(counts, args.seed, args.epoch, r, args.world_size, args.workers, args.batch_size,
-                                args.policy, args.batches_per_epoch) if counts is not None or args.policy == "fixed" else None
+        steps = (steps_per_epoch(counts, layout, schedule, args.epoch, r)
+                 if counts is not None or args.policy == "fixed" else None)
         for w in range(args.workers):
-            owned = owned_shards(len(urls), args.seed, args.epoch, r, args.world_size, args.workers, w)
+            owned = owned_shards(len(urls), layout, schedule, args.epoch, r, w)
             rows.append({
                 "rank": r, "worker": w, "global_worker": r * args.workers + w, "slot": slots[w],
                 "shards": [urls[i] for i in owned],
@@ -140,7 +88,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_index(args: argparse.Namespace) -> int:
     from .manifest import build_manifest, write_manifest
-    from .shards import expand_sources
+    from .sources import expand_sources
 
     urls = expand_sources(args.sources, storage_options(args))
     problems: list = []
@@ -169,8 +117,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     from .loader import Loader
-    from .samples import skip_totals
     from .stream import Stream
+    from .worker import skip_totals
 
     stream = Stream.open(
         args.sources, fields={"key": "__key__"}, batch_size=args.batch_size, workers=args.workers,
@@ -249,13 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "holds the skip counters (without --json the stats go to stderr)")
     p.set_defaults(func=cmd_keys)
 
-    for name, target in EXTERNAL_COMMANDS.items():
-        module, _, func = target.partition(":")
-        try:
-            add: Callable = getattr(__import__(module, fromlist=[func]), func)
-        except ImportError:
-            continue
-        add(sub)
+    bench.add_parser(sub)
+    demo.add_parser(sub)
     return parser
 
 

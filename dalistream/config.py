@@ -15,12 +15,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .errors import ConfigError, redact
+from .plan.layout import POLICIES, Layout, Schedule
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm", "jp2"})
 INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id"})
 TEXT_EXTS = frozenset({"txt", "text", "json", "jsn", "caption"})
 META_EXTS = frozenset({"__key__", "__url__"})
-POLICIES = ("even", "exact", "fixed")
 MISSING = ("error", "skip", "empty")
 ON_ERROR = ("raise", "skip")
 
@@ -176,6 +176,16 @@ class StreamConfig:
         shown["storage_options"] = {k: ("***" if _secret(k) else redact(v) if isinstance(v, str) else v)
                                     for k, v in self.storage_options.items()}
         return "StreamConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    @property
+    def layout(self) -> Layout:
+        """Ranks, workers and batch size, as the plan takes them."""
+        return Layout(self.world_size, self.workers, self.batch_size)
+
+    @property
+    def schedule(self) -> Schedule:
+        """Seed and epoch policy, as the plan takes them."""
+        return Schedule(self.seed, self.policy, self.batches_per_epoch, self.shuffle_shards)
 
     def replace(self, **changes: Any) -> "StreamConfig":
         """A copy with some fields changed (validated again)."""

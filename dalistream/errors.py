@@ -78,9 +78,10 @@ class DalistreamError(Exception):
         self.hint = redact(hint) if hint else hint
         if reason is not None:
             self.reason = reason
-        super().__init__(self._render())
+        super().__init__(self.render())
 
-    def _render(self) -> str:
+    def render(self) -> str:
+        """The message with its place (shard, member, rank, worker) and hint, as shown to users."""
         where = []
         if self.url is not None:
             where.append(f"shard {self.url}")
@@ -108,7 +109,7 @@ class DalistreamError(Exception):
             self.rank = rank
         if self.worker is None and worker is not None:
             self.worker = worker
-        self.args = (self._render(),)
+        self.args = (self.render(),)
         if _in_subprocess():
             notes = [n for n in getattr(self, "__notes__", []) if not n.startswith(FIELDS_NOTE)]
             notes.append(FIELDS_NOTE + json.dumps(self.fields()))

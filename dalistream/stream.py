@@ -16,11 +16,10 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from .config import StreamConfig
 from .errors import ConfigError, redact
+from .device import check_start_method, resolve_device
 from .manifest import lookup, read_manifest, scan_tolerant, shard_counts
-from .ops import resolve_device
 from .plan import check_layout, steps_per_epoch
-from .shards import expand_sources
-from .watchdog import check_start_method
+from .sources import expand_sources
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +73,7 @@ class Stream:
     start_step: int = 0
     stats_dir: Optional[str] = None
     offsets: Optional[Tuple[Tuple[int, ...], ...]] = None  # per shard, per sample (from a manifest)
-    start_method: str = "auto"  # how DALI starts its workers: auto, fork or spawn (see watchdog.start_method)
+    start_method: str = "auto"  # how DALI starts its workers: auto, fork or spawn (see device.start_method)
 
     def __repr__(self) -> str:  # URLs redacted: no credentials in logs
         shards = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
@@ -111,7 +110,7 @@ class Stream:
                     start_method: str = "auto") -> "Stream":
         """List shards and count samples for an already built config."""
         urls = expand_sources(config.sources, config.storage_options)
-        check_layout(len(urls), config.world_size, config.workers)
+        check_layout(len(urls), config.layout)
         counts = offsets = None
         if config.manifest:
             infos = lookup(urls, read_manifest(config.manifest, config.storage_options), config.manifest)
@@ -136,8 +135,7 @@ class Stream:
     def steps(self, epoch: int) -> int:
         """Batches this rank yields in ``epoch``."""
         c = self.config
-        return steps_per_epoch(self.counts, c.seed, epoch, c.rank, c.world_size, c.workers, c.batch_size,
-                               c.policy, c.batches_per_epoch, c.shuffle_shards)
+        return steps_per_epoch(self.counts, c.layout, c.schedule, epoch, c.rank)
 
     def at(self, epoch: int, step: int = 0, stats_dir: Optional[str] = None) -> "Stream":
         """The same stream starting at (``epoch``, ``step``)."""

@@ -22,10 +22,10 @@ import dalistream
 from dalistream import Loader, Stream, ops
 from dalistream.config import StreamConfig
 from dalistream.errors import ConfigError, SampleError, ShardFormatError, SourceError
-from dalistream.samples import image_problem
-from dalistream.source import WorkerSource
-from dalistream.streams import open_shard
-from dalistream.tario import iter_members, iter_samples
+from dalistream.worker import image_problem
+from dalistream.worker import WorkerSource
+from dalistream.io import open_shard
+from dalistream.tar import iter_members, iter_samples
 
 from helpers import PEER_DATA, write_tar, write_wds
 
@@ -389,7 +389,7 @@ def test_loader_raise_on_a_shard_damaged_after_indexing(tmp_path):
     e = info.value
     assert (e.url, e.member, e.rank, e.worker, e.reason) == (paths[1], "s1/005.png", 0, 1, "truncated")
     assert "truncated tar: member data cut after" in str(e) and "re-write or re-upload" in str(e)
-    assert "Traceback (most recent call last)" in e.worker_traceback and "_raw" in e.worker_traceback
+    assert "Traceback (most recent call last)" in e.worker_traceback and "worker/reader.py" in e.worker_traceback
     assert any("DALI worker process" in note for note in e.__notes__)
     assert set(got) <= {f"s{i}/{j:03d}" for i in range(2) for j in range(12)}
 

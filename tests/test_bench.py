@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-from dalistream import bench, benchmon
+from dalistream.tools.bench import monitor as benchmon
+from dalistream.tools.bench import runner as bench
 from dalistream.errors import ConfigError
-from dalistream.synth import SynthSpec, write_dataset
+from dalistream.tools.synth import SynthSpec, write_dataset
 
 
 @pytest.fixture(scope="module")

@@ -79,7 +79,7 @@ def test_help_lists_every_command_with_a_purpose():
 
 
 def test_torch_threads_leave_cores_to_workers():
-    from dalistream.demo import torch_threads
+    from dalistream.tools.demo import torch_threads
 
     assert torch_threads(3, 2, {}) == 3
     assert torch_threads(None, 2, {"OMP_NUM_THREADS": "4"}) == 4

@@ -12,12 +12,12 @@ from dalistream import errors
 from dalistream.config import StreamConfig
 from dalistream.errors import (ConfigError, DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError,
                                StateError, WorkerError, redact)
-from dalistream.samples import ErrorPolicy, skip_totals
-from dalistream.source import WorkerSource
+from dalistream.worker import ErrorPolicy, skip_totals
+from dalistream.worker import WorkerSource
 
 from helpers import key_shards, write_tar
 
-from dalistream import diagnose
+from dalistream.dali import diagnose
 SECRET = "SECRETVALUE"
 SECRET_OPTIONS = {"aws_access_key_id": "AKIDSECRETVALUE", "aws_secret_access_key": SECRET,
                   "aws_session_token": "TOKEN" + SECRET, "endpoint_url": f"http://minio:{SECRET}@127.0.0.1:9"}

@@ -7,7 +7,7 @@ import pytest
 
 import dalistream
 from dalistream import ops
-from dalistream.synth import SynthSpec, write_dataset
+from dalistream.tools.synth import SynthSpec, write_dataset
 
 pytestmark = pytest.mark.skipif(ops.gpu_count() == 0, reason="no CUDA device visible to DALI")
 

@@ -9,6 +9,7 @@ import torch
 
 import dalistream
 from dalistream import Loader, Stream
+from dalistream.dali.pipeline import built
 from dalistream.errors import ConfigError, StateError
 
 from helpers import check_resume, key_shards, uneven_sizes
@@ -76,7 +77,7 @@ def test_forked_and_spawned_workers_deliver_the_same_batches(shards, policy):
         with Loader(stream) as loader:
             assert loader._pipe is None
             epochs = [[b["key"] for b in loader] for _ in range(2)]
-            assert loader._pipe.dalistream_start_method == method
+            assert built(loader._pipe).start_method == method
             loader.load_state_dict({**loader.state_dict(), "loader": {"epoch": 0, "step": 2}})
             resumed = [b["key"] for b in loader]
         runs[method] = epochs, resumed

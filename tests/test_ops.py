@@ -22,10 +22,11 @@ def test_library_ops_are_kept_out_of_autograph():
     called from."""
     from nvidia.dali._conditionals import _autograph
 
-    from dalistream import graph, pipeline
+    from dalistream.dali import graph, pipeline
+    from dalistream.dali import ops as dali_ops
 
     for fn in (ops.decode_images, ops.random_resized_crop, ops.resize_shorter, ops.normalize, ops.coin_flip,
                ops.color_jitter, ops.to_device, graph.sharded_sources, pipeline.read, pipeline._check_outputs,
-               ops._decode_valid, pipeline._merge):
+               dali_ops._decode_valid, pipeline._merge):
         assert _autograph.is_autograph_artifact(fn), fn.__name__
     assert not _autograph.is_autograph_artifact(graph.merge)

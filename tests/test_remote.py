@@ -1,6 +1,6 @@
 """S3 and HTTP(S) sources against real servers: moto in server mode and ``http.server``.
 
-Shards written by ``dalistream.synth``, by ``webdataset.TarWriter`` and a real peer shard
+Shards written by ``dalistream.tools.synth``, by ``webdataset.TarWriter`` and a real peer shard
 (``sample.tgz``) are uploaded to a moto S3 server on 127.0.0.1 and served over HTTP; keys read
 through ``s3://``/``http://`` must equal, in order, those read from the same files on disk.
 Faults come from a small TCP proxy between client and server that cuts connections after N
@@ -29,11 +29,12 @@ import dalistream
 from dalistream import cli
 from dalistream.errors import ConfigError, SourceError
 from dalistream.manifest import read_manifest, scan_shard
-from dalistream.remote import RemoteOptions, list_s3_prefix, open_remote, remote_options
-from dalistream.shards import expand_sources
-from dalistream.streams import IOCounters, ShardSequence
-from dalistream.synth import SynthSpec, write_dataset
-from dalistream.tario import iter_samples
+from dalistream.io.options import RemoteOptions, remote_options
+from dalistream.io.remote import open_remote
+from dalistream.sources import expand_sources
+from dalistream.io import IOCounters, ShardSequence
+from dalistream.tools.synth import SynthSpec, write_dataset
+from dalistream.tar import iter_samples
 from helpers import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -200,7 +201,7 @@ class FaultProxy:
 def local_keys(paths) -> list:
     keys = []
     for path in paths:
-        with dalistream.streams.open_shard(path) as f:
+        with dalistream.io.open_shard(path) as f:
             keys += [s["__key__"] for s in iter_samples(f, path, keep=lambda i: False)]
     return keys
 
@@ -220,7 +221,7 @@ def sequence_keys(urls, options) -> list:
 
 def reference_batches(stream, epoch: int) -> list:
     """Keys per batch computed without DALI from the workers' own iterables (local shards)."""
-    from dalistream.source import WorkerSource
+    from dalistream.worker import WorkerSource
 
     c = stream.config
     per_worker = [list(WorkerSource(c, stream.urls, stream.counts, w).epoch_batches(epoch)) for w in range(c.workers)]
@@ -509,10 +510,10 @@ def test_list_prefix_paginates_filters_and_sorts(dataset):
     for key in names[::-1]:
         backend.put_object(BUCKET, key, b"x")
     dataset["client"].put_object(Bucket=BUCKET, Key="many/part-00500.tar", Body=b"y")  # and one real PUT
-    urls = list_s3_prefix(f"s3://{BUCKET}/many/", dataset["opts"])
+    urls = expand_sources(f"s3://{BUCKET}/many/", dataset["opts"])
     assert urls == sorted(f"s3://{BUCKET}/{k}" for k in names if not k.endswith(".json"))
     with pytest.raises(SourceError, match="holds no"):
-        list_s3_prefix(f"s3://{BUCKET}/nothing-here/", dataset["opts"])
+        expand_sources(f"s3://{BUCKET}/nothing-here/", dataset["opts"])
 
 
 def test_brace_patterns_in_s3_keys(dataset):

@@ -6,7 +6,7 @@ import pytest
 
 from dalistream.config import parse_fields
 from dalistream.errors import ConfigError, SampleError
-from dalistream.samples import ErrorPolicy, FieldDecoder, emitted_indices, shuffled
+from dalistream.worker import ErrorPolicy, FieldDecoder, emitted_indices, shuffled
 
 
 def sample(**members):

@@ -3,7 +3,7 @@ import os
 import pytest
 
 from dalistream.errors import SourceError
-from dalistream.shards import expand_sources
+from dalistream.sources import expand_sources
 
 from helpers import key_shards
 

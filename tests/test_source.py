@@ -4,7 +4,7 @@ import pytest
 
 from dalistream.config import StreamConfig
 from dalistream.errors import ManifestError
-from dalistream.source import WorkerSource
+from dalistream.worker import WorkerSource
 
 from helpers import check_resume, key_shards
 

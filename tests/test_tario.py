@@ -6,8 +6,9 @@ import time
 import pytest
 
 from dalistream.errors import SampleError, ShardFormatError
-from dalistream.streams import open_shard
-from dalistream.tario import ReadClock, iter_members, iter_samples, split_name
+from dalistream.io import open_shard
+from dalistream.io import ReadClock
+from dalistream.tar import iter_members, iter_samples, split_name
 
 from helpers import PEER_DATA, write_tar, write_wds
 

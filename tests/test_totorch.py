@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from dalistream.totorch import BufferPool
+from dalistream.loader import BufferPool
 
 
 def test_a_released_buffer_is_reused():

@@ -1,0 +1,169 @@
+"""Every use of DALI's and torch's internals, in one place, each with its own test
+(``tests/dali/test_compat.py``). dalistream is pinned to DALI 2.4.x; :func:`check_versions`
+warns once when another version is found, naming the shims that may need a look.
+
+- AutoGraph: :func:`do_not_convert` marks a function the way ``nvidia.dali.pipeline.do_not_convert``
+  does (the ``autograph_info__`` attribute) without importing DALI; :func:`converted` applies the
+  converter DALI uses for pipeline definitions (``nvidia.dali._conditionals._autograph``).
+- Worker processes of a pipeline (``Pipeline._py_pool.pool._processes``), its shutdown
+  (``Pipeline._shutdown``, ``_py_pool.close``) and the pool's observer thread (``_observer``).
+- The CUDA state DALI's backend sees (``GetCUDADeviceCount``, ``IsDriverInitialized``).
+- DALI's torch helpers (``nvidia.dali.plugin.pytorch.torch_utils``) and torch's reference counts
+  of a tensor and its storage (``Tensor._use_count``, ``torch._C._storage_Use_Count``).
+- ``spawn`` without re-running the user's script: ``__main__.__spec__``/``__file__`` hidden while
+  DALI starts its workers (multiprocessing's spawn re-imports the main module from them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+import warnings
+from typing import Any, Callable, Iterator, List, TypeVar
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable)
+
+DALI_TESTED = "2.4."
+TORCH_MIN = (2, 4)
+_checked: List[bool] = []
+
+
+def check_versions() -> None:
+    """Warn (once per process) when DALI or torch is not a version these shims were tested with."""
+    if _checked:
+        return
+    _checked.append(True)
+    import nvidia.dali
+
+    if not nvidia.dali.__version__.startswith(DALI_TESTED):
+        warnings.warn(f"dalistream was tested with DALI {DALI_TESTED}x, found {nvidia.dali.__version__}: the "
+                      "shims in dalistream.dali.compat (AutoGraph, worker pool, shutdown) may need a look",
+                      RuntimeWarning, stacklevel=2)
+    try:
+        import torch
+    except ImportError:
+        return
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2] if p.isdigit())
+    if version < TORCH_MIN:
+        warnings.warn(f"dalistream needs torch >= {TORCH_MIN[0]}.{TORCH_MIN[1]}, found {torch.__version__}",
+                      RuntimeWarning, stacklevel=2)
+
+
+# -- AutoGraph ---------------------------------------------------------------------------------
+
+def do_not_convert(fn: F) -> F:
+    """Mark ``fn`` so DALI's AutoGraph calls it as it is (no rewrite of its ``if``s): what
+    ``nvidia.dali.pipeline.do_not_convert`` does, without importing DALI."""
+    fn.autograph_info__ = None  # type: ignore[attr-defined]
+    return fn
+
+
+def converted(fn: F) -> F:
+    """``fn`` as DALI's AutoGraph converts it, also when called from code it leaves alone (an
+    ``if`` on data inside ``fn`` becomes a DALI conditional). Converted at first call."""
+    state: dict = {}
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if "fn" not in state:
+            from nvidia.dali._conditionals import _autograph
+
+            state["fn"] = _autograph.convert(recursive=True, user_requested=True)(fn)
+        return state["fn"](*args, **kwargs)
+
+    return do_not_convert(call)  # type: ignore[return-value]
+
+
+# -- worker processes and shutdown ---------------------------------------------------------------
+
+def worker_processes(pipe: Any) -> list:
+    """The ``multiprocessing.Process`` objects of the pipeline's Python workers (empty if none)."""
+    pool = getattr(pipe, "_py_pool", None)
+    return list(getattr(getattr(pool, "pool", None), "_processes", None) or [])
+
+
+def shutdown(pipe: Any) -> None:
+    """DALI's own shutdown of the pipeline, then of its worker pool (may block on a dead worker's lock)."""
+    try:
+        pipe._shutdown()
+    finally:
+        pool = getattr(pipe, "_py_pool", None)
+        if pool is not None:
+            pool.close()
+
+
+def forget_observer(pipe: Any) -> None:
+    """Detach the worker pool's observer thread, whose ``close()`` would block again at exit after
+    a shutdown that did not finish."""
+    observer = getattr(getattr(getattr(pipe, "_py_pool", None), "pool", None), "_observer", None)
+    if observer is not None:
+        observer.thread = None
+
+
+# -- CUDA as DALI sees it -----------------------------------------------------------------------
+
+def cuda_device_count() -> int:
+    """Number of CUDA devices DALI can see (0 without a driver or without DALI); no torch import."""
+    try:
+        from nvidia.dali.backend import GetCUDADeviceCount
+    except ImportError:
+        return 0
+    try:
+        return int(GetCUDADeviceCount())
+    except Exception:  # no driver, no libcuda: CPU only
+        return 0
+
+
+def cuda_initialized() -> bool:
+    """True when CUDA's driver is initialized in this process (a forked child could not use it).
+    Unknown counts as initialized: the caller then takes the safe choice."""
+    try:
+        from nvidia.dali.backend import IsDriverInitialized
+
+        return bool(IsDriverInitialized())
+    except Exception:
+        return True
+
+
+# -- torch ----------------------------------------------------------------------------------------
+
+def torch_utils() -> Any:
+    """DALI's torch helpers module (``feed_ndarray``, ``to_torch_tensor``, ``to_torch_type``)."""
+    from nvidia.dali.plugin.pytorch import torch_utils as utils
+
+    return utils
+
+
+def only_reference(tensor: Any) -> bool:
+    """True when only a pool's list and the caller's loop variable refer to ``tensor`` (called
+    directly from that loop), and no other tensor, view, autograd record or NumPy array shares its
+    storage (CPython and torch reference counts)."""
+    import torch
+
+    return (sys.getrefcount(tensor) <= 4 and tensor._use_count() == 1
+            and torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) <= 2)
+
+
+# -- spawn ------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def main_hidden_from_spawn(hide: bool = True) -> Iterator[None]:
+    """While DALI starts its workers, keep ``spawn`` from re-running the user's script in each
+    (``__main__``'s ``__spec__`` and ``__file__`` hidden): seconds of ``import torch`` and
+    hundreds of MB per worker that dalistream's own source objects do not need."""
+    main = sys.modules.get("__main__")
+    if not hide or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        if "__spec__" not in saved:
+            main.__dict__.pop("__spec__", None)

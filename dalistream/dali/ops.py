@@ -1,0 +1,118 @@
+"""Device ops: decode and augment on the GPU when there is one, the same graph on the CPU otherwise.
+
+One switch, ``device`` (``"gpu"`` or ``"cpu"``, from :func:`resolve_device`), picks the backend of
+every op: the decoders run ``"mixed"`` (nvImageCodec, host bytes in, GPU images out) and the
+augmentations ``"gpu"``, or all of them ``"cpu"``. The graph is never written twice.
+
+Padding positions (``valid == 0``) never reach a decoder: decoding sits in a conditional whose
+else-branch emits a 1×1 black image, which later ops resize like any other and the torch side
+removes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .compat import converted, do_not_convert
+
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+@do_not_convert
+def _placeholder(device: str):
+    from nvidia.dali import fn, types
+
+    image = fn.reshape(fn.zeros(shape=[1, 1, 3], dtype=types.UINT8), layout="HWC")
+    return image.gpu() if device == "gpu" else image
+
+
+@do_not_convert
+def decode_images(data, valid, device: str, *, random_crop: bool = False,
+                  random_area: Sequence[float] = (0.08, 1.0),
+                  random_aspect_ratio: Sequence[float] = (3 / 4, 4 / 3), padded: bool = True):
+    """Decode encoded image bytes to RGB ``HWC`` ``uint8`` (grayscale, CMYK, PNG all to 3 channels).
+
+    ``random_crop`` fuses a random-resized-crop window into the decode (only the window is
+    decoded). ``padded=False`` drops the guard conditional when the batch can hold no padding.
+    """
+    crop = (tuple(random_area), tuple(random_aspect_ratio)) if random_crop else None
+    if not padded:
+        return _decode(data, device, crop)
+    return _decode_valid(data, valid, device, crop)
+
+
+@converted
+def _decode_valid(data, valid, device, crop):
+    image = _placeholder(device)
+    if valid == 1:  # on data: a DALI conditional
+        image = _decode(data, device, crop)
+    return image
+
+
+@do_not_convert
+def _decode(data, device: str, crop: Optional[tuple]):
+    from nvidia.dali import fn, types
+
+    backend = "mixed" if device == "gpu" else "cpu"
+    if crop is not None:
+        area, ratio = crop
+        return fn.decoders.image_random_crop(data, device=backend, output_type=types.RGB, random_area=list(area),
+                                             random_aspect_ratio=list(ratio), num_attempts=10)
+    return fn.decoders.image(data, device=backend, output_type=types.RGB)
+
+
+@do_not_convert
+def random_resized_crop(images, device: str, size: Sequence[int]):
+    """Resize a random crop window (chosen at decode) to ``size`` = (height, width)."""
+    from nvidia.dali import fn, types
+
+    return fn.resize(images, device=device, resize_y=size[0], resize_x=size[1], interp_type=types.INTERP_LINEAR,
+                     antialias=False)
+
+
+@do_not_convert
+def resize_shorter(images, device: str, shorter: int):
+    """Resize so the shorter side is ``shorter`` pixels, keeping the aspect ratio."""
+    from nvidia.dali import fn, types
+
+    return fn.resize(images, device=device, resize_shorter=shorter, interp_type=types.INTERP_LINEAR)
+
+
+@do_not_convert
+def normalize(images, device: str, *, crop: Optional[Sequence[int]] = None, mirror=None,
+              mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD, fp16: bool = False):
+    """Centre-crop (optional), flip where ``mirror`` is 1, normalize, and lay out as ``CHW`` float."""
+    from nvidia.dali import fn, types
+
+    kwargs = {"crop": list(crop)} if crop else {}
+    if mirror is not None:
+        kwargs["mirror"] = mirror
+    return fn.crop_mirror_normalize(images, device=device, dtype=types.FLOAT16 if fp16 else types.FLOAT,
+                                    output_layout="CHW", mean=list(mean), std=list(std), **kwargs)
+
+
+@do_not_convert
+def coin_flip(probability: float = 0.5):
+    """A per-sample 0/1 flag (for ``mirror``)."""
+    from nvidia.dali import fn
+
+    return fn.random.coin_flip(probability=probability)
+
+
+@do_not_convert
+def color_jitter(images, device: str, brightness: float = 0.4, contrast: float = 0.4, saturation: float = 0.4):
+    """Random brightness, contrast and saturation, as torchvision's ColorJitter."""
+    from nvidia.dali import fn
+
+    def factor(amount):
+        return fn.random.uniform(range=[max(0.0, 1 - amount), 1 + amount])
+
+    images = fn.brightness_contrast(images, device=device, brightness=factor(brightness), contrast=factor(contrast))
+    return fn.saturation(images, device=device, saturation=factor(saturation))
+
+
+@do_not_convert
+def to_device(node, device: str):
+    """Move a CPU node to the GPU when the pipeline runs there (labels, masks)."""
+    return node.gpu() if device == "gpu" else node

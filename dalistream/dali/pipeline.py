@@ -1,0 +1,189 @@
+"""``@pipeline_def`` helpers: write a DALI pipeline around dalistream's sharded sources.
+
+::
+
+    @dalistream.pipeline_def
+    def train(stream, size=224):
+        data = dalistream.read(stream)                     # {"image": ..., "label": ..., "valid": ...}
+        images = ops.decode_images(data["image"], data["valid"], stream.device, random_crop=True)
+        images = ops.random_resized_crop(images, stream.device, (size, size))
+        return {"image": ops.normalize(images, stream.device), "label": data["label"]}
+
+    pipe = train(stream)        # a built-ready nvidia.dali.Pipeline (batch size, workers, start method…)
+
+The pipeline function returns a dict of named outputs. Raw byte fields returned unchanged from
+:func:`read` (captions, keys) reach torch as ``bytes``/``str``; everything else as tensors. The
+``valid`` mask is added automatically, so the loader can trim padding; ``"valid"`` is therefore not
+a name an output may have. Between :func:`read` and the ``return`` any DALI op may be used (on
+``stream.device``); ``if`` statements on data nodes work (conditionals are enabled).
+
+DALI's workers are forked for CPU pipelines while CUDA is untouched, and spawned otherwise
+(``Stream.open(..., start_method=...)``, see :func:`dalistream.watchdog.start_method`): a script
+that builds a pipeline at top level needs the usual ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+from ..device import start_method
+from ..errors import ConfigError, DalistreamError
+from ..plan import seeds
+from .compat import check_versions, converted, do_not_convert
+from .graph import merge, sharded_sources
+
+if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
+    from ..stream import Stream
+
+# Set from the stream, never by the user: they must agree with the sharded sources.
+RESERVED = ("batch_size", "device_id", "py_num_workers", "py_start_method", "py_callback_pickler",
+            "enable_conditionals")
+
+_building: List[dict] = []  # the graph under construction (pipelines are built one at a time)
+
+
+@dataclass(frozen=True)
+class Built:
+    """What dalistream knows of a pipeline it built: its outputs as ``(name, kind)`` pairs (kind
+    ``"tensor"``, ``"bytes"`` or ``"text"``) and how DALI starts its workers."""
+
+    outputs: Tuple[Tuple[str, str], ...]
+    start_method: str
+
+
+_built: "weakref.WeakKeyDictionary[Any, Built]" = weakref.WeakKeyDictionary()
+
+
+def built(pipe: Any) -> Built:
+    """The :class:`Built` record of a pipeline made by a :func:`pipeline_def` function."""
+    try:
+        return _built[pipe]
+    except (KeyError, TypeError):
+        raise ConfigError("this pipeline was not made by a @dalistream.pipeline_def function",
+                          hint="decorate the pipeline function with dalistream.pipeline_def") from None
+_merge = converted(merge)  # its `if` is on data; converted at first use, not at import
+
+
+@do_not_convert
+def read(stream: "Stream") -> Dict[str, Any]:
+    """Create the sharded parallel sources and their merge; return ``{field: node, "valid": node}``.
+
+    Call it inside a function decorated with :func:`pipeline_def`.
+    """
+    if not _building:
+        raise RuntimeError("dalistream.read() must be called inside a @dalistream.pipeline_def function")
+    ctx = _building[-1]
+    if ctx["valid"] is not None:
+        raise ConfigError("dalistream.read() was called twice in one pipeline",
+                          hint="call it once and use its nodes as often as needed")
+    owner, branches = sharded_sources(stream.config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
+                                      start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets)
+    merged = list(branches[0]) if owner is None else _merge(owner, branches)
+    nodes = dict(zip([f.name for f in stream.config.fields] + ["valid"], merged))
+    for field in stream.config.fields:
+        if field.kind in ("bytes", "meta"):
+            ctx["raw"][id(nodes[field.name])] = "text" if field.kind == "meta" else "bytes"
+    ctx["valid"] = nodes["valid"]
+    return nodes
+
+
+def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
+    """Decorate ``fn(stream, ...) -> {name: node}``; calling the result with a :class:`Stream`
+    returns a DALI ``Pipeline`` set up the way sharded sources need it: ``batch_size`` and
+    ``py_num_workers`` from the stream, ``py_start_method`` from the stream (``fork`` or ``spawn``
+    with the ``dill`` pickler),
+    ``enable_conditionals=True``, ``device_id`` from the stream (``None`` on CPU). Other keyword
+    arguments go to DALI's ``pipeline_def`` (``num_threads``, ``prefetch_queue_depth``, ``seed``, …),
+    given here or when calling the decorated function; the remaining call arguments are the
+    pipeline's own (``train(stream, size=160)``).
+    """
+    if fn is None:
+        return functools.partial(pipeline_def, **dali_kwargs)
+    reserved = sorted(set(dali_kwargs) & set(RESERVED))
+    if reserved:
+        raise ConfigError(f"@pipeline_def: {reserved} are set from the stream and cannot be given",
+                          hint="set batch size, workers and device when opening the Stream")
+
+    @functools.wraps(fn)
+    def build(stream: "Stream", *args: Any, **kwargs: Any):
+        import dill
+        from nvidia.dali import pipeline_def as dali_pipeline_def
+
+        check_versions()
+
+        c = stream.config
+        seed = seeds.pipeline(c.seed, c.rank, stream.start_epoch, stream.start_step)
+        options = dict(num_threads=2, prefetch_queue_depth=2, exec_dynamic=True, seed=seed)
+        options.update(dali_kwargs)
+        for key in list(options):
+            if key in kwargs:
+                options[key] = kwargs.pop(key)
+        reserved = sorted(set(kwargs) & set(RESERVED))
+        if reserved:
+            raise ConfigError(f"{fn.__name__}: {reserved} are set from the stream and cannot be given")
+        ctx: dict = {"raw": {}, "valid": None, "names": [], "kinds": []}
+
+        def graph():  # the pipeline definition: DALI's AutoGraph converts it, so it stays tiny
+            return _check_outputs(fn, ctx, fn(stream, *args, **kwargs))
+
+        graph.__name__ = fn.__name__
+        decorated = dali_pipeline_def(graph, enable_conditionals=True)
+        method = start_method(stream.start_method, stream.device)
+        _building.append(ctx)
+        try:
+            pipe = decorated(batch_size=c.batch_size, device_id=stream.device_id, py_num_workers=c.workers,
+                             py_start_method=method, py_callback_pickler=dill if method == "spawn" else None,
+                             **options)
+        except Exception as e:  # autograph wraps errors raised in the graph function: unwrap ours
+            original = _dalistream_cause(e)
+            if original is None:
+                raise
+            raise original from None
+        finally:
+            _building.pop()
+        _built[pipe] = Built(outputs=tuple(zip(ctx["names"], ctx["kinds"])), start_method=method)
+        return pipe
+
+    build.dalistream_pipeline = True  # type: ignore[attr-defined]
+    return build
+
+
+@do_not_convert
+def _check_outputs(fn: Callable, ctx: dict, outputs: Any) -> tuple:
+    """Validate the pipeline function's named outputs, add ``valid``; the graph's output tuple."""
+    if not isinstance(outputs, dict):
+        raise TypeError(f"{fn.__name__} must return a dict of named outputs, got {type(outputs).__name__}")
+    outputs = dict(outputs)
+    for name in outputs:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{fn.__name__}: output names must be non-empty strings, got {name!r}")
+    if "valid" in outputs and outputs["valid"] is not ctx["valid"]:
+        raise ConfigError(f"{fn.__name__}: 'valid' is reserved for the padding mask; rename that output")
+    if ctx["valid"] is None:
+        raise ConfigError(f"{fn.__name__}: call dalistream.read(stream) in the pipeline function")
+    # always returned (not only when the stream can pad): the loader trims padding with it, and
+    # DALI warns about source outputs that nothing uses
+    outputs["valid"] = ctx["valid"]
+    ctx["names"] = list(outputs)
+    ctx["kinds"] = [ctx["raw"].get(id(node), "tensor") for node in outputs.values()]
+    return tuple(outputs.values())
+
+
+def _dalistream_cause(error: BaseException) -> Optional[BaseException]:
+    """The dalistream error behind ``error`` (itself, or up its cause/context chain), if any."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, DalistreamError):
+            return error
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return None
+
+
+@pipeline_def
+def raw_pipeline(stream: "Stream") -> Dict[str, Any]:
+    """The fields as read, undecoded (``dalistream keys`` and read-only benchmarks)."""
+    return read(stream)

@@ -1,0 +1,184 @@
+"""DALI's worker processes: started without re-running the user's script; watched while a batch
+is awaited (no hang on a dead worker); shut down in bounded time.
+
+A DALI worker killed by a signal (the out-of-memory killer) can leave ``pipe.run()`` blocked for
+ever on a multiprocessing condition the dead process was waiting on. ``watched_run`` runs it on
+a helper thread and watches the worker processes meanwhile; ``stop_pipe`` shuts the pipeline
+down and kills what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Optional
+
+from ..errors import WorkerError
+from .compat import forget_observer, main_hidden_from_spawn, shutdown, worker_processes
+
+log = logging.getLogger(__name__)
+
+
+_POLL_S = 0.05      # how often the waiting thread looks at the worker processes
+_GRACE_S = 0.5      # after a worker died: time DALI gets to report it itself
+_STOP_WAIT_S = 2.0  # at shutdown: time an interrupted run() gets to finish
+_SHUTDOWN_S = 10.0  # time DALI's own shutdown gets before the workers are killed
+
+
+class _Runner:
+    """A daemon thread that runs ``pipe.run()`` for a caller who waits on it with a timeout.
+
+    A DALI worker killed by a signal can leave ``pipe.run()`` blocked for ever (on a
+    multiprocessing condition the dead process was waiting on); the caller, not being blocked,
+    sees the dead process and raises instead. One thread per pipeline, so DALI is always called
+    from the same thread."""
+
+    def __init__(self) -> None:
+        self._requests: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._result: tuple = ()
+        self.busy = False
+        self.thread = threading.Thread(target=self._loop, name="dalistream-run", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            pipe = self._requests.get()
+            if pipe is None:
+                return
+            try:
+                self._result = (True, pipe.run())
+            except BaseException as e:  # handed to the waiting thread
+                self._result = (False, e)
+            pipe = None
+            self._done.set()
+
+    def run(self, pipe, processes: list):
+        self._done.clear()
+        self.busy = True
+        self._requests.put(pipe)
+        dead_since = None
+        while not self._done.wait(_POLL_S):
+            dead = [(i, p) for i, p in enumerate(processes) if p.exitcode is not None]
+            if dead:
+                now = time.monotonic()
+                dead_since = dead_since or now
+                if now - dead_since >= _GRACE_S:
+                    raise _worker_died(dead)
+        self.busy = False
+        ok, value = self._result
+        self._result = ()
+        if not ok:
+            dead = [(i, p) for i, p in enumerate(processes) if p.exitcode is not None]
+            if dead:  # DALI noticed first ("Worker data receiving interrupted"): say which one and how
+                raise _worker_died(dead) from value
+            raise value
+        return value
+
+    def stop(self, timeout: float) -> bool:
+        """End the thread once the current run (if any) is over; False if it is still running."""
+        if self.busy and not self._done.wait(timeout):
+            return False
+        self.busy = False
+        self._requests.put(None)
+        return True
+
+
+_runners: "weakref.WeakKeyDictionary[Any, _Runner]" = weakref.WeakKeyDictionary()
+
+
+def watched_run(pipe):
+    """``pipe.run()``, but a dead DALI worker process is a :class:`WorkerError` within about a
+    second instead of a hang."""
+    processes = worker_processes(pipe)
+    if not processes:
+        return pipe.run()
+    runner = _runners.get(pipe)
+    if runner is None:
+        runner = _runners[pipe] = _Runner()
+    return runner.run(pipe, processes)
+
+
+def _exit_text(code: Optional[int]) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _worker_died(dead: list) -> WorkerError:
+    # DALI terminates (SIGTERM) the other workers as soon as one dies: report the first one
+    dead = sorted(dead, key=lambda item: item[1].exitcode == -signal.SIGTERM)
+    worker, process = dead[0]
+    code = process.exitcode
+    how = _exit_text(code)
+    others = ""
+    if len(dead) > 1:
+        others = "; then " + ", ".join(f"worker {w} {_exit_text(p.exitcode)}" for w, p in dead[1:])
+    hint = ("SIGKILL is usually the out-of-memory killer: check `dmesg`, the memory limit and the size of /dev/shm; "
+            if code == -signal.SIGKILL else "")
+    return WorkerError(
+        f"DALI worker process {worker} (pid {process.pid}) {how}{others}; the pipeline cannot go on", worker=worker,
+        hint=hint + "the pipeline has been stopped; iterating the loader again starts new workers where it stood")
+
+
+def stop_pipe(pipe) -> None:
+    """Shut a pipeline and its workers down, in bounded time even when a worker died."""
+    processes = worker_processes(pipe)
+    runner = _runners.pop(pipe, None)
+    if runner is not None:
+        dead = any(p.exitcode is not None for p in processes)
+        if not runner.stop(0.0 if dead else _STOP_WAIT_S):
+            log.debug("a pipeline run is still blocked in DALI; shutting down around it")
+
+    failure: list = []
+
+    def stop() -> None:
+        try:
+            shutdown(pipe)
+        except BaseException as e:
+            failure.append(e)
+
+    thread = threading.Thread(target=stop, name="dalistream-shutdown", daemon=True)
+    if sys.is_finalizing():  # a new thread would never start (Thread.start() waits for ever)
+        stop()
+    else:
+        try:
+            thread.start()
+        except RuntimeError:  # no new threads at interpreter exit: shut down in this one
+            stop()
+        else:
+            thread.join(_SHUTDOWN_S)
+    if thread.is_alive():
+        log.warning("DALI did not shut down within %.0f s; killing its worker processes", _SHUTDOWN_S)
+        forget_observer(pipe)
+    for p in processes:  # normally all gone by now
+        if p.exitcode is None:
+            try:
+                p.join(1.0 if not thread.is_alive() else 0.0)
+                if p.exitcode is None:
+                    os.kill(p.pid, signal.SIGKILL)
+                    p.join(1.0)
+            except (OSError, ValueError, AssertionError):
+                pass
+    if failure:
+        if not isinstance(failure[0], Exception):
+            raise failure[0]
+        log.debug("error while shutting the pipeline down: %r", failure[0])
+
+
+def spawn_without_main(config, method: str = "spawn"):
+    """While DALI starts its workers, keep ``spawn`` from re-running the user's script in each
+    (see :func:`dalistream.dali.compat.main_hidden_from_spawn`) — unless the config carries user
+    callables (custom decoders, an ``on_error`` function), which may live in the main script.
+    Forked workers re-import nothing."""
+    user_code = callable(config.on_error) or any(f.decoder is not None for f in config.fields)
+    return main_hidden_from_spawn(method == "spawn" and not user_code)

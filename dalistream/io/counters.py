@@ -1,0 +1,56 @@
+"""I/O counters: remote requests, retries and resumes (:class:`IOCounters`), and the time a reader
+spent blocked on its byte stream (:class:`ReadClock`)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict
+
+
+class IOCounters:
+    """Counters of remote I/O: ``requests`` (GETs started), ``retries`` (requests repeated after
+    throttling, 5xx answers or connection failures), ``resumes`` (ranged GETs that continued a
+    transfer cut mid-object), ``resumed_bytes`` (bytes those resumed GETs delivered) and
+    ``bytes`` (bytes received). Thread-safe; :meth:`as_dict` gives a snapshot."""
+
+    FIELDS = ("requests", "retries", "resumes", "resumed_bytes", "bytes")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: Dict[str, int] = dict.fromkeys(self.FIELDS, 0)
+
+    def add(self, **amounts: int) -> None:
+        """Add to some counters, e.g. ``add(retries=1)``."""
+        with self._lock:
+            for name, amount in amounts.items():
+                self._values[name] += amount
+
+    def as_dict(self) -> Dict[str, int]:
+        """A snapshot of all counters."""
+        with self._lock:
+            return dict(self._values)
+
+    def __getattr__(self, name: str) -> int:
+        if name in IOCounters.FIELDS:
+            return self.as_dict()[name]
+        raise AttributeError(name)
+
+    def __getstate__(self) -> dict:
+        return {"values": self.as_dict()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+        self._values.update(state["values"])
+
+    def __repr__(self) -> str:
+        return "IOCounters(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
+
+
+class ReadClock:
+    """Seconds spent waiting for a stream's bytes: the time a reader was blocked on I/O (for a
+    remote stream, on its read-ahead), the opening of the stream included."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0

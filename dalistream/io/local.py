@@ -1,0 +1,65 @@
+"""Local byte streams: shard files (large buffered reads) and ``pipe:CMD`` (a shell command's
+stdout, as in the webdataset library)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+from typing import BinaryIO
+
+from ..errors import SourceError
+
+CHUNK = 1 << 20
+
+
+def local_path(url: str) -> str:
+    """The file system path of a local shard URL: ``file://`` stripped, ``~`` expanded."""
+    path = url[len("file://"):] if url.startswith("file://") else url
+    return os.path.expanduser(path)
+
+
+class PipeStream(io.RawIOBase):
+    """stdout of a shell command; a non-zero exit at the end is an error naming the URL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._proc = subprocess.Popen(url[len("pipe:"):], shell=True, stdout=subprocess.PIPE, bufsize=CHUNK)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._proc.stdout.readinto(buffer)
+        if n == 0:
+            code = self._proc.wait()
+            if code != 0:
+                raise SourceError(f"pipe command exited with status {code}", url=self.url)
+        return n
+
+    def close(self) -> None:
+        if not self.closed and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout:
+            self._proc.stdout.close()
+        super().close()
+
+
+def open_pipe(url: str) -> BinaryIO:
+    """The stdout of ``pipe:CMD`` as a buffered stream."""
+    return io.BufferedReader(PipeStream(url), CHUNK)
+
+
+def open_file(url: str, offset: int = 0) -> BinaryIO:
+    """A local shard (a path or ``file://`` URL) opened at byte ``offset``."""
+    try:
+        f = open(local_path(url), "rb", buffering=CHUNK)
+    except FileNotFoundError:
+        raise SourceError("shard file does not exist", url=url, reason="missing",
+                          hint="check the path and that every node sees the same files") from None
+    except OSError as e:
+        raise SourceError(f"cannot open shard: {e.strerror}", url=url) from None
+    if offset:
+        f.seek(offset)
+    return f

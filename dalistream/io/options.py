@@ -1,0 +1,60 @@
+"""``storage_options`` for remote shards: what they are, their defaults, and validation.
+
+S3 uses boto3's normal credential chain and configuration (profiles, ``AWS_ENDPOINT_URL``,
+``AWS_REGION``, instance roles); ``storage_options`` may name ``endpoint_url``, ``profile``,
+``region``, ``anon`` (unsigned requests) or explicit keys, and tune reading and retries.
+Secret values never appear in ``repr()``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Optional
+
+from ..errors import ConfigError
+
+SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+
+
+@dataclass(frozen=True, repr=False)
+class RemoteOptions:
+    """The ``storage_options`` understood here, with their defaults."""
+
+    endpoint_url: Optional[str] = None
+    profile: Optional[str] = None
+    region: Optional[str] = None
+    anon: bool = False
+    aws_access_key_id: Optional[str] = None
+    aws_secret_access_key: Optional[str] = None
+    aws_session_token: Optional[str] = None
+    read_ahead_bytes: int = 64 << 20
+    chunk_bytes: int = 1 << 20
+    max_attempts: int = 8
+    backoff_s: float = 0.2
+    max_backoff_s: float = 10.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+
+    def __repr__(self) -> str:
+        shown = [f"{f.name}={'***' if f.name in SECRET_OPTIONS else getattr(self, f.name)!r}" for f in fields(self)]
+        return "RemoteOptions(" + ", ".join(shown) + ")"
+
+    def backoff(self, attempt: int, rng: random.Random) -> float:
+        """Seconds to wait before retry number ``attempt`` (1-based): full jitter."""
+        return rng.uniform(0, min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1))))
+
+
+def remote_options(options: Optional[Mapping[str, Any]]) -> RemoteOptions:
+    """Validate ``storage_options`` (unknown keys are a :class:`ConfigError`)."""
+    if isinstance(options, RemoteOptions):
+        return options
+    options = dict(options or {})
+    known = {f.name for f in fields(RemoteOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown storage_options {unknown}; known: {sorted(known)}")
+    opts = RemoteOptions(**options)
+    if opts.max_attempts < 1 or opts.chunk_bytes < 1 or opts.read_ahead_bytes < 0:
+        raise ConfigError("storage_options: max_attempts and chunk_bytes must be >= 1, read_ahead_bytes >= 0")
+    return opts

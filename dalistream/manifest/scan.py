@@ -1,0 +1,141 @@
+"""Counting samples by a header scan: one shard (:func:`scan_shard`), many in parallel threads
+(:func:`build_manifest`), cached on local disk, or tolerant of damage (:func:`scan_tolerant`).
+
+A scan reads tar headers only and seeks over member data where it can (remote shards are read
+through once, sequentially). The cache is keyed by path, size and mtime for local shards, and
+by URL, size and ETag (from a HEAD request) for remote ones, so an edited shard is scanned again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any, Callable, List, Mapping, Optional, Sequence
+
+from ..errors import DalistreamError, ManifestError, SourceError, redact
+from ..io.gunzip import decompressed
+from ..io.local import local_path
+from ..io.remote import is_fetched, stat_remote
+from ..io.streams import open_raw
+from ..sources import is_remote
+from ..tar import iter_samples
+from .rows import ShardInfo
+
+
+def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
+               offsets: bool = False) -> ShardInfo:
+    """Count the samples of one shard by reading its tar headers only (``offsets``: and record
+    where each sample starts).
+
+    ``bytes`` is the stored (possibly compressed) size: from the file system for local shards,
+    from the server's answer for remote ones, ``-1`` for ``pipe:``. Remote URLs are recorded
+    with credentials redacted.
+    """
+    count = 0
+    starts: List[int] = []
+    raw = open_raw(url, 0, options)
+    size = getattr(getattr(raw, "raw", None), "size", None) if is_fetched(url) else None
+    with decompressed(raw, url) as stream:
+        for sample in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase):
+            count += 1
+            if offsets:
+                starts.append(sample["__offset__"])
+    if not is_remote(url):
+        size = os.path.getsize(local_path(url))
+    return ShardInfo(redact(url) if is_remote(url) else url, count, size if size is not None else -1,
+                     tuple(starts) if offsets else None)
+
+
+def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    if is_fetched(url):
+        try:
+            size, tag = stat_remote(url, options)
+        except SourceError:
+            return None  # e.g. a presigned URL valid for GET only: the scan reports real errors
+        if size is None or not tag:
+            return None  # no way to tell an edited object: always scan
+        ident = f"{url}|{size}|{tag}".encode()
+    else:
+        try:
+            path = os.path.abspath(local_path(url))
+            st = os.stat(path)
+        except OSError:
+            return None
+        ident = f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()
+    return os.path.join(cache_dir, "manifests", hashlib.sha256(ident).hexdigest()[:32] + ".json")
+
+
+def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool, offsets: bool = False) -> ShardInfo:
+    path = _cache_path(cache_dir, url, options) if cache_dir and not url.startswith("pipe:") else None
+    if path and os.path.exists(path):
+        try:
+            with open(path) as f:
+                cached = ShardInfo(**json.load(f))
+            if cached.offsets is not None or not offsets:
+                return cached
+        except (OSError, ValueError, TypeError, ManifestError):
+            pass  # a broken cache entry is rescanned
+    info = scan_shard(url, options, lowercase, offsets)
+    if path:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(info), f)
+        os.replace(tmp, path)
+    return info
+
+
+def build_manifest(
+    urls: Sequence[str], *, cache_dir: Optional[str] = None, options: Optional[Mapping[str, Any]] = None,
+    lowercase: bool = False, threads: int = 8, offsets: bool = False,
+    progress: Optional[Callable[[ShardInfo], None]] = None,
+) -> List[ShardInfo]:
+    """Scan every shard (in parallel threads; cached when ``cache_dir`` is set); ``offsets``:
+    record each sample's tar offset too; ``progress`` is called with each row as it is done."""
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
+        rows = []
+        for info in pool.map(lambda u: _scan_cached(u, cache_dir, options, lowercase, offsets), urls):
+            rows.append(info)
+            if progress is not None:
+                progress(info)
+        return rows
+
+
+def scan_tolerant(
+    urls: Sequence[str], *, cache_dir: Optional[str] = None, options: Optional[Mapping[str, Any]] = None,
+    lowercase: bool = False, threads: int = 8,
+) -> "tuple[List[ShardInfo], list]":
+    """:func:`build_manifest` for ``on_error="skip"``: a shard that cannot be scanned to its end
+    (empty, truncated, not a tar, unreadable, duplicate keys) is not an error but is counted up
+    to its problem — exactly the samples a worker delivers (or skips one by one) before it skips
+    the rest of that shard — and not cached. Returns the infos and the errors met, in URL order."""
+    def one(url: str):
+        try:
+            return _scan_cached(url, cache_dir, options, lowercase), None
+        except DalistreamError as e:
+            return _scan_partial(url, options, lowercase), e
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
+        results = list(pool.map(one, urls))
+    return [info for info, _ in results], [error for _, error in results if error is not None]
+
+
+def _scan_partial(url: str, options: Optional[Mapping[str, Any]], lowercase: bool) -> ShardInfo:
+    count = 0
+    try:
+        with decompressed(open_raw(url, 0, options), url) as stream:
+            for _ in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase, mark_errors=True):
+                count += 1
+    except DalistreamError:
+        pass
+    size = -1
+    if not is_remote(url):
+        try:
+            size = os.path.getsize(local_path(url))
+        except OSError:
+            pass
+    return ShardInfo(redact(url) if is_remote(url) else url, count, size)

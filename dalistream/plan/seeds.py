@@ -1,0 +1,30 @@
+"""Every seed dalistream derives, in one place: the randomness of an epoch is a pure function of
+the user's ``seed``, the epoch and who draws it (a global worker, a rank), never of global state
+or the wall clock. Changing any formula here changes which samples go where: the loader state's
+version must then change too."""
+
+from __future__ import annotations
+
+from typing import List
+
+
+def shard_order(seed: int, epoch: int) -> List[int]:
+    """Seed sequence of the epoch's shard permutation (the same on every rank)."""
+    return [int(seed) & 0xFFFFFFFF, int(epoch), 0x5EED]
+
+
+def pass_order(seed: int, epoch: int, n_pass: int) -> List[int]:
+    """Seed sequence of the order in which a ``fixed``-policy worker re-reads its shards on pass
+    ``n_pass`` (1, 2, …) of ``epoch``."""
+    return shard_order(seed, int(epoch) * 1_000_003 + int(n_pass))
+
+
+def sample_shuffle(seed: int, epoch: int, global_worker: int) -> int:
+    """Seed of one global worker's sample shuffle buffer in one epoch."""
+    return (int(seed) * 1_000_003 + int(epoch)) * 1_000_033 + int(global_worker)
+
+
+def pipeline(seed: int, rank: int, epoch: int, step: int) -> int:
+    """Seed of DALI's own random operators (crops, flips) for a pipeline built at (epoch, step) on
+    ``rank``: different per rank, and a pipeline rebuilt on resume draws afresh."""
+    return (int(seed) * 7919 + int(rank) * 104729 + int(epoch) * 1299709 + int(step)) & 0x7FFFFFFF

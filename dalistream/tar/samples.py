@@ -1,0 +1,100 @@
+"""Tar members to samples: the WebDataset key rules.
+
+A sample is a run of consecutive members sharing a key. As in WebDataset, the key is the
+member path up to the first dot of its basename and the extension is the rest:
+``a.b/c.seg.png`` has key ``a.b/c`` and extension ``seg.png``. Samples not wanted (skipped on
+resume) are still numbered, but their members are passed over by header.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
+
+from ..errors import SampleError, ShardFormatError
+from ..io.counters import ReadClock
+from .members import iter_members
+
+
+def split_name(name: str, lowercase: bool = False) -> Tuple[str, str]:
+    """``("a.b/c", "seg.png")`` for ``"a.b/c.seg.png"``: key up to the basename's first dot."""
+    directory, base = posixpath.split(name)
+    stem, dot, ext = base.partition(".")
+    if not dot or not stem:
+        return name, ""
+    key = f"{directory}/{stem}" if directory else stem
+    return key, (ext.lower() if lowercase else ext)
+
+
+Sample = Dict[str, object]
+
+
+def iter_samples(
+    stream: BinaryIO, url: str, *, keep: Callable[[int], bool] = lambda index: True,
+    want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False,
+    max_member_bytes: int = 256 << 20, mark_errors: bool = False, first_index: int = 0,
+    clock: Optional[ReadClock] = None,
+) -> Iterator[Sample]:
+    """Group members into samples: dicts of ``ext -> bytes`` plus ``__key__``, ``__url__``,
+    ``__index__`` (sample number in the shard) and ``__offset__`` (tar offset of its first member).
+
+    ``first_index`` numbers the first sample of a stream opened mid-shard (at a manifest offset).
+    ``keep(index)`` false: the sample is still yielded (with no data) so counts and positions
+    stay right, but its members are skipped by header. Members without an extension are ignored.
+
+    Problems of one sample — its key seen before in the shard (members of a sample must be
+    adjacent), an extension twice in it, a member over ``max_member_bytes`` — raise
+    :class:`SampleError`; with ``mark_errors`` the sample is yielded instead, numbered like any
+    other, with the error under ``"__error__"`` (its data may be incomplete), and the shard goes
+    on. Problems of the stream itself (:class:`ShardFormatError`, :class:`SourceError`) always
+    raise: nothing after them can be trusted. Keys are only ever used as strings, never as paths.
+    ``clock``, if given, accumulates the time spent waiting for the stream's bytes.
+    """
+    current: Optional[Sample] = None
+    index = first_index - 1  # a stream opened at the offset of sample ``first_index``
+    seen_keys: set = set()
+    state = {"read": True}
+
+    def want(name: str) -> bool:
+        key, ext = split_name(name, lowercase)
+        if not ext:
+            return False
+        if current is None or key != current["__key__"]:
+            state["read"] = keep(index + 1)
+        return state["read"] and want_ext(ext)
+
+    def problem(error: SampleError) -> None:
+        if not mark_errors:
+            raise error
+        current.setdefault("__error__", error)  # the first problem of a sample is the one reported
+
+    for member in iter_members(stream, url, want=want, max_member_bytes=max_member_bytes, mark_errors=mark_errors,
+                               clock=clock):
+        key, ext = split_name(member.name, lowercase)
+        if not ext:
+            if isinstance(member.error, ShardFormatError):
+                raise member.error
+            continue
+        if current is None or key != current["__key__"]:
+            if current is not None:
+                yield current
+            index += 1
+            current = {"__key__": key, "__url__": url, "__index__": index, "__offset__": member.offset}
+            if key in seen_keys:
+                problem(SampleError("duplicate sample key in shard (members of one sample must be adjacent)",
+                                    url=url, member=member.name, reason="duplicate_key",
+                                    hint="write each sample's members next to each other, under a key unique in the shard"))
+            seen_keys.add(key)
+        if isinstance(member.error, ShardFormatError):
+            raise member.error  # data cut: the sample before it was complete and has been yielded
+        if member.error is not None:
+            problem(member.error)
+            current[ext] = None
+            continue
+        if ext in current:
+            problem(SampleError(f"extension {ext!r} appears twice in sample {key!r}", url=url, member=member.name,
+                                reason="duplicate_member"))
+            continue
+        current[ext] = member.data
+    if current is not None:
+        yield current

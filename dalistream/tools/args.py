@@ -1,0 +1,60 @@
+"""Command-line pieces shared by ``dalistream``'s commands: the data-reading options, storage
+options from arguments, JSON or text output, progress bars."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Dict, Optional
+
+
+def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True) -> None:
+    """The options every data-reading command shares."""
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, s3://, http(s)://")
+    p.add_argument("--workers", "-W", type=int, default=2, help="DALI worker processes (shard owners) per rank")
+    p.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
+    p.add_argument("--world-size", type=int, default=None, help="number of ranks (default: WORLD_SIZE or 1)")
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--manifest", default=None, help="manifest file with per-shard counts (from `dalistream index`)")
+    p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad samples/shards: stop, or count and skip")
+    p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO, Ceph, R2, moto); default from AWS config")
+    p.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
+    p.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
+                   help="how DALI starts its workers (auto: fork for CPU pipelines while CUDA is untouched)")
+    if batch:
+        p.add_argument("--batch-size", "-B", type=int, default=32)
+        p.add_argument("--shuffle", type=int, default=0, help="per-worker sample shuffle buffer (0: off)")
+        p.add_argument("--policy", choices=["even", "exact", "fixed"], default="even")
+        p.add_argument("--batches-per-epoch", type=int, default=None, help="with --policy fixed")
+
+
+def storage_options(args: argparse.Namespace) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    if getattr(args, "endpoint_url", None):
+        out["endpoint_url"] = args.endpoint_url
+    if getattr(args, "profile", None):
+        out["profile"] = args.profile
+    return out
+
+
+def emit(args: argparse.Namespace, payload: Any, text: Optional[str] = None) -> None:
+    """Print ``payload`` as one JSON line with --json, else ``text`` (or pretty JSON)."""
+    if getattr(args, "json", False) or text is None:
+        print(json.dumps(payload, sort_keys=False), flush=True)
+    else:
+        print(text, flush=True)
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Progress bars go to stderr when it is a terminal and ``--json`` is off, or with ``--progress``."""
+    return bool(getattr(args, "progress", False)) or (sys.stderr.isatty() and not getattr(args, "json", False))
+
+
+def progress_bar(args: argparse.Namespace, *, total: int, unit: str):
+    """A tqdm bar on stderr when :func:`show_progress` says so; a silent one otherwise."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, file=sys.stderr, disable=not show_progress(args), dynamic_ncols=True,
+                leave=False)

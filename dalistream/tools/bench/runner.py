@@ -1,0 +1,230 @@
+"""``dalistream bench``: dalistream's throughput next to DALI's own reader and webdataset.
+
+::
+
+    dalistream bench /data/train-{0000..0015}.tar --workers 2 --batch-size 64 \\
+        --compare dali-native,webdataset --repeats 3
+    dalistream bench /data/*.tar --pipeline read-only --compare dali-native,webdataset
+    dalistream bench /data/*.tar --sweep workers=1,2,4 --plot notebooks/bench_workers.png
+    dalistream bench --merge-only --merge-workers 1,2,4,8 --batch-size 64
+
+Every measurement runs in a fresh process (:mod:`.child`, :mod:`.peers`) whose whole process
+tree is sampled from ``/proc`` (:mod:`.monitor`). Runs alternate between the
+systems (dalistream, peer 1, peer 2, dalistream, …) so that drift on a shared machine hits all
+alike; figures are medians over ``--repeats``, ratios are dalistream / peer. Samples/s is the
+steady rate after the first batch; time to first batch counts from the start of the loader's
+construction (after ``import torch``, which a training script has done anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+from ...errors import ConfigError
+from ...stream import default_cache_dir
+from ..args import add_stream_args, storage_options
+from .child import run_child
+from .report import fmt, format_report, format_sweep, plot_sweep
+
+PEERS = ("dali-native", "webdataset")
+PIPELINES = ("classification_train", "read-only")
+METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "peak_rss_mb", "peak_pss_mb", "peak_shm_mb",
+           "cpu_ms_per_sample", "steady_cpu_ms_per_sample")
+SWEEPABLE = {"workers": "workers", "batch-size": "batch_size", "batch_size": "batch_size", "threads": "threads",
+             "shards": "shards"}  # shards=N: the first N shards of the sources (memory as the data set grows)
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``dalistream bench`` on the CLI's subparsers."""
+    p = subparsers.add_parser("bench", help="throughput, first-batch time and memory, next to DALI's reader and webdataset")
+    add_stream_args(p)
+    for action in p._actions:  # sources are optional with --merge-only
+        if action.dest == "sources":
+            action.nargs, action.required = "*", False
+    p.set_defaults(batch_size=64, func=run)
+    p.add_argument("--epochs", type=int, default=1, help="epochs per run (each system's own epochs)")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    p.add_argument("--pipeline", choices=PIPELINES, default="classification_train",
+                   help="decode + augment (random-resized-crop, flip, normalize), or read-only: bytes, no decode")
+    p.add_argument("--size", type=int, default=224, help="output image side (classification_train)")
+    p.add_argument("--threads", type=int, default=2, help="DALI num_threads for both DALI pipelines")
+    p.add_argument("--compare", default="", help=f"comma-separated peers: {','.join(PEERS)}")
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs per system")
+    p.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
+                   help="repeat the comparison over values of workers, batch-size, threads or shards "
+                        "(shards=16,160: the first N shards of the sources)")
+    p.add_argument("--merge-only", action="store_true",
+                   help="measure the merge of W tiny sources (no data): ms per batch for --merge-workers")
+    p.add_argument("--merge-workers", default="1,2,4,8", help="W values for --merge-only")
+    p.add_argument("--merge-batches", type=int, default=200, help="timed batches per --merge-only run")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="with --sweep: plot samples/s against the swept value")
+    p.add_argument("--lean-main", action="store_true",
+                   help="run each measurement as `python -c` (no main script for DALI's spawned workers to import "
+                        "again) instead of a script that imports torch at the top, as training scripts do")
+    p.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
+    p.add_argument("--json", action="store_true", help="progress on stderr; the last stdout line is one JSON object")
+
+
+def _local_size(url: str) -> Optional[int]:
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if "://" in path or path.startswith("pipe:"):
+        return None
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
+def _warm(urls: Sequence[str]) -> None:
+    """Read local shards once so that every run, the first included, finds them in the page cache."""
+    for url in urls:
+        if _local_size(url) is None:
+            continue
+        with open(url[len("file://"):] if url.startswith("file://") else url, "rb") as f:
+            while f.read(1 << 20):
+                pass
+
+
+def _median(runs: List[Dict[str, Any]], key: str) -> Optional[float]:
+    values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+    return statistics.median(values) if values else None
+
+
+def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Medians of every metric over the runs of one system, plus the individual samples/s."""
+    out = {key: _median(runs, key) for key in METRICS}
+    out["runs"] = len(runs)
+    out["samples_per_s_runs"] = [r.get("samples_per_s") for r in runs]
+    return out
+
+
+def ratios(ours: Dict[str, Any], peer: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """dalistream / peer for each metric (above 1: more throughput, or more time/memory)."""
+    return {k: (ours[k] / peer[k] if ours.get(k) and peer.get(k) else None) for k in METRICS}
+
+
+def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequence[int],
+            systems: Sequence[str], log) -> Dict[str, Any]:
+    """Alternate runs of ``systems`` ``--repeats`` times over ``base["urls"]`` (whose sizes are
+    ``shard_bytes``); the report for one configuration."""
+    urls, counts = base["urls"], base["counts"]
+    bytes_per_sample = sum(shard_bytes) / sum(counts) if sum(counts) else None
+    runs: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
+    load_before = os.getloadavg()[0]
+    for repeat in range(args.repeats):
+        for system in systems:
+            spec = dict(base, system=system)
+            result = run_child(spec, args.timeout, args.lean_main)
+            if bytes_per_sample and result.get("samples_per_s"):
+                result["mb_per_s"] = result["samples_per_s"] * bytes_per_sample / 1e6
+            if base["pipeline"] == "read-only" and result.get("payload_mb_per_s"):
+                result["mb_per_s"] = result["payload_mb_per_s"]
+            runs[system].append(result)
+            log(f"  [{repeat + 1}/{args.repeats}] {system:16s} {fmt(result.get('samples_per_s'), 8)} samples/s  "
+                f"first batch {fmt(result.get('first_batch_s'), 6, 2)} s  peak RSS {fmt(result.get('peak_rss_mb'), 6)} MB  "
+                f"PSS {fmt(result.get('peak_pss_mb'), 6)} MB  CPU {fmt(result.get('steady_cpu_ms_per_sample'), 5, 2)} ms/sample")
+    ours = summarize(runs["dalistream"])
+    report: Dict[str, Any] = {key: ours[key] for key in METRICS}
+    report.update(runs=ours["runs"], samples_per_s_runs=ours["samples_per_s_runs"], config={
+        k: base[k] for k in ("pipeline", "batch_size", "workers", "threads", "epochs", "size", "device")})
+    report["config"]["device"] = runs["dalistream"][-1].get("device", base["device"])  # resolved
+    report["config"]["start_method"] = runs["dalistream"][-1].get("start_method", base["start_method"])
+    report["config"].update(shards=len(urls), samples=sum(counts), shard_bytes_per_sample=bytes_per_sample,
+                            child="lean" if args.lean_main else "script", cpus=os.cpu_count(),
+                            loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)])
+    stats = runs["dalistream"][-1].get("stats")
+    if stats:
+        report["worker_stats"] = stats
+    peers = {}
+    for system in systems[1:]:
+        figures = summarize(runs[system])
+        figures["ratio"] = ratios(report, figures)
+        peers[system] = figures
+    if peers:
+        report["peers"] = peers
+    return report
+
+
+# -- entry point ---------------------------------------------------------------------------------
+
+def _parse_sweep(text: Optional[str]) -> Optional[tuple]:
+    if not text:
+        return None
+    name, _, values = text.partition("=")
+    key = SWEEPABLE.get(name.strip())
+    if key is None or not values:
+        raise ConfigError(f"--sweep {text!r}: expected workers=1,2,4, batch-size=32,64, threads=1,2 or shards=16,160")
+    try:
+        return key, [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--sweep {text!r}: values must be integers") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """``dalistream bench``: run the measurements, print the table (and JSON, and the plot)."""
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else (lambda msg: print(msg, flush=True))
+    if args.merge_only:
+        from .merge import run_merge_only
+
+        return run_merge_only(args, log)
+    if not args.sources:
+        raise ConfigError("dalistream bench needs shard sources (or --merge-only)")
+    from ...manifest import shard_infos
+    from ...sources import expand_sources
+
+    peers = [p.strip() for p in args.compare.split(",") if p.strip()]
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        raise ConfigError(f"--compare: unknown peers {unknown}; choose from {list(PEERS)}")
+    if args.repeats < 1 or args.epochs < 1:
+        raise ConfigError("--repeats and --epochs must be at least 1")
+    options = storage_options(args)
+    urls = expand_sources(args.sources, options)
+    infos = shard_infos(urls, manifest=args.manifest, cache_dir=default_cache_dir(os.environ), options=options)
+    counts, shard_bytes = [i.samples for i in infos], [i.bytes for i in infos]
+    _warm(urls)
+    systems = ["dalistream"] + peers + (["sequential-read"] if args.pipeline == "read-only" else [])
+    base = {"urls": urls, "counts": counts, "batch_size": args.batch_size, "workers": args.workers,
+            "threads": args.threads, "device": args.device, "seed": args.seed, "size": args.size,
+            "start_method": args.start_method,
+            "epochs": args.epochs, "pipeline": args.pipeline, "storage_options": options, "manifest": args.manifest,
+            # dalistream only (the peers read every shard in order, unshuffled)
+            "epoch": args.epoch, "shuffle": args.shuffle, "policy": args.policy,
+            "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error}
+    sweep = _parse_sweep(args.sweep)
+    if sweep is None:
+        log(f"bench: {len(urls)} shards, {sum(counts)} samples, batch {args.batch_size}, workers {args.workers}, "
+            f"{args.pipeline}, {args.repeats} alternating repeats of {', '.join(systems)}")
+        report = compare(args, base, shard_bytes, systems, log)
+        log(format_report(report))
+    else:
+        key, values = sweep
+        if key == "shards" and (min(values) < 1 or max(values) > len(urls)):
+            raise ConfigError(f"--sweep shards={args.sweep.partition('=')[2]}: the sources hold {len(urls)} shards",
+                              hint="sweep over 1 to that many shards, or list more sources")
+        points = []
+        for value in values:
+            log(f"bench: {key} = {value}")
+            if key == "shards":
+                point = compare(args, dict(base, urls=urls[:value], counts=counts[:value]), shard_bytes[:value],
+                                systems, log)
+            else:
+                point = compare(args, dict(base, **{key: value}), shard_bytes, systems, log)
+            point["value"] = value
+            log(format_report(point))
+            points.append(point)
+        report = {"sweep": {"param": key, "points": points}}
+        log(format_sweep(key, points))
+        if args.plot:
+            plot_sweep(key, points, args.plot)
+            log(f"plot written to {args.plot}")
+    if args.json:
+        print(json.dumps(report), flush=True)
+    return 0
+
+

@@ -1,0 +1,14 @@
+"""The worker: the DALI parallel-source iterable of one worker, from its plan to padded batches.
+
+Reads its shards (:mod:`.reader`), decodes fields (:mod:`.fields`) under the error policy
+(:mod:`.policy`), shuffles (:mod:`.shuffle`), assembles batches (:mod:`.source`) and counts
+(:mod:`.stats`). Runs without DALI."""
+
+from .fields import FieldDecoder, image_problem
+from .policy import ErrorPolicy, skip_totals
+from .shuffle import emitted_indices, shuffled
+from .source import WorkerSource
+from .stats import WorkerStats, read_workers, stats_path, summarize
+
+__all__ = ["ErrorPolicy", "FieldDecoder", "WorkerSource", "WorkerStats", "emitted_indices", "image_problem",
+           "read_workers", "shuffled", "skip_totals", "stats_path", "summarize"]

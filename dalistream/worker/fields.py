@@ -1,0 +1,160 @@
+"""Samples to arrays: field decoding and the missing-field policy.
+
+Nothing here touches DALI: a sample (``ext -> bytes`` dict from :mod:`dalistream.tar`) becomes a
+tuple of numpy arrays, one per :class:`~dalistream.config.Field`, ready to be placed in a slot.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..config import IMAGE_EXTS, Field
+from ..errors import DalistreamError, SampleError
+
+
+class FieldDecoder:
+    """Decodes samples into one array per field, applying the missing-field policy.
+
+    ``missing``: ``"error"`` raises :class:`SampleError` naming URL and key, ``"skip"`` returns
+    ``None`` (the caller counts it), ``"empty"`` puts the field's empty value in its place.
+
+    Raw-bytes fields read from an image extension (``jpg``, ``png``, …, see
+    :data:`dalistream.config.IMAGE_EXTS`) are checked cheaply with :func:`image_problem` (known
+    signature; JPEG end-of-image and PNG ``IEND`` markers; RIFF length of WebP), so that random
+    bytes or a cut file fail here, as a :class:`SampleError` naming shard and key (reason
+    ``"bad_image"``), instead of inside DALI's decoder, which kills the whole pipeline without
+    saying which sample it was. To pass image bytes on unchecked, declare the field with
+    ``kind="custom", decoder=lambda b: np.frombuffer(b, np.uint8)``.
+    """
+
+    def __init__(self, fields: Sequence[Field], missing: str = "error") -> None:
+        self.fields = tuple(fields)
+        self.missing = missing
+        self._exts = {e for f in self.fields for e in f.exts}
+        self._exts |= {e + ".gz" for e in self._exts}
+
+    def wants(self, ext: str) -> bool:
+        """True if members with this extension are needed (others are skipped unread)."""
+        return ext in self._exts
+
+    def decode(self, sample: dict) -> Optional[Tuple[np.ndarray, ...]]:
+        """One array per field, or ``None`` when the sample is to be skipped."""
+        out = []
+        for field in self.fields:
+            value = self._one(field, sample)
+            if value is None:
+                if self.missing == "error":
+                    wanted = "/".join("." + e for e in field.exts)
+                    present = sorted(k for k in sample if not k.startswith("__"))
+                    raise SampleError(
+                        f"sample has no member for field {field.name!r} (looked for {wanted}; it has {present})",
+                        url=sample.get("__url__"), member=sample.get("__key__"), reason="missing_field",
+                        hint="use missing='skip' or missing='empty' to accept such samples",
+                    )
+                if self.missing == "skip":
+                    return None
+                value = field.empty
+            out.append(value)
+        return tuple(out)
+
+    def _one(self, field: Field, sample: dict) -> Optional[np.ndarray]:
+        if field.kind == "meta":
+            name = field.exts[0]
+            return np.frombuffer(str(sample[name]).encode("utf-8"), np.uint8)
+        for ext in field.exts:
+            data = sample.get(ext)
+            if data is None and sample.get(ext + ".gz") is not None:
+                try:
+                    data = gzip.decompress(sample[ext + ".gz"])
+                except (OSError, EOFError, zlib.error) as e:
+                    raise SampleError(f"cannot gunzip .{ext}.gz: {e}", url=sample.get("__url__"),
+                                      member=f"{sample.get('__key__')}.{ext}.gz", reason="bad_value") from None
+            if data is not None:
+                try:
+                    return convert(field, data, ext)
+                except DalistreamError:
+                    raise
+                except _BadImage as e:
+                    raise SampleError(f"field {field.name!r} is not a decodable image: {e}", reason="bad_image",
+                                      url=sample.get("__url__"), member=f"{sample.get('__key__')}.{ext}",
+                                      hint="re-encode or remove the image, or use on_error='skip'") from None
+                except Exception as e:
+                    raise SampleError(f"cannot decode field {field.name!r}: {type(e).__name__}: {e}",
+                                      url=sample.get("__url__"), member=f"{sample.get('__key__')}.{ext}",
+                                      reason="bad_value") from None
+        return None
+
+
+class _BadImage(ValueError):
+    pass
+
+
+_JPEG, _PNG, _PNG_END = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
+_SIGNATURES = (  # formats DALI's image decoders read, besides JPEG and PNG
+    (b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\0", "TIFF"), (b"MM\0*", "TIFF"),
+    (b"\0\0\0\x0cjP  \r\n\x87\n", "JPEG 2000"), (b"\xff\x4f\xff\x51", "JPEG 2000"),
+)
+
+
+def image_problem(data: bytes) -> Optional[str]:
+    """What is wrong with encoded image bytes, or ``None`` if they pass a cheap check.
+
+    The check costs a few microseconds and never decodes: the data must start with the
+    signature of a format DALI decodes (JPEG, PNG, GIF, BMP, TIFF, WebP, JPEG 2000, PNM) and,
+    where the format has an end marker, contain it: JPEG needs an end-of-image marker after its
+    first start-of-scan (data after it, as in motion photos, is fine), PNG its ``IEND`` chunk,
+    WebP as many bytes as its RIFF header announces. It catches random bytes, empty members
+    and files cut short; damage inside the compressed data passes and is left to the decoder.
+    """
+    n = len(data)
+    if n == 0:
+        return "0 bytes"
+    if data.startswith(_JPEG):
+        scan = data.find(b"\xff\xda", 2)
+        if scan < 0:
+            return f"JPEG of {n} bytes without image data (no start-of-scan marker): cut short?"
+        if data.find(b"\xff\xd9", scan) < 0:
+            return f"JPEG of {n} bytes without its end-of-image marker: cut short?"
+        return None
+    if data.startswith(_PNG):
+        if data.find(_PNG_END, 8) < 0:
+            return f"PNG of {n} bytes without its IEND chunk: cut short?"
+        return None
+    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+        announced = int.from_bytes(data[4:8], "little") + 8
+        if n < announced:
+            return f"WebP of {n} bytes whose header announces {announced}: cut short?"
+        return None
+    for magic, _name in _SIGNATURES:
+        if data.startswith(magic):
+            return None
+    if n >= 3 and data[:1] == b"P" and data[1:2] in b"1234567" and data[2:3] in b" \t\r\n#":
+        return None  # PNM
+    return f"unknown image format ({n} bytes starting {data[:8]!r})"
+
+
+def convert(field: Field, data: bytes, ext: str = "") -> np.ndarray:
+    if field.kind == "bytes":
+        if ext.rsplit(".", 1)[-1].lower() in IMAGE_EXTS:
+            problem = image_problem(data)
+            if problem is not None:
+                raise _BadImage(problem)
+        return np.frombuffer(data, np.uint8)
+    if field.kind == "int":
+        text = data.strip()
+        try:
+            return np.array(int(text), np.int64)
+        except ValueError:
+            raise ValueError(f"label {text[:40]!r} is not an integer") from None
+    if field.kind == "npy":
+        value = np.load(io.BytesIO(data), allow_pickle=False)
+    else:
+        value = np.asarray(field.decoder(data))  # type: ignore[misc]
+    if value.ndim != field.ndim:
+        raise ValueError(f"expected {field.ndim} dimensions, got shape {value.shape}")
+    return np.ascontiguousarray(value, dtype=field.dtype)

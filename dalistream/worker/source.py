@@ -1,0 +1,143 @@
+"""The parallel external source of one worker: shards → samples → padded mini-batches.
+
+:class:`WorkerSource` is the iterable given to ``fn.external_source(parallel=True, batch=True)``.
+Each ``next()`` returns one full-size batch per output in which only this worker's slot holds
+real samples; every other position holds the field's shared empty array (no per-slot Python
+work), or a zero in the dense array of a scalar field. The extra ``valid`` output marks real
+samples (1) and padding (0).
+
+Epochs: the loader builds sources with ``cycle="quiet"``; DALI's worker calls ``__iter__`` again
+right after our ``StopIteration``, so the worker's epoch is ``start_epoch`` plus the number of
+``__iter__`` calls it has seen. Every source of a rank yields exactly the plan's number of
+steps per epoch, so all sources end together by construction (see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ..config import StreamConfig
+from ..errors import ManifestError
+from ..plan import WorkerPlan, seeds, worker_plan
+from .policy import ErrorPolicy
+from .reader import PlanReader
+from .shuffle import emitted_indices, shuffled
+from .stats import WorkerStats
+
+
+class WorkerSource:
+    """Iterable of padded mini-batches for one worker; picklable, generators created lazily."""
+
+    def __init__(
+        self, config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], worker: int, *,
+        start_epoch: int = 0, start_step: int = 0, stats_path: Optional[str] = None,
+        offsets: Optional[Sequence[Sequence[int]]] = None,
+    ) -> None:
+        self.config = config
+        self.worker = worker
+        self.reader = PlanReader(config, urls, counts, offsets, worker)
+        self.start_epoch = start_epoch
+        self.start_step = start_step
+        self.stats_path = stats_path
+        self._probe_pid: Optional[int] = None
+        self._iters = 0
+        self._gen: Optional[Iterator] = None
+        self._stats: Optional[WorkerStats] = None
+        self.epoch = start_epoch
+
+    def for_dali(self) -> "WorkerSource":
+        """Mark this source as handed to DALI: ``iter()`` in this (the main) process is DALI's
+        probe before pickling and must not start an epoch."""
+        self._probe_pid = os.getpid()
+        return self
+
+    def __iter__(self) -> "WorkerSource":
+        if self._probe_pid == os.getpid():
+            return self
+        if self._iters and self._gen is None:  # iter(iter(source)): this epoch has not started yet
+            return self
+        self.epoch = self.start_epoch + self._iters
+        skip = self.start_step if self._iters == 0 else 0
+        self._iters += 1
+        self._gen = None
+        self._skip = skip
+        return self
+
+    def __next__(self) -> Tuple[Union[List[np.ndarray], np.ndarray], ...]:
+        if self._gen is None:
+            if self._iters == 0:
+                self.__iter__()
+            self._gen = self.epoch_batches(self.epoch, self._skip)
+        return next(self._gen)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_gen"] = None  # generators never travel to the worker
+        return state
+
+    # -- one epoch -------------------------------------------------------------------------
+
+    def plan(self, epoch: int) -> WorkerPlan:
+        """This worker's plan (shards, steps, slot) for ``epoch``."""
+        c = self.config
+        return worker_plan(self.reader.counts, len(self.reader.urls), c.layout, c.schedule, epoch, c.rank, self.worker)
+
+    def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
+        """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are skipped by
+        tar header, never decoded."""
+        c = self.config
+        plan = self.plan(epoch)
+        if self._stats is None:
+            self._stats = WorkerStats(self.stats_path, c.rank, self.worker)
+        stats = self._stats
+        stats.epoch, stats.step = epoch, start_step
+        policy = ErrorPolicy(c.on_error)
+        policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
+        skip_count = start_step * plan.slot
+        seed = seeds.sample_shuffle(c.seed, epoch, plan.global_worker)
+        if c.shuffle > 1 and skip_count:
+            total = None if c.policy == "fixed" else plan.samples
+            gone = emitted_indices(skip_count, total, c.shuffle, seed)
+            keep = lambda o: o not in gone  # noqa: E731
+        else:
+            keep = lambda o: o >= skip_count  # noqa: E731
+        stream = shuffled(self.reader.decoded(plan, keep, policy, stats), c.shuffle, seed)
+        stream = itertools.islice(stream, skip_count, None)
+
+        # scalar fields (labels) and ``valid`` travel as one dense array each: DALI's worker
+        # serializes a list sample by sample, an array in one piece
+        templates = [np.zeros(c.batch_size, f.dtype) if f.ndim == 0 else [f.empty] * c.batch_size
+                     for f in c.fields] + [np.zeros(c.batch_size, np.uint8)]
+        lo = plan.offset
+        for step in range(start_step, plan.steps):
+            t0 = time.perf_counter()
+            chunk = [s for s in itertools.islice(stream, plan.slot)]
+            t1 = time.perf_counter()
+            stats.read_s += t1 - t0
+            n = len(chunk)
+            if n < plan.slot and c.policy == "even" and not sum(policy.skipped.values()):
+                raise ManifestError(
+                    f"worker ran out of samples at step {step} of {plan.steps}: the shards hold fewer samples "
+                    "than their counts say", url=self.reader.urls[plan.shards[0]],
+                    hint="the manifest is stale: rebuild it with `dalistream index`",
+                ).at(rank=c.rank, worker=self.worker)
+            outputs = tuple(t.copy() for t in templates)
+            if n:
+                columns = list(zip(*chunk))
+                for out, column in zip(outputs, columns):
+                    out[lo:lo + n] = column
+                outputs[-1][lo:lo + n] = 1
+            stats.step = step + 1
+            stats.samples += n
+            stats.padded += plan.slot - n
+            stats.batch_s += time.perf_counter() - t1
+            stats.maybe_write()
+            yield outputs
+        if plan.samples is not None and c.policy == "even":
+            stats.dropped += max(0, plan.samples - plan.steps * plan.slot - sum(policy.skipped.values()))
+        stats.write()

@@ -1,0 +1,118 @@
+"""Worker counters: one schema, written by each worker as a small JSON file and read by
+:meth:`dalistream.Loader.stats`, ``dalistream bench`` and ``dalistream keys``.
+
+Per worker (see :data:`WORKER_FIELDS`): position (``epoch``, ``step``), ``samples`` delivered,
+``padded`` slot positions, ``bytes`` of member data read, ``dropped`` samples (``even`` epochs),
+skips by ``"samples:<reason>"``/``"shards:<reason>"`` (all epochs, and per epoch), remote I/O
+counters, and seconds: ``io_wait_s`` blocked reading shard bytes; ``read_s`` reading, parsing tar
+and checking samples (includes ``io_wait_s``); ``batch_s`` assembling padded batches; ``wall_s``
+since the worker started. ``wall_s - read_s - batch_s`` is time the worker was idle, its batches
+not yet taken: the pipeline (decode) or the training step is the limit.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from collections import Counter
+from typing import Any, Dict, List, Optional
+
+from ..io.counters import IOCounters, ReadClock
+from .policy import skip_totals
+
+WORKER_FIELDS = ("rank", "worker", "epoch", "step", "samples", "padded", "bytes", "dropped", "io_wait_s", "read_s",
+                 "batch_s", "wall_s", "skipped", "io", "skipped_by_epoch")
+TOTALS = ("samples", "padded", "bytes", "dropped")
+WRITE_INTERVAL_S = 0.5  # counters are written at most this often while batches flow
+SKIP_FLUSH_S = 0.05     # and soon after a skip, so the loader sees the skips of delivered batches
+
+
+class WorkerStats:
+    """One worker's counters since its pipeline started (module doc), written to ``path``."""
+
+    def __init__(self, path: Optional[str], rank: int, worker: int) -> None:
+        self.path = path
+        self.rank, self.worker, self.epoch = rank, worker, 0
+        self.step = self.samples = self.padded = self.bytes = self.dropped = 0
+        self.read_s = self.batch_s = 0.0
+        self.io_clock = ReadClock()
+        self.io = IOCounters()  # remote requests, retries, resumes of this worker
+        self.skipped_by_epoch: Dict[int, Counter] = {}
+        self._last = 0.0
+        self._t0 = time.perf_counter()
+
+    @property
+    def skipped(self) -> Counter:
+        """Skips of all epochs together."""
+        total: Counter = Counter()
+        for counts in self.skipped_by_epoch.values():
+            total.update(counts)
+        return total
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The counters as plain data, keyed by :data:`WORKER_FIELDS`."""
+        return {
+            "rank": self.rank, "worker": self.worker, "epoch": self.epoch, "step": self.step,
+            "samples": self.samples, "padded": self.padded, "bytes": self.bytes, "dropped": self.dropped,
+            "io_wait_s": round(self.io_clock.seconds, 6), "read_s": round(self.read_s, 6),
+            "batch_s": round(self.batch_s, 6), "wall_s": round(time.perf_counter() - self._t0, 6),
+            "skipped": dict(self.skipped), "io": self.io.as_dict(),
+            "skipped_by_epoch": {str(e): dict(c) for e, c in self.skipped_by_epoch.items() if c},
+        }
+
+    def maybe_write(self) -> None:
+        """Write if the last write is older than :data:`WRITE_INTERVAL_S`."""
+        self._write_after(WRITE_INTERVAL_S)
+
+    def flush_skips(self) -> None:
+        """Write soon after a skip (:data:`SKIP_FLUSH_S`)."""
+        self._write_after(SKIP_FLUSH_S)
+
+    def _write_after(self, interval: float) -> None:
+        now = time.perf_counter()
+        if self.path and now - self._last > interval:
+            self._last = now
+            self.write()
+
+    def write(self) -> None:
+        """Write the counters now (atomically: readers never see half a file)."""
+        if not self.path:
+            return
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.as_dict(), f)
+        os.replace(tmp, self.path)
+
+
+def stats_path(directory: str, worker: int) -> str:
+    """Where worker ``worker`` writes its counters in ``directory``."""
+    return os.path.join(directory, f"worker-{worker}.json")
+
+
+def read_workers(directory: str) -> List[Dict[str, Any]]:
+    """The counters every worker has written to ``directory`` so far (sorted by worker)."""
+    workers = []
+    for path in sorted(glob.glob(os.path.join(directory, "worker-*.json"))):
+        try:
+            with open(path) as f:
+                workers.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return sorted(workers, key=lambda w: w.get("worker", 0))
+
+
+def summarize(workers: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Sums over workers: :data:`TOTALS`, skips (``skipped_samples``, ``skipped_shards``,
+    ``skipped`` by kind and reason) and the same per epoch under ``by_epoch``; ``workers`` keeps
+    each worker's own counters."""
+    skipped: Counter = Counter()
+    by_epoch: Dict[int, Counter] = {}
+    for w in workers:
+        skipped.update(w.get("skipped", {}))
+        for epoch, counts in w.get("skipped_by_epoch", {}).items():
+            by_epoch.setdefault(int(epoch), Counter()).update(counts)
+    totals = {k: sum(w.get(k, 0) for w in workers) for k in TOTALS}
+    return {"workers": workers, **totals, **skip_totals(skipped),
+            "by_epoch": {e: skip_totals(c) for e, c in sorted(by_epoch.items())}}
