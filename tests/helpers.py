@@ -9,7 +9,9 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-PEER_DATA = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "peer-data", "webdataset"))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
+# real shards written by the webdataset project (copied into the repository: tests read nothing outside it)
+PEER_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "peer", "webdataset")
 
 
 def write_tar(path: str, members: Sequence[tuple], fmt=tarfile.USTAR_FORMAT) -> str:

@@ -340,6 +340,7 @@ def decoded(stream):
     return {"image": image, "label": data["label"], "key": data["key"]}
 
 
+@pytest.mark.dali
 def test_loader_skip_run_over_the_whole_catalogue(catalogue, tmp_path):
     """One real pipeline (2 DALI workers, image decoding) over all the good and bad shards at once,
     plus a good shard deleted after it was counted: every good sample arrives exactly once, bad
@@ -369,6 +370,7 @@ def test_loader_skip_run_over_the_whole_catalogue(catalogue, tmp_path):
     assert sum(w["skipped_by_epoch"]["0"].get("shards:missing", 0) for w in stats["workers"]) == 1
 
 
+@pytest.mark.dali
 def test_loader_raise_on_a_shard_damaged_after_indexing(tmp_path):
     """Counts from a manifest written while the shard was whole: the damage is met in a DALI worker
     and reaches the training loop as the same ShardFormatError, naming shard, member, rank, worker."""
@@ -400,6 +402,7 @@ def strict_about_size(error):
         raise error
 
 
+@pytest.mark.dali
 def test_loader_with_an_on_error_callable(catalogue, tmp_path):
     d, cat = catalogue
     paths = [cat["missing field"][0], cat["member too large"][0]]
@@ -425,6 +428,7 @@ def corrupt_inside_jpeg(seed: int = 3) -> bytes:
     return good[:4] + rng.bytes(1500) + b"\xff\xda" + rng.bytes(64).replace(b"\xff", b"\x00") + b"\xff\xd9"
 
 
+@pytest.mark.dali
 def test_loader_undecodable_image_in_dali_is_located(tmp_path):
     """An image only DALI's decoder rejects kills the whole pipeline, and DALI does not say which
     sample it was: the loader re-reads the failed batch and names shard and key."""
@@ -463,6 +467,7 @@ def cli_data(catalogue, tmp_path_factory):
     return run, {name: os.path.join(run, os.path.basename(cat[name][0])) for name in cat}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["index", "keys"])
 def test_cli_raise_exits_nonzero_naming_the_shard(cli_data, command):
     run, paths = cli_data
@@ -485,6 +490,8 @@ def test_cli_index_skip_reports_the_bad_shards(cli_data):
     assert counts["cut_member.tar"] == 2 and counts["empty.tar"] == 0 and counts["label.tar"] == 3
 
 
+@pytest.mark.dali
+@pytest.mark.slow
 def test_cli_keys_skip_json_ends_with_the_counters(cli_data):
     run, paths = cli_data
     proc = cli("keys", run, "--on-error", "skip", "--json", "-W", "2", "-B", "4", "--policy", "exact")

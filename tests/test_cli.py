@@ -60,6 +60,8 @@ def test_plan_json_assigns_every_shard_once(shards):
     assert {(row["rank"], row["worker"]) for row in payload["plan"]} == {(0, 0), (0, 1), (1, 0), (1, 1)}
 
 
+@pytest.mark.dali
+@pytest.mark.slow
 def test_keys_per_rank_exact_covers_everything_once(shards):
     keys = []
     for rank in range(2):
@@ -71,6 +73,8 @@ def test_keys_per_rank_exact_covers_everything_once(shards):
     assert sorted(keys) == all_keys()
 
 
+@pytest.mark.dali
+@pytest.mark.slow
 def test_keys_per_rank_even_equal_full_batches_from_env(shards):
     counts, seen = [], []
     for rank in range(2):
@@ -83,6 +87,8 @@ def test_keys_per_rank_even_equal_full_batches_from_env(shards):
     assert len(seen) == len(set(seen))
 
 
+@pytest.mark.dali
+@pytest.mark.slow
 def test_keys_resume_from_state_file(shards, tmp_path):
     base = [shards, "-W", 2, "-B", 4, "--shuffle", 6, "--seed", 9, "--policy", "exact", "--json"]
     full = json_lines(cli("keys", *base))
@@ -100,6 +106,7 @@ def test_keys_resume_from_state_file(shards, tmp_path):
             assert rest == json_lines(cli("keys", *base, "--epoch", 1))
 
 
+@pytest.mark.slow
 def test_errors_exit_non_zero_and_name_the_source(tmp_path):
     proc = cli("keys", tmp_path / "nothing-*.tar", "--json", check=False)
     assert proc.returncode == 2 and "nothing-*.tar" in proc.stderr

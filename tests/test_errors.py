@@ -94,6 +94,7 @@ def test_errors_and_warnings_from_bad_data_carry_no_credentials(tmp_path, caplog
     assert SECRET not in str(info.value) + repr(info.value.fields())
 
 
+@pytest.mark.s3
 def test_s3_404_is_a_source_error_without_credentials(tmp_path, caplog):
     pytest.importorskip("moto")
     pytest.importorskip("boto3")

@@ -24,6 +24,8 @@ from typing import Iterator
 import nbformat
 import pytest
 
+pytestmark = [pytest.mark.dali, pytest.mark.slow]
+
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 NOTEBOOK_DIR = os.path.join(ROOT, "notebooks")

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ...dali import ops
+from ...dali.compat import torch_utils
 from ...dali.ops import IMAGENET_MEAN, IMAGENET_STD
 from ...device import resolve_device, start_method
 from .monitor import tree_cpu_s
@@ -144,11 +145,10 @@ def run_dalistream(spec: Dict[str, Any]) -> Dict[str, Any]:
 def run_dali_native(spec: Dict[str, Any]) -> Dict[str, Any]:
     """``fn.readers.webdataset`` over the same shards, then the same graph (or nothing)."""
     t0 = time.perf_counter()
-    from nvidia.dali import fn, pipeline_def
-    from nvidia.dali.plugin.pytorch.torch_utils import to_torch_tensor
     import torch
+    from nvidia.dali import fn, pipeline_def
 
-
+    to_torch_tensor = torch_utils().to_torch_tensor
     device, device_id = resolve_device(spec["device"])
     read_only = spec["pipeline"] == "read-only"
 

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+pytestmark = [pytest.mark.dali]
+
 pytest.importorskip("torch")
 pytest.importorskip("nvidia.dali")
 
@@ -34,6 +36,7 @@ def first_run(tmp_path_factory):
     return result, data_dir
 
 
+@pytest.mark.slow
 def test_demo_trains_on_synthetic_data(first_run):
     result, data_dir = first_run
     assert result.returncode == 0, result.stderr[-3000:]
@@ -47,6 +50,7 @@ def test_demo_trains_on_synthetic_data(first_run):
     assert "\r" not in result.stderr  # no progress bar when stderr is not a terminal
 
 
+@pytest.mark.slow
 def test_demo_json_on_given_data(first_run):
     _, data_dir = first_run
     result = _demo("--data", str(data_dir / "train"), "--eval", "--eval-data", str(data_dir / "val"),

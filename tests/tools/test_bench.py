@@ -15,6 +15,8 @@ from dalistream.tools.bench import runner as bench
 from dalistream.errors import ConfigError
 from dalistream.tools.synth import SynthSpec, write_dataset
 
+pytestmark = [pytest.mark.dali]
+
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
@@ -42,6 +44,7 @@ def positive(figures, keys):
 MAIN = ("samples_per_s", "first_batch_s", "peak_rss_mb", "peak_pss_mb", "steady_cpu_ms_per_sample", "mb_per_s")
 
 
+@pytest.mark.slow
 def test_compare_reports_every_system(shards, tmp_path):
     report, proc = run_bench(tmp_path, shards, "--workers", 2, "--batch-size", 16, "--size", 64,
                              "--compare", "dali-native,webdataset", "--repeats", 1)
@@ -59,6 +62,7 @@ def test_compare_reports_every_system(shards, tmp_path):
     assert "dalistream / dali-native" in proc.stderr
 
 
+@pytest.mark.slow
 def test_read_only_sweep_and_plot(shards, tmp_path):
     pytest.importorskip("matplotlib")
     plot = tmp_path / "sweep.png"
@@ -72,6 +76,8 @@ def test_read_only_sweep_and_plot(shards, tmp_path):
     assert plot.stat().st_size > 1000
 
 
+@pytest.mark.slow
+@pytest.mark.s3
 def test_compare_on_s3(shards, tmp_path, moto_endpoint):
     """The same comparison with the shards in a real S3 server (moto): all three systems read
     ``s3://`` (dalistream's streams, DALI's own S3 reader, webdataset through boto3)."""
@@ -93,6 +99,7 @@ def test_compare_on_s3(shards, tmp_path, moto_endpoint):
     assert "testing" not in proc.stderr  # the credentials of aws_env
 
 
+@pytest.mark.slow
 def test_sweep_over_shards(shards, tmp_path):
     report, _ = run_bench(tmp_path, shards, "--pipeline", "read-only", "--batch-size", 16, "--repeats", 1,
                           "--compare", "dali-native", "--sweep", "shards=2,4", "--lean-main")
@@ -107,6 +114,7 @@ def test_sweep_over_shards(shards, tmp_path):
         run_bench(tmp_path, shards, "--repeats", 1, "--sweep", "shards=2,8")
 
 
+@pytest.mark.slow
 def test_merge_only(tmp_path):
     report, _ = run_bench(tmp_path, "--merge-only", "--merge-workers", "2", "--merge-batches", 10, "--repeats", 1,
                           "--batch-size", 8)

@@ -35,16 +35,16 @@ from dalistream.sources import expand_sources
 from dalistream.io import IOCounters, ShardSequence
 from dalistream.tools.synth import SynthSpec, write_dataset
 from dalistream.tar import iter_samples
-from helpers import free_port
+from helpers import PEER_DATA, REPO, free_port
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEER_SHARD = os.path.join(REPO, "..", "shared", "peer-data", "webdataset", "sample.tgz")
+
+PEER_SHARD = os.path.join(PEER_DATA, "sample.tgz")
 BUCKET = "shards"
 FAKE_KEY_ID = "TESTONLY-not-a-key-id-42"
 FAKE_SECRET = "fakeSecretDoNotPrint42"
 KEYS = {"key": "__key__"}
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
 
 
 def _write_wds_shards(directory: str, shards: int = 2, samples: int = 15) -> None:
@@ -258,6 +258,7 @@ def io_totals(stats) -> Counter:
 
 # -- end to end through DALI ---------------------------------------------------------------------------
 
+@pytest.mark.dali
 def test_s3_prefix_equals_local_through_dali(dataset):
     kw = dict(batch_size=8, workers=2, rank=0, world_size=1, seed=1)
     local = open_stream(dataset["local"], dataset, **kw)
@@ -270,6 +271,7 @@ def test_s3_prefix_equals_local_through_dali(dataset):
     assert io_totals(stats)["requests"] >= len(remote.urls)
 
 
+@pytest.mark.dali
 def test_s3_two_ranks_two_workers_exact_two_epochs(dataset):
     kw = dict(batch_size=6, workers=2, world_size=2, seed=4, shuffle=8, policy="exact")
     every_key = Counter(local_keys(sorted(os.path.join(dataset["local"], n) for n in dataset["names"])))
@@ -284,6 +286,7 @@ def test_s3_two_ranks_two_workers_exact_two_epochs(dataset):
     assert seen[0] == seen[1] == every_key  # every sample exactly once per epoch over both ranks
 
 
+@pytest.mark.dali
 def test_s3_three_ranks_last_rank(dataset):
     kw = dict(batch_size=4, workers=1, rank=2, world_size=3, seed=9)
     local = open_stream(dataset["local"], dataset, **kw)
@@ -293,6 +296,7 @@ def test_s3_three_ranks_last_rank(dataset):
     assert got == reference_batches(local, 0) and got
 
 
+@pytest.mark.dali
 def test_s3_cut_connections_through_dali_deliver_exactly_once(dataset):
     kw = dict(batch_size=8, workers=2, rank=0, world_size=1, seed=2)
     local = open_stream(dataset["local"], dataset, **kw)
@@ -308,6 +312,8 @@ def test_s3_cut_connections_through_dali_deliver_exactly_once(dataset):
     assert totals["resumes"] >= 1 and totals["resumed_bytes"] > 0
 
 
+@pytest.mark.dali
+@pytest.mark.slow
 def test_cli_keys_s3_equals_local(dataset, tmp_path):
     env = dict(os.environ, AWS_ENDPOINT_URL=dataset["opts"]["endpoint_url"], DALISTREAM_CACHE=str(tmp_path))
 
@@ -546,6 +552,7 @@ def test_index_writes_manifest_next_to_shards(dataset, capsys):
         read_manifest(f"s3://{BUCKET}/ds/none.json", dataset["opts"])
 
 
+@pytest.mark.dali
 def test_http_sources_through_stream_open(dataset, http_base):
     kw = dict(batch_size=4, workers=2, rank=0, world_size=1)
     local = open_stream(dataset["local"], dataset, **kw)

@@ -13,10 +13,9 @@ import pytest
 
 from dalistream import Loader, Stream, WorkerError
 
-from helpers import key_shards
+from helpers import REPO as ROOT, key_shards
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+pytestmark = [pytest.mark.dali, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

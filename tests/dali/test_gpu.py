@@ -9,7 +9,8 @@ import dalistream
 from dalistream import ops
 from dalistream.tools.synth import SynthSpec, write_dataset
 
-pytestmark = pytest.mark.skipif(ops.gpu_count() == 0, reason="no CUDA device visible to DALI")
+pytestmark = [pytest.mark.dali, pytest.mark.gpu,
+              pytest.mark.skipif(ops.gpu_count() == 0, reason="no CUDA device visible to DALI")]
 
 
 @dalistream.pipeline_def

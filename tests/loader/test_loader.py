@@ -14,6 +14,8 @@ from dalistream.errors import ConfigError, StateError
 
 from helpers import check_resume, key_shards, uneven_sizes
 
+pytestmark = [pytest.mark.dali]
+
 B = 7  # divisible by none of W = 2, 3, 4
 SIZES = uneven_sizes(13, seed=1, low=2, high=24)
 
@@ -67,6 +69,7 @@ def test_exact_policy_matrix(shards, R, W):
     assert sorted(keys) == sorted(all_keys())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["exact", "even"])
 def test_forked_and_spawned_workers_deliver_the_same_batches(shards, policy):
     """CPU pipelines fork their workers by default; spawned ones (GPU, or CUDA already up) get the

@@ -1,11 +1,14 @@
 """Multi-process training under torchrun (gloo, CPU): equal steps, disjoint ranks, no hang."""
 
+import pytest
 import json
 import os
 import subprocess
 import sys
 
 from helpers import key_shards, uneven_sizes
+
+pytestmark = [pytest.mark.dali, pytest.mark.slow]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

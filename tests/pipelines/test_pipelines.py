@@ -19,6 +19,8 @@ import pytest
 import dalistream
 from dalistream import ops
 
+pytestmark = [pytest.mark.dali]
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("nvidia.dali")
 wds = pytest.importorskip("webdataset")

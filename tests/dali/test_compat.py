@@ -1,0 +1,151 @@
+"""One test per shim of ``dalistream.dali.compat``: each use of DALI's or torch's internals still
+does what dalistream relies on, against the installed versions."""
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from dalistream.dali import compat
+
+
+def test_versions_are_the_tested_ones_and_a_mismatch_warns(monkeypatch):
+    import nvidia.dali
+
+    assert nvidia.dali.__version__.startswith(compat.DALI_TESTED)
+    monkeypatch.setattr(compat, "_checked", [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compat.check_versions()                    # the installed versions: silent
+    monkeypatch.setattr(compat, "_checked", [])
+    monkeypatch.setattr(nvidia.dali, "__version__", "9.9.0")
+    with pytest.warns(RuntimeWarning, match="tested with DALI 2.4"):
+        compat.check_versions()
+    compat.check_versions()                        # once per process
+
+
+def test_do_not_convert_marks_as_dali_does():
+    from nvidia.dali._conditionals import _autograph
+
+    def f():
+        return 1
+
+    assert not _autograph.is_autograph_artifact(f)
+    assert _autograph.is_autograph_artifact(compat.do_not_convert(f))
+
+
+def _two_branch_pipeline(select):
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None, enable_conditionals=True)
+    def pipe():
+        flag = fn.external_source(source=lambda: [np.array(i % 2, np.int32) for i in range(4)], batch=True,
+                                  dtype=types.INT32)
+        return select(flag)
+
+    return pipe()
+
+
+def test_converted_turns_an_if_on_data_into_a_dali_conditional():
+    from nvidia.dali import fn, types
+
+    @compat.converted
+    def pick(flag):
+        out = fn.constant(idata=[7], dtype=types.INT32)
+        if flag == 1:
+            out = fn.constant(idata=[9], dtype=types.INT32)
+        return out
+
+    @compat.do_not_convert  # called from unconverted code: the shim converts `pick` on its own
+    def select(flag):
+        return pick(flag)
+
+    p = _two_branch_pipeline(select)
+    p.build()
+    (out,) = p.run()
+    assert [int(np.array(out.at(i))[0]) for i in range(4)] == [7, 9, 7, 9]
+
+
+def _parallel_pipeline():
+    from nvidia.dali import fn, pipeline_def
+
+    class Source:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return [np.zeros(1, np.uint8)] * 2
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=2, py_start_method="fork")
+    def pipe():  # one stateful source per worker, as dalistream's
+        return tuple(fn.external_source(source=Source(), batch=True, parallel=True, cycle="quiet") for _ in range(2))
+
+    return pipe()
+
+
+def test_worker_processes_shutdown_and_observer():
+    p = _parallel_pipeline()
+    assert compat.worker_processes(p) == []        # before build: no pool
+    p.build()
+    p.run()
+    processes = compat.worker_processes(p)
+    assert len(processes) == 2 and all(proc.is_alive() for proc in processes)
+    observer = p._py_pool.pool._observer           # what forget_observer reaches into
+    assert observer is not None and observer.thread is not None
+    compat.shutdown(p)
+    for proc in processes:
+        proc.join(5)
+    assert all(proc.exitcode is not None for proc in processes)
+    compat.forget_observer(p)                      # as the watchdog calls it, after a shutdown
+    assert observer.thread is None
+
+
+def test_cuda_queries_answer_without_a_gpu():
+    count = compat.cuda_device_count()
+    assert isinstance(count, int) and count >= 0
+    assert isinstance(compat.cuda_initialized(), bool)
+    if count == 0:
+        assert compat.cuda_initialized() is False   # so CPU pipelines may fork
+
+
+def test_torch_utils_feed_a_tensor():
+    from nvidia.dali.backend import TensorCPU
+
+    utils = compat.torch_utils()
+    source = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = torch.empty(2, 3, dtype=utils.to_torch_type[TensorCPU(source).dtype])
+    utils.feed_ndarray(TensorCPU(source), out)
+    assert out.tolist() == source.tolist()
+
+
+def test_only_reference_sees_every_kind_of_holder():
+    pool = [torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3)]
+    kept = pool[1]                 # another Python reference
+    view = pool[2][1:]             # a view shares the storage
+    array = pool[3].numpy()        # so does a NumPy array
+    found = [compat.only_reference(t) for t in pool]
+    assert found == [True, False, False, False]
+    del kept, view, array
+    assert [compat.only_reference(t) for t in pool] == [True, True, True, True]
+
+
+def test_main_hidden_from_spawn_restores_the_main_module(tmp_path):
+    script = (
+        "import sys\n"
+        "from dalistream.dali.compat import main_hidden_from_spawn\n"
+        "main = sys.modules['__main__']\n"
+        "before = (main.__spec__, main.__file__)\n"
+        "with main_hidden_from_spawn():\n"
+        "    assert main.__spec__ is None and not hasattr(main, '__file__')\n"
+        "assert (main.__spec__, main.__file__) == before\n"
+        "with main_hidden_from_spawn(False):\n"
+        "    assert main.__file__ == before[1]\n"
+        "print('ok')\n"
+    )
+    path = tmp_path / "main.py"   # a script file: its __main__ has a __file__, as a user's has
+    path.write_text(script)
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
