@@ -15,7 +15,7 @@ from typing import List, Optional
 
 from .errors import DalistreamError
 from .stream import default_cache_dir
-from .tools import demo
+from .tools import demo, planview
 from .tools.args import add_stream_args, emit, progress_bar, storage_options
 from .tools.bench import runner as bench
 
@@ -37,57 +37,15 @@ def cmd_synth(args: argparse.Namespace) -> int:
 # -- plan ----------------------------------------------------------------------------------------
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .manifest import shard_counts
-    from .plan import Layout, Schedule, owned_shards, steps_per_epoch
-    from .sources import expand_sources
+    from .tools import planview
 
-    urls = expand_sources(args.sources, storage_options(args))
-    counts = None
-    problems: list = []
-    if args.no_counts:
-        pass
-    elif args.on_error == "skip" and not args.manifest:
-        from .manifest import scan_tolerant
-
-        infos, problems = scan_tolerant(urls, options=storage_options(args), cache_dir=default_cache_dir(os.environ))
-        for problem in problems:
-            log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
-        counts = [i.samples for i in infos]
-    else:
-        counts = shard_counts(urls, manifest=args.manifest, options=storage_options(args), cache_dir=default_cache_dir(os.environ))
-    layout = Layout(args.world_size, args.workers, args.batch_size)
-    schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
-    slots = layout.slots
-    rows = []
-    for r in range(args.world_size):
-        steps = (steps_per_epoch(counts, layout, schedule, args.epoch, r)
-                 if counts is not None or args.policy == "fixed" else None)
-        for w in range(args.workers):
-            owned = owned_shards(len(urls), layout, schedule, args.epoch, r, w)
-            rows.append({
-                "rank": r, "worker": w, "global_worker": r * args.workers + w, "slot": slots[w],
-                "shards": [urls[i] for i in owned],
-                "samples": sum(counts[i] for i in owned) if counts is not None else None, "steps": steps,
-            })
-    payload = {"epoch": args.epoch, "seed": args.seed, "world_size": args.world_size, "workers": args.workers,
-               "batch_size": args.batch_size, "policy": args.policy, "plan": rows}
-    if args.on_error == "skip":  # shards counted only up to their damage
-        payload.update(skipped_shards=len(problems), errors=[p.fields() for p in problems])
-    if args.json:
-        emit(args, payload)
-    else:
-        for row in rows:
-            print(f"rank {row['rank']} worker {row['worker']} (g={row['global_worker']}, slot {row['slot']}): "
-                  f"{len(row['shards'])} shards, {row['samples']} samples, {row['steps']} steps")
-            for url in row["shards"]:
-                print(f"    {url}")
-    return 0
+    return planview.run(args, default_cache_dir(os.environ))
 
 
 # -- index ---------------------------------------------------------------------------------------
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from .manifest import build_manifest, write_manifest
+    from .manifest import build_manifest, default_location, write_manifest
     from .sources import expand_sources
 
     urls = expand_sources(args.sources, storage_options(args))
@@ -98,8 +56,12 @@ def cmd_index(args: argparse.Namespace) -> int:
         infos, problems = scan_tolerant(urls, options=storage_options(args))
     else:
         with progress_bar(args, total=len(urls), unit="shard") as bar:
-            infos = build_manifest(urls, options=storage_options(args), offsets=args.offsets,
+            infos = build_manifest(urls, options=storage_options(args), offsets=not args.no_offsets,
                                    progress=lambda info: bar.update(1))
+    if args.output is None:  # next to the shards, where Stream.open looks without being told
+        args.output = default_location(urls)
+    if args.output == "-":
+        args.output = None
     if args.output:
         write_manifest(infos, args.output, storage_options(args))
     payload = {"shards": [i.__dict__ for i in infos], "samples": sum(i.samples for i in infos), "output": args.output,
@@ -172,18 +134,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_synth)
 
-    p = sub.add_parser("plan", help="show which shards each (rank, worker) owns and the batches that gives")
-    add_stream_args(p)
+    p = sub.add_parser("plan", help="what an epoch's plan costs (left out, padding, shards cut) and who reads what")
+    add_stream_args(p, sources_required=False)
     p.set_defaults(world_size=1)
     p.add_argument("--no-counts", action="store_true", help="do not scan shards for sample counts")
+    planview.add_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("index", help="count samples and bytes per shard; write a manifest")
     add_stream_args(p, batch=False)
-    p.add_argument("-o", "--output", default=None, help="manifest file to write (local path or s3://)")
+    p.add_argument("-o", "--output", default=None,
+                   help="manifest file to write (local path or s3://); default: dalistream-manifest.json in the "
+                        "shards' folder, where loaders find it unnamed; '-' writes none")
     p.add_argument("--offsets", action="store_true",
-                   help="also record each sample's tar offset: a mid-shard resume then seeks (ranged GET) to it")
+                   help="record each sample's tar offset (the default; kept for old scripts)")
+    p.add_argument("--no-offsets", action="store_true",
+                   help="omit sample offsets: a worker whose span starts inside a shard then skips headers to it")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_index)
 

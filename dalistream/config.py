@@ -113,7 +113,9 @@ class StreamConfig:
 
     ``policy``: ``"even"`` (every rank the same number of full batches, leftovers dropped),
     ``"exact"`` (every sample once, last batches padded and trimmed on the torch side) or
-    ``"fixed"`` (``batches_per_epoch`` batches, workers cycle over their own shards).
+    ``"fixed"`` (``batches_per_epoch`` batches, workers cycle over their own part of the data).
+    Without a manifest, remote shards are counted by a scan only while their total size is at
+    most ``scan_limit_bytes`` (``None``: always), so ranks do not each read the data set.
     ``shuffle`` is the per-worker sample shuffle buffer size (0: off). ``storage_options``
     configure remote byte streams (S3 endpoint and profile, read-ahead, retries); they are
     never printed in full (see ``__repr__``).
@@ -136,6 +138,7 @@ class StreamConfig:
     max_member_bytes: int = 256 << 20
     manifest: Optional[str] = None
     cache_dir: Optional[str] = None
+    scan_limit_bytes: Optional[int] = 1 << 30
     prefetch: int = 2
     storage_options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -157,6 +160,9 @@ class StreamConfig:
             raise ConfigError(
                 f"batch_size {self.batch_size} is smaller than workers {self.workers}: every worker needs a slot of at least one sample"
             )
+        if self.scan_limit_bytes is not None and (isinstance(self.scan_limit_bytes, bool)
+                                                  or not isinstance(self.scan_limit_bytes, int) or self.scan_limit_bytes < 0):
+            raise ConfigError(f"scan_limit_bytes must be a non-negative integer or None, got {self.scan_limit_bytes!r}")
         if self.shuffle < 0:
             raise ConfigError(f"shuffle buffer must be >= 0, got {self.shuffle}")
         if self.policy not in POLICIES:

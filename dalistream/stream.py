@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 from .config import StreamConfig
 from .errors import ConfigError, redact
 from .device import check_start_method, resolve_device
-from .manifest import lookup, read_manifest, scan_tolerant, shard_counts
+from .manifest import SampleOffsets, count_samples
 from .plan import check_layout, steps_per_epoch
 from .sources import expand_sources
 
@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 def resolve_layout(rank: Optional[int], world_size: Optional[int], env: Mapping[str, str]) -> Tuple[int, int]:
-    """(rank, world size): explicit values, else torch.distributed, else RANK/WORLD_SIZE, else (0, 1)."""
+    """(rank, world size): explicit values, else torch.distributed, else RANK/WORLD_SIZE, else
+    SLURM_PROCID/SLURM_NTASKS (a job started by ``srun``), else (0, 1)."""
     if rank is not None and world_size is not None:
         return int(rank), int(world_size)
     dist_rank = dist_world = None
@@ -41,8 +42,25 @@ def resolve_layout(rank: Optional[int], world_size: Optional[int], env: Mapping[
             dist_rank, dist_world = int(env.get("RANK", "0")), int(env["WORLD_SIZE"])
         except ValueError:
             raise ConfigError(f"RANK/WORLD_SIZE are not integers: {env.get('RANK')!r}/{env.get('WORLD_SIZE')!r}") from None
+    if dist_world is None and "SLURM_NTASKS" in env:
+        try:
+            dist_rank, dist_world = int(env.get("SLURM_PROCID", "0")), int(env["SLURM_NTASKS"])
+        except ValueError:
+            raise ConfigError(f"SLURM_PROCID/SLURM_NTASKS are not integers: {env.get('SLURM_PROCID')!r}/"
+                              f"{env.get('SLURM_NTASKS')!r}") from None
     return (int(rank) if rank is not None else (dist_rank or 0),
             int(world_size) if world_size is not None else (dist_world or 1))
+
+
+def local_device(env: Mapping[str, str]) -> Optional[int]:
+    """The GPU of this process on its node: ``LOCAL_RANK`` (torchrun), else ``SLURM_LOCALID`` (srun)."""
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        if name in env:
+            try:
+                return int(env[name])
+            except ValueError:
+                raise ConfigError(f"{name} is not an integer: {env[name]!r}") from None
+    return None
 
 
 def default_cache_dir(env: Mapping[str, str]) -> str:
@@ -72,8 +90,9 @@ class Stream:
     start_epoch: int = 0
     start_step: int = 0
     stats_dir: Optional[str] = None
-    offsets: Optional[Tuple[Tuple[int, ...], ...]] = None  # per shard, per sample (from a manifest)
+    offsets: Optional[SampleOffsets] = None  # every sample's tar offset, where known
     start_method: str = "auto"  # how DALI starts its workers: auto, fork or spawn (see device.start_method)
+    count_source: Optional[str] = None  # where the counts came from (a manifest, a scan), for messages
 
     def __repr__(self) -> str:  # URLs redacted: no credentials in logs
         shards = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
@@ -96,8 +115,8 @@ class Stream:
         """
         env = os.environ if env is None else env
         rank, world_size = resolve_layout(rank, world_size, env)
-        if device_id is None and "LOCAL_RANK" in env:
-            device_id = int(env["LOCAL_RANK"])
+        if device_id is None:
+            device_id = local_device(env)
         options.setdefault("cache_dir", default_cache_dir(env))
         if isinstance(sources, (str, os.PathLike)):
             sources = [os.fspath(sources)]
@@ -110,27 +129,25 @@ class Stream:
                     start_method: str = "auto") -> "Stream":
         """List shards and count samples for an already built config."""
         urls = expand_sources(config.sources, config.storage_options)
-        check_layout(len(urls), config.layout)
-        counts = offsets = None
-        if config.manifest:
-            infos = lookup(urls, read_manifest(config.manifest, config.storage_options), config.manifest)
-            counts = tuple(info.samples for info in infos)
-            if all(info.offsets is not None for info in infos):
-                offsets = tuple(info.offsets for info in infos)
-        elif config.policy != "fixed":
-            if config.on_error != "raise":
-                # skip: a bad shard counts the samples before its problem (what a worker delivers)
-                infos, problems = scan_tolerant(urls, cache_dir=config.cache_dir, options=config.storage_options,
-                                                lowercase=config.lowercase_ext)
-                for problem in problems:
-                    log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
-                counts = tuple(info.samples for info in infos)
-            else:
-                counts = tuple(shard_counts(urls, cache_dir=config.cache_dir, options=config.storage_options,
-                                            lowercase=config.lowercase_ext))
+        counts = offsets = source = None
+        if config.manifest or config.policy != "fixed":
+            counted = count_samples(urls, manifest=config.manifest, cache_dir=config.cache_dir,
+                                    options=config.storage_options, lowercase=config.lowercase_ext,
+                                    tolerant=config.on_error != "raise", scan_limit_bytes=config.scan_limit_bytes)
+            for problem in counted.problems:  # skip: a bad shard counts the samples before its problem
+                log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
+            counts = tuple(info.samples for info in counted.infos)
+            source = counted.source
+            if any(info.offsets is not None for info in counted.infos):
+                offsets = SampleOffsets(counts, [info.offsets for info in counted.infos])
+                if config.cache_dir:
+                    offsets = offsets.saved(config.cache_dir)
+        else:
+            check_layout(len(urls), config.layout)  # whole shards: one per global worker at least
         device, device_id = resolve_device(device, device_id)
         check_start_method(start_method)
-        return cls(config, tuple(urls), counts, device, device_id, offsets=offsets, start_method=start_method)
+        return cls(config, tuple(urls), counts, device, device_id, offsets=offsets, start_method=start_method,
+                   count_source=source)
 
     def steps(self, epoch: int) -> int:
         """Batches this rank yields in ``epoch``."""

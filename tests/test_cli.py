@@ -52,12 +52,23 @@ def test_synth_writes_a_dataset_index_counts_it(tmp_path):
     assert json.load(open(tmp_path / "m.json"))["format"] == "dalistream-manifest"
 
 
-def test_plan_json_assigns_every_shard_once(shards):
-    payload = json.loads(cli("plan", shards, "--world-size", 2, "--workers", 2, "-B", 6, "--epoch", 1, "--json").stdout)
-    owned = [u for row in payload["plan"] for u in row["shards"]]
-    assert len(owned) == len(set(owned)) == len(SIZES)
+def test_plan_json_assigns_every_sample_once(shards):
+    payload = json.loads(cli("plan", shards, "--world-size", 2, "--workers", 2, "-B", 6, "--epoch", 1,
+                             "--policy", "exact", "--json").stdout)
+    owned = [(p["url"], i) for row in payload["plan"] for p in row["parts"] for i in range(p["first"], p["stop"])]
+    assert len(owned) == len(set(owned)) == sum(SIZES)
     assert len({row["steps"] for row in payload["plan"]}) == 1
     assert {(row["rank"], row["worker"]) for row in payload["plan"]} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    (epoch,) = payload["epochs"]
+    assert epoch["left_out"] == 0 and epoch["padding"] == epoch["steps"] * 12 - sum(SIZES)
+
+
+def test_plan_at_scale_without_data():
+    out = cli("plan", "--counts", "100000:700-1300", "--world-size", 1024, "-W", 8, "-B", 256, "--epochs", 2,
+              "--json").stdout
+    epochs = json.loads(out)["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1] and all(e["left_out"] < 1024 * 256 for e in epochs)
+    assert "plan" not in json.loads(out)  # 8,192 workers: summary only unless --detail
 
 
 @pytest.mark.dali

@@ -144,7 +144,8 @@ def _locate_bad_images(stream: "Stream", epoch: int, step: int, depth: int = 2):
     found, keys = [], []
     last = min(stream.steps(epoch), step + depth + 1)
     for w in range(c.workers):
-        source = WorkerSource(config, stream.urls, stream.counts, w, start_epoch=epoch, start_step=step)
+        source = WorkerSource(config, stream.urls, stream.counts, w, start_epoch=epoch, start_step=step,
+                              offsets=stream.offsets, count_source=stream.count_source)
         batches = source.epoch_batches(epoch, step)
         try:
             for s, batch in zip(range(step, last), batches):

@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..config import StreamConfig
+from ..manifest.offsets import SampleOffsets
 from ..plan import Layout
 from ..worker import WorkerSource, stats_path
 from .compat import do_not_convert
@@ -49,7 +50,8 @@ def merge(owner, branches: Sequence[Sequence]) -> list:
 @do_not_convert
 def sharded_sources(
     config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], *, start_epoch: int = 0,
-    start_step: int = 0, stats_dir: Optional[str] = None, offsets: Optional[Sequence[Sequence[int]]] = None,
+    start_step: int = 0, stats_dir: Optional[str] = None, offsets: Optional[SampleOffsets] = None,
+    count_source: Optional[str] = None,
 ) -> Tuple[Optional[object], List[Sequence]]:
     """Create the W parallel sources; return ``(owner, branches)``: the owner index node (``None``
     with one worker) and, per worker, its output nodes (the fields, then ``valid``).
@@ -65,7 +67,7 @@ def sharded_sources(
     for w in range(config.workers):
         source = WorkerSource(
             config, urls, counts, w, start_epoch=start_epoch, start_step=start_step, offsets=offsets,
-            stats_path=stats_path(stats_dir, w) if stats_dir else None,
+            count_source=count_source, stats_path=stats_path(stats_dir, w) if stats_dir else None,
         ).for_dali()
         nodes = fn.external_source(
             source=source, num_outputs=n_out, batch=True, parallel=True, cycle="quiet",

@@ -80,7 +80,8 @@ def read(stream: "Stream") -> Dict[str, Any]:
         raise ConfigError("dalistream.read() was called twice in one pipeline",
                           hint="call it once and use its nodes as often as needed")
     owner, branches = sharded_sources(stream.config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
-                                      start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets)
+                                      start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets,
+                                      count_source=stream.count_source)
     merged = list(branches[0]) if owner is None else _merge(owner, branches)
     nodes = dict(zip([f.name for f in stream.config.fields] + ["valid"], merged))
     for field in stream.config.fields:

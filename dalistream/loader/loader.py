@@ -28,7 +28,7 @@ from ..stream import Stream
 from ..worker import read_workers, summarize
 from .convert import BufferPool, to_torch
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: samples owned by spans of the epoch sequence (1: whole shards)
 log = logging.getLogger(__name__)
 
 _open_loaders: "weakref.WeakSet[Loader]" = weakref.WeakSet()

@@ -1,29 +1,125 @@
-"""Per-shard sample counts, the front of the manifest stage: from a manifest file, else a (cached)
-header scan."""
+"""Per-shard sample counts (and offsets), the front of the manifest stage, found without reading
+the data set on every rank:
+
+1. a manifest named by the user: dalistream JSON or a wids index, or DALI ``.idx`` files (a
+   pattern ending in ``.idx``, one per shard, in order);
+2. else a manifest where ``dalistream index`` writes by default (next to the shards), or a
+   ``.idx`` file beside every ``.tar`` shard;
+3. else a header scan (local shards: headers only, cached per file); remote shards are scanned
+   only while their total size is below ``scan_limit_bytes``, else a :class:`ManifestError` gives
+   the one ``dalistream index`` command to run.
+"""
 
 from __future__ import annotations
 
+import glob
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence
 
-from .files import lookup, read_manifest
+import braceexpand
+
+from ..errors import ManifestError, SourceError, redact
+from ..io.local import local_path
+from ..io.remote import is_fetched, stat_remote
+from ..sources import is_remote
+from .files import default_location, lookup, read_idx, read_manifest
 from .rows import ShardInfo
-from .scan import build_manifest
+from .scan import build_manifest, scan_tolerant
+
+
+@dataclass
+class Counted:
+    """Rows for every shard, where they came from (for messages) and the scan's problems (``skip``)."""
+
+    infos: List[ShardInfo]
+    source: str
+    problems: list = field(default_factory=list)
+
+
+def _exists(url: str, options: Optional[Mapping[str, Any]]) -> bool:
+    if not is_fetched(url):
+        return os.path.isfile(local_path(url))
+    try:
+        stat_remote(url, options)
+        return True
+    except SourceError:
+        return False
+
+
+def _idx_beside(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> Optional[List[str]]:
+    if not all(u.endswith(".tar") for u in urls):
+        return None
+    paths = [u[:-len(".tar")] + ".idx" for u in urls]
+    if not _exists(paths[0], options):  # one probe decides: remote stores are not asked N times
+        return None
+    return paths
+
+
+def _expand_idx(pattern: str) -> List[str]:
+    out: List[str] = []
+    for p in braceexpand.braceexpand(pattern):
+        if not is_remote(p) and glob.has_magic(p):
+            out.extend(sorted(glob.glob(local_path(p))))
+        else:
+            out.append(p)
+    return out
+
+
+def _remote_bytes(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> int:
+    remote = [u for u in urls if is_fetched(u)]
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(remote)))) as pool:
+        return sum(size or 0 for size, _tag in pool.map(lambda u: stat_remote(u, options), remote))
+
+
+def count_samples(
+    urls: Sequence[str], *, manifest: Optional[str] = None, cache_dir: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None, lowercase: bool = False, tolerant: bool = False,
+    scan_limit_bytes: Optional[int] = 1 << 30,
+) -> Counted:
+    """Every shard's row, found as the module doc says. ``tolerant`` (``on_error="skip"``): a
+    scanned shard that cannot be read to its end is counted up to its problem (see
+    :func:`~.scan.scan_tolerant`); ``scan_limit_bytes`` None: always scan."""
+    if manifest and manifest.endswith(".idx"):
+        return Counted(read_idx(_expand_idx(manifest), urls, options), f"index files {redact(manifest)}")
+    if manifest:
+        return Counted(lookup(urls, read_manifest(manifest, options), manifest), f"manifest {redact(manifest)}")
+    found = default_location(urls)
+    if found and _exists(found, options):
+        return Counted(lookup(urls, read_manifest(found, options), found), f"manifest {redact(found)}")
+    idx = _idx_beside(urls, options)
+    if idx:
+        return Counted(read_idx(idx, urls, options), "index files (.idx) beside the shards")
+    if scan_limit_bytes is not None and any(is_fetched(u) for u in urls):
+        total = _remote_bytes(urls, options)
+        if total > scan_limit_bytes:
+            target = found or "s3://BUCKET/PREFIX/" + "dalistream-manifest.json"
+            raise ManifestError(
+                f"{len(urls)} remote shards ({total / 2**30:.1f} GiB) and no manifest: counting them would read the "
+                f"whole data set on every rank", url=redact(urls[0]), reason="no_manifest",
+                hint=f"run once: `dalistream index SOURCES -o {redact(target)}` (then it is found without being named), "
+                     "or use policy='fixed' with batches_per_epoch")
+    source = "header scan" + (f", cached in {cache_dir}" if cache_dir else "")
+    if tolerant:
+        infos, problems = scan_tolerant(urls, cache_dir=cache_dir, options=options, lowercase=lowercase)
+        return Counted(infos, source, problems)
+    return Counted(build_manifest(urls, cache_dir=cache_dir, options=options, lowercase=lowercase, offsets=True), source)
 
 
 def shard_infos(
     urls: Sequence[str], *, manifest: Optional[str] = None, cache_dir: Optional[str] = None,
     options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
 ) -> List[ShardInfo]:
-    """Every shard's row (sample count, size): from ``manifest`` if given, else a (cached) header scan."""
-    if manifest:
-        return lookup(urls, read_manifest(manifest, options), manifest)
-    return build_manifest(urls, cache_dir=cache_dir, options=options, lowercase=lowercase)
+    """Every shard's row (sample count, size, offsets when known); see :func:`count_samples`."""
+    return count_samples(urls, manifest=manifest, cache_dir=cache_dir, options=options, lowercase=lowercase,
+                         scan_limit_bytes=None).infos
 
 
 def shard_counts(
     urls: Sequence[str], *, manifest: Optional[str] = None, cache_dir: Optional[str] = None,
     options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
 ) -> List[int]:
-    """Sample count of every shard (see :func:`shard_infos`)."""
+    """Sample count of every shard (see :func:`count_samples`)."""
     return [i.samples for i in shard_infos(urls, manifest=manifest, cache_dir=cache_dir, options=options,
                                            lowercase=lowercase)]

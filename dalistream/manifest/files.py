@@ -1,85 +1,129 @@
 """Manifest files: per-shard counts (and offsets) written once, read by every rank.
 
-Manifests are read from a local path, ``s3://`` or ``http(s)://``, and written to local disk or
-uploaded next to the shards (``s3://bucket/prefix/manifest.json``).
-
-Manifest file format (JSON)::
-
-    {"format": "dalistream-manifest", "version": 1,
-     "shards": [{"url": "...", "samples": 1000, "bytes": 123456, "offsets": [0, 5120, ...]}, ...]}
-
-``offsets`` (optional, ``dalistream index --offsets``) are the tar offsets of each sample's first
-header: a mid-shard resume then opens the shard at the first sample it still needs (a seek, or
-a ranged GET for remote shards) instead of reading the consumed part.
+Read from a local path, ``s3://`` or ``http(s)://``; written to local disk or uploaded next to
+the shards. The formats read are listed in :mod:`.formats`. Rows are matched to shards by full
+URL (relative row URLs resolved against the manifest's location), never by base name: the
+manifest of another split with the same file names is an error, not silently wrong counts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
 import tempfile
 from dataclasses import asdict
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import ManifestError, SourceError, redact
+from ..io.local import local_path
 from ..io.remote import is_fetched, put_bytes, read_bytes
 from ..sources import is_remote
+from .formats import FORMAT, parse_idx, parse_json
 from .rows import ShardInfo
 
-FORMAT = "dalistream-manifest"
+DEFAULT_NAME = "dalistream-manifest.json"
+
+
+def default_location(urls: Sequence[str]) -> Optional[str]:
+    """Where ``dalistream index`` writes and where a manifest is looked for unnamed: the folder
+    (or key prefix) holding all the shards. ``None`` for ``pipe:`` sources or mixed places."""
+    if not urls or any(u.startswith("pipe:") for u in urls):
+        return None
+    if all(is_remote(u) for u in urls):
+        folders = {u.rsplit("/", 1)[0] for u in urls}
+        if len(folders) != 1:
+            common = posixpath.commonpath([f.split("://", 1)[1] for f in folders])
+            schemes = {u.split("://", 1)[0] for u in urls}
+            if not common or len(schemes) != 1:
+                return None
+            folders = {f"{schemes.pop()}://{common}"}
+        return f"{folders.pop()}/{DEFAULT_NAME}"
+    if any(is_remote(u) for u in urls):
+        return None
+    paths = [os.path.abspath(local_path(u)) for u in urls]
+    return os.path.join(os.path.commonpath([os.path.dirname(p) for p in paths]), DEFAULT_NAME)
+
+
+def _relative(url: str, manifest: str) -> str:
+    """A shard URL as written into a manifest: relative to it when below its folder."""
+    if is_remote(manifest) or is_remote(url):
+        folder = manifest.rsplit("/", 1)[0] + "/"
+        return url[len(folder):] if url.startswith(folder) else url
+    folder = os.path.dirname(os.path.abspath(local_path(manifest)))
+    path = os.path.abspath(local_path(url))
+    return os.path.relpath(path, folder) if path.startswith(folder + os.sep) else path
 
 
 def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapping[str, Any]] = None) -> None:
     """Write a manifest file atomically: a local path, or ``s3://bucket/key`` (uploaded with
-    ``options``, the storage options)."""
-    rows = [{k: (list(v) if k == "offsets" else v) for k, v in asdict(i).items() if k != "offsets" or v is not None}
-            for i in infos]
-    payload = {"format": FORMAT, "version": 1, "shards": rows}
+    ``options``, the storage options). Shard URLs below the manifest's folder are written
+    relative to it, so the folder can be moved or mounted elsewhere."""
+    rows = []
+    for info in infos:
+        row = {k: (list(v) if k == "offsets" else v) for k, v in asdict(info).items() if k != "offsets" or v is not None}
+        row["url"] = _relative(info.url, path)
+        rows.append(row)
+    payload = json.dumps({"format": FORMAT, "version": 1, "shards": rows}, separators=(",", ":"))
     if is_remote(path):
-        put_bytes(path, json.dumps(payload, indent=1).encode(), options)
+        put_bytes(path, payload.encode(), options)
         return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory)
     with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1)
+        f.write(payload)
     os.replace(tmp, path)
 
 
-def read_manifest(path: str, options: Optional[Mapping[str, Any]] = None) -> Dict[str, ShardInfo]:
-    """Read a manifest (local path, ``s3://`` or ``http(s)://``) into ``{url: ShardInfo}``."""
+def _read_text(path: str, options: Optional[Mapping[str, Any]]) -> str:
     try:
         if is_fetched(path):
-            payload = json.loads(read_bytes(path, options))
-        else:
-            with open(path) as f:
-                payload = json.load(f)
+            return read_bytes(path, options).decode("utf-8")
+        with open(local_path(path), encoding="utf-8") as f:
+            return f.read()
     except FileNotFoundError:
-        raise SourceError("manifest file does not exist", url=path) from None
+        raise SourceError("manifest file does not exist", url=path, reason="missing") from None
+    except UnicodeDecodeError:
+        raise ManifestError("manifest is not UTF-8 text", url=path, reason="bad_manifest") from None
     except SourceError as e:
-        raise SourceError(f"cannot read manifest: {e.message}", url=path, hint=e.hint) from None
+        raise SourceError(f"cannot read manifest: {e.message}", url=path, hint=e.hint, reason=e.reason) from None
+
+
+def read_manifest(path: str, options: Optional[Mapping[str, Any]] = None) -> Dict[str, ShardInfo]:
+    """Read a manifest (dalistream JSON or a wids index; local, ``s3://`` or ``http(s)://``) into
+    ``{shard url: ShardInfo}``, validated row by row."""
+    try:
+        payload = json.loads(_read_text(path, options))
     except ValueError as e:
-        raise ManifestError(f"manifest is not valid JSON: {e}", url=path) from None
-    if not isinstance(payload, dict):
-        raise ManifestError("not a dalistream manifest (not a JSON object)", url=path)
-    if payload.get("format") != FORMAT:
-        raise ManifestError("not a dalistream manifest (missing format marker)", url=path)
-    return {row["url"]: ShardInfo(**row) for row in payload["shards"]}
+        raise ManifestError(f"manifest is not valid JSON: {e}", url=path, reason="bad_manifest") from None
+    return {info.url: info for info in parse_json(payload, path)}
+
+
+def read_idx(index_paths: Sequence[str], urls: Sequence[str], options: Optional[Mapping[str, Any]] = None) -> List[ShardInfo]:
+    """Rows from DALI ``wds2idx`` index files, one per shard, paired in order (as DALI pairs them)."""
+    if len(index_paths) != len(urls):
+        raise ManifestError(f"{len(index_paths)} index files for {len(urls)} shards: give one per shard, in order",
+                            url=index_paths[0] if index_paths else None, reason="bad_manifest")
+    return [parse_idx(_read_text(p, options), p, u) for p, u in zip(index_paths, urls)]
+
+
+def _key(url: str) -> str:
+    return url if is_remote(url) else os.path.normpath(os.path.abspath(local_path(url)))
 
 
 def lookup(urls: Sequence[str], table: Mapping[str, ShardInfo], manifest_path: str) -> List[ShardInfo]:
-    """Rows for ``urls`` from a manifest table; a URL may also match by its base name if unique."""
-    by_base: Dict[str, List[ShardInfo]] = {}
-    for info in table.values():
-        by_base.setdefault(os.path.basename(info.url), []).append(info)
-    counts = []
+    """Rows for ``urls`` from a manifest table, matched by full URL (credentials aside)."""
+    by_url = {_key(redact(u)): info for u, info in table.items()}
+    rows = []
     for url in urls:
-        info = table.get(url) or table.get(redact(url))
+        info = by_url.get(_key(redact(url)))
         if info is None:
-            candidates = by_base.get(os.path.basename(url), [])
-            if len(candidates) != 1:
-                raise ManifestError("shard is not in the manifest", url=url, member=None,
-                                    hint=f"rebuild it with `dalistream index ... -o {manifest_path}`")
-            info = candidates[0]
-        counts.append(info)
-    return counts
+            listed = sorted(by_url)[:2]
+            raise ManifestError(
+                f"shard is not in the manifest {redact(manifest_path)} ({len(by_url)} rows, e.g. "
+                f"{', '.join(listed)}): is it the manifest of another split or folder?", url=url,
+                reason="not_in_manifest",
+                hint=f"rebuild it with `dalistream index SOURCES -o {redact(manifest_path)}`")
+        rows.append(info)
+    return rows

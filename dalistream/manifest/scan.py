@@ -115,7 +115,7 @@ def scan_tolerant(
     the rest of that shard — and not cached. Returns the infos and the errors met, in URL order."""
     def one(url: str):
         try:
-            return _scan_cached(url, cache_dir, options, lowercase), None
+            return _scan_cached(url, cache_dir, options, lowercase, True), None
         except DalistreamError as e:
             return _scan_partial(url, options, lowercase), e
 
@@ -125,11 +125,11 @@ def scan_tolerant(
 
 
 def _scan_partial(url: str, options: Optional[Mapping[str, Any]], lowercase: bool) -> ShardInfo:
-    count = 0
+    starts: List[int] = []
     try:
         with decompressed(open_raw(url, 0, options), url) as stream:
-            for _ in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase, mark_errors=True):
-                count += 1
+            for sample in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase, mark_errors=True):
+                starts.append(sample["__offset__"])
     except DalistreamError:
         pass
     size = -1
@@ -138,4 +138,4 @@ def _scan_partial(url: str, options: Optional[Mapping[str, Any]], lowercase: boo
             size = os.path.getsize(local_path(url))
         except OSError:
             pass
-    return ShardInfo(redact(url) if is_remote(url) else url, count, size)
+    return ShardInfo(redact(url) if is_remote(url) else url, len(starts), size, tuple(starts))

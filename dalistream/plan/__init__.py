@@ -3,7 +3,10 @@
 
 from . import seeds
 from .layout import POLICIES, Layout, Schedule
-from .ownership import WorkerPlan, check_layout, epoch_order, owned_samples, owned_shards, steps_per_epoch, worker_plan
+from .ownership import (EpochLayout, Part, WorkerPlan, check_layout, epoch_layout, epoch_order, epoch_steps,
+                        owned_parts, owned_samples, owned_shards, span_bounds, steps_per_epoch, worker_plan)
+from .summary import epoch_summary
 
-__all__ = ["POLICIES", "Layout", "Schedule", "WorkerPlan", "check_layout", "epoch_order", "owned_samples",
-           "owned_shards", "seeds", "steps_per_epoch", "worker_plan"]
+__all__ = ["POLICIES", "EpochLayout", "Layout", "Part", "Schedule", "WorkerPlan", "check_layout", "epoch_layout",
+           "epoch_order", "epoch_steps", "epoch_summary", "owned_parts", "owned_samples", "owned_shards", "seeds",
+           "span_bounds", "steps_per_epoch", "worker_plan"]

@@ -1,8 +1,25 @@
-"""Shard ownership and epoch lengths: pure functions of (counts, layout, schedule, epoch).
+"""Who reads which samples, and how many steps an epoch has: pure functions of
+(counts, layout, schedule, epoch).
 
-In epoch ``e`` the shard list is permuted by a generator seeded with ``(seed, e)`` and global
-worker ``g`` owns positions ``g, g + R·W, …`` of that permutation, so every shard has exactly
-one owner and every rank computes the same plan without talking to the others.
+**Balanced spans** (counts known). In epoch ``e`` the shard list is permuted by a generator
+seeded with ``(seed, e)`` and the permuted shards are laid end to end as one sequence of ``T``
+samples. Global worker ``g = rank × W + w`` owns one contiguous span of that sequence, sized by
+its slot; where two spans meet inside a shard, the shard is cut into parts, each read
+sequentially by its one owner from its first sample (a seek or a ranged GET to the sample's
+offset; without offsets, by skipping headers). With ``C(g)`` the slots of the global workers
+before ``g`` (``rank × B + slot offset of w``):
+
+- ``even``: ``steps = ⌊T / (R·B)⌋``; ``g`` owns ``[steps·C(g), steps·C(g+1))``. The tail of the
+  sequence after ``steps·R·B`` (fewer than ``R·B`` samples: at most one batch per rank) is left
+  out of this epoch; the permutation changes which samples that is from epoch to epoch.
+- ``exact``: ``steps = ⌈T / (R·B)⌉``; ``g`` owns ``[⌊T·C(g)/(R·B)⌋, ⌊T·C(g+1)/(R·B)⌋)``, at most
+  ``steps × slot`` samples, so every sample is read once and padding costs at most one step per
+  rank. Every rank runs the same number of steps.
+- ``fixed`` with counts: the ``exact`` spans, re-read in a new order each pass until the fixed
+  number of batches is filled.
+
+**Whole shards** (``fixed`` without counts): global worker ``g`` owns shards ``g, g + R·W, …`` of
+the permutation.
 """
 
 from __future__ import annotations
@@ -16,79 +33,171 @@ from ..errors import ConfigError, ManifestError
 from . import seeds
 from .layout import Layout, Schedule
 
+Part = Tuple[int, int, Optional[int]]  # (shard index, first sample, stop sample or None = to the end)
 
-def epoch_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> List[int]:
+
+def epoch_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
     """The permutation of shard indices used in ``epoch`` (identity when ``shuffle`` is off)."""
     if not shuffle:
-        return list(range(num_shards))
-    rng = np.random.default_rng(seeds.shard_order(seed, epoch))
-    return [int(i) for i in rng.permutation(num_shards)]
+        return np.arange(num_shards, dtype=np.int64)
+    return np.random.default_rng(seeds.shard_order(seed, epoch)).permutation(num_shards).astype(np.int64)
 
 
 def check_layout(num_shards: int, layout: Layout) -> None:
-    """Raise if there are fewer shards than global workers (some worker would own nothing)."""
+    """Raise if whole-shard ownership would leave a global worker without a shard."""
     if num_shards < layout.global_workers:
         raise ConfigError(
             f"{num_shards} shards cannot be split over {layout.world_size} ranks x {layout.workers} workers = "
-            f"{layout.global_workers} global workers",
-            hint="use fewer workers, or split the data set into more shards",
+            f"{layout.global_workers} global workers when shards are owned whole (policy 'fixed' without counts)",
+            hint="give sample counts (a manifest) so shards can be cut, use fewer workers, or split the data set "
+                 "into more shards",
         )
 
 
+def _need_counts(counts: Optional[Sequence[int]], schedule: Schedule) -> None:
+    if counts is None and schedule.policy != "fixed":
+        raise ManifestError(f"policy {schedule.policy!r} needs per-shard sample counts (a manifest)",
+                            hint="run `dalistream index` or use policy='fixed' with batches_per_epoch")
+
+
+def epoch_steps(total: int, layout: Layout, schedule: Schedule) -> int:
+    """Steps of an epoch of ``total`` samples, the same on every rank (``fixed``: its batches)."""
+    if schedule.policy == "fixed":
+        return int(schedule.batches_per_epoch)  # type: ignore[arg-type]
+    per_step = layout.world_size * layout.batch_size
+    return total // per_step if schedule.policy == "even" else -(-total // per_step)
+
+
+def slot_starts(layout: Layout) -> np.ndarray:
+    """``C(g)`` for g = 0 … R·W: the slots of all global workers before ``g`` (``C(R·W) = R·B``)."""
+    c = np.empty(layout.global_workers + 1, dtype=np.int64)
+    c[:-1] = (np.repeat(np.arange(layout.world_size, dtype=np.int64) * layout.batch_size, layout.workers)
+              + np.tile(np.asarray(layout.slot_offsets, dtype=np.int64), layout.world_size))
+    c[-1] = layout.world_size * layout.batch_size
+    return c
+
+
+def span_bounds(total: int, layout: Layout, schedule: Schedule) -> np.ndarray:
+    """Where each global worker's span starts in the epoch's sample sequence: ``R·W + 1`` bounds,
+    span ``g`` is ``[bounds[g], bounds[g+1])`` (see the module doc)."""
+    c = slot_starts(layout)
+    if schedule.policy == "even":
+        return epoch_steps(total, layout, schedule) * c
+    return (int(total) * c) // (layout.world_size * layout.batch_size)
+
+
+@dataclass(frozen=True)
+class EpochLayout:
+    """One epoch's sample sequence: the shard order and where each shard starts in it."""
+
+    order: np.ndarray   # shard indices in epoch order
+    starts: np.ndarray  # starts[i]: first position of order[i]; starts[-1] = total
+    bounds: np.ndarray  # span bounds per global worker (span_bounds)
+    steps: int
+
+    @property
+    def total(self) -> int:
+        return int(self.starts[-1])
+
+    def parts(self, g: int) -> List[Part]:
+        """The shard parts of global worker ``g``'s span, in reading order. An empty shard is a
+        part ``(s, 0, 0)`` of the span it sits in (the last span's when it sits at the end), so
+        that it is still opened once: a shard that has gained samples or is damaged shows."""
+        lo, hi = int(self.bounds[g]), int(self.bounds[g + 1])
+        last = g == len(self.bounds) - 2
+        n = len(self.order)
+        i = int(np.searchsorted(self.starts[:-1], lo, side="left"))  # first shard starting at or after lo
+        if i > 0 and int(self.starts[i]) > lo:
+            i -= 1  # the shard before it holds lo
+        out: List[Part] = []
+        while i < n and (int(self.starts[i]) < hi or (last and int(self.starts[i]) == hi)):
+            a, b = int(self.starts[i]), int(self.starts[i + 1])
+            if b > a:
+                if min(hi, b) > max(lo, a):
+                    out.append((int(self.order[i]), max(lo, a) - a, min(hi, b) - a))
+            elif a >= lo and (a < hi or last):
+                out.append((int(self.order[i]), 0, 0))
+            i += 1
+        return out
+
+
+def epoch_layout(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int) -> EpochLayout:
+    """The epoch's order, shard starts and span bounds (cheap: O(shards + global workers))."""
+    order = epoch_order(len(counts), schedule.seed, epoch, schedule.shuffle_shards)
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
+    total = int(starts[-1])
+    return EpochLayout(order, starts, span_bounds(total, layout, schedule), epoch_steps(total, layout, schedule))
+
+
 def owned_shards(num_shards: int, layout: Layout, schedule: Schedule, epoch: int, rank: int, worker: int) -> List[int]:
-    """Indices (into the shard list) that global worker ``rank × workers + worker`` reads in ``epoch``."""
+    """Whole-shard ownership (``fixed`` without counts): shard indices global worker ``g`` reads."""
     check_layout(num_shards, layout)
     order = epoch_order(num_shards, schedule.seed, epoch, schedule.shuffle_shards)
-    return order[layout.global_worker(rank, worker)::layout.global_workers]
+    return [int(i) for i in order[layout.global_worker(rank, worker)::layout.global_workers]]
+
+
+def owned_parts(counts: Optional[Sequence[int]], num_shards: int, layout: Layout, schedule: Schedule, epoch: int,
+                rank: int, worker: int) -> List[Part]:
+    """The parts (shard, first sample, stop sample) global worker ``rank × W + worker`` reads in
+    ``epoch``: its span, or its whole shards when counts are unknown."""
+    _need_counts(counts, schedule)
+    if counts is None:
+        return [(i, 0, None) for i in owned_shards(num_shards, layout, schedule, epoch, rank, worker)]
+    return epoch_layout(counts, layout, schedule, epoch).parts(layout.global_worker(rank, worker))
 
 
 def owned_samples(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int) -> List[List[int]]:
     """Samples owned by every (rank, worker) in ``epoch``: a ``world_size × workers`` table."""
-    check_layout(len(counts), layout)
-    order = epoch_order(len(counts), schedule.seed, epoch, schedule.shuffle_shards)
-    gw = layout.global_workers
-    per_g = [sum(counts[i] for i in order[g::gw]) for g in range(gw)]
-    return [per_g[r * layout.workers:(r + 1) * layout.workers] for r in range(layout.world_size)]
+    sizes = np.diff(epoch_layout(counts, layout, schedule, epoch).bounds)
+    return sizes.reshape(layout.world_size, layout.workers).tolist()
 
 
 def steps_per_epoch(counts: Optional[Sequence[int]], layout: Layout, schedule: Schedule, epoch: int, rank: int) -> int:
-    """Batches rank ``rank`` yields in ``epoch``.
-
-    ``even``: min over all global workers of ⌊owned samples / slot⌋ (the same on every rank);
-    ``exact``: max over this rank's workers of ⌈owned samples / slot⌉; ``fixed``: ``batches_per_epoch``.
-    """
+    """Batches rank ``rank`` yields in ``epoch`` (the same on every rank; see the module doc)."""
+    _need_counts(counts, schedule)
     if schedule.policy == "fixed":
-        return int(schedule.batches_per_epoch)  # type: ignore[arg-type]
-    if counts is None:
-        raise ManifestError(f"policy {schedule.policy!r} needs per-shard sample counts (a manifest)",
-                            hint="run `dalistream index` or use policy='fixed' with batches_per_epoch")
-    table = owned_samples(counts, layout, schedule, epoch)
-    slots = layout.slots
-    if schedule.policy == "even":
-        return min(table[r][w] // slots[w] for r in range(layout.world_size) for w in range(layout.workers))
-    return max(-(-table[rank][w] // slots[w]) for w in range(layout.workers))
+        return epoch_steps(0, layout, schedule)
+    return epoch_steps(int(np.sum(np.asarray(counts, dtype=np.int64))), layout, schedule)
 
 
 @dataclass(frozen=True)
 class WorkerPlan:
-    """What one worker does in one epoch: which shards, how many batches, its slot."""
+    """What one worker does in one epoch: which shard parts, how many batches, its slot."""
 
     rank: int
     worker: int
     epoch: int
-    shards: Tuple[int, ...]
+    parts: Tuple[Part, ...]
     steps: int
     slot: int
     offset: int
     samples: Optional[int]  # samples owned this epoch (None when counts are unknown)
     global_worker: int
 
+    @property
+    def shards(self) -> Tuple[int, ...]:
+        """The shards this worker reads from, in order."""
+        return tuple(p[0] for p in self.parts)
+
 
 def worker_plan(counts: Optional[Sequence[int]], num_shards: int, layout: Layout, schedule: Schedule, epoch: int,
                 rank: int, worker: int) -> WorkerPlan:
     """The :class:`WorkerPlan` of one worker; identical on every machine for the same inputs."""
-    shards = owned_shards(num_shards, layout, schedule, epoch, rank, worker)
-    steps = steps_per_epoch(counts, layout, schedule, epoch, rank)
-    samples = sum(counts[i] for i in shards) if counts is not None else None
-    return WorkerPlan(rank, worker, epoch, tuple(shards), steps, layout.slots[worker], layout.slot_offsets[worker],
+    _need_counts(counts, schedule)
+    if counts is None:
+        parts = owned_parts(None, num_shards, layout, schedule, epoch, rank, worker)
+        steps, samples = epoch_steps(0, layout, schedule), None
+    else:
+        if len(counts) != num_shards:
+            raise ManifestError(f"{len(counts)} counts for {num_shards} shards")
+        plan = epoch_layout(counts, layout, schedule, epoch)
+        g = layout.global_worker(rank, worker)
+        parts, steps = plan.parts(g), plan.steps
+        samples = int(plan.bounds[g + 1] - plan.bounds[g])
+        if schedule.policy == "fixed" and samples == 0:
+            raise ConfigError(
+                f"global worker {g} owns no sample: {plan.total} samples cannot fill a slot of every one of "
+                f"{layout.global_workers} global workers", hint="use fewer workers or a smaller batch")
+    return WorkerPlan(rank, worker, epoch, tuple(parts), steps, layout.slots[worker], layout.slot_offsets[worker],
                       samples, layout.global_worker(rank, worker))

@@ -9,9 +9,9 @@ import sys
 from typing import Any, Dict, Optional
 
 
-def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True) -> None:
+def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, sources_required: bool = True) -> None:
     """The options every data-reading command shares."""
-    p.add_argument("sources", nargs="+", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, s3://, http(s)://")
+    p.add_argument("sources", nargs="+" if sources_required else "*", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, s3://, http(s)://")
     p.add_argument("--workers", "-W", type=int, default=2, help="DALI worker processes (shard owners) per rank")
     p.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
     p.add_argument("--world-size", type=int, default=None, help="number of ranks (default: WORLD_SIZE or 1)")

@@ -9,15 +9,17 @@ a worker's decoded samples (tuples of arrays, one per field) for one :class:`~da
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
 from ..config import StreamConfig
-from ..errors import DalistreamError, SampleError, ShardFormatError, SourceError
+from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
 from ..io.streams import ShardSequence, open_shard
+from ..manifest.offsets import SampleOffsets
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
+from ..tar.parts import open_part
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
 from .stats import WorkerStats
@@ -31,12 +33,15 @@ class PlanReader:
     """Reads the samples a :class:`WorkerPlan` names (see module doc); picklable."""
 
     def __init__(self, config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]],
-                 offsets: Optional[Sequence[Sequence[int]]], worker: int) -> None:
+                 offsets: Optional[Union[SampleOffsets, Sequence]], worker: int, count_source: Optional[str] = None) -> None:
         self.config = config
         self.urls = list(urls)
         self.counts = list(counts) if counts is not None else None
-        self.offsets = offsets  # per shard, the tar offset of each sample: resume opens mid-shard
+        if offsets is not None and not isinstance(offsets, SampleOffsets):  # per-shard rows, as a manifest has them
+            offsets = SampleOffsets(self.counts or [len(r or ()) for r in offsets], offsets)
+        self.offsets = offsets  # every sample's tar offset: a part opens where it starts
         self.worker = worker
+        self.count_source = count_source  # where the counts came from, for a stale count's error
         self.decoder = FieldDecoder(config.fields, config.missing)
 
     def decoded(self, plan: WorkerPlan, keep: Keep, policy: ErrorPolicy, stats: WorkerStats) -> Iterator:
@@ -61,7 +66,7 @@ class PlanReader:
             if item is PASS_END:
                 if c.policy == "fixed" and not good:  # cycling over nothing would never end
                     raise SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
-                                      url=self.urls[plan.shards[0]], rank=c.rank, worker=self.worker,
+                                      url=self.urls[plan.shards[0]] if plan.parts else None, rank=c.rank, worker=self.worker,
                                       reason="no_samples", hint="check the shards (see the warnings), or use fewer workers")
                 good = 0
                 continue
@@ -92,48 +97,85 @@ class PlanReader:
     def raw(self, plan: WorkerPlan, keep: Keep, stats: WorkerStats) -> Iterator:
         """This worker's raw samples (``ext -> bytes`` dicts, numbered in plan order; ``None`` when
         ``keep`` rejects one), a shard's error in place of what follows its damage, and
-        :data:`PASS_END` after each pass over the shards."""
+        :data:`PASS_END` after each pass over the parts."""
         c = self.config
         ordinal = 0
         passes = itertools.count() if c.policy == "fixed" else range(1)
         for n_pass in passes:
-            order = list(plan.shards)
+            parts = list(plan.parts)
             if n_pass:
-                perm = np.random.default_rng(seeds.pass_order(c.seed, plan.epoch, n_pass)).permutation(len(order))
-                order = [order[int(i)] for i in perm]
-            shards = ShardSequence([self.urls[i] for i in order], c.storage_options, stats.io)
-            for position, index in enumerate(order):
-                url = self.urls[index]
-                base = ordinal
-                count = self.counts[index] if self.counts is not None else None
-                first = next((i for i in range(count) if keep(base + i)), count) if count else 0
-                if count and first == count:
-                    ordinal += count  # resume: a shard consumed before the restart is not even opened
-                    yield from itertools.repeat(None, count)
+                perm = np.random.default_rng(seeds.pass_order(c.seed, plan.epoch, n_pass)).permutation(len(parts))
+                parts = [parts[int(i)] for i in perm]
+            shards = ShardSequence([self.urls[p[0]] for p in parts], c.storage_options, stats.io)
+            for position, (index, first, stop) in enumerate(parts):
+                size = None if stop is None else stop - first
+                done = next((i for i in range(size) if keep(ordinal + i)), size) if size else 0
+                ordinal += done  # resume: samples consumed before the restart are not even read
+                yield from itertools.repeat(None, done)
+                if size and done == size:
                     continue
-                if first and self.offsets is None:
-                    first = 0  # no offsets: the consumed samples are skipped by header
-                ordinal += first
-                yield from itertools.repeat(None, first)
-                try:
-                    opened = (open_shard(url, self.offsets[index][first], c.storage_options) if first
-                              else shards.open(position))  # resume mid-shard: a seek or a ranged GET
-                    with opened as f:
-                        for sample in iter_samples(
-                            f, url, keep=lambda i: keep(base + i), want_ext=self.decoder.wants,
-                            lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
-                            first_index=first, clock=stats.io_clock,
-                        ):
-                            ordinal += 1
-                            yield sample if keep(ordinal - 1) else None
-                except (ShardFormatError, SourceError) as e:
-                    yield e
-                except DalistreamError as e:
-                    raise e.at(rank=c.rank, worker=self.worker)
-                except (OSError, EOFError) as e:  # I/O errors outside the tar reader (open, close)
-                    yield read_error(e, url)
+                for sample in self._part(shards, position, index, first + done, stop, stats):
+                    if isinstance(sample, DalistreamError):
+                        yield sample
+                        continue
+                    ordinal += 1
+                    yield sample if keep(ordinal - 1) else None
             shards.close()
             yield PASS_END
+
+    def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
+              stats: WorkerStats) -> Iterator:
+        """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None): opened
+        at ``first``'s offset (a seek or a ranged GET) and closed at ``stop``'s when the offsets are
+        known, else read from the start, the samples before ``first`` passed over by header. Then a
+        stale count is found where it shows: a shard ending before ``stop``, or holding more
+        samples than its count after its last part."""
+        c = self.config
+        url = self.urls[index]
+        count = self.counts[index] if self.counts is not None else None
+        start = self.offsets.at(index, first) if self.offsets is not None and first else None
+        end = self.offsets.at(index, stop) if self.offsets is not None and stop is not None and stop < count else None
+        at_offset = start is not None
+        found = first if at_offset else 0
+        try:
+            opened = open_shard(url, start, c.storage_options) if at_offset else shards.open(position)
+            if end is not None:
+                opened = open_part(opened, end - (start or 0))
+            with opened as f:
+                for sample in iter_samples(
+                    f, url, keep=lambda i: first <= i and (stop is None or i < stop), want_ext=self.decoder.wants,
+                    lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
+                    first_index=first if at_offset else 0, clock=stats.io_clock,
+                ):
+                    found = sample["__index__"] + 1
+                    if found <= first:
+                        continue  # another worker's sample, passed over by header
+                    if stop is not None and found > stop:
+                        if stop == count:
+                            yield self.stale(url, count, f"at least {found}")
+                        return
+                    yield sample
+        except (ShardFormatError, SourceError) as e:
+            yield e
+            return
+        except DalistreamError as e:
+            raise e.at(rank=c.rank, worker=self.worker)
+        except (OSError, EOFError) as e:  # I/O errors outside the tar reader (open, close)
+            yield read_error(e, url)
+            return
+        if stop is not None and found < stop:
+            yield self.stale(url, count, str(found))
+
+    def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
+        """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""
+        source = self.count_source or ""
+        return ManifestError(
+            f"shard holds {found} samples but {counted} were counted{f' ({source})' if source else ''}: "
+            "it changed after it was counted",
+            url=url, reason="stale_count", rank=self.config.rank, worker=self.worker,
+            hint="rebuild the manifest with `dalistream index`" if "manifest" in source
+            else "a cached count is rescanned when the file's size or mtime changes: restart to rescan",
+        )
 
 
 def problem_first(items: Iterator) -> Iterator:

@@ -22,7 +22,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..config import StreamConfig
-from ..errors import ManifestError
+from ..manifest.offsets import SampleOffsets
 from ..plan import WorkerPlan, seeds, worker_plan
 from .policy import ErrorPolicy
 from .reader import PlanReader
@@ -36,11 +36,11 @@ class WorkerSource:
     def __init__(
         self, config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], worker: int, *,
         start_epoch: int = 0, start_step: int = 0, stats_path: Optional[str] = None,
-        offsets: Optional[Sequence[Sequence[int]]] = None,
+        offsets: Optional[SampleOffsets] = None, count_source: Optional[str] = None,
     ) -> None:
         self.config = config
         self.worker = worker
-        self.reader = PlanReader(config, urls, counts, offsets, worker)
+        self.reader = PlanReader(config, urls, counts, offsets, worker, count_source)
         self.start_epoch = start_epoch
         self.start_step = start_step
         self.stats_path = stats_path
@@ -120,12 +120,6 @@ class WorkerSource:
             t1 = time.perf_counter()
             stats.read_s += t1 - t0
             n = len(chunk)
-            if n < plan.slot and c.policy == "even" and not sum(policy.skipped.values()):
-                raise ManifestError(
-                    f"worker ran out of samples at step {step} of {plan.steps}: the shards hold fewer samples "
-                    "than their counts say", url=self.reader.urls[plan.shards[0]],
-                    hint="the manifest is stale: rebuild it with `dalistream index`",
-                ).at(rank=c.rank, worker=self.worker)
             outputs = tuple(t.copy() for t in templates)
             if n:
                 columns = list(zip(*chunk))

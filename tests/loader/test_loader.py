@@ -183,7 +183,8 @@ def test_close_leaves_no_worker_processes(shards):
 
 def test_configuration_errors_are_clear(shards):
     with pytest.raises(ConfigError, match="13 shards cannot be split over 4 ranks x 4 workers"):
-        open_stream(shards, 0, 4, 4)
+        open_stream(shards, 0, 4, 4, policy="fixed", batches_per_epoch=2)  # whole shards: no counts
+    assert open_stream(shards, 3, 4, 4).steps(0) >= 1  # with counts, 13 shards are cut among 16 workers
     with pytest.raises(ConfigError, match="smaller than workers"):
         open_stream(shards, 0, 1, 4, batch_size=3)
 
@@ -194,6 +195,19 @@ def test_rank_and_world_from_environment(shards):
     assert (stream.config.rank, stream.config.world_size) == (1, 2)
     assert dalistream.Stream.open(shards, fields={"key": "__key__"}, batch_size=4, workers=1, device="cpu",
                                   env={}).config.world_size == 1
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}, (5, 8, 1)),
+    ({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8"}, (2, 4, 0)),
+    ({"SLURM_NTASKS": "1"}, (0, 1, None)),
+])
+def test_rank_world_and_gpu_from_slurm_when_torchrun_says_nothing(shards, env, expected):
+    from dalistream.stream import local_device, resolve_layout
+
+    assert (*resolve_layout(None, None, env), local_device(env)) == expected
+    with pytest.raises(ConfigError, match="SLURM_PROCID"):
+        resolve_layout(None, None, {"SLURM_PROCID": "x", "SLURM_NTASKS": "8"})
 
 
 def test_batches_kept_by_the_user_are_never_overwritten(shards):

@@ -63,6 +63,9 @@ def test_stream_takes_offsets_from_the_manifest(tmp_path):
     write_manifest(build_manifest(paths, offsets=True), with_offsets)
     write_manifest(build_manifest(paths), without)
     kw = dict(fields={"key": "__key__"}, batch_size=2, workers=1, device="cpu")
-    stream = Stream.open(paths, manifest=with_offsets, **kw)
-    assert stream.counts == (3, 4) and [len(o) for o in stream.offsets] == [3, 4]
+    stream = Stream.open(paths, manifest=with_offsets, cache_dir=str(tmp_path / "cache"), **kw)
+    rows = build_manifest(paths, offsets=True)
+    assert stream.counts == (3, 4)
+    assert [[stream.offsets.at(s, i) for i in range(n)] for s, n in enumerate((3, 4))] == [list(r.offsets) for r in rows]
+    assert stream.offsets.path and stream.offsets.path.startswith(str(tmp_path / "cache"))  # mapped by workers
     assert Stream.open(paths, manifest=without, **kw).offsets is None

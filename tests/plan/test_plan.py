@@ -1,9 +1,11 @@
 import itertools
 
+import numpy as np
 import pytest
 
 from dalistream.errors import ConfigError, ManifestError
-from dalistream.plan import Layout, Schedule, epoch_order, owned_samples, owned_shards, steps_per_epoch, worker_plan
+from dalistream.plan import (Layout, Schedule, epoch_layout, epoch_order, epoch_summary, owned_parts, owned_samples,
+                             owned_shards, steps_per_epoch, worker_plan)
 
 
 def L(R, W, B=None):
@@ -11,33 +13,35 @@ def L(R, W, B=None):
 
 
 @pytest.mark.parametrize("R,W", list(itertools.product([1, 2, 3], [1, 2, 3, 4])))
-def test_every_shard_has_exactly_one_owner(R, W):
+def test_whole_shards_without_counts_have_exactly_one_owner(R, W):
     n = 17 + R * W
     for epoch in range(3):
         owners = [owned_shards(n, L(R, W), Schedule(5), epoch, r, w) for r in range(R) for w in range(W)]
-        flat = sorted(i for o in owners for i in o)
-        assert flat == list(range(n))
+        assert sorted(i for o in owners for i in o) == list(range(n))
 
 
-def test_global_worker_owns_strided_positions_of_the_epoch_permutation():
-    order = epoch_order(20, 3, 1)
+def test_whole_shards_are_strided_positions_of_the_epoch_permutation():
+    order = list(epoch_order(20, 3, 1))
     R, W = 2, 3
     for r, w in itertools.product(range(R), range(W)):
         g = r * W + w
         assert owned_shards(20, L(R, W), Schedule(3), 1, r, w) == order[g::R * W]
+        assert owned_parts(None, 20, L(R, W), Schedule(3, "fixed", 4), 1, r, w) == [(i, 0, None) for i in order[g::R * W]]
 
 
 def test_permutation_is_deterministic_and_changes_with_epoch_and_seed():
-    assert epoch_order(50, 1, 0) == epoch_order(50, 1, 0)
-    assert epoch_order(50, 1, 0) != epoch_order(50, 1, 1)
-    assert epoch_order(50, 1, 0) != epoch_order(50, 2, 0)
-    assert epoch_order(5, 1, 3, shuffle=False) == [0, 1, 2, 3, 4]
+    assert list(epoch_order(50, 1, 0)) == list(epoch_order(50, 1, 0))
+    assert list(epoch_order(50, 1, 0)) != list(epoch_order(50, 1, 1))
+    assert list(epoch_order(50, 1, 0)) != list(epoch_order(50, 2, 0))
+    assert list(epoch_order(5, 1, 3, shuffle=False)) == [0, 1, 2, 3, 4]
 
 
-def test_fewer_shards_than_global_workers_names_both_numbers():
+def test_fewer_shards_than_global_workers_is_an_error_only_for_whole_shards():
     with pytest.raises(ConfigError) as e:
         owned_shards(5, L(2, 3), Schedule(0), 0, 0, 0)
     assert "5 shards" in str(e.value) and "6 global workers" in str(e.value)
+    parts = [owned_parts([40] * 5, 5, L(2, 3), Schedule(0), 0, r, w) for r in range(2) for w in range(3)]
+    assert all(parts)  # with counts, 5 shards are cut among 6 global workers
 
 
 @pytest.mark.parametrize("B,W", [(8, 2), (7, 3), (10, 4), (5, 5), (64, 3)])
@@ -58,21 +62,20 @@ def test_even_steps_are_the_same_on_every_rank_and_fit_every_worker():
     R, W, B = 3, 2, 6
     for epoch in range(4):
         steps = {steps_per_epoch(counts, L(R, W, B), Schedule(0), epoch, r) for r in range(R)}
-        assert len(steps) == 1
         (s,) = steps
+        assert s == sum(counts) // (R * B)
         table = owned_samples(counts, L(R, W, B), Schedule(0), epoch)
         slots = L(R, W, B).slots
-        assert all(table[r][w] >= s * slots[w] for r in range(R) for w in range(W))
-        assert any(table[r][w] < (s + 1) * slots[w] for r in range(R) for w in range(W))
+        assert all(table[r][w] == s * slots[w] for r in range(R) for w in range(W))
 
 
-def test_exact_steps_cover_every_sample_of_the_rank():
+def test_exact_steps_are_the_same_on_every_rank_and_cover_every_sample():
     counts = [5, 40, 13, 9, 27, 31]
-    for r in range(2):
-        s = steps_per_epoch(counts, L(2, 3, 7), Schedule(0, "exact"), 0, r)
-        plans = [worker_plan(counts, 6, L(2, 3, 7), Schedule(0, "exact"), 0, r, w) for w in range(3)]
-        assert all(p.samples <= s * p.slot for p in plans)
-        assert any(p.samples > (s - 1) * p.slot for p in plans)
+    s = {steps_per_epoch(counts, L(2, 3, 7), Schedule(0, "exact"), 0, r) for r in range(2)}
+    assert s == {-(-sum(counts) // 14)}
+    plans = [worker_plan(counts, 6, L(2, 3, 7), Schedule(0, "exact"), 0, r, w) for r in range(2) for w in range(3)]
+    assert sum(p.samples for p in plans) == sum(counts)
+    assert all(p.samples <= p.steps * p.slot for p in plans)
 
 
 def test_counts_needed_except_for_fixed():
@@ -83,4 +86,41 @@ def test_counts_needed_except_for_fixed():
 
 def test_worker_plan_fields():
     p = worker_plan([10] * 8, 8, L(2, 2, 5), Schedule(1), 2, 1, 1)
-    assert p.global_worker == 3 and p.slot == 2 and p.offset == 3 and p.samples == 20 and len(p.shards) == 2
+    assert p.global_worker == 3 and p.slot == 2 and p.offset == 3
+    assert p.steps == 8 and p.samples == 16 and sum(b - a for _, a, b in p.parts) == 16
+
+
+def test_a_worked_example_cuts_shards_where_spans_meet():
+    # 3 shards of 10, 1 rank x 2 workers, batch 4 (slots 2 + 2), no shuffle: 30 samples, 7 steps
+    # (28 samples); worker 0 owns positions [0, 14), worker 1 [14, 28); 2 samples left out.
+    s = Schedule(0, "even", shuffle_shards=False)
+    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), s, 0, 0, 0) == [(0, 0, 10), (1, 0, 4)]
+    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), s, 0, 0, 1) == [(1, 4, 10), (2, 0, 8)]
+    summary = epoch_summary([10, 10, 10], L(1, 2, 4), s, 0)
+    assert summary["left_out"] == 2 and summary["steps"] == 7 and summary["shards_cut"] == 1
+    exact = Schedule(0, "exact", shuffle_shards=False)
+    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), exact, 0, 0, 0) == [(0, 0, 10), (1, 0, 5)]
+    assert epoch_summary([10, 10, 10], L(1, 2, 4), exact, 0)["padding"] == 2
+
+
+def test_empty_shards_own_nothing_and_a_tiny_data_set_pads_under_exact():
+    counts = [0, 3, 0, 0, 2]
+    plans = [worker_plan(counts, 5, L(2, 2, 4), Schedule(1, "exact"), 0, r, w) for r in range(2) for w in range(2)]
+    assert {p.steps for p in plans} == {1}
+    parts = [part for p in plans for part in p.parts]
+    assert sorted(s for s, a, b in parts if a == b) == [0, 2, 3]  # empty shards: opened once, own nothing
+    parts = [(s, a, b) for s, a, b in parts if b > a]
+    assert sorted((s, i) for s, a, b in parts for i in range(a, b)) == [(1, 0), (1, 1), (1, 2), (4, 0), (4, 1)]
+
+
+def test_fixed_with_counts_cuts_spans_and_needs_a_sample_per_worker():
+    p = worker_plan([7, 7], 2, L(1, 4, 4), Schedule(0, "fixed", 3), 0, 0, 3)
+    assert p.steps == 3 and p.samples and p.parts
+    with pytest.raises(ConfigError, match="owns no sample"):
+        worker_plan([1, 1], 2, L(1, 4, 4), Schedule(0, "fixed", 3), 0, 0, 0)
+
+
+def test_epoch_layout_is_cheap_at_scale():
+    counts = np.random.default_rng(0).integers(700, 1301, 100_000)
+    plan = epoch_layout(counts, L(1024, 8, 256), Schedule(0), 0)
+    assert plan.steps == int(counts.sum()) // (1024 * 256) and len(plan.bounds) == 8193

@@ -97,7 +97,7 @@ def test_fixed_policy_cycles_over_own_shards(tmp_path):
 
 def test_stale_counts_are_an_error_not_a_desync(tmp_path):
     config, paths, counts = make(tmp_path, [4, 4])
-    with pytest.raises(ManifestError, match="ran out of samples"):
+    with pytest.raises(ManifestError, match="holds 4 samples but 40 were counted"):
         list(WorkerSource(config, paths, [40, 40], 0).epoch_batches(0))
 
 

@@ -1,0 +1,138 @@
+"""Manifest formats read as manifests, each validated row by row: every problem is a
+:class:`ManifestError` naming the manifest file and the row.
+
+- dalistream's own JSON (``dalistream index``)::
+
+    {"format": "dalistream-manifest", "version": 1,
+     "shards": [{"url": "part-0.tar", "samples": 1000, "bytes": 123456, "offsets": [0, 5120, …]}, …]}
+
+- webdataset's ``wids`` shard index: ``{"__kind__": "wids-shard-index-v1", "wids_version": 1,
+  "shardlist": [{"url": …, "nsamples": …, "filesize": …}, …]}`` (no offsets);
+- DALI's ``wds2idx`` index files, one per shard: ``v1.2 N``, then per sample its members as
+  ``ext data_offset size name`` groups: counts, and offsets (``data_offset - 512`` of the first
+  member, when no member name needs a long-name header).
+
+Row URLs that are relative are resolved against the manifest's own location; rows are matched
+to shards by full URL (see :mod:`.files`).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Any, List, Mapping, Optional
+
+from ..errors import ManifestError
+from ..io.local import local_path
+from ..sources import is_remote
+from .rows import ShardInfo
+
+FORMAT = "dalistream-manifest"
+WIDS_KIND = "wids-shard-index-v1"
+
+
+def resolve(url: str, manifest: str) -> str:
+    """A row's URL as a shard URL: relative ones joined to the manifest's folder; local paths absolute."""
+    if is_remote(url):
+        return url
+    if url.startswith("file://"):
+        url = local_path(url)
+    if is_remote(manifest):
+        scheme, rest = manifest.split("://", 1)
+        host, _, key = rest.partition("/")
+        folder = posixpath.dirname(key)
+        return f"{scheme}://{host}/" + posixpath.normpath(url.lstrip("/") if url.startswith("/") else posixpath.join(folder, url)).lstrip("./")
+    path = os.path.expanduser(url)
+    if not os.path.isabs(path):
+        path = os.path.join(os.path.dirname(os.path.abspath(local_path(manifest))), path)
+    return os.path.normpath(path)
+
+
+def _count(value: Any, what: str, manifest: str, row: int, url: Optional[str]) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ManifestError(f"manifest row {row}: {what} must be a non-negative integer, got {value!r}",
+                            url=url, reason="bad_manifest", hint=f"manifest {manifest}: rebuild it with `dalistream index`")
+    return value
+
+
+def _bad(message: str, manifest: str, row: Optional[int] = None, url: Optional[str] = None) -> ManifestError:
+    where = f"manifest row {row}: " if row is not None else ""
+    return ManifestError(f"{where}{message}", url=url, reason="bad_manifest",
+                         hint=f"manifest {manifest}: rebuild it with `dalistream index`")
+
+
+def _checked_row(raw: Any, manifest: str, row: int, url_key: str, samples_key: str, bytes_key: str) -> ShardInfo:
+    if not isinstance(raw, Mapping):
+        raise _bad(f"not an object: {raw!r}", manifest, row)
+    url = raw.get(url_key)
+    if not isinstance(url, str) or not url:
+        raise _bad(f"no {url_key!r}", manifest, row)
+    url = resolve(url, manifest)
+    if samples_key not in raw:
+        raise _bad(f"no {samples_key!r} (sample count)", manifest, row, url)
+    samples = _count(raw[samples_key], samples_key, manifest, row, url)
+    size = raw.get(bytes_key, -1)
+    if size != -1:
+        _count(size, bytes_key, manifest, row, url)
+    offsets = raw.get("offsets")
+    if offsets is not None:
+        if not isinstance(offsets, list) or len(offsets) != samples:
+            raise _bad(f"'offsets' must list one offset per sample ({samples})", manifest, row, url)
+        previous = -1
+        for o in offsets:
+            if isinstance(o, bool) or not isinstance(o, int) or o <= previous or o % 512:
+                raise _bad("'offsets' must be increasing multiples of 512", manifest, row, url)
+            previous = o
+    return ShardInfo(url, samples, size, tuple(offsets) if offsets is not None else None)
+
+
+def parse_json(payload: Any, manifest: str) -> List[ShardInfo]:
+    """Rows of a dalistream manifest or a wids shard index (already parsed JSON)."""
+    if not isinstance(payload, Mapping):
+        raise _bad("not a manifest (not a JSON object)", manifest)
+    if payload.get("__kind__") == WIDS_KIND:
+        rows = payload.get("shardlist")
+        keys = ("url", "nsamples", "filesize")
+    elif payload.get("format") == FORMAT:
+        if payload.get("version") != 1:
+            raise _bad(f"manifest version {payload.get('version')!r} is not supported (1 is)", manifest)
+        rows = payload.get("shards")
+        keys = ("url", "samples", "bytes")
+    else:
+        raise _bad(f"not a manifest: neither format {FORMAT!r} nor a wids index ({WIDS_KIND!r})", manifest)
+    if not isinstance(rows, list):
+        raise _bad("its list of shards is missing", manifest)
+    infos = [_checked_row(raw, manifest, i, *keys) for i, raw in enumerate(rows)]
+    seen: dict = {}
+    for i, info in enumerate(infos):
+        if info.url in seen:
+            raise _bad(f"shard listed twice (rows {seen[info.url]} and {i})", manifest, i, info.url)
+        seen[info.url] = i
+    return infos
+
+
+def parse_idx(text: str, index: str, shard_url: str) -> ShardInfo:
+    """A shard's row from its ``wds2idx`` index file's text."""
+    lines = text.splitlines()
+    head = lines[0].split() if lines else []
+    if len(head) != 2 or not head[0].startswith("v1.") or not head[1].isdigit():
+        raise _bad(f"not a wds2idx index file (first line {lines[0][:40]!r})" if lines else "empty index file",
+                   index, url=shard_url)
+    samples = int(head[1])
+    if len(lines) - 1 < samples:
+        raise _bad(f"index file lists {len(lines) - 1} samples, its header says {samples}", index, url=shard_url)
+    offsets: Optional[List[int]] = []
+    for row, line in enumerate(lines[1:samples + 1], start=1):
+        fields = line.split()
+        if not fields or len(fields) % 4:
+            raise _bad(f"line {row + 1}: expected 'ext offset size name' groups", index, url=shard_url)
+        try:
+            data = [int(fields[i]) for i in range(1, len(fields), 4)]
+        except ValueError:
+            raise _bad(f"line {row + 1}: offsets are not integers", index, url=shard_url) from None
+        if offsets is not None:
+            if any(len(fields[i].encode()) > 99 for i in range(3, len(fields), 4)):
+                offsets = None  # a long name has an extra header before the member's: offset unknown
+            else:
+                offsets.append(min(data) - 512)
+    return ShardInfo(shard_url, samples, -1, tuple(offsets) if offsets is not None else None)

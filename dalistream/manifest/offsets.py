@@ -1,0 +1,68 @@
+"""Every sample's tar offset, for all shards: where a worker opens a shard it owns only a part of.
+
+One flat ``int64`` array indexed by (shard, sample) through the counts (``-1`` where a shard's
+offsets are unknown: that part is reached by skipping headers). When written to a file (the
+cache directory, by :meth:`SampleOffsets.saved`), a worker memory-maps it instead of receiving
+a pickled copy: the workers of a node share one page cache however large the data set is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+class SampleOffsets:
+    """Tar offset of sample ``i`` of shard ``s``: :meth:`at`; picklable (a path when saved)."""
+
+    def __init__(self, counts: Sequence[int], rows: Sequence[Optional[Sequence[int]]]) -> None:
+        self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(counts, dtype=np.int64), out=self.starts[1:])
+        flat = np.full(int(self.starts[-1]), -1, dtype=np.int64)
+        for s, row in enumerate(rows):
+            if row is not None:
+                flat[self.starts[s]:self.starts[s + 1]] = row
+        self._flat: Optional[np.ndarray] = flat
+        self.path: Optional[str] = None
+
+    @property
+    def flat(self) -> np.ndarray:
+        if self._flat is None:
+            self._flat = np.load(self.path, mmap_mode="r")
+        return self._flat
+
+    def at(self, shard: int, sample: int) -> Optional[int]:
+        """Offset of the first header of ``sample`` in ``shard`` (``None``: unknown, or past the end)."""
+        i = int(self.starts[shard]) + sample
+        if sample < 0 or i >= int(self.starts[shard + 1]):
+            return None
+        value = int(self.flat[i])
+        return value if value >= 0 else None
+
+    def saved(self, directory: str) -> "SampleOffsets":
+        """Write the array once under ``directory`` (named by its content) and map it from there;
+        unchanged (kept in memory) if the directory cannot be written."""
+        flat = np.ascontiguousarray(self.flat)
+        digest = hashlib.sha256(self.starts.tobytes() + flat.tobytes()).hexdigest()[:32]
+        path = os.path.join(directory, "offsets", digest + ".npy")
+        try:
+            if not os.path.exists(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npy")
+                with os.fdopen(fd, "wb") as f:
+                    np.save(f, flat)
+                os.replace(tmp, path)
+        except OSError:
+            return self
+        self.path = path
+        return self
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if self.path is not None:
+            state["_flat"] = None  # mapped again in the worker
+        return state

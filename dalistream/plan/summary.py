@@ -1,0 +1,44 @@
+"""What an epoch's plan costs, in numbers: samples read, left out (``even``), padded (``exact``),
+and into how many parts shards are cut. Vectorized: seconds at 100,000 shards × 8,192 global
+workers."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Sequence
+
+import numpy as np
+
+from .layout import Layout, Schedule
+from .ownership import epoch_layout
+
+
+def epoch_summary(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int) -> Dict[str, Any]:
+    """Numbers of one epoch's plan (``counts`` known): steps, samples owned per global worker
+    (min/max), left out, padding, shards cut and parts per shard."""
+    plan = epoch_layout(counts, layout, schedule, epoch)
+    total, steps = plan.total, plan.steps
+    sizes = np.diff(plan.bounds)
+    owned = int(plan.bounds[-1] - plan.bounds[0])
+    slots = np.tile(np.asarray(layout.slots, dtype=np.int64), layout.world_size)
+    delivered = np.minimum(sizes, steps * slots) if schedule.policy == "fixed" else sizes
+    capacity = steps * layout.world_size * layout.batch_size
+    a, b = plan.starts[:-1], plan.starts[1:]
+    nonempty = b > a
+    # owners of a shard: the spans that hold its first and its last sample, and all between
+    first = np.searchsorted(plan.bounds, a, side="right") - 1
+    last = np.searchsorted(plan.bounds, b - 1, side="right") - 1
+    owned_shard = nonempty & (a < plan.bounds[-1])
+    parts = np.where(owned_shard, np.minimum(last, layout.global_workers - 1) - first + 1, 0)
+    return {
+        "epoch": epoch, "policy": schedule.policy, "shards": len(counts), "empty_shards": int((~nonempty).sum()),
+        "samples": total, "world_size": layout.world_size, "workers": layout.workers,
+        "batch_size": layout.batch_size, "global_workers": layout.global_workers, "steps": steps,
+        "samples_read": int(delivered.sum()),
+        "left_out": total - owned,
+        "left_out_fraction": (total - owned) / total if total else 0.0,
+        "padding": max(0, capacity - int(delivered.sum())) if schedule.policy != "even" else 0,
+        "owned_per_worker": {"min": int(sizes.min()), "max": int(sizes.max())},
+        "shards_cut": int((parts > 1).sum()),
+        "parts_per_shard": {"max": int(parts.max()) if len(parts) else 0,
+                            "mean": float(parts[owned_shard].mean()) if owned_shard.any() else 0.0},
+    }

@@ -1,0 +1,107 @@
+"""``dalistream plan``: what an epoch's plan costs for a layout (samples left out, padding, shards
+cut), and which parts each (rank, worker) reads. Counts come from the shards (a manifest or a
+scan) or, to try a layout at any scale without data, from ``--counts N:LO-HI`` (N shards of
+LO to HI samples, drawn with ``--seed``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..plan import Layout, Schedule, epoch_summary, owned_parts, steps_per_epoch
+from .args import emit, storage_options
+
+log = logging.getLogger("dalistream")
+
+
+def synthetic_counts(spec: str, seed: int) -> np.ndarray:
+    """``N:LO-HI`` (or ``N:K``): N shards of LO to HI samples (or K each)."""
+    try:
+        n, _, sizes = spec.partition(":")
+        lo, _, hi = sizes.partition("-")
+        shards, low, high = int(n), int(lo), int(hi or lo)
+    except ValueError:
+        raise ConfigError(f"--counts must look like N:LO-HI or N:K, got {spec!r}") from None
+    if shards < 1 or low < 0 or high < low:
+        raise ConfigError(f"--counts {spec!r}: need N >= 1 and 0 <= LO <= HI")
+    return np.random.default_rng(seed).integers(low, high + 1, shards)
+
+
+def _counts(args: argparse.Namespace, cache_dir: str):
+    from ..manifest import count_samples
+    from ..sources import expand_sources
+
+    if args.counts:
+        counts = synthetic_counts(args.counts, args.seed)
+        return [f"shard-{i:06d}" for i in range(len(counts))], counts, []
+    if not args.sources:
+        raise ConfigError("give shard SOURCEs, or --counts N:LO-HI to plan without data")
+    urls = expand_sources(args.sources, storage_options(args))
+    if args.no_counts:
+        return urls, None, []
+    counted = count_samples(urls, manifest=args.manifest, options=storage_options(args), cache_dir=cache_dir,
+                            tolerant=args.on_error == "skip", scan_limit_bytes=None)
+    for problem in counted.problems:
+        log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
+    return urls, np.asarray([i.samples for i in counted.infos]), counted.problems
+
+
+def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch: int) -> List[Dict[str, Any]]:
+    rows = []
+    for r in range(layout.world_size):
+        steps = steps_per_epoch(counts, layout, schedule, epoch, r)
+        for w in range(layout.workers):
+            parts = owned_parts(counts, len(urls), layout, schedule, epoch, r, w)
+            rows.append({
+                "rank": r, "worker": w, "global_worker": layout.global_worker(r, w), "slot": layout.slots[w],
+                "parts": [{"url": urls[s], "first": a, "stop": b} for s, a, b in parts],
+                "samples": sum(b - a for _, a, b in parts) if counts is not None else None, "steps": steps,
+            })
+    return rows
+
+
+def run(args: argparse.Namespace, cache_dir: str) -> int:
+    """The ``plan`` command."""
+    urls, counts, problems = _counts(args, cache_dir)
+    layout = Layout(args.world_size, args.workers, args.batch_size)
+    schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
+    epochs = range(args.epoch, args.epoch + args.epochs)
+    summaries = [epoch_summary(counts, layout, schedule, e) for e in epochs] if counts is not None else []
+    detail = args.detail if args.detail is not None else layout.global_workers <= 16
+    payload: Dict[str, Any] = {"epochs": summaries}
+    if detail:
+        payload["plan"] = _rows(urls, counts, layout, schedule, args.epoch)
+    if args.on_error == "skip":  # shards counted only up to their damage
+        payload.update(skipped_shards=len(problems), errors=[p.fields() for p in problems])
+    if args.json:
+        emit(args, payload)
+        return 0
+    lines = []
+    for s in summaries:
+        lines.append(
+            f"epoch {s['epoch']}: {s['samples']} samples in {s['shards']} shards, {s['world_size']} ranks x "
+            f"{s['workers']} workers x batch {s['batch_size']} ({s['policy']}): {s['steps']} steps, "
+            f"{s['left_out']} samples left out ({100 * s['left_out_fraction']:.3f}%), {s['padding']} padding, "
+            f"{s['shards_cut']} shards cut (at most {s['parts_per_shard']['max']} parts), "
+            f"{s['owned_per_worker']['min']}-{s['owned_per_worker']['max']} samples per worker")
+    for row in payload.get("plan", []):
+        lines.append(f"rank {row['rank']} worker {row['worker']} (g={row['global_worker']}, slot {row['slot']}): "
+                     f"{len(row['parts'])} parts, {row['samples']} samples, {row['steps']} steps")
+        lines += [f"    {p['url']}" + ("" if p["stop"] is None else f" [{p['first']}:{p['stop']}]") for p in row["parts"]]
+    emit(args, payload, "\n".join(lines))
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``plan`` command's own options (beside the shared stream options)."""
+    p.add_argument("--counts", default=None, metavar="N:LO-HI",
+                   help="plan N synthetic shards of LO..HI samples instead of reading SOURCEs")
+    p.add_argument("--epochs", type=int, default=1, help="how many epochs to summarize, from --epoch on")
+    p.add_argument("--detail", action=argparse.BooleanOptionalAction, default=None,
+                   help="list every (rank, worker)'s parts (default: only for 16 global workers or fewer)")
+
+

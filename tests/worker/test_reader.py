@@ -1,0 +1,128 @@
+"""The reader of one worker's parts: spans cut inside shards read exactly their samples, with
+and without offsets (a seek and an end, or skipping headers), and stale counts found where they
+show, naming the shard, counted vs found, and where the count came from."""
+
+import itertools
+import os
+
+import pytest
+
+from dalistream.config import StreamConfig
+from dalistream.errors import ManifestError
+from dalistream.manifest import build_manifest
+from dalistream.plan import Layout, Schedule, owned_parts
+from dalistream.worker import WorkerSource
+from dalistream.worker.policy import ErrorPolicy
+from dalistream.worker.reader import PlanReader
+from dalistream.worker.stats import WorkerStats
+
+from helpers import key_shards, uneven_sizes, write_tar
+
+
+def source_keys(config, paths, counts, rank, w, epoch, offsets=None, start_step=0, source=None):
+    src = WorkerSource(config.replace(rank=rank), paths, counts, w, offsets=offsets, count_source=source,
+                       start_epoch=epoch, start_step=start_step)
+    out = []
+    for keys, valid in src.epoch_batches(epoch, start_step):
+        out.append([bytes(k).decode() for k, v in zip(keys, valid) if int(v)])
+    return out
+
+
+def expected_keys(counts, layout, schedule, epoch, rank, w):
+    return [f"s{s:03d}/{i:05d}" for s, a, b in owned_parts(counts, len(counts), layout, schedule, epoch, rank, w)
+            for i in range(a, b)]
+
+
+@pytest.mark.parametrize("with_offsets", [True, False])
+@pytest.mark.parametrize("R,W,B", [(1, 2, 4), (2, 3, 7), (3, 2, 5), (4, 4, 8)])
+def test_every_worker_reads_exactly_its_span(tmp_path, with_offsets, R, W, B):
+    sizes = uneven_sizes(9, seed=R * 10 + W, low=1, high=14) + [0]
+    paths = key_shards(str(tmp_path), sizes)
+    offsets = [i.offsets for i in build_manifest(paths, offsets=True)] if with_offsets else None
+    for policy in ("even", "exact"):
+        config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=B, workers=W,
+                              world_size=R, policy=policy, seed=4)
+        seen = []
+        for epoch, r, w in itertools.product(range(2), range(R), range(W)):
+            got = [k for batch in source_keys(config, paths, sizes, r, w, epoch, offsets) for k in batch]
+            assert got == expected_keys(sizes, config.layout, config.schedule, epoch, r, w)
+            seen += [(epoch, k) for k in got]
+        assert len(seen) == len(set(seen))  # no sample twice in an epoch
+        if policy == "exact":
+            assert len(seen) == 2 * sum(sizes)
+
+
+def test_a_part_with_offsets_never_reads_outside_itself(tmp_path):
+    # the bytes before the part's start and after its end are garbage: only a seek and a clean
+    # end at the next sample's offset can read the part
+    sizes = [12]
+    paths = key_shards(str(tmp_path), sizes)
+    offsets = build_manifest(paths, offsets=True)[0].offsets
+    data = bytearray(open(paths[0], "rb").read())
+    lo, hi = offsets[4], offsets[9]
+    data[:lo] = b"\xff" * lo
+    data[hi:] = b"\xee" * (len(data) - hi)
+    with open(paths[0], "wb") as f:
+        f.write(bytes(data))
+    config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=1, workers=1)
+    reader = PlanReader(config, paths, sizes, [offsets], 0)
+    stats = WorkerStats(None, 0, 0)
+    got = [s["__key__"] for s in reader._part(None, 0, 0, 4, 9, stats)]
+    assert got == [f"s000/{i:05d}" for i in range(4, 9)]
+
+
+def _rewrite(path, n, prefix="s000"):
+    write_tar(path, [m for i in range(n) for m in ((f"{prefix}/{i:05d}.cls", b"1"), (f"{prefix}/{i:05d}.bin", b"xy"))])
+
+
+@pytest.mark.parametrize("found", [7, 13])
+@pytest.mark.parametrize("source,hint", [("manifest /data/m.json", "dalistream index"),
+                                         ("header scan, cached in /c", "rescan")])
+def test_a_stale_count_names_the_shard_counted_found_and_the_source(tmp_path, found, source, hint):
+    paths = key_shards(str(tmp_path), [10, 10])
+    _rewrite(paths[1], found, "s001")  # shard 1 changed after it was counted
+    config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=4, workers=1,
+                          policy="exact", shuffle_shards=False)
+    with pytest.raises(ManifestError) as e:
+        source_keys(config, paths, [10, 10], 0, 0, 0, source=source)
+    text = str(e.value)
+    assert e.value.url == paths[1] and e.value.reason == "stale_count"
+    assert f"holds {'at least 11' if found > 10 else found} samples but 10 were counted ({source})" in text
+    assert hint in text
+
+
+def test_a_stale_count_under_skip_is_counted_never_silent(tmp_path):
+    paths = key_shards(str(tmp_path), [6, 6])
+    _rewrite(paths[0], 9)  # longer: three samples no one owns
+    config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=3, workers=1,
+                          policy="exact", shuffle_shards=False, on_error="skip")
+    reader = PlanReader(config, paths, [6, 6], None, 0)
+    plan = WorkerSource(config, paths, [6, 6], 0).plan(0)
+    policy = ErrorPolicy("skip")
+    got = [s for s in reader.decoded(plan, lambda o: True, policy, WorkerStats(None, 0, 0))]
+    assert len(got) == 12
+    assert dict(policy.skipped) == {"shards:stale_count": 1}
+
+
+def test_a_cut_shard_is_cut_at_the_same_sample_by_offsets_and_by_headers(tmp_path):
+    sizes = [5, 23, 2]
+    paths = key_shards(str(tmp_path), sizes)
+    offsets = [i.offsets for i in build_manifest(paths, offsets=True)]
+    config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=6, workers=3,
+                          world_size=2, seed=1)
+    for r, w in itertools.product(range(2), range(3)):
+        assert source_keys(config, paths, sizes, r, w, 1, offsets) == source_keys(config, paths, sizes, r, w, 1)
+
+
+def test_resume_in_the_middle_of_a_cut_shard(tmp_path):
+    sizes = [7, 31, 4, 19]
+    paths = key_shards(str(tmp_path), sizes)
+    offsets = [i.offsets for i in build_manifest(paths, offsets=True)]
+    for shuffle in (0, 5):
+        config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=4, workers=2,
+                              world_size=2, seed=2, shuffle=shuffle)
+        for r, w, off in itertools.product(range(2), range(2), (offsets, None)):
+            full = source_keys(config, paths, sizes, r, w, 1, off)
+            for k in range(1, len(full)):
+                assert source_keys(config, paths, sizes, r, w, 1, off, start_step=k) == full[k:]
+    assert os.path.exists(paths[1])
