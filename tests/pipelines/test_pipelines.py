@@ -290,3 +290,33 @@ def test_pipelines_package_is_installed_and_light(tmp_path):
             "assert p.classification_train.loader and p.classification_eval.loader and p.image_text.loader; "
             "assert not [m for m in sys.modules if m.startswith(('nvidia.dali', 'torch'))], 'heavy import'")
     subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, env={**os.environ, "PYTHONPATH": ""})
+
+
+@pytest.mark.parametrize("module, fields, options", [
+    ("classification_train", {"image": "jpg;png", "key": "__key__"}, {"shuffle": 4}),
+    ("classification_eval", [dalistream.Field("key", ("__key__",), kind="meta"),
+                             dalistream.Field("label", ("cls",), kind="int", dtype="int64", ndim=0)], {}),
+    ("image_text", {"text": "json", "key": "__key__"}, {"missing": "skip", "policy": "exact"}),
+])
+def test_ready_loaders_merge_the_users_fields(odd, module, fields, options):
+    """``fields=`` passes through to Stream.open like the other options: a default field's spec is
+    replaced, other fields come out as read."""
+    import importlib
+
+    pipeline = importlib.import_module(f"dalistream.pipelines.{module}")
+    shards, truth, cache = odd
+    seen = []
+    with pipeline.loader(shards, batch_size=4, size=24, workers=2, device="cpu", cache_dir=cache, fields=fields,
+                         **options) as loader:
+        names = [f.name for f in loader.stream.config.fields]
+        assert "key" in names and len(names) == 3
+        for batch in loader:
+            assert "key" in batch and all(isinstance(k, str) for k in batch["key"])
+            if "label" in batch:
+                assert batch["label"].tolist() == [truth[k]["label"] for k in batch["key"]]
+            if "text" in batch:  # only the json captions: the samples with a .txt were skipped
+                assert batch["text"] == [truth[k]["caption"] for k in batch["key"]]
+            seen += batch["key"]
+    assert seen and len(seen) == len(set(seen))
+    if module == "image_text":
+        assert sorted(seen) == sorted(k for k, f in truth.items() if f["label"] % 4 == 3)
