@@ -28,7 +28,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from .tools.synth import SynthSpec, write_shards
 
     spec = SynthSpec(shards=args.shards, samples_per_shard=args.samples_per_shard, uneven=args.uneven,
-                     seed=args.seed, classes=args.classes)
+                     seed=args.seed, classes=args.classes, prefix=args.prefix)
     written = write_shards(args.out_dir, spec)
     samples = sum(n for _, n in written)
     emit(args, {"shards": [path for path, _ in written], "samples": samples, "samples_per_shard": [n for _, n in written],
@@ -194,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", type=int, default=10, help="number of classes (labels 0 .. N-1)")
     p.add_argument("--uneven", action="store_true", help="vary the number of samples per shard")
     p.add_argument("--seed", type=int, default=0, help="random seed of images, labels and sizes")
+    p.add_argument("--prefix", default="synth", help="shard names: PREFIX-00000.tar, PREFIX-00001.tar, …")
     p.add_argument("--json", action="store_true", help="print one JSON object (shards, samples) instead of a sentence")
     p.set_defaults(func=cmd_synth)
 
