@@ -13,10 +13,10 @@ import os
 import sys
 from typing import List, Optional
 
-from .errors import DalistreamError
+from .errors import DalistreamError, redact
 from .stream import default_cache_dir
 from .tools import demo, planview
-from .tools.args import add_stream_args, emit, progress_bar, storage_options
+from .tools.args import LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, emit, progress_bar, storage_options
 from .tools.bench import runner as bench
 
 log = logging.getLogger("dalistream")
@@ -25,12 +25,15 @@ log = logging.getLogger("dalistream")
 # -- synth ---------------------------------------------------------------------------------------
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from .tools.synth import SynthSpec, write_dataset
+    from .tools.synth import SynthSpec, write_shards
 
     spec = SynthSpec(shards=args.shards, samples_per_shard=args.samples_per_shard, uneven=args.uneven,
-                     seed=args.seed, classes=args.classes)
-    paths = write_dataset(args.out_dir, spec)
-    emit(args, {"shards": paths}, f"wrote {len(paths)} shards to {args.out_dir}")
+                     seed=args.seed, classes=args.classes, prefix=args.prefix)
+    written = write_shards(args.out_dir, spec)
+    samples = sum(n for _, n in written)
+    emit(args, {"shards": [path for path, _ in written], "samples": samples, "samples_per_shard": [n for _, n in written],
+                "out_dir": args.out_dir},
+         f"wrote {samples} samples in {len(written)} shards to {args.out_dir}")
     return 0
 
 
@@ -71,6 +74,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     if problems:
         text += f"\n{len(problems)} shards could not be read to their end (counted up to the problem):"
         text += "".join(f"\n    {p}" for p in problems)
+    if args.output:
+        text += f"\nwrote manifest {redact(args.output)} ({len(infos)} shards, {payload['samples']} samples)"
     emit(args, payload, text)
     return 0
 
@@ -98,8 +103,12 @@ def cmd_keys(args: argparse.Namespace) -> int:
         bar = progress_bar(args, total=max(0, len(loader) - loader.step), unit="batch")
         for batch in (loader if args.stop_after != 0 else ()):
             bar.update(1)
-            print(json.dumps({"rank": stream.config.rank, "epoch": loader.epoch, "step": loader.step - 1,
-                              "keys": batch["key"]}), flush=True)
+            if args.json:
+                print(json.dumps({"rank": stream.config.rank, "epoch": loader.epoch, "step": loader.step - 1,
+                                  "keys": batch["key"]}), flush=True)
+            else:
+                print(f"rank {stream.config.rank} epoch {loader.epoch} step {loader.step - 1}: "
+                      + " ".join(batch["key"]), flush=True)
             done += 1
             if args.stop_after is not None and done >= args.stop_after:
                 break
@@ -113,25 +122,42 @@ def cmd_keys(args: argparse.Namespace) -> int:
         ran = loader.epoch - 1 if loader.step == 0 else loader.epoch
         stats.update(stats["by_epoch"].get(ran, skip_totals({})))
         if not args.json:
-            print(json.dumps({"stats": stats}), file=sys.stderr)
+            print(stats_text(stats), file=sys.stderr)
         elif args.on_error != "raise":  # the skip counters close the JSON lines
             print(json.dumps({"stats": stats}), flush=True)
     return 0
 
 
+def stats_text(stats: dict) -> str:
+    """The counters of ``dalistream keys`` for people: samples, padding, skips by reason."""
+    text = (f"stats: {stats.get('samples', 0)} samples read, {stats.get('padded', 0)} padding positions, "
+            f"{stats.get('dropped', 0)} dropped")
+    skipped = stats.get("skipped") or {}
+    for kind in ("shards", "samples"):
+        reasons = skipped.get(kind) or {}
+        if reasons:
+            text += f"; skipped {kind}: " + ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items()))
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dalistream", description="Stream WebDataset shards through DALI into PyTorch.")
-    parser.add_argument("--log-level", default=os.environ.get("DALISTREAM_LOG", "WARNING"), help="logging level")
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="dalistream", description="Stream WebDataset shards through DALI into PyTorch.",
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_log_level(parser, default=os.environ.get("DALISTREAM_LOG", "WARNING"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("synth", help="write a small synthetic WebDataset (JPEG/PNG images, cls labels, txt captions)")
-    p.add_argument("out_dir")
-    p.add_argument("--shards", type=int, default=8)
-    p.add_argument("--samples-per-shard", type=int, default=64)
-    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("out_dir", help="directory to write the shards to (created if missing)")
+    p.add_argument("--shards", type=int, default=8, help="number of shards")
+    p.add_argument("--samples-per-shard", type=int, default=64, help="samples per shard (varied around it with --uneven)")
+    p.add_argument("--classes", type=int, default=10, help="number of classes (labels 0 .. N-1)")
     p.add_argument("--uneven", action="store_true", help="vary the number of samples per shard")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="random seed of images, labels and sizes")
+    p.add_argument("--prefix", default="synth", help="shard names: PREFIX-00000.tar, PREFIX-00001.tar, …")
+    p.add_argument("--json", action="store_true", help="print one JSON object (shards, samples) instead of a sentence")
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("plan", help="what an epoch's plan costs (left out, padding, shards cut) and who reads what")
@@ -139,11 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(world_size=1)
     p.add_argument("--no-counts", action="store_true", help="do not scan shards for sample counts")
     planview.add_arguments(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("index", help="count samples and bytes per shard; write a manifest")
-    add_stream_args(p, batch=False)
+    add_stream_args(p, batch=False, loader=False)
     p.add_argument("-o", "--output", default=None,
                    help="manifest file to write (local path or s3://); default: dalistream-manifest.json in the "
                         "shards' folder, where loaders find it unnamed; '-' writes none")
@@ -151,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="record each sample's tar offset (the default; kept for old scripts)")
     p.add_argument("--no-offsets", action="store_true",
                    help="omit sample offsets: a worker whose span starts inside a shard then skips headers to it")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object (shards, samples, errors) instead of a table")
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("keys", help="run the real pipeline for one rank and print the sample keys of each batch")
@@ -161,18 +187,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-in", default=None, metavar="FILE", help="resume from a state written by --state-out")
     p.add_argument("--json", action="store_true",
                    help="only JSON lines on stdout, one per batch; with --on-error skip a last line {\"stats\": …} "
-                        "holds the skip counters (without --json the stats go to stderr)")
+                        "holds the skip counters (without --json: one line 'rank R epoch E step S: KEY …' per batch, "
+                        "and the counters on stderr)")
     p.set_defaults(func=cmd_keys)
 
     bench.add_parser(sub)
     demo.add_parser(sub)
+    for command in sub.choices.values():  # every subcommand: defaults in --help, --log-level after it too
+        command.formatter_class = HelpFormatter
+        add_log_level(command)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+    if str(args.log_level).upper() not in LOG_LEVELS:  # the default, from DALISTREAM_LOG
+        parser.error(f"DALISTREAM_LOG={os.environ.get('DALISTREAM_LOG')!r} is not a logging level ({', '.join(LOG_LEVELS)})")
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper()),
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         return int(args.func(args) or 0)

@@ -43,14 +43,16 @@ def default_resize(size: int) -> int:
 @dalistream.pipeline_def
 def pipeline(stream: "dalistream.Stream", size: int = 224, resize: Optional[int] = None, fp16: bool = False,
              mean: Sequence[float] = ops.IMAGENET_MEAN, std: Sequence[float] = ops.IMAGENET_STD) -> Dict[str, Any]:
-    """The evaluation graph; ``stream`` must have fields ``image`` (encoded bytes) and ``label`` (int)."""
+    """The evaluation graph; ``stream`` must have fields ``image`` (encoded bytes) and ``label`` (int);
+    its other fields are returned as read."""
     device = stream.device
     shorter = default_resize(size) if resize is None else resize
     data = dalistream.read(stream)
     images = ops.decode_images(data["image"], data["valid"], device, padded=stream.may_pad)
     images = ops.resize_shorter(images, device, shorter)
     images = ops.normalize(images, device, crop=(size, size), mean=mean, std=std, fp16=fp16)
-    return {"image": images, "label": ops.to_device(data["label"], device)}
+    outputs = {"image": images, "label": ops.to_device(data["label"], device)}
+    return {**outputs, **{k: v for k, v in data.items() if k not in outputs and k != "valid"}}  # other fields as read
 
 
 def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = 2, device: str = "auto",
@@ -61,11 +63,17 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
 
     ``stream_options`` go to :meth:`dalistream.Stream.open` (``rank``, ``world_size``,
     ``storage_options``, ``manifest``, …); ``dali_options`` to the DALI pipeline.
+    ``fields`` (optional) is merged over the defaults: an entry named ``image`` or ``label``
+    replaces that field's spec (as ``image_exts``/``label_exts`` do), any other entry is read too
+    and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
     """
     if resize is not None and resize < size:
         raise dalistream.ConfigError(f"resize {resize} is smaller than the crop size {size}")
     stream_options.setdefault("shuffle", 0)
-    stream = dalistream.Stream.open(sources, fields={"image": image_exts, "label": label_exts},
+    fields = {"image": image_exts, "label": label_exts}
+    user_fields = stream_options.pop("fields", None) or {}
+    fields.update(user_fields if isinstance(user_fields, Mapping) else {f.name: f for f in user_fields})
+    stream = dalistream.Stream.open(sources, fields=fields,
                                     batch_size=batch_size, workers=workers, device=device, policy=policy,
                                     **stream_options)
     return dalistream.Loader(stream, pipeline, size=size, resize=resize, fp16=fp16, **dict(dali_options or {}))

@@ -44,7 +44,8 @@ def pipeline(stream: "dalistream.Stream", size: int = 224, flip: bool = True, co
              fp16: bool = False, random_area: Sequence[float] = (0.08, 1.0),
              random_aspect_ratio: Sequence[float] = (3 / 4, 4 / 3),
              mean: Sequence[float] = ops.IMAGENET_MEAN, std: Sequence[float] = ops.IMAGENET_STD) -> Dict[str, Any]:
-    """The training graph; ``stream`` must have fields ``image`` (encoded bytes) and ``label`` (int)."""
+    """The training graph; ``stream`` must have fields ``image`` (encoded bytes) and ``label`` (int);
+    its other fields are returned as read."""
     device = stream.device
     data = dalistream.read(stream)
     images = ops.decode_images(data["image"], data["valid"], device, random_crop=True, random_area=random_area,
@@ -54,7 +55,8 @@ def pipeline(stream: "dalistream.Stream", size: int = 224, flip: bool = True, co
         images = ops.color_jitter(images, device)
     mirror = ops.coin_flip(0.5) if flip else None
     images = ops.normalize(images, device, mirror=mirror, mean=mean, std=std, fp16=fp16)
-    return {"image": images, "label": ops.to_device(data["label"], device)}
+    outputs = {"image": images, "label": ops.to_device(data["label"], device)}
+    return {**outputs, **{k: v for k, v in data.items() if k not in outputs and k != "valid"}}  # other fields as read
 
 
 def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = 2, device: str = "auto",
@@ -68,8 +70,14 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``,
     ``storage_options``, ``manifest``, …; policy ``even`` by default). ``dali_options`` go to the
     DALI pipeline (``num_threads``, ``prefetch_queue_depth``).
+    ``fields`` (optional) is merged over the defaults: an entry named ``image`` or ``label``
+    replaces that field's spec (as ``image_exts``/``label_exts`` do), any other entry is read too
+    and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
     """
-    stream = dalistream.Stream.open(sources, fields={"image": image_exts, "label": label_exts},
+    fields = {"image": image_exts, "label": label_exts}
+    user_fields = stream_options.pop("fields", None) or {}
+    fields.update(user_fields if isinstance(user_fields, Mapping) else {f.name: f for f in user_fields})
+    stream = dalistream.Stream.open(sources, fields=fields,
                                     batch_size=batch_size, workers=workers, device=device, shuffle=shuffle,
                                     **stream_options)
     return dalistream.Loader(stream, pipeline, size=size, flip=flip, color_jitter=color_jitter, fp16=fp16,

@@ -47,7 +47,8 @@ FIELDS = {"image": "jpg;jpeg;png;webp", "text": "txt;json"}
 def pipeline(stream: "dalistream.Stream", size: int = 224, train: bool = True,
              random_area: Sequence[float] = (0.9, 1.0), fp16: bool = False,
              mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD) -> Dict[str, Any]:
-    """The image–text graph; ``stream`` needs fields ``image`` and ``text`` (bytes), ``key`` optional."""
+    """The image–text graph; ``stream`` needs fields ``image`` and ``text`` (bytes); its other fields
+    (``key``, …) are returned as read."""
     device = stream.device
     data = dalistream.read(stream)
     if train:
@@ -60,9 +61,7 @@ def pipeline(stream: "dalistream.Stream", size: int = 224, train: bool = True,
         images = ops.resize_shorter(images, device, size)
         images = ops.normalize(images, device, crop=(size, size), mean=mean, std=std, fp16=fp16)
     outputs = {"image": images, "text": data["text"]}
-    if "key" in data:
-        outputs["key"] = data["key"]
-    return outputs
+    return {**outputs, **{k: v for k, v in data.items() if k not in outputs and k != "valid"}}  # key, others as read
 
 
 def caption_text(raw: bytes, keys: Sequence[str] = ("caption", "text")) -> str:
@@ -98,8 +97,13 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     ``shuffle`` defaults to 1000 when training, 0 otherwise; ``keys=True`` adds each sample's
     ``__key__``. ``stream_options`` go to :meth:`dalistream.Stream.open`, ``dali_options`` to
     the DALI pipeline.
+    ``fields`` (optional) is merged over the defaults: an entry named ``image`` or ``text``
+    replaces that field's spec (as ``image_exts``/``text_exts`` do), any other entry is read too
+    and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
     """
     fields = {"image": image_exts, "text": text_exts}
+    user_fields = stream_options.pop("fields", None) or {}
+    fields.update(user_fields if isinstance(user_fields, Mapping) else {f.name: f for f in user_fields})
     if keys:
         fields["key"] = "__key__"
     stream = dalistream.Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device,

@@ -121,3 +121,156 @@ def test_keys_resume_from_state_file(shards, tmp_path):
 def test_errors_exit_non_zero_and_name_the_source(tmp_path):
     proc = cli("keys", tmp_path / "nothing-*.tar", "--json", check=False)
     assert proc.returncode == 2 and "nothing-*.tar" in proc.stderr
+
+
+# -- what a new user meets: --version, --help, options, human output ------------------------------------
+
+def parse(*args):
+    from dalistream.cli import build_parser
+
+    return build_parser().parse_args([str(a) for a in args])
+
+
+def subcommands():
+    import argparse
+
+    from dalistream.cli import build_parser
+
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return parser, action.choices
+
+
+def test_version_names_the_package_version(capsys):
+    import dalistream
+    from dalistream.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"dalistream {dalistream.__version__}"
+    assert cli("--version").stdout.strip() == f"dalistream {dalistream.__version__}"
+
+
+def test_every_option_has_help_and_help_shows_the_defaults():
+    import argparse
+
+    parser, commands = subcommands()
+    assert set(commands) >= {"synth", "plan", "index", "keys", "bench", "demo"}
+    for name, command in [("dalistream", parser), *commands.items()]:
+        text = command.format_help()
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help text"
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+                shown = f"(default: {action.default})"
+                assert shown in " ".join(text.split()), f"{name} --help does not show {shown} for {action.option_strings}"
+    keys_help = " ".join(commands["keys"].format_help().split())
+    assert "(default: 32)" in keys_help and "(default: even)" in keys_help and "(default: raise)" in keys_help
+    assert "(default: None)" not in keys_help and "(default: False)" not in keys_help
+
+
+@pytest.mark.parametrize("option", [["--workers", "2"], ["-W", "3"], ["--rank", "1"], ["--epoch", "1"],
+                                    ["--start-method", "spawn"], ["--world-size", "2"], ["--batch-size", "8"]])
+def test_index_refuses_the_loader_options_it_would_ignore(option, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse("index", "shards/", *option)
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_index_keeps_its_own_options():
+    args = parse("index", "a.tar", "b.tar", "--on-error", "skip", "--endpoint-url", "http://minio:9000",
+                 "--profile", "lab", "-o", "m.json", "--offsets", "--json")
+    assert (args.sources, args.on_error, args.output, args.offsets, args.json) == (["a.tar", "b.tar"], "skip", "m.json",
+                                                                                   True, True)
+    for command in ("plan", "keys", "bench"):  # the loader options stay where they are used
+        args = parse(command, "a.tar", "--workers", 3, "--rank", 0, "--epoch", 2, "--start-method", "spawn")
+        assert (args.workers, args.epoch, args.start_method) == (3, 2, "spawn")
+
+
+@pytest.mark.parametrize("argv, level", [
+    (["index", "x.tar"], "WARNING"),
+    (["--log-level", "error", "index", "x.tar"], "ERROR"),
+    (["index", "x.tar", "--log-level", "debug"], "DEBUG"),
+    (["keys", "x.tar", "--log-level", "Info", "-B", "4"], "INFO"),
+    (["--log-level", "critical", "synth", "out", "--log-level", "warning"], "WARNING"),  # the last one given wins
+])
+def test_log_level_before_or_after_the_command(argv, level, monkeypatch):
+    monkeypatch.delenv("DALISTREAM_LOG", raising=False)
+    assert parse(*argv).log_level == level
+
+
+@pytest.mark.parametrize("argv", [["--log-level", "verbose", "index", "x.tar"], ["index", "x.tar", "--log-level", "loud"],
+                                  ["synth", "out", "--log-level", "10"]])
+def test_log_level_refuses_what_is_no_level(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse(*argv)
+    assert exit_info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_log_level_from_the_environment_is_checked_too(tmp_path, monkeypatch, capsys):
+    from dalistream.cli import main
+
+    monkeypatch.setenv("DALISTREAM_LOG", "debug")
+    assert parse("index", "x.tar").log_level == "DEBUG"
+    monkeypatch.setenv("DALISTREAM_LOG", "verbose")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["synth", str(tmp_path / "out"), "--shards", "1", "--samples-per-shard", "1"])
+    assert exit_info.value.code == 2 and "DALISTREAM_LOG='verbose' is not a logging level" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", [(3, 5, False), (2, 7, True)])
+def test_synth_says_how_many_samples_and_shards(spec, tmp_path, capsys):
+    from dalistream.cli import main
+
+    shards, per_shard, uneven = spec
+    out = tmp_path / "ds"
+    assert main(["synth", str(out), "--shards", str(shards), "--samples-per-shard", str(per_shard)]
+                + (["--uneven", "--seed", "3"] if uneven else [])) == 0
+    line = capsys.readouterr().out.strip()
+    assert main(["index", str(out), "--json"]) == 0
+    total = json.loads(capsys.readouterr().out)["samples"]
+    if not uneven:
+        assert total == shards * per_shard
+    assert line == f"wrote {total} samples in {shards} shards to {out}"
+    assert main(["synth", str(tmp_path / "again"), "--shards", str(shards), "--samples-per-shard", str(per_shard),
+                 "--json"] + (["--uneven", "--seed", "3"] if uneven else [])) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["samples"] == total == sum(payload["samples_per_shard"]) and len(payload["shards"]) == shards
+
+
+@pytest.mark.parametrize("extra", [[], ["--on-error", "skip"], ["--offsets"]])
+def test_index_output_says_what_it_wrote(extra, shards, tmp_path, capsys):
+    from dalistream.cli import main
+
+    target = tmp_path / "sub" / "manifest.json"
+    target.parent.mkdir()
+    assert main(["index", shards, "-o", str(target), *extra]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"wrote manifest {target} ({len(SIZES)} shards, {sum(SIZES)} samples)"
+    assert len(json.load(open(target))["shards"]) == len(SIZES)
+    assert main(["index", shards, *extra]) == 0  # nothing written: nothing said about it
+    assert "wrote" not in capsys.readouterr().out
+
+
+@pytest.mark.dali
+def test_keys_prints_people_text_without_json(shards):
+    import re
+
+    base = [shards, "-W", 2, "-B", 5, "--policy", "exact", "--seed", 3]
+    text = cli("keys", *base)
+    lines = text.stdout.splitlines()
+    pattern = re.compile(r"^rank 0 epoch 0 step (\d+): (\S+(?: \S+)*)$")
+    matches = [pattern.match(line) for line in lines]
+    assert lines and all(matches), lines[:3]
+    for line in lines:
+        with pytest.raises(ValueError):
+            json.loads(line)
+    as_json = json_lines(cli("keys", *base, "--json"))
+    assert [int(m.group(1)) for m in matches] == [line["step"] for line in as_json]
+    assert [m.group(2).split(" ") for m in matches] == [line["keys"] for line in as_json]
+    assert sorted(k for m in matches for k in m.group(2).split(" ")) == all_keys()
+    assert re.search(r"^stats: \d+ samples read, \d+ padding positions, \d+ dropped", text.stderr, re.M)

@@ -245,11 +245,37 @@ def test_entrypoint_and_healthcheck_run_dalistream(dockerfile):
     assert entry[-1] == "dalistream"
     cmd = [ins for ins in dockerfile if ins.keyword == "CMD"][-1].json_args
     assert cmd and cmd[0] in ("demo", "--help")
+
+
+SECONDS = {"s": 1, "m": 60, "h": 3600, "": 1}
+
+
+def healthcheck(dockerfile):
+    """The HEALTHCHECK's options (in seconds, retries as a count) and its command as an argument list."""
     health = [ins for ins in dockerfile if ins.keyword == "HEALTHCHECK"][-1].value
     options, _, command = health.partition("CMD")
+    parsed = {}
     for option in shlex.split(options):
-        assert re.fullmatch(r"--(interval|timeout|start-period|retries)=\d+[smh]?", option), option
-    assert re.search(r"\bdalistream demo --steps 5\b", command)
+        m = re.fullmatch(r"--(interval|timeout|start-period|retries)=(\d+)([smh]?)", option)
+        assert m, option
+        parsed[m.group(1)] = int(m.group(2)) * (1 if m.group(1) == "retries" else SECONDS[m.group(3)])
+    command = command.strip()
+    return parsed, json.loads(command) if command.startswith("[") else shlex.split(command)
+
+
+def test_healthcheck_is_cheap_and_checks_package_and_gpu(dockerfile):
+    """A health check runs beside the real job: it must not train, decode or run a pipeline; it
+    checks that dalistream imports and that DALI sees a GPU, often and with a short timeout."""
+    options, command = healthcheck(dockerfile)
+    text = " ".join(command)
+    for costly in ("demo", "bench", "keys", "torchrun", "--steps", "train", "synth"):
+        assert costly not in text, f"the HEALTHCHECK runs {costly!r}"
+    assert command[:2] == ["python", "-c"] and len(command) == 3
+    code = command[2]
+    compile(code, "<healthcheck>", "exec")  # valid Python
+    assert re.search(r"\bimport dalistream\b", code) and "GetCUDADeviceCount() > 0" in code
+    assert 30 <= options["interval"] <= 600 and options["timeout"] <= 60 and options["timeout"] < options["interval"]
+    assert options.get("retries", 3) >= 2  # one slow answer under load is not "unhealthy"
 
 
 def test_user_is_created_non_root(dockerfile):

@@ -10,6 +10,8 @@ warns once when another version is found, naming the shims that may need a look.
 - The CUDA state DALI's backend sees (``GetCUDADeviceCount``, ``IsDriverInitialized``).
 - DALI's torch helpers (``nvidia.dali.plugin.pytorch.torch_utils``) and torch's reference counts
   of a tensor and its storage (``Tensor._use_count``, ``torch._C._storage_Use_Count``).
+- The graph behind a pipeline's outputs (``DataNode.source``, ``_OperatorInstance.inputs``): which
+  nodes the outputs depend on, so that fields nobody uses are not read.
 - ``spawn`` without re-running the user's script: ``__main__.__spec__``/``__file__`` hidden while
   DALI starts its workers (multiprocessing's spawn re-imports the main module from them).
 """
@@ -101,6 +103,24 @@ def forget_observer(pipe: Any) -> None:
     observer = getattr(getattr(getattr(pipe, "_py_pool", None), "pool", None), "_observer", None)
     if observer is not None:
         observer.thread = None
+
+
+# -- the graph ----------------------------------------------------------------------------------
+
+def upstream(outputs: Any) -> set:
+    """The ``id()`` of every DALI ``DataNode`` the nodes in ``outputs`` are computed from (themselves
+    included): the part of the graph DALI keeps when it prunes what no output needs."""
+    seen: set = set()
+    todo = list(outputs)
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        source = getattr(node, "source", None)
+        if source is not None:
+            todo.extend(getattr(source, "inputs", None) or ())
+    return seen
 
 
 # -- CUDA as DALI sees it -----------------------------------------------------------------------

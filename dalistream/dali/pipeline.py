@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from ..device import start_method
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
-from .compat import check_versions, converted, do_not_convert
+from .compat import check_versions, converted, do_not_convert, upstream
 from .graph import merge, sharded_sources
 
 if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
@@ -71,7 +71,9 @@ _merge = converted(merge)  # its `if` is on data; converted at first use, not at
 def read(stream: "Stream") -> Dict[str, Any]:
     """Create the sharded parallel sources and their merge; return ``{field: node, "valid": node}``.
 
-    Call it inside a function decorated with :func:`pipeline_def`.
+    Call it inside a function decorated with :func:`pipeline_def`. Fields that the pipeline's
+    outputs do not depend on are not read at all: the pipeline function is then called a second
+    time, with sources that leave them out (see :func:`pipeline_def`).
     """
     if not _building:
         raise RuntimeError("dalistream.read() must be called inside a @dalistream.pipeline_def function")
@@ -79,16 +81,22 @@ def read(stream: "Stream") -> Dict[str, Any]:
     if ctx["valid"] is not None:
         raise ConfigError("dalistream.read() was called twice in one pipeline",
                           hint="call it once and use its nodes as often as needed")
-    owner, branches = sharded_sources(stream.config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
+    config = stream.config
+    if ctx["unread"]:
+        config = config.replace(fields=tuple(f for f in config.fields if f.name not in ctx["unread"]))
+    owner, branches = sharded_sources(config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
                                       start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets,
                                       count_source=stream.count_source)
     merged = list(branches[0]) if owner is None else _merge(owner, branches)
-    nodes = dict(zip([f.name for f in stream.config.fields] + ["valid"], merged))
-    for field in stream.config.fields:
+    nodes = dict(zip([f.name for f in config.fields] + ["valid"], merged))
+    for field in config.fields:
         if field.kind in ("bytes", "meta"):
             ctx["raw"][id(nodes[field.name])] = "text" if field.kind == "meta" else "bytes"
     ctx["valid"] = nodes["valid"]
-    return nodes
+    ctx["fields"] = {name: node for name, node in nodes.items() if name != "valid"}
+    for name in ctx["unread"]:  # a node that nothing uses: it only has to exist (it is pruned)
+        ctx["fields"][name] = nodes[name] = nodes["valid"] + 0
+    return {f.name: nodes[f.name] for f in stream.config.fields} | {"valid": nodes["valid"]}
 
 
 def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
@@ -100,6 +108,10 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
     arguments go to DALI's ``pipeline_def`` (``num_threads``, ``prefetch_queue_depth``, ``seed``, …),
     given here or when calling the decorated function; the remaining call arguments are the
     pipeline's own (``train(stream, size=160)``).
+
+    Fields of the stream that no output depends on are not read (nor checked) by the workers:
+    ``fn`` is then called a second time, with sources that leave them out, so it must define the
+    same graph each time it is called.
     """
     if fn is None:
         return functools.partial(pipeline_def, **dali_kwargs)
@@ -125,26 +137,39 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
         reserved = sorted(set(kwargs) & set(RESERVED))
         if reserved:
             raise ConfigError(f"{fn.__name__}: {reserved} are set from the stream and cannot be given")
-        ctx: dict = {"raw": {}, "valid": None, "names": [], "kinds": []}
-
-        def graph():  # the pipeline definition: DALI's AutoGraph converts it, so it stays tiny
-            return _check_outputs(fn, ctx, fn(stream, *args, **kwargs))
-
-        graph.__name__ = fn.__name__
-        decorated = dali_pipeline_def(graph, enable_conditionals=True)
         method = start_method(stream.start_method, stream.device)
-        _building.append(ctx)
-        try:
-            pipe = decorated(batch_size=c.batch_size, device_id=stream.device_id, py_num_workers=c.workers,
-                             py_start_method=method, py_callback_pickler=dill if method == "spawn" else None,
-                             **options)
-        except Exception as e:  # autograph wraps errors raised in the graph function: unwrap ours
-            original = _dalistream_cause(e)
-            if original is None:
-                raise
-            raise original from None
-        finally:
-            _building.pop()
+
+        def define(unread: frozenset):
+            ctx: dict = {"raw": {}, "valid": None, "names": [], "kinds": [], "fields": {}, "unread": unread,
+                         "unused": ()}
+
+            def graph():  # the pipeline definition: DALI's AutoGraph converts it, so it stays tiny
+                return _check_outputs(fn, ctx, fn(stream, *args, **kwargs))
+
+            graph.__name__ = fn.__name__
+            decorated = dali_pipeline_def(graph, enable_conditionals=True)
+            _building.append(ctx)
+            try:
+                pipe = decorated(batch_size=c.batch_size, device_id=stream.device_id, py_num_workers=c.workers,
+                                 py_start_method=method, py_callback_pickler=dill if method == "spawn" else None,
+                                 **options)
+            except Exception as e:  # autograph wraps errors raised in the graph function: unwrap ours
+                original = _dalistream_cause(e)
+                if original is None:
+                    raise
+                raise original from None
+            finally:
+                _building.pop()
+            return pipe, ctx
+
+        pipe, ctx = define(frozenset())
+        if ctx["unused"]:  # define it again with sources that do not read those fields (never built: no workers)
+            unused = frozenset(ctx["unused"])
+            pipe, ctx = define(unused)
+            if set(ctx["unused"]) != unused:
+                raise ConfigError(f"{fn.__name__} uses other fields each time it is called "
+                                  f"({sorted(unused)} unused first, then {sorted(ctx['unused'])})",
+                                  hint="a pipeline function must define the same graph every time it is called")
         _built[pipe] = Built(outputs=tuple(zip(ctx["names"], ctx["kinds"])), start_method=method)
         return pipe
 
@@ -168,6 +193,10 @@ def _check_outputs(fn: Callable, ctx: dict, outputs: Any) -> tuple:
     # always returned (not only when the stream can pad): the loader trims padding with it, and
     # DALI warns about source outputs that nothing uses
     outputs["valid"] = ctx["valid"]
+    used = upstream(outputs.values())
+    unused = [name for name, node in ctx["fields"].items() if id(node) not in used]
+    if len(unused) < len(ctx["fields"]):  # leave them out of the sources (at least one field stays)
+        ctx["unused"] = unused
     ctx["names"] = list(outputs)
     ctx["kinds"] = [ctx["raw"].get(id(node), "tensor") for node in outputs.values()]
     return tuple(outputs.values())

@@ -9,6 +9,9 @@ down and kills what is left.
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import inspect
 import logging
 import os
 import queue
@@ -17,7 +20,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Tuple
 
 from ..errors import WorkerError
 from .compat import forget_observer, main_hidden_from_spawn, shutdown, worker_processes
@@ -179,6 +182,102 @@ def spawn_without_main(config, method: str = "spawn"):
     """While DALI starts its workers, keep ``spawn`` from re-running the user's script in each
     (see :func:`dalistream.dali.compat.main_hidden_from_spawn`) — unless the config carries user
     callables (custom decoders, an ``on_error`` function), which may live in the main script.
-    Forked workers re-import nothing."""
+    Forked workers re-import nothing.
+
+    When the script does run again in each spawned worker, a script without the
+    ``if __name__ == "__main__":`` guard would start workers from its workers: that is a
+    :class:`WorkerError` saying what to add, raised before any worker starts where the script
+    shows it, else in the worker and when DALI reports that its workers failed to start."""
     user_code = callable(config.on_error) or any(f.decoder is not None for f in config.fields)
-    return main_hidden_from_spawn(method == "spawn" and not user_code)
+    return _starting_workers(method, hide=method == "spawn" and not user_code)
+
+
+_GUARD = 'if __name__ == "__main__":'
+
+
+@contextlib.contextmanager
+def _starting_workers(method: str, hide: bool) -> Iterator[None]:
+    rerun = main_rerun_line()
+    if rerun is not None:  # we are a spawned worker running the user's script again
+        raise WorkerError(
+            f"the script {rerun[0]} is running again in a spawned DALI worker process and reached line {rerun[1]}, "
+            "which starts DALI workers of its own", hint=_guard_hint())
+    reruns = method == "spawn" and not hide
+    if reruns:
+        unguarded = unguarded_main_line()
+        if unguarded is not None:
+            raise WorkerError(
+                f"the script {unguarded[0]} starts DALI workers at line {unguarded[1]} outside `{_GUARD}`, and "
+                "every worker started with 'spawn' runs the script again from the top (it is imported again "
+                "because the stream carries your own functions: an on_error function or a field decoder)",
+                hint=_guard_hint())
+    with main_hidden_from_spawn(hide):
+        try:
+            yield
+        except Exception as e:
+            if "Workers initialization failed" not in str(e) and "bootstrapping phase" not in str(e):
+                raise
+            if reruns:
+                main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
+                raise WorkerError(
+                    f"DALI's worker processes failed to start; with 'spawn' each of them runs {main} again first "
+                    "(their own errors are printed above)", hint=_guard_hint()) from None
+            raise WorkerError("DALI's worker processes failed to start (their own errors are printed above)",
+                              hint="the first error a worker printed says why") from None
+
+
+def _guard_hint() -> str:
+    return (f"put the code that opens the Stream and iterates the Loader under `{_GUARD}` (functions, the "
+            "@dalistream.pipeline_def and imports may stay at the top level): Python's spawn start method "
+            "imports the main script again in every worker process")
+
+
+def main_rerun_line() -> Optional[Tuple[str, int]]:
+    """``(script, line)`` when this process is a spawned child running the main script again
+    (``multiprocessing`` runs it as ``__mp_main__``) and is at that line of it; else ``None``."""
+    frame = inspect.currentframe()
+    found = None
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            found = (frame.f_code.co_filename, frame.f_lineno)
+        frame = frame.f_back
+    return found
+
+
+def unguarded_main_line() -> Optional[Tuple[str, int]]:
+    """``(script, line)`` when the main script's top level is at a line that no ``if`` encloses
+    (so that a re-run of the script in a spawned worker reaches it too); ``None`` when it is
+    inside an ``if`` (a ``__name__`` guard or any other), or when there is no script file (``-c``,
+    Jupyter) or it cannot be read."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path or not path.endswith(".py"):
+        return None
+    frame = inspect.currentframe()
+    line = None
+    while frame is not None:
+        if (frame.f_code.co_name == "<module>" and frame.f_globals is main.__dict__
+                and os.path.abspath(frame.f_code.co_filename) == os.path.abspath(path)):
+            line = frame.f_lineno
+        frame = frame.f_back
+    if line is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    body = tree.body
+    while True:
+        node = next((n for n in body if n.lineno <= line <= (n.end_lineno or n.lineno)), None)
+        if node is None:
+            return None
+        if isinstance(node, ast.If):
+            return None
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return None
+        inner = [part for name in ("body", "orelse", "finalbody", "handlers") for part in getattr(node, name, [])]
+        inner += [part for case in getattr(node, "cases", []) for part in case.body]
+        if not inner or not any(n.lineno <= line <= (n.end_lineno or n.lineno) for n in inner):
+            return (path, line)
+        body = [n for n in inner if hasattr(n, "lineno")]

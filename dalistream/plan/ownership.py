@@ -174,6 +174,7 @@ class WorkerPlan:
     offset: int
     samples: Optional[int]  # samples owned this epoch (None when counts are unknown)
     global_worker: int
+    left_out: int = 0  # samples of the epoch no one owns (``even``), counted by the job's last worker only
 
     @property
     def shards(self) -> Tuple[int, ...]:
@@ -187,7 +188,7 @@ def worker_plan(counts: Optional[Sequence[int]], num_shards: int, layout: Layout
     _need_counts(counts, schedule)
     if counts is None:
         parts = owned_parts(None, num_shards, layout, schedule, epoch, rank, worker)
-        steps, samples = epoch_steps(0, layout, schedule), None
+        steps, samples, left_out = epoch_steps(0, layout, schedule), None, 0
     else:
         if len(counts) != num_shards:
             raise ManifestError(f"{len(counts)} counts for {num_shards} shards")
@@ -195,9 +196,10 @@ def worker_plan(counts: Optional[Sequence[int]], num_shards: int, layout: Layout
         g = layout.global_worker(rank, worker)
         parts, steps = plan.parts(g), plan.steps
         samples = int(plan.bounds[g + 1] - plan.bounds[g])
+        left_out = plan.total - int(plan.bounds[-1]) if g == layout.global_workers - 1 else 0
         if schedule.policy == "fixed" and samples == 0:
             raise ConfigError(
                 f"global worker {g} owns no sample: {plan.total} samples cannot fill a slot of every one of "
                 f"{layout.global_workers} global workers", hint="use fewer workers or a smaller batch")
     return WorkerPlan(rank, worker, epoch, tuple(parts), steps, layout.slots[worker], layout.slot_offsets[worker],
-                      samples, layout.global_worker(rank, worker))
+                      samples, layout.global_worker(rank, worker), left_out)

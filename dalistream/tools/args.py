@@ -9,25 +9,51 @@ import sys
 from typing import Any, Dict, Optional
 
 
-def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, sources_required: bool = True) -> None:
-    """The options every data-reading command shares."""
+def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: bool = True,
+                    sources_required: bool = True) -> None:
+    """The options every data-reading command shares; ``loader=False`` leaves out those only a
+    loader uses (workers, rank, world size, epoch, seed, manifest, start method), ``batch=False``
+    those of batching (batch size, shuffle, policy)."""
     p.add_argument("sources", nargs="+" if sources_required else "*", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, s3://, http(s)://")
-    p.add_argument("--workers", "-W", type=int, default=2, help="DALI worker processes (shard owners) per rank")
-    p.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
-    p.add_argument("--world-size", type=int, default=None, help="number of ranks (default: WORLD_SIZE or 1)")
-    p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--manifest", default=None, help="manifest file with per-shard counts (from `dalistream index`)")
+    if loader:
+        p.add_argument("--workers", "-W", type=int, default=2, help="DALI worker processes (shard owners) per rank")
+        p.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
+        p.add_argument("--world-size", type=int, default=None, help="number of ranks (default: WORLD_SIZE or 1)")
+        p.add_argument("--epoch", type=int, default=0, help="epoch to show (it decides the shard order)")
+        p.add_argument("--seed", type=int, default=0, help="seed of the shard order and the shuffle")
+        p.add_argument("--manifest", default=None, help="manifest file with per-shard counts (from `dalistream index`)")
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad samples/shards: stop, or count and skip")
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO, Ceph, R2, moto); default from AWS config")
     p.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
-    p.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
-                   help="how DALI starts its workers (auto: fork for CPU pipelines while CUDA is untouched)")
+    if loader:
+        p.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
+                       help="how DALI starts its workers (auto: fork for CPU pipelines while CUDA is untouched)")
     if batch:
-        p.add_argument("--batch-size", "-B", type=int, default=32)
+        p.add_argument("--batch-size", "-B", type=int, default=32, help="samples per batch (per rank)")
         p.add_argument("--shuffle", type=int, default=0, help="per-worker sample shuffle buffer (0: off)")
-        p.add_argument("--policy", choices=["even", "exact", "fixed"], default="even")
+        p.add_argument("--policy", choices=["even", "exact", "fixed"], default="even",
+                       help="batches per epoch: even (the same on every rank), exact (every sample once), "
+                            "fixed (--batches-per-epoch)")
         p.add_argument("--batches-per-epoch", type=int, default=None, help="with --policy fixed")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def add_log_level(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) -> None:
+    """``--log-level``, on the main parser (with its default) and on every subcommand (where it
+    is left unset unless given, so ``dalistream keys … --log-level debug`` works too)."""
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=default, metavar="LEVEL",
+                   help=f"logging level: {', '.join(LOG_LEVELS)} (any case; DALISTREAM_LOG sets the default)")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each option's default, where it has one worth showing (not None, not False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
 
 
 def storage_options(args: argparse.Namespace) -> Dict[str, Any]:

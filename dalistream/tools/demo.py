@@ -44,14 +44,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="where to write (or find) the synthetic data set (default: a temporary directory, "
                         "removed after)")
     p.add_argument("--steps", type=int, default=300, help="training steps (epochs follow each other until done)")
-    p.add_argument("--batch-size", "-B", type=int, default=32)
+    p.add_argument("--batch-size", "-B", type=int, default=32, help="samples per batch")
     p.add_argument("--size", type=int, default=64, help="image side in pixels after the random-resized crop")
     p.add_argument("--workers", "-W", type=int, default=2, help="DALI worker processes (shard owners)")
-    p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
+    p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto",
+                   help="where images are decoded and the model trains (auto: the GPU when DALI sees one)")
     p.add_argument("--classes", type=int, default=10, help="number of classes (labels must be below it)")
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     p.add_argument("--shuffle", type=int, default=256, help="per-worker sample shuffle buffer")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the data order, the shuffle and the model")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: OMP_NUM_THREADS, else the cores left after the DALI workers)")
     p.add_argument("--eval", action="store_true",

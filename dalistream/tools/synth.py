@@ -11,7 +11,7 @@ import io
 import os
 import tarfile
 from dataclasses import dataclass
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 
@@ -78,6 +78,11 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 def write_dataset(out_dir: str, spec: SynthSpec = SynthSpec()) -> List[str]:
     """Write ``spec.shards`` tar shards to ``out_dir``; return their paths."""
+    return [path for path, _ in write_shards(out_dir, spec)]
+
+
+def write_shards(out_dir: str, spec: SynthSpec = SynthSpec()) -> List[Tuple[str, int]]:
+    """Write ``spec.shards`` tar shards to ``out_dir``; return ``(path, samples)`` per shard."""
     os.makedirs(out_dir, exist_ok=True)
     rng = np.random.default_rng(spec.seed)
     paths = []
@@ -100,5 +105,5 @@ def write_dataset(out_dir: str, spec: SynthSpec = SynthSpec()) -> List[str]:
                 _add(tar, f"{key}.cls", str(label).encode())
                 _add(tar, f"{key}.txt", f"a {COLOURS[label % len(COLOURS)]} {'disc' if (label // 10) % 2 == 0 else 'bar'}".encode())
                 index += 1
-        paths.append(path)
+        paths.append((path, n))
     return paths

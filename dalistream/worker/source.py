@@ -133,5 +133,5 @@ class WorkerSource:
             stats.maybe_write()
             yield outputs
         if plan.samples is not None and c.policy == "even":
-            stats.dropped += max(0, plan.samples - plan.steps * plan.slot - sum(policy.skipped.values()))
+            stats.dropped += plan.left_out + max(0, plan.samples - plan.steps * plan.slot - sum(policy.skipped.values()))
         stats.write()

@@ -2,7 +2,9 @@
 :meth:`dalistream.Loader.stats`, ``dalistream bench`` and ``dalistream keys``.
 
 Per worker (see :data:`WORKER_FIELDS`): position (``epoch``, ``step``), ``samples`` delivered,
-``padded`` slot positions, ``bytes`` of member data read, ``dropped`` samples (``even`` epochs),
+``padded`` slot positions, ``bytes`` of member data read, ``dropped`` samples (``even`` epochs: the tail of
+the epoch that no one owns, counted by the job's last global worker, so the sum over the job is
+what the epoch left out),
 skips by ``"samples:<reason>"``/``"shards:<reason>"`` (all epochs, and per epoch), remote I/O
 counters, and seconds: ``io_wait_s`` blocked reading shard bytes; ``read_s`` reading, parsing tar
 and checking samples (includes ``io_wait_s``); ``batch_s`` assembling padded batches; ``wall_s``

@@ -149,3 +149,24 @@ def test_main_hidden_from_spawn_restores_the_main_module(tmp_path):
     path.write_text(script)
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_upstream_follows_op_inputs_and_argument_inputs():
+    from nvidia.dali import fn, pipeline_def, types
+
+    found = {}
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+    def graph():
+        a, b, c = fn.external_source(source=lambda: ([np.zeros(1, np.uint8)],) * 3, num_outputs=3, batch=False)
+        angle = fn.cast(b, dtype=types.FLOAT)                # reaches the output only as an argument input
+        out = fn.rotate(fn.reshape(a, shape=[1, 1, 1]), angle=angle, fill_value=0)
+        unrelated = c + 1
+        found.update(up=compat.upstream([out]), nodes=(a, b, c, angle, out, unrelated))
+        return out
+
+    graph()
+    a, b, c, angle, out, unrelated = found["nodes"]
+    assert {id(a), id(b), id(angle), id(out)} <= found["up"]
+    assert id(c) not in found["up"] and id(unrelated) not in found["up"]
+    assert compat.upstream([]) == set()

@@ -26,3 +26,145 @@ def test_stream_checks_and_shows_the_start_method(tmp_path):
     with pytest.raises(ConfigError, match="start_method"):
         Stream.open(str(tmp_path), fields={"key": "__key__"}, batch_size=2, workers=1, device="cpu",
                     start_method="thread", cache_dir=str(tmp_path / "cache"))
+
+
+# -- a script without the `if __name__ == "__main__":` guard, workers started with spawn ---------------
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
+GUARD = 'if __name__ == "__main__":'
+
+
+def run_script(path, text, timeout=300):
+    path.write_text(textwrap.dedent(text))
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout,
+                          cwd=str(path.parent), env=dict(os.environ))
+
+
+def test_where_the_main_script_stands_is_found(tmp_path):
+    """The top-level line the script is at, unless an `if` encloses it; None inside the guard."""
+    script = tmp_path / "where.py"
+    done = run_script(script, """\
+        from dalistream.dali.watchdog import unguarded_main_line as at
+        print("top", at())
+        def helper():
+            return at()
+        print("call", helper())
+        for i in range(1):
+            print("loop", at())
+        with open(__file__) as f:
+            try:
+                print("with-try", at())
+            finally:
+                pass
+        if __name__ == "__main__":
+            print("guard", at())
+        if True:
+            print("any-if", at())
+        """)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    path = str(script)
+    assert lines == {"top": repr((path, 2)), "call": repr((path, 5)), "loop": repr((path, 7)),
+                     "with-try": repr((path, 10)), "guard": "None", "any-if": "None"}
+    done = subprocess.run([sys.executable, "-c", "from dalistream.dali.watchdog import unguarded_main_line as at; "
+                           "print(at())"], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "None"  # no script file: nothing runs again
+
+
+def test_a_spawned_child_knows_it_runs_the_script_again(tmp_path):
+    script = tmp_path / "child.py"
+    done = run_script(script, f"""\
+        import multiprocessing
+        from dalistream.dali.watchdog import main_rerun_line
+        print("rerun", main_rerun_line(), flush=True)
+        def child():
+            pass
+        {GUARD}
+            p = multiprocessing.get_context("spawn").Process(target=child)
+            p.start()
+            p.join()
+        """)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == sorted(["rerun None", f"rerun {(str(script), 3)!r}"])
+
+
+SCRIPT = """\
+import dalistream
+import numpy as np
+
+def on_error(error):
+    pass
+
+def decode_label(raw):
+    return np.array(int(raw), np.int64)
+
+print("BODY", flush=True)
+{body}
+"""
+
+ON_ERROR = """\
+{prefix}stream = dalistream.Stream.open({data!r}, fields={{"key": "__key__"}}, batch_size=2, workers=2,
+{prefix}                                device="cpu", start_method="spawn", on_error=on_error, cache_dir={cache!r})
+{prefix}with dalistream.Loader(stream) as loader:
+{prefix}    print(sum(len(b["key"]) for b in loader))
+"""
+
+DECODER = """\
+def main():
+    stream = dalistream.Stream.open({data!r}, batch_size=2, workers=2, device="cpu", start_method="spawn",
+                                    fields={{"label": {{"exts": "cls", "decoder": decode_label, "dtype": "int64",
+                                                       "ndim": 0}}}}, cache_dir={cache!r})
+    with dalistream.Loader(stream) as loader:
+        print(sum(len(b["label"]) for b in loader))
+
+{prefix}main()
+"""
+
+
+def final_error(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("dalistream.errors.")][-1]
+
+
+@pytest.mark.dali
+@pytest.mark.parametrize("body, line", [(ON_ERROR, 14), (DECODER, 18)])
+def test_spawn_without_the_guard_says_what_to_add_before_any_worker_starts(tmp_path, body, line):
+    key_shards(str(tmp_path / "data"), [3, 3])
+    script = tmp_path / "train.py"
+    text = SCRIPT.format(body=body.format(data=str(tmp_path / "data"), cache=str(tmp_path / "cache"), prefix=""))
+    done = run_script(script, text)
+    assert done.returncode == 1
+    error = final_error(done.stderr)
+    assert error.startswith("dalistream.errors.WorkerError: ") and GUARD in error
+    assert f"the script {script} starts DALI workers at line {line} outside" in error
+    assert done.stdout.splitlines() == ["BODY"]  # no worker ran the script again
+
+
+@pytest.mark.dali
+@pytest.mark.slow
+def test_spawn_without_a_real_guard_is_told_by_the_workers(tmp_path):
+    """An `if` that guards nothing: every worker runs the script again, says so, and the main
+    process's error (the last one printed) says what to add."""
+    key_shards(str(tmp_path / "data"), [3, 3])
+    script = tmp_path / "train.py"
+    body = ON_ERROR.format(data=str(tmp_path / "data"), cache=str(tmp_path / "cache"), prefix="    ")
+    done = run_script(script, SCRIPT.format(body="if True:\n" + body))
+    assert done.returncode == 1
+    assert done.stdout.splitlines().count("BODY") == 3  # the script, then each of the two workers
+    assert done.stderr.count(f"the script {script} is running again in a spawned DALI worker process") == 2
+    error = final_error(done.stderr)
+    assert error.startswith("dalistream.errors.WorkerError: DALI's worker processes failed to start")
+    assert GUARD in error and str(script) in error
+
+
+@pytest.mark.dali
+@pytest.mark.slow
+def test_spawn_with_the_guard_runs(tmp_path):
+    key_shards(str(tmp_path / "data"), [3, 3])
+    body = ON_ERROR.format(data=str(tmp_path / "data"), cache=str(tmp_path / "cache"), prefix="    ")
+    done = run_script(tmp_path / "train.py", SCRIPT.format(body=GUARD + "\n" + body))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["BODY", "BODY", "BODY", "6"]  # the workers import it, the guard holds

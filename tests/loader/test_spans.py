@@ -88,3 +88,22 @@ def test_spans_on_s3(local, moto_endpoint):
         s3.upload_file(str(local / "data" / name), "spans", f"ds/{name}")
     assert main(["index", "s3://spans/ds/", "--endpoint-url", moto_endpoint, "--json"]) == 0  # offsets: ranged GETs
     check_layout(["s3://spans/ds/", "--endpoint-url", moto_endpoint], 2, 2, resume_tmp=str(local))
+
+
+@pytest.mark.parametrize("change", [+4, -6])
+def test_a_shard_rewritten_after_indexing_is_named_through_the_pipeline(tmp_path, change):
+    from dalistream import Loader, Stream
+    from dalistream.errors import DalistreamError
+
+    paths = key_shards(str(tmp_path / "d"), [12, 12, 12])
+    assert main(["index", str(tmp_path / "d"), "--json"]) == 0  # dalistream-manifest.json beside them
+    key_shards(str(tmp_path / "d"), [12, 12 + change, 12])     # shard 1 rewritten
+    stream = Stream.open(str(tmp_path / "d"), fields={"key": "__key__"}, batch_size=4, workers=2, device="cpu",
+                         policy="exact", cache_dir=str(tmp_path / "c"))
+    with pytest.raises(DalistreamError) as e:
+        with Loader(stream) as loader:
+            for _ in loader:
+                pass
+    text = str(e.value)
+    assert paths[1] in text and "were counted (manifest" in text and "dalistream-manifest.json" in text
+    assert ("at least 13" if change > 0 else "holds 6 samples") in text

@@ -192,6 +192,88 @@ def test_pipeline_def_rejects_misuse(odd):
         dalistream.read(stream)
 
 
+@dalistream.pipeline_def
+def labels_only(stream):
+    """Returns one of the declared fields: the others are never read."""
+    return {"label": dalistream.read(stream)["label"]}
+
+
+@dalistream.pipeline_def
+def decodes_but_returns_keys(stream):
+    """Touches every field, even builds ops on the image, but its outputs need only the key."""
+    data = dalistream.read(stream)
+    ops.decode_images(data["image"], data["valid"], stream.device, padded=stream.may_pad)
+    data["label"] + 1
+    return {"key": data["key"]}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("pipeline, outputs", [(labels_only, {"label"}), (decodes_but_returns_keys, {"key"})])
+def test_fields_the_pipeline_does_not_use_are_not_read(odd, workers, pipeline, outputs):
+    """DALI warned "The external source node … produces N outputs, but the output at the index 0 is
+    not used" once per worker; now the sources carry only what the outputs need. ``caption`` is
+    missing from a quarter of the samples under missing="error": unused, it is never looked at."""
+    import warnings
+
+    shards, truth, cache = odd
+    stream = dalistream.Stream.open(shards, fields={"image": "jpg;png", "label": "cls", "key": "__key__",
+                                                    "caption": "txt"},
+                                    batch_size=4, workers=workers, device="cpu", policy="exact", cache_dir=cache)
+    seen = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with dalistream.Loader(stream, pipeline) as loader:
+            for batch in loader:
+                assert set(batch) == outputs
+                seen += batch["label"].tolist() if "label" in batch else [truth[k]["label"] for k in batch["key"]]
+    assert not [str(w.message) for w in caught if "external source" in str(w.message)]
+    assert sorted(seen) == sorted(f["label"] for f in truth.values())
+
+
+def test_a_pipeline_that_uses_every_field_is_defined_once(odd):
+    shards, _, cache = odd
+    calls = []
+
+    @dalistream.pipeline_def
+    def counted(stream, unused_label):
+        calls.append(1)
+        data = dalistream.read(stream)
+        return {"key": data["key"]} if unused_label else {"key": data["key"], "label": data["label"]}
+
+    stream = dalistream.Stream.open(shards, fields={"label": "cls", "key": "__key__"}, batch_size=4, workers=2,
+                                    device="cpu", cache_dir=cache)
+    counted(stream, unused_label=False)
+    assert len(calls) == 1
+    counted(stream, unused_label=True)  # defined again with sources that leave the label out
+    assert len(calls) == 3
+
+
+def test_no_unused_output_warning_on_stderr(odd, tmp_path):
+    """The run as a user sees it: DALI's warning went to stderr once per worker."""
+    shards, _, cache = odd
+    script = tmp_path / "train.py"
+    script.write_text(f"""
+import dalistream
+from dalistream import ops
+
+@dalistream.pipeline_def
+def train(stream):
+    data = dalistream.read(stream)
+    images = ops.decode_images(data["image"], data["valid"], stream.device, padded=stream.may_pad)
+    return {{"image": ops.random_resized_crop(images, stream.device, (16, 16))}}
+
+if __name__ == "__main__":
+    stream = dalistream.Stream.open({shards!r}, fields={{"image": "jpg;png", "label": "cls", "text": "txt;json"}},
+                                    batch_size=4, workers=2, device="cpu", cache_dir={cache!r})
+    with dalistream.Loader(stream, train) as loader:
+        print(sum(len(batch["image"]) for batch in loader))
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) > 0
+    assert "external source node" not in done.stderr and "not used" not in done.stderr, done.stderr[-3000:]
+
+
 # -- the ready pipelines ---------------------------------------------------------------------
 
 
@@ -290,3 +372,33 @@ def test_pipelines_package_is_installed_and_light(tmp_path):
             "assert p.classification_train.loader and p.classification_eval.loader and p.image_text.loader; "
             "assert not [m for m in sys.modules if m.startswith(('nvidia.dali', 'torch'))], 'heavy import'")
     subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, env={**os.environ, "PYTHONPATH": ""})
+
+
+@pytest.mark.parametrize("module, fields, options", [
+    ("classification_train", {"image": "jpg;png", "key": "__key__"}, {"shuffle": 4}),
+    ("classification_eval", [dalistream.Field("key", ("__key__",), kind="meta"),
+                             dalistream.Field("label", ("cls",), kind="int", dtype="int64", ndim=0)], {}),
+    ("image_text", {"text": "json", "key": "__key__"}, {"missing": "skip", "policy": "exact"}),
+])
+def test_ready_loaders_merge_the_users_fields(odd, module, fields, options):
+    """``fields=`` passes through to Stream.open like the other options: a default field's spec is
+    replaced, other fields come out as read."""
+    import importlib
+
+    pipeline = importlib.import_module(f"dalistream.pipelines.{module}")
+    shards, truth, cache = odd
+    seen = []
+    with pipeline.loader(shards, batch_size=4, size=24, workers=2, device="cpu", cache_dir=cache, fields=fields,
+                         **options) as loader:
+        names = [f.name for f in loader.stream.config.fields]
+        assert "key" in names and len(names) == 3
+        for batch in loader:
+            assert "key" in batch and all(isinstance(k, str) for k in batch["key"])
+            if "label" in batch:
+                assert batch["label"].tolist() == [truth[k]["label"] for k in batch["key"]]
+            if "text" in batch:  # only the json captions: the samples with a .txt were skipped
+                assert batch["text"] == [truth[k]["caption"] for k in batch["key"]]
+            seen += batch["key"]
+    assert seen and len(seen) == len(set(seen))
+    if module == "image_text":
+        assert sorted(seen) == sorted(k for k, f in truth.items() if f["label"] % 4 == 3)

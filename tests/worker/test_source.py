@@ -48,12 +48,14 @@ def test_exact_covers_every_sample_once_and_pads(tmp_path):
 
 
 def test_even_yields_full_batches_and_counts_the_drop(tmp_path):
-    config, paths, counts = make(tmp_path, [3, 17, 8, 1, 9])
-    source = WorkerSource(config, paths, counts, 0)
-    batches = list(source.epoch_batches(0))
-    assert all(keys_of(b, 0, 3) and len(keys_of(b, 0, 3)) == 3 for b in batches)
-    plan = source.plan(0)
-    assert source._stats.dropped == plan.samples - len(batches) * 3
+    config, paths, counts = make(tmp_path, [3, 17, 8, 1, 9])  # 38 samples, batch 6: 6 steps, 2 left out
+    dropped = []
+    for w, lo in ((0, 0), (1, 3)):
+        source = WorkerSource(config, paths, counts, w)
+        batches = list(source.epoch_batches(0))
+        assert len(batches) == 6 and all(len(keys_of(b, lo, lo + 3)) == 3 for b in batches)
+        dropped.append(source._stats.dropped)
+    assert dropped == [0, 2]  # the job's last worker counts the tail no one owns
 
 
 def test_epochs_via_iter_advance_and_differ(tmp_path):

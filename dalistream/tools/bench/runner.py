@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> None:
             action.nargs, action.required = "*", False
     p.set_defaults(batch_size=64, func=run)
     p.add_argument("--epochs", type=int, default=1, help="epochs per run (each system's own epochs)")
-    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto", help="where images are decoded")
     p.add_argument("--pipeline", choices=PIPELINES, default="classification_train",
                    help="decode + augment (random-resized-crop, flip, normalize), or read-only: bytes, no decode")
     p.add_argument("--size", type=int, default=224, help="output image side (classification_train)")

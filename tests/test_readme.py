@@ -1,0 +1,156 @@
+"""The README's code runs as written, and its instructions name things that exist.
+
+Every Python block of README.md is marked on the line before its fence: ``<!-- runnable -->``
+blocks are run here, each as a script of its own, in a folder holding the data set the README
+names (``dalistream synth data --prefix train``), on the CPU; ``<!-- not runnable: reason -->``
+blocks say why not (S3, GPUs, torchrun).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from typing import List, NamedTuple, Optional
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
+README = os.path.join(ROOT, "README.md")
+FENCE = re.compile(r"^```(\w*)\s*$")
+MARK = re.compile(r"^<!--\s*(runnable|not runnable:\s*(?P<why>.*?))\s*-->$")
+SNIPPET_TIMEOUT_S = 420
+
+
+class Block(NamedTuple):
+    line: int             # 1-based line of the opening fence
+    lang: str
+    code: str
+    mark: Optional[str]   # "runnable", "not runnable: …", or None
+    why: Optional[str]
+
+
+def blocks(text: str) -> List[Block]:
+    """The fenced code blocks of a Markdown text, with the marker comment on the line before each."""
+    lines = text.splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        before = lines[i - 1].strip() if i else ""
+        mark = MARK.match(before)
+        out.append(Block(i + 1, m.group(1), "\n".join(lines[i + 1:end]) + "\n", mark.group(1) if mark else None,
+                         mark.group("why") if mark else None))
+        i = end + 1
+    return out
+
+
+def readme_blocks() -> List[Block]:
+    with open(README, encoding="utf-8") as f:
+        return blocks(f.read())
+
+
+RUNNABLE = [b for b in readme_blocks() if b.mark == "runnable"]
+
+
+def test_block_parser_finds_marks_and_code():
+    text = ("x\n<!-- runnable -->\n```python\nprint(1)\n```\n\n```bash\nls\n```\n"
+            "<!-- not runnable: needs S3 -->\n```python\nimport boto3\n```\n")
+    found = blocks(text)
+    assert [(b.line, b.lang, b.code, b.mark, b.why) for b in found] == [
+        (3, "python", "print(1)\n", "runnable", None), (7, "bash", "ls\n", None, None),
+        (11, "python", "import boto3\n", "not runnable: needs S3", "needs S3")]
+
+
+def test_every_python_block_is_marked_runnable_or_says_why_not():
+    python = [b for b in readme_blocks() if b.lang == "python"]
+    assert python, "README.md has no Python block"
+    unmarked = [b.line for b in python if b.mark is None]
+    assert not unmarked, f"README.md lines {unmarked}: mark the block <!-- runnable --> or <!-- not runnable: why -->"
+    assert all(b.why for b in python if b.mark != "runnable"), "a not-runnable block must say why"
+    assert len(RUNNABLE) >= 3
+
+
+def test_runnable_blocks_define_what_they_use():
+    """Names a snippet uses must come from the snippet: the README once trained an undefined
+    ``model`` with an undefined ``criterion``."""
+    import builtins
+    import symtable
+
+    for block in RUNNABLE:
+        table = symtable.symtable(block.code, f"README.md:{block.line}", "exec")
+        defined = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+        free = {s.get_name() for s in table.get_symbols() if s.is_referenced() and not (s.is_assigned() or s.is_imported())}
+        missing = free - defined - set(dir(builtins)) - {"__name__"}
+        assert not missing, f"README.md:{block.line} uses undefined {sorted(missing)}"
+
+
+@pytest.fixture(scope="module")
+def data_folder(tmp_path_factory):
+    """A folder as the README describes it: ``data/train-00000.tar`` … ``data/train-00007.tar``."""
+    folder = tmp_path_factory.mktemp("readme")
+    done = subprocess.run([sys.executable, "-m", "dalistream", "synth", str(folder / "data"), "--prefix", "train",
+                           "--shards", "8", "--samples-per-shard", "32"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(folder / "data")) == [f"train-{i:05d}.tar" for i in range(8)]
+    return folder
+
+
+@pytest.mark.dali
+@pytest.mark.slow
+@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line{b.line}" for b in RUNNABLE])
+def test_runnable_block_runs_as_written(block, data_folder, tmp_path):
+    script = tmp_path / f"readme_line{block.line}.py"
+    script.write_text(block.code, encoding="utf-8")
+    env = dict(os.environ, DALISTREAM_CACHE=str(tmp_path / "cache"))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, str(script)], cwd=str(data_folder), env=env, capture_output=True,
+                          text=True, timeout=SNIPPET_TIMEOUT_S)
+    assert done.returncode == 0, f"README.md:{block.line} failed:\n{done.stderr[-4000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-4000:]
+
+
+# -- instructions that name other things ------------------------------------------------------------
+
+FRONT_ENDS = {"jupyter notebook": "notebook", "jupyter lab": "jupyterlab"}
+
+
+def test_notebooks_extra_installs_the_jupyter_front_end_the_readme_opens():
+    from packaging.requirements import Requirement
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["notebooks"]
+    names = {Requirement(r).name.lower() for r in extra}
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index("## Notebooks"):]
+    assert 'pip install -e ".[notebooks]"' in section
+    commands = [c for c in FRONT_ENDS if f"`{c}" in section]
+    assert commands, "the Notebooks section does not say how to open them"
+    for command in commands:
+        assert FRONT_ENDS[command] in names, f"`{command}` needs {FRONT_ENDS[command]!r} in the notebooks extra"
+    assert {"ipykernel", "nbclient"} <= names  # a kernel, and the headless runner the tests use
+
+
+def test_quickstart_notebook_says_how_workers_start():
+    """CPU pipelines fork their DALI workers (CUDA untouched), GPU ones spawn: the notebook once
+    said they always spawn."""
+    import nbformat
+
+    from dalistream.device import start_method
+
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), as_version=4)
+    text = " ".join(" ".join(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+    assert start_method("auto", "cpu") == "fork" and start_method("auto", "gpu") == "spawn"  # no CUDA here
+    assert "forked for a CPU pipeline" in text and "spawned for a GPU pipeline" in text
+    assert "started with `spawn`" not in text
