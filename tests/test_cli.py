@@ -252,7 +252,7 @@ def test_index_output_says_what_it_wrote(extra, shards, tmp_path, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == f"wrote manifest {target} ({len(SIZES)} shards, {sum(SIZES)} samples)"
     assert len(json.load(open(target))["shards"]) == len(SIZES)
-    assert main(["index", shards, *extra]) == 0  # nothing written: nothing said about it
+    assert main(["index", shards, "-o", "-", *extra]) == 0  # nothing written: nothing said about it
     assert "wrote" not in capsys.readouterr().out
 
 

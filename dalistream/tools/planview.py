@@ -50,9 +50,10 @@ def _counts(args: argparse.Namespace, cache_dir: str):
     return urls, np.asarray([i.samples for i in counted.infos]), counted.problems
 
 
-def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch: int) -> List[Dict[str, Any]]:
+def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch: int,
+          rank: Optional[int] = None) -> List[Dict[str, Any]]:
     rows = []
-    for r in range(layout.world_size):
+    for r in range(layout.world_size) if rank is None else [rank]:
         steps = steps_per_epoch(counts, layout, schedule, epoch, r)
         for w in range(layout.workers):
             parts = owned_parts(counts, len(urls), layout, schedule, epoch, r, w)
@@ -71,10 +72,10 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
     schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
     epochs = range(args.epoch, args.epoch + args.epochs)
     summaries = [epoch_summary(counts, layout, schedule, e) for e in epochs] if counts is not None else []
-    detail = args.detail if args.detail is not None else layout.global_workers <= 16
+    detail = args.detail if args.detail is not None else (layout.global_workers <= 16 or args.rank is not None)
     payload: Dict[str, Any] = {"epochs": summaries}
     if detail:
-        payload["plan"] = _rows(urls, counts, layout, schedule, args.epoch)
+        payload["plan"] = _rows(urls, counts, layout, schedule, args.epoch, args.rank)
     if args.on_error == "skip":  # shards counted only up to their damage
         payload.update(skipped_shards=len(problems), errors=[p.fields() for p in problems])
     if args.json:
@@ -102,6 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plan N synthetic shards of LO..HI samples instead of reading SOURCEs")
     p.add_argument("--epochs", type=int, default=1, help="how many epochs to summarize, from --epoch on")
     p.add_argument("--detail", action=argparse.BooleanOptionalAction, default=None,
-                   help="list every (rank, worker)'s parts (default: only for 16 global workers or fewer)")
+                   help="list every (rank, worker)'s parts (default: for 16 global workers or fewer, or with --rank: "
+                        "that rank's workers)")
 
 
