@@ -13,7 +13,7 @@ import os
 import sys
 from typing import List, Optional
 
-from .errors import DalistreamError
+from .errors import DalistreamError, redact
 from .stream import default_cache_dir
 from .tools import demo
 from .tools.args import add_stream_args, emit, progress_bar, storage_options
@@ -37,24 +37,17 @@ def cmd_synth(args: argparse.Namespace) -> int:
 # -- plan ----------------------------------------------------------------------------------------
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .manifest import shard_counts
+    from .manifest import count_shards
     from .plan import Layout, Schedule, owned_shards, steps_per_epoch
     from .sources import expand_sources
 
     urls = expand_sources(args.sources, storage_options(args))
     counts = None
     problems: list = []
-    if args.no_counts:
-        pass
-    elif args.on_error == "skip" and not args.manifest:
-        from .manifest import scan_tolerant
-
-        infos, problems = scan_tolerant(urls, options=storage_options(args), cache_dir=default_cache_dir(os.environ))
-        for problem in problems:
-            log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
+    if not args.no_counts:
+        infos, problems = count_shards(urls, manifest=args.manifest, options=storage_options(args),
+                                       cache_dir=default_cache_dir(os.environ), tolerant=args.on_error == "skip")
         counts = [i.samples for i in infos]
-    else:
-        counts = shard_counts(urls, manifest=args.manifest, options=storage_options(args), cache_dir=default_cache_dir(os.environ))
     layout = Layout(args.world_size, args.workers, args.batch_size)
     schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
     slots = layout.slots
@@ -66,7 +59,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             owned = owned_shards(len(urls), layout, schedule, args.epoch, r, w)
             rows.append({
                 "rank": r, "worker": w, "global_worker": r * args.workers + w, "slot": slots[w],
-                "shards": [urls[i] for i in owned],
+                "shards": [redact(urls[i]) for i in owned],  # a pipe: command may hold a credential
                 "samples": sum(counts[i] for i in owned) if counts is not None else None, "steps": steps,
             })
     payload = {"epoch": args.epoch, "seed": args.seed, "world_size": args.world_size, "workers": args.workers,
@@ -87,19 +80,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # -- index ---------------------------------------------------------------------------------------
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from .manifest import build_manifest, write_manifest
+    from .manifest import count_shards, write_manifest
     from .sources import expand_sources
 
     urls = expand_sources(args.sources, storage_options(args))
-    problems: list = []
-    if args.on_error == "skip":  # a bad shard is counted up to its problem, reported, not fatal
-        from .manifest import scan_tolerant
-
-        infos, problems = scan_tolerant(urls, options=storage_options(args))
-    else:
-        with progress_bar(args, total=len(urls), unit="shard") as bar:
-            infos = build_manifest(urls, options=storage_options(args), offsets=args.offsets,
-                                   progress=lambda info: bar.update(1))
+    with progress_bar(args, total=len(urls), unit="shard") as bar:
+        # skip: a bad shard is counted up to its problem, reported, not fatal
+        infos, problems = count_shards(urls, options=storage_options(args), offsets=args.offsets,
+                                       tolerant=args.on_error == "skip", progress=lambda info: bar.update(1))
     if args.output:
         write_manifest(infos, args.output, storage_options(args))
     payload = {"shards": [i.__dict__ for i in infos], "samples": sum(i.samples for i in infos), "output": args.output,

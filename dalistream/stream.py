@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 from .config import StreamConfig
 from .errors import ConfigError, redact
 from .device import check_start_method, resolve_device
-from .manifest import lookup, read_manifest, scan_tolerant, shard_counts
+from .manifest import count_shards
 from .plan import check_layout, steps_per_epoch
 from .sources import expand_sources
 
@@ -112,22 +112,14 @@ class Stream:
         urls = expand_sources(config.sources, config.storage_options)
         check_layout(len(urls), config.layout)
         counts = offsets = None
-        if config.manifest:
-            infos = lookup(urls, read_manifest(config.manifest, config.storage_options), config.manifest)
+        if config.manifest or config.policy != "fixed":
+            # skip: a bad shard counts the samples before its problem (what a worker delivers)
+            infos, _ = count_shards(urls, manifest=config.manifest, cache_dir=config.cache_dir,
+                                    options=config.storage_options, lowercase=config.lowercase_ext,
+                                    tolerant=config.on_error != "raise")
             counts = tuple(info.samples for info in infos)
-            if all(info.offsets is not None for info in infos):
+            if config.manifest and all(info.offsets is not None for info in infos):
                 offsets = tuple(info.offsets for info in infos)
-        elif config.policy != "fixed":
-            if config.on_error != "raise":
-                # skip: a bad shard counts the samples before its problem (what a worker delivers)
-                infos, problems = scan_tolerant(urls, cache_dir=config.cache_dir, options=config.storage_options,
-                                                lowercase=config.lowercase_ext)
-                for problem in problems:
-                    log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
-                counts = tuple(info.samples for info in infos)
-            else:
-                counts = tuple(shard_counts(urls, cache_dir=config.cache_dir, options=config.storage_options,
-                                            lowercase=config.lowercase_ext))
         device, device_id = resolve_device(device, device_id)
         check_start_method(start_method)
         return cls(config, tuple(urls), counts, device, device_id, offsets=offsets, start_method=start_method)
