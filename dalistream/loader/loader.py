@@ -54,6 +54,29 @@ def _track(loader: "Loader") -> None:
     _open_loaders.add(loader)
 
 
+def read_state(state: Any, current: Dict[str, Any]) -> tuple:
+    """``(epoch, step, saved plan)`` of a state from :meth:`Loader.state_dict`; a
+    :class:`StateError` naming what is missing or wrong, never a KeyError or TypeError."""
+    def integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not isinstance(state, dict):
+        raise StateError(f"a loader state is a dict from Loader.state_dict(), got {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"unknown loader state version {state.get('version')!r} (expected {STATE_VERSION})")
+    for part in ("loader", "plan"):
+        if not isinstance(state.get(part), dict):
+            raise StateError(f"loader state has no {part!r} dict: got {state.get(part)!r}")
+    position, saved = state["loader"], state["plan"]
+    for name in ("epoch", "step"):
+        if not integer(position.get(name)) or position[name] < 0:
+            raise StateError(f"loader state: {name} must be an integer >= 0, got {position.get(name)!r}")
+    missing = sorted(set(current) - set(saved))
+    if missing:
+        raise StateError(f"loader state: plan lacks {missing}")
+    return position["epoch"], position["step"], saved
+
+
 class Loader:
     """Iterate a dalistream pipeline as dicts of torch tensors (CUDA tensors on GPU).
 
@@ -158,13 +181,10 @@ class Loader:
     def load_state_dict(self, state: Dict[str, Any], *, allow_layout_change: bool = False) -> None:
         """Continue from a saved state. A state saved under another layout is an error, unless
         ``allow_layout_change``: then the saved epoch restarts from its beginning."""
-        if state.get("version") != STATE_VERSION:
-            raise StateError(f"unknown loader state version {state.get('version')!r}")
-        saved = state["plan"]
+        epoch, step, saved = read_state(state, self.state_dict()["plan"])
         current = self.state_dict()["plan"]
         saved_layout = {k: v for k, v in saved.items() if k != "rank"}
         current_layout = {k: v for k, v in current.items() if k != "rank"}
-        epoch, step = int(state["loader"]["epoch"]), int(state["loader"]["step"])
         if saved_layout != current_layout:
             if not allow_layout_change:
                 diff = {k: (saved_layout.get(k), current_layout.get(k)) for k in current_layout
@@ -172,6 +192,10 @@ class Loader:
                 raise StateError(f"saved state does not fit this loader (saved, current): {diff}",
                                  hint="pass allow_layout_change=True to restart the saved epoch at shard granularity")
             step = 0
+        steps = self.stream.steps(epoch)  # plan.steps_per_epoch for this rank
+        if step > steps:
+            raise StateError(f"saved step {step} is past the end of epoch {epoch}, which has {steps} steps",
+                             hint="the state does not come from this data set and layout")
         self.epoch, self.step = epoch, step
 
     # -- counters ----------------------------------------------------------------------------
