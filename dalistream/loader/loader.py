@@ -3,7 +3,9 @@
 ``len()`` is the number of batches in the current epoch (computed from counts before the
 epoch starts), ``set_epoch(e)`` selects the epoch, ``state_dict()``/``load_state_dict()`` save
 and restore (epoch, step) for an exact mid-epoch resume. Padding (``valid == 0``) is removed
-here, so users only ever see real samples. The DALI pipeline runs on across epoch boundaries;
+here, so users only ever see real samples; a batch whose samples were all skipped
+(``on_error``/``missing="skip"``) is not yielded at all (a warning says so), so such an epoch
+yields fewer than ``len()`` batches. The DALI pipeline runs on across epoch boundaries;
 it is rebuilt only when the position asked for is not where it stands (``set_epoch`` to
 another epoch, ``load_state_dict``).
 """
@@ -129,6 +131,10 @@ class Loader:
             timing["wait_s"] += t1 - t0
             self.step += 1
             self._pipe_at = (self.epoch, self.step)
+            if batch is None:  # every sample of it was skipped: a batch of nothing is never trained on
+                log.warning("batch %d of epoch %d holds no sample (all skipped, see Loader.stats()): not yielded",
+                            self.step - 1, self.epoch)
+                continue
             yield batch
             timing["step_s"] += time.perf_counter() - t1
         # the sources go straight on with the next epoch: the pipeline stays valid
@@ -154,7 +160,7 @@ class Loader:
         self._buffers = BufferPool()
         self._pipe_at = (self.epoch, self.step)
 
-    def _run(self) -> Dict[str, Any]:
+    def _run(self) -> Optional[Dict[str, Any]]:
         try:
             outputs = watched_run(self._pipe)
         except BaseException as e:  # after a failure (or Ctrl-C) the pipeline is dead: never run it again
@@ -163,6 +169,8 @@ class Loader:
                 raise
             raise translate(e, self.stream.config.rank, (self.stream, self.epoch, self.step)) from None
         batch = to_torch(self._outputs, outputs, self._buffers)
+        if batch and all(len(value) == 0 for value in batch.values()):
+            return None
         return self.transform(batch) if self.transform is not None else batch
 
     # -- state -------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ class PlanReader:
                 skip(e, "samples")
                 continue
             if value is None:
-                policy.count("samples", "missing_field")
+                policy.count("samples", "missing_field", example=self.decoder.describe_missing(item))
                 stats.flush_skips()
                 continue
             good += 1
