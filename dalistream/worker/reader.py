@@ -116,8 +116,9 @@ class PlanReader:
                 ordinal += first
                 yield from itertools.repeat(None, first)
                 try:
-                    opened = (open_shard(url, self.offsets[index][first], c.storage_options) if first
-                              else shards.open(position))  # resume mid-shard: a seek or a ranged GET
+                    with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too
+                        opened = (open_shard(url, self.offsets[index][first], c.storage_options) if first
+                                  else shards.open(position))  # resume mid-shard: a seek or a ranged GET
                     with opened as f:
                         for sample in iter_samples(
                             f, url, keep=lambda i: keep(base + i), want_ext=self.decoder.wants,
