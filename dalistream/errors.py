@@ -18,7 +18,9 @@ policy counts skips. Catch by class::
 An error raised inside a DALI worker reaches the training loop as the same class with the same
 fields (see :func:`dalistream.diagnose.translate`); the worker's traceback is kept in
 ``worker_traceback`` and shown as a note under the error. URLs are redacted everywhere: user
-info (``https://user:password@host``) and secret-looking query parameters become ``***``.
+info (``https://user:password@host``), secret-looking query parameters and, inside ``pipe:``
+commands, ``-u``/``--user``/``--password`` values, ``Authorization``/token headers,
+``user:password@host`` and ``NAME=value`` of secret-looking names become ``***``.
 """
 
 from __future__ import annotations
