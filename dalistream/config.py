@@ -54,6 +54,8 @@ class Field:
             raise ConfigError(f"field {self.name!r}: unknown kind {self.kind!r}")
         if self.kind == "custom" and self.decoder is None:
             raise ConfigError(f"field {self.name!r}: kind 'custom' needs a decoder")
+        if self.decoder is not None and not callable(self.decoder):
+            raise ConfigError(f"field {self.name!r}: decoder must be a function bytes -> array, got {self.decoder!r}")
         if not all(isinstance(e, str) and e for e in self.exts):
             raise ConfigError(f"field {self.name!r}: extensions must be non-empty strings, got {self.exts!r}")
         try:

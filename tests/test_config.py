@@ -40,6 +40,7 @@ BAD = [  # (option, bad value, words the message holds)
     ("fields", {"x": {"exts": "bin", "dtyp": "float32"}}, "dtyp"),
     ("fields", {"x": {"exts": "bin", "kind": "image"}}, "kind"),
     ("fields", {"x": ["jpg", 3]}, "'x'"),
+    ("fields", {"x": {"exts": "bin", "decoder": "numpy.frombuffer"}}, "decoder"),
     ("fields", [Field("x", ("bin",)), "cls"], "fields"),
 ]
 
