@@ -48,19 +48,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # -- index ---------------------------------------------------------------------------------------
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from .manifest import build_manifest, default_location, write_manifest
+    from .manifest import count_shards, default_location, write_manifest
     from .sources import expand_sources
 
     urls = expand_sources(args.sources, storage_options(args))
-    problems: list = []
-    if args.on_error == "skip":  # a bad shard is counted up to its problem, reported, not fatal
-        from .manifest import scan_tolerant
-
-        infos, problems = scan_tolerant(urls, options=storage_options(args))
-    else:
-        with progress_bar(args, total=len(urls), unit="shard") as bar:
-            infos = build_manifest(urls, options=storage_options(args), offsets=not args.no_offsets,
-                                   progress=lambda info: bar.update(1))
+    with progress_bar(args, total=len(urls), unit="shard") as bar:
+        # skip: a bad shard is counted up to its problem, reported, not fatal
+        infos, problems = count_shards(urls, options=storage_options(args), offsets=not args.no_offsets,
+                                       tolerant=args.on_error == "skip", progress=lambda info: bar.update(1),
+                                       discover=False)
     if args.output is None:  # next to the shards, where Stream.open looks without being told
         args.output = default_location(urls)
     if args.output == "-":

@@ -9,6 +9,7 @@ defaults and build the config.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -53,7 +54,17 @@ class Field:
             raise ConfigError(f"field {self.name!r}: unknown kind {self.kind!r}")
         if self.kind == "custom" and self.decoder is None:
             raise ConfigError(f"field {self.name!r}: kind 'custom' needs a decoder")
-        np.dtype(self.dtype)  # raises TypeError on nonsense
+        if self.decoder is not None and not callable(self.decoder):
+            raise ConfigError(f"field {self.name!r}: decoder must be a function bytes -> array, got {self.decoder!r}")
+        if not all(isinstance(e, str) and e for e in self.exts):
+            raise ConfigError(f"field {self.name!r}: extensions must be non-empty strings, got {self.exts!r}")
+        try:
+            np.dtype(self.dtype)
+        except (TypeError, ValueError):
+            raise ConfigError(f"field {self.name!r}: dtype {self.dtype!r} is not a NumPy dtype",
+                              hint="e.g. 'uint8', 'int64', 'float32'") from None
+        if not _is_int(self.ndim) or self.ndim < 0:
+            raise ConfigError(f"field {self.name!r}: ndim must be an integer >= 0, got {self.ndim!r}")
 
     @property
     def empty(self) -> np.ndarray:
@@ -67,6 +78,11 @@ def parse_field(name: str, spec: Union[str, Sequence[str], Field, Mapping[str, A
         return spec if spec.name == name else dataclasses.replace(spec, name=name)
     if isinstance(spec, Mapping):
         kwargs = dict(spec)
+        if "exts" not in kwargs:
+            raise ConfigError(f"field {name!r}: a dict spec needs 'exts', e.g. {{'exts': 'npy', 'kind': 'npy', ...}}")
+        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(Field)})
+        if unknown:
+            raise ConfigError(f"field {name!r}: unknown keys {unknown}")
         exts = kwargs.pop("exts")
         exts = tuple(exts.split(";")) if isinstance(exts, str) else tuple(exts)
         if "decoder" in kwargs and "kind" not in kwargs:
@@ -74,6 +90,9 @@ def parse_field(name: str, spec: Union[str, Sequence[str], Field, Mapping[str, A
         if kwargs.get("kind") == "npy" and ("dtype" not in kwargs or "ndim" not in kwargs):
             raise ConfigError(f"field {name!r}: npy fields need 'dtype' and 'ndim'")
         return Field(name=name, exts=exts, **kwargs)
+    if not isinstance(spec, (str, Sequence)) or not all(isinstance(e, str) for e in spec):
+        raise ConfigError(f"field {name!r}: expected extensions like 'jpg;png', a list of them, a dict or a Field, "
+                          f"got {spec!r}")
     exts = tuple(e.strip() for e in (spec.split(";") if isinstance(spec, str) else spec) if e.strip())
     if not exts:
         raise ConfigError(f"field {name!r}: no extensions given")
@@ -93,14 +112,24 @@ def parse_fields(fields: Union[Mapping[str, Any], Sequence[Field]]) -> tuple:
     """Parse a mapping ``{output name: spec}`` (or a list of Fields) into a tuple of Fields."""
     if isinstance(fields, Mapping):
         parsed = tuple(parse_field(str(k), v) for k, v in fields.items())
-    else:
+    elif isinstance(fields, (list, tuple)) and all(isinstance(f, Field) for f in fields):
         parsed = tuple(parse_field(f.name, f) for f in fields)
+    else:
+        raise ConfigError(f"fields must map output names to member extensions, got {fields!r}",
+                          hint="e.g. fields={'image': 'jpg;png', 'label': 'cls'}")
     if not parsed:
         raise ConfigError("no fields requested: give e.g. fields={'image': 'jpg;png', 'label': 'cls'}")
     names = [f.name for f in parsed]
     if len(set(names)) != len(names) or "valid" in names:
         raise ConfigError(f"field names must be unique and not 'valid': {names}")
     return parsed
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+MAX_BATCH_SIZE = 1 << 20  # beyond this, per-batch buffers alone outgrow any worker's memory
 
 
 def _secret(key: str) -> bool:
@@ -116,7 +145,11 @@ class StreamConfig:
     ``"fixed"`` (``batches_per_epoch`` batches, workers cycle over their own part of the data).
     Without a manifest, remote shards are counted by a scan only while their total size is at
     most ``scan_limit_bytes`` (``None``: always), so ranks do not each read the data set.
-    ``shuffle`` is the per-worker sample shuffle buffer size (0: off). ``storage_options``
+    ``shuffle`` is the per-worker sample shuffle buffer size (0: off). ``max_skip_fraction``:
+    when more than this share of the samples a worker has read were skipped for one reason
+    (``missing_field`` from a typo in an extension, ``bad_image``, …), it raises a
+    :class:`~dalistream.errors.SampleError` naming the reason instead of training on what is
+    left (judged after 100 samples, and at the end of the worker's epoch; 1 turns it off). ``storage_options``
     configure remote byte streams (S3 endpoint and profile, read-ahead, retries); they are
     never printed in full (see ``__repr__``).
     """
@@ -140,6 +173,7 @@ class StreamConfig:
     cache_dir: Optional[str] = None
     scan_limit_bytes: Optional[int] = 1 << 30
     prefetch: int = 2
+    max_skip_fraction: float = 0.95
     storage_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -150,29 +184,50 @@ class StreamConfig:
             object.__setattr__(self, "fields", parse_fields(self.fields))
         if not self.sources:
             raise ConfigError("no sources given", hint="pass shard paths, globs, brace patterns or URLs")
-        for name in ("batch_size", "workers", "world_size", "prefetch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        self._check()
+
+    def _check(self) -> None:
+        def bad(name: str, expected: str) -> ConfigError:
+            return ConfigError(f"{name} must be {expected}, got {getattr(self, name)!r}")
+
+        for name in ("batch_size", "workers", "world_size", "prefetch", "max_member_bytes"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise bad(name, "a positive integer")
+        for name in ("rank", "seed", "shuffle"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise bad(name, "an integer >= 0")
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside world size {self.world_size}")
         if self.batch_size < self.workers:
             raise ConfigError(
                 f"batch_size {self.batch_size} is smaller than workers {self.workers}: every worker needs a slot of at least one sample"
             )
-        if self.scan_limit_bytes is not None and (isinstance(self.scan_limit_bytes, bool)
-                                                  or not isinstance(self.scan_limit_bytes, int) or self.scan_limit_bytes < 0):
-            raise ConfigError(f"scan_limit_bytes must be a non-negative integer or None, got {self.scan_limit_bytes!r}")
-        if self.shuffle < 0:
-            raise ConfigError(f"shuffle buffer must be >= 0, got {self.shuffle}")
+        if self.scan_limit_bytes is not None and (not _is_int(self.scan_limit_bytes) or self.scan_limit_bytes < 0):
+            raise bad("scan_limit_bytes", "an integer >= 0 or None")
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise ConfigError(f"batch_size {self.batch_size} is larger than {MAX_BATCH_SIZE}: a worker would run out "
+                              "of memory building its batches", hint="use a batch size that fits a training step")
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.policy == "fixed" and not (isinstance(self.batches_per_epoch, int) and self.batches_per_epoch > 0):
+        if self.batches_per_epoch is not None and (not _is_int(self.batches_per_epoch) or self.batches_per_epoch < 1):
+            raise bad("batches_per_epoch", "a positive integer or None")
+        if self.policy == "fixed" and self.batches_per_epoch is None:
             raise ConfigError("policy 'fixed' needs batches_per_epoch > 0")
         if self.missing not in MISSING:
             raise ConfigError(f"missing must be one of {MISSING}, got {self.missing!r}")
-        if self.on_error not in ON_ERROR and not callable(self.on_error):
+        if not callable(self.on_error) and self.on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {ON_ERROR} or a callable, got {self.on_error!r}")
+        for name in ("shuffle_shards", "lowercase_ext"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise bad(name, "True or False")
+        fraction = self.max_skip_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise bad("max_skip_fraction", "a number in (0, 1] (1 turns the check off)")
+        for name in ("manifest", "cache_dir"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), (str, os.PathLike)):
+                raise bad(name, "a path or None")
+        if not isinstance(self.storage_options, Mapping):
+            raise bad("storage_options", "a dict")
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -18,7 +18,9 @@ policy counts skips. Catch by class::
 An error raised inside a DALI worker reaches the training loop as the same class with the same
 fields (see :func:`dalistream.diagnose.translate`); the worker's traceback is kept in
 ``worker_traceback`` and shown as a note under the error. URLs are redacted everywhere: user
-info (``https://user:password@host``) and secret-looking query parameters become ``***``.
+info (``https://user:password@host``), secret-looking query parameters and, inside ``pipe:``
+commands, ``-u``/``--user``/``--password`` values, ``Authorization``/token headers,
+``user:password@host`` and ``NAME=value`` of secret-looking names become ``***``.
 """
 
 from __future__ import annotations
@@ -28,19 +30,37 @@ import re
 from typing import Any, Dict, Optional
 
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
-_SECRET_QUERY = re.compile(
-    r"(?i)(?P<k>(?:x-amz-signature|x-amz-credential|x-amz-security-token|signature|"
-    r"sig|token|access_token|secret|password|aws_secret_access_key|aws_access_key_id|"
-    r"aws_session_token)=)[^&\s'\"]+"
+# ``user:password@host`` without a scheme (ssh, rsync, scp inside a ``pipe:`` command)
+_BARE_USERINFO = re.compile(r"(?<![\w/@:.-])[\w.%+-]+:[^\s/@'\"]+@(?=[\w\[])")
+_SECRET_NAME = (r"[\w.-]*(?:secret|token|passw(?:or)?d|pwd|api[_-]?key|apikey|access[_-]?key|private[_-]?key|"
+                r"credential|signature|session[_-]?key|aws_access_key_id|auth[_-]?key)[\w.-]*")
+# ``key=value`` in a query, or ``NAME=value`` assigned in a shell command
+_SECRET_QUERY = re.compile(r"(?i)(?P<k>(?<![\w.-])(?:" + _SECRET_NAME + r"|sig)=)[^&\s'\"]+")
+# command-line options carrying a credential: ``-u user:pw``, ``--user=…``, ``--password …``, ``--oauth2-bearer …``
+_SECRET_OPTION = re.compile(
+    r"(?i)(?P<k>(?<!\S)(?:-u|--user|--proxy-user|--oauth2-bearer|--(?:" + _SECRET_NAME + r"))(?:=|\s+))"
+    r"(?:'[^']*'|\"[^\"]*\"|[^\s'\"]+)"
 )
+# HTTP headers carrying a credential: ``-H "Authorization: Bearer …"``, ``X-Amz-Security-Token: …``
+_HEADER_NAME = (r"(?:proxy-)?authorization|cookie|api-key|private-token|"
+                r"x-[\w-]*(?:token|secret|key|signature|credential|auth[\w-]*)")
+_QUOTED_HEADER = re.compile(r"(?i)(?P<q>['\"])(?P<k>(?:" + _HEADER_NAME + r")\s*:)[^'\"]*(?P=q)")
+_BARE_HEADER = re.compile(r"(?i)(?<![\w-])(?P<k>(?:" + _HEADER_NAME + r")\s*:)\s*"
+                          r"(?:(?:Bearer|Basic|Token|Digest|AWS4-HMAC-SHA256)\s+)?[^\s'\"]+")
 FIELDS_NOTE = "dalistream-error-fields: "  # marks the machine-readable note of a worker-side error
 
 
 def redact(url: str) -> str:
-    """Return ``url`` (or any text) with user info and secret-looking ``key=value`` parameters
-    replaced by ``***``."""
-    url = _USERINFO.sub(r"\g<scheme>***@", str(url))
-    return _SECRET_QUERY.sub(r"\g<k>***", url)
+    """Return ``url`` (or any text: a ``pipe:`` command, an error message) with credentials
+    replaced by ``***``: user info (``scheme://user:pw@``, ``user:pw@host``), secret-looking
+    ``key=value`` parameters and ``NAME=value`` assignments, ``-u``/``--user``/``--password``-like
+    option values and ``Authorization``/token headers."""
+    text = _USERINFO.sub(r"\g<scheme>***@", str(url))
+    text = _BARE_USERINFO.sub("***@", text)
+    text = _QUOTED_HEADER.sub(r"\g<q>\g<k> ***\g<q>", text)
+    text = _BARE_HEADER.sub(r"\g<k> ***", text)
+    text = _SECRET_OPTION.sub(r"\g<k>***", text)
+    return _SECRET_QUERY.sub(r"\g<k>***", text)
 
 
 def _in_subprocess() -> bool:

@@ -27,8 +27,11 @@ log = logging.getLogger(__name__)
 def resolve_layout(rank: Optional[int], world_size: Optional[int], env: Mapping[str, str]) -> Tuple[int, int]:
     """(rank, world size): explicit values, else torch.distributed, else RANK/WORLD_SIZE, else
     SLURM_PROCID/SLURM_NTASKS (a job started by ``srun``), else (0, 1)."""
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
     if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
+        return rank, world_size
     dist_rank = dist_world = None
     try:
         import torch.distributed as dist
@@ -68,6 +71,37 @@ def default_cache_dir(env: Mapping[str, str]) -> str:
     else ``~/.cache/dalistream``."""
     return env.get("DALISTREAM_CACHE") or os.path.join(
         env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "dalistream")
+
+
+def usable_cache_dir(path: str, *, given: bool) -> Optional[str]:
+    """``path`` if the scan cache can be written there (created if missing). Otherwise a
+    :class:`ConfigError` naming ``cache_dir`` when the user ``given`` it, else a warning and
+    ``None`` (shards are then scanned without caching)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        problem = None if os.access(path, os.W_OK | os.X_OK) else "not writable"
+    except OSError as e:
+        problem = e.strerror or str(e)
+    if problem is None:
+        return path
+    if given:
+        raise ConfigError(f"cache_dir {path!r} cannot hold the scan cache: {problem}",
+                          hint="pass a writable directory (cache_dir= or DALISTREAM_CACHE), or cache_dir=None")
+    log.warning("default cache directory %r is unusable (%s): shard counts are not cached", path, problem)
+    return None
+
+
+def check_data_size(config: StreamConfig, counts: Sequence[int]) -> None:
+    """Raise :class:`ConfigError` (naming ``batch_size``) when a batch is larger than the data:
+    ``even`` would yield no batch at all, ``exact`` batches of mostly padding."""
+    total = sum(counts)
+    if config.policy == "even" and steps_per_epoch(counts, config.layout, config.schedule, 0, config.rank) == 0:
+        raise ConfigError(f"batch_size {config.batch_size} gives no full batch: {total} samples over "
+                          f"{config.world_size} ranks x {config.workers} workers", url=redact(config.sources[0]),
+                          hint="lower batch_size (or workers), or use policy='exact'")
+    if config.policy == "exact" and config.batch_size > total:
+        raise ConfigError(f"batch_size {config.batch_size} is larger than the whole data set ({total} samples)",
+                          url=redact(config.sources[0]), hint=f"use batch_size <= {max(total, config.workers)}")
 
 
 def sources_digest(urls: Sequence[str]) -> str:
@@ -117,7 +151,8 @@ class Stream:
         rank, world_size = resolve_layout(rank, world_size, env)
         if device_id is None:
             device_id = local_device(env)
-        options.setdefault("cache_dir", default_cache_dir(env))
+        if "cache_dir" not in options:
+            options["cache_dir"] = usable_cache_dir(default_cache_dir(env), given="DALISTREAM_CACHE" in env)
         if isinstance(sources, (str, os.PathLike)):
             sources = [os.fspath(sources)]
         config = StreamConfig(sources=tuple(os.fspath(s) for s in sources), fields=fields, batch_size=batch_size,
@@ -129,14 +164,16 @@ class Stream:
                     start_method: str = "auto") -> "Stream":
         """List shards and count samples for an already built config."""
         urls = expand_sources(config.sources, config.storage_options)
+        if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
+            usable_cache_dir(os.fspath(config.cache_dir), given=True)
         counts = offsets = source = None
         if config.manifest or config.policy != "fixed":
+            # skip: a bad shard counts the samples before its problem (what a worker delivers)
             counted = count_samples(urls, manifest=config.manifest, cache_dir=config.cache_dir,
                                     options=config.storage_options, lowercase=config.lowercase_ext,
                                     tolerant=config.on_error != "raise", scan_limit_bytes=config.scan_limit_bytes)
-            for problem in counted.problems:  # skip: a bad shard counts the samples before its problem
-                log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
             counts = tuple(info.samples for info in counted.infos)
+            check_data_size(config, counts)
             source = counted.source
             if any(info.offsets is not None for info in counted.infos):
                 offsets = SampleOffsets(counts, [info.offsets for info in counted.infos])

@@ -197,3 +197,52 @@ def test_translate_other_worker_exceptions_and_dali_failures():
     assert "fn.decoders.image" in str(out) and "#4" in str(out) and "DALI does not say which sample" in str(out)
     already = ShardFormatError("cut", url="/a.tar")
     assert diagnose.translate(already, rank=4) is already and already.rank == 4
+
+
+# -- credentials inside pipe: commands -----------------------------------------------------------------
+
+PIPE_SECRETS = [  # (command, what must stay readable)
+    (f"pipe:curl -fsS -u robot:{SECRET} http://h/a.tar", "http://h/a.tar"),
+    (f"pipe:curl -s --user 'robot:{SECRET}' https://h/b.tar", "https://h/b.tar"),
+    (f"pipe:curl --user=robot:{SECRET} https://h/b.tar", "https://h/b.tar"),
+    (f'pipe:curl -H "Authorization: Bearer {SECRET}" https://h/c.tar', "https://h/c.tar"),
+    (f"pipe:curl -H 'X-Amz-Security-Token: {SECRET}' -H 'Accept: */*' https://h/c.tar", "Accept: */*"),
+    (f"pipe:curl -H Authorization:{SECRET} https://h/c.tar", "https://h/c.tar"),
+    (f"pipe:curl -H 'PRIVATE-TOKEN: {SECRET}' https://gitlab/x.tar", "https://gitlab/x.tar"),
+    (f"pipe:curl --oauth2-bearer {SECRET} https://h/d.tar", "https://h/d.tar"),
+    (f"pipe:ssh deploy:{SECRET}@10.0.0.7 cat /d/e.tar", "@10.0.0.7 cat /d/e.tar"),
+    (f"pipe:curl https://robot:{SECRET}@h/f.tar", "@h/f.tar"),
+    (f"pipe:AWS_SECRET_ACCESS_KEY={SECRET} AWS_SESSION_TOKEN={SECRET} aws s3 cp s3://b/g.tar -", "s3://b/g.tar"),
+    (f"pipe:env HF_TOKEN={SECRET} MY_API_KEY={SECRET} DB_PASSWORD={SECRET} fetch g.tar", "fetch g.tar"),
+    (f"pipe:openssl enc -d -pass pass:x --password {SECRET} -in h.tar.enc", "-in h.tar.enc"),
+]
+
+
+@pytest.mark.parametrize("command,kept", PIPE_SECRETS)
+def test_pipe_commands_are_redacted(command, kept):
+    shown = redact(command)
+    assert SECRET not in shown and "***" in shown and kept in shown
+    e = SourceError(f"pipe command exited with status 1: {command}", url=command, hint=f"run `{command[5:]}`")
+    assert SECRET not in str(e) + repr(e) + repr(e.fields()) + repr(pickle.loads(pickle.dumps(e)))
+
+
+def test_ordinary_text_is_left_alone():
+    for text in ("/d/train-0001.tar", "user@example.com wrote key=value at 12:30", "pipe:cat a.tar | zcat -f",
+                 "s3://bucket/prefix/part-0001.tar", "member 'k/001.jpg' appears twice"):
+        assert redact(text) == text
+
+
+def test_a_failing_pipe_command_with_a_credential_is_reported_redacted(tmp_path, caplog):
+    good = write_tar(str(tmp_path / "a.tar"), [("k0.cls", b"1"), ("k1.cls", b"2")])
+    failing = f"pipe:env API_TOKEN={SECRET} sh -c 'exit 3' --user robot:{SECRET}"
+    config = StreamConfig(sources=(good, failing), fields={"label": "cls"}, batch_size=1, on_error="skip",
+                          policy="exact", shuffle_shards=False)
+    with caplog.at_level(logging.WARNING, logger="dalistream"):
+        batches = list(WorkerSource(config, [good, failing], [2, 2], 0).epoch_batches(0))
+    assert sum(int(b[-1][0]) for b in batches) == 2 and "exited with status 3" in caplog.text and SECRET not in caplog.text
+    assert SECRET not in repr(config)
+    with pytest.raises(SourceError) as info:
+        list(WorkerSource(config.replace(on_error="raise"), [good, failing], [2, 2], 0).epoch_batches(0))
+    assert "status 3" in str(info.value) and SECRET not in str(info.value) + repr(info.value.fields())
+    translated = diagnose.translate(Exception(_dali_worker_text(f"OSError: cannot run {failing}")), rank=0)
+    assert SECRET not in str(translated) + translated.worker_traceback + "".join(translated.__notes__)

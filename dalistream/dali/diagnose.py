@@ -62,7 +62,8 @@ def translate(error: Exception, rank: int, where: Optional[tuple] = None) -> Exc
     if out is None:
         out = WorkerError(f"DALI pipeline failed: {text.strip()[-3000:]}", rank=rank)
     if traceback_text is not None:
-        tb = "\n".join(line for line in traceback_text.splitlines() if not line.startswith(errors.FIELDS_NOTE))
+        tb = errors.redact("\n".join(line for line in traceback_text.splitlines()
+                                      if not line.startswith(errors.FIELDS_NOTE)))
         out.worker_traceback = tb  # type: ignore[attr-defined]
         out.add_note("Traceback in the DALI worker process:\n" + tb)
     return out

@@ -3,8 +3,10 @@ spent blocked on its byte stream (:class:`ReadClock`)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Dict
+import time
+from typing import Dict, Iterator
 
 
 class IOCounters:
@@ -54,3 +56,13 @@ class ReadClock:
 
     def __init__(self) -> None:
         self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """Count the time spent in the ``with`` block (opening a stream: a remote stream's first
+        bytes, a gzip or ``pipe:`` stream's first chunk, peeked for the gzip magic)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - t0

@@ -3,7 +3,9 @@
 ``len()`` is the number of batches in the current epoch (computed from counts before the
 epoch starts), ``set_epoch(e)`` selects the epoch, ``state_dict()``/``load_state_dict()`` save
 and restore (epoch, step) for an exact mid-epoch resume. Padding (``valid == 0``) is removed
-here, so users only ever see real samples. The DALI pipeline runs on across epoch boundaries;
+here, so users only ever see real samples; a batch whose samples were all skipped
+(``on_error``/``missing="skip"``) is not yielded at all (a warning says so), so such an epoch
+yields fewer than ``len()`` batches. The DALI pipeline runs on across epoch boundaries;
 it is rebuilt only when the position asked for is not where it stands (``set_epoch`` to
 another epoch, ``load_state_dict``).
 """
@@ -52,6 +54,29 @@ def _track(loader: "Loader") -> None:
         atexit.register(_close_open_loaders)  # registered on first use, not at import
         _atexit_registered = True
     _open_loaders.add(loader)
+
+
+def read_state(state: Any, current: Dict[str, Any]) -> tuple:
+    """``(epoch, step, saved plan)`` of a state from :meth:`Loader.state_dict`; a
+    :class:`StateError` naming what is missing or wrong, never a KeyError or TypeError."""
+    def integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not isinstance(state, dict):
+        raise StateError(f"a loader state is a dict from Loader.state_dict(), got {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"unknown loader state version {state.get('version')!r} (expected {STATE_VERSION})")
+    for part in ("loader", "plan"):
+        if not isinstance(state.get(part), dict):
+            raise StateError(f"loader state has no {part!r} dict: got {state.get(part)!r}")
+    position, saved = state["loader"], state["plan"]
+    for name in ("epoch", "step"):
+        if not integer(position.get(name)) or position[name] < 0:
+            raise StateError(f"loader state: {name} must be an integer >= 0, got {position.get(name)!r}")
+    missing = sorted(set(current) - set(saved))
+    if missing:
+        raise StateError(f"loader state: plan lacks {missing}")
+    return position["epoch"], position["step"], saved
 
 
 class Loader:
@@ -106,6 +131,10 @@ class Loader:
             timing["wait_s"] += t1 - t0
             self.step += 1
             self._pipe_at = (self.epoch, self.step)
+            if batch is None:  # every sample of it was skipped: a batch of nothing is never trained on
+                log.warning("batch %d of epoch %d holds no sample (all skipped, see Loader.stats()): not yielded",
+                            self.step - 1, self.epoch)
+                continue
             yield batch
             timing["step_s"] += time.perf_counter() - t1
         # the sources go straight on with the next epoch: the pipeline stays valid
@@ -131,7 +160,7 @@ class Loader:
         self._buffers = BufferPool()
         self._pipe_at = (self.epoch, self.step)
 
-    def _run(self) -> Dict[str, Any]:
+    def _run(self) -> Optional[Dict[str, Any]]:
         try:
             outputs = watched_run(self._pipe)
         except BaseException as e:  # after a failure (or Ctrl-C) the pipeline is dead: never run it again
@@ -140,6 +169,8 @@ class Loader:
                 raise
             raise translate(e, self.stream.config.rank, (self.stream, self.epoch, self.step)) from None
         batch = to_torch(self._outputs, outputs, self._buffers)
+        if batch and all(len(value) == 0 for value in batch.values()):
+            return None
         return self.transform(batch) if self.transform is not None else batch
 
     # -- state -------------------------------------------------------------------------------
@@ -158,13 +189,10 @@ class Loader:
     def load_state_dict(self, state: Dict[str, Any], *, allow_layout_change: bool = False) -> None:
         """Continue from a saved state. A state saved under another layout is an error, unless
         ``allow_layout_change``: then the saved epoch restarts from its beginning."""
-        if state.get("version") != STATE_VERSION:
-            raise StateError(f"unknown loader state version {state.get('version')!r}")
-        saved = state["plan"]
+        epoch, step, saved = read_state(state, self.state_dict()["plan"])
         current = self.state_dict()["plan"]
         saved_layout = {k: v for k, v in saved.items() if k != "rank"}
         current_layout = {k: v for k, v in current.items() if k != "rank"}
-        epoch, step = int(state["loader"]["epoch"]), int(state["loader"]["step"])
         if saved_layout != current_layout:
             if not allow_layout_change:
                 diff = {k: (saved_layout.get(k), current_layout.get(k)) for k in current_layout
@@ -172,6 +200,10 @@ class Loader:
                 raise StateError(f"saved state does not fit this loader (saved, current): {diff}",
                                  hint="pass allow_layout_change=True to restart the saved epoch at shard granularity")
             step = 0
+        steps = self.stream.steps(epoch)  # plan.steps_per_epoch for this rank
+        if step > steps:
+            raise StateError(f"saved step {step} is past the end of epoch {epoch}, which has {steps} steps",
+                             hint="the state does not come from this data set and layout")
         self.epoch, self.step = epoch, step
 
     # -- counters ----------------------------------------------------------------------------

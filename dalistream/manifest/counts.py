@@ -13,10 +13,11 @@ the data set on every rank:
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import braceexpand
 
@@ -27,6 +28,8 @@ from ..sources import is_remote
 from .files import default_location, lookup, read_idx, read_manifest
 from .rows import ShardInfo
 from .scan import build_manifest, scan_tolerant
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,19 +79,22 @@ def _remote_bytes(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> 
 def count_samples(
     urls: Sequence[str], *, manifest: Optional[str] = None, cache_dir: Optional[str] = None,
     options: Optional[Mapping[str, Any]] = None, lowercase: bool = False, tolerant: bool = False,
-    scan_limit_bytes: Optional[int] = 1 << 30,
+    scan_limit_bytes: Optional[int] = 1 << 30, progress: Optional[Callable[[ShardInfo], None]] = None,
+    discover: bool = True,
 ) -> Counted:
     """Every shard's row, found as the module doc says. ``tolerant`` (``on_error="skip"``): a
     scanned shard that cannot be read to its end is counted up to its problem (see
-    :func:`~.scan.scan_tolerant`); ``scan_limit_bytes`` None: always scan."""
+    :func:`~.scan.scan_tolerant`), its error logged as a warning and returned; ``scan_limit_bytes``
+    None: always scan; ``progress`` is called with each scanned row; ``discover=False`` skips step 2
+    (``dalistream index`` scans even where a manifest already lies)."""
     if manifest and manifest.endswith(".idx"):
         return Counted(read_idx(_expand_idx(manifest), urls, options), f"index files {redact(manifest)}")
     if manifest:
         return Counted(lookup(urls, read_manifest(manifest, options), manifest), f"manifest {redact(manifest)}")
     found = default_location(urls)
-    if found and _exists(found, options):
+    if discover and found and _exists(found, options):
         return Counted(lookup(urls, read_manifest(found, options), found), f"manifest {redact(found)}")
-    idx = _idx_beside(urls, options)
+    idx = _idx_beside(urls, options) if discover else None
     if idx:
         return Counted(read_idx(idx, urls, options), "index files (.idx) beside the shards")
     if scan_limit_bytes is not None and any(is_fetched(u) for u in urls):
@@ -102,9 +108,27 @@ def count_samples(
                      "or use policy='fixed' with batches_per_epoch")
     source = "header scan" + (f", cached in {cache_dir}" if cache_dir else "")
     if tolerant:
-        infos, problems = scan_tolerant(urls, cache_dir=cache_dir, options=options, lowercase=lowercase)
+        infos, problems = scan_tolerant(urls, cache_dir=cache_dir, options=options, lowercase=lowercase, offsets=True,
+                                        progress=progress)
+        for problem in problems:
+            log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
         return Counted(infos, source, problems)
-    return Counted(build_manifest(urls, cache_dir=cache_dir, options=options, lowercase=lowercase, offsets=True), source)
+    return Counted(build_manifest(urls, cache_dir=cache_dir, options=options, lowercase=lowercase, offsets=True,
+                                  progress=progress), source)
+
+
+def count_shards(
+    urls: Sequence[str], *, manifest: Optional[str] = None, cache_dir: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None, lowercase: bool = False, tolerant: bool = False,
+    offsets: bool = True, progress: Optional[Callable[[ShardInfo], None]] = None, discover: bool = True,
+) -> Tuple[List[ShardInfo], list]:
+    """Every shard's row and the problems met, for the commands (``plan``, ``index``, ``bench``):
+    :func:`count_samples` without the remote scan limit (a command the user runs on purpose);
+    ``offsets=False`` drops the sample offsets from the rows."""
+    counted = count_samples(urls, manifest=manifest, cache_dir=cache_dir, options=options, lowercase=lowercase,
+                            tolerant=tolerant, scan_limit_bytes=None, progress=progress, discover=discover)
+    infos = counted.infos if offsets else [ShardInfo(i.url, i.samples, i.bytes) for i in counted.infos]
+    return infos, counted.problems
 
 
 def shard_infos(

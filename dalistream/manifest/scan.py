@@ -107,7 +107,8 @@ def build_manifest(
 
 def scan_tolerant(
     urls: Sequence[str], *, cache_dir: Optional[str] = None, options: Optional[Mapping[str, Any]] = None,
-    lowercase: bool = False, threads: int = 8,
+    lowercase: bool = False, threads: int = 8, offsets: bool = False,
+    progress: Optional[Callable[[ShardInfo], None]] = None,
 ) -> "tuple[List[ShardInfo], list]":
     """:func:`build_manifest` for ``on_error="skip"``: a shard that cannot be scanned to its end
     (empty, truncated, not a tar, unreadable, duplicate keys) is not an error but is counted up
@@ -115,21 +116,25 @@ def scan_tolerant(
     the rest of that shard — and not cached. Returns the infos and the errors met, in URL order."""
     def one(url: str):
         try:
-            return _scan_cached(url, cache_dir, options, lowercase, True), None
+            return _scan_cached(url, cache_dir, options, lowercase, offsets), None
         except DalistreamError as e:
-            return _scan_partial(url, options, lowercase), e
+            return _scan_partial(url, options, lowercase, offsets), e
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
-        results = list(pool.map(one, urls))
+        results = []
+        for result in pool.map(one, urls):
+            results.append(result)
+            if progress is not None:
+                progress(result[0])
     return [info for info, _ in results], [error for _, error in results if error is not None]
 
 
-def _scan_partial(url: str, options: Optional[Mapping[str, Any]], lowercase: bool) -> ShardInfo:
+def _scan_partial(url: str, options: Optional[Mapping[str, Any]], lowercase: bool, offsets: bool = False) -> ShardInfo:
     starts: List[int] = []
     try:
         with decompressed(open_raw(url, 0, options), url) as stream:
             for sample in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase, mark_errors=True):
-                starts.append(sample["__offset__"])
+                starts.append(sample.get("__offset__", -1))
     except DalistreamError:
         pass
     size = -1
@@ -138,4 +143,4 @@ def _scan_partial(url: str, options: Optional[Mapping[str, Any]], lowercase: boo
             size = os.path.getsize(local_path(url))
         except OSError:
             pass
-    return ShardInfo(redact(url) if is_remote(url) else url, len(starts), size, tuple(starts))
+    return ShardInfo(redact(url) if is_remote(url) else url, len(starts), size, tuple(starts) if offsets else None)

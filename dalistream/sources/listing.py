@@ -10,13 +10,16 @@ arguments always give the same list.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
 import braceexpand
 
-from ..errors import SourceError
+from ..errors import SourceError, redact
 from ..io.local import local_path
+
+log = logging.getLogger(__name__)
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 REMOTE_SCHEMES = ("s3://", "http://", "https://", "pipe:")
@@ -64,7 +67,7 @@ def _list_s3(prefix: str, storage_options: Mapping[str, Any]) -> List[str]:
 
 
 def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional[Mapping[str, Any]] = None) -> List[str]:
-    """Expand sources into the ordered list of shard URLs (duplicates are an error).
+    """Expand sources into the ordered list of shard URLs, each shard once (see :func:`deduplicated`).
 
     ``storage_options`` configure remote listing (``s3://bucket/prefix/``): endpoint, profile.
     """
@@ -83,9 +86,26 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
                 urls.extend(_expand_local(item))
     if not urls:
         raise SourceError("the source list is empty", hint="pass shard paths, globs, brace patterns or URLs")
-    seen = set()
+    return deduplicated(urls)
+
+
+def deduplicated(urls: Sequence[str]) -> List[str]:
+    """``urls`` with every shard once: a local shard by its real path (a symlink to another
+    listed shard, or one file matched by two globs or directories), a remote one by its URL.
+    The first occurrence is kept; the others are dropped with a warning. A copy of a shard
+    under another path (``backup/``) is another file, not a duplicate."""
+    first: dict = {}
+    out: List[str] = []
+    dropped = []
     for url in urls:
-        if url in seen:
-            raise SourceError("shard listed twice: every shard must be read once per epoch", url=url)
-        seen.add(url)
-    return urls
+        ident = url if is_remote(url) else os.path.realpath(local_path(url))
+        if ident in first:
+            dropped.append((url, first[ident]))
+            continue
+        first[ident] = url
+        out.append(url)
+    if dropped:
+        shown = "; ".join(f"{redact(url)} is {redact(kept)}" for url, kept in dropped[:5])
+        log.warning("%d shards listed more than once (a symlink, overlapping globs or directories) are read once: %s%s",
+                    len(dropped), shown, " …" if len(dropped) > 5 else "")
+    return out

@@ -59,6 +59,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="then measure accuracy with the classification_eval pipeline (on a held-out synthetic split, "
                         "or on --eval-data / the training data)")
     p.add_argument("--eval-data", nargs="+", metavar="SOURCE", default=None, help="shards for --eval")
+    p.add_argument("--on-error", choices=["raise", "skip"], default="raise",
+                   help="bad samples/shards in --data: stop, or count and skip")
     p.add_argument("--log-every", type=int, default=50, metavar="N", help="print the loss every N steps (0: never)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print only a JSON summary on stdout")
@@ -159,7 +161,8 @@ def train(args: argparse.Namespace, sources: List[str], storage: Dict[str, Any],
     started = time.perf_counter()
     loader = classification_train.loader(
         sources, batch_size=args.batch_size, size=args.size, workers=args.workers, device=args.device,
-        shuffle=args.shuffle, seed=args.seed, random_area=(0.25, 1.0), storage_options=storage)
+        shuffle=args.shuffle, seed=args.seed, random_area=(0.25, 1.0), storage_options=storage,
+        on_error=getattr(args, "on_error", "raise"))
     with loader:
         device = "cuda" if loader.stream.device == "gpu" else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
@@ -257,7 +260,8 @@ def evaluate(args: argparse.Namespace, sources: List[str], storage: Dict[str, An
     correct = total = 0
     model.eval()
     with classification_eval.loader(sources, batch_size=args.batch_size, size=args.size, resize=args.size,
-                                    workers=args.workers, device=args.device, storage_options=storage) as loader:
+                                    workers=args.workers, device=args.device, storage_options=storage,
+                                    on_error=getattr(args, "on_error", "raise")) as loader:
         with torch.no_grad():
             for batch in loader:
                 correct += int((model(batch["image"].float()).argmax(1) == batch["label"]).sum())

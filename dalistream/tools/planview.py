@@ -6,17 +6,13 @@ LO to HI samples, drawn with ``--seed``)."""
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, redact
 from ..plan import Layout, Schedule, epoch_summary, owned_parts, steps_per_epoch
 from .args import emit, storage_options
-
-log = logging.getLogger("dalistream")
-
 
 def synthetic_counts(spec: str, seed: int) -> np.ndarray:
     """``N:LO-HI`` (or ``N:K``): N shards of LO to HI samples (or K each)."""
@@ -45,8 +41,6 @@ def _counts(args: argparse.Namespace, cache_dir: str):
         return urls, None, []
     counted = count_samples(urls, manifest=args.manifest, options=storage_options(args), cache_dir=cache_dir,
                             tolerant=args.on_error == "skip", scan_limit_bytes=None)
-    for problem in counted.problems:
-        log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
     return urls, np.asarray([i.samples for i in counted.infos]), counted.problems
 
 
@@ -59,7 +53,7 @@ def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch
             parts = owned_parts(counts, len(urls), layout, schedule, epoch, r, w)
             rows.append({
                 "rank": r, "worker": w, "global_worker": layout.global_worker(r, w), "slot": layout.slots[w],
-                "parts": [{"url": urls[s], "first": a, "stop": b} for s, a, b in parts],
+                "parts": [{"url": redact(urls[s]), "first": a, "stop": b} for s, a, b in parts],  # pipe: secrets
                 "samples": sum(b - a for _, a, b in parts) if counts is not None else None, "steps": steps,
             })
     return rows

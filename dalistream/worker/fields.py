@@ -49,18 +49,40 @@ class FieldDecoder:
             value = self._one(field, sample)
             if value is None:
                 if self.missing == "error":
-                    wanted = "/".join("." + e for e in field.exts)
-                    present = sorted(k for k in sample if not k.startswith("__"))
-                    raise SampleError(
-                        f"sample has no member for field {field.name!r} (looked for {wanted}; it has {present})",
-                        url=sample.get("__url__"), member=sample.get("__key__"), reason="missing_field",
-                        hint="use missing='skip' or missing='empty' to accept such samples",
-                    )
+                    raise SampleError(self._missing(field, sample), url=sample.get("__url__"),
+                                      member=sample.get("__key__"), reason="missing_field",
+                                      hint=self._case_hint(field, sample)
+                                      or "use missing='skip' or missing='empty' to accept such samples")
                 if self.missing == "skip":
                     return None
                 value = field.empty
             out.append(value)
         return tuple(out)
+
+    def describe_missing(self, sample: dict) -> str:
+        """What a sample lacks (the first field without a member), with the ``lowercase_ext`` hint
+        when a member differs from a wanted extension only in case."""
+        for field in self.fields:
+            if field.kind != "meta" and not any(sample.get(e) is not None or sample.get(e + ".gz") is not None
+                                                for e in field.exts):
+                hint = self._case_hint(field, sample)
+                return f"{self._missing(field, sample)} in shard {sample.get('__url__')}" + (f": {hint}" if hint else "")
+        return "a field is missing"
+
+    @staticmethod
+    def _missing(field: Field, sample: dict) -> str:
+        wanted = "/".join("." + e for e in field.exts)
+        present = sorted(k for k in sample if not k.startswith("__"))
+        return f"sample {sample.get('__key__')!r} has no member for field {field.name!r} (looked for {wanted}; it has {present})"
+
+    @staticmethod
+    def _case_hint(field: Field, sample: dict) -> Optional[str]:
+        wanted = {e.lower() for e in field.exts}
+        other_case = sorted(k for k in sample if not k.startswith("__") and k.lower() in wanted and k not in field.exts)
+        if not other_case:
+            return None
+        return (f"its member extension {', '.join('.' + k for k in other_case)} differs only in case: pass "
+                "lowercase_ext=True to match extensions case-insensitively")
 
     def _one(self, field: Field, sample: dict) -> Optional[np.ndarray]:
         if field.kind == "meta":

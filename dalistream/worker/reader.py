@@ -88,7 +88,7 @@ class PlanReader:
                 skip(e, "samples")
                 continue
             if value is None:
-                policy.count("samples", "missing_field")
+                policy.count("samples", "missing_field", example=self.decoder.describe_missing(item))
                 stats.flush_skips()
                 continue
             good += 1
@@ -138,7 +138,8 @@ class PlanReader:
         at_offset = start is not None
         found = first if at_offset else 0
         try:
-            opened = open_shard(url, start, c.storage_options) if at_offset else shards.open(position)
+            with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too
+                opened = open_shard(url, start, c.storage_options) if at_offset else shards.open(position)
             if end is not None:
                 opened = open_part(opened, end - (start or 0))
             with opened as f:

@@ -96,7 +96,7 @@ class WorkerSource:
             self._stats = WorkerStats(self.stats_path, c.rank, self.worker)
         stats = self._stats
         stats.epoch, stats.step = epoch, start_step
-        policy = ErrorPolicy(c.on_error)
+        policy = ErrorPolicy(c.on_error, c.max_skip_fraction, rank=c.rank, worker=self.worker)
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
         skip_count = start_step * plan.slot
         seed = seeds.sample_shuffle(c.seed, epoch, plan.global_worker)
@@ -106,7 +106,7 @@ class WorkerSource:
             keep = lambda o: o not in gone  # noqa: E731
         else:
             keep = lambda o: o >= skip_count  # noqa: E731
-        stream = shuffled(self.reader.decoded(plan, keep, policy, stats), c.shuffle, seed)
+        stream = shuffled(policy.watched(self.reader.decoded(plan, keep, policy, stats)), c.shuffle, seed)
         stream = itertools.islice(stream, skip_count, None)
 
         # scalar fields (labels) and ``valid`` travel as one dense array each: DALI's worker

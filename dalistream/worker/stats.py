@@ -6,7 +6,7 @@ Per worker (see :data:`WORKER_FIELDS`): position (``epoch``, ``step``), ``sample
 the epoch that no one owns, counted by the job's last global worker, so the sum over the job is
 what the epoch left out),
 skips by ``"samples:<reason>"``/``"shards:<reason>"`` (all epochs, and per epoch), remote I/O
-counters, and seconds: ``io_wait_s`` blocked reading shard bytes; ``read_s`` reading, parsing tar
+counters, and seconds: ``io_wait_s`` blocked opening and reading shard bytes; ``read_s`` reading, parsing tar
 and checking samples (includes ``io_wait_s``); ``batch_s`` assembling padded batches; ``wall_s``
 since the worker started. ``wall_s - read_s - batch_s`` is time the worker was idle, its batches
 not yet taken: the pipeline (decode) or the training step is the limit.

@@ -36,7 +36,7 @@ def cut_resume_step(R, W, rank, epoch, steps):
     layout, schedule = Layout(R, W, B), Schedule(3)
     for k in range(1, steps):
         for w in range(W):
-            position, slot = k * layout.slots[w], layout.slots[w]
+            position = k * layout.slots[w]
             for s, a, b in owned_parts(SIZES, len(SIZES), layout, schedule, epoch, rank, w):
                 if position < b - a:
                     if (a > 0 or b < SIZES[s]) and 0 < position:

@@ -1,4 +1,6 @@
+import logging
 import os
+import shutil
 
 import pytest
 
@@ -33,6 +35,29 @@ def test_errors_name_the_source(tmp_path):
         expand_sources(str(tmp_path / "empty"))
     with pytest.raises(SourceError, match="source list is empty"):
         expand_sources([])
-    p = key_shards(str(tmp_path / "d"), [1])[0]
-    with pytest.raises(SourceError, match="listed twice"):
-        expand_sources([p, p])
+
+
+def test_a_shard_reached_twice_is_read_once_with_a_warning(tmp_path, caplog):
+    d = tmp_path / "d"
+    paths = key_shards(str(d), [2, 3, 4])
+    (d / "backup").mkdir()
+    shutil.copy(paths[0], d / "backup" / "s-0000.tar")  # same content, another file: not a duplicate
+    os.symlink(paths[1], d / "z-link.tar")               # the same file under another name
+    (d / "sub").mkdir()
+    os.symlink(paths[2], d / "sub" / "a-link.tar")       # ... and in a subdirectory
+    with caplog.at_level(logging.WARNING, logger="dalistream"):
+        urls = expand_sources(str(d))
+    assert len(urls) == 4 and str(d / "backup" / "s-0000.tar") in urls
+    assert {os.path.realpath(u) for u in urls} == set(paths) | {str(d / "backup" / "s-0000.tar")}
+    assert "2 shards listed more than once" in caplog.text and "z-link.tar" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dalistream"):  # one file through two globs, a dir and a path
+        urls = expand_sources([str(d / "s-000[01].tar"), str(d / "*.tar"), paths[2], "file://" + paths[0],
+                               str(d / ".." / "d" / "s-0002.tar")])
+    assert urls == paths[:2] + [paths[2]]
+    assert "listed more than once" in caplog.text
+
+
+def test_remote_urls_twice_are_read_once():
+    assert expand_sources(["https://h/a.tar", "https://h/b.tar", "https://h/a.tar"]) == ["https://h/a.tar",
+                                                                                       "https://h/b.tar"]

@@ -10,7 +10,7 @@ import pytest
 from dalistream.config import StreamConfig
 from dalistream.errors import ManifestError
 from dalistream.manifest import build_manifest
-from dalistream.plan import Layout, Schedule, owned_parts
+from dalistream.plan import owned_parts
 from dalistream.worker import WorkerSource
 from dalistream.worker.policy import ErrorPolicy
 from dalistream.worker.reader import PlanReader

@@ -131,3 +131,17 @@ def test_resume_mid_shard_with_manifest_offsets_never_reads_the_consumed_part(tm
     assert resumed == full[k:]
     with pytest.raises(Exception, match="not a tar|checksum"):  # without offsets the reader meets the damage
         list(WorkerSource(config, paths, counts, 0, start_step=k).epoch_batches(0, k))
+
+
+def test_io_wait_counts_the_time_before_a_stream_s_first_bytes(tmp_path):
+    """A stream whose first chunk arrives late (a slow pipe, a remote's first byte) is I/O wait:
+    it is spent opening the stream (the gzip check peeks at the first chunk), not in tar reads."""
+    paths = key_shards(str(tmp_path), [3, 4])
+    late = [f"pipe:sleep 0.4; cat {paths[0]}", f"pipe:sleep 0.4; gzip -c {paths[1]}"]
+    config = StreamConfig(sources=tuple(late), fields={"key": "__key__"}, batch_size=1, policy="exact",
+                          shuffle_shards=False)
+    source = WorkerSource(config, late, [3, 4], 0)
+    batches = list(source.epoch_batches(0))
+    stats = source._stats.as_dict()
+    assert len(batches) == 7 and stats["samples"] == 7
+    assert stats["io_wait_s"] >= 0.8 and stats["read_s"] >= stats["io_wait_s"]

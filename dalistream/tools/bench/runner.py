@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         return run_merge_only(args, log)
     if not args.sources:
         raise ConfigError("dalistream bench needs shard sources (or --merge-only)")
-    from ...manifest import shard_infos
+    from ...manifest import count_shards
     from ...sources import expand_sources
 
     peers = [p.strip() for p in args.compare.split(",") if p.strip()]
@@ -185,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--repeats and --epochs must be at least 1")
     options = storage_options(args)
     urls = expand_sources(args.sources, options)
-    infos = shard_infos(urls, manifest=args.manifest, cache_dir=default_cache_dir(os.environ), options=options)
+    # skip: a damaged shard is counted up to its problem and warned about, as the loader does
+    infos, _ = count_shards(urls, manifest=args.manifest, cache_dir=default_cache_dir(os.environ), options=options,
+                            tolerant=args.on_error == "skip")
     counts, shard_bytes = [i.samples for i in infos], [i.bytes for i in infos]
     _warm(urls)
     systems = ["dalistream"] + peers + (["sequential-read"] if args.pipeline == "read-only" else [])

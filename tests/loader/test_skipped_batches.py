@@ -1,0 +1,61 @@
+"""Through the real loader: a typo in a field's extension stops training with an error naming
+the reason (not epochs of empty batches), and a batch whose samples were all skipped is never
+yielded."""
+
+import io
+import logging
+
+import pytest
+
+from dalistream import Loader, Stream
+from dalistream.errors import SampleError
+
+from helpers import write_tar
+
+pytestmark = [pytest.mark.dali]
+
+
+def png() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (200, 10, 10)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def write(d, n_shards, per_shard, bad=()):
+    data, paths = png(), []
+    for s in range(n_shards):
+        members = []
+        for i in range(per_shard):
+            n = s * per_shard + i
+            members += [(f"x{n:04d}.png", data), (f"x{n:04d}.cls", b"dog" if n in bad else str(n % 4).encode())]
+        paths.append(write_tar(str(d / f"t-{s}.tar"), members))
+    return paths
+
+
+def test_a_typo_stops_the_loader_naming_the_reason(tmp_path):
+    paths = write(tmp_path, 2, 12)
+    stream = Stream.open(paths, fields={"image": "jpg", "label": "cls"}, batch_size=4, workers=2, device="cpu",
+                         missing="skip", cache_dir=str(tmp_path))
+    with Loader(stream) as loader:
+        with pytest.raises(SampleError) as info:
+            for _ in loader:
+                pass
+    e = info.value
+    assert e.reason == "too_many_skips" and "'missing_field'" in str(e) and "max_skip_fraction" in str(e)
+    assert "typo" in (e.hint or "")
+
+
+def test_a_batch_of_only_skipped_samples_is_not_yielded(tmp_path, caplog):
+    # one shard of 8, its last 4 samples damaged: counted 8 → 2 steps of 4, the second all skipped
+    paths = write(tmp_path, 1, 8, bad={4, 5, 6, 7})
+    stream = Stream.open(paths, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=1, device="cpu",
+                         on_error="skip", shuffle_shards=False, cache_dir=str(tmp_path))
+    assert stream.steps(0) == 2
+    with caplog.at_level(logging.WARNING, logger="dalistream"), Loader(stream) as loader:
+        batches = [b["key"] for b in loader]
+        assert batches == [["x0000", "x0001", "x0002", "x0003"]]
+        assert loader.stats(wait_s=5)["by_epoch"][0]["skipped"]["samples"] == {"bad_value": 4}
+        assert (loader.epoch, loader.step) == (1, 0)  # the epoch ended as planned
+    assert "holds no sample" in caplog.text
