@@ -42,7 +42,7 @@ GARBLED = [  # (where, new value or KeyError for "removed", words in the error)
     (("loader",), KeyError, "'loader'"),
     (("plan",), KeyError, "'plan'"),
     (("version",), KeyError, "version"),
-    (("version",), 2, "version 2"),
+    (("version",), 99, "version 99"),
     (("loader",), [0, 3], "'loader'"),
     (("loader", "step"), KeyError, "step"),
     (("loader", "epoch"), KeyError, "epoch"),
