@@ -18,12 +18,13 @@ It runs in threads of the calling process, as a context manager::
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
 import time
-from typing import Optional, Tuple
-from urllib.parse import urlsplit
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigError
 
@@ -176,3 +177,37 @@ class ShapingProxy:
                     paced += len(piece)
                 client.sendall(piece)
             sent += len(data)
+
+
+@contextlib.contextmanager
+def shaped(urls: Sequence[str], options: Dict[str, Any], shape: str) -> Iterator[Tuple[List[str], Dict[str, Any]]]:
+    """``(urls, options)`` that reach the same data through shaping proxies (``shape`` as in
+    :func:`parse_shape`): ``s3://`` through one in front of ``options["endpoint_url"]``, each
+    ``http://`` host through its own. Local shards are left alone; ``https://`` and S3 without a
+    plain-http endpoint (real AWS) cannot be shaped here."""
+    latency, rate = parse_shape(shape)
+    with contextlib.ExitStack() as stack:
+        proxies: Dict[str, ShapingProxy] = {}
+
+        def through(upstream: str) -> str:
+            if upstream not in proxies:
+                proxies[upstream] = stack.enter_context(ShapingProxy(upstream, latency_s=latency, rate=rate))
+            return proxies[upstream].endpoint
+
+        options = dict(options)
+        if any(u.startswith("s3://") for u in urls):
+            if not str(options.get("endpoint_url") or "").startswith("http://"):
+                raise ConfigError("--shape with s3:// sources needs a plain http:// endpoint (--endpoint-url)",
+                                  hint="shape a MinIO or moto endpoint; TLS endpoints cannot be proxied here")
+            options["endpoint_url"] = through(options["endpoint_url"])
+        out = []
+        for url in urls:
+            if url.startswith("https://"):
+                raise ConfigError("--shape cannot proxy https:// sources", url=url)
+            if url.startswith("http://"):
+                parts = urlsplit(url)
+                host = parts.netloc.rpartition("@")[2]
+                endpoint = through(f"http://{host}")
+                url = urlunsplit(parts._replace(netloc=parts.netloc[: -len(host)] + endpoint[len("http://"):]))
+            out.append(url)
+        yield out, options
