@@ -205,7 +205,7 @@ def test_s3_cut_connections_through_dali_deliver_exactly_once(dataset):
     kw = dict(batch_size=8, workers=2, rank=0, world_size=1, seed=2)
     local = open_stream(dataset["local"], dataset, **kw)
     remote = open_stream(f"s3://{BUCKET}/ds/", dataset, storage_options=dataset["opts"], **kw)
-    with ShapingProxy(dataset["opts"]["endpoint_url"], cut_after=70_000, faults=4) as proxy:
+    with ShapingProxy(dataset["opts"]["endpoint_url"], cut_after=30_000, faults=4) as proxy:  # inside a part
         opts = {"endpoint_url": proxy.endpoint, "chunk_bytes": 16 << 10, "read_ahead_bytes": 64 << 10,
                 "backoff_s": 0.01}
         through_proxy = dataclasses.replace(remote, config=remote.config.replace(storage_options=opts))
@@ -214,6 +214,21 @@ def test_s3_cut_connections_through_dali_deliver_exactly_once(dataset):
     assert proxy.injected == 4
     totals = io_totals(stats)
     assert totals["resumes"] >= 1 and totals["resumed_bytes"] > 0
+
+
+@pytest.mark.dali
+def test_s3_behind_a_far_link_with_default_parts_equals_local(dataset):
+    kw = dict(batch_size=8, workers=1, rank=0, world_size=1, seed=3, shuffle=5)
+    local = open_stream(dataset["local"], dataset, **kw)
+    remote = open_stream(f"s3://{BUCKET}/ds/", dataset, storage_options=dataset["opts"], **kw)
+    with ShapingProxy(dataset["opts"]["endpoint_url"], latency_s=0.04, rate=3e6) as proxy:  # 40 ms, 3 MB/s
+        options = {"endpoint_url": proxy.endpoint}  # default parts_in_flight, part_bytes, read_ahead_bytes
+        through_proxy = dataclasses.replace(remote, config=remote.config.replace(storage_options=options))
+        (got,), stats = loader_batches(through_proxy)
+    assert got == reference_batches(local, 0)
+    totals = io_totals(stats)
+    assert totals["parts"] >= len(remote.urls) and totals["retries"] == 0
+    assert 0 < totals["peak_buffered_bytes"] <= RemoteOptions().read_ahead_bytes
 
 
 @pytest.mark.dali
