@@ -8,8 +8,10 @@ shard's parts are already arriving while it parses the end of the current one.
 Memory: every part reserves its length when it is scheduled and releases bytes as the reader
 takes them; a part is scheduled only while the bytes held (received and not yet read, plus the
 reservations of parts in flight) stay within ``read_ahead_bytes``, whatever the number and size
-of parts. Parts are scheduled strictly in stream order, so the reservations always belong to
-bytes the reader will take next, and room always comes back.
+of parts. Parts are scheduled in stream order, except that while a shard waits for its first
+answer (its size) the first parts of the following shards may start, within ``read_ahead_bytes
+- part_bytes``: the part the reader needs next always fits once it has taken the bytes reserved
+before it, so room always comes back.
 
 The first part of a shard learns the object's size and ETag; the following parts are pinned to
 that ETag (``If-Match``), so two versions are never spliced. Each part retries throttling and
@@ -115,29 +117,62 @@ class PartFetcher:
         while self.cursor < len(self.shards):
             shard = self.shards[self.cursor]
             if shard is None or shard.state == "done":
-                self.cursor += 1
+                self._advance()
                 continue
             if shard.state == "sizing":
-                return None  # wait for the first part's answer: the object's size
+                return self._first_part_ahead()  # this shard's size is not known yet
             limit = shard.end if shard.state == "new" else shard.limit()
             if limit is not None and shard.next >= limit:
                 shard.state = "done"
-                self.cursor += 1
+                self._advance()
                 continue
             length = self.part_bytes if limit is None else min(self.part_bytes, limit - shard.next)
             if self.held and self.held + length > self.budget:
                 return None
-            slot = _Slot(self.cursor, shard.next, length, first=shard.state == "new")
-            shard.state = "sizing" if slot.first else shard.state
-            shard.next += length
-            self.slots.append(slot)
-            self._charge(slot, length)
-            self.in_flight += 1
-            for c in self.counters:
-                c.add(parts=1)
-                c.peak(peak_in_flight=self.in_flight)
-            return slot
+            return self._schedule(self.cursor, shard, length)
         return None
+
+    def _advance(self) -> None:
+        self.cursor += 1
+        self.cond.notify_all()  # a stream waiting as "ahead of the cursor" may now go on
+
+    def _first_part_ahead(self) -> Optional[_Slot]:
+        """While the shard at the cursor waits for its size, start the first part of a later
+        shard (small shards would otherwise cost one latency each), leaving room for one part:
+        bytes reserved ahead of the cursor stay within ``budget - part_bytes``, so the part the
+        reader needs next always fits once it has taken what is reserved before it."""
+        for index in range(self.cursor + 1, len(self.shards)):
+            shard = self.shards[index]
+            if shard is None or shard.state in ("done", "sizing"):
+                continue
+            if shard.state == "known":
+                if shard.next < shard.limit():
+                    return None  # its later parts come in order
+                shard.state = "done"
+                continue
+            if shard.end is not None and shard.next >= shard.end:
+                shard.state = "done"
+                continue
+            length = self.part_bytes if shard.end is None else min(self.part_bytes, shard.end - shard.next)
+            if self.held + length > self.budget - self.part_bytes:
+                return None
+            return self._schedule(index, shard, length)
+        return None
+
+    def _schedule(self, index: int, shard: _Shard, length: int) -> _Slot:
+        slot = _Slot(index, shard.next, length, first=shard.state == "new")
+        shard.state = "sizing" if slot.first else shard.state
+        shard.next += length
+        at = len(self.slots)
+        while at and (self.slots[at - 1].index, self.slots[at - 1].offset) > (index, slot.offset):
+            at -= 1
+        self.slots.insert(at, slot)  # the slots stay in stream order
+        self._charge(slot, length)
+        self.in_flight += 1
+        for c in self.counters:
+            c.add(parts=1)
+            c.peak(peak_in_flight=self.in_flight)
+        return slot
 
     # -- the fetching threads ------------------------------------------------------------------
 
@@ -166,12 +201,12 @@ class PartFetcher:
                     break
                 data = raw.read_chunk(n)
                 with self.cond:
+                    if slot.stream:
+                        self._charge(slot, len(data) - n)  # the reservation made by _room, trued up
                     if not data or slot.cancelled or self.stopped:
                         break
                     slot.chunks.append(data)
                     slot.received += len(data)
-                    if slot.stream:
-                        self._charge(slot, len(data))
                     self.cond.notify_all()
         except BaseException as e:  # noqa: BLE001 - handed to the reader in the failed part's place
             with self.cond:
@@ -202,16 +237,29 @@ class PartFetcher:
             self.cond.notify_all()
 
     def _room(self, slot: _Slot) -> int:
-        """How many bytes to read next (0: stop); a stream waits for room in the budget, unless
-        the reader has taken all it received (later parts' reservations must not starve it)."""
+        """How many bytes to read next (0: stop). A stream waits for room in the budget: ahead
+        of the cursor within ``budget - part_bytes`` (see :meth:`_first_part_ahead`); else
+        unless it is the part the reader waits for and it has taken all it received (later
+        reservations must not starve it)."""
         n = self.opts.chunk_bytes
         with self.cond:
             if not slot.stream:
                 return 0 if slot.cancelled or self.stopped else n
             n = min(n, self.budget)
-            while not (slot.cancelled or self.stopped) and slot.charge and self.held + n > self.budget:
+
+            def full() -> bool:
+                if slot.index > self.cursor:
+                    return self.held + n > self.budget - self.part_bytes
+                if not slot.charge and self.slots and self.slots[0] is slot:
+                    return False  # the reader waits for it: one chunk beyond the budget at most
+                return self.held + n > self.budget
+
+            while not (slot.cancelled or self.stopped) and full():
                 self.cond.wait()
-            return 0 if slot.cancelled or self.stopped else n
+            if slot.cancelled or self.stopped:
+                return 0
+            self._charge(slot, n)  # reserved now: streams checking at the same time see it
+            return n
 
     # -- the reader's side ---------------------------------------------------------------------
 
@@ -248,8 +296,6 @@ class PartFetcher:
                         self._drop(self.slots.popleft())
                         self.cond.notify_all()
                         continue
-                elif self.slots and self.slots[0].index > index:
-                    return END
                 elif self.cursor > index or self.shards[index] is None or self.shards[index].state == "done":
                     return END
                 self.cond.wait()
