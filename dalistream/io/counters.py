@@ -13,9 +13,13 @@ class IOCounters:
     """Counters of remote I/O: ``requests`` (GETs started), ``retries`` (requests repeated after
     throttling, 5xx answers or connection failures), ``resumes`` (ranged GETs that continued a
     transfer cut mid-object), ``resumed_bytes`` (bytes those resumed GETs delivered) and
-    ``bytes`` (bytes received). Thread-safe; :meth:`as_dict` gives a snapshot."""
+    ``bytes`` (bytes received); of the parallel ranged reads (:mod:`.parts`): ``parts`` (parts
+    fetched), ``peak_in_flight`` (most part GETs open at once) and ``peak_buffered_bytes`` (most
+    bytes held at once: received and not yet read, plus room reserved for parts in flight, never
+    above ``read_ahead_bytes``). Thread-safe; :meth:`as_dict` gives a snapshot."""
 
-    FIELDS = ("requests", "retries", "resumes", "resumed_bytes", "bytes")
+    FIELDS = ("requests", "retries", "resumes", "resumed_bytes", "bytes", "parts", "peak_in_flight",
+              "peak_buffered_bytes")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -26,6 +30,13 @@ class IOCounters:
         with self._lock:
             for name, amount in amounts.items():
                 self._values[name] += amount
+
+    def peak(self, **values: int) -> None:
+        """Raise some counters to at least the given values, e.g. ``peak(peak_in_flight=3)``."""
+        with self._lock:
+            for name, value in values.items():
+                if value > self._values[name]:
+                    self._values[name] = value
 
     def as_dict(self) -> Dict[str, int]:
         """A snapshot of all counters."""

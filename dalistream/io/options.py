@@ -30,6 +30,8 @@ class RemoteOptions:
     aws_session_token: Optional[str] = None
     read_ahead_bytes: int = 64 << 20
     chunk_bytes: int = 1 << 20
+    parts_in_flight: int = 8
+    part_bytes: int = 8 << 20
     max_attempts: int = 8
     backoff_s: float = 0.2
     max_backoff_s: float = 10.0
@@ -55,6 +57,8 @@ def remote_options(options: Optional[Mapping[str, Any]]) -> RemoteOptions:
     if unknown:
         raise ConfigError(f"unknown storage_options {unknown}; known: {sorted(known)}")
     opts = RemoteOptions(**options)
-    if opts.max_attempts < 1 or opts.chunk_bytes < 1 or opts.read_ahead_bytes < 0:
-        raise ConfigError("storage_options: max_attempts and chunk_bytes must be >= 1, read_ahead_bytes >= 0")
+    if (opts.max_attempts < 1 or opts.chunk_bytes < 1 or opts.read_ahead_bytes < 0 or opts.parts_in_flight < 1
+            or opts.part_bytes < 1024):
+        raise ConfigError("storage_options: max_attempts, chunk_bytes and parts_in_flight must be >= 1, part_bytes "
+                          ">= 1024, read_ahead_bytes >= 0")
     return opts

@@ -46,42 +46,53 @@ class _Empty:
         pass
 
 
-def _s3_get(url: str, opts: RemoteOptions, offset: int, etag: Optional[str]) -> Tuple[Any, Optional[int], Optional[str]]:
+Answer = Tuple[Any, Optional[int], Optional[str], bool]  # body, object size, ETag, range honoured
+
+
+def _range(offset: int, end: Optional[int]) -> Optional[str]:
+    if end is not None:
+        return f"bytes={offset}-{end - 1}"
+    return f"bytes={offset}-" if offset else None
+
+
+def _s3_get(url: str, opts: RemoteOptions, offset: int, etag: Optional[str], end: Optional[int]) -> Answer:
     from botocore.exceptions import ClientError
 
     bucket, key = split_s3(url)
     args: Dict[str, Any] = {"Bucket": bucket, "Key": key}
-    if offset:
-        args["Range"] = f"bytes={offset}-"
+    wanted = _range(offset, end)
+    if wanted:
+        args["Range"] = wanted
     if etag:
         args["IfMatch"] = etag
     try:
         answer = s3_client(opts).get_object(**args)
     except ClientError as e:
-        if e.response.get("Error", {}).get("Code") == "InvalidRange" and offset:
-            return _Empty(), offset, etag  # opened exactly at the end
+        if e.response.get("Error", {}).get("Code") == "InvalidRange" and wanted:
+            return _Empty(), offset, etag, True  # opened exactly at the end (or an empty object)
         raise
     total = answer.get("ContentRange", "").rpartition("/")[2]
     size = int(total) if total.isdigit() else offset + int(answer["ContentLength"])
-    return answer["Body"], size, answer.get("ETag")
+    return answer["Body"], size, answer.get("ETag"), True
 
 
-def _http_get(url: str, opts: RemoteOptions, offset: int, etag: Optional[str]) -> Tuple[Any, Optional[int], Optional[str]]:
+def _http_get(url: str, opts: RemoteOptions, offset: int, etag: Optional[str], end: Optional[int]) -> Answer:
     plain, headers = http_parts(url)
-    if offset:
-        headers["Range"] = f"bytes={offset}-"
+    wanted = _range(offset, end)
+    if wanted:
+        headers["Range"] = wanted
         if etag:
             headers["If-Range"] = etag  # a changed object comes back whole (200), caught below
     answer = http_pool(opts).request("GET", plain, headers=headers, preload_content=False, decode_content=False)
-    if answer.status == 416 and offset:
+    if answer.status == 416 and wanted:
         answer.release_conn()
-        return _Empty(), offset, etag
+        return _Empty(), offset, etag, True
     if answer.status not in (200, 206):
         answer.release_conn()
         raise status_error(answer.status, "", url, "object")
     length = answer.headers.get("Content-Length")
     new_etag = answer.headers.get("ETag")
-    if offset and answer.status == 200:
+    if wanted and answer.status == 200:
         if etag and new_etag != etag:
             answer.release_conn()
             raise status_error(412, "", url, "object")
@@ -90,10 +101,10 @@ def _http_get(url: str, opts: RemoteOptions, offset: int, etag: Optional[str]) -
         except BaseException:
             answer.close()
             raise
-        return answer, int(length) if length else None, new_etag
+        return answer, int(length) if length else None, new_etag, False
     total = answer.headers.get("Content-Range", "").rpartition("/")[2]
     size = int(total) if total.isdigit() else (offset + int(length) if length else None)
-    return answer, size, new_etag or etag
+    return answer, size, new_etag or etag, answer.status == 206 or not wanted
 
 
 def _skip(body: Any, n: int) -> None:
@@ -105,32 +116,47 @@ def _skip(body: Any, n: int) -> None:
 
 
 class RemoteRaw(io.RawIOBase):
-    """One remote object as a raw stream from byte ``offset``; resumes cut transfers.
+    """One remote object as a raw stream of bytes ``[offset, end)`` (``end`` None: to the end of
+    the object); resumes cut transfers from the exact byte, pinned to ``etag`` (if given, else
+    to the ETag of the first answer).
 
-    ``size`` is the object's size in bytes (``None`` if the server does not say).
+    ``size`` is the object's size in bytes (``None`` if the server does not say); ``ranged`` is
+    False when an HTTP server ignored the range and sent the whole object (then the bytes before
+    ``offset`` were read and dropped, and those after ``end`` are never read).
     """
 
-    def __init__(self, url: str, offset: int = 0, options: Any = None, counters: Optional[IOCounters] = None) -> None:
+    def __init__(self, url: str, offset: int = 0, options: Any = None, counters: Optional[IOCounters] = None,
+                 end: Optional[int] = None, etag: Optional[str] = None) -> None:
         self.url = url
         self.opts = remote_options(options)
         self._get = _s3_get if url.startswith("s3://") else _http_get
         self._counters = [TOTALS] + ([counters] if counters is not None else [])
         self._rng = random.Random()  # jitter only: never decides data
         self.pos = offset
+        self.end = end
         self.size: Optional[int] = None
-        self.etag: Optional[str] = None
+        self.etag: Optional[str] = etag
+        self.ranged = True
         self._body: Any = None
         self._resumed = False
         self._connect(first=True)
 
     def _connect(self, first: bool) -> None:
-        def attempt() -> Tuple[Any, Optional[int], Optional[str]]:
+        def attempt() -> Answer:
             self._add(requests=1)
-            return self._get(self.url, self.opts, self.pos, self.etag)
+            return self._get(self.url, self.opts, self.pos, self.etag, self.end)
 
-        self._body, size, etag = call_with_retries(attempt, self.url, self.opts, self._counters, self._rng, first=first)
+        self._body, size, etag, ranged = call_with_retries(attempt, self.url, self.opts, self._counters, self._rng,
+                                                           first=first)
         self.size = size if size is not None else self.size
         self.etag = etag or self.etag
+        self.ranged = self.ranged and ranged
+
+    def limit(self) -> Optional[int]:
+        """The byte offset where this stream ends, if known."""
+        if self.end is None:
+            return self.size
+        return self.end if self.size is None else min(self.end, self.size)
 
     def _add(self, **amounts: int) -> None:
         for c in self._counters:
@@ -143,8 +169,11 @@ class RemoteRaw(io.RawIOBase):
         """Up to ``n`` bytes (``b""`` only at the end of the object), resuming after cuts."""
         failures = 0
         while True:
-            if self.size is not None and self.pos >= self.size:
-                return b""
+            limit = self.limit()
+            if limit is not None:
+                if self.pos >= limit:
+                    return b""
+                n = min(n, limit - self.pos)
             try:
                 data = self._body.read(n)
             except Exception as e:  # noqa: BLE001 - classified: fatal errors re-raised
@@ -156,7 +185,7 @@ class RemoteRaw(io.RawIOBase):
                 self.pos += len(data)
                 self._add(bytes=len(data), resumed_bytes=len(data) if self._resumed else 0)
                 return data
-            if data is not None and self.size is None:
+            if data is not None and limit is None:
                 return b""  # no length announced: the end of the body is the end
             failures += 1  # cut before the announced end: continue with a ranged GET
             if failures >= self.opts.max_attempts:
@@ -187,9 +216,10 @@ class RemoteRaw(io.RawIOBase):
 
 
 def open_remote(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None,
-                counters: Optional[IOCounters] = None) -> io.BufferedReader:
-    """Open ``s3://`` or ``http(s)://`` ``url`` as a buffered stream at byte ``offset``."""
-    raw = RemoteRaw(url, offset, options, counters)
+                counters: Optional[IOCounters] = None, end: Optional[int] = None) -> io.BufferedReader:
+    """Open ``s3://`` or ``http(s)://`` ``url`` as a buffered stream of bytes ``[offset, end)``
+    (one GET at a time; :class:`~dalistream.io.parts.PartFetcher` fetches parts in parallel)."""
+    raw = RemoteRaw(url, offset, options, counters, end)
     return io.BufferedReader(raw, min(raw.opts.chunk_bytes, 8 << 20))
 
 

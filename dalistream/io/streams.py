@@ -2,24 +2,31 @@
 
 Local files are opened with a large buffer; ``.tar.gz``/``.tgz`` (any stream starting with the
 gzip magic) are decompressed on the fly; ``pipe:CMD`` runs a shell command and reads its
-stdout; ``s3://`` and ``http(s)://`` are served by :mod:`.remote` (through :mod:`.readahead`
-for a worker's sequence of shards).
+stdout; ``s3://`` and ``http(s)://`` are served by :mod:`.remote`, as parallel ranged parts
+(:mod:`.parts`, :mod:`.readahead`).
+
+A shard may be opened as a byte range ``[start, end)`` (``end`` None: to the end). Positions are
+in the *tar*: for gzip shards, in the decompressed bytes (read from the start, decompressed,
+skipped up to ``start``, stopped at ``end``); for a plain ``.tar``, a seek or ranged GETs that
+never fetch a byte past ``end``.
 """
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO, List, Mapping, Optional, Sequence
+import io
+from typing import Any, BinaryIO, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import SourceError
 from .counters import IOCounters
 from .gunzip import decompressed
-from .local import open_file, open_pipe
+from .local import CHUNK, open_file, open_pipe
 from .readahead import ReadAhead
 from .remote import is_fetched, open_remote
 
 
 def open_raw(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None) -> BinaryIO:
-    """Open ``url`` as a buffered binary stream positioned at byte ``offset`` (not decompressed)."""
+    """Open ``url`` as a buffered binary stream positioned at byte ``offset`` (not decompressed;
+    one GET for remote data)."""
     if is_fetched(url):
         return open_remote(url, offset, options or {})
     if url.startswith("pipe:"):
@@ -29,45 +36,130 @@ def open_raw(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = N
     return open_file(url, offset)
 
 
-def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None) -> BinaryIO:
-    """Open a shard for tar parsing: decompressed if gzip, positioned at ``offset`` of the tar.
+def is_gzip_name(url: str) -> bool:
+    """True for shard names whose byte ranges are positions in the decompressed tar."""
+    return url.endswith((".gz", ".tgz"))
+
+
+class _Limited(io.RawIOBase):
+    """The bytes of ``stream`` up to absolute position ``end`` (seekable if ``stream`` is);
+    closing it closes ``stream``."""
+
+    def __init__(self, stream: BinaryIO, end: int, pos: int) -> None:
+        self._stream = stream
+        self._end = end
+        self._pos = pos
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._stream.seekable()
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset if whence == 0 else self._pos + offset if whence == 1 else self._end + offset
+        self._pos = self._stream.seek(min(target, self._end))
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self._end - self._pos)
+        if n <= 0:
+            return 0
+        data = self._stream.read(n)
+        buffer[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+        super().close()
+
+
+def _limited(stream: BinaryIO, start: int, end: Optional[int]) -> BinaryIO:
+    if end is None:
+        return stream
+    try:
+        pos = stream.tell() if stream.seekable() else start
+    except (OSError, ValueError):
+        pos = start
+    return io.BufferedReader(_Limited(stream, max(end, start), pos), CHUNK)  # type: ignore[arg-type]
+
+
+class _Owned(io.BufferedReader):
+    """A stream that stops its own read-ahead when closed."""
+
+    def __init__(self, ahead: ReadAhead) -> None:
+        self._ahead = ahead
+        super().__init__(ahead.open(0).detach(), CHUNK)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._ahead.close()
+
+
+def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None, end: Optional[int] = None,
+               counters: Optional[IOCounters] = None) -> BinaryIO:
+    """Open a shard for tar parsing: bytes ``[offset, end)`` of the tar, decompressed if gzip.
 
     Offsets are positions in the *uncompressed* tar. A shard named ``.tar`` is opened directly
-    at the offset (a seek, or a ranged GET for remote data); a gzip shard is read and discarded
-    up to it, since gzip has no random access.
+    at the offset (a seek, or parallel ranged GETs for remote data, none past ``end``); a gzip
+    shard is read and discarded up to it, since gzip has no random access.
     """
-    if offset and not url.endswith((".gz", ".tgz")):
-        return open_raw(url, offset, options)
-    return decompressed(open_raw(url, 0, options), url, offset)
+    if is_gzip_name(url):
+        stream = decompressed(open_raw(url, 0, options), url, offset)
+    elif is_fetched(url):
+        return _Owned(ReadAhead([url], options, counters, [(offset, end)]))
+    else:
+        stream = open_raw(url, offset, options) if offset else decompressed(open_raw(url, 0, options), url)
+    return _limited(stream, offset, end)
 
 
 class ShardSequence:
     """Opens one worker's shards in order; the hook where remote read-ahead lives.
 
-    ``open(i)`` returns the (decompressed) stream of ``urls[i]``. Local and ``pipe:`` shards are
-    simply opened. ``s3://`` and ``http(s)://`` shards are fetched by one background thread, one
-    GET per shard in list order, running ahead of the reader by at most
-    ``options["read_ahead_bytes"]`` (default 64 MiB) across shard boundaries, so the next shard's
-    first-byte latency is hidden while the current one is parsed. Opening shards in order is
-    the fast path; opening any other index restarts the fetcher there. ``counters`` (an
-    :class:`IOCounters`) receives this sequence's retries and resumes.
+    ``open(i)`` returns the (decompressed) stream of ``urls[i]``; with ``ranges`` (one
+    ``(start, end_or_None)`` per url) the stream of bytes ``[start, end)`` of that shard's tar
+    (see :func:`open_shard`). Local and ``pipe:`` shards are simply opened. ``s3://`` and
+    ``http(s)://`` shards are fetched by one :class:`ReadAhead` for the whole list: parallel
+    ranged GETs in list order (``parts_in_flight`` of ``part_bytes``), running ahead of the
+    reader by at most ``options["read_ahead_bytes"]`` (default 64 MiB) across shard boundaries
+    and never past a range's end. Opening shards in order is the fast path; opening any other
+    index restarts the fetcher there. ``counters`` (an :class:`IOCounters`) receives this
+    sequence's requests, retries, resumes and parts.
     """
 
     def __init__(self, urls: Sequence[str], options: Optional[Mapping[str, Any]] = None,
-                 counters: Optional[IOCounters] = None) -> None:
+                 counters: Optional[IOCounters] = None,
+                 ranges: Optional[Sequence[Tuple[int, Optional[int]]]] = None) -> None:
         self.urls: List[str] = list(urls)
         self.options = dict(options or {})
         self.counters = counters
-        self._ahead = None
+        if ranges is not None and len(ranges) != len(self.urls):
+            raise ValueError(f"{len(ranges)} ranges for {len(self.urls)} shards")
+        self.ranges = [(int(s), None if e is None else int(e)) for s, e in ranges] if ranges is not None else None
+        self._ahead: Optional[ReadAhead] = None
 
     def open(self, i: int) -> BinaryIO:
-        """The stream of ``urls[i]``, decompressed if gzip (a :class:`SourceError` if it cannot be opened)."""
+        """The stream of ``urls[i]`` (its range), decompressed if gzip (a :class:`SourceError` if
+        it cannot be opened)."""
         url = self.urls[i]
+        start, end = self.ranges[i] if self.ranges is not None else (0, None)
         if not is_fetched(url):
-            return open_shard(url, 0, self.options)
+            return open_shard(url, start, self.options, end)
         if self._ahead is None:
-            self._ahead = ReadAhead(self.urls, self.options, self.counters)
-        return decompressed(self._ahead.open(i), url)
+            fetched = None if self.ranges is None else [(0, None) if is_gzip_name(u) else r
+                                                        for u, r in zip(self.urls, self.ranges)]
+            self._ahead = ReadAhead(self.urls, self.options, self.counters, fetched)
+        raw = self._ahead.open(i)
+        if is_gzip_name(url):
+            return _limited(decompressed(raw, url, start), start, end)
+        return decompressed(raw, url)
 
     def close(self) -> None:
         """Stop any background fetches."""

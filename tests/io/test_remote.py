@@ -3,8 +3,8 @@
 Shards written by ``dalistream.tools.synth``, by ``webdataset.TarWriter`` and a real peer shard
 (``sample.tgz``) are uploaded to a moto S3 server on 127.0.0.1 and served over HTTP; keys read
 through ``s3://``/``http://`` must equal, in order, those read from the same files on disk.
-Faults come from a small TCP proxy between client and server that cuts connections after N
-bytes or answers 503 SlowDown a few times.
+Faults come from the shaping proxy (``dalistream.tools.proxy``) between client and server, which
+cuts connections after N bytes or answers 503 SlowDown a few times.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from dalistream.io.options import RemoteOptions, remote_options
 from dalistream.io.remote import open_remote
 from dalistream.sources import expand_sources
 from dalistream.io import IOCounters, ShardSequence
+from dalistream.tools.proxy import ShapingProxy
 from dalistream.tools.synth import SynthSpec, write_dataset
 from dalistream.tar import iter_samples
 from helpers import PEER_DATA, REPO, free_port
@@ -98,102 +98,6 @@ def http_base(dataset):
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
-
-
-class FaultProxy:
-    """A TCP proxy on 127.0.0.1 in front of ``upstream`` that injects a bounded number of faults.
-
-    ``cut_after=N``: a connection is closed once N bytes of answers went through it (the first
-    ``faults`` times). ``status=503``: the first request of a connection gets that HTTP answer
-    (an S3 SlowDown error) instead of being forwarded (the first ``faults`` times). The proxy
-    stops accepting after ``lifetime`` seconds at the latest.
-    """
-
-    def __init__(self, upstream: str, *, cut_after: int = 0, status: int = 0, faults: int = 3, lifetime: float = 120):
-        self.upstream = ("127.0.0.1", int(upstream.rsplit(":", 1)[1]))
-        self.cut_after, self.status, self.left, self.injected = cut_after, status, faults, 0
-        self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.2)
-        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.stop_event = threading.Event()
-        self.timer = threading.Timer(lifetime, self.stop_event.set)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-
-    def __enter__(self) -> "FaultProxy":
-        self.timer.start()
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop_event.set()
-        self.timer.cancel()
-        self.thread.join(5)
-        self.listener.close()
-
-    def _fault(self) -> bool:
-        with self.lock:
-            if self.left <= 0:
-                return False
-            self.left -= 1
-            self.injected += 1
-            return True
-
-    def _serve(self) -> None:
-        while not self.stop_event.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
-
-    def _handle(self, client: socket.socket) -> None:
-        head = b""
-        try:
-            while b"\r\n\r\n" not in head:
-                data = client.recv(65536)
-                if not data:
-                    return
-                head += data
-            if self.status and head.startswith(b"GET ") and self._fault():
-                body = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
-                client.sendall(b"HTTP/1.1 %d Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
-                               b"Connection: close\r\n\r\n%s" % (self.status, len(body), body))
-                return
-            upstream = socket.create_connection(self.upstream)
-            upstream.sendall(head)
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-            sent = 0
-            while True:
-                data = upstream.recv(65536)
-                if not data:
-                    return
-                if self.cut_after and sent + len(data) >= self.cut_after and self._fault():
-                    client.sendall(data[: self.cut_after - sent])
-                    return
-                client.sendall(data)
-                sent += len(data)
-        except OSError:
-            return
-        finally:
-            for s in (client, locals().get("upstream")):
-                if s is not None:
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                    s.close()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while True:
-                data = source.recv(65536)
-                if not data:
-                    break
-                sink.sendall(data)
-        except OSError:
-            pass
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -301,7 +205,7 @@ def test_s3_cut_connections_through_dali_deliver_exactly_once(dataset):
     kw = dict(batch_size=8, workers=2, rank=0, world_size=1, seed=2)
     local = open_stream(dataset["local"], dataset, **kw)
     remote = open_stream(f"s3://{BUCKET}/ds/", dataset, storage_options=dataset["opts"], **kw)
-    with FaultProxy(dataset["opts"]["endpoint_url"], cut_after=70_000, faults=4) as proxy:
+    with ShapingProxy(dataset["opts"]["endpoint_url"], cut_after=30_000, faults=4) as proxy:  # inside a part
         opts = {"endpoint_url": proxy.endpoint, "chunk_bytes": 16 << 10, "read_ahead_bytes": 64 << 10,
                 "backoff_s": 0.01}
         through_proxy = dataclasses.replace(remote, config=remote.config.replace(storage_options=opts))
@@ -310,6 +214,21 @@ def test_s3_cut_connections_through_dali_deliver_exactly_once(dataset):
     assert proxy.injected == 4
     totals = io_totals(stats)
     assert totals["resumes"] >= 1 and totals["resumed_bytes"] > 0
+
+
+@pytest.mark.dali
+def test_s3_behind_a_far_link_with_default_parts_equals_local(dataset):
+    kw = dict(batch_size=8, workers=1, rank=0, world_size=1, seed=3, shuffle=5)
+    local = open_stream(dataset["local"], dataset, **kw)
+    remote = open_stream(f"s3://{BUCKET}/ds/", dataset, storage_options=dataset["opts"], **kw)
+    with ShapingProxy(dataset["opts"]["endpoint_url"], latency_s=0.04, rate=3e6) as proxy:  # 40 ms, 3 MB/s
+        options = {"endpoint_url": proxy.endpoint}  # default parts_in_flight, part_bytes, read_ahead_bytes
+        through_proxy = dataclasses.replace(remote, config=remote.config.replace(storage_options=options))
+        (got,), stats = loader_batches(through_proxy)
+    assert got == reference_batches(local, 0)
+    totals = io_totals(stats)
+    assert totals["parts"] >= len(remote.urls) and totals["retries"] == 0
+    assert 0 < totals["peak_buffered_bytes"] <= RemoteOptions().read_ahead_bytes
 
 
 @pytest.mark.dali
@@ -368,7 +287,7 @@ def test_open_remote_at_offset_and_scan_bytes(dataset, http_base):
 def test_cut_connection_resumes_at_exact_offset(dataset):
     name = dataset["names"][2]
     data = open(os.path.join(dataset["local"], name), "rb").read()
-    with FaultProxy(dataset["opts"]["endpoint_url"], cut_after=50_000, faults=3) as proxy:
+    with ShapingProxy(dataset["opts"]["endpoint_url"], cut_after=50_000, faults=3) as proxy:
         counters = IOCounters()
         opts = {"endpoint_url": proxy.endpoint, "backoff_s": 0.01}
         with open_remote(f"s3://{BUCKET}/ds/{name}", 0, opts, counters) as f:
@@ -381,7 +300,7 @@ def test_cut_connection_resumes_at_exact_offset(dataset):
 def test_cut_connections_with_read_ahead_lose_and_duplicate_nothing(dataset, http_base):
     names = dataset["names"]
     want = local_keys([os.path.join(dataset["local"], n) for n in names])
-    with FaultProxy(dataset["opts"]["endpoint_url"], cut_after=40_000, faults=6) as proxy:
+    with ShapingProxy(dataset["opts"]["endpoint_url"], cut_after=40_000, faults=6) as proxy:
         counters = IOCounters()
         opts = {"endpoint_url": proxy.endpoint, "chunk_bytes": 8192, "read_ahead_bytes": 100_000, "backoff_s": 0.01}
         seq = ShardSequence([f"s3://{BUCKET}/ds/{n}" for n in names], opts, counters)
@@ -392,7 +311,7 @@ def test_cut_connections_with_read_ahead_lose_and_duplicate_nothing(dataset, htt
         seq.close()
     assert keys == want and proxy.injected == 6 and counters.resumes + counters.retries >= 6
     # http.server ignores Range: a resumed GET reads up to the offset and goes on from there
-    with FaultProxy(http_base, cut_after=30_000, faults=3) as proxy:
+    with ShapingProxy(http_base, cut_after=30_000, faults=3) as proxy:
         counters = IOCounters()
         urls = [f"{proxy.endpoint}/{n}" for n in names]
         keys = []
@@ -407,7 +326,7 @@ def test_cut_connections_with_read_ahead_lose_and_duplicate_nothing(dataset, htt
 def test_throttling_is_retried_with_backoff(dataset):
     name = dataset["names"][0]
     data = open(os.path.join(dataset["local"], name), "rb").read()
-    with FaultProxy(dataset["opts"]["endpoint_url"], status=503, faults=3) as proxy:
+    with ShapingProxy(dataset["opts"]["endpoint_url"], status=503, faults=3) as proxy:
         counters = IOCounters()
         opts = {"endpoint_url": proxy.endpoint, "backoff_s": 0.01, "max_attempts": 5}
         with open_remote(f"s3://{BUCKET}/ds/{name}", 0, opts, counters) as f:
@@ -417,7 +336,7 @@ def test_throttling_is_retried_with_backoff(dataset):
 
 def test_throttling_gives_up_after_max_attempts(dataset):
     url = f"s3://{BUCKET}/ds/{dataset['names'][0]}"
-    with FaultProxy(dataset["opts"]["endpoint_url"], status=503, faults=100) as proxy:
+    with ShapingProxy(dataset["opts"]["endpoint_url"], status=503, faults=100) as proxy:
         counters = IOCounters()
         with pytest.raises(SourceError) as info:
             open_remote(url, 0, {"endpoint_url": proxy.endpoint, "backoff_s": 0.01, "max_attempts": 3}, counters)

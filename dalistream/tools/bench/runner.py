@@ -19,6 +19,7 @@ construction (after ``import torch``, which a training script has done anyway).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -36,7 +37,8 @@ PIPELINES = ("classification_train", "read-only")
 METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "peak_rss_mb", "peak_pss_mb", "peak_shm_mb",
            "cpu_ms_per_sample", "steady_cpu_ms_per_sample")
 SWEEPABLE = {"workers": "workers", "batch-size": "batch_size", "batch_size": "batch_size", "threads": "threads",
-             "shards": "shards"}  # shards=N: the first N shards of the sources (memory as the data set grows)
+             "shards": "shards",  # shards=N: the first N shards of the sources (memory as the data set grows)
+             "parts_in_flight": "parts_in_flight", "part_bytes": "part_bytes"}  # storage options of remote reads
 
 
 def add_parser(subparsers: Any) -> None:
@@ -68,6 +70,11 @@ def add_parser(subparsers: Any) -> None:
                         "again) instead of a script that imports torch at the top, as training scripts do")
     p.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
     p.add_argument("--json", action="store_true", help="progress on stderr; the last stdout line is one JSON object")
+    p.add_argument("--shape", default=None, metavar="LATENCY,RATE",
+                   help="read s3:// (plain http endpoint) and http:// sources through a loopback proxy giving every "
+                        "connection this latency to first byte and bandwidth, e.g. 40ms,3MB/s")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=INT",
+                   help="an integer storage option for the runs, e.g. parts_in_flight=4 or part_bytes=1048576")
 
 
 def _local_size(url: str) -> Optional[int]:
@@ -158,7 +165,8 @@ def _parse_sweep(text: Optional[str]) -> Optional[tuple]:
     name, _, values = text.partition("=")
     key = SWEEPABLE.get(name.strip())
     if key is None or not values:
-        raise ConfigError(f"--sweep {text!r}: expected workers=1,2,4, batch-size=32,64, threads=1,2 or shards=16,160")
+        raise ConfigError(f"--sweep {text!r}: expected workers=1,2,4, batch-size=32,64, threads=1,2, shards=16,160, "
+                          "parts_in_flight=1,8 or part_bytes=1048576")
     try:
         return key, [int(v) for v in values.split(",") if v.strip()]
     except ValueError:
@@ -184,12 +192,28 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.epochs < 1:
         raise ConfigError("--repeats and --epochs must be at least 1")
     options = storage_options(args)
+    for item in args.storage_option:
+        key, _, value = item.partition("=")
+        if not value.strip().isdigit():
+            raise ConfigError(f"--storage-option {item!r}: write KEY=INTEGER")
+        options[key.strip()] = int(value)
     urls = expand_sources(args.sources, options)
     # skip: a damaged shard is counted up to its problem and warned about, as the loader does
     infos, _ = count_shards(urls, manifest=args.manifest, cache_dir=default_cache_dir(os.environ), options=options,
                             tolerant=args.on_error == "skip")
     counts, shard_bytes = [i.samples for i in infos], [i.bytes for i in infos]
     _warm(urls)
+    with contextlib.ExitStack() as stack:
+        if args.shape:  # counts above came unshaped; the measured runs go through the proxies
+            from ..proxy import shaped
+
+            urls, options = stack.enter_context(shaped(urls, options, args.shape))
+            log(f"bench: S3/HTTP through a shaping proxy ({args.shape} per connection)")
+        return _measure(args, urls, counts, shard_bytes, options, peers, log)
+
+
+def _measure(args: argparse.Namespace, urls: List[str], counts: List[int], shard_bytes: List[int],
+             options: Dict[str, Any], peers: List[str], log) -> int:
     systems = ["dalistream"] + peers + (["sequential-read"] if args.pipeline == "read-only" else [])
     base = {"urls": urls, "counts": counts, "batch_size": args.batch_size, "workers": args.workers,
             "threads": args.threads, "device": args.device, "seed": args.seed, "size": args.size,
@@ -215,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
             if key == "shards":
                 point = compare(args, dict(base, urls=urls[:value], counts=counts[:value]), shard_bytes[:value],
                                 systems, log)
+            elif key in ("parts_in_flight", "part_bytes"):
+                point = compare(args, dict(base, storage_options={**options, key: value}), shard_bytes, systems, log)
             else:
                 point = compare(args, dict(base, **{key: value}), shard_bytes, systems, log)
             point["value"] = value

@@ -1,0 +1,245 @@
+"""Parallel ranged parts (``dalistream.io.parts``) against a real S3 server (moto) behind the
+shaping proxy (``dalistream.tools.proxy``): the bytes and keys a worker reads equal a direct read
+of the same files, whatever the latency, the cuts and the 503 bursts on the way; buffered bytes
+stay within ``read_ahead_bytes``; byte ranges of shards (plain, gzip, local) are exact."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from dalistream.errors import ConfigError, SourceError
+from dalistream.io import IOCounters, ShardSequence, open_shard
+from dalistream.io.options import remote_options
+from dalistream.tar import iter_samples
+from dalistream.tools.proxy import ShapingProxy, parse_shape
+from helpers import write_wds
+
+BUCKET = "parts"
+KiB = 1 << 10
+
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, moto_endpoint):
+    """Four shards of 0.3–1.2 MB (one gzip) on disk and under ``s3://parts/``."""
+    import boto3
+
+    local = str(tmp_path_factory.mktemp("parts"))
+    rng = np.random.default_rng(16)
+    names = []
+    for s, count in enumerate((40, 12, 25, 30)):
+        path = write_wds(os.path.join(local, f"p-{s}.tar"),
+                         [{"__key__": f"p{s}/{i:04d}", "bin": rng.bytes(int(rng.integers(5_000, 60_000))),
+                           "cls": str(i % 7).encode()} for i in range(count)])
+        names.append(os.path.basename(path))
+    with open(os.path.join(local, names[1]), "rb") as f, gzip.open(os.path.join(local, "p-1.tar.gz"), "wb") as g:
+        shutil.copyfileobj(f, g)
+    names[1] = "p-1.tar.gz"
+    client = boto3.client("s3", endpoint_url=moto_endpoint)
+    client.create_bucket(Bucket=BUCKET)
+    for name in sorted(os.listdir(local)):
+        client.upload_file(os.path.join(local, name), BUCKET, name, ExtraArgs={"ACL": "public-read"})  # for http://
+    return {"local": local, "names": names, "endpoint": moto_endpoint, "client": client,
+            "s3": [f"s3://{BUCKET}/{n}" for n in names], "paths": [os.path.join(local, n) for n in names]}
+
+
+def keys_of(urls, options, counters=None, ranges=None):
+    seq = ShardSequence(urls, options, counters, ranges)
+    keys = []
+    try:
+        for i, url in enumerate(urls):
+            with seq.open(i) as f:
+                keys += [s["__key__"] for s in iter_samples(f, url)]
+    finally:
+        seq.close()
+    return keys
+
+
+def bytes_of(urls, options, counters=None, ranges=None):
+    seq = ShardSequence(urls, options, counters, ranges)
+    try:
+        out = []
+        for i in range(len(urls)):
+            with seq.open(i) as f:
+                out.append(f.read())
+        return out
+    finally:
+        seq.close()
+
+
+def tar_bytes(path):
+    with open_shard(path) as f:  # decompressed for the gzip shard
+        return f.read()
+
+
+def test_shaped_link_parallel_parts_deliver_the_keys_of_a_direct_read(shards):
+    direct = keys_of(shards["paths"], {})
+    counters = IOCounters()
+    with ShapingProxy(shards["endpoint"], latency_s=0.04, rate=1e6) as proxy:
+        options = {"endpoint_url": proxy.endpoint, "part_bytes": 128 * KiB, "parts_in_flight": 4}
+        assert keys_of(shards["s3"], options, counters) == direct
+    got = counters.as_dict()
+    sizes = [os.path.getsize(p) for p in shards["paths"]]
+    assert got["bytes"] == sum(sizes)  # nothing fetched twice
+    assert got["parts"] == sum(-(-size // (128 * KiB)) for size in sizes)
+    assert 2 <= got["peak_in_flight"] <= 4 and proxy.peak_open >= 2  # parts overlapped, at most K at once
+    assert got["retries"] == got["resumes"] == 0
+
+
+def test_buffered_bytes_stay_within_read_ahead_bytes(shards):
+    counters = IOCounters()
+    budget = 300 * KiB
+    options = {"endpoint_url": shards["endpoint"], "part_bytes": 64 * KiB, "parts_in_flight": 16,
+               "read_ahead_bytes": budget, "chunk_bytes": 16 * KiB}
+    assert bytes_of(shards["s3"], options, counters) == [tar_bytes(p) for p in shards["paths"]]
+    got = counters.as_dict()
+    assert 0 < got["peak_buffered_bytes"] <= budget
+    assert got["peak_in_flight"] < 16  # the budget, not K, bounds the parts in flight
+    # a stalled reader: the fetcher fills the budget and waits
+    seq = ShardSequence(shards["s3"], options, counters := IOCounters())
+    f = seq.open(0)
+    f.read(1)
+    fetcher = seq._ahead._fetcher
+    with fetcher.cond:
+        fetcher.cond.wait_for(lambda: fetcher.in_flight == 0 and fetcher.held > budget - 64 * KiB, timeout=60)
+        assert fetcher.held <= budget
+    f.close()
+    seq.close()
+    assert counters.peak_buffered_bytes <= budget
+
+
+def test_cuts_in_mid_part_lose_and_duplicate_nothing(shards):
+    want = [tar_bytes(p) for p in shards["paths"]]
+    counters = IOCounters()
+    with ShapingProxy(shards["endpoint"], latency_s=0.01, cut_after=90_000, faults=8) as proxy:
+        options = {"endpoint_url": proxy.endpoint, "part_bytes": 200 * KiB, "parts_in_flight": 4,
+                   "chunk_bytes": 32 * KiB, "backoff_s": 0.01}
+        seq = ShardSequence(shards["s3"], options, counters)
+        got = []
+        for i in range(len(shards["s3"])):
+            with seq.open(i) as f:
+                got.append(f.read())
+        seq.close()
+    assert got == want
+    assert proxy.injected == 8 and counters.resumes + counters.retries >= 8 and counters.resumed_bytes > 0
+    with ShapingProxy(shards["endpoint"], cut_after=70_000, faults=5) as proxy:
+        options = {"endpoint_url": proxy.endpoint, "part_bytes": 100 * KiB, "backoff_s": 0.01}
+        assert keys_of(shards["s3"], options) == keys_of(shards["paths"], {})
+    assert proxy.injected == 5
+
+
+def test_503_bursts_lose_and_duplicate_nothing(shards):
+    counters = IOCounters()
+    with ShapingProxy(shards["endpoint"], status=503, faults=12) as proxy:
+        options = {"endpoint_url": proxy.endpoint, "part_bytes": 128 * KiB, "parts_in_flight": 4,
+                   "backoff_s": 0.01, "max_attempts": 30}
+        assert keys_of(shards["s3"], options, counters) == keys_of(shards["paths"], {})
+    assert proxy.injected == 12 and counters.retries == 12
+    assert counters.bytes == sum(os.path.getsize(p) for p in shards["paths"])
+
+
+def test_object_changed_between_parts_is_an_error(shards):
+    path = shards["paths"][0]
+    data = open(path, "rb").read()
+    shards["client"].put_object(Bucket=BUCKET, Key="changing.tar", Body=data)
+    options = {"endpoint_url": shards["endpoint"], "part_bytes": 64 * KiB, "read_ahead_bytes": 128 * KiB,
+               "chunk_bytes": 16 * KiB}
+    seq = ShardSequence([f"s3://{BUCKET}/changing.tar"], options)
+    try:
+        f = seq.open(0)
+        head = f.read(1)
+        fetcher = seq._ahead._fetcher
+        with fetcher.cond:  # the first parts arrived; the rest waits for room
+            fetcher.cond.wait_for(lambda: fetcher.in_flight == 0 and fetcher.held > 64 * KiB, timeout=60)
+        shards["client"].put_object(Bucket=BUCKET, Key="changing.tar", Body=data[::-1])
+        with pytest.raises(SourceError, match="changed while it was being read"):
+            f.read()
+        assert head == data[:1]
+    finally:
+        seq.close()
+
+
+def test_http_ranges_give_parts_else_one_stream(shards, tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    direct = keys_of(shards["paths"], {})
+    counters = IOCounters()
+    urls = [f"{shards['endpoint']}/{BUCKET}/{n}" for n in shards["names"]]  # moto answers ranges (206)
+    assert keys_of(urls, {"part_bytes": 64 * KiB}, counters) == direct
+    assert counters.parts > len(urls)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=shards["local"])
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # ignores Range: 200, whole file
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        counters = IOCounters()
+        urls = [f"http://127.0.0.1:{server.server_address[1]}/{n}" for n in shards["names"]]
+        budget = 200 * KiB
+        options = {"part_bytes": 64 * KiB, "read_ahead_bytes": budget, "chunk_bytes": 16 * KiB}
+        assert keys_of(urls, options, counters) == direct
+        assert counters.parts == counters.requests == len(urls)  # one stream per shard
+        assert counters.peak_buffered_bytes <= budget + 16 * KiB
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_ranges_of_plain_gzip_and_local_shards(shards):
+    tars = [tar_bytes(p) for p in shards["paths"]]
+    ranges = [(1000, 250_000), (512, None), (0, None), (300_000, None)]
+    want = [t[s:e] for t, (s, e) in zip(tars, ranges)]
+    counters = IOCounters()
+    options = {"endpoint_url": shards["endpoint"], "part_bytes": 48 * KiB, "parts_in_flight": 3}
+    assert bytes_of(shards["s3"], options, counters, ranges) == want
+    # never a byte past a range's end (the gzip shard is read whole: its ranges are in the tar)
+    raw_sizes = [os.path.getsize(p) for p in shards["paths"]]
+    fetched = (250_000 - 1000) + raw_sizes[1] + raw_sizes[2] + (raw_sizes[3] - 300_000)
+    assert counters.bytes == fetched
+    assert bytes_of(shards["paths"], {}, None, ranges) == want
+    mixed = [shards["s3"][0], shards["paths"][1], shards["s3"][2], shards["paths"][3]]
+    assert bytes_of(mixed, options, None, ranges) == want
+    for url, path, (start, end), expected in zip(shards["s3"], shards["paths"], ranges, want):
+        with open_shard(url, start, options, end) as f:
+            assert f.read() == expected
+        with open_shard(path, start, None, end) as f:
+            assert f.read() == expected
+    empty = [(5000, 5000), (10, 10), (0, 0), (raw_sizes[3], None)]
+    assert bytes_of(shards["s3"], options, None, empty) == [b""] * 4
+    with pytest.raises(ValueError, match="ranges"):
+        ShardSequence(shards["s3"], options, None, ranges[:2])
+
+
+def test_failed_shard_is_raised_in_its_place_and_the_next_one_is_read(shards):
+    urls = [shards["s3"][0], f"s3://{BUCKET}/missing.tar", shards["s3"][2]]
+    seq = ShardSequence(urls, {"endpoint_url": shards["endpoint"], "part_bytes": 64 * KiB})
+    try:
+        with seq.open(0) as f:
+            assert f.read() == tar_bytes(shards["paths"][0])
+        with pytest.raises(SourceError, match="does not exist"):
+            with seq.open(1) as f:
+                f.read()
+        with seq.open(2) as f:
+            assert f.read() == tar_bytes(shards["paths"][2])
+    finally:
+        seq.close()
+
+
+def test_options_and_shape_parsing():
+    assert remote_options({}).parts_in_flight >= 4 and remote_options({}).part_bytes >= 1 << 20
+    for bad in ({"parts_in_flight": 0}, {"part_bytes": 10}):
+        with pytest.raises(ConfigError, match="parts_in_flight"):
+            remote_options(bad)
+    assert parse_shape("40ms,3MB/s") == (0.04, 3e6)
+    assert parse_shape("0.1s, 500kB/s") == (0.1, 5e5)
+    with pytest.raises(ConfigError, match="LATENCY,RATE"):
+        parse_shape("fast")
+    with pytest.raises(ConfigError, match="plain http"):
+        ShapingProxy("https://s3.amazonaws.com")
