@@ -15,7 +15,7 @@ import numpy as np
 
 from ..config import StreamConfig
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
-from ..io.streams import ShardSequence, open_shard
+from ..io.streams import ShardSequence
 from ..manifest.offsets import SampleOffsets
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
@@ -106,40 +106,60 @@ class PlanReader:
             if n_pass:
                 perm = np.random.default_rng(seeds.pass_order(c.seed, plan.epoch, n_pass)).permutation(len(parts))
                 parts = [parts[int(i)] for i in perm]
-            shards = ShardSequence([self.urls[p[0]] for p in parts], c.storage_options, stats.io)
-            for position, (index, first, stop) in enumerate(parts):
+            # resume: samples consumed before the restart are not even read (known sizes only)
+            done, base = [], ordinal
+            for index, first, stop in parts:
                 size = None if stop is None else stop - first
-                done = next((i for i in range(size) if keep(ordinal + i)), size) if size else 0
-                ordinal += done  # resume: samples consumed before the restart are not even read
-                yield from itertools.repeat(None, done)
-                if size and done == size:
+                done.append(next((i for i in range(size) if keep(base + i)), size) if size else 0)
+                base += size or 0
+            reads = [(k, index, first + d, stop) for k, ((index, first, stop), d) in enumerate(zip(parts, done))
+                     if not (stop is not None and stop > first and d == stop - first)]
+            ranges = [self.byte_range(index, first, stop) for _, index, first, stop in reads]
+            shards = ShardSequence([self.urls[index] for _, index, _, _ in reads], c.storage_options, stats.io,
+                                   ranges=[(start or 0, end) for start, end in ranges])
+            position = 0
+            for k, (index, first, stop) in enumerate(parts):
+                ordinal += done[k]
+                yield from itertools.repeat(None, done[k])
+                if position == len(reads) or reads[position][0] != k:
                     continue
-                for sample in self._part(shards, position, index, first + done, stop, stats):
+                first, (start, end) = first + done[k], ranges[position]
+                for sample in self._part(shards, position, index, first, stop, start, end, stats):
                     if isinstance(sample, DalistreamError):
                         yield sample
                         continue
                     ordinal += 1
                     yield sample if keep(ordinal - 1) else None
+                position += 1
             shards.close()
             yield PASS_END
 
+    def byte_range(self, index: int, first: int, stop: Optional[int]) -> "tuple[Optional[int], Optional[int]]":
+        """Where samples ``first`` to ``stop`` of shard ``index`` lie in its tar, as far as the
+        offsets say: ``(start, end)``, ``None`` where unknown (from 0 / to the end)."""
+        if self.offsets is None:
+            return None, None
+        count = self.counts[index] if self.counts is not None else None
+        start = self.offsets.at(index, first) if first else None
+        end = self.offsets.at(index, stop) if stop is not None and count is not None and stop < count else None
+        return start, end
+
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
-              stats: WorkerStats) -> Iterator:
-        """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None): opened
-        at ``first``'s offset (a seek or a ranged GET) and closed at ``stop``'s when the offsets are
-        known, else read from the start, the samples before ``first`` passed over by header. Then a
+              start: Optional[int], end: Optional[int], stats: WorkerStats) -> Iterator:
+        """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None), from
+        ``shards.open(position)``: the bytes from ``start`` (``first``'s offset, a seek or a ranged
+        GET) to ``end`` (``stop``'s, closed by an end-of-archive marker) when the offsets are known,
+        else from the shard's start, the samples before ``first`` passed over by header. Then a
         stale count is found where it shows: a shard ending before ``stop``, or holding more
         samples than its count after its last part."""
         c = self.config
         url = self.urls[index]
         count = self.counts[index] if self.counts is not None else None
-        start = self.offsets.at(index, first) if self.offsets is not None and first else None
-        end = self.offsets.at(index, stop) if self.offsets is not None and stop is not None and stop < count else None
         at_offset = start is not None
         found = first if at_offset else 0
         try:
             with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too
-                opened = open_shard(url, start, c.storage_options) if at_offset else shards.open(position)
+                opened = shards.open(position)
             if end is not None:
                 opened = open_part(opened, end - (start or 0))
             with opened as f:

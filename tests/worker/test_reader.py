@@ -9,6 +9,7 @@ import pytest
 
 from dalistream.config import StreamConfig
 from dalistream.errors import ManifestError
+from dalistream.io.streams import ShardSequence
 from dalistream.manifest import build_manifest
 from dalistream.plan import owned_parts
 from dalistream.worker import WorkerSource
@@ -67,7 +68,10 @@ def test_a_part_with_offsets_never_reads_outside_itself(tmp_path):
     config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=1, workers=1)
     reader = PlanReader(config, paths, sizes, [offsets], 0)
     stats = WorkerStats(None, 0, 0)
-    got = [s["__key__"] for s in reader._part(None, 0, 0, 4, 9, stats)]
+    start, end = reader.byte_range(0, 4, 9)
+    assert (start, end) == (lo, hi)
+    shards = ShardSequence(paths, ranges=[(start, end)])
+    got = [s["__key__"] for s in reader._part(shards, 0, 0, 4, 9, start, end, stats)]
     assert got == [f"s000/{i:05d}" for i in range(4, 9)]
 
 
