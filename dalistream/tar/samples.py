@@ -40,10 +40,14 @@ def iter_samples(
 
     ``first_index`` numbers the first sample of a stream opened mid-shard (at a manifest offset).
     ``keep(index)`` false: the sample is still yielded (with no data) so counts and positions
-    stay right, but its members are skipped by header. Members without an extension are ignored.
+    stay right, but its members are skipped by header. Members without an extension are ignored;
+    links, devices and fifos belong to their sample but give it no field (a sample made only of
+    them reaches the decoder with no fields: a missing field, counted, never lost in silence).
+    Keys keep the bytes of their names (``surrogateescape``), so distinct names stay distinct.
 
     Problems of one sample — its key seen before in the shard (members of a sample must be
-    adjacent), an extension twice in it, a member over ``max_member_bytes`` — raise
+    adjacent), an extension twice in it, a member over ``max_member_bytes`` or of an unsupported
+    type (GNU sparse) — raise
     :class:`SampleError`; with ``mark_errors`` the sample is yielded instead, numbered like any
     other, with the error under ``"__error__"`` (its data may be incomplete), and the shard goes
     on. Problems of the stream itself (:class:`ShardFormatError`, :class:`SourceError`) always
