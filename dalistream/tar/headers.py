@@ -26,7 +26,7 @@ def number(field: bytes, url: str, what: str, offset: int) -> int:
     if not text:
         return 0
     if not text.isdigit() or b"8" in text or b"9" in text:
-        raise damaged(f"bad {what} field {text[:20]!r} in the header at offset {offset}", url)
+        raise damaged(f"bad {what} field {bytes(text[:20])!r} in the header at offset {offset}", url)
     return int(text, 8)
 
 

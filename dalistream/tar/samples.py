@@ -64,8 +64,13 @@ def iter_samples(
 
     def want(name: str) -> bool:  # called by the tar walk for each member, before it is yielded
         nonlocal read, last_name, last_key, last_ext
-        key, ext = last_key, last_ext = split_name(name, lowercase)
         last_name = name
+        slash = name.rfind("/")  # split_name(), inline: once per member
+        dot = name.find(".", slash + 1)
+        if dot <= slash + 1:
+            last_key, last_ext = name, ""
+            return False
+        key, ext = last_key, last_ext = name[:dot], (name[dot + 1:].lower() if lowercase else name[dot + 1:])
         if not ext:
             return False
         if key != current_key:
