@@ -135,3 +135,34 @@ def test_cut_archives_deliver_a_prefix_then_a_shard_error(spec, seed):
     assert len(set(results[:2])) == 1  # the same samples and error whether read at once or in a trickle
     if cut < len(data) - 10240:  # (the end-of-archive padding may be cut without loss)
         assert results[0][1] in ("truncated", "empty", "not_tar")
+
+
+def outcome(stream, mark_errors):
+    from dalistream.errors import DalistreamError
+
+    got = []
+    try:
+        for s in iter_samples(stream, "u", mark_errors=mark_errors, max_member_bytes=1 << 16):
+            got.append({k: (v.reason if k == "__error__" else v) for k, v in s.items()})
+    except DalistreamError as e:
+        return got, (type(e).__name__, e.reason, e.member)
+    return got, None
+
+
+@settings(max_examples=60, deadline=None)
+@given(archive, st.integers(0, 2 ** 32), st.integers(1, 6))
+def test_damaged_archives_read_the_same_at_once_and_in_a_trickle(spec, seed, flips):
+    """Bytes flipped anywhere (headers, sizes, zero blocks): the same samples and the same error
+    however the bytes arrive, under raise and under skip (mark_errors); with raise, the samples
+    before the error are those skip delivers without an error."""
+    data = bytearray(build(spec))
+    rng = random.Random(seed)
+    for _ in range(flips):
+        data[rng.randrange(len(data))] = rng.randrange(256)
+    data = bytes(data)
+    for mark_errors in (False, True):
+        at_once = outcome(io.BufferedReader(io.BytesIO(data)), mark_errors)
+        assert outcome(Trickle(data, seed), mark_errors) == at_once
+    raised, marked = outcome(io.BufferedReader(io.BytesIO(data)), False), outcome(io.BufferedReader(io.BytesIO(data)), True)
+    clean = [s for s in marked[0] if "__error__" not in s]
+    assert raised[0] == clean[:len(raised[0])]
