@@ -63,6 +63,15 @@ def redact(url: str) -> str:
     return _SECRET_QUERY.sub(r"\g<k>***", text)
 
 
+_SURROGATE = re.compile(r"(\\\\)|\\udc([89a-f][0-9a-f])")
+
+
+def printable(name: Optional[str]) -> str:
+    """``name`` quoted for messages, its undecodable bytes (kept as ``surrogateescape``
+    surrogates, so distinct byte names stay distinct) shown as ``\\xe9``: ``'caf\\xe9.jpg'``."""
+    return _SURROGATE.sub(lambda m: m.group(1) or "\\x" + m.group(2), repr(name))
+
+
 def _in_subprocess() -> bool:
     import multiprocessing
 
@@ -106,7 +115,7 @@ class DalistreamError(Exception):
         if self.url is not None:
             where.append(f"shard {self.url}")
         if self.member is not None:
-            where.append(f"member {self.member!r}")
+            where.append(f"member {printable(self.member)}")
         if self.rank is not None:
             where.append(f"rank {self.rank}")
         if self.worker is not None:

@@ -57,7 +57,7 @@ def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPo
         if kind in ("bytes", "text"):
             tl = cpu or tl.as_cpu()
             values = [np.array(tl.at(i)).tobytes() for i in range(len(tl))]
-            batch[name] = [v.decode("utf-8") for v in values] if kind == "text" else values
+            batch[name] = [v.decode("utf-8", "surrogateescape") for v in values] if kind == "text" else values
         elif tl.is_dense_tensor():
             tensor = tl.as_tensor()
             if cpu is not None and buffers is not None:

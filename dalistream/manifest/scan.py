@@ -25,6 +25,10 @@ from ..sources import is_remote
 from ..tar import iter_samples
 from .rows import ShardInfo
 
+# the tar reader's counting rules, part of every cache key: counts cached under older rules (before
+# link-only samples were counted and lone zero blocks found) are scanned again, never trusted
+SCAN_RULES = "tar-2"
+
 
 def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
                offsets: bool = False) -> ShardInfo:
@@ -58,14 +62,14 @@ def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] =
             return None  # e.g. a presigned URL valid for GET only: the scan reports real errors
         if size is None or not tag:
             return None  # no way to tell an edited object: always scan
-        ident = f"{url}|{size}|{tag}".encode()
+        ident = f"{SCAN_RULES}|{url}|{size}|{tag}".encode()
     else:
         try:
             path = os.path.abspath(local_path(url))
             st = os.stat(path)
         except OSError:
             return None
-        ident = f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()
+        ident = f"{SCAN_RULES}|{path}|{st.st_size}|{st.st_mtime_ns}".encode()
     return os.path.join(cache_dir, "manifests", hashlib.sha256(ident).hexdigest()[:32] + ".json")
 
 

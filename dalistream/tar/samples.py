@@ -8,22 +8,22 @@ resume) are still numbered, but their members are passed over by header.
 
 from __future__ import annotations
 
-import posixpath
 from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 
-from ..errors import SampleError, ShardFormatError
+from ..errors import SampleError, ShardFormatError, printable
 from ..io.counters import ReadClock
-from .members import iter_members
+from .members import walk
 
 
 def split_name(name: str, lowercase: bool = False) -> Tuple[str, str]:
-    """``("a.b/c", "seg.png")`` for ``"a.b/c.seg.png"``: key up to the basename's first dot."""
-    directory, base = posixpath.split(name)
-    stem, dot, ext = base.partition(".")
-    if not dot or not stem:
+    """``("a.b/c", "seg.png")`` for ``"a.b/c.seg.png"``: key up to the basename's first dot
+    (WebDataset's rule: a basename starting with a dot, or without one, has no extension)."""
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot <= slash + 1:
         return name, ""
-    key = f"{directory}/{stem}" if directory else stem
-    return key, (ext.lower() if lowercase else ext)
+    ext = name[dot + 1:]
+    return name[:dot], (ext.lower() if lowercase else ext)
 
 
 Sample = Dict[str, object]
@@ -40,10 +40,14 @@ def iter_samples(
 
     ``first_index`` numbers the first sample of a stream opened mid-shard (at a manifest offset).
     ``keep(index)`` false: the sample is still yielded (with no data) so counts and positions
-    stay right, but its members are skipped by header. Members without an extension are ignored.
+    stay right, but its members are skipped by header. Members without an extension are ignored;
+    links, devices and fifos belong to their sample but give it no field (a sample made only of
+    them reaches the decoder with no fields: a missing field, counted, never lost in silence).
+    Keys keep the bytes of their names (``surrogateescape``), so distinct names stay distinct.
 
     Problems of one sample — its key seen before in the shard (members of a sample must be
-    adjacent), an extension twice in it, a member over ``max_member_bytes`` — raise
+    adjacent), an extension twice in it, a member over ``max_member_bytes`` or of an unsupported
+    type (GNU sparse) — raise
     :class:`SampleError`; with ``mark_errors`` the sample is yielded instead, numbered like any
     other, with the error under ``"__error__"`` (its data may be incomplete), and the shard goes
     on. Problems of the stream itself (:class:`ShardFormatError`, :class:`SourceError`) always
@@ -51,50 +55,66 @@ def iter_samples(
     ``clock``, if given, accumulates the time spent waiting for the stream's bytes.
     """
     current: Optional[Sample] = None
+    current_key: Optional[str] = None
     index = first_index - 1  # a stream opened at the offset of sample ``first_index``
     seen_keys: set = set()
-    state = {"read": True}
+    read = True
+    last_name: Optional[str] = None
+    last_key = last_ext = ""
 
-    def want(name: str) -> bool:
-        key, ext = split_name(name, lowercase)
+    def want(name: str) -> bool:  # called by the tar walk for each member, before it is yielded
+        nonlocal read, last_name, last_key, last_ext
+        last_name = name
+        slash = name.rfind("/")  # split_name(), inline: once per member
+        dot = name.find(".", slash + 1)
+        if dot <= slash + 1:
+            last_key, last_ext = name, ""
+            return False
+        key, ext = last_key, last_ext = name[:dot], (name[dot + 1:].lower() if lowercase else name[dot + 1:])
         if not ext:
             return False
-        if current is None or key != current["__key__"]:
-            state["read"] = keep(index + 1)
-        return state["read"] and want_ext(ext)
+        if key != current_key:
+            read = keep(index + 1)
+        return read and want_ext(ext)
 
     def problem(error: SampleError) -> None:
         if not mark_errors:
             raise error
         current.setdefault("__error__", error)  # the first problem of a sample is the one reported
 
-    for member in iter_members(stream, url, want=want, max_member_bytes=max_member_bytes, mark_errors=mark_errors,
-                               clock=clock):
-        key, ext = split_name(member.name, lowercase)
+    for name, _, offset, data, error, kind in walk(stream, url, want=want, max_member_bytes=max_member_bytes,
+                                                   mark_errors=mark_errors, clock=clock):
+        if name is last_name:  # split once, in want()
+            key, ext = last_key, last_ext
+        else:
+            key, ext = split_name(name, lowercase)
         if not ext:
-            if isinstance(member.error, ShardFormatError):
-                raise member.error
+            if isinstance(error, ShardFormatError):
+                raise error
             continue
-        if current is None or key != current["__key__"]:
+        if key != current_key:
             if current is not None:
                 yield current
             index += 1
-            current = {"__key__": key, "__url__": url, "__index__": index, "__offset__": member.offset}
+            current_key = key
+            current = {"__key__": key, "__url__": url, "__index__": index, "__offset__": offset}
             if key in seen_keys:
                 problem(SampleError("duplicate sample key in shard (members of one sample must be adjacent)",
-                                    url=url, member=member.name, reason="duplicate_key",
+                                    url=url, member=name, reason="duplicate_key",
                                     hint="write each sample's members next to each other, under a key unique in the shard"))
             seen_keys.add(key)
-        if isinstance(member.error, ShardFormatError):
-            raise member.error  # data cut: the sample before it was complete and has been yielded
-        if member.error is not None:
-            problem(member.error)
+        if error is not None:
+            if isinstance(error, ShardFormatError):
+                raise error  # data cut: the sample before it was complete and has been yielded
+            problem(error)
             current[ext] = None
             continue
+        if kind:
+            continue  # a link, device or fifo: part of its sample, but no field
         if ext in current:
-            problem(SampleError(f"extension {ext!r} appears twice in sample {key!r}", url=url, member=member.name,
-                                reason="duplicate_member"))
+            problem(SampleError(f"extension {printable(ext)} appears twice in sample {printable(key)}", url=url,
+                                member=name, reason="duplicate_member"))
             continue
-        current[ext] = member.data
+        current[ext] = data
     if current is not None:
         yield current

@@ -35,12 +35,11 @@ class FieldDecoder:
     def __init__(self, fields: Sequence[Field], missing: str = "error") -> None:
         self.fields = tuple(fields)
         self.missing = missing
-        self._exts = {e for f in self.fields for e in f.exts}
-        self._exts |= {e + ".gz" for e in self._exts}
-
-    def wants(self, ext: str) -> bool:
-        """True if members with this extension are needed (others are skipped unread)."""
-        return ext in self._exts
+        exts = {e for f in self.fields for e in f.exts}
+        self.exts = frozenset(exts | {e + ".gz" for e in exts})
+        # wants(ext): True if members with this extension are needed (others are skipped unread);
+        # the set's own method, called once per tar member: no Python frame
+        self.wants = self.exts.__contains__
 
     def decode(self, sample: dict) -> Optional[Tuple[np.ndarray, ...]]:
         """One array per field, or ``None`` when the sample is to be skipped."""
@@ -87,7 +86,7 @@ class FieldDecoder:
     def _one(self, field: Field, sample: dict) -> Optional[np.ndarray]:
         if field.kind == "meta":
             name = field.exts[0]
-            return np.frombuffer(str(sample[name]).encode("utf-8"), np.uint8)
+            return np.frombuffer(str(sample[name]).encode("utf-8", "surrogateescape"), np.uint8)  # a key's own bytes
         for ext in field.exts:
             data = sample.get(ext)
             if data is None and sample.get(ext + ".gz") is not None:

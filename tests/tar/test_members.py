@@ -68,7 +68,7 @@ def test_read_clock_counts_time_blocked_on_the_stream(tmp_path):
     slow = SlowStream(data, delay=0.02)
     clock = ReadClock()
     out = list(iter_samples(slow, path, clock=clock))
-    assert len(out) == 4 and slow.reads >= 4
+    assert len(out) == 4 and slow.reads >= 2  # (large reads: the data, then the end)
     assert clock.seconds >= 0.02 * slow.reads * 0.9  # every read waited; parsing is not counted
     assert samples_of(path) == out  # the clock changes nothing read
 
