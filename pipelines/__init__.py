@@ -15,5 +15,6 @@ Importing this package does not import DALI or torch.
 """
 
 from . import classification_eval, classification_train, image_text
+from .fields import merged_fields
 
-__all__ = ["classification_train", "classification_eval", "image_text"]
+__all__ = ["classification_train", "classification_eval", "image_text", "merged_fields"]

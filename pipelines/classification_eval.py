@@ -31,6 +31,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import dalistream
 from dalistream import ops
 
+from .fields import merged_fields
+
 #: The fields read from each sample (override with ``image_exts``/``label_exts``).
 FIELDS = {"image": "jpg;jpeg;png;webp", "label": "cls"}
 
@@ -70,9 +72,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     if resize is not None and resize < size:
         raise dalistream.ConfigError(f"resize {resize} is smaller than the crop size {size}")
     stream_options.setdefault("shuffle", 0)
-    fields = {"image": image_exts, "label": label_exts}
-    user_fields = stream_options.pop("fields", None) or {}
-    fields.update(user_fields if isinstance(user_fields, Mapping) else {f.name: f for f in user_fields})
+    fields = merged_fields({"image": image_exts, "label": label_exts}, stream_options.pop("fields", None))
     stream = dalistream.Stream.open(sources, fields=fields,
                                     batch_size=batch_size, workers=workers, device=device, policy=policy,
                                     **stream_options)

@@ -35,6 +35,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import dalistream
 from dalistream import ops
 
+from .fields import merged_fields
+
 #: The fields read from each sample (override with ``image_exts``/``label_exts``).
 FIELDS = {"image": "jpg;jpeg;png;webp", "label": "cls"}
 
@@ -74,9 +76,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     replaces that field's spec (as ``image_exts``/``label_exts`` do), any other entry is read too
     and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
     """
-    fields = {"image": image_exts, "label": label_exts}
-    user_fields = stream_options.pop("fields", None) or {}
-    fields.update(user_fields if isinstance(user_fields, Mapping) else {f.name: f for f in user_fields})
+    fields = merged_fields({"image": image_exts, "label": label_exts}, stream_options.pop("fields", None))
     stream = dalistream.Stream.open(sources, fields=fields,
                                     batch_size=batch_size, workers=workers, device=device, shuffle=shuffle,
                                     **stream_options)

@@ -35,6 +35,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import dalistream
 from dalistream import ops
 
+from .fields import merged_fields
+
 #: OpenAI CLIP's normalization, on the 0–255 scale.
 CLIP_MEAN = (0.48145466 * 255, 0.4578275 * 255, 0.40821073 * 255)
 CLIP_STD = (0.26862954 * 255, 0.26130258 * 255, 0.27577711 * 255)
@@ -101,9 +103,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     replaces that field's spec (as ``image_exts``/``text_exts`` do), any other entry is read too
     and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
     """
-    fields = {"image": image_exts, "text": text_exts}
-    user_fields = stream_options.pop("fields", None) or {}
-    fields.update(user_fields if isinstance(user_fields, Mapping) else {f.name: f for f in user_fields})
+    fields = merged_fields({"image": image_exts, "text": text_exts}, stream_options.pop("fields", None))
     if keys:
         fields["key"] = "__key__"
     stream = dalistream.Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device,

@@ -70,3 +70,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def sequence_keys(urls, options, counters=None, ranges=None) -> list:
+    """Keys of ``urls`` read in order through a ShardSequence (the workers' path, with read-ahead)."""
+    from dalistream.io import ShardSequence
+    from dalistream.tar import iter_samples
+
+    seq = ShardSequence(urls, options, counters, ranges)
+    keys = []
+    try:
+        for i, url in enumerate(urls):
+            with seq.open(i) as f:
+                keys += [s["__key__"] for s in iter_samples(f, url)]
+    finally:
+        seq.close()
+    return keys

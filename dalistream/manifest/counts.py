@@ -70,10 +70,17 @@ def _expand_idx(pattern: str) -> List[str]:
     return out
 
 
-def _remote_bytes(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> int:
+def _remote_bytes(urls: Sequence[str], options: Optional[Mapping[str, Any]], limit: int) -> int:
+    """Total size of the remote shards by HEAD requests, 32 at a time, stopping once past ``limit``
+    (a large data set costs a few requests per rank, not one per shard)."""
     remote = [u for u in urls if is_fetched(u)]
+    total = 0
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(remote)))) as pool:
-        return sum(size or 0 for size, _tag in pool.map(lambda u: stat_remote(u, options), remote))
+        for i in range(0, len(remote), 32):
+            total += sum(size or 0 for size, _tag in pool.map(lambda u: stat_remote(u, options), remote[i:i + 32]))
+            if total > limit:
+                break
+    return total
 
 
 def count_samples(
@@ -98,12 +105,12 @@ def count_samples(
     if idx:
         return Counted(read_idx(idx, urls, options), "index files (.idx) beside the shards")
     if scan_limit_bytes is not None and any(is_fetched(u) for u in urls):
-        total = _remote_bytes(urls, options)
+        total = _remote_bytes(urls, options, scan_limit_bytes)
         if total > scan_limit_bytes:
             target = found or "s3://BUCKET/PREFIX/" + "dalistream-manifest.json"
             raise ManifestError(
-                f"{len(urls)} remote shards ({total / 2**30:.1f} GiB) and no manifest: counting them would read the "
-                f"whole data set on every rank", url=redact(urls[0]), reason="no_manifest",
+                f"{len(urls)} remote shards (more than {scan_limit_bytes / 2**30:.2f} GiB: scan_limit_bytes) and no "
+                f"manifest: counting them would read the whole data set on every rank", url=redact(urls[0]), reason="no_manifest",
                 hint=f"run once: `dalistream index SOURCES -o {redact(target)}` (then it is found without being named), "
                      "or use policy='fixed' with batches_per_epoch")
     source = "header scan" + (f", cached in {cache_dir}" if cache_dir else "")

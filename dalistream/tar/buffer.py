@@ -39,24 +39,27 @@ class StreamBuffer:
         except (AttributeError, OSError, ValueError):
             self.seekable = False
 
-    def _read_into(self, view: memoryview) -> int:
+    def _timed(self, read, *args):
+        """One read of the stream below: its errors as the shard's, its wait on the clock."""
         if self.error is not None:
             raise self.error
         t0 = time.perf_counter() if self.clock is not None else 0.0
         try:
-            if self.readinto is not None:
-                got = self.readinto(view) or 0
-            else:
-                data = self.stream.read(len(view))
-                got = len(data)
-                view[:got] = data
+            result = read(*args)
         except DalistreamError:
             raise
         except (OSError, EOFError, zlib.error) as e:
             raise read_error(e, self.url) from None
         if self.clock is not None:
             self.clock.seconds += time.perf_counter() - t0
-        return got
+        return result
+
+    def _read_into(self, view: memoryview) -> int:
+        if self.readinto is not None:
+            return self._timed(self.readinto, view) or 0
+        data = self._timed(self.stream.read, len(view))
+        view[:len(data)] = data
+        return len(data)
 
     def fill(self, n: int) -> int:
         """Make ``n`` bytes (at most the buffer's size) available at ``pos``, fewer only at the
@@ -94,17 +97,7 @@ class StreamBuffer:
                 self.base += self.end
                 self.pos = self.end = 0
                 while got < n:
-                    if self.error is not None:
-                        raise self.error
-                    t0 = time.perf_counter() if self.clock is not None else 0.0
-                    try:
-                        more = self.stream.read(n - got)
-                    except DalistreamError:
-                        raise
-                    except (OSError, EOFError, zlib.error) as e:
-                        raise read_error(e, self.url) from None
-                    if self.clock is not None:
-                        self.clock.seconds += time.perf_counter() - t0
+                    more = self._timed(self.stream.read, n - got)
                     if not more:
                         break
                     parts.append(more)

@@ -15,9 +15,8 @@ import pytest
 from dalistream.errors import ConfigError, SourceError
 from dalistream.io import IOCounters, ShardSequence, open_shard
 from dalistream.io.options import remote_options
-from dalistream.tar import iter_samples
 from dalistream.tools.proxy import ShapingProxy, parse_shape
-from helpers import write_wds
+from helpers import sequence_keys, write_wds
 
 BUCKET = "parts"
 KiB = 1 << 10
@@ -49,18 +48,6 @@ def shards(tmp_path_factory, moto_endpoint):
             "s3": [f"s3://{BUCKET}/{n}" for n in names], "paths": [os.path.join(local, n) for n in names]}
 
 
-def keys_of(urls, options, counters=None, ranges=None):
-    seq = ShardSequence(urls, options, counters, ranges)
-    keys = []
-    try:
-        for i, url in enumerate(urls):
-            with seq.open(i) as f:
-                keys += [s["__key__"] for s in iter_samples(f, url)]
-    finally:
-        seq.close()
-    return keys
-
-
 def bytes_of(urls, options, counters=None, ranges=None):
     seq = ShardSequence(urls, options, counters, ranges)
     try:
@@ -79,11 +66,11 @@ def tar_bytes(path):
 
 
 def test_shaped_link_parallel_parts_deliver_the_keys_of_a_direct_read(shards):
-    direct = keys_of(shards["paths"], {})
+    direct = sequence_keys(shards["paths"], {})
     counters = IOCounters()
     with ShapingProxy(shards["endpoint"], latency_s=0.04, rate=1e6) as proxy:
         options = {"endpoint_url": proxy.endpoint, "part_bytes": 128 * KiB, "parts_in_flight": 4}
-        assert keys_of(shards["s3"], options, counters) == direct
+        assert sequence_keys(shards["s3"], options, counters) == direct
     got = counters.as_dict()
     sizes = [os.path.getsize(p) for p in shards["paths"]]
     assert got["bytes"] == sum(sizes)  # nothing fetched twice
@@ -130,7 +117,7 @@ def test_cuts_in_mid_part_lose_and_duplicate_nothing(shards):
     assert proxy.injected == 8 and counters.resumes + counters.retries >= 8 and counters.resumed_bytes > 0
     with ShapingProxy(shards["endpoint"], cut_after=70_000, faults=5) as proxy:
         options = {"endpoint_url": proxy.endpoint, "part_bytes": 100 * KiB, "backoff_s": 0.01}
-        assert keys_of(shards["s3"], options) == keys_of(shards["paths"], {})
+        assert sequence_keys(shards["s3"], options) == sequence_keys(shards["paths"], {})
     assert proxy.injected == 5
 
 
@@ -139,7 +126,7 @@ def test_503_bursts_lose_and_duplicate_nothing(shards):
     with ShapingProxy(shards["endpoint"], status=503, faults=12) as proxy:
         options = {"endpoint_url": proxy.endpoint, "part_bytes": 128 * KiB, "parts_in_flight": 4,
                    "backoff_s": 0.01, "max_attempts": 30}
-        assert keys_of(shards["s3"], options, counters) == keys_of(shards["paths"], {})
+        assert sequence_keys(shards["s3"], options, counters) == sequence_keys(shards["paths"], {})
     assert proxy.injected == 12 and counters.retries == 12
     assert counters.bytes == sum(os.path.getsize(p) for p in shards["paths"])
 
@@ -170,10 +157,10 @@ def test_http_ranges_give_parts_else_one_stream(shards, tmp_path):
     import http.server
     import threading
 
-    direct = keys_of(shards["paths"], {})
+    direct = sequence_keys(shards["paths"], {})
     counters = IOCounters()
     urls = [f"{shards['endpoint']}/{BUCKET}/{n}" for n in shards["names"]]  # moto answers ranges (206)
-    assert keys_of(urls, {"part_bytes": 64 * KiB}, counters) == direct
+    assert sequence_keys(urls, {"part_bytes": 64 * KiB}, counters) == direct
     assert counters.parts > len(urls)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=shards["local"])
     handler.log_message = lambda *a: None
@@ -184,7 +171,7 @@ def test_http_ranges_give_parts_else_one_stream(shards, tmp_path):
         urls = [f"http://127.0.0.1:{server.server_address[1]}/{n}" for n in shards["names"]]
         budget = 200 * KiB
         options = {"part_bytes": 64 * KiB, "read_ahead_bytes": budget, "chunk_bytes": 16 * KiB}
-        assert keys_of(urls, options, counters) == direct
+        assert sequence_keys(urls, options, counters) == direct
         assert counters.parts == counters.requests == len(urls)  # one stream per shard
         assert counters.peak_buffered_bytes <= budget + 16 * KiB
     finally:

@@ -35,7 +35,7 @@ from dalistream.io import IOCounters, ShardSequence
 from dalistream.tools.proxy import ShapingProxy
 from dalistream.tools.synth import SynthSpec, write_dataset
 from dalistream.tar import iter_samples
-from helpers import PEER_DATA, REPO, free_port
+from helpers import PEER_DATA, REPO, free_port, sequence_keys
 
 
 PEER_SHARD = os.path.join(PEER_DATA, "sample.tgz")
@@ -107,19 +107,6 @@ def local_keys(paths) -> list:
     for path in paths:
         with dalistream.io.open_shard(path) as f:
             keys += [s["__key__"] for s in iter_samples(f, path, keep=lambda i: False)]
-    return keys
-
-
-def sequence_keys(urls, options) -> list:
-    """Keys of ``urls`` read in order through a ShardSequence (the workers' path, with read-ahead)."""
-    seq = ShardSequence(urls, options)
-    keys = []
-    try:
-        for i, url in enumerate(urls):
-            with seq.open(i) as f:
-                keys += [s["__key__"] for s in iter_samples(f, url)]
-    finally:
-        seq.close()
     return keys
 
 

@@ -1,0 +1,13 @@
+"""The ready pipelines' field handling."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+
+def merged_fields(defaults: Mapping[str, Any], user: Any) -> Dict[str, Any]:
+    """A ready pipeline's ``fields``: its defaults, with the user's ``fields`` (a mapping, or a
+    list of :class:`dalistream.Field`) merged over them by name."""
+    fields = dict(defaults)
+    fields.update(user if isinstance(user, Mapping) else {f.name: f for f in user or ()})
+    return fields
