@@ -16,6 +16,7 @@ import numpy as np
 from ..config import StreamConfig
 from ..plan import Layout
 from ..worker import WorkerSource, stats_path
+from ..worker.batch import byte_fields, shm_hint
 from .compat import do_not_convert
 
 _names = itertools.count()
@@ -50,9 +51,12 @@ def merge(owner, branches: Sequence[Sequence]) -> list:
 def sharded_sources(
     config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], *, start_epoch: int = 0,
     start_step: int = 0, stats_dir: Optional[str] = None, offsets: Optional[Sequence[Sequence[int]]] = None,
+    bytes_per_sample: Optional[float] = None,
 ) -> Tuple[Optional[object], List[Sequence]]:
     """Create the W parallel sources; return ``(owner, branches)``: the owner index node (``None``
-    with one worker) and, per worker, its output nodes (the fields, then ``valid``).
+    with one worker) and, per worker, its output nodes (the fields, then ``valid``, then the
+    lengths of each byte field: merge them all, then :func:`unpack`). ``bytes_per_sample``
+    (shard bytes / samples, when known) sizes the shared memory once for the whole run.
 
     Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.dali.pipeline`),
     whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge`.
@@ -60,16 +64,18 @@ def sharded_sources(
     from nvidia.dali import fn, types
 
     prefix = f"dalistream{next(_names)}"
-    n_out = len(config.fields) + 1
+    packed = byte_fields(config.fields)
+    n_out = len(config.fields) + 1 + len(packed)  # fields, valid, lengths of the byte fields
     branches = []
     for w in range(config.workers):
         source = WorkerSource(
             config, urls, counts, w, start_epoch=start_epoch, start_step=start_step, offsets=offsets,
             stats_path=stats_path(stats_dir, w) if stats_dir else None,
         ).for_dali()
+        hint = shm_hint(config.batch_size, config.layout.slots[w], bytes_per_sample or 0, n_out)
         nodes = fn.external_source(
             source=source, num_outputs=n_out, batch=True, parallel=True, cycle="quiet",
-            prefetch_queue_depth=config.prefetch,
+            prefetch_queue_depth=config.prefetch, bytes_per_sample_hint=hint,
         )
         branches.append(nodes)
     if config.workers == 1:
@@ -77,3 +83,24 @@ def sharded_sources(
     owner = fn.external_source(source=OwnerIndex(config.batch_size, config.workers), batch=True,
                                dtype=types.INT32, name=f"{prefix}_owner")
     return owner, branches
+
+
+def trim(data, lengths):
+    """Cut each row of a byte field to its length (``lengths``: one ``(1,)`` int32 per position).
+
+    A field that travelled as a padded dense block (rows of the slot's longest sample) leaves
+    here as the exact bytes; one that travelled as a list is unchanged.
+    """
+    from nvidia.dali import fn
+
+    return fn.slice(data, start=[0], shape=lengths, axes=[0])
+
+
+def unpack(config: StreamConfig, merged: Sequence) -> list:
+    """The merged outputs of :func:`sharded_sources` as the fields and ``valid``: each byte field
+    trimmed to its lengths (dense blocks and lists alike)."""
+    n = len(config.fields) + 1
+    nodes = list(merged[:n])
+    for i, lengths in zip(byte_fields(config.fields), merged[n:]):
+        nodes[i] = trim(nodes[i], lengths)
+    return nodes

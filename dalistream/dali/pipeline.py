@@ -33,7 +33,7 @@ from ..device import start_method
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
 from .compat import check_versions, converted, do_not_convert
-from .graph import merge, sharded_sources
+from .graph import merge, sharded_sources, unpack
 
 if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
     from ..stream import Stream
@@ -81,7 +81,7 @@ def read(stream: "Stream") -> Dict[str, Any]:
                           hint="call it once and use its nodes as often as needed")
     owner, branches = sharded_sources(stream.config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
                                       start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets)
-    merged = list(branches[0]) if owner is None else _merge(owner, branches)
+    merged = unpack(stream.config, list(branches[0]) if owner is None else _merge(owner, branches))
     nodes = dict(zip([f.name for f in stream.config.fields] + ["valid"], merged))
     for field in stream.config.fields:
         if field.kind in ("bytes", "meta"):

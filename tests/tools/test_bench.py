@@ -136,3 +136,96 @@ def test_helpers():
     me = benchmon.sample(os.getpid())
     assert me["rss_mb"] > 0 and me["processes"] >= 1
     assert benchmon.tree_cpu_s(os.getpid()) > 0
+
+
+# -- the one timing rule --------------------------------------------------------------------------
+
+class FakeClock:
+    """A clock that moves only when a fake system sleeps: the rule's results become exact."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_every_system_goes_through_the_same_rule():
+    from dalistream.tools.bench import peers, timing
+
+    assert set(peers.SYSTEMS) >= {"dalistream", *bench.PEERS, "sequential-read"}
+    for name, (modules, opener) in peers.SYSTEMS.items():
+        assert callable(opener) and all(isinstance(m, str) for m in modules), name
+    # the libraries a system needs are imported before its clock starts
+    assert {"torch", "nvidia.dali.fn"} <= set(peers.SYSTEMS["dali-native"][0])
+    assert {"torch", "nvidia.dali.fn", "dalistream"} <= set(peers.SYSTEMS["dalistream"][0])
+    assert {"torch", "webdataset"} <= set(peers.SYSTEMS["webdataset"][0])
+    seen = []
+
+    def clock():
+        seen.append("colorsys" in sys.modules)
+        return 0.0
+
+    sys.modules.pop("colorsys", None)
+    systems = {"x": (("colorsys",), lambda spec: timing.Opened([1, 2], lambda b: (b, 0)))}
+    timing.run_system({"system": "x"}, systems, clock=clock, cpu=lambda: (0.0, 0.0))
+    assert seen and all(seen)  # imported before the first reading of the clock
+
+
+@pytest.mark.parametrize("first_s, per_batch_s, open_s", [(0.5, 0.01, 0.2), (0.01, 0.25, 0.0)])
+def test_fake_system_of_known_cost_is_measured_exactly(first_s, per_batch_s, open_s):
+    """A system whose every batch costs a known (fake) time: steady rate after the first batch,
+    first batch from the start of opening, CPU split per sample, all exactly as the rule says."""
+    import functools
+
+    from dalistream.tools.bench import peers, timing
+
+    clock = FakeClock()
+    cpu_readings = iter([(1.0, 2.0), (1.5, 6.0)])  # at the first batch, at the end
+    systems = dict(peers.SYSTEMS, fake=((), functools.partial(peers.open_fake, sleep=clock.sleep)))
+    spec = {"system": "fake", "batches": 11, "batch_size": 32, "first_s": first_s, "per_batch_s": per_batch_s,
+            "open_s": open_s}
+    r = timing.run_system(spec, systems, clock=clock, cpu=lambda: next(cpu_readings))
+    assert r["system"] == "fake" and r["samples"] == 11 * 32 and r["batches"] == 11
+    assert r["first_batch_s"] == pytest.approx(open_s + first_s)
+    assert r["samples_per_s"] == pytest.approx(32 / per_batch_s)
+    assert r["total_s"] == pytest.approx(open_s + first_s + 10 * per_batch_s)
+    assert r["main_cpu_ms_per_sample"] == pytest.approx(0.5 / 320 * 1000)
+    assert r["workers_cpu_ms_per_sample"] == pytest.approx(4.0 / 320 * 1000)
+    assert r["steady_cpu_ms_per_sample"] == pytest.approx(4.5 / 320 * 1000)
+
+
+def test_fake_system_through_the_child_process(tmp_path):
+    """The same fake system, run the way every system runs (a child process under the monitor):
+    real sleeps can only lengthen batches, so the steady rate is at most batch / per-batch time."""
+    from dalistream.tools.bench.child import run_child
+
+    spec = {"system": "fake", "batches": 6, "batch_size": 10, "first_s": 0.05, "per_batch_s": 0.02}
+    r = run_child(spec, timeout=120, lean_main=True)
+    assert r["samples"] == 60 and r["system"] == "fake"
+    assert 0 < r["samples_per_s"] <= 10 / 0.02
+    assert r["first_batch_s"] >= 0.05
+    assert r["monitor_cpu_s"] >= 0
+
+
+def test_cpu_split_counts_workers_that_exited():
+    """Workers' CPU counts the descendants of the main process, those already waited for too."""
+    import subprocess
+
+    from dalistream.tools.bench import timing
+
+    main0, workers0 = timing.cpu_split(os.getpid())
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    main1, workers1 = timing.cpu_split(os.getpid())
+    assert workers1 > workers0 and main1 >= main0
+
+
+def test_ascii_labels():
+    torch = pytest.importorskip("torch")
+    from dalistream.tools.bench.peers import ascii_labels
+
+    padded = torch.tensor([[ord("7"), 0, 0], [ord("4"), ord("2"), 0], [ord("1"), ord("0"), ord("3")]], dtype=torch.uint8)
+    assert ascii_labels(padded).tolist() == [7, 42, 103]
