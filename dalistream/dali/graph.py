@@ -1,14 +1,22 @@
 """Inside a DALI pipeline: one parallel external source per worker, merged into one batch.
 
-Every worker's source yields a full-size batch whose own slot holds real samples. A constant
+Every worker's source yields a full-size batch whose own slot holds real samples; every other
+position holds an empty array (a zero for scalar fields). When every field is a scalar integer
+or one-dimensional (labels, encoded bytes, keys: the usual case), the merge needs no
+conditionals: each position's scalars are the sum over workers (all but the owner give zero) and
+its arrays the concatenation over workers (all but the owner give nothing), after byte fields are
+trimmed to their lengths (:func:`merge_by_concat`). This costs no AutoGraph conversion when the
+pipeline is defined and no split/merge per worker when it runs. Otherwise a constant
 per-position *owner* index (which worker fills position ``i``) drives a chain of conditionals
 (``if owner == w``): DALI splits each source's batch by the predicate and merges the selected
-samples back in batch order. Padding positions never reach anything but the merge.
+samples back in batch order (:func:`merge`). Padding positions never reach anything but the merge.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -54,12 +62,13 @@ def sharded_sources(
     bytes_per_sample: Optional[float] = None,
 ) -> Tuple[Optional[object], List[Sequence]]:
     """Create the W parallel sources; return ``(owner, branches)``: the owner index node (``None``
-    with one worker) and, per worker, its output nodes (the fields, then ``valid``, then the
+    with one worker, or when :func:`merge_by_concat` can merge the fields) and, per worker, its output nodes (the fields, then ``valid``, then the
     lengths of each byte field: merge them all, then :func:`unpack`). ``bytes_per_sample``
     (shard bytes / samples, when known) sizes the shared memory once for the whole run.
 
     Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.dali.pipeline`),
-    whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge`.
+    whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge` (then :func:`unpack`),
+    or with :func:`merge_by_concat` when the owner is ``None``.
     """
     from nvidia.dali import fn, types
 
@@ -78,7 +87,7 @@ def sharded_sources(
             prefetch_queue_depth=config.prefetch, bytes_per_sample_hint=hint,
         )
         branches.append(nodes)
-    if config.workers == 1:
+    if config.workers == 1 or concat_mergeable(config.fields):
         return None, branches
     owner = fn.external_source(source=OwnerIndex(config.batch_size, config.workers), batch=True,
                                dtype=types.INT32, name=f"{prefix}_owner")
@@ -104,3 +113,30 @@ def unpack(config: StreamConfig, merged: Sequence) -> list:
     for i, lengths in zip(byte_fields(config.fields), merged[n:]):
         nodes[i] = trim(nodes[i], lengths)
     return nodes
+
+
+def concat_mergeable(fields: Sequence) -> bool:
+    """Whether :func:`merge_by_concat` delivers these fields exactly: integer scalars (a sum of
+    zeros and the value) and one-dimensional arrays (a concatenation of empties and the value)."""
+    return all(f.ndim == 1 or (f.ndim == 0 and np.issubdtype(np.dtype(f.dtype), np.integer)) for f in fields)
+
+
+@do_not_convert
+def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
+    """The fields and ``valid`` of the W branches of :func:`sharded_sources`, merged without
+    conditionals (see the module's notes); byte fields trimmed to their lengths."""
+    from nvidia.dali import fn
+
+    n = len(config.fields) + 1
+    packed = byte_fields(config.fields)
+    lengths_of = dict(zip(packed, range(n, n + len(packed))))
+    out = []
+    for i in range(n):
+        columns = [trim(b[i], b[lengths_of[i]]) if i in lengths_of else b[i] for b in branches]
+        if len(columns) == 1:
+            out.append(columns[0])
+        elif i == n - 1 or config.fields[i].ndim == 0:
+            out.append(functools.reduce(operator.add, columns))
+        else:
+            out.append(fn.cat(*columns, axis=0))
+    return out

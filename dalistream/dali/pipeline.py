@@ -33,7 +33,7 @@ from ..device import start_method
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
 from .compat import check_versions, converted, do_not_convert
-from .graph import merge, sharded_sources, unpack
+from .graph import merge, merge_by_concat, sharded_sources, unpack
 
 if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
     from ..stream import Stream
@@ -81,7 +81,10 @@ def read(stream: "Stream") -> Dict[str, Any]:
                           hint="call it once and use its nodes as often as needed")
     owner, branches = sharded_sources(stream.config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
                                       start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets)
-    merged = unpack(stream.config, list(branches[0]) if owner is None else _merge(owner, branches))
+    if owner is None:  # no conditionals needed (one worker, or fields that a sum/concatenation merges)
+        merged = merge_by_concat(stream.config, branches)
+    else:
+        merged = unpack(stream.config, _merge(owner, branches))
     nodes = dict(zip([f.name for f in stream.config.fields] + ["valid"], merged))
     for field in stream.config.fields:
         if field.kind in ("bytes", "meta"):
