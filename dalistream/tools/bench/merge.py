@@ -1,8 +1,10 @@
 """``dalistream bench --merge-only``: the cost of merging W parallel sources, without any data.
 
 Each of W parallel external sources yields what :class:`dalistream.worker.WorkerSource` yields
-(a full batch whose own slot is marked valid, every other position a shared empty array), with
-1-byte payloads; :func:`dalistream.dali.graph.merge` picks each position from its owner. Nothing
+(a full batch whose own slot is marked valid, every other position empty), with payloads of
+``--merge-bytes`` as a list or a dense block (``--merge-forms``) plus lengths;
+:func:`dalistream.dali.graph.merge_by_concat` (or, ``--merge-method conditional``, the owner
+index's conditionals of :func:`dalistream.dali.graph.merge`) merges them, trimmed to the lengths. Nothing
 else runs, so ms per batch is the floor the sharded design puts under every pipeline. Each W
 is measured twice: merged, and with all W sources returned unmerged (the sources' own cost);
 the difference is the merge. Module-level imports stay light: DALI's spawned workers import
@@ -57,12 +59,14 @@ def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
     from nvidia.dali import fn, pipeline_def, types
 
     from ...dali.compat import shutdown
-    from ...dali.graph import OwnerIndex, merge, trim
+    from ...config import StreamConfig
+    from ...dali.graph import OwnerIndex, merge, merge_by_concat, trim
     from .monitor import tree_cpu_s
 
     workers, batch = spec["workers"], spec["batch_size"]
     payload, dense = spec.get("payload_bytes", 1), spec.get("form", "list") == "dense"
     hint = payload + 256  # bytes per sample, all outputs and metadata: shared memory sized once
+    config = StreamConfig(sources=("-",), fields={"payload": "bin"}, batch_size=batch, workers=workers)
     t0 = time.perf_counter()
 
     @pipeline_def(batch_size=batch, num_threads=spec["threads"], device_id=None, py_num_workers=workers,
@@ -75,14 +79,14 @@ def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
                     for w in range(workers)]
         if not spec["merge"]:
             return tuple(node for nodes in branches for node in nodes)
+        if spec.get("method", "concat") == "concat":  # what dalistream does for such fields
+            return tuple(merge_by_concat(config, branches))
         if workers == 1:
             merged = list(branches[0])
         else:
             owner = fn.external_source(source=OwnerIndex(batch, workers), batch=True, dtype=types.INT32)
             merged = merge(owner, branches)
-        if dense:
-            merged[0] = trim(merged[0], merged[2])
-        return tuple(merged)
+        return trim(merged[0], merged[2]), merged[1]
 
     pipe = merged()
     pipe.build()
@@ -124,7 +128,7 @@ def run_merge_only(args: Any, log: Callable[[str], None]) -> int:
             for form, merged in cases:
                 spec = {"system": "merge", "workers": w, "batch_size": args.batch_size, "threads": args.threads,
                         "batches": args.merge_batches, "warmup": 20, "merge": merged, "form": form,
-                        "payload_bytes": args.merge_bytes}
+                        "payload_bytes": args.merge_bytes, "method": args.merge_method}
                 result = run_child(spec, args.timeout, lean_main=True)  # steady state only: no torch
                 runs.setdefault((w, form, merged), []).append(result)
                 log(f"  [{repeat + 1}/{args.repeats}] W={w:<3d} {form:5s} {'merged' if merged else 'sources only':12s} "
@@ -146,7 +150,7 @@ def run_merge_only(args: Any, log: Callable[[str], None]) -> int:
                          "merge_ms_per_batch": merged_ms - med(sources, "ms_per_batch") if w > 1 else 0.0,
                          "build_s": med((w, form, True), "build_s"), "peak_rss_mb": med((w, form, True), "peak_rss_mb"),
                          "runs_ms_per_batch": [r["ms_per_batch"] for r in runs[(w, form, True)]]})
-    log(f"merge-only, batch {args.batch_size}, {args.merge_bytes} B per sample, {args.merge_batches} batches, "
+    log(f"merge-only ({args.merge_method}), batch {args.batch_size}, {args.merge_bytes} B per sample, {args.merge_batches} batches, "
         f"median of {args.repeats} (sources only: {forms[0]} form, unmerged):")
     log(f"{'W':>4s}{'form':>6s}{'merged ms/batch':>18s}{'sources only':>14s}{'merge ms':>10s}{'CPU ms merged':>15s}"
         f"{'CPU ms sources':>16s}{'build s':>9s}{'RSS MB':>8s}")
@@ -156,5 +160,6 @@ def run_merge_only(args: Any, log: Callable[[str], None]) -> int:
             f"{r['build_s']:>9.2f}{r['peak_rss_mb']:>8.0f}")
     if args.json:
         print(json.dumps({"merge_only": {"batch_size": args.batch_size, "payload_bytes": args.merge_bytes,
+                                         "method": args.merge_method,
                                          "rows": rows}}), flush=True)
     return 0

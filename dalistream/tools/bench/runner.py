@@ -69,6 +69,9 @@ def add_parser(subparsers: Any) -> None:
                    help="--merge-only: how byte fields travel: list (an array per position) and/or dense (a padded "
                         "block plus lengths, trimmed in the graph)")
     p.add_argument("--merge-bytes", type=int, default=1, help="--merge-only: payload bytes per sample")
+    p.add_argument("--merge-method", choices=["concat", "conditional"], default="concat",
+                   help="--merge-only: sum/concatenation (dalistream's merge of scalar and 1-D fields) or the "
+                        "owner index's conditionals (other fields)")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="with --sweep: plot samples/s against the swept value")
     p.add_argument("--lean-main", action="store_true",
                    help="run each measurement as `python -c` (no main script for DALI's spawned workers to import "
