@@ -8,6 +8,7 @@ import pytest
 
 import dalistream
 from dalistream.config import StreamConfig
+from dalistream.errors import ConfigError
 from dalistream.dali.graph import concat_mergeable
 
 from helpers import write_wds
@@ -82,3 +83,66 @@ def test_which_merge():
 def test_every_sample_exactly_once_with_its_bytes(shards, fields, workers):
     directory, truth = shards
     assert delivered(directory, fields, workers) == expected(truth, fields is WITH_2D)
+
+
+# -- conditionals only when the graph needs them ---------------------------------------------------
+
+def plain_graph(stream):
+    data = dalistream.read(stream)
+    return {"key": data["key"], "label": data["label"] + 1}
+
+
+def graph_with_if(stream):
+    data = dalistream.read(stream)
+    label = data["label"]
+    if label > 100:  # on data: needs DALI's conditionals
+        label = label - 100
+    return {"key": data["key"], "label": label}
+
+
+def _helper_with_if(label):
+    if label > 100:
+        label = label - 100
+    return label
+
+
+def graph_calling_a_helper_with_if(stream):
+    data = dalistream.read(stream)
+    return {"key": data["key"], "label": _helper_with_if(data["label"])}
+
+
+def labels_by_key(directory, graph, **kw):
+    stream = dalistream.Stream.open(directory, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=2,
+                                    device="cpu", **kw)
+    with dalistream.Loader(stream, graph) as loader:
+        return {k: int(v) for b in loader for k, v in zip(b["key"], b["label"])}
+
+
+def test_conditionals_decided_from_the_graph(shards):
+    from dalistream.dali.pipeline import needs_conditionals
+
+    directory, truth = shards
+    even = dalistream.Stream.open(directory, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=2)
+    exact = dalistream.Stream.open(directory, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=2,
+                                   policy="exact")
+    two_d = dalistream.Stream.open(directory, fields=WITH_2D, batch_size=4, workers=2)
+    assert not needs_conditionals(plain_graph, even)
+    assert needs_conditionals(graph_with_if, even)
+    assert needs_conditionals(plain_graph, exact)           # padding: the decode guard
+    assert needs_conditionals(plain_graph, two_d)           # the owner's conditionals merge 2-D arrays
+    assert needs_conditionals(plain_graph, even, forced=True)
+    assert not needs_conditionals(graph_with_if, even, forced=False)
+
+
+def test_graphs_with_and_without_conditionals_deliver_the_same(shards):
+    directory, truth = shards
+    plain = labels_by_key(directory, dalistream.pipeline_def(plain_graph), policy="even")
+    assert plain and all(v == int(truth[k]["cls"]) + 1 for k, v in plain.items())
+    with_if = labels_by_key(directory, dalistream.pipeline_def(graph_with_if), policy="even")
+    assert with_if.keys() == plain.keys()
+    once = {k: int(truth[k]["cls"]) - (100 if int(truth[k]["cls"]) > 100 else 0) for k in with_if}
+    assert with_if == once and any(v != int(truth[k]["cls"]) for k, v in with_if.items())
+    forced = labels_by_key(directory, dalistream.pipeline_def(conditionals=True)(graph_calling_a_helper_with_if))
+    assert forced == with_if
+    with pytest.raises(ConfigError, match="conditionals=True"):
+        labels_by_key(directory, dalistream.pipeline_def(graph_calling_a_helper_with_if))
