@@ -63,6 +63,28 @@ def test_compare_reports_every_system(shards, tmp_path):
 
 
 @pytest.mark.slow
+def test_feed_pipeline_splits_cpu_between_main_and_workers(shards, tmp_path):
+    report, _ = run_bench(tmp_path, shards, "--pipeline", "feed", "--workers", 2, "--batch-size", 16,
+                          "--compare", "dali-native,webdataset", "--repeats", 1, "--lean-main")
+    positive(report, ("samples_per_s", "first_batch_s", "main_cpu_ms_per_sample", "workers_cpu_ms_per_sample"))
+    assert report["config"]["pipeline"] == "feed"
+    for name, peer in report["peers"].items():
+        positive(peer, ("samples_per_s", "first_batch_s", "main_cpu_ms_per_sample"))
+    # DALI's reader has no worker processes; the DataLoader's workers do the work
+    assert report["peers"]["dali-native"]["workers_cpu_ms_per_sample"] < report["peers"]["webdataset"]["workers_cpu_ms_per_sample"]
+
+
+@pytest.mark.slow
+def test_several_pipelines_in_one_command(shards, tmp_path):
+    report, _ = run_bench(tmp_path, shards, "--pipeline", "feed,read-only", "--batch-size", 16, "--repeats", 1,
+                          "--lean-main")
+    assert set(report["pipelines"]) == {"feed", "read-only"}
+    for pipeline, point in report["pipelines"].items():
+        assert point["config"]["pipeline"] == pipeline
+        positive(point, ("samples_per_s",))
+
+
+@pytest.mark.slow
 def test_read_only_sweep_and_plot(shards, tmp_path):
     pytest.importorskip("matplotlib")
     plot = tmp_path / "sweep.png"
@@ -119,9 +141,13 @@ def test_merge_only(tmp_path):
     report, _ = run_bench(tmp_path, "--merge-only", "--merge-workers", "2", "--merge-batches", 10, "--repeats", 1,
                           "--batch-size", 8)
     rows = report["merge_only"]["rows"]
-    assert [r["workers"] for r in rows] == [2]
+    assert [(r["workers"], r["form"]) for r in rows] == [(2, "list"), (2, "dense")]
     for row in rows:
         positive(row, ("ms_per_batch", "sources_only_ms_per_batch", "build_s", "peak_rss_mb"))
+    report, _ = run_bench(tmp_path, "--merge-only", "--merge-workers", "1,2", "--merge-batches", 5, "--repeats", 1,
+                          "--batch-size", 8, "--merge-forms", "dense", "--merge-bytes", 100, "--merge-method", "conditional")
+    assert [(r["workers"], r["form"]) for r in report["merge_only"]["rows"]] == [(1, "dense"), (2, "dense")]
+    assert report["merge_only"]["method"] == "conditional" and report["merge_only"]["payload_bytes"] == 100
 
 
 def test_helpers():
