@@ -149,3 +149,20 @@ def test_main_hidden_from_spawn_restores_the_main_module(tmp_path):
     path.write_text(script)
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_conditionals_enabled_reads_the_pipeline_being_defined():
+    from nvidia.dali import fn, pipeline_def
+
+    from dalistream.dali.compat import conditionals_enabled
+
+    seen = []
+
+    def graph():
+        seen.append(conditionals_enabled())
+        return fn.zeros(shape=[1])
+
+    assert conditionals_enabled()  # outside a definition
+    for enabled in (True, False):
+        pipeline_def(graph, enable_conditionals=enabled)(batch_size=1, num_threads=1, device_id=None)
+    assert seen == [True, False]
