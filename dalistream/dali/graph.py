@@ -1,14 +1,22 @@
 """Inside a DALI pipeline: one parallel external source per worker, merged into one batch.
 
-Every worker's source yields a full-size batch whose own slot holds real samples. A constant
+Every worker's source yields a full-size batch whose own slot holds real samples; every other
+position holds an empty array (a zero for scalar fields). When every field is a scalar integer
+or one-dimensional (labels, encoded bytes, keys: the usual case), the merge needs no
+conditionals: each position's scalars are the sum over workers (all but the owner give zero) and
+its arrays the concatenation over workers (all but the owner give nothing), after byte fields are
+trimmed to their lengths (:func:`merge_by_concat`). This costs no AutoGraph conversion when the
+pipeline is defined and no split/merge per worker when it runs. Otherwise a constant
 per-position *owner* index (which worker fills position ``i``) drives a chain of conditionals
 (``if owner == w``): DALI splits each source's batch by the predicate and merges the selected
-samples back in batch order. Padding positions never reach anything but the merge.
+samples back in batch order (:func:`merge`). Padding positions never reach anything but the merge.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -17,6 +25,7 @@ from ..config import StreamConfig
 from ..manifest.offsets import SampleOffsets
 from ..plan import Layout
 from ..worker import WorkerSource, stats_path
+from ..worker.batch import byte_fields, shm_hint
 from .compat import do_not_convert
 
 _names = itertools.count()
@@ -51,31 +60,84 @@ def merge(owner, branches: Sequence[Sequence]) -> list:
 def sharded_sources(
     config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], *, start_epoch: int = 0,
     start_step: int = 0, stats_dir: Optional[str] = None, offsets: Optional[SampleOffsets] = None,
-    count_source: Optional[str] = None,
+    count_source: Optional[str] = None, bytes_per_sample: Optional[float] = None,
 ) -> Tuple[Optional[object], List[Sequence]]:
     """Create the W parallel sources; return ``(owner, branches)``: the owner index node (``None``
-    with one worker) and, per worker, its output nodes (the fields, then ``valid``).
+    with one worker, or when :func:`merge_by_concat` can merge the fields) and, per worker, its output nodes (the fields, then ``valid``, then the
+    lengths of each byte field: merge them all, then :func:`unpack`). ``bytes_per_sample``
+    (shard bytes / samples, when known) sizes the shared memory once for the whole run.
 
     Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.dali.pipeline`),
-    whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge`.
+    whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge` (then :func:`unpack`),
+    or with :func:`merge_by_concat` when the owner is ``None``.
     """
     from nvidia.dali import fn, types
 
     prefix = f"dalistream{next(_names)}"
-    n_out = len(config.fields) + 1
+    packed = byte_fields(config.fields)
+    n_out = len(config.fields) + 1 + len(packed)  # fields, valid, lengths of the byte fields
     branches = []
     for w in range(config.workers):
         source = WorkerSource(
             config, urls, counts, w, start_epoch=start_epoch, start_step=start_step, offsets=offsets,
             count_source=count_source, stats_path=stats_path(stats_dir, w) if stats_dir else None,
         ).for_dali()
+        hint = shm_hint(config.batch_size, config.layout.slots[w], bytes_per_sample or 0, n_out)
         nodes = fn.external_source(
             source=source, num_outputs=n_out, batch=True, parallel=True, cycle="quiet",
-            prefetch_queue_depth=config.prefetch,
+            prefetch_queue_depth=config.prefetch, bytes_per_sample_hint=hint,
         )
         branches.append(nodes)
-    if config.workers == 1:
+    if config.workers == 1 or concat_mergeable(config.fields):
         return None, branches
     owner = fn.external_source(source=OwnerIndex(config.batch_size, config.workers), batch=True,
                                dtype=types.INT32, name=f"{prefix}_owner")
     return owner, branches
+
+
+def trim(data, lengths):
+    """Cut each row of a byte field to its length (``lengths``: one ``(1,)`` int32 per position).
+
+    A field that travelled as a padded dense block (rows of the slot's longest sample) leaves
+    here as the exact bytes; one that travelled as a list is unchanged.
+    """
+    from nvidia.dali import fn
+
+    return fn.slice(data, start=[0], shape=lengths, axes=[0])
+
+
+def unpack(config: StreamConfig, merged: Sequence) -> list:
+    """The merged outputs of :func:`sharded_sources` as the fields and ``valid``: each byte field
+    trimmed to its lengths (dense blocks and lists alike)."""
+    n = len(config.fields) + 1
+    nodes = list(merged[:n])
+    for i, lengths in zip(byte_fields(config.fields), merged[n:]):
+        nodes[i] = trim(nodes[i], lengths)
+    return nodes
+
+
+def concat_mergeable(fields: Sequence) -> bool:
+    """Whether :func:`merge_by_concat` delivers these fields exactly: integer scalars (a sum of
+    zeros and the value) and one-dimensional arrays (a concatenation of empties and the value)."""
+    return all(f.ndim == 1 or (f.ndim == 0 and np.issubdtype(np.dtype(f.dtype), np.integer)) for f in fields)
+
+
+@do_not_convert
+def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
+    """The fields and ``valid`` of the W branches of :func:`sharded_sources`, merged without
+    conditionals (see the module's notes); byte fields trimmed to their lengths."""
+    from nvidia.dali import fn
+
+    n = len(config.fields) + 1
+    packed = byte_fields(config.fields)
+    lengths_of = dict(zip(packed, range(n, n + len(packed))))
+    out = []
+    for i in range(n):
+        columns = [trim(b[i], b[lengths_of[i]]) if i in lengths_of else b[i] for b in branches]
+        if len(columns) == 1:
+            out.append(columns[0])
+        elif i == n - 1 or config.fields[i].ndim == 0:
+            out.append(functools.reduce(operator.add, columns))
+        else:
+            out.append(fn.cat(*columns, axis=0))
+    return out

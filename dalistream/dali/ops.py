@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .compat import converted, do_not_convert
+from .compat import conditionals_enabled, converted, do_not_convert
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -34,10 +34,12 @@ def decode_images(data, valid, device: str, *, random_crop: bool = False,
     """Decode encoded image bytes to RGB ``HWC`` ``uint8`` (grayscale, CMYK, PNG all to 3 channels).
 
     ``random_crop`` fuses a random-resized-crop window into the decode (only the window is
-    decoded). ``padded=False`` drops the guard conditional when the batch can hold no padding.
+    decoded). ``padded=False`` drops the guard conditional when the batch can hold no padding; so
+    does a pipeline that :func:`dalistream.pipeline_def` built without conditionals (its batches
+    hold no padding).
     """
     crop = (tuple(random_area), tuple(random_aspect_ratio)) if random_crop else None
-    if not padded:
+    if not padded or not conditionals_enabled():
         return _decode(data, device, crop)
     return _decode_valid(data, valid, device, crop)
 

@@ -15,7 +15,11 @@ The pipeline function returns a dict of named outputs. Raw byte fields returned 
 :func:`read` (captions, keys) reach torch as ``bytes``/``str``; everything else as tensors. The
 ``valid`` mask is added automatically, so the loader can trim padding; ``"valid"`` is therefore not
 a name an output may have. Between :func:`read` and the ``return`` any DALI op may be used (on
-``stream.device``); ``if`` statements on data nodes work (conditionals are enabled).
+``stream.device``); ``if`` statements on data nodes work: DALI's conditionals are enabled when
+the graph needs them (:func:`needs_conditionals`: an ``if`` in the function's own code, padding,
+a merge by conditionals), and left off otherwise, which spares AutoGraph's rewrite of every
+function the graph calls (most of the time to first batch). A helper with an ``if`` on data
+called from a function without one needs ``@pipeline_def(conditionals=True)``.
 
 DALI's workers are forked for CPU pipelines while CUDA is untouched, and spawned otherwise
 (``Stream.open(..., start_method=...)``, see :func:`dalistream.watchdog.start_method`): a script
@@ -33,7 +37,7 @@ from ..device import start_method
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
 from .compat import check_versions, converted, do_not_convert, upstream
-from .graph import merge, sharded_sources
+from .graph import concat_mergeable, merge, merge_by_concat, sharded_sources, unpack
 
 if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
     from ..stream import Stream
@@ -43,6 +47,40 @@ RESERVED = ("batch_size", "device_id", "py_num_workers", "py_start_method", "py_
             "enable_conditionals")
 
 _building: List[dict] = []  # the graph under construction (pipelines are built one at a time)
+
+
+def needs_conditionals(fn: Callable, stream: "Stream", forced: Optional[bool] = None) -> bool:
+    """Whether the graph of ``fn`` needs DALI's conditionals (and so AutoGraph's rewrite of every
+    function it calls, most of the time to first batch): when the merge needs the owner's
+    conditionals (fields other than integer scalars and 1-D arrays), when batches may hold padding
+    (the decode guard of :func:`dalistream.ops.decode_images`), when ``fn``'s own code has an
+    ``if``, ``while``, conditional expression or ``and``/``or``/``not``, or when the user asked
+    (``pipeline_def(conditionals=True)``)."""
+    import ast
+    import inspect
+    import textwrap
+
+    if forced is not None:
+        return forced
+    if stream.may_pad or (stream.config.workers > 1 and not concat_mergeable(stream.config.fields)):
+        return True
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return True  # no source to look at: keep them
+    flow = (ast.If, ast.While, ast.IfExp, ast.BoolOp, ast.Assert)
+    return any(isinstance(node, flow) or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not))
+               for node in ast.walk(tree))
+
+
+def _bool_of_data_node(error: BaseException) -> bool:
+    """Whether ``error`` (or its cause) is DALI's complaint about an ``if`` on data in a pipeline
+    without conditionals."""
+    while error is not None:
+        if isinstance(error, TypeError) and "used in conditional context" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 @dataclass(frozen=True)
@@ -87,7 +125,10 @@ def read(stream: "Stream") -> Dict[str, Any]:
     owner, branches = sharded_sources(config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
                                       start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets,
                                       count_source=stream.count_source)
-    merged = list(branches[0]) if owner is None else _merge(owner, branches)
+    if owner is None:  # no conditionals needed (one worker, or fields that a sum/concatenation merges)
+        merged = merge_by_concat(config, branches)
+    else:
+        merged = unpack(config, _merge(owner, branches))
     nodes = dict(zip([f.name for f in config.fields] + ["valid"], merged))
     for field in config.fields:
         if field.kind in ("bytes", "meta"):
@@ -99,12 +140,13 @@ def read(stream: "Stream") -> Dict[str, Any]:
     return {f.name: nodes[f.name] for f in stream.config.fields} | {"valid": nodes["valid"]}
 
 
-def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
+def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] = None, **dali_kwargs: Any) -> Callable:
     """Decorate ``fn(stream, ...) -> {name: node}``; calling the result with a :class:`Stream`
     returns a DALI ``Pipeline`` set up the way sharded sources need it: ``batch_size`` and
     ``py_num_workers`` from the stream, ``py_start_method`` from the stream (``fork`` or ``spawn``
-    with the ``dill`` pickler),
-    ``enable_conditionals=True``, ``device_id`` from the stream (``None`` on CPU). Other keyword
+    with the ``dill`` pickler), ``device_id`` from the stream (``None`` on CPU), and
+    ``enable_conditionals`` when the graph needs them (:func:`needs_conditionals`; ``conditionals=True``
+    or ``False`` decides instead). Other keyword
     arguments go to DALI's ``pipeline_def`` (``num_threads``, ``prefetch_queue_depth``, ``seed``, …),
     given here or when calling the decorated function; the remaining call arguments are the
     pipeline's own (``train(stream, size=160)``).
@@ -114,7 +156,7 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
     same graph each time it is called.
     """
     if fn is None:
-        return functools.partial(pipeline_def, **dali_kwargs)
+        return functools.partial(pipeline_def, conditionals=conditionals, **dali_kwargs)
     reserved = sorted(set(dali_kwargs) & set(RESERVED))
     if reserved:
         raise ConfigError(f"@pipeline_def: {reserved} are set from the stream and cannot be given",
@@ -138,6 +180,7 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
         if reserved:
             raise ConfigError(f"{fn.__name__}: {reserved} are set from the stream and cannot be given")
         method = start_method(stream.start_method, stream.device)
+        with_conditionals = needs_conditionals(fn, stream, conditionals)
 
         def define(unread: frozenset):
             ctx: dict = {"raw": {}, "valid": None, "names": [], "kinds": [], "fields": {}, "unread": unread,
@@ -147,13 +190,16 @@ def pipeline_def(fn: Optional[Callable] = None, **dali_kwargs: Any) -> Callable:
                 return _check_outputs(fn, ctx, fn(stream, *args, **kwargs))
 
             graph.__name__ = fn.__name__
-            decorated = dali_pipeline_def(graph, enable_conditionals=True)
+            decorated = dali_pipeline_def(graph, enable_conditionals=with_conditionals)
             _building.append(ctx)
             try:
                 pipe = decorated(batch_size=c.batch_size, device_id=stream.device_id, py_num_workers=c.workers,
                                  py_start_method=method, py_callback_pickler=dill if method == "spawn" else None,
                                  **options)
             except Exception as e:  # autograph wraps errors raised in the graph function: unwrap ours
+                if not with_conditionals and _bool_of_data_node(e):
+                    raise ConfigError(f"{fn.__name__}: a function it calls has an `if` (or and/or/not) on a data node",
+                                      hint="decorate it with @dalistream.pipeline_def(conditionals=True)") from None
                 original = _dalistream_cause(e)
                 if original is None:
                     raise

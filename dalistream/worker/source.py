@@ -1,10 +1,11 @@
 """The parallel external source of one worker: shards → samples → padded mini-batches.
 
 :class:`WorkerSource` is the iterable given to ``fn.external_source(parallel=True, batch=True)``.
-Each ``next()`` returns one full-size batch per output in which only this worker's slot holds
-real samples; every other position holds the field's shared empty array (no per-slot Python
-work), or a zero in the dense array of a scalar field. The extra ``valid`` output marks real
-samples (1) and padding (0).
+:meth:`WorkerSource.epoch_batches` yields plain batches: one full-size batch per output in which
+only this worker's slot holds real samples; every other position holds the field's shared empty
+array, or a zero in the dense array of a scalar field. The extra ``valid`` output marks real
+samples (1) and padding (0). Each ``next()`` gives DALI the same batch in transfer form: byte
+fields with their lengths, possibly as padded dense blocks (:mod:`.batch`).
 
 Epochs: the loader builds sources with ``cycle="quiet"``; DALI's worker calls ``__iter__`` again
 right after our ``StopIteration``, so the worker's epoch is ``start_epoch`` plus the number of
@@ -24,6 +25,7 @@ import numpy as np
 from ..config import StreamConfig
 from ..manifest.offsets import SampleOffsets
 from ..plan import WorkerPlan, seeds, worker_plan
+from . import batch
 from .policy import ErrorPolicy
 from .reader import PlanReader
 from .shuffle import emitted_indices, shuffled
@@ -69,11 +71,19 @@ class WorkerSource:
         return self
 
     def __next__(self) -> Tuple[Union[List[np.ndarray], np.ndarray], ...]:
+        """The next batch in DALI's transfer form (:func:`dalistream.worker.batch.pack`)."""
         if self._gen is None:
             if self._iters == 0:
                 self.__iter__()
             self._gen = self.epoch_batches(self.epoch, self._skip)
-        return next(self._gen)
+        plain = next(self._gen)
+        t0 = time.perf_counter()
+        layout = self.config.layout
+        lo = layout.slot_offsets[self.worker]
+        packed = batch.pack(plain, batch.byte_fields(self.config.fields), lo, lo + layout.slots[self.worker])
+        if self._stats is not None:
+            self._stats.batch_s += time.perf_counter() - t0
+        return packed
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -109,10 +119,7 @@ class WorkerSource:
         stream = shuffled(policy.watched(self.reader.decoded(plan, keep, policy, stats)), c.shuffle, seed)
         stream = itertools.islice(stream, skip_count, None)
 
-        # scalar fields (labels) and ``valid`` travel as one dense array each: DALI's worker
-        # serializes a list sample by sample, an array in one piece
-        templates = [np.zeros(c.batch_size, f.dtype) if f.ndim == 0 else [f.empty] * c.batch_size
-                     for f in c.fields] + [np.zeros(c.batch_size, np.uint8)]
+        empty = batch.templates(c.fields, c.batch_size)
         lo = plan.offset
         for step in range(start_step, plan.steps):
             t0 = time.perf_counter()
@@ -120,12 +127,7 @@ class WorkerSource:
             t1 = time.perf_counter()
             stats.read_s += t1 - t0
             n = len(chunk)
-            outputs = tuple(t.copy() for t in templates)
-            if n:
-                columns = list(zip(*chunk))
-                for out, column in zip(outputs, columns):
-                    out[lo:lo + n] = column
-                outputs[-1][lo:lo + n] = 1
+            outputs = batch.assemble(empty, chunk, lo)
             stats.step = step + 1
             stats.samples += n
             stats.padded += plan.slot - n

@@ -63,6 +63,28 @@ def test_compare_reports_every_system(shards, tmp_path):
 
 
 @pytest.mark.slow
+def test_feed_pipeline_splits_cpu_between_main_and_workers(shards, tmp_path):
+    report, _ = run_bench(tmp_path, shards, "--pipeline", "feed", "--workers", 2, "--batch-size", 16,
+                          "--compare", "dali-native,webdataset", "--repeats", 1, "--lean-main")
+    positive(report, ("samples_per_s", "first_batch_s", "main_cpu_ms_per_sample", "workers_cpu_ms_per_sample"))
+    assert report["config"]["pipeline"] == "feed"
+    for name, peer in report["peers"].items():
+        positive(peer, ("samples_per_s", "first_batch_s", "main_cpu_ms_per_sample"))
+    # DALI's reader has no worker processes; the DataLoader's workers do the work
+    assert report["peers"]["dali-native"]["workers_cpu_ms_per_sample"] < report["peers"]["webdataset"]["workers_cpu_ms_per_sample"]
+
+
+@pytest.mark.slow
+def test_several_pipelines_in_one_command(shards, tmp_path):
+    report, _ = run_bench(tmp_path, shards, "--pipeline", "feed,read-only", "--batch-size", 16, "--repeats", 1,
+                          "--lean-main")
+    assert set(report["pipelines"]) == {"feed", "read-only"}
+    for pipeline, point in report["pipelines"].items():
+        assert point["config"]["pipeline"] == pipeline
+        positive(point, ("samples_per_s",))
+
+
+@pytest.mark.slow
 def test_read_only_sweep_and_plot(shards, tmp_path):
     pytest.importorskip("matplotlib")
     plot = tmp_path / "sweep.png"
@@ -119,9 +141,13 @@ def test_merge_only(tmp_path):
     report, _ = run_bench(tmp_path, "--merge-only", "--merge-workers", "2", "--merge-batches", 10, "--repeats", 1,
                           "--batch-size", 8)
     rows = report["merge_only"]["rows"]
-    assert [r["workers"] for r in rows] == [2]
+    assert [(r["workers"], r["form"]) for r in rows] == [(2, "list"), (2, "dense")]
     for row in rows:
         positive(row, ("ms_per_batch", "sources_only_ms_per_batch", "build_s", "peak_rss_mb"))
+    report, _ = run_bench(tmp_path, "--merge-only", "--merge-workers", "1,2", "--merge-batches", 5, "--repeats", 1,
+                          "--batch-size", 8, "--merge-forms", "dense", "--merge-bytes", 100, "--merge-method", "conditional")
+    assert [(r["workers"], r["form"]) for r in report["merge_only"]["rows"]] == [(1, "dense"), (2, "dense")]
+    assert report["merge_only"]["method"] == "conditional" and report["merge_only"]["payload_bytes"] == 100
 
 
 def test_helpers():
@@ -136,3 +162,96 @@ def test_helpers():
     me = benchmon.sample(os.getpid())
     assert me["rss_mb"] > 0 and me["processes"] >= 1
     assert benchmon.tree_cpu_s(os.getpid()) > 0
+
+
+# -- the one timing rule --------------------------------------------------------------------------
+
+class FakeClock:
+    """A clock that moves only when a fake system sleeps: the rule's results become exact."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_every_system_goes_through_the_same_rule():
+    from dalistream.tools.bench import peers, timing
+
+    assert set(peers.SYSTEMS) >= {"dalistream", *bench.PEERS, "sequential-read"}
+    for name, (modules, opener) in peers.SYSTEMS.items():
+        assert callable(opener) and all(isinstance(m, str) for m in modules), name
+    # the libraries a system needs are imported before its clock starts
+    assert {"torch", "nvidia.dali.fn"} <= set(peers.SYSTEMS["dali-native"][0])
+    assert {"torch", "nvidia.dali.fn", "dalistream"} <= set(peers.SYSTEMS["dalistream"][0])
+    assert {"torch", "webdataset"} <= set(peers.SYSTEMS["webdataset"][0])
+    seen = []
+
+    def clock():
+        seen.append("colorsys" in sys.modules)
+        return 0.0
+
+    sys.modules.pop("colorsys", None)
+    systems = {"x": (("colorsys",), lambda spec: timing.Opened([1, 2], lambda b: (b, 0)))}
+    timing.run_system({"system": "x"}, systems, clock=clock, cpu=lambda: (0.0, 0.0))
+    assert seen and all(seen)  # imported before the first reading of the clock
+
+
+@pytest.mark.parametrize("first_s, per_batch_s, open_s", [(0.5, 0.01, 0.2), (0.01, 0.25, 0.0)])
+def test_fake_system_of_known_cost_is_measured_exactly(first_s, per_batch_s, open_s):
+    """A system whose every batch costs a known (fake) time: steady rate after the first batch,
+    first batch from the start of opening, CPU split per sample, all exactly as the rule says."""
+    import functools
+
+    from dalistream.tools.bench import peers, timing
+
+    clock = FakeClock()
+    cpu_readings = iter([(1.0, 2.0), (1.5, 6.0)])  # at the first batch, at the end
+    systems = dict(peers.SYSTEMS, fake=((), functools.partial(peers.open_fake, sleep=clock.sleep)))
+    spec = {"system": "fake", "batches": 11, "batch_size": 32, "first_s": first_s, "per_batch_s": per_batch_s,
+            "open_s": open_s}
+    r = timing.run_system(spec, systems, clock=clock, cpu=lambda: next(cpu_readings))
+    assert r["system"] == "fake" and r["samples"] == 11 * 32 and r["batches"] == 11
+    assert r["first_batch_s"] == pytest.approx(open_s + first_s)
+    assert r["samples_per_s"] == pytest.approx(32 / per_batch_s)
+    assert r["total_s"] == pytest.approx(open_s + first_s + 10 * per_batch_s)
+    assert r["main_cpu_ms_per_sample"] == pytest.approx(0.5 / 320 * 1000)
+    assert r["workers_cpu_ms_per_sample"] == pytest.approx(4.0 / 320 * 1000)
+    assert r["steady_cpu_ms_per_sample"] == pytest.approx(4.5 / 320 * 1000)
+
+
+def test_fake_system_through_the_child_process(tmp_path):
+    """The same fake system, run the way every system runs (a child process under the monitor):
+    real sleeps can only lengthen batches, so the steady rate is at most batch / per-batch time."""
+    from dalistream.tools.bench.child import run_child
+
+    spec = {"system": "fake", "batches": 6, "batch_size": 10, "first_s": 0.05, "per_batch_s": 0.02}
+    r = run_child(spec, timeout=120, lean_main=True)
+    assert r["samples"] == 60 and r["system"] == "fake"
+    assert 0 < r["samples_per_s"] <= 10 / 0.02
+    assert r["first_batch_s"] >= 0.05
+    assert r["monitor_cpu_s"] >= 0
+
+
+def test_cpu_split_counts_workers_that_exited():
+    """Workers' CPU counts the descendants of the main process, those already waited for too."""
+    import subprocess
+
+    from dalistream.tools.bench import timing
+
+    main0, workers0 = timing.cpu_split(os.getpid())
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    main1, workers1 = timing.cpu_split(os.getpid())
+    assert workers1 > workers0 and main1 >= main0
+
+
+def test_ascii_labels():
+    torch = pytest.importorskip("torch")
+    from dalistream.tools.bench.peers import ascii_labels
+
+    padded = torch.tensor([[ord("7"), 0, 0], [ord("4"), ord("2"), 0], [ord("1"), ord("0"), ord("3")]], dtype=torch.uint8)
+    assert ascii_labels(padded).tolist() == [7, 42, 103]

@@ -5,6 +5,7 @@ import pytest
 from dalistream.config import StreamConfig
 from dalistream.errors import ManifestError
 from dalistream.worker import WorkerSource
+from dalistream.worker.batch import unpacked
 
 from helpers import check_resume, key_shards
 
@@ -18,7 +19,7 @@ def make(tmp_path, sizes, **kw):
 
 
 def keys_of(batch, lo=0, hi=None):
-    keys, labels, valid = batch
+    keys, labels, valid = unpacked(batch, (0,), 3) if len(batch) > 3 else batch  # transfer form from iter()
     return [bytes(k).decode() for k, v in zip(keys[lo:hi], valid[lo:hi]) if int(v)]
 
 

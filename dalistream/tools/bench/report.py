@@ -13,11 +13,19 @@ def fmt(value: Any, width: int = 8, digits: int = 0) -> str:
     return f"{value:{width}.{digits}f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
 
 
+def _value(figures: Dict[str, Any], key: str) -> Any:
+    if key.endswith("_us_per_sample"):  # shown in µs, kept in ms
+        ms = figures.get(key.replace("_us_", "_ms_"))
+        return ms * 1000 if isinstance(ms, (int, float)) else None
+    return figures.get(key)
+
+
 def format_report(report: Dict[str, Any]) -> str:
     """The medians table, ratios and dalistream's per-worker counters, as text."""
     cols = [("samples/s", "samples_per_s", 0), ("MB/s", "mb_per_s", 1), ("1st batch s", "first_batch_s", 2),
             ("RSS MB", "peak_rss_mb", 0), ("PSS MB", "peak_pss_mb", 0), ("shm MB", "peak_shm_mb", 1),
-            ("CPU ms/smp", "steady_cpu_ms_per_sample", 2)]
+            ("CPU µs/smp", "steady_cpu_us_per_sample", 1), ("main µs", "main_cpu_us_per_sample", 1),
+            ("workers µs", "workers_cpu_us_per_sample", 1)]
     head = f"{'system':18s}" + "".join(f"{c[0]:>12s}" for c in cols)
     lines = [head, "-" * len(head)]
     c = report.get("config", {})
@@ -27,7 +35,7 @@ def format_report(report: Dict[str, Any]) -> str:
                         f"CPU ms/sample much less)")
     rows = [("dalistream", report)] + list(report.get("peers", {}).items())
     for name, fig in rows:
-        lines.append(f"{name:18s}" + "".join(fmt(fig.get(key), 12, d) for _, key, d in cols))
+        lines.append(f"{name:18s}" + "".join(fmt(_value(fig, key), 12, d) for _, key, d in cols))
     for name, fig in report.get("peers", {}).items():
         r = fig["ratio"]
         if name == "sequential-read":

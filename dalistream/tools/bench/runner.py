@@ -11,9 +11,10 @@
 Every measurement runs in a fresh process (:mod:`.child`, :mod:`.peers`) whose whole process
 tree is sampled from ``/proc`` (:mod:`.monitor`). Runs alternate between the
 systems (dalistream, peer 1, peer 2, dalistream, …) so that drift on a shared machine hits all
-alike; figures are medians over ``--repeats``, ratios are dalistream / peer. Samples/s is the
-steady rate after the first batch; time to first batch counts from the start of the loader's
-construction (after ``import torch``, which a training script has done anyway).
+alike; figures are medians over ``--repeats``, ratios are dalistream / peer. Every system is
+timed by the same function under the same rule (:mod:`.timing`): libraries imported before the
+clock, time to first batch from the start of the loader's construction, samples/s the steady
+rate after the first batch, CPU per sample split into the main process and its workers.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from .child import run_child
 from .report import fmt, format_report, format_sweep, plot_sweep
 
 PEERS = ("dali-native", "webdataset")
-PIPELINES = ("classification_train", "read-only")
+PIPELINES = ("classification_train", "feed", "read-only")
 METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "peak_rss_mb", "peak_pss_mb", "peak_shm_mb",
-           "cpu_ms_per_sample", "steady_cpu_ms_per_sample")
+           "cpu_ms_per_sample", "steady_cpu_ms_per_sample", "main_cpu_ms_per_sample", "workers_cpu_ms_per_sample")
 SWEEPABLE = {"workers": "workers", "batch-size": "batch_size", "batch_size": "batch_size", "threads": "threads",
              "shards": "shards",  # shards=N: the first N shards of the sources (memory as the data set grows)
              "parts_in_flight": "parts_in_flight", "part_bytes": "part_bytes"}  # storage options of remote reads
@@ -51,8 +52,10 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(batch_size=64, func=run)
     p.add_argument("--epochs", type=int, default=1, help="epochs per run (each system's own epochs)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto", help="where images are decoded")
-    p.add_argument("--pipeline", choices=PIPELINES, default="classification_train",
-                   help="decode + augment (random-resized-crop, flip, normalize), or read-only: bytes, no decode")
+    p.add_argument("--pipeline", default="classification_train", metavar="|".join(PIPELINES),
+                   help="classification_train: decode + augment (random-resized-crop, flip, normalize); feed: bytes "
+                        "into the graph, ending in fn.shapes (the cost of feeding alone); read-only: bytes to Python. "
+                        "Several, comma-separated, run one after the other (e.g. feed,classification_train)")
     p.add_argument("--size", type=int, default=224, help="output image side (classification_train)")
     p.add_argument("--threads", type=int, default=2, help="DALI num_threads for both DALI pipelines")
     p.add_argument("--compare", default="", help=f"comma-separated peers: {','.join(PEERS)}")
@@ -64,6 +67,13 @@ def add_parser(subparsers: Any) -> None:
                    help="measure the merge of W tiny sources (no data): ms per batch for --merge-workers")
     p.add_argument("--merge-workers", default="1,2,4,8", help="W values for --merge-only")
     p.add_argument("--merge-batches", type=int, default=200, help="timed batches per --merge-only run")
+    p.add_argument("--merge-forms", default="list,dense",
+                   help="--merge-only: how byte fields travel: list (an array per position) and/or dense (a padded "
+                        "block plus lengths, trimmed in the graph)")
+    p.add_argument("--merge-bytes", type=int, default=1, help="--merge-only: payload bytes per sample")
+    p.add_argument("--merge-method", choices=["concat", "conditional"], default="concat",
+                   help="--merge-only: sum/concatenation (dalistream's merge of scalar and 1-D fields) or the "
+                        "owner index's conditionals (other fields)")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="with --sweep: plot samples/s against the swept value")
     p.add_argument("--lean-main", action="store_true",
                    help="run each measurement as `python -c` (no main script for DALI's spawned workers to import "
@@ -185,6 +195,9 @@ def run(args: argparse.Namespace) -> int:
     from ...manifest import count_shards
     from ...sources import expand_sources
 
+    pipelines = [p.strip() for p in args.pipeline.split(",") if p.strip()]
+    if not pipelines or set(pipelines) - set(PIPELINES):
+        raise ConfigError(f"--pipeline {args.pipeline!r}: choose from {', '.join(PIPELINES)} (comma-separated)")
     peers = [p.strip() for p in args.compare.split(",") if p.strip()]
     unknown = sorted(set(peers) - set(PEERS))
     if unknown:
@@ -203,56 +216,63 @@ def run(args: argparse.Namespace) -> int:
                             tolerant=args.on_error == "skip")
     counts, shard_bytes = [i.samples for i in infos], [i.bytes for i in infos]
     _warm(urls)
+    reports = {}
     with contextlib.ExitStack() as stack:
         if args.shape:  # counts above came unshaped; the measured runs go through the proxies
             from ..proxy import shaped
 
             urls, options = stack.enter_context(shaped(urls, options, args.shape))
             log(f"bench: S3/HTTP through a shaping proxy ({args.shape} per connection)")
-        return _measure(args, urls, counts, shard_bytes, options, peers, log)
+        for pipeline in pipelines:
+            if len(pipelines) > 1:
+                log(f"bench: pipeline {pipeline}")
+            reports[pipeline] = _run_pipeline(args, pipeline, len(pipelines) > 1, urls, counts, shard_bytes, peers,
+                                              options, log)
+    report = reports[pipelines[0]] if len(pipelines) == 1 else {"pipelines": reports}
+    if args.json:
+        print(json.dumps(report), flush=True)
+    return 0
 
 
-def _measure(args: argparse.Namespace, urls: List[str], counts: List[int], shard_bytes: List[int],
-             options: Dict[str, Any], peers: List[str], log) -> int:
-    systems = ["dalistream"] + peers + (["sequential-read"] if args.pipeline == "read-only" else [])
+def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: Sequence[str], counts: Sequence[int],
+                  shard_bytes: Sequence[int], peers: Sequence[str], options: Dict[str, Any], log) -> Dict[str, Any]:
+    """One pipeline's comparison (or sweep): its report (``several``: one of several pipelines)."""
+    systems = ["dalistream"] + list(peers) + (["sequential-read"] if pipeline == "read-only" else [])
     base = {"urls": urls, "counts": counts, "batch_size": args.batch_size, "workers": args.workers,
             "threads": args.threads, "device": args.device, "seed": args.seed, "size": args.size,
             "start_method": args.start_method,
-            "epochs": args.epochs, "pipeline": args.pipeline, "storage_options": options, "manifest": args.manifest,
+            "epochs": args.epochs, "pipeline": pipeline, "storage_options": options, "manifest": args.manifest,
             # dalistream only (the peers read every shard in order, unshuffled)
             "epoch": args.epoch, "shuffle": args.shuffle, "policy": args.policy,
             "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error}
     sweep = _parse_sweep(args.sweep)
     if sweep is None:
         log(f"bench: {len(urls)} shards, {sum(counts)} samples, batch {args.batch_size}, workers {args.workers}, "
-            f"{args.pipeline}, {args.repeats} alternating repeats of {', '.join(systems)}")
+            f"{pipeline}, {args.repeats} alternating repeats of {', '.join(systems)}")
         report = compare(args, base, shard_bytes, systems, log)
         log(format_report(report))
-    else:
-        key, values = sweep
-        if key == "shards" and (min(values) < 1 or max(values) > len(urls)):
-            raise ConfigError(f"--sweep shards={args.sweep.partition('=')[2]}: the sources hold {len(urls)} shards",
-                              hint="sweep over 1 to that many shards, or list more sources")
-        points = []
-        for value in values:
-            log(f"bench: {key} = {value}")
-            if key == "shards":
-                point = compare(args, dict(base, urls=urls[:value], counts=counts[:value]), shard_bytes[:value],
-                                systems, log)
-            elif key in ("parts_in_flight", "part_bytes"):
-                point = compare(args, dict(base, storage_options={**options, key: value}), shard_bytes, systems, log)
-            else:
-                point = compare(args, dict(base, **{key: value}), shard_bytes, systems, log)
-            point["value"] = value
-            log(format_report(point))
-            points.append(point)
-        report = {"sweep": {"param": key, "points": points}}
-        log(format_sweep(key, points))
-        if args.plot:
-            plot_sweep(key, points, args.plot)
-            log(f"plot written to {args.plot}")
-    if args.json:
-        print(json.dumps(report), flush=True)
-    return 0
-
-
+        return report
+    key, values = sweep
+    if key == "shards" and (min(values) < 1 or max(values) > len(urls)):
+        raise ConfigError(f"--sweep shards={args.sweep.partition('=')[2]}: the sources hold {len(urls)} shards",
+                          hint="sweep over 1 to that many shards, or list more sources")
+    points = []
+    for value in values:
+        log(f"bench: {key} = {value}")
+        if key == "shards":
+            point = compare(args, dict(base, urls=urls[:value], counts=counts[:value]), shard_bytes[:value],
+                            systems, log)
+        elif key in ("parts_in_flight", "part_bytes"):
+            point = compare(args, dict(base, storage_options={**options, key: value}), shard_bytes, systems, log)
+        else:
+            point = compare(args, dict(base, **{key: value}), shard_bytes, systems, log)
+        point["value"] = value
+        log(format_report(point))
+        points.append(point)
+    log(format_sweep(key, points))
+    if args.plot:
+        root, ext = os.path.splitext(args.plot)
+        plot = f"{root}_{pipeline}{ext}" if several else args.plot
+        plot_sweep(key, points, plot)
+        log(f"plot written to {plot}")
+    return {"sweep": {"param": key, "points": points}}

@@ -1,0 +1,107 @@
+"""One worker's batch: pure functions from a slot's samples to the arrays DALI's worker ships.
+
+:func:`assemble` lays out the *plain* batch: every field full size, the worker's slot holding
+its samples and every other position the field's shared empty array (a zero in the dense array
+of a scalar field), then ``valid``. :func:`pack` turns it into the *transfer* form: each byte
+field (``bytes``, ``meta``: one-dimensional ``uint8``) travels with its per-position lengths,
+either as a list of arrays, or as one padded dense block (batch × the slot's longest sample),
+which DALI's worker ships in one piece instead of sample by sample. The graph cuts every row
+back to its length (:func:`dalistream.dali.graph.trim`), so both forms deliver the same bytes.
+
+Why: DALI's parallel external source pays per shipped sample (~10 µs for a list element on
+this kind of machine), and every worker ships all B positions, its dummies included; a dense
+block costs a copy of its bytes instead. The rule (:func:`dense_is_cheaper`) picks the dense
+block unless its padding makes it large against what the slot carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+# DALI's per-sample cost of a list element, in bytes of dense block that cost the same time:
+# a padded row shorter than this is cheaper than shipping the row as its own array
+# (`dalistream bench --merge-only --merge-forms list,dense --merge-bytes N`, README).
+DENSE_ROW_BYTES = 16 << 10
+# never a block above this (its shared memory is sized for it from the start, see shm_hint)
+DENSE_MAX_BLOCK = 32 << 20
+
+
+def byte_fields(fields: Sequence[Any]) -> Tuple[int, ...]:
+    """Indices of the fields that travel with lengths (and may travel dense)."""
+    return tuple(i for i, f in enumerate(fields) if f.kind in ("bytes", "meta") and f.ndim == 1
+                 and np.dtype(f.dtype) == np.uint8)
+
+
+def templates(fields: Sequence[Any], batch_size: int) -> List[Any]:
+    """The empty plain batch: a dense zero array per scalar field, shared empties otherwise,
+    then ``valid``."""
+    return [np.zeros(batch_size, f.dtype) if f.ndim == 0 else [f.empty] * batch_size
+            for f in fields] + [np.zeros(batch_size, np.uint8)]
+
+
+def assemble(empty: Sequence[Any], chunk: Sequence[Tuple[np.ndarray, ...]], lo: int) -> Tuple[Any, ...]:
+    """The plain batch: ``empty`` (from :func:`templates`, left untouched) with ``chunk``'s
+    samples (tuples of field values) at positions ``lo, lo + 1, …`` and ``valid`` set there."""
+    outputs = tuple(t.copy() for t in empty)
+    n = len(chunk)
+    if n:
+        for out, column in zip(outputs, zip(*chunk)):
+            out[lo:lo + n] = column
+        outputs[-1][lo:lo + n] = 1
+    return outputs
+
+
+def dense_is_cheaper(batch_size: int, longest: int, slot_bytes: int, row_bytes: int = DENSE_ROW_BYTES,
+                     max_block: int = DENSE_MAX_BLOCK) -> bool:
+    """The rule: a padded block (``batch_size`` rows of ``longest`` bytes) when its padding costs
+    less than shipping the rows one by one: on average at most ``row_bytes`` of padding per
+    position, and the block within ``max_block``."""
+    if longest == 0:
+        return False
+    block = batch_size * longest
+    return block <= max_block and block - slot_bytes <= batch_size * row_bytes
+
+
+def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int, row_bytes: int = DENSE_ROW_BYTES,
+         max_block: int = DENSE_MAX_BLOCK) -> Tuple[Any, ...]:
+    """The transfer form of a plain batch whose real samples lie in positions ``lo:hi``: the
+    outputs of ``plain`` (byte fields at ``packed`` as dense blocks where :func:`dense_is_cheaper`
+    says so), then one ``(batch, 1)`` int32 array of lengths per packed field."""
+    out = list(plain)
+    batch_size = len(plain[-1])
+    lengths_out = []
+    for i in packed:
+        own = plain[i][lo:hi]
+        lengths = np.zeros((batch_size, 1), np.int32)
+        sizes = lengths[lo:hi, 0]
+        sizes[:] = [a.size for a in own]
+        longest = int(sizes.max()) if len(sizes) else 0
+        total = int(sizes.sum())
+        if dense_is_cheaper(batch_size, longest, total, row_bytes, max_block):
+            block = np.zeros((batch_size, longest), np.uint8)
+            # row-major order of the mask = the samples' concatenation order
+            block[lo:hi][np.arange(longest) < sizes[:, None]] = np.concatenate(own)
+            out[i] = block
+        lengths_out.append(lengths)
+    return tuple(out) + tuple(lengths_out)
+
+
+def shm_hint(batch_size: int, slot: int, bytes_per_sample: float, n_fields: int) -> int:
+    """``bytes_per_sample_hint`` for one worker's source: room for its largest transfer from
+    the start, so that DALI never regrows the shared memory mid-run: a dense block of up to
+    :data:`DENSE_MAX_BLOCK` bytes, or the slot's bytes as a list (4× the data set's mean sample,
+    ``bytes_per_sample`` from shard sizes, for batches of large samples), plus per-position metadata."""
+    dense = min(DENSE_MAX_BLOCK, batch_size * (DENSE_ROW_BYTES + bytes_per_sample)) / batch_size
+    listed = 4 * bytes_per_sample * slot / batch_size
+    return int(max(dense, listed)) + 64 * n_fields + 256
+
+
+def unpacked(transfer: Sequence[Any], packed: Sequence[int], n_plain: int) -> Tuple[Any, ...]:
+    """What the graph makes of a transfer-form batch (the inverse of :func:`pack`, as the
+    graph's trim does it): each packed field as a list of rows cut to their lengths."""
+    out = list(transfer[:n_plain])
+    for i, lengths in zip(packed, transfer[n_plain:]):
+        out[i] = [row[:n] for row, n in zip(transfer[i], lengths[:, 0])]
+    return tuple(out)

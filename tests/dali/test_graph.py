@@ -1,0 +1,148 @@
+"""The merge inside DALI: conditionals (owner index) and the sum/concatenation merge deliver the
+same samples, with byte fields shipped dense or as lists and trimmed in the graph."""
+
+import io
+
+import numpy as np
+import pytest
+
+import dalistream
+from dalistream.config import StreamConfig
+from dalistream.errors import ConfigError
+from dalistream.dali.graph import concat_mergeable
+
+from helpers import write_wds
+
+pytestmark = [pytest.mark.dali]
+
+
+def npy(value):
+    buf = io.BytesIO()
+    np.save(buf, value)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Every field kind; member sizes 0 to 40 kB (dense and list batches both occur); one ``txt`` missing."""
+    d = tmp_path_factory.mktemp("kinds")
+    rng = np.random.default_rng(1)
+    truth = {}
+    for s, n in enumerate([9, 5, 12, 7]):
+        samples = []
+        for i in range(n):
+            key = f"s{s}/{i:03d}"
+            size = int(rng.choice([0, 50, 300, 40_000]))
+            sample = {"__key__": key, "bin": rng.integers(0, 256, size, dtype=np.uint8).tobytes(),
+                      "cls": str(s * 100 + i).encode(), "npy": npy(np.full((2, 3), s * 100 + i, np.float32)),
+                      "vec": npy(np.arange(i, dtype=np.int16))}
+            if (s, i) != (1, 2):
+                sample["txt"] = f"text {s} {i}".encode() * (i + 1)
+            samples.append(sample)
+            truth[key] = sample
+        write_wds(str(d / f"s{s}.tar"), samples)
+    return str(d), truth
+
+
+BASE = {"data": "bin", "label": "cls", "vec": {"exts": "vec", "kind": "npy", "dtype": "int16", "ndim": 1},
+        "text": "txt", "key": "__key__"}
+WITH_2D = dict(BASE, arr={"exts": "npy", "kind": "npy", "dtype": "float32", "ndim": 2})
+
+
+def delivered(directory, fields, workers, **kw):
+    stream = dalistream.Stream.open(directory, fields=fields, batch_size=5, workers=workers, device="cpu",
+                                    policy="exact", shuffle=4, seed=3, missing="empty", **kw)
+    out = {}
+    with dalistream.Loader(stream) as loader:
+        for batch in loader:
+            for j, key in enumerate(batch["key"]):
+                assert key not in out
+                out[key] = {"data": bytes(batch["data"][j]), "label": int(batch["label"][j]),
+                            "vec": np.asarray(batch["vec"][j]).tolist(), "text": bytes(batch["text"][j]),
+                            **({"arr": np.asarray(batch["arr"][j]).tolist()} if "arr" in batch else {})}
+    return out
+
+
+def expected(truth, with_2d):
+    out = {}
+    for key, s in truth.items():
+        s_, i = key[1:].split("/")
+        out[key] = {"data": s["bin"], "label": int(s["cls"]), "vec": list(range(int(i))), "text": s.get("txt", b"")}
+        if with_2d:
+            out[key]["arr"] = np.full((2, 3), int(s["cls"]), np.float32).tolist()
+    return out
+
+
+def test_which_merge():
+    assert concat_mergeable(StreamConfig(sources=("x",), fields=BASE, batch_size=4).fields)
+    assert not concat_mergeable(StreamConfig(sources=("x",), fields=WITH_2D, batch_size=4).fields)
+
+
+@pytest.mark.parametrize("fields", [BASE, WITH_2D], ids=["concat", "conditionals"])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_every_sample_exactly_once_with_its_bytes(shards, fields, workers):
+    directory, truth = shards
+    assert delivered(directory, fields, workers) == expected(truth, fields is WITH_2D)
+
+
+# -- conditionals only when the graph needs them ---------------------------------------------------
+
+def plain_graph(stream):
+    data = dalistream.read(stream)
+    return {"key": data["key"], "label": data["label"] + 1}
+
+
+def graph_with_if(stream):
+    data = dalistream.read(stream)
+    label = data["label"]
+    if label > 100:  # on data: needs DALI's conditionals
+        label = label - 100
+    return {"key": data["key"], "label": label}
+
+
+def _helper_with_if(label):
+    if label > 100:
+        label = label - 100
+    return label
+
+
+def graph_calling_a_helper_with_if(stream):
+    data = dalistream.read(stream)
+    return {"key": data["key"], "label": _helper_with_if(data["label"])}
+
+
+def labels_by_key(directory, graph, **kw):
+    stream = dalistream.Stream.open(directory, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=2,
+                                    device="cpu", **kw)
+    with dalistream.Loader(stream, graph) as loader:
+        return {k: int(v) for b in loader for k, v in zip(b["key"], b["label"])}
+
+
+def test_conditionals_decided_from_the_graph(shards):
+    from dalistream.dali.pipeline import needs_conditionals
+
+    directory, truth = shards
+    even = dalistream.Stream.open(directory, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=2)
+    exact = dalistream.Stream.open(directory, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=2,
+                                   policy="exact")
+    two_d = dalistream.Stream.open(directory, fields=WITH_2D, batch_size=4, workers=2)
+    assert not needs_conditionals(plain_graph, even)
+    assert needs_conditionals(graph_with_if, even)
+    assert needs_conditionals(plain_graph, exact)           # padding: the decode guard
+    assert needs_conditionals(plain_graph, two_d)           # the owner's conditionals merge 2-D arrays
+    assert needs_conditionals(plain_graph, even, forced=True)
+    assert not needs_conditionals(graph_with_if, even, forced=False)
+
+
+def test_graphs_with_and_without_conditionals_deliver_the_same(shards):
+    directory, truth = shards
+    plain = labels_by_key(directory, dalistream.pipeline_def(plain_graph), policy="even")
+    assert plain and all(v == int(truth[k]["cls"]) + 1 for k, v in plain.items())
+    with_if = labels_by_key(directory, dalistream.pipeline_def(graph_with_if), policy="even")
+    assert with_if.keys() == plain.keys()
+    once = {k: int(truth[k]["cls"]) - (100 if int(truth[k]["cls"]) > 100 else 0) for k in with_if}
+    assert with_if == once and any(v != int(truth[k]["cls"]) for k, v in with_if.items())
+    forced = labels_by_key(directory, dalistream.pipeline_def(conditionals=True)(graph_calling_a_helper_with_if))
+    assert forced == with_if
+    with pytest.raises(ConfigError, match="conditionals=True"):
+        labels_by_key(directory, dalistream.pipeline_def(graph_calling_a_helper_with_if))
