@@ -23,7 +23,7 @@ from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 from ..errors import DalistreamError, SampleError, ShardFormatError
 from ..io.counters import ReadClock
 from .buffer import StreamBuffer
-from .headers import BLOCK, checksum_ok, damaged, number, parse_pax, read_error
+from .headers import BLOCK, checksum_ok, damaged, number, parse_pax
 
 ZERO = bytes(BLOCK)
 FILE, OTHER = 0, 1  # member kinds yielded: a regular file, a link/device/fifo (grouped, never read)

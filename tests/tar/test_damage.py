@@ -2,7 +2,6 @@
 are not files: each as the tar reader, the count scan and a worker (raise and skip) see it."""
 
 import io
-import os
 import shutil
 import subprocess
 import tarfile

@@ -3,7 +3,6 @@ for one reason (a typo in a field's extension with missing="skip"), the worker r
 SampleError naming the reason instead of training on batches of nothing; real damage (a share of
 bad samples) is still skipped and counted; a batch with no real sample is never yielded."""
 
-import logging
 
 import numpy as np
 import pytest
