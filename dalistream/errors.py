@@ -47,6 +47,10 @@ _HEADER_NAME = (r"(?:proxy-)?authorization|cookie|api-key|private-token|"
 _QUOTED_HEADER = re.compile(r"(?i)(?P<q>['\"])(?P<k>(?:" + _HEADER_NAME + r")\s*:)[^'\"]*(?P=q)")
 _BARE_HEADER = re.compile(r"(?i)(?<![\w-])(?P<k>(?:" + _HEADER_NAME + r")\s*:)\s*"
                           r"(?:(?:Bearer|Basic|Token|Digest|AWS4-HMAC-SHA256)\s+)?[^\s'\"]+")
+# every pattern above needs one of these: userinfo an "@", queries, assignments and options an "="
+# or white space, headers their name
+_MAY_HOLD_SECRET = re.compile(r"[@=\s]|(?i:authorization|cookie|api-key|private-token|x-[\w-]*(?:token|secret|key|"
+                              r"signature|credential|auth))")
 FIELDS_NOTE = "dalistream-error-fields: "  # marks the machine-readable note of a worker-side error
 
 
@@ -55,7 +59,10 @@ def redact(url: str) -> str:
     replaced by ``***``: user info (``scheme://user:pw@``, ``user:pw@host``), secret-looking
     ``key=value`` parameters and ``NAME=value`` assignments, ``-u``/``--user``/``--password``-like
     option values and ``Authorization``/token headers."""
-    text = _USERINFO.sub(r"\g<scheme>***@", str(url))
+    text = str(url)
+    if not _MAY_HOLD_SECRET.search(text):  # most shard URLs and paths: nothing to look for (a fast path)
+        return text
+    text = _USERINFO.sub(r"\g<scheme>***@", text)
     text = _BARE_USERINFO.sub("***@", text)
     text = _QUOTED_HEADER.sub(r"\g<q>\g<k> ***\g<q>", text)
     text = _BARE_HEADER.sub(r"\g<k> ***", text)

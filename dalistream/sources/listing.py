@@ -76,7 +76,7 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     urls: List[str] = []
     for source in sources:
         source = os.fspath(source)
-        for item in braceexpand.braceexpand(source) if not source.startswith("pipe:") else [source]:
+        for item in braceexpand.braceexpand(source) if "{" in source and not source.startswith("pipe:") else [source]:
             if is_remote(item):
                 if item.startswith("s3://") and item.endswith("/"):
                     urls.extend(_list_s3(item, storage_options or {}))
@@ -89,6 +89,15 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     return deduplicated(urls)
 
 
+def _file_identity(url: str):
+    """(device, inode) of a local shard: one ``stat`` (a real path costs one per path component)."""
+    try:
+        st = os.stat(local_path(url))
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        return os.path.abspath(local_path(url))  # missing: reported when it is opened
+
+
 def deduplicated(urls: Sequence[str]) -> List[str]:
     """``urls`` with every shard once: a local shard by its real path (a symlink to another
     listed shard, or one file matched by two globs or directories), a remote one by its URL.
@@ -98,7 +107,7 @@ def deduplicated(urls: Sequence[str]) -> List[str]:
     out: List[str] = []
     dropped = []
     for url in urls:
-        ident = url if is_remote(url) else os.path.realpath(local_path(url))
+        ident = url if is_remote(url) else _file_identity(url)
         if ident in first:
             dropped.append((url, first[ident]))
             continue
