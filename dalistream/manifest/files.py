@@ -41,8 +41,9 @@ def default_location(urls: Sequence[str]) -> Optional[str]:
         return f"{folders.pop()}/{DEFAULT_NAME}"
     if any(is_remote(u) for u in urls):
         return None
-    paths = [os.path.abspath(local_path(u)) for u in urls]
-    return os.path.join(os.path.commonpath([os.path.dirname(p) for p in paths]), DEFAULT_NAME)
+    folders = {os.path.dirname(os.path.abspath(local_path(u))) for u in urls}
+    folder = folders.pop() if len(folders) == 1 else os.path.commonpath(sorted(folders))
+    return os.path.join(folder, DEFAULT_NAME)
 
 
 def _relative(url: str, manifest: str) -> str:
@@ -114,7 +115,7 @@ def _key(url: str) -> str:
 
 def lookup(urls: Sequence[str], table: Mapping[str, ShardInfo], manifest_path: str) -> List[ShardInfo]:
     """Rows for ``urls`` from a manifest table, matched by full URL (credentials aside)."""
-    by_url = {_key(redact(u)): info for u, info in table.items()}
+    by_url = {u if os.path.isabs(u) else _key(redact(u)): info for u, info in table.items()}  # rows: resolved
     rows = []
     for url in urls:
         info = by_url.get(_key(redact(url)))

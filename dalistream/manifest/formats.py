@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Optional
 
 from ..errors import ManifestError
 from ..io.local import local_path
@@ -31,7 +31,12 @@ FORMAT = "dalistream-manifest"
 WIDS_KIND = "wids-shard-index-v1"
 
 
-def resolve(url: str, manifest: str) -> str:
+def _folder(manifest: str) -> str:
+    """The folder relative row URLs are resolved against."""
+    return manifest if is_remote(manifest) else os.path.dirname(os.path.abspath(local_path(manifest)))
+
+
+def resolve(url: str, manifest: str, folder: Optional[str] = None) -> str:
     """A row's URL as a shard URL: relative ones joined to the manifest's folder; local paths absolute."""
     if is_remote(url):
         return url
@@ -40,12 +45,13 @@ def resolve(url: str, manifest: str) -> str:
     if is_remote(manifest):
         scheme, rest = manifest.split("://", 1)
         host, _, key = rest.partition("/")
-        folder = posixpath.dirname(key)
-        return f"{scheme}://{host}/" + posixpath.normpath(url.lstrip("/") if url.startswith("/") else posixpath.join(folder, url)).lstrip("./")
-    path = os.path.expanduser(url)
-    if not os.path.isabs(path):
-        path = os.path.join(os.path.dirname(os.path.abspath(local_path(manifest))), path)
-    return os.path.normpath(path)
+        folder_key = posixpath.dirname(key)
+        return f"{scheme}://{host}/" + posixpath.normpath(url.lstrip("/") if url.startswith("/") else posixpath.join(folder_key, url)).lstrip("./")
+    if url.startswith("~"):
+        url = os.path.expanduser(url)
+    if not url.startswith("/"):
+        url = os.path.join(folder if folder is not None else _folder(manifest), url)
+    return os.path.normpath(url) if ("/." in url or "//" in url) else url
 
 
 def _count(value: Any, what: str, manifest: str, row: int, url: Optional[str]) -> int:
@@ -61,13 +67,14 @@ def _bad(message: str, manifest: str, row: Optional[int] = None, url: Optional[s
                          hint=f"manifest {manifest}: rebuild it with `dalistream index`")
 
 
-def _checked_row(raw: Any, manifest: str, row: int, url_key: str, samples_key: str, bytes_key: str) -> ShardInfo:
-    if not isinstance(raw, Mapping):
+def _checked_row(raw: Any, manifest: str, row: int, url_key: str, samples_key: str, bytes_key: str,
+                 folder: Optional[str] = None) -> ShardInfo:
+    if not isinstance(raw, dict):
         raise _bad(f"not an object: {raw!r}", manifest, row)
     url = raw.get(url_key)
     if not isinstance(url, str) or not url:
         raise _bad(f"no {url_key!r}", manifest, row)
-    url = resolve(url, manifest)
+    url = resolve(url, manifest, folder)
     if samples_key not in raw:
         raise _bad(f"no {samples_key!r} (sample count)", manifest, row, url)
     samples = _count(raw[samples_key], samples_key, manifest, row, url)
@@ -88,7 +95,7 @@ def _checked_row(raw: Any, manifest: str, row: int, url_key: str, samples_key: s
 
 def parse_json(payload: Any, manifest: str) -> List[ShardInfo]:
     """Rows of a dalistream manifest or a wids shard index (already parsed JSON)."""
-    if not isinstance(payload, Mapping):
+    if not isinstance(payload, dict):
         raise _bad("not a manifest (not a JSON object)", manifest)
     if payload.get("__kind__") == WIDS_KIND:
         rows = payload.get("shardlist")
@@ -102,7 +109,8 @@ def parse_json(payload: Any, manifest: str) -> List[ShardInfo]:
         raise _bad(f"not a manifest: neither format {FORMAT!r} nor a wids index ({WIDS_KIND!r})", manifest)
     if not isinstance(rows, list):
         raise _bad("its list of shards is missing", manifest)
-    infos = [_checked_row(raw, manifest, i, *keys) for i, raw in enumerate(rows)]
+    folder = _folder(manifest)
+    infos = [_checked_row(raw, manifest, i, *keys, folder=folder) for i, raw in enumerate(rows)]
     seen: dict = {}
     for i, info in enumerate(infos):
         if info.url in seen:
