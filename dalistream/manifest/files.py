@@ -110,7 +110,9 @@ def read_idx(index_paths: Sequence[str], urls: Sequence[str], options: Optional[
 
 
 def _key(url: str) -> str:
-    return url if is_remote(url) else os.path.normpath(os.path.abspath(local_path(url)))
+    if is_remote(url) or (url.startswith("/") and "/." not in url and "//" not in url):
+        return url  # already absolute and normal (most listed paths)
+    return os.path.normpath(os.path.abspath(local_path(url)))
 
 
 def lookup(urls: Sequence[str], table: Mapping[str, ShardInfo], manifest_path: str) -> List[ShardInfo]:

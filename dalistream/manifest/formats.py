@@ -22,6 +22,8 @@ import os
 import posixpath
 from typing import Any, List, Optional
 
+import numpy as np
+
 from ..errors import ManifestError
 from ..io.local import local_path
 from ..sources import is_remote
@@ -85,11 +87,10 @@ def _checked_row(raw: Any, manifest: str, row: int, url_key: str, samples_key: s
     if offsets is not None:
         if not isinstance(offsets, list) or len(offsets) != samples:
             raise _bad(f"'offsets' must list one offset per sample ({samples})", manifest, row, url)
-        previous = -1
-        for o in offsets:
-            if isinstance(o, bool) or not isinstance(o, int) or o <= previous or o % 512:
-                raise _bad("'offsets' must be increasing multiples of 512", manifest, row, url)
-            previous = o
+        values = np.asarray(offsets) if offsets else np.zeros(0, np.int64)
+        if values.ndim != 1 or values.dtype.kind != "i" or (len(values) and (values[0] < 0 or np.any(np.diff(values) <= 0)
+                                                         or np.any(values % 512))):
+            raise _bad("'offsets' must be increasing multiples of 512", manifest, row, url)
     return ShardInfo(url, samples, size, tuple(offsets) if offsets is not None else None)
 
 

@@ -89,6 +89,10 @@ GOOD = {"url": "/x/a.tar", "samples": 2, "bytes": 10}
     ({**GOOD, "offsets": [0]}, "one offset per sample"),
     ({**GOOD, "offsets": [1024, 512]}, "increasing"),
     ({**GOOD, "offsets": [0, 100]}, "multiples of 512"),
+    ({**GOOD, "offsets": ["0", "512"]}, "increasing multiples"),
+    ({**GOOD, "offsets": [[0], [512]]}, "increasing multiples"),
+    ({**GOOD, "offsets": [0.0, 512.0]}, "increasing multiples"),
+    ({**GOOD, "offsets": [-512, 0]}, "increasing multiples"),
     ("a.tar", "not an object"),
 ])
 def test_a_malformed_row_names_the_manifest_and_the_row(tmp_path, row, problem):
