@@ -42,6 +42,7 @@ def test_help_lists_every_command():
         assert command in out
 
 
+@pytest.mark.slow
 def test_synth_writes_a_dataset_index_counts_it(tmp_path):
     cli("synth", tmp_path / "ds", "--shards", 3, "--samples-per-shard", 5, "--uneven", "--seed", 2)
     shards = sorted(os.listdir(tmp_path / "ds"))
@@ -256,6 +257,7 @@ def test_index_output_says_what_it_wrote(extra, shards, tmp_path, capsys):
     assert "wrote" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.dali
 def test_keys_prints_people_text_without_json(shards):
     import re

@@ -75,6 +75,7 @@ def test_where_the_main_script_stands_is_found(tmp_path):
     assert done.stdout.strip() == "None"  # no script file: nothing runs again
 
 
+@pytest.mark.slow
 def test_a_spawned_child_knows_it_runs_the_script_again(tmp_path):
     script = tmp_path / "child.py"
     done = run_script(script, f"""\
@@ -129,6 +130,7 @@ def final_error(stderr):
     return [line for line in stderr.splitlines() if line.startswith("dalistream.errors.")][-1]
 
 
+@pytest.mark.slow
 @pytest.mark.dali
 @pytest.mark.parametrize("body, line", [(ON_ERROR, 14), (DECODER, 18)])
 def test_spawn_without_the_guard_says_what_to_add_before_any_worker_starts(tmp_path, body, line):

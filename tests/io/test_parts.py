@@ -65,6 +65,7 @@ def tar_bytes(path):
         return f.read()
 
 
+@pytest.mark.slow
 def test_shaped_link_parallel_parts_deliver_the_keys_of_a_direct_read(shards):
     direct = sequence_keys(shards["paths"], {})
     counters = IOCounters()
@@ -101,6 +102,7 @@ def test_buffered_bytes_stay_within_read_ahead_bytes(shards):
     assert counters.peak_buffered_bytes <= budget
 
 
+@pytest.mark.slow
 def test_cuts_in_mid_part_lose_and_duplicate_nothing(shards):
     want = [tar_bytes(p) for p in shards["paths"]]
     counters = IOCounters()
@@ -121,6 +123,7 @@ def test_cuts_in_mid_part_lose_and_duplicate_nothing(shards):
     assert proxy.injected == 5
 
 
+@pytest.mark.slow
 def test_503_bursts_lose_and_duplicate_nothing(shards):
     counters = IOCounters()
     with ShapingProxy(shards["endpoint"], status=503, faults=12) as proxy:
@@ -131,6 +134,7 @@ def test_503_bursts_lose_and_duplicate_nothing(shards):
     assert counters.bytes == sum(os.path.getsize(p) for p in shards["paths"])
 
 
+@pytest.mark.slow
 def test_object_changed_between_parts_is_an_error(shards):
     path = shards["paths"][0]
     data = open(path, "rb").read()
@@ -152,6 +156,7 @@ def test_object_changed_between_parts_is_an_error(shards):
         seq.close()
 
 
+@pytest.mark.slow
 def test_http_ranges_give_parts_else_one_stream(shards, tmp_path):
     import functools
     import http.server
@@ -179,6 +184,7 @@ def test_http_ranges_give_parts_else_one_stream(shards, tmp_path):
         server.server_close()
 
 
+@pytest.mark.slow
 def test_ranges_of_plain_gzip_and_local_shards(shards):
     tars = [tar_bytes(p) for p in shards["paths"]]
     ranges = [(1000, 250_000), (512, None), (0, None), (300_000, None)]

@@ -149,6 +149,7 @@ def io_totals(stats) -> Counter:
 
 # -- end to end through DALI ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.dali
 def test_s3_prefix_equals_local_through_dali(dataset):
     kw = dict(batch_size=8, workers=2, rank=0, world_size=1, seed=1)
@@ -162,6 +163,7 @@ def test_s3_prefix_equals_local_through_dali(dataset):
     assert io_totals(stats)["requests"] >= len(remote.urls)
 
 
+@pytest.mark.slow
 @pytest.mark.dali
 def test_s3_two_ranks_two_workers_exact_two_epochs(dataset):
     kw = dict(batch_size=6, workers=2, world_size=2, seed=4, shuffle=8, policy="exact")
@@ -177,6 +179,7 @@ def test_s3_two_ranks_two_workers_exact_two_epochs(dataset):
     assert seen[0] == seen[1] == every_key  # every sample exactly once per epoch over both ranks
 
 
+@pytest.mark.slow
 @pytest.mark.dali
 def test_s3_three_ranks_last_rank(dataset):
     kw = dict(batch_size=4, workers=1, rank=2, world_size=3, seed=9)
@@ -187,6 +190,7 @@ def test_s3_three_ranks_last_rank(dataset):
     assert got == reference_batches(local, 0) and got
 
 
+@pytest.mark.slow
 @pytest.mark.dali
 def test_s3_cut_connections_through_dali_deliver_exactly_once(dataset):
     kw = dict(batch_size=8, workers=2, rank=0, world_size=1, seed=2)
@@ -203,6 +207,7 @@ def test_s3_cut_connections_through_dali_deliver_exactly_once(dataset):
     assert totals["resumes"] >= 1 and totals["resumed_bytes"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.dali
 def test_s3_behind_a_far_link_with_default_parts_equals_local(dataset):
     kw = dict(batch_size=8, workers=1, rank=0, world_size=1, seed=3, shuffle=5)
@@ -236,6 +241,7 @@ def test_cli_keys_s3_equals_local(dataset, tmp_path):
 
 # -- streams, read-ahead and faults without DALI -----------------------------------------------------------
 
+@pytest.mark.slow
 def test_sequence_reads_s3_http_and_local_in_order(dataset, http_base):
     paths = [os.path.join(dataset["local"], n) for n in dataset["names"]]
     want = local_keys(paths)
@@ -284,6 +290,7 @@ def test_cut_connection_resumes_at_exact_offset(dataset):
     assert 0 < counters.resumed_bytes < len(data) and counters.bytes == len(data)
 
 
+@pytest.mark.slow
 def test_cut_connections_with_read_ahead_lose_and_duplicate_nothing(dataset, http_base):
     names = dataset["names"]
     want = local_keys([os.path.join(dataset["local"], n) for n in names])
@@ -331,6 +338,7 @@ def test_throttling_gives_up_after_max_attempts(dataset):
     assert "SlowDown" in str(info.value) and counters.retries == 2 and proxy.injected == 3
 
 
+@pytest.mark.slow
 def test_clear_immediate_errors(dataset, http_base):
     opts = dataset["opts"]
     cases = [
@@ -385,6 +393,7 @@ def test_credentials_never_in_errors_or_reprs(dataset, http_base):
         assert FAKE_SECRET not in text and FAKE_KEY_ID not in text
 
 
+@pytest.mark.slow
 def test_profile_and_anonymous_options(dataset, tmp_path, monkeypatch):
     url = f"s3://{BUCKET}/ds/{dataset['names'][0]}"
     data = open(os.path.join(dataset["local"], dataset["names"][0]), "rb").read()
@@ -458,6 +467,7 @@ def test_index_writes_manifest_next_to_shards(dataset, capsys):
         read_manifest(f"s3://{BUCKET}/ds/none.json", dataset["opts"])
 
 
+@pytest.mark.slow
 @pytest.mark.dali
 def test_http_sources_through_stream_open(dataset, http_base):
     kw = dict(batch_size=4, workers=2, rank=0, world_size=1)

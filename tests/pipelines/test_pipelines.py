@@ -143,6 +143,7 @@ def by_parity(stream):
     return {"image": out, "label": data["label"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_user_conditionals_around_dalistream_ops(odd, start_method):
     shards, truth, cache = odd
@@ -248,6 +249,7 @@ def test_a_pipeline_that_uses_every_field_is_defined_once(odd):
     assert len(calls) == 3
 
 
+@pytest.mark.slow
 def test_no_unused_output_warning_on_stderr(odd, tmp_path):
     """The run as a user sees it: DALI's warning went to stderr once per worker."""
     shards, _, cache = odd

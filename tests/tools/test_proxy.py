@@ -34,6 +34,7 @@ def get(url: str) -> bytes:
         return answer.read()
 
 
+@pytest.mark.slow
 def test_shaped_answers_are_exact_and_faults_bounded(files):
     base, data = files
     with ShapingProxy(base, latency_s=0.01, rate=2e6) as proxy:
