@@ -41,7 +41,8 @@ def default_location(urls: Sequence[str]) -> Optional[str]:
         return f"{folders.pop()}/{DEFAULT_NAME}"
     if any(is_remote(u) for u in urls):
         return None
-    folders = {os.path.dirname(os.path.abspath(local_path(u))) for u in urls}
+    folders = {u.rsplit("/", 1)[0] if u.startswith("/") and "/." not in u and "//" not in u
+               else os.path.dirname(os.path.abspath(local_path(u))) for u in urls}
     folder = folders.pop() if len(folders) == 1 else os.path.commonpath(sorted(folders))
     return os.path.join(folder, DEFAULT_NAME)
 
