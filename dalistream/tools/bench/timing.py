@@ -44,8 +44,17 @@ def cpu_split(pid: int) -> Tuple[float, float]:
     return main, max(0.0, tree_cpu_s(pid) - main)
 
 
+def _own_cpu() -> Tuple[float, float]:
+    return cpu_split(os.getpid())
+
+
+# /proc counts CPU time in clock ticks: a steady phase shorter than a few ticks of CPU is not
+# measured (None), rather than reported as 0 or as one tick's worth
+MIN_CPU_TICKS = 5
+
+
 def timed(batches: Iterable[Any], count: Count, t0: float, *, clock: Callable[[], float] = time.perf_counter,
-          cpu: Callable[[], Tuple[float, float]] = lambda: cpu_split(os.getpid())) -> Dict[str, Any]:
+          cpu: Callable[[], Tuple[float, float]] = _own_cpu) -> Dict[str, Any]:
     """Drain ``batches`` under the rule above; ``t0`` is the clock's reading before the system
     was opened. ``clock`` and ``cpu`` are injectable so that the rule itself can be tested."""
     samples = payload = n_batches = 0
@@ -66,8 +75,9 @@ def timed(batches: Iterable[Any], count: Count, t0: float, *, clock: Callable[[]
         return {"samples": 0, "batches": 0, "first_batch_s": None, "samples_per_s": None}
     cpu_end = cpu()
     steady, steady_samples = end - first, samples - first_samples
-    per_sample = (lambda s: s / steady_samples * 1000) if steady_samples else (lambda s: None)
     main_s, workers_s = cpu_end[0] - cpu_first[0], cpu_end[1] - cpu_first[1]
+    measurable = cpu is not _own_cpu or main_s + workers_s >= MIN_CPU_TICKS / os.sysconf("SC_CLK_TCK")
+    per_sample = (lambda s: s / steady_samples * 1000) if steady_samples and measurable else (lambda s: None)
     return {
         "samples": samples, "batches": n_batches, "payload_bytes": payload,
         "first_batch_s": first - t0, "total_s": end - t0,
