@@ -46,8 +46,9 @@ MAIN = ("samples_per_s", "first_batch_s", "peak_rss_mb", "peak_pss_mb", "steady_
 
 @pytest.mark.slow
 def test_compare_reports_every_system(shards, tmp_path):
+    # epochs enough that every system's steady phase spans many /proc clock ticks of CPU
     report, proc = run_bench(tmp_path, shards, "--workers", 2, "--batch-size", 16, "--size", 64,
-                             "--compare", "dali-native,webdataset", "--repeats", 1)
+                             "--compare", "dali-native,webdataset", "--repeats", 1, "--epochs", 6)
     positive(report, MAIN)
     assert set(report["peers"]) == {"dali-native", "webdataset"}
     for name, peer in report["peers"].items():
