@@ -172,11 +172,11 @@ class Stream:
             counted = count_samples(urls, manifest=config.manifest, cache_dir=config.cache_dir,
                                     options=config.storage_options, lowercase=config.lowercase_ext,
                                     tolerant=config.on_error != "raise", scan_limit_bytes=config.scan_limit_bytes)
-            counts = tuple(info.samples for info in counted.infos)
+            counts = tuple(counted.rows.samples.tolist())
             check_data_size(config, counts)
             source = counted.source
-            if any(info.offsets is not None for info in counted.infos):
-                offsets = SampleOffsets(counts, [info.offsets for info in counted.infos])
+            if counted.rows.offsets is not None:
+                offsets = SampleOffsets.from_flat(counted.rows.starts, counted.rows.offsets)
                 if config.cache_dir:
                     offsets = offsets.saved(config.cache_dir)
         else:

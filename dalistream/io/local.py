@@ -16,7 +16,7 @@ CHUNK = 1 << 20
 def local_path(url: str) -> str:
     """The file system path of a local shard URL: ``file://`` stripped, ``~`` expanded."""
     path = url[len("file://"):] if url.startswith("file://") else url
-    return os.path.expanduser(path)
+    return os.path.expanduser(path) if path.startswith("~") else path
 
 
 class PipeStream(io.RawIOBase):

@@ -26,7 +26,7 @@ from ..io.local import local_path
 from ..io.remote import is_fetched, stat_remote
 from ..sources import is_remote
 from .files import default_location, lookup, read_idx, read_manifest
-from .rows import ShardInfo
+from .rows import ShardInfo, ShardRows
 from .scan import build_manifest, scan_tolerant
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Counted:
-    """Rows for every shard, where they came from (for messages) and the scan's problems (``skip``)."""
+    """Rows for every shard (as columns), where they came from (for messages) and the scan's
+    problems (``skip``)."""
 
-    infos: List[ShardInfo]
+    rows: ShardRows
     source: str
     problems: list = field(default_factory=list)
+
+    @property
+    def infos(self) -> List[ShardInfo]:
+        """The rows one :class:`ShardInfo` each (for the commands; the stream uses the columns)."""
+        return self.rows.infos()
 
 
 def _exists(url: str, options: Optional[Mapping[str, Any]]) -> bool:
@@ -95,7 +101,7 @@ def count_samples(
     None: always scan; ``progress`` is called with each scanned row; ``discover=False`` skips step 2
     (``dalistream index`` scans even where a manifest already lies)."""
     if manifest and manifest.endswith(".idx"):
-        return Counted(read_idx(_expand_idx(manifest), urls, options), f"index files {redact(manifest)}")
+        return Counted(ShardRows.from_infos(read_idx(_expand_idx(manifest), urls, options)), f"index files {redact(manifest)}")
     if manifest:
         return Counted(lookup(urls, read_manifest(manifest, options), manifest), f"manifest {redact(manifest)}")
     found = default_location(urls)
@@ -103,7 +109,7 @@ def count_samples(
         return Counted(lookup(urls, read_manifest(found, options), found), f"manifest {redact(found)}")
     idx = _idx_beside(urls, options) if discover else None
     if idx:
-        return Counted(read_idx(idx, urls, options), "index files (.idx) beside the shards")
+        return Counted(ShardRows.from_infos(read_idx(idx, urls, options)), "index files (.idx) beside the shards")
     if scan_limit_bytes is not None and any(is_fetched(u) for u in urls):
         total = _remote_bytes(urls, options, scan_limit_bytes)
         if total > scan_limit_bytes:
@@ -119,9 +125,9 @@ def count_samples(
                                         progress=progress)
         for problem in problems:
             log.warning("shard cannot be read to its end; counting the samples before the problem: %s", problem)
-        return Counted(infos, source, problems)
-    return Counted(build_manifest(urls, cache_dir=cache_dir, options=options, lowercase=lowercase, offsets=True,
-                                  progress=progress), source)
+        return Counted(ShardRows.from_infos(infos), source, problems)
+    return Counted(ShardRows.from_infos(build_manifest(urls, cache_dir=cache_dir, options=options, lowercase=lowercase,
+                                                       offsets=True, progress=progress)), source)
 
 
 def count_shards(

@@ -13,14 +13,16 @@ import os
 import posixpath
 import tempfile
 from dataclasses import asdict
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
+
+import numpy as np
 
 from ..errors import ManifestError, SourceError, redact
 from ..io.local import local_path
 from ..io.remote import is_fetched, put_bytes, read_bytes
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
-from .rows import ShardInfo
+from .rows import ShardInfo, ShardRows
 
 DEFAULT_NAME = "dalistream-manifest.json"
 
@@ -28,9 +30,10 @@ DEFAULT_NAME = "dalistream-manifest.json"
 def default_location(urls: Sequence[str]) -> Optional[str]:
     """Where ``dalistream index`` writes and where a manifest is looked for unnamed: the folder
     (or key prefix) holding all the shards. ``None`` for ``pipe:`` sources or mixed places."""
-    if not urls or any(u.startswith("pipe:") for u in urls):
+    remote = [u for u in urls if is_remote(u)]
+    if not urls or any(u.startswith("pipe:") for u in remote):
         return None
-    if all(is_remote(u) for u in urls):
+    if len(remote) == len(urls):
         folders = {u.rsplit("/", 1)[0] for u in urls}
         if len(folders) != 1:
             common = posixpath.commonpath([f.split("://", 1)[1] for f in folders])
@@ -39,10 +42,11 @@ def default_location(urls: Sequence[str]) -> Optional[str]:
                 return None
             folders = {f"{schemes.pop()}://{common}"}
         return f"{folders.pop()}/{DEFAULT_NAME}"
-    if any(is_remote(u) for u in urls):
+    if remote:
         return None
-    folders = {u.rsplit("/", 1)[0] if u.startswith("/") and "/." not in u and "//" not in u
-               else os.path.dirname(os.path.abspath(local_path(u))) for u in urls}
+    folders = {u.rpartition("/")[0] for u in urls}  # a few folders for many shards: each checked once
+    if not all(f.startswith("/") and "/." not in f and "//" not in f for f in folders):
+        folders = {os.path.dirname(os.path.abspath(local_path(u))) for u in urls}
     folder = folders.pop() if len(folders) == 1 else os.path.commonpath(sorted(folders))
     return os.path.join(folder, DEFAULT_NAME)
 
@@ -92,14 +96,14 @@ def _read_text(path: str, options: Optional[Mapping[str, Any]]) -> str:
         raise SourceError(f"cannot read manifest: {e.message}", url=path, hint=e.hint, reason=e.reason) from None
 
 
-def read_manifest(path: str, options: Optional[Mapping[str, Any]] = None) -> Dict[str, ShardInfo]:
+def read_manifest(path: str, options: Optional[Mapping[str, Any]] = None) -> ShardRows:
     """Read a manifest (dalistream JSON or a wids index; local, ``s3://`` or ``http(s)://``) into
-    ``{shard url: ShardInfo}``, validated row by row."""
+    its rows (URLs resolved), validated."""
     try:
         payload = json.loads(_read_text(path, options))
     except ValueError as e:
         raise ManifestError(f"manifest is not valid JSON: {e}", url=path, reason="bad_manifest") from None
-    return {info.url: info for info in parse_json(payload, path)}
+    return parse_json(payload, path)
 
 
 def read_idx(index_paths: Sequence[str], urls: Sequence[str], options: Optional[Mapping[str, Any]] = None) -> List[ShardInfo]:
@@ -111,23 +115,25 @@ def read_idx(index_paths: Sequence[str], urls: Sequence[str], options: Optional[
 
 
 def _key(url: str) -> str:
-    if is_remote(url) or (url.startswith("/") and "/." not in url and "//" not in url):
+    if url.startswith("/") and "/." not in url and "//" not in url:
         return url  # already absolute and normal (most listed paths)
+    if is_remote(url):
+        return redact(url)
     return os.path.normpath(os.path.abspath(local_path(url)))
 
 
-def lookup(urls: Sequence[str], table: Mapping[str, ShardInfo], manifest_path: str) -> List[ShardInfo]:
-    """Rows for ``urls`` from a manifest table, matched by full URL (credentials aside)."""
-    by_url = {u if os.path.isabs(u) else _key(redact(u)): info for u, info in table.items()}  # rows: resolved
-    rows = []
-    for url in urls:
-        info = by_url.get(_key(redact(url)))
-        if info is None:
-            listed = sorted(by_url)[:2]
-            raise ManifestError(
-                f"shard is not in the manifest {redact(manifest_path)} ({len(by_url)} rows, e.g. "
-                f"{', '.join(listed)}): is it the manifest of another split or folder?", url=url,
-                reason="not_in_manifest",
-                hint=f"rebuild it with `dalistream index SOURCES -o {redact(manifest_path)}`")
-        rows.append(info)
-    return rows
+def lookup(urls: Sequence[str], table: ShardRows, manifest_path: str) -> ShardRows:
+    """Rows for ``urls`` from a manifest's rows, matched by full URL (credentials aside)."""
+    index = {u if u.startswith("/") else _key(u): i for i, u in enumerate(table.urls)}  # rows: resolved
+    found = [index.get(url, -1) for url in urls]  # rows are absolute and normal, as most listed URLs are
+    if -1 in found:
+        found = [i if i >= 0 else index.get(_key(url), -1) for i, url in zip(found, urls)]
+    if -1 in found:
+        url = urls[found.index(-1)]
+        listed = sorted(index)[:2]
+        raise ManifestError(
+            f"shard is not in the manifest {redact(manifest_path)} ({len(index)} rows, e.g. "
+            f"{', '.join(listed)}): is it the manifest of another split or folder?", url=url,
+            reason="not_in_manifest",
+            hint=f"rebuild it with `dalistream index SOURCES -o {redact(manifest_path)}`")
+    return table.take(np.array(found, dtype=np.int64))

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Any, List, Optional
+from itertools import chain
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import ManifestError
 from ..io.local import local_path
 from ..sources import is_remote
-from .rows import ShardInfo
+from .rows import ShardInfo, ShardRows
 
 FORMAT = "dalistream-manifest"
 WIDS_KIND = "wids-shard-index-v1"
@@ -57,7 +58,7 @@ def resolve(url: str, manifest: str, folder: Optional[str] = None) -> str:
 
 
 def _count(value: Any, what: str, manifest: str, row: int, url: Optional[str]) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 62:
         raise ManifestError(f"manifest row {row}: {what} must be a non-negative integer, got {value!r}",
                             url=url, reason="bad_manifest", hint=f"manifest {manifest}: rebuild it with `dalistream index`")
     return value
@@ -90,35 +91,84 @@ def _checked_row(raw: Any, manifest: str, row: int, url_key: str, samples_key: s
     return ShardInfo(url, samples, size, tuple(offsets) if offsets is not None else None)
 
 
+def _check_flat_offsets(flat: np.ndarray, starts: np.ndarray, manifest: str, urls: Sequence[str],
+                        row_ids: Optional[Sequence[int]] = None) -> None:
+    """Offsets of all rows at once (``flat``, row ``k``'s at ``starts[k]:starts[k + 1]``):
+    increasing multiples of 512 within each row; the first bad row is named."""
+    wrong = (flat % 512 != 0) | (flat < 0)
+    step = np.diff(flat) <= 0
+    firsts = starts[1:-1]
+    step[firsts[(firsts > 0) & (firsts < len(flat))] - 1] = False  # a row's first offset need not exceed the last row's last
+    wrong[1:] |= step
+    if not wrong.any():
+        return
+    k = int(np.searchsorted(starts, int(np.argmax(wrong)), side="right")) - 1
+    row = row_ids[k] if row_ids is not None else k
+    raise _bad("'offsets' must be increasing multiples of 512", manifest, row, urls[k])
+
+
 def _check_offsets(infos: List[ShardInfo], manifest: str) -> None:
     """Every row's offsets increasing multiples of 512 from 0 on, checked for all rows at once
     (a per-row check costs more than the parse at 100,000 rows)."""
     rows = [i for i, info in enumerate(infos) if info.offsets]
     if not rows:
         return
+    bad = next((k for k, i in enumerate(rows)
+                if any(isinstance(o, bool) or not isinstance(o, int) or not 0 <= o < 1 << 62 for o in infos[i].offsets)),
+               None)
+    if bad is not None:
+        raise _bad("'offsets' must be increasing multiples of 512", manifest, rows[bad], infos[rows[bad]].url)
+    flat = np.array([o for i in rows for o in infos[i].offsets], dtype=np.int64)
+    starts = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(infos[i].offsets) for i in rows], out=starts[1:])
+    _check_flat_offsets(flat, starts, manifest, [infos[i].url for i in rows], rows)
+
+
+def _simple(url: str) -> bool:
+    """A relative row URL that joins to its folder as is: no scheme, ``~``, ``.``/``..`` or ``//``."""
+    return bool(url) and url[0] not in "/~." and ":" not in url and "/." not in url and "//" not in url
+
+
+def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str]) -> Optional[ShardRows]:
+    """The rows as columns when every row is plainly valid (the common case, checked a column at a
+    time); ``None`` sends the manifest through the row-by-row check, which names the bad row."""
+    url_key, samples_key, bytes_key = keys
+    if not all(type(r) is dict for r in rows):
+        return None
+    urls = [r.get(url_key) for r in rows]
+    samples = [r.get(samples_key) for r in rows]
+    sizes = [r.get(bytes_key, -1) for r in rows]
+    if not (all(type(u) is str and u for u in urls) and all(type(n) is int for n in samples)
+            and all(type(b) is int for b in sizes)):
+        return None
     try:
-        flat = np.array([o for i in rows for o in infos[i].offsets])
-    except (ValueError, TypeError):
-        flat = np.array(["bad"])
-    lengths = np.array([len(infos[i].offsets) for i in rows])
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    if flat.ndim != 1 or flat.dtype.kind != "i":
-        bad = next(k for k, i in enumerate(rows)
-                   if any(isinstance(o, bool) or not isinstance(o, int) for o in infos[i].offsets))
+        counts = np.array(samples, dtype=np.int64) if samples else np.zeros(0, dtype=np.int64)
+        size_col = np.array(sizes, dtype=np.int64) if sizes else np.zeros(0, dtype=np.int64)
+    except OverflowError:
+        return None
+    if (counts < 0).any() or ((size_col < 0) & (size_col != -1)).any():
+        return None
+    offsets = None
+    lists = [r.get("offsets") for r in rows]
+    if any(o is not None for o in lists):
+        if not all(type(o) is list for o in lists) or any(len(o) != n for o, n in zip(lists, samples)):
+            return None
+        flat = np.array(list(chain.from_iterable(lists)))
+        if flat.size and (flat.ndim != 1 or flat.dtype.kind != "i"):
+            return None
+        offsets = flat.astype(np.int64, copy=False) if flat.size else np.zeros(0, dtype=np.int64)
+    if is_remote(manifest):
+        resolved = [resolve(u, manifest) for u in urls]
     else:
-        wrong = (flat % 512 != 0) | (flat < 0)
-        step = np.diff(flat) <= 0
-        step[starts[1:] - 1] = False  # a row's first offset need not exceed the last row's last
-        wrong[1:] |= step
-        if not wrong.any():
-            return
-        bad = int(np.searchsorted(starts, int(np.argmax(wrong)), side="right")) - 1
-    row = rows[bad]
-    raise _bad("'offsets' must be increasing multiples of 512", manifest, row, infos[row].url)
+        prefix = folder.rstrip("/") + "/"
+        resolved = [prefix + u if _simple(u) else resolve(u, manifest, folder) for u in urls]
+    if len(set(resolved)) != len(resolved):
+        return None
+    return ShardRows(resolved, counts, size_col, offsets)
 
 
-def parse_json(payload: Any, manifest: str) -> List[ShardInfo]:
-    """Rows of a dalistream manifest or a wids shard index (already parsed JSON)."""
+def parse_json(payload: Any, manifest: str) -> ShardRows:
+    """Rows of a dalistream manifest or a wids index (already parsed JSON), validated."""
     if not isinstance(payload, dict):
         raise _bad("not a manifest (not a JSON object)", manifest)
     if payload.get("__kind__") == WIDS_KIND:
@@ -134,6 +184,11 @@ def parse_json(payload: Any, manifest: str) -> List[ShardInfo]:
     if not isinstance(rows, list):
         raise _bad("its list of shards is missing", manifest)
     folder = _folder(manifest)
+    table = _columns(rows, manifest, folder, keys)
+    if table is not None:
+        if table.offsets is not None and len(table.offsets):
+            _check_flat_offsets(table.offsets, table.starts, manifest, table.urls)
+        return table
     infos = [_checked_row(raw, manifest, i, *keys, folder=folder) for i, raw in enumerate(rows)]
     _check_offsets(infos, manifest)
     seen: dict = {}
@@ -141,7 +196,7 @@ def parse_json(payload: Any, manifest: str) -> List[ShardInfo]:
         if info.url in seen:
             raise _bad(f"shard listed twice (rows {seen[info.url]} and {i})", manifest, i, info.url)
         seen[info.url] = i
-    return infos
+    return ShardRows.from_infos(infos)
 
 
 def parse_idx(text: str, index: str, shard_url: str) -> ShardInfo:

@@ -29,6 +29,15 @@ class SampleOffsets:
         self._flat: Optional[np.ndarray] = flat
         self.path: Optional[str] = None
 
+    @classmethod
+    def from_flat(cls, starts: np.ndarray, flat: np.ndarray) -> "SampleOffsets":
+        """From the flat array itself (``-1`` unknown), laid out by ``starts`` (the running sum of counts)."""
+        self = cls.__new__(cls)
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self._flat = np.asarray(flat, dtype=np.int64)
+        self.path = None
+        return self
+
     @property
     def flat(self) -> np.ndarray:
         if self._flat is None:

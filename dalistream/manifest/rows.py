@@ -1,10 +1,14 @@
-"""One manifest row: a shard's URL, its number of samples, its stored size and (optionally) the
-tar offset of every sample."""
+"""Manifest rows: a shard's URL, its number of samples, its stored size and (optionally) the tar
+offset of every sample — one :class:`ShardInfo` each, or all of them as columns
+(:class:`ShardRows`), which is how a manifest of 100,000 shards is read, matched and handed to the
+plan without a Python object per row."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ..errors import ManifestError
 
@@ -25,3 +29,62 @@ class ShardInfo:
             if len(self.offsets) != self.samples:
                 raise ManifestError(f"manifest row has {len(self.offsets)} offsets for {self.samples} samples",
                                     url=self.url)
+
+
+class ShardRows:
+    """Rows as columns: ``urls``, ``samples`` and ``sizes`` (``int64``, ``-1`` unknown), and
+    ``offsets``: every sample's tar offset in one flat ``int64`` array laid out by ``starts``
+    (the running sum of ``samples``), ``-1`` for rows without offsets; ``None`` when no row has any."""
+
+    def __init__(self, urls: Sequence[str], samples: np.ndarray, sizes: np.ndarray,
+                 offsets: Optional[np.ndarray] = None) -> None:
+        self.urls = list(urls)
+        self.samples = np.asarray(samples, dtype=np.int64)
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.starts = np.zeros(len(self.samples) + 1, dtype=np.int64)
+        np.cumsum(self.samples, out=self.starts[1:])
+        self.offsets = offsets
+        if offsets is not None and len(offsets) != self.starts[-1]:
+            raise ValueError(f"{len(offsets)} offsets for {int(self.starts[-1])} samples")
+
+    @classmethod
+    def from_infos(cls, infos: Sequence[ShardInfo]) -> "ShardRows":
+        samples = np.fromiter((i.samples for i in infos), dtype=np.int64, count=len(infos))
+        sizes = np.fromiter((i.bytes for i in infos), dtype=np.int64, count=len(infos))
+        offsets = None
+        if any(i.offsets is not None for i in infos):
+            offsets = np.full(int(samples.sum()), -1, dtype=np.int64)
+            at = 0
+            for info in infos:
+                if info.offsets is not None:
+                    offsets[at:at + info.samples] = info.offsets
+                at += info.samples
+        return cls([i.url for i in infos], samples, sizes, offsets)
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def info(self, i: int) -> ShardInfo:
+        """Row ``i`` as a :class:`ShardInfo` (offsets ``None`` where unknown)."""
+        offsets = None
+        if self.offsets is not None:
+            row = self.offsets[self.starts[i]:self.starts[i + 1]]
+            if not (len(row) and row[0] < 0):
+                offsets = tuple(row.tolist())
+        return ShardInfo(self.urls[i], int(self.samples[i]), int(self.sizes[i]), offsets)
+
+    def infos(self) -> List[ShardInfo]:
+        return [self.info(i) for i in range(len(self))]
+
+    def take(self, index: np.ndarray) -> "ShardRows":
+        """Rows ``index`` (any order, repeats allowed), offsets gathered without a loop over rows."""
+        index = np.asarray(index, dtype=np.int64)
+        if len(index) == len(self) and np.array_equal(index, np.arange(len(self))):
+            return self
+        samples = self.samples[index]
+        offsets = None
+        if self.offsets is not None:
+            out_starts = np.concatenate(([0], np.cumsum(samples)[:-1])) if len(samples) else samples
+            shift = np.repeat(self.starts[:-1][index] - out_starts, samples)
+            offsets = self.offsets[np.arange(int(samples.sum()), dtype=np.int64) + shift]
+        return ShardRows([self.urls[i] for i in index.tolist()], samples, self.sizes[index], offsets)

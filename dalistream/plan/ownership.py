@@ -105,20 +105,17 @@ class EpochLayout:
         that it is still opened once: a shard that has gained samples or is damaged shows."""
         lo, hi = int(self.bounds[g]), int(self.bounds[g + 1])
         last = g == len(self.bounds) - 2
-        n = len(self.order)
-        i = int(np.searchsorted(self.starts[:-1], lo, side="left"))  # first shard starting at or after lo
+        heads = self.starts[:-1]
+        i = int(np.searchsorted(heads, lo, side="left"))  # first shard starting at or after lo
         if i > 0 and int(self.starts[i]) > lo:
             i -= 1  # the shard before it holds lo
-        out: List[Part] = []
-        while i < n and (int(self.starts[i]) < hi or (last and int(self.starts[i]) == hi)):
-            a, b = int(self.starts[i]), int(self.starts[i + 1])
-            if b > a:
-                if min(hi, b) > max(lo, a):
-                    out.append((int(self.order[i]), max(lo, a) - a, min(hi, b) - a))
-            elif a >= lo and (a < hi or last):
-                out.append((int(self.order[i]), 0, 0))
-            i += 1
-        return out
+        j = int(np.searchsorted(heads, hi, side="right" if last else "left"))  # shards starting before hi
+        a, b, shard = self.starts[i:j], self.starts[i + 1:j + 1], self.order[i:j]
+        full = b > a
+        keep = np.where(full, np.minimum(hi, b) > np.maximum(lo, a), (a >= lo) & ((a < hi) | last))
+        first = np.where(full, np.maximum(lo, a) - a, 0)[keep]
+        stop = np.where(full, np.minimum(hi, b) - a, 0)[keep]
+        return list(zip(shard[keep].tolist(), first.tolist(), stop.tolist()))
 
 
 def epoch_layout(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int) -> EpochLayout:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from typing import Any, List, Mapping, Optional, Sequence, Union
+import stat
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import braceexpand
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 REMOTE_SCHEMES = ("s3://", "http://", "https://", "pipe:")
+FOLDER_SCAN_MIN = 64  # listed paths in one folder from which that folder's entries are read instead
 
 
 def is_remote(url: str) -> bool:
@@ -35,26 +37,98 @@ def is_shard_name(name: str) -> bool:
     return name.endswith(SHARD_SUFFIXES)
 
 
-def _expand_local(pattern: str) -> List[str]:
+Identity = Any  # (device, inode) of a local file, its path where it cannot be read, a remote URL
+
+
+def _file_identity(path: str) -> Identity:
+    """(device, inode) of a local shard: one ``stat`` (a real path costs one per path component)."""
+    try:
+        st = os.stat(path)
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        return os.path.abspath(path)  # missing: reported when it is opened
+
+
+def _walk(folder: str) -> List[Tuple[str, Identity]]:
+    """Shard files below ``folder`` with their identity. The directory entries say both where the
+    file system records file types (no ``stat`` per file); a symlink is followed with one."""
+    found: List[Tuple[str, Identity]] = []
+    pending = [folder]
+    while pending:
+        here = pending.pop()
+        device = None
+        with os.scandir(here) as entries:
+            for entry in entries:
+                if entry.is_symlink():  # a linked folder is not entered (as os.walk)
+                    if is_shard_name(entry.name):
+                        try:
+                            st = entry.stat()
+                        except OSError:  # a dangling link: listed, so that opening it names it
+                            found.append((entry.path, os.path.abspath(entry.path)))
+                            continue
+                        if stat.S_ISREG(st.st_mode):
+                            found.append((entry.path, (st.st_dev, st.st_ino)))
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif is_shard_name(entry.name) and entry.is_file(follow_symlinks=False):
+                    if device is None:
+                        device = os.stat(here).st_dev
+                    found.append((entry.path, (device, entry.inode())))
+    found.sort(key=lambda item: item[0])
+    return found
+
+
+def _known_files(paths: Sequence[str]) -> Dict[str, Identity]:
+    """Identity of listed paths that are plain (not linked) files, read from their folder's entries
+    where a folder holds many of them: one folder scan instead of a ``stat`` per path (a brace
+    pattern of 100,000 shards). A scan stops after a few entries per listed path, so a few paths
+    in a huge folder cost no more than their own ``stat``s; what it does not settle is left out."""
+    by_folder: Dict[str, set] = {}
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        by_folder.setdefault(folder, set()).add(name)
+    known: Dict[str, Identity] = {}
+    for folder, names in by_folder.items():
+        if len(names) < FOLDER_SCAN_MIN or not folder:
+            continue
+        budget, left = max(4 * len(names), 1024), len(names)
+        try:
+            with os.scandir(folder) as entries:
+                device = os.stat(folder).st_dev
+                for entry in entries:
+                    budget -= 1
+                    if entry.name in names:
+                        left -= 1
+                        if not entry.is_symlink() and entry.is_file(follow_symlinks=False):
+                            known[entry.path] = (device, entry.inode())
+                    if not left or not budget:
+                        break
+        except OSError:
+            continue
+    return known
+
+
+def _expand_local(pattern: str, known: Optional[Mapping[str, Identity]] = None) -> List[Tuple[str, Identity]]:
     path = local_path(pattern)
-    if os.path.isdir(path):
-        found = sorted(
-            os.path.join(root, name)
-            for root, _dirs, files in os.walk(path)
-            for name in files
-            if is_shard_name(name)
-        )
+    if known and path in known:
+        return [(path, known[path])]
+    try:
+        st: Optional[os.stat_result] = os.stat(path)  # one stat says folder, file and identity
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        found = _walk(path)
         if not found:
             raise SourceError("directory holds no .tar/.tar.gz/.tgz shards", url=path)
         return found
     if glob.has_magic(path):
-        found = sorted(p for p in glob.glob(path) if os.path.isfile(p))
-        if not found:
+        matched = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+        if not matched:
             raise SourceError("glob matched no files", url=path)
-        return found
-    if not os.path.exists(path):
+        return [(p, _file_identity(p)) for p in matched]
+    if st is None:
         raise SourceError("no such shard file", url=path, hint="check the path, or quote a glob so the shell does not expand it")
-    return [path]
+    return [(path, (st.st_dev, st.st_ino))]
 
 
 def _list_s3(prefix: str, storage_options: Mapping[str, Any]) -> List[str]:
@@ -73,48 +147,44 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
-    urls: List[str] = []
-    for source in sources:
-        source = os.fspath(source)
-        for item in braceexpand.braceexpand(source) if "{" in source and not source.startswith("pipe:") else [source]:
-            if is_remote(item):
-                if item.startswith("s3://") and item.endswith("/"):
-                    urls.extend(_list_s3(item, storage_options or {}))
-                else:
-                    urls.append(item)
+    items = [item for source in map(os.fspath, sources)
+             for item in (braceexpand.braceexpand(source) if "{" in source and not source.startswith("pipe:") else [source])]
+    known = _known_files([local_path(i) for i in items if not is_remote(i)]) if len(items) >= FOLDER_SCAN_MIN else {}
+    listed: List[Tuple[str, Identity]] = []
+    for item in items:
+        ident = known.get(item)
+        if ident is not None:
+            listed.append((item, ident))
+        elif is_remote(item):
+            if item.startswith("s3://") and item.endswith("/"):
+                listed.extend((url, url) for url in _list_s3(item, storage_options or {}))
             else:
-                urls.extend(_expand_local(item))
-    if not urls:
+                listed.append((item, item))
+        else:
+            listed.extend(_expand_local(item, known))
+    if not listed:
         raise SourceError("the source list is empty", hint="pass shard paths, globs, brace patterns or URLs")
-    return deduplicated(urls)
-
-
-def _file_identity(url: str):
-    """(device, inode) of a local shard: one ``stat`` (a real path costs one per path component)."""
-    try:
-        st = os.stat(local_path(url))
-        return (st.st_dev, st.st_ino)
-    except OSError:
-        return os.path.abspath(local_path(url))  # missing: reported when it is opened
+    return _first_of_each(listed)
 
 
 def deduplicated(urls: Sequence[str]) -> List[str]:
-    """``urls`` with every shard once: a local shard by its real path (a symlink to another
+    """``urls`` with every shard once: a local shard by its real file (a symlink to another
     listed shard, or one file matched by two globs or directories), a remote one by its URL.
     The first occurrence is kept; the others are dropped with a warning. A copy of a shard
     under another path (``backup/``) is another file, not a duplicate."""
+    return _first_of_each([(u, u if is_remote(u) else _file_identity(local_path(u))) for u in urls])
+
+
+def _first_of_each(listed: Sequence[Tuple[str, Identity]]) -> List[str]:
     first: dict = {}
-    out: List[str] = []
     dropped = []
-    for url in urls:
-        ident = url if is_remote(url) else _file_identity(url)
+    for url, ident in listed:
         if ident in first:
             dropped.append((url, first[ident]))
-            continue
-        first[ident] = url
-        out.append(url)
+        else:
+            first[ident] = url
     if dropped:
         shown = "; ".join(f"{redact(url)} is {redact(kept)}" for url, kept in dropped[:5])
         log.warning("%d shards listed more than once (a symlink, overlapping globs or directories) are read once: %s%s",
                     len(dropped), shown, " …" if len(dropped) > 5 else "")
-    return out
+    return list(first.values())

@@ -41,7 +41,7 @@ def _counts(args: argparse.Namespace, cache_dir: str):
         return urls, None, []
     counted = count_samples(urls, manifest=args.manifest, options=storage_options(args), cache_dir=cache_dir,
                             tolerant=args.on_error == "skip", scan_limit_bytes=None)
-    return urls, np.asarray([i.samples for i in counted.infos]), counted.problems
+    return urls, counted.rows.samples.copy(), counted.problems
 
 
 def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch: int,

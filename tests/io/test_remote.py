@@ -452,7 +452,7 @@ def test_index_writes_manifest_next_to_shards(dataset, capsys):
                      "-o", target, "--json"])
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
-    table = read_manifest(target, dataset["opts"])
+    table = {info.url: info for info in read_manifest(target, dataset["opts"]).infos()}
     assert [info["url"] for info in printed["shards"]] == list(table)
     for name in dataset["names"]:
         path = os.path.join(dataset["local"], name)

@@ -61,3 +61,38 @@ def test_a_shard_reached_twice_is_read_once_with_a_warning(tmp_path, caplog):
 def test_remote_urls_twice_are_read_once():
     assert expand_sources(["https://h/a.tar", "https://h/b.tar", "https://h/a.tar"]) == ["https://h/a.tar",
                                                                                        "https://h/b.tar"]
+
+
+@pytest.mark.parametrize("scan_from", [1, 10**9])  # the folder's entries read, or a stat per path
+def test_a_long_list_gives_the_same_shards_either_way(tmp_path, monkeypatch, scan_from):
+    """A brace pattern or list of many paths in one folder is identified from the folder's entries;
+    links, hard links, folders, ``file://``, ``..`` and relative paths among them come out as a
+    ``stat`` per path gives them."""
+    import dalistream.sources.listing as listing
+
+    monkeypatch.setattr(listing, "FOLDER_SCAN_MIN", scan_from)
+    d = tmp_path / "d"
+    paths = key_shards(str(d), [1] * 6)
+    os.symlink(paths[1], d / "link.tar")
+    os.link(paths[2], d / "hard.tar")
+    (d / "sub.tar").mkdir()  # a folder named like a shard: its shards are listed
+    sub = key_shards(str(d / "sub.tar"), [1])
+    os.symlink(str(d / "gone.tar"), d / "dangling.tar")
+    listed = paths + [str(d / "link.tar"), str(d / "hard.tar"), str(d / "sub.tar"), "file://" + paths[3],
+                      str(d / ".." / "d" / "s-0004.tar")]
+    monkeypatch.chdir(d)
+    listed.append("s-0005.tar")
+    assert expand_sources(listed) == paths + sub
+    assert expand_sources(str(d / "s-{0000..0005}.tar")) == paths
+    with pytest.raises(SourceError, match="no such shard file"):
+        expand_sources(paths + [str(d / "missing.tar")])
+    assert str(d / "dangling.tar") in expand_sources(str(d))  # listed: opening it names it
+
+
+def test_a_folder_walk_lists_shards_below_it_sorted_and_skips_linked_folders(tmp_path):
+    d = tmp_path / "d"
+    top = key_shards(str(d), [1, 1])
+    below = key_shards(str(d / "a" / "b"), [1])
+    (d / "notes.txt").write_text("not a shard")
+    os.symlink(str(d / "a"), d / "linked-folder")
+    assert expand_sources(str(d)) == sorted(top + below)
