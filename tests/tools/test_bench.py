@@ -166,6 +166,28 @@ def test_helpers():
     assert benchmon.tree_cpu_s(os.getpid()) > 0
 
 
+def test_cpu_split_counts_a_child_below_and_never_goes_backwards():
+    """The main process's CPU and its descendants' are read from one reading of its counters:
+    the descendants' share only grows (a child that burns CPU, alive and then reaped)."""
+    import subprocess
+    import sys
+
+    main0, below0 = benchmon.split_cpu_s(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\nimport sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    readings = []
+    while child.poll() is None and len(readings) < 400:
+        readings.append(benchmon.split_cpu_s(os.getpid())[1])
+        if readings[-1] - below0 >= 0.25:
+            break
+    child.communicate(b"")  # reaped: its CPU moves into this process's counters of waited-for children
+    readings.append(benchmon.split_cpu_s(os.getpid())[1])
+    assert all(b >= a for a, b in zip(readings, readings[1:]))
+    assert readings[-1] - below0 >= 0.25
+    assert benchmon.split_cpu_s(os.getpid())[0] >= main0
+
+
 # -- the one timing rule --------------------------------------------------------------------------
 
 class FakeClock:

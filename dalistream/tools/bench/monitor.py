@@ -52,9 +52,19 @@ def _ticks(pid: int, reaped: bool = False) -> int:
         return 0
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) used so far by the process ``pid`` alone."""
-    return _ticks(pid) / os.sysconf("SC_CLK_TCK")
+def split_cpu_s(pid: int) -> Tuple[float, float]:
+    """CPU seconds so far of the process ``pid`` alone and of its descendants (live ones, and the
+    ones it or they have waited for), from one reading of ``pid``'s own counters: the second
+    never includes the first's growth while the tree is read, so it never goes backwards."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+    except (OSError, ValueError, IndexError):
+        own = reaped = 0
+    below = sum(_ticks(p, reaped=True) for p in tree(pid) if p != pid)
+    tick = os.sysconf("SC_CLK_TCK")
+    return own / tick, (reaped + below) / tick
 
 
 def tree_cpu_s(pid: int) -> float:

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
-from .monitor import process_cpu_s, tree_cpu_s
+from .monitor import split_cpu_s
 
 Count = Callable[[Any], Tuple[int, int]]
 
@@ -40,8 +40,7 @@ class Opened:
 
 def cpu_split(pid: int) -> Tuple[float, float]:
     """CPU seconds so far of the main process ``pid`` and of its live descendants."""
-    main = process_cpu_s(pid)
-    return main, max(0.0, tree_cpu_s(pid) - main)
+    return split_cpu_s(pid)
 
 
 def _own_cpu() -> Tuple[float, float]:
