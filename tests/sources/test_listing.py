@@ -96,3 +96,17 @@ def test_a_folder_walk_lists_shards_below_it_sorted_and_skips_linked_folders(tmp
     (d / "notes.txt").write_text("not a shard")
     os.symlink(str(d / "a"), d / "linked-folder")
     assert expand_sources(str(d)) == sorted(top + below)
+
+
+def test_a_few_paths_in_a_large_folder_stop_the_folder_scan_early(tmp_path, monkeypatch):
+    """Listed paths the bounded folder scan does not reach are each ``stat``ed: the same shards."""
+    import dalistream.sources.listing as listing
+
+    monkeypatch.setattr(listing, "FOLDER_SCAN_MIN", 2)
+    d = tmp_path / "d"
+    paths = key_shards(str(d), [1, 1, 1])
+    for i in range(1100):
+        (d / f"other-{i:04d}.txt").write_bytes(b"")
+    known = listing._known_files(paths)
+    assert set(known) <= set(paths)
+    assert expand_sources(list(reversed(paths))) == list(reversed(paths))
