@@ -25,7 +25,7 @@ from ..errors import ManifestError, SourceError, redact
 from ..io.local import local_path
 from ..io.remote import is_fetched, stat_remote
 from ..sources import is_remote
-from .files import default_location, lookup, read_idx, read_manifest
+from .files import default_location, lookup, read_idx, read_manifest_cached
 from .rows import ShardInfo, ShardRows
 from .scan import build_manifest, scan_tolerant
 
@@ -103,10 +103,11 @@ def count_samples(
     if manifest and manifest.endswith(".idx"):
         return Counted(ShardRows.from_infos(read_idx(_expand_idx(manifest), urls, options)), f"index files {redact(manifest)}")
     if manifest:
-        return Counted(lookup(urls, read_manifest(manifest, options), manifest), f"manifest {redact(manifest)}")
+        return Counted(lookup(urls, read_manifest_cached(manifest, cache_dir, options), manifest),
+                       f"manifest {redact(manifest)}")
     found = default_location(urls)
     if discover and found and _exists(found, options):
-        return Counted(lookup(urls, read_manifest(found, options), found), f"manifest {redact(found)}")
+        return Counted(lookup(urls, read_manifest_cached(found, cache_dir, options), found), f"manifest {redact(found)}")
     idx = _idx_beside(urls, options) if discover else None
     if idx:
         return Counted(ShardRows.from_infos(read_idx(idx, urls, options)), "index files (.idx) beside the shards")

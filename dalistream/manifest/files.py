@@ -8,10 +8,12 @@ manifest of another split with the same file names is an error, not silently wro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
 import tempfile
+import zipfile
 from dataclasses import asdict
 from typing import Any, List, Mapping, Optional, Sequence
 
@@ -104,6 +106,44 @@ def read_manifest(path: str, options: Optional[Mapping[str, Any]] = None) -> Sha
     except ValueError as e:
         raise ManifestError(f"manifest is not valid JSON: {e}", url=path, reason="bad_manifest") from None
     return parse_json(payload, path)
+
+
+# the column layout of a parsed manifest kept in the cache directory: bump when it changes
+PARSED_LAYOUT = "rows-1"
+
+
+def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None) -> ShardRows:
+    """:func:`read_manifest`, with a local manifest's validated rows kept in ``cache_dir`` as
+    arrays, keyed by the file's path, size, mtime and inode: every later run (every rank of a
+    node) maps them back instead of parsing and checking the JSON again. A remote manifest, no
+    cache directory, or one that cannot be written: read as usual."""
+    if not cache_dir or is_fetched(path):
+        return read_manifest(path, options)
+    try:
+        real = os.path.abspath(local_path(path))
+        st = os.stat(real)
+    except OSError:
+        return read_manifest(path, options)  # its error comes from the reading
+    key = f"{PARSED_LAYOUT}|{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}".encode()
+    cached = os.path.join(cache_dir, "parsed", hashlib.sha256(key).hexdigest()[:32] + ".npz")
+    try:
+        with np.load(cached) as z:
+            offsets = z["offsets"] if bool(z["has_offsets"]) else None
+            return ShardRows(z["urls"].tolist(), z["samples"], z["sizes"], offsets)
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        pass  # not there yet (or unreadable): parse, then keep
+    rows = read_manifest(path, options)
+    try:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(cached), suffix=".npz")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, urls=np.array(rows.urls, dtype=str), samples=rows.samples, sizes=rows.sizes,
+                     offsets=rows.offsets if rows.offsets is not None else np.zeros(0, dtype=np.int64),
+                     has_offsets=np.array(rows.offsets is not None))
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return rows
 
 
 def read_idx(index_paths: Sequence[str], urls: Sequence[str], options: Optional[Mapping[str, Any]] = None) -> List[ShardInfo]:

@@ -107,3 +107,29 @@ def test_lookup_matches_listed_urls_in_listed_order(tmp_path):
     assert [i.samples for i in lookup(listed, rows, "m.json").infos()] == [3, 1, 4]
     with pytest.raises(Exception, match="not in the manifest"):
         lookup([str(tmp_path / "other" / "0.tar")], rows, "m.json")
+
+
+def test_parsed_rows_are_kept_in_the_cache_and_follow_the_manifest(tmp_path):
+    from dalistream.manifest.files import read_manifest_cached, write_manifest
+
+    cache = str(tmp_path / "cache")
+    manifest = str(tmp_path / "m.json")
+    first = [ShardInfo(str(tmp_path / f"{i}.tar"), 2, 100, (0, 1024)) for i in range(3)]
+    write_manifest(first, manifest)
+    assert read_manifest_cached(manifest, cache).infos() == first
+    kept = os.listdir(os.path.join(cache, "parsed"))
+    assert len(kept) == 1
+    assert read_manifest_cached(manifest, cache).infos() == first  # from the cache
+    second = [ShardInfo(str(tmp_path / f"{i}.tar"), 3, 100, None) for i in range(3)]
+    write_manifest(second, manifest)  # rewritten (a new file): a new key, never the old rows
+    assert read_manifest_cached(manifest, cache).infos() == second
+    for name in os.listdir(os.path.join(cache, "parsed")):  # a damaged cache file: parsed again
+        with open(os.path.join(cache, "parsed", name), "wb") as f:
+            f.write(b"PK\x03\x04 not a zip")
+    assert read_manifest_cached(manifest, cache).infos() == second
+    with open(manifest, "w") as f:
+        f.write('{"format": "dalistream-manifest", "version": 1, "shards": [{"url": "a.tar"}]}')
+    with pytest.raises(Exception, match="manifest row 0"):  # a bad manifest is an error, never cached
+        read_manifest_cached(manifest, cache)
+    with pytest.raises(Exception, match="manifest row 0"):
+        read_manifest_cached(manifest, cache)
