@@ -8,6 +8,19 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/helpers.py
 from helpers import free_port  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cache_inside_the_run(tmp_path_factory):
+    """Scan counts and parsed manifests are cached in a folder of this test run, never in the
+    user's ``~/.cache/dalistream`` (tests read nothing outside the repository and their own files)."""
+    saved = os.environ.get("DALISTREAM_CACHE")
+    os.environ["DALISTREAM_CACHE"] = str(tmp_path_factory.mktemp("dalistream-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("DALISTREAM_CACHE", None)
+    else:
+        os.environ["DALISTREAM_CACHE"] = saved
+
+
 # -- a real S3 server (moto) for the modules that read s3:// -------------------------------------
 
 @pytest.fixture(scope="module")
