@@ -125,25 +125,35 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
     except OSError:
         return read_manifest(path, options)  # its error comes from the reading
     key = f"{PARSED_LAYOUT}|{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}".encode()
-    cached = os.path.join(cache_dir, "parsed", hashlib.sha256(key).hexdigest()[:32] + ".npz")
+    base = os.path.join(cache_dir, "parsed", hashlib.sha256(key).hexdigest()[:32])
     try:
-        with np.load(cached) as z:
-            offsets = z["offsets"] if bool(z["has_offsets"]) else None
+        with np.load(base + ".npz") as z:
+            # offsets (8 bytes per sample) are mapped, not loaded: workers map the same file
+            offsets = np.load(base + ".offsets.npy", mmap_mode="r") if bool(z["has_offsets"]) else None
             return ShardRows(z["urls"].tolist(), z["samples"], z["sizes"], offsets)
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
         pass  # not there yet (or unreadable): parse, then keep
     rows = read_manifest(path, options)
     try:
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(cached), suffix=".npz")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, urls=np.array(rows.urls, dtype=str), samples=rows.samples, sizes=rows.sizes,
-                     offsets=rows.offsets if rows.offsets is not None else np.zeros(0, dtype=np.int64),
-                     has_offsets=np.array(rows.offsets is not None))
-        os.replace(tmp, cached)
+        os.makedirs(os.path.dirname(base), exist_ok=True)
+        if rows.offsets is not None:  # first: the table below says it is there
+            _write_atomic(base + ".offsets.npy", lambda f: np.save(f, rows.offsets))
+        _write_atomic(base + ".npz", lambda f: np.savez(f, urls=np.array(rows.urls, dtype=str), samples=rows.samples,
+                                                         sizes=rows.sizes, has_offsets=np.array(rows.offsets is not None)))
     except OSError:
         pass
     return rows
+
+
+def _write_atomic(path: str, write: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def read_idx(index_paths: Sequence[str], urls: Sequence[str], options: Optional[Mapping[str, Any]] = None) -> List[ShardInfo]:

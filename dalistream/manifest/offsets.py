@@ -34,7 +34,7 @@ class SampleOffsets:
         """From the flat array itself (``-1`` unknown), laid out by ``starts`` (the running sum of counts)."""
         self = cls.__new__(cls)
         self.starts = np.asarray(starts, dtype=np.int64)
-        self._flat = np.asarray(flat, dtype=np.int64)
+        self._flat = np.asanyarray(flat, dtype=np.int64)  # a memory map stays one
         self.path = None
         return self
 
@@ -55,6 +55,10 @@ class SampleOffsets:
     def saved(self, directory: str) -> "SampleOffsets":
         """Write the array once under ``directory`` (named by its content) and map it from there;
         unchanged (kept in memory) if the directory cannot be written."""
+        if isinstance(self._flat, np.memmap) and self._flat.filename and os.path.dirname(
+                os.path.dirname(os.path.abspath(self._flat.filename))) == os.path.abspath(directory):
+            self.path = self._flat.filename  # already a file of this cache (a parsed manifest's)
+            return self
         flat = np.ascontiguousarray(self.flat)
         digest = hashlib.sha256(self.starts.tobytes() + flat.tobytes()).hexdigest()[:32]
         path = os.path.join(directory, "offsets", digest + ".npy")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dalistream.manifest import ShardInfo, lookup, read_manifest
+from dalistream.manifest import SampleOffsets, ShardInfo, lookup, read_manifest
 from dalistream.manifest.formats import _checked_row, parse_json
 from dalistream.manifest.rows import ShardRows
 
@@ -117,9 +117,13 @@ def test_parsed_rows_are_kept_in_the_cache_and_follow_the_manifest(tmp_path):
     first = [ShardInfo(str(tmp_path / f"{i}.tar"), 2, 100, (0, 1024)) for i in range(3)]
     write_manifest(first, manifest)
     assert read_manifest_cached(manifest, cache).infos() == first
-    kept = os.listdir(os.path.join(cache, "parsed"))
-    assert len(kept) == 1
-    assert read_manifest_cached(manifest, cache).infos() == first  # from the cache
+    kept = sorted(os.listdir(os.path.join(cache, "parsed")))
+    assert len(kept) == 2 and kept[0].endswith(".npz") and kept[1].endswith(".offsets.npy")
+    again = read_manifest_cached(manifest, cache)  # from the cache, offsets mapped from their file
+    assert again.infos() == first and isinstance(again.offsets, np.memmap)
+    offsets = SampleOffsets.from_flat(again.starts, again.offsets).saved(cache)
+    assert offsets.path == os.path.join(cache, "parsed", kept[1])  # workers map that file: no copy
+    assert offsets.at(2, 1) == 1024
     second = [ShardInfo(str(tmp_path / f"{i}.tar"), 3, 100, None) for i in range(3)]
     write_manifest(second, manifest)  # rewritten (a new file): a new key, never the old rows
     assert read_manifest_cached(manifest, cache).infos() == second
