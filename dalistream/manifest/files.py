@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ManifestError, SourceError, redact
 from ..io.local import local_path
-from ..io.remote import is_fetched, put_bytes, read_bytes
+from ..io.remote import is_fetched, put_bytes, read_bytes, stat_remote
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
 from .rows import ShardInfo, ShardRows
@@ -113,18 +113,28 @@ PARSED_LAYOUT = "rows-1"
 
 
 def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None) -> ShardRows:
-    """:func:`read_manifest`, with a local manifest's validated rows kept in ``cache_dir`` as
-    arrays, keyed by the file's path, size, mtime and inode: every later run (every rank of a
-    node) maps them back instead of parsing and checking the JSON again. A remote manifest, no
-    cache directory, or one that cannot be written: read as usual."""
-    if not cache_dir or is_fetched(path):
+    """:func:`read_manifest`, with the manifest's validated rows kept in ``cache_dir`` as arrays,
+    keyed by a local file's path, size, mtime and inode, or a remote one's URL, size and ETag (one
+    HEAD request): every later run (every rank of a node) maps them back instead of fetching,
+    parsing and checking the JSON again. No cache directory, a remote object without an ETag,
+    or a cache that cannot be written: read as usual."""
+    if not cache_dir:
         return read_manifest(path, options)
-    try:
-        real = os.path.abspath(local_path(path))
-        st = os.stat(real)
-    except OSError:
-        return read_manifest(path, options)  # its error comes from the reading
-    key = f"{PARSED_LAYOUT}|{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}".encode()
+    if is_fetched(path):
+        try:
+            size, tag = stat_remote(path, options)  # one HEAD instead of a GET of the whole file
+        except SourceError:
+            tag = None
+        if not tag:
+            return read_manifest(path, options)  # no way to tell an edited object (or its error comes next)
+        key = f"{PARSED_LAYOUT}|{path}|{size}|{tag}".encode()
+    else:
+        try:
+            real = os.path.abspath(local_path(path))
+            st = os.stat(real)
+        except OSError:
+            return read_manifest(path, options)  # its error comes from the reading
+        key = f"{PARSED_LAYOUT}|{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}".encode()
     base = os.path.join(cache_dir, "parsed", hashlib.sha256(key).hexdigest()[:32])
     try:
         with np.load(base + ".npz") as z:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from dalistream import Stream
-from dalistream.errors import ManifestError
+from dalistream.errors import ManifestError, SourceError
 from dalistream.manifest import (DEFAULT_NAME, build_manifest, count_samples, default_location, read_manifest,
                                  write_manifest)
 
@@ -170,3 +170,31 @@ def test_remote_shards_without_a_manifest_are_scanned_only_when_small(moto_endpo
     write_manifest(build_manifest(urls, options=options), "s3://bkt/ds/" + DEFAULT_NAME, options)
     found = count_samples(urls, options=options, scan_limit_bytes=1000)
     assert found.source == "manifest s3://bkt/ds/dalistream-manifest.json" and [i.samples for i in found.infos] == [4, 6]
+
+
+@pytest.mark.s3
+def test_a_remote_manifest_is_cached_by_its_etag(moto_endpoint, tmp_path):
+    """Rows of an S3 manifest are kept by URL, size and ETag: a later start asks one HEAD and
+    fetches nothing; a rewritten manifest (a new ETag) is read again."""
+    import boto3
+
+    from dalistream.manifest.files import read_manifest_cached
+
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.create_bucket(Bucket="etag")
+    options = {"endpoint_url": moto_endpoint}
+    url, cache = "s3://etag/ds/" + DEFAULT_NAME, str(tmp_path / "cache")
+    rows = [{"url": "a.tar", "samples": 2, "offsets": [0, 1024]}, {"url": "b.tar", "samples": 3}]
+    s3.put_object(Bucket="etag", Key="ds/" + DEFAULT_NAME,
+                  Body=json.dumps({"format": "dalistream-manifest", "version": 1, "shards": rows}).encode())
+    first = read_manifest_cached(url, cache, options)
+    assert [(i.url, i.samples, i.offsets) for i in first.infos()] == [
+        ("s3://etag/ds/a.tar", 2, (0, 1024)), ("s3://etag/ds/b.tar", 3, None)]
+    assert any(n.endswith(".npz") for n in os.listdir(os.path.join(cache, "parsed")))
+    assert read_manifest_cached(url, cache, options).infos() == first.infos()
+    rows[1]["samples"] = 5
+    s3.put_object(Bucket="etag", Key="ds/" + DEFAULT_NAME,
+                  Body=json.dumps({"format": "dalistream-manifest", "version": 1, "shards": rows}).encode())
+    assert [i.samples for i in read_manifest_cached(url, cache, options).infos()] == [2, 5]
+    with pytest.raises(SourceError, match="cannot read manifest"):
+        read_manifest_cached("s3://etag/ds/none.json", cache, options)
