@@ -21,10 +21,11 @@ import numpy as np
 
 from ..errors import ManifestError, SourceError, redact
 from ..io.local import local_path
-from ..io.remote import is_fetched, put_bytes, read_bytes, stat_remote
+from ..io.remote import is_fetched, put_bytes, read_bytes
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
 from .rows import ShardInfo, ShardRows
+from .scan import version_of
 
 DEFAULT_NAME = "dalistream-manifest.json"
 
@@ -120,21 +121,10 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
     or a cache that cannot be written: read as usual."""
     if not cache_dir:
         return read_manifest(path, options)
-    if is_fetched(path):
-        try:
-            size, tag = stat_remote(path, options)  # one HEAD instead of a GET of the whole file
-        except SourceError:
-            tag = None
-        if not tag:
-            return read_manifest(path, options)  # no way to tell an edited object (or its error comes next)
-        key = f"{PARSED_LAYOUT}|{path}|{size}|{tag}".encode()
-    else:
-        try:
-            real = os.path.abspath(local_path(path))
-            st = os.stat(real)
-        except OSError:
-            return read_manifest(path, options)  # its error comes from the reading
-        key = f"{PARSED_LAYOUT}|{real}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}".encode()
+    version = version_of(path, options)  # remote: one HEAD instead of a GET of the whole file
+    if version is None:
+        return read_manifest(path, options)  # cannot tell an edited manifest (or its error comes next)
+    key = f"{PARSED_LAYOUT}|{version}".encode()
     base = os.path.join(cache_dir, "parsed", hashlib.sha256(key).hexdigest()[:32])
     try:
         with np.load(base + ".npz") as z:

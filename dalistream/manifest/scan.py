@@ -54,22 +54,29 @@ def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase:
                      tuple(starts) if offsets else None)
 
 
-def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+def version_of(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    """What changes when a file or object is rewritten: a local file's path, size, mtime and inode,
+    a remote object's URL, size and ETag (one HEAD). ``None`` when it cannot be told (no ETag, a
+    presigned URL valid for GET only, a missing file): callers then read it again."""
     if is_fetched(url):
         try:
             size, tag = stat_remote(url, options)
         except SourceError:
-            return None  # e.g. a presigned URL valid for GET only: the scan reports real errors
-        if size is None or not tag:
-            return None  # no way to tell an edited object: always scan
-        ident = f"{SCAN_RULES}|{url}|{size}|{tag}".encode()
-    else:
-        try:
-            path = os.path.abspath(local_path(url))
-            st = os.stat(path)
-        except OSError:
             return None
-        ident = f"{SCAN_RULES}|{path}|{st.st_size}|{st.st_mtime_ns}".encode()
+        return f"{url}|{size}|{tag}" if size is not None and tag else None
+    try:
+        path = os.path.abspath(local_path(url))
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+
+
+def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    version = version_of(url, options)
+    if version is None:
+        return None  # no way to tell an edited shard: always scan
+    ident = f"{SCAN_RULES}|{version}".encode()
     return os.path.join(cache_dir, "manifests", hashlib.sha256(ident).hexdigest()[:32] + ".json")
 
 
