@@ -221,6 +221,20 @@ def test_the_file_list_tells_the_data_flow(package):
     assert "dalistream.pipelines.classification_train" in package  # installed from the top-level pipelines/
 
 
+TOP_LEVEL = {"pyproject.toml", "dalistream", "pipelines", "tests", "docker", "notebooks", "README.md", ".ci", ".gitignore"}
+
+
+def test_only_the_agreed_entries_at_the_repository_top():
+    """What the repository holds at its top (tracked files: a stray wheel or notes file is caught)."""
+    import subprocess
+
+    listed = subprocess.run(["git", "-C", REPO, "ls-files"], capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    top = {path.split("/", 1)[0] for path in listed.stdout.splitlines()}
+    assert top - TOP_LEVEL == set()
+
+
 # -- the checkers catch what they are meant to catch ----------------------------------------------
 
 def _write(root, files: Dict[str, str]) -> Dict[str, str]:
