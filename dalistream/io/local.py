@@ -6,7 +6,8 @@ from __future__ import annotations
 import io
 import os
 import subprocess
-from typing import BinaryIO
+import tempfile
+from typing import BinaryIO, Callable
 
 from ..errors import SourceError
 
@@ -17,6 +18,19 @@ def local_path(url: str) -> str:
     """The file system path of a local shard URL: ``file://`` stripped, ``~`` expanded."""
     path = url[len("file://"):] if url.startswith("file://") else url
     return os.path.expanduser(path) if path.startswith("~") else path
+
+
+def write_atomic(path: str, write: Callable[[BinaryIO], object]) -> None:
+    """Write a file through ``write(f)`` into a temporary file beside it, then rename it into
+    place: readers (other ranks, other workers) see the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 class PipeStream(io.RawIOBase):

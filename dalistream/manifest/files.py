@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import posixpath
-import tempfile
 import zipfile
 from dataclasses import asdict
 from typing import Any, List, Mapping, Optional, Sequence
@@ -20,7 +19,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import ManifestError, SourceError, redact
-from ..io.local import local_path
+from ..io.local import local_path, write_atomic
 from ..io.remote import is_fetched, put_bytes, read_bytes
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
@@ -77,12 +76,8 @@ def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapp
     if is_remote(path):
         put_bytes(path, payload.encode(), options)
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory)
-    with os.fdopen(fd, "w") as f:
-        f.write(payload)
-    os.replace(tmp, path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomic(path, lambda f: f.write(payload.encode()))
 
 
 def _read_text(path: str, options: Optional[Mapping[str, Any]]) -> str:
@@ -137,23 +132,12 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
     try:
         os.makedirs(os.path.dirname(base), exist_ok=True)
         if rows.offsets is not None:  # first: the table below says it is there
-            _write_atomic(base + ".offsets.npy", lambda f: np.save(f, rows.offsets))
-        _write_atomic(base + ".npz", lambda f: np.savez(f, urls=np.array(rows.urls, dtype=str), samples=rows.samples,
+            write_atomic(base + ".offsets.npy", lambda f: np.save(f, rows.offsets))
+        write_atomic(base + ".npz", lambda f: np.savez(f, urls=np.array(rows.urls, dtype=str), samples=rows.samples,
                                                          sizes=rows.sizes, has_offsets=np.array(rows.offsets is not None)))
     except OSError:
         pass
     return rows
-
-
-def _write_atomic(path: str, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def read_idx(index_paths: Sequence[str], urls: Sequence[str], options: Optional[Mapping[str, Any]] = None) -> List[ShardInfo]:

@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import ManifestError
 from ..io.local import local_path
 from ..sources import is_remote
+from .offsets import running_starts
 from .rows import ShardInfo, ShardRows
 
 FORMAT = "dalistream-manifest"
@@ -119,8 +120,7 @@ def _check_offsets(infos: List[ShardInfo], manifest: str) -> None:
     if bad is not None:
         raise _bad("'offsets' must be increasing multiples of 512", manifest, rows[bad], infos[rows[bad]].url)
     flat = np.array([o for i in rows for o in infos[i].offsets], dtype=np.int64)
-    starts = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum([len(infos[i].offsets) for i in rows], out=starts[1:])
+    starts = running_starts([len(infos[i].offsets) for i in rows])
     _check_flat_offsets(flat, starts, manifest, [infos[i].url for i in rows], rows)
 
 

@@ -10,23 +10,35 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from typing import Optional, Sequence
 
 import numpy as np
+
+from ..io.local import write_atomic
+
+
+def running_starts(counts: Sequence[int]) -> np.ndarray:
+    """Where each shard's samples start in one flat sequence: ``0``, then the running sum of ``counts``."""
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64), out=starts[1:])
+    return starts
+
+
+def flat_offsets(starts: np.ndarray, rows: Sequence[Optional[Sequence[int]]]) -> np.ndarray:
+    """Per-shard offset rows laid out by ``starts`` in one flat array, ``-1`` where a row is ``None``."""
+    flat = np.full(int(starts[-1]), -1, dtype=np.int64)
+    for s, row in enumerate(rows):
+        if row is not None:
+            flat[starts[s]:starts[s + 1]] = row
+    return flat
 
 
 class SampleOffsets:
     """Tar offset of sample ``i`` of shard ``s``: :meth:`at`; picklable (a path when saved)."""
 
     def __init__(self, counts: Sequence[int], rows: Sequence[Optional[Sequence[int]]]) -> None:
-        self.starts = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(np.asarray(counts, dtype=np.int64), out=self.starts[1:])
-        flat = np.full(int(self.starts[-1]), -1, dtype=np.int64)
-        for s, row in enumerate(rows):
-            if row is not None:
-                flat[self.starts[s]:self.starts[s + 1]] = row
-        self._flat: Optional[np.ndarray] = flat
+        self.starts = running_starts(counts)
+        self._flat: Optional[np.ndarray] = flat_offsets(self.starts, rows)
         self.path: Optional[str] = None
 
     @classmethod
@@ -65,10 +77,7 @@ class SampleOffsets:
         try:
             if not os.path.exists(path):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npy")
-                with os.fdopen(fd, "wb") as f:
-                    np.save(f, flat)
-                os.replace(tmp, path)
+                write_atomic(path, lambda f: np.save(f, flat))
         except OSError:
             return self
         self.path = path

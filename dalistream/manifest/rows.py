@@ -11,6 +11,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ManifestError
+from .offsets import flat_offsets, running_starts
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,7 @@ class ShardRows:
         self.urls = list(urls)
         self.samples = np.asarray(samples, dtype=np.int64)
         self.sizes = np.asarray(sizes, dtype=np.int64)
-        self.starts = np.zeros(len(self.samples) + 1, dtype=np.int64)
-        np.cumsum(self.samples, out=self.starts[1:])
+        self.starts = running_starts(self.samples)
         self.offsets = offsets
         if offsets is not None and len(offsets) != self.starts[-1]:
             raise ValueError(f"{len(offsets)} offsets for {int(self.starts[-1])} samples")
@@ -53,12 +53,7 @@ class ShardRows:
         sizes = np.fromiter((i.bytes for i in infos), dtype=np.int64, count=len(infos))
         offsets = None
         if any(i.offsets is not None for i in infos):
-            offsets = np.full(int(samples.sum()), -1, dtype=np.int64)
-            at = 0
-            for info in infos:
-                if info.offsets is not None:
-                    offsets[at:at + info.samples] = info.offsets
-                at += info.samples
+            offsets = flat_offsets(running_starts(samples), [i.offsets for i in infos])
         return cls([i.url for i in infos], samples, sizes, offsets)
 
     def __len__(self) -> int:
@@ -84,7 +79,6 @@ class ShardRows:
         samples = self.samples[index]
         offsets = None
         if self.offsets is not None:
-            out_starts = np.concatenate(([0], np.cumsum(samples)[:-1])) if len(samples) else samples
-            shift = np.repeat(self.starts[:-1][index] - out_starts, samples)
+            shift = np.repeat(self.starts[:-1][index] - running_starts(samples)[:-1], samples)
             offsets = self.offsets[np.arange(int(samples.sum()), dtype=np.int64) + shift]
         return ShardRows([self.urls[i] for i in index.tolist()], samples, self.sizes[index], offsets)

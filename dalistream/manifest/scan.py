@@ -11,14 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from ..errors import DalistreamError, ManifestError, SourceError, redact
 from ..io.gunzip import decompressed
-from ..io.local import local_path
+from ..io.local import local_path, write_atomic
 from ..io.remote import is_fetched, stat_remote
 from ..io.streams import open_raw
 from ..sources import is_remote
@@ -93,10 +92,7 @@ def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool, o
     info = scan_shard(url, options, lowercase, offsets)
     if path:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(info), f)
-        os.replace(tmp, path)
+        write_atomic(path, lambda f: f.write(json.dumps(asdict(info)).encode()))
     return info
 
 
