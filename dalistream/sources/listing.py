@@ -141,7 +141,7 @@ def _list_s3(prefix: str, storage_options: Mapping[str, Any]) -> List[str]:
 
 
 def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional[Mapping[str, Any]] = None) -> List[str]:
-    """Expand sources into the ordered list of shard URLs, each shard once (see :func:`deduplicated`).
+    """Expand sources into the ordered list of shard URLs, each shard once (see :func:`_first_of_each`).
 
     ``storage_options`` configure remote listing (``s3://bucket/prefix/``): endpoint, profile.
     """
@@ -167,15 +167,11 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     return _first_of_each(listed)
 
 
-def deduplicated(urls: Sequence[str]) -> List[str]:
-    """``urls`` with every shard once: a local shard by its real file (a symlink to another
-    listed shard, or one file matched by two globs or directories), a remote one by its URL.
-    The first occurrence is kept; the others are dropped with a warning. A copy of a shard
-    under another path (``backup/``) is another file, not a duplicate."""
-    return _first_of_each([(u, u if is_remote(u) else _file_identity(local_path(u))) for u in urls])
-
-
 def _first_of_each(listed: Sequence[Tuple[str, Identity]]) -> List[str]:
+    """The listed URLs with every shard once: a local shard by its file's identity (a symlink to
+    another listed shard, one file matched by two globs or folders, a hard link), a remote one by
+    its URL. The first occurrence is kept; the others are dropped with a warning. A copy of a
+    shard under another path (``backup/``) is another file, not a duplicate."""
     first: dict = {}
     dropped = []
     for url, ident in listed:
