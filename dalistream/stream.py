@@ -127,6 +127,7 @@ class Stream:
     offsets: Optional[SampleOffsets] = None  # every sample's tar offset, where known
     start_method: str = "auto"  # how DALI starts its workers: auto, fork or spawn (see device.start_method)
     count_source: Optional[str] = None  # where the counts came from (a manifest, a scan), for messages
+    bytes_per_sample: Optional[float] = None  # stored shard bytes per sample (sizes the workers' shared memory)
 
     def __repr__(self) -> str:  # URLs redacted: no credentials in logs
         shards = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
@@ -166,7 +167,7 @@ class Stream:
         urls = expand_sources(config.sources, config.storage_options)
         if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
             usable_cache_dir(os.fspath(config.cache_dir), given=True)
-        counts = offsets = source = None
+        counts = offsets = source = per_sample = None
         if config.manifest or config.policy != "fixed":
             # skip: a bad shard counts the samples before its problem (what a worker delivers)
             counted = count_samples(urls, manifest=config.manifest, cache_dir=config.cache_dir,
@@ -175,6 +176,9 @@ class Stream:
             counts = tuple(counted.rows.samples.tolist())
             check_data_size(config, counts)
             source = counted.source
+            sized = counted.rows.sizes >= 0
+            if sized.any() and counted.rows.samples[sized].sum():
+                per_sample = float(counted.rows.sizes[sized].sum() / counted.rows.samples[sized].sum())
             if counted.rows.offsets is not None:
                 offsets = SampleOffsets.from_flat(counted.rows.starts, counted.rows.offsets)
                 if config.cache_dir:
@@ -184,7 +188,7 @@ class Stream:
         device, device_id = resolve_device(device, device_id)
         check_start_method(start_method)
         return cls(config, tuple(urls), counts, device, device_id, offsets=offsets, start_method=start_method,
-                   count_source=source)
+                   count_source=source, bytes_per_sample=per_sample)
 
     def steps(self, epoch: int) -> int:
         """Batches this rank yields in ``epoch``."""

@@ -49,8 +49,11 @@ def resolve(url: str, manifest: str, folder: Optional[str] = None) -> str:
     if is_remote(manifest):
         scheme, rest = manifest.split("://", 1)
         host, _, key = rest.partition("/")
-        folder_key = posixpath.dirname(key)
-        return f"{scheme}://{host}/" + posixpath.normpath(url.lstrip("/") if url.startswith("/") else posixpath.join(folder_key, url)).lstrip("./")
+        joined = posixpath.normpath(url.lstrip("/") if url.startswith("/") else posixpath.join(posixpath.dirname(key), url))
+        parts = joined.split("/")
+        while parts and parts[0] in ("..", "."):  # above the bucket's root: clamped to it
+            parts.pop(0)
+        return f"{scheme}://{host}/" + "/".join(parts)
     if url.startswith("~"):
         url = os.path.expanduser(url)
     if not url.startswith("/"):
@@ -125,8 +128,10 @@ def _check_offsets(infos: List[ShardInfo], manifest: str) -> None:
 
 
 def _simple(url: str) -> bool:
-    """A relative row URL that joins to its folder as is: no scheme, ``~``, ``.``/``..`` or ``//``."""
-    return bool(url) and url[0] not in "/~." and ":" not in url and "/." not in url and "//" not in url
+    """A relative row URL that joins to its folder as is: no scheme, ``~``, ``.``/``..``, ``//`` or
+    trailing ``/`` (which normalizing would change)."""
+    return (bool(url) and url[0] not in "/~." and ":" not in url and "/." not in url and "//" not in url
+            and not url.endswith("/"))
 
 
 def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str]) -> Optional[ShardRows]:
@@ -157,11 +162,8 @@ def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str])
         if flat.size and (flat.ndim != 1 or flat.dtype.kind != "i"):
             return None
         offsets = flat.astype(np.int64, copy=False) if flat.size else np.zeros(0, dtype=np.int64)
-    if is_remote(manifest):
-        resolved = [resolve(u, manifest) for u in urls]
-    else:
-        prefix = folder.rstrip("/") + "/"
-        resolved = [prefix + u if _simple(u) else resolve(u, manifest, folder) for u in urls]
+    prefix = resolve("x", manifest, folder)[:-1]  # what a plain relative name is joined to, worked out once
+    resolved = [prefix + u if _simple(u) else resolve(u, manifest, folder) for u in urls]
     if len(set(resolved)) != len(resolved):
         return None
     return ShardRows(resolved, counts, size_col, offsets)

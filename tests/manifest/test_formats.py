@@ -141,6 +141,9 @@ def test_index_writes_where_the_loader_looks_and_the_loader_finds_it(tmp_path):
     stream = open_keys(paths, cache_dir=str(tmp_path / "c"))
     assert stream.counts == (3, 4) and stream.count_source == f"manifest {tmp_path / 'd' / DEFAULT_NAME}"
     assert not os.path.exists(tmp_path / "c" / "manifests")  # no scan, nothing cached
+    # the shards' stored bytes per sample size the workers' shared memory from the start
+    assert stream.bytes_per_sample == sum(os.path.getsize(p) for p in paths) / 7
+    assert open_keys(paths, cache_dir=None, manifest=None).bytes_per_sample == stream.bytes_per_sample
 
 
 def test_index_dash_writes_nothing(tmp_path):

@@ -62,6 +62,14 @@ def test_relative_row_urls_resolve_against_the_manifest_folder(tmp_path):
     remote = parse_json({"format": "dalistream-manifest", "version": 1, "shards": rows}, "s3://bkt/ds/m.json").urls
     assert remote == ["s3://bkt/ds/a.tar", "s3://bkt/ds/sub/b.tar", "s3://bkt/ds/c.tar", "s3://bkt/ds/d.tar",
                       "s3://bkt/ds/x/y.tar"]
+    dotted = [{"url": u, "samples": 1} for u in ["a.tar", "..b.tar", "../c.tar", "../../../d.tar"]]
+    for manifest, folder in [("s3://bkt/.hidden/m.json", "s3://bkt/.hidden/"), (str(tmp_path / ".hidden" / "m.json"),
+                                                                                str(tmp_path / ".hidden") + "/")]:
+        got = parse_json({"format": "dalistream-manifest", "version": 1, "shards": dotted}, manifest).urls
+        above = folder.rstrip("/").rsplit("/", 1)[0] + "/"
+        assert got[:3] == [folder + "a.tar", folder + "..b.tar", above + "c.tar"], got  # names keep their dots
+    assert parse_json({"format": "dalistream-manifest", "version": 1, "shards": dotted},
+                      "s3://bkt/.hidden/m.json").urls[3] == "s3://bkt/d.tar"  # clamped at the bucket's root
 
 
 def test_two_spellings_of_one_shard_are_listed_twice(tmp_path):
