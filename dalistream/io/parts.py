@@ -41,7 +41,7 @@ class _Shard:
     """What the scheduler knows of one remote shard."""
 
     def __init__(self, url: str, start: int, end: Optional[int]) -> None:
-        self.url, self.start, self.end = url, start, end
+        self.url, self.end = url, end
         self.size: Optional[int] = None
         self.etag: Optional[str] = None
         self.state = "new"  # new → sizing (first part in flight) → known → done (every part scheduled)
@@ -211,8 +211,7 @@ class PartFetcher:
         except BaseException as e:  # noqa: BLE001 - handed to the reader in the failed part's place
             with self.cond:
                 slot.error = e
-                if shard.state != "done":  # nothing more of this shard: the reader stops at the error
-                    shard.state = "done"
+                shard.state = "done"  # nothing more of this shard: the reader stops at the error
         finally:
             if raw is not None:
                 raw.close()

@@ -216,10 +216,10 @@ class RemoteRaw(io.RawIOBase):
 
 
 def open_remote(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None,
-                counters: Optional[IOCounters] = None, end: Optional[int] = None) -> io.BufferedReader:
-    """Open ``s3://`` or ``http(s)://`` ``url`` as a buffered stream of bytes ``[offset, end)``
+                counters: Optional[IOCounters] = None) -> io.BufferedReader:
+    """Open ``s3://`` or ``http(s)://`` ``url`` as a buffered stream of its bytes from ``offset``
     (one GET at a time; :class:`~dalistream.io.parts.PartFetcher` fetches parts in parallel)."""
-    raw = RemoteRaw(url, offset, options, counters, end)
+    raw = RemoteRaw(url, offset, options, counters)
     return io.BufferedReader(raw, min(raw.opts.chunk_bytes, 8 << 20))
 
 

@@ -103,8 +103,8 @@ class _Owned(io.BufferedReader):
             self._ahead.close()
 
 
-def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None, end: Optional[int] = None,
-               counters: Optional[IOCounters] = None) -> BinaryIO:
+def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None,
+               end: Optional[int] = None) -> BinaryIO:
     """Open a shard for tar parsing: bytes ``[offset, end)`` of the tar, decompressed if gzip.
 
     Offsets are positions in the *uncompressed* tar. A shard named ``.tar`` is opened directly
@@ -114,7 +114,7 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
     if is_gzip_name(url):
         stream = decompressed(open_raw(url, 0, options), url, offset)
     elif is_fetched(url):
-        return _Owned(ReadAhead([url], options, counters, [(offset, end)]))
+        return _Owned(ReadAhead([url], options, None, [(offset, end)]))
     else:
         stream = open_raw(url, offset, options) if offset else decompressed(open_raw(url, 0, options), url)
     return _limited(stream, offset, end)

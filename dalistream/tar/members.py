@@ -89,7 +89,6 @@ def walk(
         offset = r.base + pos
         header = r.arr[pos:pos + BLOCK] if r.end - pos >= BLOCK else bytes(r.view[pos:r.end])
         if len(header) < BLOCK:
-            header = bytes(header)
             if not header:
                 if first:
                     raise ShardFormatError("empty shard (0 bytes)", url=url, reason="empty",

@@ -22,6 +22,7 @@ from collections import Counter
 from typing import Any, Dict, List, Optional
 
 from ..io.counters import IOCounters, ReadClock
+from ..io.local import write_atomic
 from .policy import skip_totals
 
 WORKER_FIELDS = ("rank", "worker", "epoch", "step", "samples", "padded", "bytes", "dropped", "io_wait_s", "read_s",
@@ -82,10 +83,7 @@ class WorkerStats:
         """Write the counters now (atomically: readers never see half a file)."""
         if not self.path:
             return
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.as_dict(), f)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, lambda f: f.write(json.dumps(self.as_dict()).encode()))
 
 
 def stats_path(directory: str, worker: int) -> str:
