@@ -148,15 +148,18 @@ def test_spawn_without_the_guard_says_what_to_add_before_any_worker_starts(tmp_p
 @pytest.mark.dali
 @pytest.mark.slow
 def test_spawn_without_a_real_guard_is_told_by_the_workers(tmp_path):
-    """An `if` that guards nothing: every worker runs the script again, says so, and the main
-    process's error (the last one printed) says what to add."""
+    """An `if` that guards nothing: the workers run the script again and the first to reach
+    dalistream says so; the main process's error (the last one printed) says what to add. The
+    other worker may say so too, or be stopped first: once one worker has failed, DALI tears the
+    pool down, so how far the other got is a race (it once failed this test 1 run in 7)."""
     key_shards(str(tmp_path / "data"), [3, 3])
     script = tmp_path / "train.py"
     body = ON_ERROR.format(data=str(tmp_path / "data"), cache=str(tmp_path / "cache"), prefix="    ")
     done = run_script(script, SCRIPT.format(body="if True:\n" + body))
     assert done.returncode == 1
-    assert done.stdout.splitlines().count("BODY") == 3  # the script, then each of the two workers
-    assert done.stderr.count(f"the script {script} is running again in a spawned DALI worker process") == 2
+    told = done.stderr.count(f"the script {script} is running again in a spawned DALI worker process")
+    assert told in (1, 2)  # one worker for sure; the other unless the pool was torn down first
+    assert 1 + told <= done.stdout.splitlines().count("BODY") <= 3  # the script, then each worker that ran it
     error = final_error(done.stderr)
     assert error.startswith("dalistream.errors.WorkerError: DALI's worker processes failed to start")
     assert GUARD in error and str(script) in error
