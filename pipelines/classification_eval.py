@@ -31,7 +31,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import dalistream
 from dalistream import ops
 
-from .fields import merged_fields
+from .fields import merged_fields, with_read_fields
 
 #: The fields read from each sample (override with ``image_exts``/``label_exts``).
 FIELDS = {"image": "jpg;jpeg;png;webp", "label": "cls"}
@@ -54,7 +54,7 @@ def pipeline(stream: "dalistream.Stream", size: int = 224, resize: Optional[int]
     images = ops.resize_shorter(images, device, shorter)
     images = ops.normalize(images, device, crop=(size, size), mean=mean, std=std, fp16=fp16)
     outputs = {"image": images, "label": ops.to_device(data["label"], device)}
-    return {**outputs, **{k: v for k, v in data.items() if k not in outputs and k != "valid"}}  # other fields as read
+    return with_read_fields(outputs, data)
 
 
 def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = 2, device: str = "auto",

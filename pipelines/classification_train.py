@@ -35,7 +35,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import dalistream
 from dalistream import ops
 
-from .fields import merged_fields
+from .fields import merged_fields, with_read_fields
 
 #: The fields read from each sample (override with ``image_exts``/``label_exts``).
 FIELDS = {"image": "jpg;jpeg;png;webp", "label": "cls"}
@@ -58,7 +58,7 @@ def pipeline(stream: "dalistream.Stream", size: int = 224, flip: bool = True, co
     mirror = ops.coin_flip(0.5) if flip else None
     images = ops.normalize(images, device, mirror=mirror, mean=mean, std=std, fp16=fp16)
     outputs = {"image": images, "label": ops.to_device(data["label"], device)}
-    return {**outputs, **{k: v for k, v in data.items() if k not in outputs and k != "valid"}}  # other fields as read
+    return with_read_fields(outputs, data)
 
 
 def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = 2, device: str = "auto",

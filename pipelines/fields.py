@@ -5,6 +5,11 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping
 
 
+def with_read_fields(outputs: Dict[str, Any], data: Mapping[str, Any]) -> Dict[str, Any]:
+    """A ready pipeline's outputs, then every other field as read (``valid`` aside)."""
+    return {**outputs, **{k: v for k, v in data.items() if k not in outputs and k != "valid"}}
+
+
 def merged_fields(defaults: Mapping[str, Any], user: Any) -> Dict[str, Any]:
     """A ready pipeline's ``fields``: its defaults, with the user's ``fields`` (a mapping, or a
     list of :class:`dalistream.Field`) merged over them by name."""

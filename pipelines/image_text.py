@@ -35,7 +35,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import dalistream
 from dalistream import ops
 
-from .fields import merged_fields
+from .fields import merged_fields, with_read_fields
 
 #: OpenAI CLIP's normalization, on the 0–255 scale.
 CLIP_MEAN = (0.48145466 * 255, 0.4578275 * 255, 0.40821073 * 255)
@@ -63,7 +63,7 @@ def pipeline(stream: "dalistream.Stream", size: int = 224, train: bool = True,
         images = ops.resize_shorter(images, device, size)
         images = ops.normalize(images, device, crop=(size, size), mean=mean, std=std, fp16=fp16)
     outputs = {"image": images, "text": data["text"]}
-    return {**outputs, **{k: v for k, v in data.items() if k not in outputs and k != "valid"}}  # key, others as read
+    return with_read_fields(outputs, data)
 
 
 def caption_text(raw: bytes, keys: Sequence[str] = ("caption", "text")) -> str:

@@ -129,11 +129,10 @@ def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
     from nvidia.dali import fn
 
     n = len(config.fields) + 1
-    packed = byte_fields(config.fields)
-    lengths_of = dict(zip(packed, range(n, n + len(packed))))
+    unpacked = [unpack(config, b) for b in branches]
     out = []
     for i in range(n):
-        columns = [trim(b[i], b[lengths_of[i]]) if i in lengths_of else b[i] for b in branches]
+        columns = [u[i] for u in unpacked]
         if len(columns) == 1:
             out.append(columns[0])
         elif i == n - 1 or config.fields[i].ndim == 0:

@@ -189,8 +189,8 @@ class Loader:
     def load_state_dict(self, state: Dict[str, Any], *, allow_layout_change: bool = False) -> None:
         """Continue from a saved state. A state saved under another layout is an error, unless
         ``allow_layout_change``: then the saved epoch restarts from its beginning."""
-        epoch, step, saved = read_state(state, self.state_dict()["plan"])
         current = self.state_dict()["plan"]
+        epoch, step, saved = read_state(state, current)
         saved_layout = {k: v for k, v in saved.items() if k != "rank"}
         current_layout = {k: v for k, v in current.items() if k != "rank"}
         if saved_layout != current_layout:

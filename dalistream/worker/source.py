@@ -134,6 +134,6 @@ class WorkerSource:
             stats.batch_s += time.perf_counter() - t1
             stats.maybe_write()
             yield outputs
-        if plan.samples is not None and c.policy == "even":
-            stats.dropped += plan.left_out + max(0, plan.samples - plan.steps * plan.slot - sum(policy.skipped.values()))
+        if c.policy == "even":  # a worker's span is exactly its steps x slot: only the job's tail is left out
+            stats.dropped += plan.left_out
         stats.write()
