@@ -40,8 +40,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
 # -- plan ----------------------------------------------------------------------------------------
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .tools import planview
-
     return planview.run(args, default_cache_dir(os.environ))
 
 

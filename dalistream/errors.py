@@ -49,8 +49,7 @@ _BARE_HEADER = re.compile(r"(?i)(?<![\w-])(?P<k>(?:" + _HEADER_NAME + r")\s*:)\s
                           r"(?:(?:Bearer|Basic|Token|Digest|AWS4-HMAC-SHA256)\s+)?[^\s'\"]+")
 # every pattern above needs one of these: userinfo an "@", queries, assignments and options an "="
 # or white space, headers their name
-_MAY_HOLD_SECRET = re.compile(r"[@=\s]|(?i:authorization|cookie|api-key|private-token|x-[\w-]*(?:token|secret|key|"
-                              r"signature|credential|auth))")
+_MAY_HOLD_SECRET = re.compile(r"[@=\s]|(?i:" + _HEADER_NAME + r")")
 FIELDS_NOTE = "dalistream-error-fields: "  # marks the machine-readable note of a worker-side error
 
 

@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Sequence
 
 from ..config import StreamConfig
 from ..io import open_shard
+from ..manifest import scan_shard
 from ..tar import iter_samples
 from ..worker import WorkerSource
 from ..worker.policy import ErrorPolicy
@@ -60,10 +61,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     fields = dict(pair.split("=", 1) for pair in args.fields.split(","))
     exts = frozenset(e for spec in fields.values() for e in spec.split(";"))
-    counts = []
-    for path in args.shards:
-        with open_shard(path) as f:
-            counts.append(sum(1 for _ in iter_samples(f, path, keep=lambda i: False)))
+    counts = [scan_shard(path).samples for path in args.shards]
     for name, fn in (("parse", lambda: parse_only(args.shards, exts)), ("decoded", lambda: decoded(args.shards, fields, counts))):
         m = measure(fn, args.repeats)
         print(f"{name}: {m['samples']} samples, {m['us_per_sample']:.2f} us/sample, {m['samples_per_s']:,.0f} samples/s (CPU, median of {args.repeats})")

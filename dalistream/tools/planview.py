@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..errors import ConfigError, redact
-from ..plan import Layout, Schedule, epoch_summary, owned_parts, steps_per_epoch
+from ..plan import Layout, Schedule, epoch_layout, epoch_summary, owned_parts, steps_per_epoch
 from .args import emit, storage_options
 
 def synthetic_counts(spec: str, seed: int) -> np.ndarray:
@@ -40,17 +40,19 @@ def _counts(args: argparse.Namespace, cache_dir: str):
     if args.no_counts:
         return urls, None, []
     counted = count_samples(urls, manifest=args.manifest, options=storage_options(args), cache_dir=cache_dir,
-                            tolerant=args.on_error == "skip", scan_limit_bytes=None)
+                            tolerant=args.on_error == "skip", scan_limit_bytes=None)  # columns, no object per row
     return urls, counted.rows.samples.copy(), counted.problems
 
 
 def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch: int,
           rank: Optional[int] = None) -> List[Dict[str, Any]]:
     rows = []
+    plan = epoch_layout(counts, layout, schedule, epoch) if counts is not None else None  # once, not per worker
+    steps = steps_per_epoch(counts, layout, schedule, epoch, 0)  # the same on every rank
     for r in range(layout.world_size) if rank is None else [rank]:
-        steps = steps_per_epoch(counts, layout, schedule, epoch, r)
         for w in range(layout.workers):
-            parts = owned_parts(counts, len(urls), layout, schedule, epoch, r, w)
+            parts = (plan.parts(layout.global_worker(r, w)) if plan is not None
+                     else owned_parts(None, len(urls), layout, schedule, epoch, r, w))
             rows.append({
                 "rank": r, "worker": w, "global_worker": layout.global_worker(r, w), "slot": layout.slots[w],
                 "parts": [{"url": redact(urls[s]), "first": a, "stop": b} for s, a, b in parts],  # pipe: secrets

@@ -51,11 +51,11 @@ class ShapingProxy:
 
     ``endpoint`` is the proxy's ``http://127.0.0.1:PORT``. ``connections`` counts accepted
     connections, ``injected`` the faults injected so far, ``peak_open`` the most connections open
-    at once. The proxy stops accepting after ``lifetime`` seconds at the latest (None: never).
+    at once.
     """
 
     def __init__(self, upstream: str, *, latency_s: float = 0.0, rate: Optional[float] = None, cut_after: int = 0,
-                 status: int = 0, faults: int = 3, lifetime: Optional[float] = None) -> None:
+                 status: int = 0, faults: int = 3) -> None:
         parts = urlsplit(upstream if "://" in upstream else f"http://{upstream}")
         if parts.scheme != "http" or not parts.port:
             raise ConfigError(f"the shaping proxy forwards to plain http://host:port endpoints, not {upstream!r}")
@@ -68,19 +68,14 @@ class ShapingProxy:
         self.listener.settimeout(0.2)
         self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.stop_event = threading.Event()
-        self.timer = threading.Timer(lifetime, self.stop_event.set) if lifetime else None
         self.thread = threading.Thread(target=self._serve, name="dalistream-proxy", daemon=True)
 
     def __enter__(self) -> "ShapingProxy":
-        if self.timer is not None:
-            self.timer.start()
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop_event.set()
-        if self.timer is not None:
-            self.timer.cancel()
         self.thread.join(5)
         self.listener.close()
 

@@ -43,6 +43,10 @@ class WorkerSource:
         self.config = config
         self.worker = worker
         self.reader = PlanReader(config, urls, counts, offsets, worker, count_source)
+        layout = config.layout
+        lo = layout.slot_offsets[worker]
+        self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
+        self._byte_fields = batch.byte_fields(config.fields)
         self.start_epoch = start_epoch
         self.start_step = start_step
         self.stats_path = stats_path
@@ -78,9 +82,7 @@ class WorkerSource:
             self._gen = self.epoch_batches(self.epoch, self._skip)
         plain = next(self._gen)
         t0 = time.perf_counter()
-        layout = self.config.layout
-        lo = layout.slot_offsets[self.worker]
-        packed = batch.pack(plain, batch.byte_fields(self.config.fields), lo, lo + layout.slots[self.worker])
+        packed = batch.pack(plain, self._byte_fields, *self._slot)
         if self._stats is not None:
             self._stats.batch_s += time.perf_counter() - t0
         return packed

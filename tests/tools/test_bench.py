@@ -265,11 +265,9 @@ def test_cpu_split_counts_workers_that_exited():
     """Workers' CPU counts the descendants of the main process, those already waited for too."""
     import subprocess
 
-    from dalistream.tools.bench import timing
-
-    main0, workers0 = timing.cpu_split(os.getpid())
+    main0, workers0 = benchmon.split_cpu_s(os.getpid())
     subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
-    main1, workers1 = timing.cpu_split(os.getpid())
+    main1, workers1 = benchmon.split_cpu_s(os.getpid())
     assert workers1 > workers0 and main1 >= main0
 
 

@@ -40,29 +40,23 @@ def tree(pid: int) -> List[int]:
     return out
 
 
-def _ticks(pid: int, reaped: bool = False) -> int:
+def _times(pid: int) -> Tuple[int, int]:
+    """Clock ticks (user + system) of process ``pid`` itself and of the children it waited for
+    (fields 14–17 of ``/proc/PID/stat``); ``(0, 0)`` once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-        if reaped:
-            ticks += int(fields[13]) + int(fields[14])  # cutime, cstime: its children it waited for
-        return ticks
+        return int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
     except (OSError, ValueError, IndexError):
-        return 0
+        return 0, 0
 
 
 def split_cpu_s(pid: int) -> Tuple[float, float]:
     """CPU seconds so far of the process ``pid`` alone and of its descendants (live ones, and the
     ones it or they have waited for), from one reading of ``pid``'s own counters: the second
     never includes the first's growth while the tree is read, so it never goes backwards."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        own, reaped = int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
-    except (OSError, ValueError, IndexError):
-        own = reaped = 0
-    below = sum(_ticks(p, reaped=True) for p in tree(pid) if p != pid)
+    own, reaped = _times(pid)
+    below = sum(sum(_times(p)) for p in tree(pid) if p != pid)
     tick = os.sysconf("SC_CLK_TCK")
     return own / tick, (reaped + below) / tick
 
@@ -70,7 +64,7 @@ def split_cpu_s(pid: int) -> Tuple[float, float]:
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by the tree under ``pid``: its live processes and
     the descendants they have waited for (a worker that exited mid-run still counts)."""
-    return sum(_ticks(p, reaped=True) for p in tree(pid)) / os.sysconf("SC_CLK_TCK")
+    return sum(sum(_times(p)) for p in tree(pid)) / os.sysconf("SC_CLK_TCK")
 
 
 def _status_kb(pid: int, key: str) -> int:

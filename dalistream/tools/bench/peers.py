@@ -141,7 +141,6 @@ def open_dali_native(spec: Dict[str, Any]) -> Opened:
     it: ``pipeline_def`` with DALI's defaults (batch size, threads, device and seed apart) and
     ``DALIGenericIterator`` (dropping the last partial batch, as dalistream's ``even`` policy
     does). Labels: ``fn.pad`` makes the ASCII ``cls`` bytes dense, :func:`ascii_labels` reads them."""
-    import torch
     from nvidia.dali import fn, pipeline_def
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 

@@ -38,13 +38,8 @@ class Opened:
     extra: Callable[[], Dict[str, Any]] = dict
 
 
-def cpu_split(pid: int) -> Tuple[float, float]:
-    """CPU seconds so far of the main process ``pid`` and of its live descendants."""
-    return split_cpu_s(pid)
-
-
 def _own_cpu() -> Tuple[float, float]:
-    return cpu_split(os.getpid())
+    return split_cpu_s(os.getpid())
 
 
 # /proc counts CPU time in clock ticks: a steady phase shorter than a few ticks of CPU is not
@@ -91,7 +86,7 @@ def timed(batches: Iterable[Any], count: Count, t0: float, *, clock: Callable[[]
 
 def run_system(spec: Mapping[str, Any], systems: Mapping[str, Tuple[Sequence[str], Callable[..., Opened]]], *,
                clock: Callable[[], float] = time.perf_counter,
-               cpu: Optional[Callable[[], Tuple[float, float]]] = None) -> Dict[str, Any]:
+               cpu: Callable[[], Tuple[float, float]] = _own_cpu) -> Dict[str, Any]:
     """Run ``spec["system"]``: ``systems[name] = (modules to import before the clock, open(spec))``."""
     modules, open_system = systems[spec["system"]]
     for module in modules:
@@ -99,8 +94,7 @@ def run_system(spec: Mapping[str, Any], systems: Mapping[str, Tuple[Sequence[str
     t0 = clock()
     opened = open_system(spec)
     try:
-        result = timed(opened.batches, opened.count, t0, clock=clock,
-                       **({} if cpu is None else {"cpu": cpu}))
+        result = timed(opened.batches, opened.count, t0, clock=clock, cpu=cpu)
         result.update(opened.extra())
     finally:
         opened.close()
