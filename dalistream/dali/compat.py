@@ -12,6 +12,9 @@ warns once when another version is found, naming the shims that may need a look.
   of a tensor and its storage (``Tensor._use_count``, ``torch._C._storage_Use_Count``).
 - The graph behind a pipeline's outputs (``DataNode.source``, ``_OperatorInstance.inputs``): which
   nodes the outputs depend on, so that fields nobody uses are not read.
+- What a parallel source's worker shipped, rewritten in the main process before DALI feeds it
+  (``_ExternalSourceGroup.schedule_and_receive``, ``_ExternalDataBatch._data``,
+  ``source_desc.source``), and a batch of rows as one ``TensorListCPU`` without a copy.
 - ``spawn`` without re-running the user's script: ``__main__.__spec__``/``__file__`` hidden while
   DALI starts its workers (multiprocessing's spawn re-imports the main module from them).
 """
@@ -23,7 +26,8 @@ import functools
 import logging
 import sys
 import warnings
-from typing import Any, Callable, Iterator, List, TypeVar
+import weakref
+from typing import Any, Callable, Iterator, List, Sequence, TypeVar
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable)
@@ -174,6 +178,78 @@ def only_reference(tensor: Any) -> bool:
 
     return (sys.getrefcount(tensor) <= 4 and tensor._use_count() == 1
             and torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) <= 2)
+
+
+# -- parallel sources: a shipped batch before DALI feeds it --------------------------------------
+
+_receivers: "weakref.WeakKeyDictionary[Any, Callable[[list], list]]" = weakref.WeakKeyDictionary()
+_HOOKED = "__dalistream_receive__"
+
+
+def on_receive(source: Any, receive: Callable[[list], list]) -> bool:
+    """Have ``receive(outputs)`` rewrite every batch the worker of ``source`` (the iterable given
+    to a parallel ``fn.external_source``) ships, in the main process, before DALI feeds it.
+
+    DALI's ``_ExternalSourceGroup.schedule_and_receive`` is wrapped once; the wrapper looks the
+    group's source (``source_desc.source``) up and replaces the received outputs
+    (``_ExternalDataBatch._data``); other sources pass untouched. ``False``, with nothing changed,
+    when this DALI lacks those names: the caller then ships what DALI takes as it is."""
+    try:
+        from nvidia.dali import external_source as es
+
+        group, batch_type = es._ExternalSourceGroup, es._ExternalDataBatch
+        original = group.schedule_and_receive
+        if not hasattr(batch_type(None, None, [], 0), "_data"):
+            return False
+    except (ImportError, AttributeError, TypeError):
+        return False
+    if not getattr(original, _HOOKED, False):
+        @functools.wraps(original)
+        def schedule_and_receive(self, *args, **kwargs):
+            batch = original(self, *args, **kwargs)
+            receive = _receivers.get(_source_key(self)) if _receivers else None
+            if receive is not None:
+                batch._data = receive(list(batch._data))
+            return batch
+
+        setattr(schedule_and_receive, _HOOKED, True)
+        group.schedule_and_receive = schedule_and_receive
+    _receivers[source] = receive
+    return True
+
+
+def _source_key(group: Any) -> Any:
+    source = getattr(getattr(group, "source_desc", None), "source", None)
+    try:
+        weakref.ref(source)
+    except TypeError:  # None, or a source no receiver can have been registered for
+        return _NO_SOURCE
+    return source
+
+
+class _NoSource:
+    pass
+
+
+_NO_SOURCE = _NoSource()
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_tensor() -> Any:
+    import numpy as np
+    from nvidia.dali.tensors import TensorCPU
+
+    return TensorCPU(np.zeros(0, np.uint8), "")
+
+
+def tensor_list(rows: Sequence[Any]) -> Any:
+    """A batch of one-dimensional ``uint8`` rows (NumPy arrays, views of one buffer) as one DALI
+    ``TensorListCPU`` that refers to them, no copy: what DALI's feeding would build one row at a
+    time, with a type check per row; every empty row is one shared empty tensor."""
+    from nvidia.dali.tensors import TensorCPU, TensorListCPU
+
+    empty = _empty_tensor()
+    return TensorListCPU([TensorCPU(r, "") if len(r) else empty for r in rows], "", False)
 
 
 # -- spawn ------------------------------------------------------------------------------------------

@@ -25,8 +25,8 @@ from ..config import StreamConfig
 from ..manifest.offsets import SampleOffsets
 from ..plan import Layout
 from ..worker import WorkerSource, stats_path
-from ..worker.batch import byte_fields, shm_hint
-from .compat import do_not_convert
+from ..worker.batch import byte_fields, is_blob, rows, shm_hint
+from .compat import do_not_convert, on_receive, tensor_list
 
 _names = itertools.count()
 
@@ -82,6 +82,8 @@ def sharded_sources(
             config, urls, counts, w, start_epoch=start_epoch, start_step=start_step, offsets=offsets,
             count_source=count_source, stats_path=stats_path(stats_dir, w) if stats_dir else None,
         ).for_dali()
+        # byte fields travel as blobs when the main process can cut them into rows (see worker.batch)
+        source.blob = on_receive(source, functools.partial(received_rows, packed, len(config.fields) + 1))
         hint = shm_hint(config.batch_size, config.layout.slots[w], bytes_per_sample or 0, n_out)
         nodes = fn.external_source(
             source=source, num_outputs=n_out, batch=True, parallel=True, cycle="quiet",
@@ -93,6 +95,15 @@ def sharded_sources(
     owner = fn.external_source(source=OwnerIndex(config.batch_size, config.workers), batch=True,
                                dtype=types.INT32, name=f"{prefix}_owner")
     return owner, branches
+
+
+def received_rows(packed: Sequence[int], n_plain: int, outputs: list) -> list:
+    """A worker's shipped outputs as DALI feeds them (main process): each byte field that came as
+    a blob cut into its rows, one ``TensorListCPU`` of views (dense blocks and lists unchanged)."""
+    for k, i in enumerate(packed):
+        if is_blob(outputs[i]):
+            outputs[i] = tensor_list(rows(outputs[i], outputs[n_plain + k]))
+    return outputs
 
 
 def trim(data, lengths):

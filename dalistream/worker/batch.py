@@ -4,19 +4,24 @@
 its samples and every other position the field's shared empty array (a zero in the dense array
 of a scalar field), then ``valid``. :func:`pack` turns it into the *transfer* form: each byte
 field (``bytes``, ``meta``: one-dimensional ``uint8``) travels with its per-position lengths,
-either as a list of arrays, or as one padded dense block (batch × the slot's longest sample),
-which DALI's worker ships in one piece instead of sample by sample. The graph cuts every row
-back to its length (:func:`dalistream.dali.graph.trim`), so both forms deliver the same bytes.
+either as one padded dense block (batch × the slot's longest sample), as a *blob* (the slot's
+rows end to end, one flat array), or as a list of arrays. A block and a blob are shipped by
+DALI's worker in one piece instead of sample by sample. The graph cuts every row of a block back
+to its length (:func:`dalistream.dali.graph.trim`); a blob is cut into its rows in the main
+process before DALI feeds it (:func:`rows`, by :meth:`~dalistream.worker.WorkerSource.dalistream_received`),
+so every form delivers the same bytes.
 
-Why: DALI's parallel external source pays per shipped sample (~10 µs for a list element on
-this kind of machine), and every worker ships all B positions, its dummies included; a dense
-block costs a copy of its bytes instead. The rule (:func:`dense_is_cheaper`) picks the dense
-block unless its padding makes it large against what the slot carries.
+Why: DALI's parallel external source pays per shipped list element (here ~7.5 µs in the worker
+and ~10 µs in the main process, even for an empty one), and every worker ships all B positions,
+its dummies included. A blob costs one array in the worker and, in the main process, a view per
+row (~1 µs for a dummy); a dense block costs a copy of its padding. The rule
+(:func:`dense_is_cheaper`) picks the dense block while its padding stays small: ≤ 2 kB per
+position against a blob, ≤ 16 kB against a list.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -24,8 +29,13 @@ import numpy as np
 # a padded row shorter than this is cheaper than shipping the row as its own array
 # (`dalistream bench --merge-only --merge-forms list,dense --merge-bytes N`, README).
 DENSE_ROW_BYTES = 16 << 10
+# the same against a blob (rows of 1-3 kB, half the positions dummies: dense and blob cost the same)
+BLOB_ROW_BYTES = 2 << 10
 # never a block above this (its shared memory is sized for it from the start, see shm_hint)
 DENSE_MAX_BLOCK = 32 << 20
+
+_EMPTY_BLOB = np.zeros(0, np.uint8)
+_EMPTY_BLOB.flags.writeable = False
 
 
 def byte_fields(fields: Sequence[Any]) -> Tuple[int, ...]:
@@ -64,13 +74,16 @@ def dense_is_cheaper(batch_size: int, longest: int, slot_bytes: int, row_bytes: 
     return block <= max_block and block - slot_bytes <= batch_size * row_bytes
 
 
-def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int, row_bytes: int = DENSE_ROW_BYTES,
-         max_block: int = DENSE_MAX_BLOCK) -> Tuple[Any, ...]:
+def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int, row_bytes: Optional[int] = None,
+         max_block: int = DENSE_MAX_BLOCK, blob: bool = False) -> Tuple[Any, ...]:
     """The transfer form of a plain batch whose real samples lie in positions ``lo:hi``: the
     outputs of ``plain`` (byte fields at ``packed`` as dense blocks where :func:`dense_is_cheaper`
-    says so), then one ``(batch, 1)`` int32 array of lengths per packed field."""
+    says so, otherwise as blobs when ``blob``, else as lists), then one ``(batch, 1)`` int32 array
+    of lengths per packed field. ``row_bytes`` defaults to the rule's bound for the other form."""
     out = list(plain)
     batch_size = len(plain[-1])
+    if row_bytes is None:
+        row_bytes = BLOB_ROW_BYTES if blob else DENSE_ROW_BYTES
     lengths_out = []
     for i in packed:
         own = plain[i][lo:hi]
@@ -84,6 +97,8 @@ def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int, row_byte
             # row-major order of the mask = the samples' concatenation order
             block[lo:hi][np.arange(longest) < sizes[:, None]] = np.concatenate(own)
             out[i] = block
+        elif blob:
+            out[i] = np.concatenate(own) if total else _EMPTY_BLOB
         lengths_out.append(lengths)
     return tuple(out) + tuple(lengths_out)
 
@@ -98,10 +113,29 @@ def shm_hint(batch_size: int, slot: int, bytes_per_sample: float, n_fields: int)
     return int(max(dense, listed)) + 64 * n_fields + 256
 
 
+def is_blob(value: Any) -> bool:
+    """Whether a byte field's transfer form is a blob (one flat array; a dense block is 2-D)."""
+    return isinstance(value, np.ndarray) and value.ndim == 1
+
+
+def rows(blob: np.ndarray, lengths: np.ndarray) -> List[np.ndarray]:
+    """A blob cut into its rows: views of ``blob``, one per position (``lengths``: ``(batch, 1)``),
+    every empty row the same empty array."""
+    sizes = lengths[:, 0].tolist()
+    if len(sizes) and sum(sizes) != len(blob):
+        raise ValueError(f"blob of {len(blob)} bytes for rows of {sum(sizes)}")
+    out, start = [], 0
+    for n in sizes:
+        out.append(blob[start:start + n] if n else _EMPTY_BLOB)
+        start += n
+    return out
+
+
 def unpacked(transfer: Sequence[Any], packed: Sequence[int], n_plain: int) -> Tuple[Any, ...]:
-    """What the graph makes of a transfer-form batch (the inverse of :func:`pack`, as the
-    graph's trim does it): each packed field as a list of rows cut to their lengths."""
+    """What the main process and the graph make of a transfer-form batch (the inverse of
+    :func:`pack`): each packed field as a list of rows cut to their lengths."""
     out = list(transfer[:n_plain])
     for i, lengths in zip(packed, transfer[n_plain:]):
-        out[i] = [row[:n] for row, n in zip(transfer[i], lengths[:, 0])]
+        value = rows(transfer[i], lengths) if is_blob(transfer[i]) else transfer[i]
+        out[i] = [row[:n] for row, n in zip(value, lengths[:, 0])]
     return tuple(out)

@@ -47,6 +47,7 @@ class WorkerSource:
         lo = layout.slot_offsets[worker]
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
         self._byte_fields = batch.byte_fields(config.fields)
+        self.blob = False  # byte fields as blobs: only when the main process cuts them (dali.graph)
         self.start_epoch = start_epoch
         self.start_step = start_step
         self.stats_path = stats_path
@@ -82,7 +83,7 @@ class WorkerSource:
             self._gen = self.epoch_batches(self.epoch, self._skip)
         plain = next(self._gen)
         t0 = time.perf_counter()
-        packed = batch.pack(plain, self._byte_fields, *self._slot)
+        packed = batch.pack(plain, self._byte_fields, *self._slot, blob=self.blob)
         if self._stats is not None:
             self._stats.batch_s += time.perf_counter() - t0
         return packed

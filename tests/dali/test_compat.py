@@ -185,3 +185,61 @@ def test_conditionals_enabled_reads_the_pipeline_being_defined():
     for enabled in (True, False):
         pipeline_def(graph, enable_conditionals=enabled)(batch_size=1, num_threads=1, device_id=None)
     assert seen == [True, False]
+
+
+class _Shipping:
+    """A parallel source shipping one flat array and its row lengths (``blob``), or rows as they are."""
+
+    def __init__(self, blob):
+        self.blob = blob
+
+    def __iter__(self):
+        self.i = 0
+        return self
+
+    def __next__(self):
+        self.i += 1
+        if self.i > 3:
+            raise StopIteration
+        rows = [np.full(n, self.i, np.uint8) for n in (2, 0, 5)]
+        lengths = np.array([[2], [0], [5]], np.int32)
+        return (np.concatenate(rows) if self.blob else rows), lengths
+
+
+def test_on_receive_rewrites_only_its_own_source_and_tensor_list_keeps_the_rows():
+    from nvidia.dali import fn, pipeline_def
+
+    from dalistream.worker.batch import rows
+
+    calls = []
+
+    def receive(outputs):
+        calls.append(type(outputs[0]).__name__)
+        outputs[0] = compat.tensor_list(rows(outputs[0], outputs[1]))
+        return outputs
+
+    @pipeline_def(batch_size=3, num_threads=1, device_id=None, py_num_workers=2, py_start_method="fork")
+    def graph():
+        blob_source, plain_source = _Shipping(True), _Shipping(False)
+        assert compat.on_receive(blob_source, receive)
+        assert compat.on_receive(blob_source, receive)  # the hook is installed once, a source registered again
+        a, _ = fn.external_source(blob_source, num_outputs=2, batch=True, parallel=True, cycle="raise")
+        b, _ = fn.external_source(plain_source, num_outputs=2, batch=True, parallel=True, cycle="raise")
+        return a, b
+
+    pipe = graph()
+    pipe.build()
+    try:
+        for i in (1, 2, 3):
+            a, b = pipe.run()
+            for out in (a, b):
+                assert [np.asarray(out[k]).tolist() for k in range(3)] == [[i, i], [], [i] * 5]
+    finally:
+        compat.shutdown(pipe)
+    assert calls and set(calls) == {"ndarray"}  # only the registered source's batches, as shipped
+
+    blob = np.arange(7, dtype=np.uint8)
+    cut = rows(blob, np.array([[3], [0], [4]], np.int32))
+    tl = compat.tensor_list(cut)
+    assert [np.asarray(tl[k]).tolist() for k in range(3)] == [[0, 1, 2], [], [3, 4, 5, 6]]
+    assert tl[2].data_ptr() == blob.__array_interface__["data"][0] + 3  # the rows themselves, no copy

@@ -1,4 +1,4 @@
-"""Batch assembly and the transfer form: the dense path delivers exactly the list path's samples."""
+"""Batch assembly and the transfer form: the dense and blob paths deliver exactly the list path's samples."""
 
 import io
 
@@ -66,27 +66,41 @@ def test_byte_fields_are_bytes_and_meta():
 
 @pytest.mark.parametrize("workers, batch_size", [(1, 3), (2, 5), (3, 7)])
 @pytest.mark.parametrize("start_step", [0, 1])
-def test_dense_and_list_forms_deliver_the_same_samples(shards, workers, batch_size, start_step):
+def test_dense_blob_and_list_forms_deliver_the_same_samples(shards, workers, batch_size, start_step):
     """Every field kind, padding (``exact``), an empty member (``missing="empty"``), resume."""
     paths, counts = shards
     c = config(paths, workers=workers, batch_size=batch_size)
     packed = batch.byte_fields(c.fields)
     n = len(c.fields) + 1
-    seen_dense = seen_padding = 0
+    seen_dense = seen_padding = seen_blob = 0
     for w in range(workers):
         lo = c.layout.slot_offsets[w]
         hi = lo + c.layout.slots[w]
         for plain in WorkerSource(c, paths, counts, w).epoch_batches(0, start_step):
             dense, listed = batch.pack(plain, packed, lo, hi, **ALWAYS), batch.pack(plain, packed, lo, hi, **NEVER)
+            blob = batch.pack(plain, packed, lo, hi, blob=True, **NEVER)
             assert all(isinstance(listed[i], list) for i in packed)
-            seen_dense += sum(isinstance(dense[i], np.ndarray) for i in packed)
+            assert all(batch.is_blob(blob[i]) and blob[i].dtype == np.uint8 for i in packed)
+            seen_dense += sum(isinstance(dense[i], np.ndarray) and dense[i].ndim == 2 for i in packed)
+            seen_blob += sum(len(blob[i]) > 0 for i in packed)
             seen_padding += int(plain[-1][lo:hi].sum()) < hi - lo
-            for form in (dense, listed):
+            for form in (dense, listed, blob):
                 assert len(form) == n + len(packed)
                 assert all(form[n + k].shape == (batch_size, 1) and form[n + k].dtype == np.int32
                            for k in range(len(packed)))
                 same(batch.unpacked(form, packed, n), plain)
-    assert seen_dense and seen_padding
+    assert seen_dense and seen_padding and seen_blob
+
+
+def test_blob_rows_are_views_and_must_add_up():
+    blob = np.arange(10, dtype=np.uint8)
+    lengths = np.array([[3], [0], [7], [0]], np.int32)
+    cut = batch.rows(blob, lengths)
+    assert [r.tolist() for r in cut] == [[0, 1, 2], [], [3, 4, 5, 6, 7, 8, 9], []]
+    assert cut[0].base is blob and cut[1] is cut[3]  # views; one shared empty row
+    with pytest.raises(ValueError, match="blob of 10 bytes for rows of 9"):
+        batch.rows(blob, np.array([[3], [6]], np.int32))
+    assert batch.rows(np.zeros(0, np.uint8), np.zeros((3, 1), np.int32))[2].size == 0
 
 
 def test_the_rule():
@@ -95,6 +109,10 @@ def test_the_rule():
     assert not batch.dense_is_cheaper(256, 10 << 20, 1 << 20)      # one huge member: a huge block
     assert not batch.dense_is_cheaper(4, 100 << 10, 4 * (20 << 10))  # padding 80 kB per position
     assert batch.dense_is_cheaper(4, 100 << 10, 4 * (95 << 10))    # little padding
+    # against a blob (cheap per position) the bound is 2 kB of padding per position, not 16 kB
+    plain = ([np.full(n, 1, np.uint8) for n in (100, 9000, 9000, 9000)], np.ones(4, np.uint8))  # 2.2 kB a position
+    assert batch.pack(plain, (0,), 0, 4)[0].ndim == 2                    # against a list: dense
+    assert batch.is_blob(batch.pack(plain, (0,), 0, 4, blob=True)[0])    # against a blob: the blob
     assert batch.shm_hint(256, 128, 10_000, 3) >= 10_000 * 4 * 128 / 256
 
 

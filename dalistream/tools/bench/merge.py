@@ -2,7 +2,7 @@
 
 Each of W parallel external sources yields what :class:`dalistream.worker.WorkerSource` yields
 (a full batch whose own slot is marked valid, every other position empty), with payloads of
-``--merge-bytes`` as a list or a dense block (``--merge-forms``) plus lengths;
+``--merge-bytes`` as a list, a dense block or a blob (``--merge-forms``) plus lengths;
 :func:`dalistream.dali.graph.merge_by_concat` (or, ``--merge-method conditional``, the owner
 index's conditionals of :func:`dalistream.dali.graph.merge`) merges them, trimmed to the lengths. Nothing
 else runs, so ms per batch is the floor the sharded design puts under every pipeline. Each W
@@ -13,6 +13,7 @@ this module to unpickle :class:`TinySource`.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -28,14 +29,16 @@ from .child import run_child
 class TinySource:
     """One worker's padded batches of 1-byte payloads, laid out as dalistream's sources do."""
 
-    def __init__(self, batch_size: int, workers: int, worker: int, payload_bytes: int = 1, dense: bool = False) -> None:
+    def __init__(self, batch_size: int, workers: int, worker: int, payload_bytes: int = 1, form: str = "list") -> None:
         layout = Layout(1, workers, batch_size)
         lo = layout.slot_offsets[worker]
         hi = lo + layout.slots[worker]
-        self.dense = dense
+        self.form = form
         empty = np.zeros((0,), np.uint8)
-        if dense:  # a padded block: every position a row of payload_bytes
+        if form == "dense":  # a padded block: every position a row of payload_bytes
             self.payload = np.zeros((batch_size, payload_bytes), np.uint8)
+        elif form == "blob":  # the slot's rows end to end
+            self.payload = np.zeros(((hi - lo) * payload_bytes,), np.uint8)
         else:
             self.payload = [empty] * batch_size
             self.payload[lo:hi] = [np.zeros((payload_bytes,), np.uint8)] * (hi - lo)
@@ -49,7 +52,7 @@ class TinySource:
 
     def __next__(self) -> Tuple[Any, np.ndarray, np.ndarray]:
         # fresh objects, as WorkerSource builds each batch anew
-        payload = self.payload.copy() if self.dense else list(self.payload)
+        payload = list(self.payload) if self.form == "list" else self.payload.copy()
         return payload, self.valid.copy(), self.lengths.copy()
 
 
@@ -60,11 +63,12 @@ def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
 
     from ...dali.compat import shutdown
     from ...config import StreamConfig
-    from ...dali.graph import OwnerIndex, merge, merge_by_concat, trim
+    from ...dali.compat import on_receive
+    from ...dali.graph import OwnerIndex, merge, merge_by_concat, received_rows, trim
     from .monitor import tree_cpu_s
 
     workers, batch = spec["workers"], spec["batch_size"]
-    payload, dense = spec.get("payload_bytes", 1), spec.get("form", "list") == "dense"
+    payload, form = spec.get("payload_bytes", 1), spec.get("form", "list")
     hint = payload + 256  # bytes per sample, all outputs and metadata: shared memory sized once
     config = StreamConfig(sources=("-",), fields={"payload": "bin"}, batch_size=batch, workers=workers)
     t0 = time.perf_counter()
@@ -73,10 +77,12 @@ def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
                   py_start_method="spawn", py_callback_pickler=dill, enable_conditionals=True, exec_dynamic=True,
                   prefetch_queue_depth=2)
     def merged():
-        branches = [fn.external_source(source=TinySource(batch, workers, w, payload, dense), num_outputs=3,
-                                       batch=True, parallel=True, cycle="quiet", prefetch_queue_depth=2,
-                                       bytes_per_sample_hint=hint)
-                    for w in range(workers)]
+        sources = [TinySource(batch, workers, w, payload, form) for w in range(workers)]
+        if form == "blob" and not all(on_receive(s, functools.partial(received_rows, (0,), 2)) for s in sources):
+            raise ConfigError("--merge-forms blob: this DALI lacks what the blob form needs (see dalistream.dali.compat)")
+        branches = [fn.external_source(source=source, num_outputs=3, batch=True, parallel=True, cycle="quiet",
+                                       prefetch_queue_depth=2, bytes_per_sample_hint=hint)
+                    for source in sources]
         if not spec["merge"]:
             return tuple(node for nodes in branches for node in nodes)
         if spec.get("method", "concat") == "concat":  # what dalistream does for such fields
@@ -119,8 +125,8 @@ def run_merge_only(args: Any, log: Callable[[str], None]) -> int:
     if not ws or min(ws) < 1 or max(ws) > args.batch_size:
         raise ConfigError("--merge-workers: values must be between 1 and the batch size")
     forms = [f.strip() for f in args.merge_forms.split(",") if f.strip()]
-    if not forms or set(forms) - {"list", "dense"}:
-        raise ConfigError(f"--merge-forms {args.merge_forms!r}: expected list, dense or list,dense")
+    if not forms or set(forms) - {"list", "dense", "blob"}:
+        raise ConfigError(f"--merge-forms {args.merge_forms!r}: expected some of list, dense, blob (comma-separated)")
     runs: Dict[Tuple[int, str, bool], List[Dict[str, Any]]] = {}
     for repeat in range(args.repeats):
         for w in ws:
