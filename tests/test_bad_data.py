@@ -268,6 +268,21 @@ def test_cheap_image_check(data, problem):
     assert problem in image_problem(data)
 
 
+def test_jpeg_end_marker_counts_only_after_the_scan():
+    """The end-of-image marker is looked for from the end: one inside an EXIF thumbnail (before
+    the first start-of-scan) does not make a cut JPEG whole; markers in trailing data are fine."""
+    thumbnail = b"\xff\xd8\xff\xdb\x00\x04\x00\x00\xff\xda" + bytes(30) + b"\xff\xd9"
+    exif = b"\xff\xe1" + (2 + 6 + len(thumbnail)).to_bytes(2, "big") + b"Exif\x00\x00" + thumbnail
+    cut = b"\xff\xd8" + exif + b"\xff\xdb\x00\x04\x00\x00" + b"\xff\xda\x00\x02" + bytes(200)
+    assert "without its end-of-image marker" in image_problem(cut)
+    assert image_problem(cut + b"\xff\xd9") is None
+    assert image_problem(cut + b"\xff\xd9" + b"video \xff\xd9 \xff\xda") is None
+    assert "without its IEND chunk" in image_problem(png(1)[:-12])  # cut before its last chunk
+    assert "without image data" in image_problem(b"\xff\xd8" + exif + b"\xff\xdb\x00\x04\x00\x00" + bytes(9))
+    junk = b"\xff\xd8" + exif + b"junk" + b"\xff\xda\x00\x02" + bytes(9)  # bytes that are no marker: searched on
+    assert "end-of-image" in image_problem(junk) and image_problem(junk + b"\xff\xd9") is None
+
+
 def test_cheap_image_check_passes_real_images():
     from PIL import Image
 

@@ -122,13 +122,38 @@ _SIGNATURES = (  # formats DALI's image decoders read, besides JPEG and PNG
 )
 
 
+def _jpeg_scan(data: bytes) -> int:
+    """Where the image's first start-of-scan marker is (-1: none): the segments before it are
+    passed over by their lengths, so a thumbnail inside an EXIF segment (a whole JPEG, with its
+    own scan and end marker) is not taken for the image. Where the walk goes astray (bytes that
+    are no marker, which decoders accept with a warning, or a length past the end) the marker is
+    searched from there instead: damage inside is left to the decoder, as before."""
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            break
+        marker = data[i + 1]
+        if marker == 0xDA:
+            return i
+        if marker == 0xFF:  # fill byte
+            step = 1
+        elif 0xD0 <= marker <= 0xD8 or marker == 0x01:  # markers without a length
+            step = 2
+        else:
+            step = 2 + int.from_bytes(data[i + 2:i + 4], "big")
+        if i + step + 4 > n:
+            break
+        i += step
+    return data.find(b"\xff\xda", i)
+
+
 def image_problem(data: bytes) -> Optional[str]:
     """What is wrong with encoded image bytes, or ``None`` if they pass a cheap check.
 
     The check costs a few microseconds and never decodes: the data must start with the
     signature of a format DALI decodes (JPEG, PNG, GIF, BMP, TIFF, WebP, JPEG 2000, PNM) and,
     where the format has an end marker, contain it: JPEG needs an end-of-image marker after its
-    first start-of-scan (data after it, as in motion photos, is fine), PNG its ``IEND`` chunk,
+    first start-of-scan (a thumbnail's does not count; data after it, as in motion photos, is fine), PNG its ``IEND`` chunk,
     WebP as many bytes as its RIFF header announces. It catches random bytes, empty members
     and files cut short; damage inside the compressed data passes and is left to the decoder.
     """
@@ -136,14 +161,14 @@ def image_problem(data: bytes) -> Optional[str]:
     if n == 0:
         return "0 bytes"
     if data.startswith(_JPEG):
-        scan = data.find(b"\xff\xda", 2)
+        scan = _jpeg_scan(data)
         if scan < 0:
             return f"JPEG of {n} bytes without image data (no start-of-scan marker): cut short?"
-        if data.find(b"\xff\xd9", scan) < 0:
+        if data.rfind(b"\xff\xd9", scan) < 0:  # from the end, where it is: not a scan of the whole image
             return f"JPEG of {n} bytes without its end-of-image marker: cut short?"
         return None
     if data.startswith(_PNG):
-        if data.find(_PNG_END, 8) < 0:
+        if data.rfind(_PNG_END, 8) < 0:
             return f"PNG of {n} bytes without its IEND chunk: cut short?"
         return None
     if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
