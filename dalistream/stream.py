@@ -180,7 +180,7 @@ class Stream:
             if sized.any() and counted.rows.samples[sized].sum():
                 per_sample = float(counted.rows.sizes[sized].sum() / counted.rows.samples[sized].sum())
             if counted.rows.offsets is not None:
-                offsets = SampleOffsets.from_flat(counted.rows.starts, counted.rows.offsets)
+                offsets = SampleOffsets.from_flat(counted.rows.starts, counted.rows.offsets, counted.rows.members)
                 if config.cache_dir:
                     offsets = offsets.saved(config.cache_dir)
         else:

@@ -13,7 +13,6 @@ import json
 import os
 import posixpath
 import zipfile
-from dataclasses import asdict
 from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -23,6 +22,7 @@ from ..io.local import local_path, write_atomic
 from ..io.remote import is_fetched, put_bytes, read_bytes
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
+from .members import MemberLayout
 from .rows import ShardInfo, ShardRows
 from .scan import version_of
 
@@ -69,8 +69,13 @@ def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapp
     relative to it, so the folder can be moved or mounted elsewhere."""
     rows = []
     for info in infos:
-        row = {k: (list(v) if k == "offsets" else v) for k, v in asdict(info).items() if k != "offsets" or v is not None}
-        row["url"] = _relative(info.url, path)
+        row = {"url": _relative(info.url, path), "samples": info.samples, "bytes": info.bytes}
+        if info.offsets is not None:
+            row["offsets"] = list(info.offsets)
+        if info.members is not None:
+            patterns, kinds, sizes = info.members
+            row["members"] = {"patterns": [{"exts": list(e), "headers": list(h)} for e, h in patterns],
+                              **({"kinds": list(kinds)} if len(patterns) > 1 else {}), "sizes": list(sizes)}
         rows.append(row)
     payload = json.dumps({"format": FORMAT, "version": 1, "shards": rows}, separators=(",", ":"))
     if is_remote(path):
@@ -105,7 +110,7 @@ def read_manifest(path: str, options: Optional[Mapping[str, Any]] = None) -> Sha
 
 
 # the column layout of a parsed manifest kept in the cache directory: bump when it changes
-PARSED_LAYOUT = "rows-1"
+PARSED_LAYOUT = "rows-2"  # rows-2: member layouts
 
 
 def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None) -> ShardRows:
@@ -125,7 +130,11 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
         with np.load(base + ".npz") as z:
             # offsets (8 bytes per sample) are mapped, not loaded: workers map the same file
             offsets = np.load(base + ".offsets.npy", mmap_mode="r") if bool(z["has_offsets"]) else None
-            return ShardRows(z["urls"].tolist(), z["samples"], z["sizes"], offsets)
+            members = None
+            if "member_exts" in z:
+                members = MemberLayout.from_arrays(z, z["samples"], np.load(base + ".kinds.npy", mmap_mode="r"),
+                                                   np.load(base + ".members.npy", mmap_mode="r"))
+            return ShardRows(z["urls"].tolist(), z["samples"], z["sizes"], offsets, members)
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
         pass  # not there yet (or unreadable): parse, then keep
     rows = read_manifest(path, options)
@@ -133,8 +142,14 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
         os.makedirs(os.path.dirname(base), exist_ok=True)
         if rows.offsets is not None:  # first: the table below says it is there
             write_atomic(base + ".offsets.npy", lambda f: np.save(f, rows.offsets))
+        layout = {}
+        if rows.members is not None:
+            write_atomic(base + ".kinds.npy", lambda f: np.save(f, np.asarray(rows.members.kind)))
+            write_atomic(base + ".members.npy", lambda f: np.save(f, np.asarray(rows.members.sizes)))
+            layout = {k: v for k, v in rows.members.arrays().items() if k not in ("member_kind", "member_sizes")}
         write_atomic(base + ".npz", lambda f: np.savez(f, urls=np.array(rows.urls, dtype=str), samples=rows.samples,
-                                                         sizes=rows.sizes, has_offsets=np.array(rows.offsets is not None)))
+                                                         sizes=rows.sizes, has_offsets=np.array(rows.offsets is not None),
+                                                         **layout))
     except OSError:
         pass
     return rows

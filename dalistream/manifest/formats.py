@@ -4,7 +4,14 @@
 - dalistream's own JSON (``dalistream index``)::
 
     {"format": "dalistream-manifest", "version": 1,
-     "shards": [{"url": "part-0.tar", "samples": 1000, "bytes": 123456, "offsets": [0, 5120, …]}, …]}
+     "shards": [{"url": "part-0.tar", "samples": 1000, "bytes": 123456, "offsets": [0, 5120, …],
+                 "members": {"patterns": [{"exts": ["jpg", "cls"], "headers": [1, 1]}, …],
+                             "kinds": [0, 0, 1, …], "sizes": [4035, 1, 3950, 2, …]}}, …]}
+
+  (``members``, for a regular shard only: its sample patterns (member extensions in tar order and
+  the 512-byte header blocks before each one's data, 1 each if left out), each sample's pattern
+  (``kinds``; left out when there is one pattern) and every member's size, which let a worker cut
+  samples out of the bytes without parsing headers: :mod:`.members`);
 
 - webdataset's ``wids`` shard index: ``{"__kind__": "wids-shard-index-v1", "wids_version": 1,
   "shardlist": [{"url": …, "nsamples": …, "filesize": …}, …]}`` (no offsets);
@@ -28,6 +35,7 @@ import numpy as np
 from ..errors import ManifestError
 from ..io.local import local_path
 from ..sources import is_remote
+from .members import MemberLayout, check_members
 from .offsets import running_starts
 from .rows import ShardInfo, ShardRows
 
@@ -92,7 +100,36 @@ def _checked_row(raw: Any, manifest: str, row: int, url_key: str, samples_key: s
     if offsets is not None:
         if not isinstance(offsets, list) or len(offsets) != samples:
             raise _bad(f"'offsets' must list one offset per sample ({samples})", manifest, row, url)
-    return ShardInfo(url, samples, size, tuple(offsets) if offsets is not None else None)
+    members = raw.get("members")
+    if members is not None:
+        members = _row_members(members, samples)
+        if isinstance(members, str):
+            raise _bad(f"'members': {members}", manifest, row, url)
+    return ShardInfo(url, samples, size, tuple(offsets) if offsets is not None else None, members)
+
+
+def _row_members(raw: Any, samples: int) -> Any:
+    """A row's ``members`` as :data:`~.members.Members` (checked with the offsets later), or what is
+    wrong with its shape."""
+    patterns = raw.get("patterns") if isinstance(raw, dict) else None
+    if not isinstance(patterns, list) or not isinstance(raw.get("sizes"), list) \
+            or not all(isinstance(p, dict) and isinstance(p.get("exts"), list) for p in patterns):
+        return "must be an object with 'patterns' (objects with a list 'exts') and a list 'sizes'"
+    headers = [p.get("headers", [1] * len(p["exts"])) for p in patterns]
+    kinds = raw.get("kinds", [0] * samples if len(patterns) == 1 else None)
+    if not isinstance(kinds, list) or not all(isinstance(h, list) for h in headers):
+        return "'kinds' (one pattern per sample) and each pattern's 'headers' must be lists"
+    return tuple((tuple(p["exts"]), tuple(h)) for p, h in zip(patterns, headers)), tuple(kinds), tuple(raw["sizes"])
+
+
+def _check_members(infos: List[ShardInfo], manifest: str) -> None:
+    """Every row's member layout (after its offsets were checked): extensions, sizes, and sizes
+    that add up to the distances between the row's offsets."""
+    for row, info in enumerate(infos):
+        if info.members is not None:
+            problem = check_members(info.members, info.samples, info.offsets)
+            if problem:
+                raise _bad(f"'members': {problem}", manifest, row, info.url)
 
 
 def _check_flat_offsets(flat: np.ndarray, starts: np.ndarray, manifest: str, urls: Sequence[str],
@@ -162,11 +199,68 @@ def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str])
         if flat.size and (flat.ndim != 1 or flat.dtype.kind != "i"):
             return None
         offsets = flat.astype(np.int64, copy=False) if flat.size else np.zeros(0, dtype=np.int64)
+    members = _member_columns(rows, samples, offsets, running_starts(counts))
+    if members is False:
+        return None
     prefix = resolve("x", manifest, folder)[:-1]  # what a plain relative name is joined to, worked out once
     resolved = [prefix + u if _simple(u) else resolve(u, manifest, folder) for u in urls]
     if len(set(resolved)) != len(resolved):
         return None
-    return ShardRows(resolved, counts, size_col, offsets)
+    return ShardRows(resolved, counts, size_col, offsets, members)
+
+
+def _member_columns(rows: list, samples: list, offsets: Optional[np.ndarray], starts: np.ndarray) -> Any:
+    """The rows' member layouts as a :class:`MemberLayout` (``None``: no row has one), or ``False``
+    when one is not plainly valid (the row-by-row check then names it)."""
+    raw = [r.get("members") for r in rows]
+    if all(m is None for m in raw):
+        return None
+    table: dict = {}
+    local_to_global: List[int] = []  # every row's patterns, in row order, as global pattern numbers
+    base, width, kinds, sizes = [], [], [], []
+    for m, n in zip(raw, samples):
+        base.append(len(local_to_global))
+        if m is None:
+            width.append(0)
+            kinds.append(None)
+            continue
+        shaped = _row_members(m, n)
+        if isinstance(shaped, str):
+            return False
+        patterns, row_kinds, row_sizes = shaped
+        for exts, headers in patterns:
+            if not exts or not all(type(e) is str and e for e in exts) or len(set(exts)) != len(exts) \
+                    or len(headers) != len(exts) or not all(type(h) is int and h >= 1 for h in headers):
+                return False
+            local_to_global.append(table.setdefault((exts, headers), len(table)))
+        if not patterns or len(row_kinds) != n:
+            return False
+        width.append(len(patterns))
+        kinds.append(row_kinds)
+        sizes.append(row_sizes)
+    counts = np.array(samples, dtype=np.int64)
+    local = np.array(list(chain.from_iterable(k if k is not None else [-1] * n for k, n in zip(kinds, samples))))
+    flat_sizes = np.array(list(chain.from_iterable(sizes)))
+    if (local.size and (local.dtype.kind != "i" or local.ndim != 1)) or \
+            (flat_sizes.size and (flat_sizes.dtype.kind != "i" or flat_sizes.ndim != 1 or (flat_sizes < 0).any())):
+        return False
+    row_width = np.repeat(np.array(width, dtype=np.int64), counts)
+    regular = np.repeat(np.array([k is not None for k in kinds]), counts)
+    if ((local >= row_width) | (regular & (local < 0))).any():
+        return False
+    mapping = np.array(local_to_global + [-1], dtype=np.int32)
+    kind = np.where(regular, mapping[np.where(regular, np.repeat(np.array(base, dtype=np.int64), counts) + local, -1)], -1)
+    try:
+        layout = MemberLayout(list(table), kind, flat_sizes.astype(np.int64, copy=False), counts)
+    except ValueError:  # sizes that do not match the samples' patterns
+        return False
+    listed = np.zeros(len(rows), dtype=np.int64)  # member sizes each row lists
+    listed[[i for i, k in enumerate(kinds) if k is not None]] = [len(r) for r in sizes]
+    if not np.array_equal(layout.member_starts[starts[1:]] - layout.member_starts[starts[:-1]], listed):
+        return False
+    if layout.first_mismatch(offsets, starts) >= 0:
+        return False
+    return layout
 
 
 def parse_json(payload: Any, manifest: str) -> ShardRows:
@@ -193,6 +287,7 @@ def parse_json(payload: Any, manifest: str) -> ShardRows:
         return table
     infos = [_checked_row(raw, manifest, i, *keys, folder=folder) for i, raw in enumerate(rows)]
     _check_offsets(infos, manifest)
+    _check_members(infos, manifest)
     seen: dict = {}
     for i, info in enumerate(infos):
         if info.url in seen:

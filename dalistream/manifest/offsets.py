@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -36,18 +36,21 @@ def flat_offsets(starts: np.ndarray, rows: Sequence[Optional[Sequence[int]]]) ->
 class SampleOffsets:
     """Tar offset of sample ``i`` of shard ``s``: :meth:`at`; picklable (a path when saved)."""
 
-    def __init__(self, counts: Sequence[int], rows: Sequence[Optional[Sequence[int]]]) -> None:
+    def __init__(self, counts: Sequence[int], rows: Sequence[Optional[Sequence[int]]], members: Any = None) -> None:
         self.starts = running_starts(counts)
         self._flat: Optional[np.ndarray] = flat_offsets(self.starts, rows)
         self.path: Optional[str] = None
+        self.members = members  # the regular shards' member layouts (a manifest.members.MemberLayout), or None
 
     @classmethod
-    def from_flat(cls, starts: np.ndarray, flat: np.ndarray) -> "SampleOffsets":
-        """From the flat array itself (``-1`` unknown), laid out by ``starts`` (the running sum of counts)."""
+    def from_flat(cls, starts: np.ndarray, flat: np.ndarray, members: Any = None) -> "SampleOffsets":
+        """From the flat array itself (``-1`` unknown), laid out by ``starts`` (the running sum of
+        counts); ``members``: a :class:`~.members.MemberLayout` of the same shards, or ``None``."""
         self = cls.__new__(cls)
         self.starts = np.asarray(starts, dtype=np.int64)
         self._flat = np.asanyarray(flat, dtype=np.int64)  # a memory map stays one
         self.path = None
+        self.members = members
         return self
 
     @property
@@ -65,22 +68,12 @@ class SampleOffsets:
         return value if value >= 0 else None
 
     def saved(self, directory: str) -> "SampleOffsets":
-        """Write the array once under ``directory`` (named by its content) and map it from there;
-        unchanged (kept in memory) if the directory cannot be written."""
-        if isinstance(self._flat, np.memmap) and self._flat.filename and os.path.dirname(
-                os.path.dirname(os.path.abspath(self._flat.filename))) == os.path.abspath(directory):
-            self.path = self._flat.filename  # already a file of this cache (a parsed manifest's)
-            return self
-        flat = np.ascontiguousarray(self.flat)
-        digest = hashlib.sha256(self.starts.tobytes() + flat.tobytes()).hexdigest()[:32]
-        path = os.path.join(directory, "offsets", digest + ".npy")
-        try:
-            if not os.path.exists(path):
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                write_atomic(path, lambda f: np.save(f, flat))
-        except OSError:
-            return self
-        self.path = path
+        """Write the array (and the member sizes) once under ``directory`` (named by content) and map
+        it from there; unchanged (kept in memory) if the directory cannot be written."""
+        if self.members is not None:
+            self.members.kind_path = _saved_array(directory, self.members.kind, "members")
+            self.members.sizes_path = _saved_array(directory, self.members.sizes, "members")
+        self.path = _saved_array(directory, self.flat, "offsets") or self.path
         return self
 
     def __getstate__(self) -> dict:
@@ -88,3 +81,20 @@ class SampleOffsets:
         if self.path is not None:
             state["_flat"] = None  # mapped again in the worker
         return state
+
+
+def _saved_array(directory: str, array: np.ndarray, kind: str) -> Optional[str]:
+    """``array`` written once under ``directory/kind`` (named by its content): its path, or ``None``
+    when it cannot be written. An array already mapped from that folder is its own file."""
+    if isinstance(array, np.memmap) and array.filename and os.path.dirname(
+            os.path.dirname(os.path.abspath(array.filename))) == os.path.abspath(directory):
+        return array.filename
+    array = np.ascontiguousarray(array)
+    path = os.path.join(directory, kind, hashlib.sha256(array.tobytes()).hexdigest()[:32] + ".npy")
+    try:
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_atomic(path, lambda f: np.save(f, array))
+    except OSError:
+        return None
+    return path

@@ -1,5 +1,5 @@
 """Manifest rows: a shard's URL, its number of samples, its stored size and (optionally) the tar
-offset of every sample — one :class:`ShardInfo` each, or all of them as columns
+offset of every sample and its member layout (:mod:`.members`) — one :class:`ShardInfo` each, or all of them as columns
 (:class:`ShardRows`), which is how a manifest of 100,000 shards is read, matched and handed to the
 plan without a Python object per row."""
 
@@ -11,20 +11,26 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ManifestError
+from .members import MemberLayout, Members
 from .offsets import flat_offsets, running_starts
 
 
 @dataclass(frozen=True)
 class ShardInfo:
     """One manifest row: shard URL, number of samples, size in bytes (as stored), and optionally
-    the tar offset of every sample."""
+    the tar offset of every sample and, for a regular shard, its member layout (its patterns,
+    each sample's pattern, every member's size: :mod:`.members`)."""
 
     url: str
     samples: int
     bytes: int
     offsets: Optional[Tuple[int, ...]] = None
+    members: Optional[Members] = None
 
     def __post_init__(self) -> None:
+        if self.members is not None:  # (from JSON: lists)
+            patterns, kinds, sizes = self.members
+            object.__setattr__(self, "members", (tuple((tuple(e), tuple(h)) for e, h in patterns), tuple(kinds), tuple(sizes)))
         if self.offsets is not None:
             object.__setattr__(self, "offsets", tuple(self.offsets))
             if len(self.offsets) != self.samples:
@@ -35,15 +41,17 @@ class ShardInfo:
 class ShardRows:
     """Rows as columns: ``urls``, ``samples`` and ``sizes`` (``int64``, ``-1`` unknown), and
     ``offsets``: every sample's tar offset in one flat ``int64`` array laid out by ``starts``
-    (the running sum of ``samples``), ``-1`` for rows without offsets; ``None`` when no row has any."""
+    (the running sum of ``samples``), ``-1`` for rows without offsets; ``None`` when no row has any;
+    ``members``: the regular shards' member layouts (:class:`~.members.MemberLayout`), or ``None``."""
 
     def __init__(self, urls: Sequence[str], samples: np.ndarray, sizes: np.ndarray,
-                 offsets: Optional[np.ndarray] = None) -> None:
+                 offsets: Optional[np.ndarray] = None, members: Optional[MemberLayout] = None) -> None:
         self.urls = list(urls)
         self.samples = np.asarray(samples, dtype=np.int64)
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.starts = running_starts(self.samples)
         self.offsets = offsets
+        self.members = members
         if offsets is not None and len(offsets) != self.starts[-1]:
             raise ValueError(f"{len(offsets)} offsets for {int(self.starts[-1])} samples")
 
@@ -54,7 +62,8 @@ class ShardRows:
         offsets = None
         if any(i.offsets is not None for i in infos):
             offsets = flat_offsets(running_starts(samples), [i.offsets for i in infos])
-        return cls([i.url for i in infos], samples, sizes, offsets)
+        members = MemberLayout.from_rows([i.members for i in infos], samples)
+        return cls([i.url for i in infos], samples, sizes, offsets, members)
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -66,7 +75,8 @@ class ShardRows:
             row = self.offsets[self.starts[i]:self.starts[i + 1]]
             if not (len(row) and row[0] < 0):
                 offsets = tuple(row.tolist())
-        return ShardInfo(self.urls[i], int(self.samples[i]), int(self.sizes[i]), offsets)
+        members = self.members.row(i) if self.members is not None else None
+        return ShardInfo(self.urls[i], int(self.samples[i]), int(self.sizes[i]), offsets, members)
 
     def infos(self) -> List[ShardInfo]:
         return [self.info(i) for i in range(len(self))]
@@ -81,4 +91,5 @@ class ShardRows:
         if self.offsets is not None:
             shift = np.repeat(self.starts[:-1][index] - running_starts(samples)[:-1], samples)
             offsets = self.offsets[np.arange(int(samples.sum()), dtype=np.int64) + shift]
-        return ShardRows([self.urls[i] for i in index.tolist()], samples, self.sizes[index], offsets)
+        members = self.members.take(index, samples) if self.members is not None else None
+        return ShardRows([self.urls[i] for i in index.tolist()], samples, self.sizes[index], offsets, members)

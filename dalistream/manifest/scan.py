@@ -22,11 +22,12 @@ from ..io.remote import is_fetched, stat_remote
 from ..io.streams import open_raw
 from ..sources import is_remote
 from ..tar import iter_samples
+from .members import layout_of
 from .rows import ShardInfo
 
 # the tar reader's counting rules, part of every cache key: counts cached under older rules (before
 # link-only samples were counted and lone zero blocks found) are scanned again, never trusted
-SCAN_RULES = "tar-2"
+SCAN_RULES = "tar-3"  # tar-3: rows carry the member layout of regular shards
 
 
 def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
@@ -40,17 +41,21 @@ def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase:
     """
     count = 0
     starts: List[int] = []
+    tap: Optional[list] = [] if offsets else None
     raw = open_raw(url, 0, options)
     size = getattr(getattr(raw, "raw", None), "size", None) if is_fetched(url) else None
     with decompressed(raw, url) as stream:
-        for sample in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase):
+        gzipped = stream is not raw
+        for sample in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase, tap=tap):
             count += 1
             if offsets:
                 starts.append(sample["__offset__"])
     if not is_remote(url):
         size = os.path.getsize(local_path(url))
+    # a gzipped shard is read from its start anyway: no layout to slice it by
+    members = layout_of(tap, starts) if tap is not None and not gzipped else None
     return ShardInfo(redact(url) if is_remote(url) else url, count, size if size is not None else -1,
-                     tuple(starts) if offsets else None)
+                     tuple(starts) if offsets else None, members)
 
 
 def version_of(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:

@@ -73,9 +73,14 @@ def _first_header_error(header: bytes, url: str) -> ShardFormatError:
 def walk(
     stream: BinaryIO, url: str, *, want: Callable[[str], bool] = lambda name: True,
     max_member_bytes: int = 256 << 20, mark_errors: bool = False, clock: Optional[ReadClock] = None,
+    tap: Optional[list] = None,
 ) -> Iterator[Entry]:
     """:func:`iter_members` as plain tuples ``(name, size, offset, data, error, kind)``, ``kind``
-    :data:`FILE` or :data:`OTHER` (the fast path: no object per member)."""
+    :data:`FILE` or :data:`OTHER` (the fast path: no object per member). ``tap``, if given, gets
+    every entry's layout as ``(name, size, offset, data offset, renamed, regular)`` (``renamed``:
+    its name came from a long-name or pax header), and at the end-of-archive marker
+    ``(None, 0, offset, offset, False, False)``: what a scan records of a regular shard
+    (:func:`dalistream.manifest.members.layout_of`)."""
     r = StreamBuffer(stream, url, clock)
     long_name: Optional[str] = None
     pax: Optional[Dict[str, bytes]] = None
@@ -102,6 +107,8 @@ def walk(
         r.pos = pos + BLOCK
         if header == ZERO:
             r.end_or_damage(offset)
+            if tap is not None:
+                tap.append((None, 0, offset, offset, False, False))
             return
         text = header[148:154]
         if header[154] == 0 and text.isdigit():  # the usual "%06o\0 ": checksum_ok() inline (fast path)
@@ -147,6 +154,7 @@ def walk(
             continue
         if start_at is not None:  # (a resume opens the shard here: its extended headers come first)
             offset, start_at = start_at, None
+        own_name = name
         if long_name is not None:
             name, long_name = long_name, None
         sparse = kind == _SPARSE
@@ -166,6 +174,8 @@ def walk(
             pax = None
         if r.size is not None and size > r.size:
             raise damaged(f"member size of {size} bytes is larger than the whole shard ({r.size} bytes)", url, name)
+        if tap is not None:
+            tap.append((name, size, offset, r.base + r.pos, name is not own_name, kind in _REGULAR and not sparse))
         if kind in _REGULAR and not sparse:
             if want(name):
                 if size > max_member_bytes:

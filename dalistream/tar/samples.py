@@ -33,7 +33,7 @@ def iter_samples(
     stream: BinaryIO, url: str, *, keep: Callable[[int], bool] = lambda index: True,
     want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False,
     max_member_bytes: int = 256 << 20, mark_errors: bool = False, first_index: int = 0,
-    clock: Optional[ReadClock] = None,
+    clock: Optional[ReadClock] = None, tap: Optional[list] = None,
 ) -> Iterator[Sample]:
     """Group members into samples: dicts of ``ext -> bytes`` plus ``__key__``, ``__url__``,
     ``__index__`` (sample number in the shard) and ``__offset__`` (tar offset of its first member).
@@ -52,7 +52,8 @@ def iter_samples(
     other, with the error under ``"__error__"`` (its data may be incomplete), and the shard goes
     on. Problems of the stream itself (:class:`ShardFormatError`, :class:`SourceError`) always
     raise: nothing after them can be trusted. Keys are only ever used as strings, never as paths.
-    ``clock``, if given, accumulates the time spent waiting for the stream's bytes.
+    ``clock``, if given, accumulates the time spent waiting for the stream's bytes. ``tap``: see
+    :func:`~dalistream.tar.members.walk` (a scan records a regular shard's member layout with it).
     """
     current: Optional[Sample] = None
     current_key: Optional[str] = None
@@ -83,7 +84,7 @@ def iter_samples(
         current.setdefault("__error__", error)  # the first problem of a sample is the one reported
 
     for name, _, offset, data, error, kind in walk(stream, url, want=want, max_member_bytes=max_member_bytes,
-                                                   mark_errors=mark_errors, clock=clock):
+                                                   mark_errors=mark_errors, clock=clock, tap=tap):
         if name is last_name:  # split once, in want()
             key, ext = last_key, last_ext
         else:

@@ -15,11 +15,12 @@ import numpy as np
 
 from ..config import StreamConfig
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
-from ..io.streams import ShardSequence
+from ..io.streams import ShardSequence, is_gzip_name
 from ..manifest.offsets import SampleOffsets
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
 from ..tar.parts import open_part
+from ..tar.sliced import sliced_samples
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
 from .stats import WorkerStats
@@ -157,17 +158,24 @@ class PlanReader:
         count = self.counts[index] if self.counts is not None else None
         at_offset = start is not None
         found = first if at_offset else 0
+        layout = self.layout(index, first, stop, start)
         try:
             with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too
                 opened = shards.open(position)
             if end is not None:
                 opened = open_part(opened, end - (start or 0))
             with opened as f:
-                for sample in iter_samples(
-                    f, url, keep=lambda i: first <= i and (stop is None or i < stop), want_ext=self.decoder.wants,
-                    lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
-                    first_index=first if at_offset else 0, clock=stats.io_clock,
-                ):
+                if layout is not None:  # a regular shard: samples cut out by the manifest's member layout
+                    patterns, kinds, sizes, offset = layout
+                    found = first
+                    samples = sliced_samples(f, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=self.decoder.wants,
+                                             lowercase=c.lowercase_ext, last=stop == count, clock=stats.io_clock)
+                else:
+                    samples = iter_samples(
+                        f, url, keep=lambda i: first <= i and (stop is None or i < stop), want_ext=self.decoder.wants,
+                        lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
+                        first_index=first if at_offset else 0, clock=stats.io_clock)
+                for sample in samples:
                     found = sample["__index__"] + 1
                     if found <= first:
                         continue  # another worker's sample, passed over by header
@@ -186,6 +194,24 @@ class PlanReader:
             return
         if stop is not None and found < stop:
             yield self.stale(url, count, str(found))
+
+    def layout(self, index: int, first: int, stop: Optional[int], start: Optional[int]) -> Optional[tuple]:
+        """``(patterns, each sample's pattern, member sizes, offset of first)`` for samples ``first``
+        to ``stop`` of shard ``index`` when they can be cut out by its member layout (a regular
+        shard, its part opened at ``first``'s offset, no member over ``max_member_bytes``: that one
+        the header path refuses by name); else ``None``."""
+        members = getattr(self.offsets, "members", None)
+        if members is None or stop is None or self.counts is None or is_gzip_name(self.urls[index]):
+            return None
+        found = members.at(index)
+        offset = self.offsets.at(index, first)
+        if found is None or offset is None or offset != (start or 0) or len(found[1]) != self.counts[index]:
+            return None
+        patterns, kinds, sizes, member_starts = found
+        sizes = sizes[member_starts[first]:member_starts[stop]]
+        if sizes.size and int(sizes.max()) > self.config.max_member_bytes:
+            return None
+        return patterns, kinds[first:stop], sizes, offset
 
     def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
         """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""

@@ -223,15 +223,15 @@ def test_on_receive_rewrites_only_its_own_source_and_tensor_list_keeps_the_rows(
         blob_source, plain_source = _Shipping(True), _Shipping(False)
         assert compat.on_receive(blob_source, receive)
         assert compat.on_receive(blob_source, receive)  # the hook is installed once, a source registered again
-        a, _ = fn.external_source(blob_source, num_outputs=2, batch=True, parallel=True, cycle="raise")
-        b, _ = fn.external_source(plain_source, num_outputs=2, batch=True, parallel=True, cycle="raise")
-        return a, b
+        a, la = fn.external_source(blob_source, num_outputs=2, batch=True, parallel=True, cycle="raise")
+        b, lb = fn.external_source(plain_source, num_outputs=2, batch=True, parallel=True, cycle="raise")
+        return a, b, la, lb
 
     pipe = graph()
     pipe.build()
     try:
         for i in (1, 2, 3):
-            a, b = pipe.run()
+            a, b, _, _ = pipe.run()
             for out in (a, b):
                 assert [np.asarray(out[k]).tolist() for k in range(3)] == [[i, i], [], [i] * 5]
     finally:

@@ -1,6 +1,7 @@
-"""The reader of one worker's parts: spans cut inside shards read exactly their samples, with
-and without offsets (a seek and an end, or skipping headers), and stale counts found where they
-show, naming the shard, counted vs found, and where the count came from."""
+"""The reader of one worker's parts: spans cut inside shards read exactly their samples, by
+header without offsets (skipping headers), by header from offsets (a seek and an end), and cut
+out by the manifest's member layout (no header parsed), and stale counts found where they show,
+naming the shard, counted vs found, and where the count came from."""
 
 import itertools
 import os
@@ -8,9 +9,11 @@ import os
 import pytest
 
 from dalistream.config import StreamConfig
-from dalistream.errors import ManifestError
+from dalistream.errors import ManifestError, ShardFormatError
 from dalistream.io.streams import ShardSequence
 from dalistream.manifest import build_manifest
+from dalistream.manifest.offsets import SampleOffsets
+from dalistream.manifest.rows import ShardRows
 from dalistream.plan import owned_parts
 from dalistream.worker import WorkerSource
 from dalistream.worker.policy import ErrorPolicy
@@ -29,17 +32,33 @@ def source_keys(config, paths, counts, rank, w, epoch, offsets=None, start_step=
     return out
 
 
+def indexed(paths, reading):
+    """What the reader is given to read by: nothing (headers), every sample's offset (offsets),
+    or the offsets and the member layout (members)."""
+    if reading == "headers":
+        return None
+    infos = build_manifest(paths, offsets=True)
+    if reading == "offsets":
+        return [i.offsets for i in infos]
+    rows = ShardRows.from_infos(infos)
+    assert rows.members is not None and all(i.members is not None for i in infos if i.samples)
+    return SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
+
+
+READINGS = ["headers", "offsets", "members"]
+
+
 def expected_keys(counts, layout, schedule, epoch, rank, w):
     return [f"s{s:03d}/{i:05d}" for s, a, b in owned_parts(counts, len(counts), layout, schedule, epoch, rank, w)
             for i in range(a, b)]
 
 
-@pytest.mark.parametrize("with_offsets", [True, False])
+@pytest.mark.parametrize("reading", READINGS)
 @pytest.mark.parametrize("R,W,B", [(1, 2, 4), (2, 3, 7), (3, 2, 5), (4, 4, 8)])
-def test_every_worker_reads_exactly_its_span(tmp_path, with_offsets, R, W, B):
+def test_every_worker_reads_exactly_its_span(tmp_path, reading, R, W, B):
     sizes = uneven_sizes(9, seed=R * 10 + W, low=1, high=14) + [0]
     paths = key_shards(str(tmp_path), sizes)
-    offsets = [i.offsets for i in build_manifest(paths, offsets=True)] if with_offsets else None
+    offsets = indexed(paths, reading)
     for policy in ("even", "exact"):
         config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=B, workers=W,
                               world_size=R, policy=policy, seed=4)
@@ -53,11 +72,13 @@ def test_every_worker_reads_exactly_its_span(tmp_path, with_offsets, R, W, B):
             assert len(seen) == 2 * sum(sizes)
 
 
-def test_a_part_with_offsets_never_reads_outside_itself(tmp_path):
+@pytest.mark.parametrize("reading", ["offsets", "members"])
+def test_a_part_with_offsets_never_reads_outside_itself(tmp_path, reading):
     # the bytes before the part's start and after its end are garbage: only a seek and a clean
     # end at the next sample's offset can read the part
     sizes = [12]
     paths = key_shards(str(tmp_path), sizes)
+    index = indexed(paths, reading)
     offsets = build_manifest(paths, offsets=True)[0].offsets
     data = bytearray(open(paths[0], "rb").read())
     lo, hi = offsets[4], offsets[9]
@@ -66,10 +87,11 @@ def test_a_part_with_offsets_never_reads_outside_itself(tmp_path):
     with open(paths[0], "wb") as f:
         f.write(bytes(data))
     config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=1, workers=1)
-    reader = PlanReader(config, paths, sizes, [offsets], 0)
+    reader = PlanReader(config, paths, sizes, index, 0)
     stats = WorkerStats(None, 0, 0)
     start, end = reader.byte_range(0, 4, 9)
     assert (start, end) == (lo, hi)
+    assert (reader.layout(0, 4, 9, start) is not None) == (reading == "members")
     shards = ShardSequence(paths, ranges=[(start, end)])
     got = [s["__key__"] for s in reader._part(shards, 0, 0, 4, 9, start, end, stats)]
     assert got == [f"s000/{i:05d}" for i in range(4, 9)]
@@ -108,25 +130,58 @@ def test_a_stale_count_under_skip_is_counted_never_silent(tmp_path):
     assert dict(policy.skipped) == {"shards:stale_count": 1}
 
 
-def test_a_cut_shard_is_cut_at_the_same_sample_by_offsets_and_by_headers(tmp_path):
+def test_a_cut_shard_is_cut_at_the_same_sample_by_offsets_by_members_and_by_headers(tmp_path):
     sizes = [5, 23, 2]
     paths = key_shards(str(tmp_path), sizes)
-    offsets = [i.offsets for i in build_manifest(paths, offsets=True)]
     config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=6, workers=3,
                           world_size=2, seed=1)
     for r, w in itertools.product(range(2), range(3)):
-        assert source_keys(config, paths, sizes, r, w, 1, offsets) == source_keys(config, paths, sizes, r, w, 1)
+        by_headers = source_keys(config, paths, sizes, r, w, 1)
+        for reading in ("offsets", "members"):
+            assert source_keys(config, paths, sizes, r, w, 1, indexed(paths, reading)) == by_headers
 
 
 def test_resume_in_the_middle_of_a_cut_shard(tmp_path):
     sizes = [7, 31, 4, 19]
     paths = key_shards(str(tmp_path), sizes)
-    offsets = [i.offsets for i in build_manifest(paths, offsets=True)]
     for shuffle in (0, 5):
         config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=4, workers=2,
                               world_size=2, seed=2, shuffle=shuffle)
-        for r, w, off in itertools.product(range(2), range(2), (offsets, None)):
+        for r, w, off in itertools.product(range(2), range(2), [indexed(paths, x) for x in READINGS]):
             full = source_keys(config, paths, sizes, r, w, 1, off)
             for k in range(1, len(full)):
                 assert source_keys(config, paths, sizes, r, w, 1, off, start_step=k) == full[k:]
     assert os.path.exists(paths[1])
+
+
+@pytest.mark.parametrize("found", [7, 13])
+def test_a_stale_count_is_found_when_reading_by_the_member_layout_too(tmp_path, found):
+    paths = key_shards(str(tmp_path), [10, 10])
+    index = indexed(paths, "members")  # indexed before shard 1 changed: more or fewer samples, the same sizes
+    write_tar(paths[1], [m for i in range(found) for m in ((f"s001/{i:05d}.cls", b"1"), (f"s001/{i:05d}.bin", b"xyzxyz"))])
+    config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=4, workers=1,
+                          policy="exact", shuffle_shards=False)
+    with pytest.raises(ManifestError) as e:
+        source_keys(config, paths, [10, 10], 0, 0, 0, index, source="manifest /data/m.json")
+    assert e.value.url == paths[1] and e.value.reason == "stale_count"
+    assert f"holds {'at least 11' if found > 10 else found} samples but 10 were counted" in str(e.value)
+
+
+def test_a_shard_rewritten_with_other_member_sizes_is_named_not_misread(tmp_path):
+    """Same number of samples, other sizes: the member layout no longer fits. The reader finds
+    another size in the member's header, or no header where the layout puts one, and says so,
+    naming the shard: not one sample of that shard is delivered from misplaced bytes."""
+    paths = key_shards(str(tmp_path), [10, 10])
+    index = indexed(paths, "members")
+    for size, found in ((700, "has 700 bytes, the manifest's member layout says 6"), (3, "has 3 bytes")):
+        write_tar(paths[1], [m for i in range(10) for m in ((f"s001/{i:05d}.cls", b"1"), (f"s001/{i:05d}.bin", b"x" * size))])
+        config = StreamConfig(sources=tuple(paths), fields={"key": "__key__", "data": "bin"}, batch_size=4, workers=1,
+                              policy="exact", shuffle_shards=False)
+        src = WorkerSource(config, paths, [10, 10], 0, offsets=index)
+        delivered = []
+        with pytest.raises(ShardFormatError) as e:
+            for keys, data, valid in src.epoch_batches(0):
+                delivered += [bytes(k).decode() for k, v in zip(keys, valid) if int(v)]
+        assert not any(k.startswith("s001") for k in delivered)
+        assert e.value.url == paths[1] and e.value.reason == "bad_tar" and e.value.member == "s001/00000.bin"
+        assert found in str(e.value) and "dalistream index" in str(e.value)

@@ -1,0 +1,123 @@
+"""Samples of a regular shard cut out of its bytes by the manifest's member layout, no header parsed.
+
+Where the manifest knows a shard's member layout (:mod:`dalistream.manifest.members`: the same
+members in every sample, each right behind its own header), member ``j`` of sample ``i`` lies at
+a known offset with a known size: :func:`sliced_samples` reads the part's bytes in large chunks
+and slices them. It yields exactly what :func:`~dalistream.tar.samples.iter_samples` yields for
+those samples. What it checks instead of parsing every header: the ``ustar`` magic and the size
+where the layout puts each member's header (a shard rewritten since it was indexed shows as a
+misplaced header or another size), the bytes being there (a cut shard is truncated), and, after a shard's last sample,
+the end-of-archive marker (a shard that gained samples; one that lost samples ends early).
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import ShardFormatError
+from ..io.counters import ReadClock
+from .buffer import StreamBuffer
+from .headers import BLOCK, number
+from .samples import Sample, split_name
+
+
+def _own_name(arr: bytearray, at: int) -> str:
+    """The name in the header at ``arr[at:]`` (with its ustar prefix), as the header walk reads it."""
+    end = arr.find(b"\0", at, at + 100)
+    name = arr[at:end if end >= 0 else at + 100].decode("utf-8", "surrogateescape")
+    if arr[at + 345] and arr.startswith(b"ustar\0", at + 257):
+        name = bytes(arr[at + 345:at + 500]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
+    return name
+
+
+def _size(arr: bytearray, at: int, url: str) -> int:
+    """The size field of the header at ``arr[at:]`` (any encoding the header walk reads)."""
+    return number(bytes(arr[at + 124:at + 136]), url, "size", at)
+
+
+arr_startswith = bytearray.startswith
+
+
+def _cut(what: str, offset: int, url: str) -> ShardFormatError:
+    return ShardFormatError(f"truncated tar: {what} at offset {offset} (the manifest's member layout says it is there)",
+                            url=url, reason="truncated", hint="re-write or re-upload the shard, or rebuild the manifest")
+
+
+def sliced_samples(
+    stream: BinaryIO, url: str, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray,
+    sizes: np.ndarray, *, first: int, offset: int, keep: Callable[[int], bool] = lambda index: True,
+    want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False, last: bool = False,
+    clock: Optional[ReadClock] = None,
+) -> Iterator[Sample]:
+    """Samples ``first, first + 1, …`` of a regular shard, one per entry of ``kinds`` (each sample's
+    pattern: its members' extensions and header blocks, its own header the last, in ``patterns``),
+    their members' sizes one after the other in ``sizes``, from ``stream`` positioned at ``offset``,
+    the tar offset of sample ``first``. ``keep``, ``want_ext``, ``lowercase``: as for
+    ``iter_samples`` (a sample not kept is yielded without data; members not wanted are passed
+    over). ``last``: the part ends the shard, so the end-of-archive marker must follow; where
+    another header follows instead, one more (empty) sample is yielded, numbered after the last,
+    for the caller to report."""
+    r = StreamBuffer(stream, url, clock)
+    shapes = []
+    for exts, headers in patterns:
+        names = [e.lower() if lowercase else e for e in exts]
+        shapes.append((names, [want_ext(e) for e in names], [BLOCK * (h - 1) for h in headers]))
+    all_sizes = sizes.tolist()
+    m = 0
+    position = offset
+    for row, kind in enumerate(kinds.tolist()):
+        names, wanted, skips = shapes[kind]
+        member_sizes = all_sizes[m:m + len(names)]
+        m += len(names)
+        index = first + row
+        read = keep(index)
+        sample: Sample = {"__url__": url, "__index__": index, "__offset__": position}
+        for j, size in enumerate(member_sizes):
+            skip = skips[j]  # extended headers (pax mtime) before the member's own
+            if skip and r.skip(skip) < skip:
+                raise _cut("member header missing", position, url)
+            if r.end - r.pos < BLOCK and r.fill(BLOCK) < BLOCK:
+                raise _cut("member header missing", position, url)
+            at = r.pos
+            if not arr_startswith(r.arr, b"ustar", at + 257):
+                if j == 0 and not skip and not r.arr[at:at + BLOCK].strip(b"\0"):
+                    return  # the end-of-archive marker: a shorter shard, which the caller reports
+                raise ShardFormatError(
+                    f"corrupt tar: no tar header at offset {position + skip}, where the manifest's member layout puts one",
+                    url=url, reason="bad_tar",
+                    hint="if the shard was rewritten after it was indexed, rebuild the manifest with `dalistream index`")
+            if not arr_startswith(r.arr, b"%011o" % size, at + 124) and _size(r.arr, at, url) != size:
+                raise ShardFormatError(
+                    f"corrupt tar: the member at offset {position + skip} has {_size(r.arr, at, url)} bytes, the "
+                    f"manifest's member layout says {size}", url=url, member=_own_name(r.arr, at), reason="bad_tar",
+                    hint="if the shard was rewritten after it was indexed, rebuild the manifest with `dalistream index`")
+            if j == 0:
+                sample["__key__"] = split_name(_own_name(r.arr, at), lowercase)[0]
+            r.pos = at + BLOCK
+            padded = (size + BLOCK - 1) & -BLOCK
+            if read and wanted[j]:
+                start = r.pos
+                if r.end - start >= padded:
+                    r.pos = start + padded
+                    sample[names[j]] = bytes(r.view[start:start + size])
+                else:
+                    data = r.take(size)
+                    if len(data) < size or r.skip(padded - size) < padded - size:
+                        raise _cut(f"member data cut after {len(data)} of {size} bytes", position, url)
+                    sample[names[j]] = data
+            else:
+                if r.skip(padded) < padded:
+                    raise _cut(f"member data cut ({size} bytes)", position, url)
+                sample[names[j]] = None  # passed over, as the header walk leaves it
+            position += skip + BLOCK + padded
+        yield sample
+    if last:
+        n = min(r.fill(BLOCK), BLOCK)
+        header = bytes(r.view[r.pos:r.pos + n])
+        if n < BLOCK and not header.strip(b"\0"):
+            raise ShardFormatError("tar ends without its end-of-archive marker: truncated shard", url=url,
+                                   reason="truncated", hint="re-write or re-upload the shard")
+        if header.strip(b"\0"):
+            yield {"__url__": url, "__index__": first + len(kinds), "__offset__": position}

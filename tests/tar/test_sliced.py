@@ -1,0 +1,147 @@
+"""Samples cut out by the member layout are exactly the samples the header walk reads: for every
+tar writer and format, mixed sample patterns, empty and large members, any part of a shard, any
+extensions wanted; and a scan records a layout only where it holds."""
+
+import gzip
+import io
+import os
+import tarfile
+
+import numpy as np
+import pytest
+
+from dalistream.errors import ShardFormatError
+from dalistream.manifest import scan_shard
+from dalistream.manifest.rows import ShardRows
+from dalistream.tar import iter_samples
+from dalistream.tar.buffer import CHUNK
+from dalistream.tar.sliced import sliced_samples
+
+from helpers import write_wds
+
+FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+
+
+def write_tarfile(path, samples, fmt, mtime=1_700_000_000):
+    with tarfile.open(path, "w", format=FORMATS[fmt]) as tar:
+        for sample in samples:
+            for ext, data in sample.items():
+                if ext == "__key__":
+                    continue
+                info = tarfile.TarInfo(f"{sample['__key__']}.{ext}")
+                info.size, info.mtime = len(data), mtime
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def random_samples(seed, n):
+    """Samples of mixed patterns (``jpg`` or ``PNG``, a ``txt`` now and then), sizes 0 to 3 blocks,
+    now and then one larger than half a read chunk (read past the buffer)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        sample = {"__key__": f"d{seed}/k{i:04d}"}
+        size = int(rng.choice([0, 1, 511, 512, 513, 1500]))
+        if rng.random() < 0.03:
+            size = CHUNK // 2 + int(rng.integers(1, 5000))
+        sample["jpg" if rng.random() < 0.7 else "PNG"] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        sample["cls"] = str(i % 10).encode()
+        if rng.random() < 0.4:
+            sample["txt"] = b"t" * int(rng.integers(0, 700))
+        out.append(sample)
+    return out
+
+
+def shard(tmp_path, writer, seed, n=40):
+    samples = random_samples(seed, n)
+    path = str(tmp_path / f"{writer}-{seed}.tar")
+    if writer == "webdataset":
+        return write_wds(path, samples)
+    return write_tarfile(path, samples, writer)
+
+
+def by_headers(path, first, stop, **kw):
+    with open(path, "rb") as f:
+        return [s for s in iter_samples(f, path, **kw) if first <= s["__index__"] < stop]
+
+
+def by_layout(path, info, first, stop, **kw):
+    rows = ShardRows.from_infos([info])
+    patterns, kinds, sizes, starts = rows.members.at(0)
+    offset = info.offsets[first]
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return list(sliced_samples(f, path, patterns, kinds[first:stop], sizes[starts[first]:starts[stop]], first=first,
+                                   offset=offset, last=stop == info.samples, **kw))
+
+
+@pytest.mark.parametrize("writer", ["ustar", "gnu", "pax", "webdataset"])
+@pytest.mark.parametrize("seed", range(4))
+def test_slicing_delivers_what_the_header_walk_reads(tmp_path, writer, seed):
+    path = shard(tmp_path, writer, seed)
+    info = scan_shard(path, offsets=True)
+    assert info.members is not None, "a regular shard has a layout"
+    rng = np.random.default_rng(100 + seed)
+    parts = [(0, info.samples)] + [tuple(sorted(rng.integers(0, info.samples + 1, 2))) for _ in range(6)]
+    for first, stop in parts:
+        for want, lowercase in ((None, False), ({"jpg", "cls"}, False), ({"png"}, True)):
+            kw = dict(lowercase=lowercase, **({"want_ext": want.__contains__} if want else {}))
+            expected = by_headers(path, first, stop, **kw)
+            assert by_layout(path, info, first, stop, **kw) == expected
+
+
+@pytest.mark.parametrize("case", ["long name", "non-ASCII name (pax path)", "folder", "symlink", "no extension", "gzip"])
+def test_a_scan_records_no_layout_where_it_does_not_hold(tmp_path, case):
+    path = str(tmp_path / "x.tar")
+    samples = [{"__key__": f"k{i}", "jpg": b"j" * i, "cls": b"1"} for i in range(4)]
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT if case == "long name" else tarfile.PAX_FORMAT) as tar:
+        for i, s in enumerate(samples):
+            for ext in ("jpg", "cls"):
+                name = f"{s['__key__']}.{ext}"
+                if i == 2 and case == "long name":
+                    name = "d" * 120 + name
+                if i == 2 and case == "non-ASCII name (pax path)":
+                    name = f"kë{i}.{ext}"
+                info = tarfile.TarInfo(name)
+                info.size = len(s[ext])
+                tar.addfile(info, io.BytesIO(s[ext]))
+            if i == 1 and case in ("folder", "symlink", "no extension"):
+                info = tarfile.TarInfo({"folder": "k1.dir", "symlink": "k1.lnk", "no extension": "k1"}[case])
+                if case == "folder":
+                    info.type = tarfile.DIRTYPE
+                elif case == "symlink":
+                    info.type, info.linkname = tarfile.SYMTYPE, "k0.jpg"
+                tar.addfile(info, io.BytesIO(b""))
+    if case == "gzip":
+        with open(path, "rb") as f:
+            data = gzip.compress(f.read())
+        path += ".gz"
+        with open(path, "wb") as f:
+            f.write(data)
+    info = scan_shard(path, offsets=True)
+    assert info.samples >= 4 and info.members is None
+
+
+def test_a_plain_shard_has_one_header_block_per_member_and_webdataset_three(tmp_path):
+    plain = scan_shard(shard(tmp_path, "ustar", 7), offsets=True)
+    wds = scan_shard(shard(tmp_path, "webdataset", 7), offsets=True)
+    assert {h for _, headers in plain.members[0] for h in headers} == {1}
+    assert {h for _, headers in wds.members[0] for h in headers} == {3}  # a pax header carries the mtime
+    assert plain.samples == wds.samples and sum(plain.members[2]) == sum(wds.members[2])  # the same samples
+
+
+def test_a_cut_shard_is_truncated_and_trailing_samples_show(tmp_path):
+    path = shard(tmp_path, "ustar", 1, n=10)
+    info = scan_shard(path, offsets=True)
+    data = open(path, "rb").read()
+    cut = str(tmp_path / "cut.tar")
+    with open(cut, "wb") as f:
+        f.write(data[:info.offsets[6] + 700])
+    with pytest.raises(ShardFormatError) as e:
+        by_layout(cut, info, 0, 10)
+    assert e.value.reason == "truncated" and e.value.url == cut
+    longer = str(tmp_path / "longer.tar")
+    write_tarfile(longer, random_samples(1, 10) + [{"__key__": "extra", "cls": b"1"}], "ustar")
+    got = by_layout(longer, info, 0, 10)
+    assert len(got) == 11 and got[-1]["__index__"] == 10  # one more than counted: the reader reports it
+    assert os.path.getsize(longer) > os.path.getsize(path)
