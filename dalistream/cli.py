@@ -7,6 +7,7 @@ With ``--json`` a command prints only JSON on stdout; progress bars go to stderr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -55,6 +56,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         infos, problems = count_shards(urls, options=storage_options(args), offsets=not args.no_offsets,
                                        tolerant=args.on_error == "skip", progress=lambda info: bar.update(1),
                                        discover=False)
+    if args.no_members:
+        infos = [dataclasses.replace(i, members=None) for i in infos]
     if args.output is None:  # next to the shards, where Stream.open looks without being told
         args.output = default_location(urls)
     if args.output == "-":
@@ -171,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="record each sample's tar offset (the default; kept for old scripts)")
     p.add_argument("--no-offsets", action="store_true",
                    help="omit sample offsets: a worker whose span starts inside a shard then skips headers to it")
+    p.add_argument("--no-members", action="store_true",
+                   help="omit the member layouts of regular shards (a smaller manifest; workers then parse every "
+                        "tar header instead of cutting samples out by the layout)")
     p.add_argument("--json", action="store_true", help="print one JSON object (shards, samples, errors) instead of a table")
     p.set_defaults(func=cmd_index)
 

@@ -276,3 +276,17 @@ def test_keys_prints_people_text_without_json(shards):
     assert [m.group(2).split(" ") for m in matches] == [line["keys"] for line in as_json]
     assert sorted(k for m in matches for k in m.group(2).split(" ")) == all_keys()
     assert re.search(r"^stats: \d+ samples read, \d+ padding positions, \d+ dropped", text.stderr, re.M)
+
+
+def test_index_writes_member_layouts_unless_told_not_to(shards, tmp_path):
+    from dalistream.cli import main
+
+    target = tmp_path / "m.json"
+    assert main(["index", shards, "-o", str(target)]) == 0
+    rows = json.load(open(target))["shards"]
+    assert all("members" in r and "offsets" in r for r in rows if r["samples"])
+    assert main(["index", shards, "-o", str(target), "--no-members"]) == 0
+    rows = json.load(open(target))["shards"]
+    assert not any("members" in r for r in rows) and all("offsets" in r for r in rows)
+    assert main(["index", shards, "-o", str(target), "--no-offsets"]) == 0  # a layout needs the offsets
+    assert not any("members" in r or "offsets" in r for r in json.load(open(target))["shards"])

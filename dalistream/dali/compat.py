@@ -186,6 +186,7 @@ _receivers: "weakref.WeakKeyDictionary[Any, Callable[[list], list]]" = weakref.W
 _HOOKED = "__dalistream_receive__"
 
 
+@do_not_convert  # its hook runs per batch for every parallel source: never AutoGraph-converted
 def on_receive(source: Any, receive: Callable[[list], list]) -> bool:
     """Have ``receive(outputs)`` rewrite every batch the worker of ``source`` (the iterable given
     to a parallel ``fn.external_source``) ships, in the main process, before DALI feeds it.
@@ -242,6 +243,7 @@ def _empty_tensor() -> Any:
     return TensorCPU(np.zeros(0, np.uint8), "")
 
 
+@do_not_convert
 def tensor_list(rows: Sequence[Any]) -> Any:
     """A batch of one-dimensional ``uint8`` rows (NumPy arrays, views of one buffer) as one DALI
     ``TensorListCPU`` that refers to them, no copy: what DALI's feeding would build one row at a

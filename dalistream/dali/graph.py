@@ -97,6 +97,7 @@ def sharded_sources(
     return owner, branches
 
 
+@do_not_convert  # runs once per batch: never as AutoGraph-converted code (a pipeline with conditionals converts what it calls)
 def received_rows(packed: Sequence[int], n_plain: int, outputs: list) -> list:
     """A worker's shipped outputs as DALI feeds them (main process): each byte field that came as
     a blob cut into its rows, one ``TensorListCPU`` of views (dense blocks and lists unchanged)."""

@@ -243,3 +243,39 @@ def test_on_receive_rewrites_only_its_own_source_and_tensor_list_keeps_the_rows(
     tl = compat.tensor_list(cut)
     assert [np.asarray(tl[k]).tolist() for k in range(3)] == [[0, 1, 2], [], [3, 4, 5, 6]]
     assert tl[2].data_ptr() == blob.__array_interface__["data"][0] + 3  # the rows themselves, no copy
+
+
+def test_a_receiver_registered_under_conditionals_runs_as_plain_python():
+    """A pipeline with conditionals has AutoGraph convert what its definition calls; the receiver
+    registered there must still run per batch as the plain function (converted code is ~10x slower)."""
+    import functools
+
+    from nvidia.dali import fn, pipeline_def
+
+    from dalistream.dali.graph import received_rows
+
+    @pipeline_def(batch_size=3, num_threads=1, device_id=None, py_num_workers=1, py_start_method="fork",
+                  enable_conditionals=True)
+    def graph():
+        source = _Shipping(True)
+        assert compat.on_receive(source, functools.partial(received_rows, (0,), 1))
+        a, lengths = fn.external_source(source, num_outputs=2, batch=True, parallel=True, cycle="raise")
+        return a, lengths
+
+    pipe = graph()
+    pipe.build()
+    seen = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            seen.add((frame.f_code.co_filename, frame.f_code.co_name))
+
+    try:
+        sys.setprofile(profile)
+        out = [pipe.run() for _ in range(2)]
+    finally:
+        sys.setprofile(None)
+        compat.shutdown(pipe)
+    assert [np.asarray(out[1][0][k]).tolist() for k in range(3)] == [[2, 2], [], [2] * 5]
+    assert any(f.endswith("graph.py") and name == "received_rows" for f, name in seen)  # the receiver ran
+    assert not [(f, name) for f, name in seen if "autograph" in f.lower()], "AutoGraph code ran per batch"

@@ -80,16 +80,25 @@ def test_which_merge():
 
 @pytest.mark.parametrize("fields", [BASE, WITH_2D], ids=["concat", "conditionals"])
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("blobs", [True, False], ids=["blobs", "lists"])
-def test_every_sample_exactly_once_with_its_bytes(shards, fields, workers, blobs, monkeypatch):
-    """Byte fields as dense blocks and blobs, or (a DALI whose internals the blob needs are
-    missing: the compat shim says no) dense blocks and lists."""
+@pytest.mark.parametrize("fast", [True, False], ids=["blobs+layouts", "lists+headers"])
+def test_every_sample_exactly_once_with_its_bytes(shards, fields, workers, fast, monkeypatch, tmp_path):
+    """The fast paths: shards cut out by their member layouts, byte fields as dense blocks and
+    blobs; the plain ones: a manifest without layouts (every header parsed), and (a DALI whose
+    internals the blob needs are missing: the compat shim says no) dense blocks and lists."""
+    import dataclasses
+    import glob
+
     import dalistream.dali.graph as graph
+    from dalistream.manifest import build_manifest, write_manifest
 
     directory, truth = shards
-    if not blobs:
+    kw = {}
+    if not fast:
         monkeypatch.setattr(graph, "on_receive", lambda source, receive: False)
-    assert delivered(directory, fields, workers) == expected(truth, fields is WITH_2D)
+        infos = build_manifest(sorted(glob.glob(f"{directory}/*.tar")), offsets=True)
+        kw["manifest"] = str(tmp_path / "no-members.json")
+        write_manifest([dataclasses.replace(i, members=None) for i in infos], kw["manifest"])
+    assert delivered(directory, fields, workers, **kw) == expected(truth, fields is WITH_2D)
 
 
 # -- conditionals only when the graph needs them ---------------------------------------------------
@@ -153,3 +162,15 @@ def test_graphs_with_and_without_conditionals_deliver_the_same(shards):
     assert forced == with_if
     with pytest.raises(ConfigError, match="conditionals=True"):
         labels_by_key(directory, dalistream.pipeline_def(graph_calling_a_helper_with_if))
+
+
+def test_the_shards_above_are_read_both_by_layout_and_by_header(shards):
+    """Every shard above is regular, the one with a sample lacking its ``txt`` too (samples may
+    differ in members): the test above cuts every field kind out by the layouts, or (its plain
+    case) parses every header."""
+    directory, truth = shards
+    stream = dalistream.Stream.open(directory, fields=BASE, batch_size=5, workers=3, device="cpu", missing="empty")
+    members = stream.offsets.members
+    assert all(members.at(i) is not None for i in range(len(stream.urls)))
+    kinds = {p for i in range(len(stream.urls)) for p in members.at(i)[1].tolist()}
+    assert len(kinds) >= 2  # with and without txt
