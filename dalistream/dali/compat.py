@@ -186,6 +186,18 @@ _receivers: "weakref.WeakKeyDictionary[Any, Callable[[list], list]]" = weakref.W
 _HOOKED = "__dalistream_receive__"
 
 
+@functools.lru_cache(maxsize=None)
+def receivable() -> bool:
+    """Whether :func:`on_receive` can hook this DALI (the names it needs are there)."""
+    try:
+        from nvidia.dali import external_source as es
+
+        es._ExternalSourceGroup.schedule_and_receive  # noqa: B018
+        return hasattr(es._ExternalDataBatch(None, None, [], 0), "_data")
+    except (ImportError, AttributeError, TypeError):
+        return False
+
+
 @do_not_convert  # its hook runs per batch for every parallel source: never AutoGraph-converted
 def on_receive(source: Any, receive: Callable[[list], list]) -> bool:
     """Have ``receive(outputs)`` rewrite every batch the worker of ``source`` (the iterable given
@@ -195,15 +207,12 @@ def on_receive(source: Any, receive: Callable[[list], list]) -> bool:
     group's source (``source_desc.source``) up and replaces the received outputs
     (``_ExternalDataBatch._data``); other sources pass untouched. ``False``, with nothing changed,
     when this DALI lacks those names: the caller then ships what DALI takes as it is."""
-    try:
-        from nvidia.dali import external_source as es
-
-        group, batch_type = es._ExternalSourceGroup, es._ExternalDataBatch
-        original = group.schedule_and_receive
-        if not hasattr(batch_type(None, None, [], 0), "_data"):
-            return False
-    except (ImportError, AttributeError, TypeError):
+    if not receivable():
         return False
+    from nvidia.dali import external_source as es
+
+    group = es._ExternalSourceGroup
+    original = group.schedule_and_receive
     if not getattr(original, _HOOKED, False):
         @functools.wraps(original)
         def schedule_and_receive(self, *args, **kwargs):

@@ -25,8 +25,8 @@ from ..config import StreamConfig
 from ..manifest.offsets import SampleOffsets
 from ..plan import Layout
 from ..worker import WorkerSource, stats_path
-from ..worker.batch import byte_fields, is_blob, rows, shm_hint
-from .compat import do_not_convert, on_receive, tensor_list
+from ..worker.batch import byte_fields, headed_rows, image_fields, is_blob, rows, shm_hint
+from .compat import do_not_convert, on_receive, receivable, tensor_list
 
 _names = itertools.count()
 
@@ -75,7 +75,8 @@ def sharded_sources(
 
     prefix = f"dalistream{next(_names)}"
     packed = byte_fields(config.fields)
-    n_out = len(config.fields) + 1 + len(packed)  # fields, valid, lengths of the byte fields
+    never = untrimmed(config.fields)  # as blobs carrying their lengths: no lengths output, no trim
+    n_out = len(config.fields) + 1 + len(packed) - len(never)  # fields, valid, lengths of the other byte fields
     branches = []
     for w in range(config.workers):
         source = WorkerSource(
@@ -83,7 +84,8 @@ def sharded_sources(
             count_source=count_source, stats_path=stats_path(stats_dir, w) if stats_dir else None,
         ).for_dali()
         # byte fields travel as blobs when the main process can cut them into rows (see worker.batch)
-        source.blob = on_receive(source, functools.partial(received_rows, packed, len(config.fields) + 1))
+        source.blob = on_receive(source, functools.partial(received_rows, packed, len(config.fields) + 1, never))
+        source.never_dense = never
         hint = shm_hint(config.batch_size, config.layout.slots[w], bytes_per_sample or 0, n_out)
         nodes = fn.external_source(
             source=source, num_outputs=n_out, batch=True, parallel=True, cycle="quiet",
@@ -98,10 +100,13 @@ def sharded_sources(
 
 
 @do_not_convert  # runs once per batch: never as AutoGraph-converted code (a pipeline with conditionals converts what it calls)
-def received_rows(packed: Sequence[int], n_plain: int, outputs: list) -> list:
+def received_rows(packed: Sequence[int], n_plain: int, never_dense: Sequence[int], outputs: list) -> list:
     """A worker's shipped outputs as DALI feeds them (main process): each byte field that came as
-    a blob cut into its rows, one ``TensorListCPU`` of views (dense blocks and lists unchanged)."""
-    for k, i in enumerate(packed):
+    a blob cut into its rows, one ``TensorListCPU`` of views (dense blocks and lists unchanged);
+    the ``never_dense`` fields' blobs carry their own lengths."""
+    for i in never_dense:
+        outputs[i] = tensor_list(headed_rows(outputs[i], len(outputs[n_plain - 1])))  # (valid: one per position)
+    for k, i in enumerate([i for i in packed if i not in never_dense]):
         if is_blob(outputs[i]):
             outputs[i] = tensor_list(rows(outputs[i], outputs[n_plain + k]))
     return outputs
@@ -118,12 +123,20 @@ def trim(data, lengths):
     return fn.slice(data, start=[0], shape=lengths, axes=[0])
 
 
+def untrimmed(fields: Sequence) -> Tuple[int, ...]:
+    """The byte fields that never travel dense, so need no trim in the graph: the image fields,
+    when this DALI's parallel sources can receive blobs (:func:`~dalistream.worker.batch.image_fields`)."""
+    return image_fields(fields) if receivable() else ()
+
+
 def unpack(config: StreamConfig, merged: Sequence) -> list:
     """The merged outputs of :func:`sharded_sources` as the fields and ``valid``: each byte field
-    trimmed to its lengths (dense blocks and lists alike)."""
+    trimmed to its lengths (a dense block's rows; blobs and lists are cut already), except those
+    that never travel dense (:func:`untrimmed`)."""
     n = len(config.fields) + 1
     nodes = list(merged[:n])
-    for i, lengths in zip(byte_fields(config.fields), merged[n:]):
+    skip = untrimmed(config.fields)
+    for i, lengths in zip([i for i in byte_fields(config.fields) if i not in skip], merged[n:]):
         nodes[i] = trim(nodes[i], lengths)
     return nodes
 

@@ -25,6 +25,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..config import IMAGE_EXTS
+
 # DALI's per-sample cost of a list element, in bytes of dense block that cost the same time:
 # a padded row shorter than this is cheaper than shipping the row as its own array
 # (`dalistream bench --merge-only --merge-forms list,dense --merge-bytes N`, README).
@@ -42,6 +44,14 @@ def byte_fields(fields: Sequence[Any]) -> Tuple[int, ...]:
     """Indices of the fields that travel with lengths (and may travel dense)."""
     return tuple(i for i, f in enumerate(fields) if f.kind in ("bytes", "meta") and f.ndim == 1
                  and np.dtype(f.dtype) == np.uint8)
+
+
+def image_fields(fields: Sequence[Any]) -> Tuple[int, ...]:
+    """Indices of the byte fields read only from image extensions. When blobs can be received they
+    never travel dense, so the graph need not trim them: their rows are large and uneven, and a
+    dense block would carry a row of padding for every dummy position."""
+    return tuple(i for i in byte_fields(fields)
+                 if all(e.rsplit(".", 1)[-1].lower() in IMAGE_EXTS for e in fields[i].exts))
 
 
 def templates(fields: Sequence[Any], batch_size: int) -> List[Any]:
@@ -75,11 +85,16 @@ def dense_is_cheaper(batch_size: int, longest: int, slot_bytes: int, row_bytes: 
 
 
 def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int, row_bytes: Optional[int] = None,
-         max_block: int = DENSE_MAX_BLOCK, blob: bool = False) -> Tuple[Any, ...]:
+         max_block: int = DENSE_MAX_BLOCK, blob: bool = False, never_dense: Sequence[int] = ()) -> Tuple[Any, ...]:
     """The transfer form of a plain batch whose real samples lie in positions ``lo:hi``: the
     outputs of ``plain`` (byte fields at ``packed`` as dense blocks where :func:`dense_is_cheaper`
     says so, otherwise as blobs when ``blob``, else as lists), then one ``(batch, 1)`` int32 array
-    of lengths per packed field. ``row_bytes`` defaults to the rule's bound for the other form."""
+    of lengths per packed field — except the fields in ``never_dense`` (``blob`` only): always a
+    blob that carries its lengths ahead of its rows (:func:`headed_rows`), no lengths output, so
+    that the graph has nothing to trim for them. ``row_bytes`` defaults to the rule's bound for the
+    other form."""
+    if never_dense and not blob:
+        raise ValueError("never_dense needs blob: a list's rows would travel without their lengths")
     out = list(plain)
     batch_size = len(plain[-1])
     if row_bytes is None:
@@ -92,6 +107,9 @@ def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int, row_byte
         sizes[:] = [a.size for a in own]
         longest = int(sizes.max()) if len(sizes) else 0
         total = int(sizes.sum())
+        if i in never_dense:
+            out[i] = np.concatenate([lengths[:, 0].view(np.uint8), *own])
+            continue
         if dense_is_cheaper(batch_size, longest, total, row_bytes, max_block):
             block = np.zeros((batch_size, longest), np.uint8)
             # row-major order of the mask = the samples' concatenation order
@@ -131,11 +149,23 @@ def rows(blob: np.ndarray, lengths: np.ndarray) -> List[np.ndarray]:
     return out
 
 
-def unpacked(transfer: Sequence[Any], packed: Sequence[int], n_plain: int) -> Tuple[Any, ...]:
+def headed_rows(blob: np.ndarray, batch_size: int) -> List[np.ndarray]:
+    """A blob that carries its lengths (``batch_size`` int32 ahead of the rows) cut into its rows."""
+    head = 4 * batch_size
+    if len(blob) < head:
+        raise ValueError(f"blob of {len(blob)} bytes cannot hold {batch_size} lengths")
+    return rows(blob[head:], blob[:head].view(np.int32).reshape(batch_size, 1))
+
+
+def unpacked(transfer: Sequence[Any], packed: Sequence[int], n_plain: int,
+             never_dense: Sequence[int] = ()) -> Tuple[Any, ...]:
     """What the main process and the graph make of a transfer-form batch (the inverse of
     :func:`pack`): each packed field as a list of rows cut to their lengths."""
     out = list(transfer[:n_plain])
-    for i, lengths in zip(packed, transfer[n_plain:]):
+    batch_size = len(transfer[n_plain - 1])
+    for i in never_dense:
+        out[i] = headed_rows(transfer[i], batch_size)
+    for i, lengths in zip([i for i in packed if i not in never_dense], transfer[n_plain:]):
         value = rows(transfer[i], lengths) if is_blob(transfer[i]) else transfer[i]
         out[i] = [row[:n] for row, n in zip(value, lengths[:, 0])]
     return tuple(out)

@@ -48,6 +48,7 @@ class WorkerSource:
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
         self._byte_fields = batch.byte_fields(config.fields)
         self.blob = False  # byte fields as blobs: only when the main process cuts them (dali.graph)
+        self.never_dense: Tuple[int, ...] = ()  # fields the graph does not trim (dali.graph.untrimmed)
         self.start_epoch = start_epoch
         self.start_step = start_step
         self.stats_path = stats_path
@@ -83,7 +84,7 @@ class WorkerSource:
             self._gen = self.epoch_batches(self.epoch, self._skip)
         plain = next(self._gen)
         t0 = time.perf_counter()
-        packed = batch.pack(plain, self._byte_fields, *self._slot, blob=self.blob)
+        packed = batch.pack(plain, self._byte_fields, *self._slot, blob=self.blob, never_dense=self.never_dense)
         if self._stats is not None:
             self._stats.batch_s += time.perf_counter() - t0
         return packed

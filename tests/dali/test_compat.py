@@ -258,7 +258,7 @@ def test_a_receiver_registered_under_conditionals_runs_as_plain_python():
                   enable_conditionals=True)
     def graph():
         source = _Shipping(True)
-        assert compat.on_receive(source, functools.partial(received_rows, (0,), 1))
+        assert compat.on_receive(source, functools.partial(received_rows, (0,), 1, ()))
         a, lengths = fn.external_source(source, num_outputs=2, batch=True, parallel=True, cycle="raise")
         return a, lengths
 

@@ -95,6 +95,7 @@ def test_every_sample_exactly_once_with_its_bytes(shards, fields, workers, fast,
     kw = {}
     if not fast:
         monkeypatch.setattr(graph, "on_receive", lambda source, receive: False)
+        monkeypatch.setattr(graph, "receivable", lambda: False)
         infos = build_manifest(sorted(glob.glob(f"{directory}/*.tar")), offsets=True)
         kw["manifest"] = str(tmp_path / "no-members.json")
         write_manifest([dataclasses.replace(i, members=None) for i in infos], kw["manifest"])

@@ -79,6 +79,9 @@ def test_dense_blob_and_list_forms_deliver_the_same_samples(shards, workers, bat
         for plain in WorkerSource(c, paths, counts, w).epoch_batches(0, start_step):
             dense, listed = batch.pack(plain, packed, lo, hi, **ALWAYS), batch.pack(plain, packed, lo, hi, **NEVER)
             blob = batch.pack(plain, packed, lo, hi, blob=True, **NEVER)
+            headed = batch.pack(plain, packed, lo, hi, blob=True, never_dense=packed[:2], **ALWAYS)  # two carry lengths
+            assert len(headed) == n + len(packed) - 2 and all(batch.is_blob(headed[i]) for i in packed[:2])
+            same(batch.unpacked(headed, packed, n, packed[:2]), plain)
             assert all(isinstance(listed[i], list) for i in packed)
             assert all(batch.is_blob(blob[i]) and blob[i].dtype == np.uint8 for i in packed)
             seen_dense += sum(isinstance(dense[i], np.ndarray) and dense[i].ndim == 2 for i in packed)
@@ -90,6 +93,19 @@ def test_dense_blob_and_list_forms_deliver_the_same_samples(shards, workers, bat
                            for k in range(len(packed)))
                 same(batch.unpacked(form, packed, n), plain)
     assert seen_dense and seen_padding and seen_blob
+
+
+def test_image_fields_never_travel_dense_and_only_as_blobs():
+    c = StreamConfig(sources=("x",), fields={"image": "jpg;PNG", "mixed": "jpg;bin", "label": "cls", "key": "__key__"},
+                     batch_size=4)
+    assert batch.image_fields(c.fields) == (0,)
+    plain = ([np.ones(9, np.uint8)] * 4, np.ones(4, np.uint8))
+    with pytest.raises(ValueError, match="never_dense needs blob"):
+        batch.pack(plain, (0,), 0, 4, never_dense=(0,))
+    out = batch.pack(plain, (0,), 0, 4, blob=True, never_dense=(0,))
+    assert len(out) == 2 and [r.tolist() for r in batch.headed_rows(out[0], 4)] == [[1] * 9] * 4
+    with pytest.raises(ValueError, match="cannot hold 4 lengths"):
+        batch.headed_rows(np.zeros(3, np.uint8), 4)
 
 
 def test_blob_rows_are_views_and_must_add_up():

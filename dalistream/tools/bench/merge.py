@@ -78,7 +78,7 @@ def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
                   prefetch_queue_depth=2)
     def merged():
         sources = [TinySource(batch, workers, w, payload, form) for w in range(workers)]
-        if form == "blob" and not all(on_receive(s, functools.partial(received_rows, (0,), 2)) for s in sources):
+        if form == "blob" and not all(on_receive(s, functools.partial(received_rows, (0,), 2, ())) for s in sources):
             raise ConfigError("--merge-forms blob: this DALI lacks what the blob form needs (see dalistream.dali.compat)")
         branches = [fn.external_source(source=source, num_outputs=3, batch=True, parallel=True, cycle="quiet",
                                        prefetch_queue_depth=2, bytes_per_sample_hint=hint)
