@@ -1,13 +1,15 @@
-"""Samples of a regular shard cut out of its bytes by the manifest's member layout, no header parsed.
+"""Samples of a regular shard cut out of its bytes by the manifest's member layout, no header walk.
 
-Where the manifest knows a shard's member layout (:mod:`dalistream.manifest.members`: the same
-members in every sample, each right behind its own header), member ``j`` of sample ``i`` lies at
-a known offset with a known size: :func:`sliced_samples` reads the part's bytes in large chunks
-and slices them. It yields exactly what :func:`~dalistream.tar.samples.iter_samples` yields for
-those samples. What it checks instead of parsing every header: the ``ustar`` magic and the size
-where the layout puts each member's header (a shard rewritten since it was indexed shows as a
-misplaced header or another size), the bytes being there (a cut shard is truncated), and, after a shard's last sample,
-the end-of-archive marker (a shard that gained samples; one that lost samples ends early).
+Where the manifest knows a shard's member layout (:mod:`dalistream.manifest.members`: each
+sample's pattern of members, each behind a known number of header blocks, and every member's
+size), every member lies at a known offset with a known size: :func:`sliced_samples` reads the
+part's bytes in large chunks and slices them. It yields exactly what
+:func:`~dalistream.tar.samples.iter_samples` yields for those samples. Of each header it reads
+only the ``ustar`` magic and the size (compared with the layout's: a shard rewritten since it was
+indexed shows as a misplaced header or another size) and, for a sample's first member, the name
+(the sample's key); no checksum, no long-name or pax records. It also checks that the bytes are
+there (a cut shard is truncated) and, after a shard's last sample, the end-of-archive marker (a
+shard that gained samples; one that lost samples ends early).
 """
 
 from __future__ import annotations
