@@ -106,7 +106,8 @@ def test_killed_worker_is_a_worker_error_within_seconds(shards, start_method):
 
 
 SCRIPT = textwrap.dedent("""
-    import sys
+    import faulthandler, signal, sys
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for every thread's stack if it hangs
     sys.path.insert(0, {root!r})
     import dalistream
 
@@ -164,7 +165,13 @@ def test_ctrl_c_leaves_no_processes_and_no_shared_memory(shards, tmp_path, targe
         else:
             proc.stdin.write("go\n")
             proc.stdin.flush()
-        proc.wait(60)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:  # say where it hangs: every thread's Python stack
+            os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(2)
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the script did not exit within 60 s of the interrupt; its threads:\n{proc.stderr.read()[-8000:]}")
         assert "KeyboardInterrupt" in proc.stderr.read()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and _processes(lambda pid, parent, group: group == proc.pid or parent == proc.pid):
