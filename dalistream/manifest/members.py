@@ -117,7 +117,7 @@ class MemberLayout:
         self.sizes_path: Optional[str] = None
         if len(self._kind) != self.starts[-1]:
             raise ValueError(f"{len(self._kind)} sample patterns for {int(self.starts[-1])} samples")
-        self.member_starts = running_starts(self._members_per_sample(self._kind))  # a sample's members in ``sizes``
+        self._member_starts: Optional[np.ndarray] = None
         if len(self._sizes) != self.member_starts[-1]:
             raise ValueError(f"{len(self._sizes)} member sizes for {int(self.member_starts[-1])} members")
 
@@ -142,6 +142,14 @@ class MemberLayout:
         flat_kind = np.concatenate(kinds) if kinds else np.zeros(0, dtype=np.int32)
         flat_sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
         return cls(list(table), flat_kind, flat_sizes, np.asarray(samples, dtype=np.int64))
+
+    @property
+    def member_starts(self) -> np.ndarray:
+        """Where each sample's members start in ``sizes`` (8 bytes a sample: worked out where it is
+        used, never shipped to a worker)."""
+        if self._member_starts is None:
+            self._member_starts = running_starts(self._members_per_sample(np.asarray(self.kind)))
+        return self._member_starts
 
     @property
     def kind(self) -> np.ndarray:
@@ -230,5 +238,5 @@ class MemberLayout:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         if self.kind_path is not None and self.sizes_path is not None:
-            state["_kind"] = state["_sizes"] = None  # the worker maps the files
+            state["_kind"] = state["_sizes"] = state["_member_starts"] = None  # the worker maps the files
         return state

@@ -91,8 +91,8 @@ def test_the_parsed_cache_and_the_workers_keep_the_layout(tmp_path, indexed):
     again = read_manifest_cached(manifest, cache)  # mapped back from the cache
     assert isinstance(again.members.sizes, np.memmap) and again.infos() == first.infos() == infos
     offsets = SampleOffsets.from_flat(again.starts, again.offsets, again.members).saved(cache)
-    state = pickle.loads(pickle.dumps(offsets))  # what a worker gets: paths, no arrays
-    assert state.members._sizes is None and state.members._kind is None
+    state = pickle.loads(pickle.dumps(offsets))  # what a worker gets: paths, no per-sample arrays
+    assert state.members._sizes is None and state.members._kind is None and state.members._member_starts is None
     assert [state.members.row(i) for i in range(len(infos))] == [i.members for i in infos]
     unsaved = SampleOffsets.from_flat(first.starts, first.offsets, ShardRows.from_infos(infos).members)
     assert pickle.loads(pickle.dumps(unsaved)).members.row(3) == infos[3].members  # in memory: the arrays travel
