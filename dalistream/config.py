@@ -19,6 +19,14 @@ from .errors import ConfigError, redact
 from .plan.layout import POLICIES, Layout, Schedule
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm", "jp2"})
+
+
+def is_image_ext(ext: str) -> bool:
+    """Whether a member extension names an image: its part after the last dot, case-insensitive,
+    in :data:`IMAGE_EXTS` (``seg.PNG`` does)."""
+    return ext.rsplit(".", 1)[-1].lower() in IMAGE_EXTS
+
+
 INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id"})
 TEXT_EXTS = frozenset({"txt", "text", "json", "jsn", "caption"})
 META_EXTS = frozenset({"__key__", "__url__"})

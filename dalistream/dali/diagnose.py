@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING, List, Optional
 
 from .. import errors
-from ..config import IMAGE_EXTS, Field
+from ..config import Field, is_image_ext
 from ..errors import WorkerError
 from ..worker import WorkerSource
 
@@ -132,7 +132,7 @@ def _locate_bad_images(stream: "Stream", epoch: int, step: int, depth: int = 2):
 
     c = stream.config
     images = [i for i, f in enumerate(c.fields)
-              if f.kind == "bytes" and any(e.rsplit(".", 1)[-1].lower() in IMAGE_EXTS for e in f.exts)]
+              if f.kind == "bytes" and any(is_image_ext(e) for e in f.exts)]
     if not images:
         return [], []
     try:

@@ -25,7 +25,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config import IMAGE_EXTS
+from ..config import is_image_ext
 
 # DALI's per-sample cost of a list element, in bytes of dense block that cost the same time:
 # a padded row shorter than this is cheaper than shipping the row as its own array
@@ -51,7 +51,7 @@ def image_fields(fields: Sequence[Any]) -> Tuple[int, ...]:
     never travel dense, so the graph need not trim them: their rows are large and uneven, and a
     dense block would carry a row of padding for every dummy position."""
     return tuple(i for i in byte_fields(fields)
-                 if all(e.rsplit(".", 1)[-1].lower() in IMAGE_EXTS for e in fields[i].exts))
+                 if all(is_image_ext(e) for e in fields[i].exts))
 
 
 def templates(fields: Sequence[Any], batch_size: int) -> List[Any]:

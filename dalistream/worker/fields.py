@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config import IMAGE_EXTS, Field
+from ..config import Field, is_image_ext
 from ..errors import DalistreamError, SampleError
 
 
@@ -186,7 +186,7 @@ def image_problem(data: bytes) -> Optional[str]:
 
 def convert(field: Field, data: bytes, ext: str = "") -> np.ndarray:
     if field.kind == "bytes":
-        if ext.rsplit(".", 1)[-1].lower() in IMAGE_EXTS:
+        if is_image_ext(ext):
             problem = image_problem(data)
             if problem is not None:
                 raise _BadImage(problem)
