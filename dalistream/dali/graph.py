@@ -25,7 +25,7 @@ from ..config import StreamConfig
 from ..manifest.offsets import SampleOffsets
 from ..plan import Layout
 from ..worker import WorkerSource, stats_path
-from ..worker.batch import byte_fields, headed_rows, image_fields, is_blob, rows, shm_hint
+from ..worker.batch import byte_fields, headed_rows, image_fields, is_blob, rows, shm_hint, with_lengths
 from .compat import do_not_convert, on_receive, receivable, tensor_list
 
 _names = itertools.count()
@@ -76,7 +76,8 @@ def sharded_sources(
     prefix = f"dalistream{next(_names)}"
     packed = byte_fields(config.fields)
     never = untrimmed(config.fields)  # as blobs carrying their lengths: no lengths output, no trim
-    n_out = len(config.fields) + 1 + len(packed) - len(never)  # fields, valid, lengths of the other byte fields
+    lengths = with_lengths(packed, never)
+    n_out = len(config.fields) + 1 + len(lengths)  # fields, valid, lengths of the other byte fields
     branches = []
     for w in range(config.workers):
         source = WorkerSource(
@@ -84,7 +85,7 @@ def sharded_sources(
             count_source=count_source, stats_path=stats_path(stats_dir, w) if stats_dir else None,
         ).for_dali()
         # byte fields travel as blobs when the main process can cut them into rows (see worker.batch)
-        source.blob = on_receive(source, functools.partial(received_rows, packed, len(config.fields) + 1, never))
+        source.blob = on_receive(source, functools.partial(received_rows, lengths, len(config.fields) + 1, never))
         source.never_dense = never
         hint = shm_hint(config.batch_size, config.layout.slots[w], bytes_per_sample or 0, n_out)
         nodes = fn.external_source(
@@ -100,13 +101,14 @@ def sharded_sources(
 
 
 @do_not_convert  # runs once per batch: never as AutoGraph-converted code (a pipeline with conditionals converts what it calls)
-def received_rows(packed: Sequence[int], n_plain: int, never_dense: Sequence[int], outputs: list) -> list:
+def received_rows(lengths: Sequence[int], n_plain: int, never_dense: Sequence[int], outputs: list) -> list:
     """A worker's shipped outputs as DALI feeds them (main process): each byte field that came as
     a blob cut into its rows, one ``TensorListCPU`` of views (dense blocks and lists unchanged);
-    the ``never_dense`` fields' blobs carry their own lengths."""
+    ``lengths``: the byte fields with a lengths output (:func:`~dalistream.worker.batch.with_lengths`),
+    the ``never_dense`` fields' blobs carry their own."""
     for i in never_dense:
         outputs[i] = tensor_list(headed_rows(outputs[i], len(outputs[n_plain - 1])))  # (valid: one per position)
-    for k, i in enumerate([i for i in packed if i not in never_dense]):
+    for k, i in enumerate(lengths):
         if is_blob(outputs[i]):
             outputs[i] = tensor_list(rows(outputs[i], outputs[n_plain + k]))
     return outputs
@@ -135,8 +137,7 @@ def unpack(config: StreamConfig, merged: Sequence) -> list:
     that never travel dense (:func:`untrimmed`)."""
     n = len(config.fields) + 1
     nodes = list(merged[:n])
-    skip = untrimmed(config.fields)
-    for i, lengths in zip([i for i in byte_fields(config.fields) if i not in skip], merged[n:]):
+    for i, lengths in zip(with_lengths(byte_fields(config.fields), untrimmed(config.fields)), merged[n:]):
         nodes[i] = trim(nodes[i], lengths)
     return nodes
 

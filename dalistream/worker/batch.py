@@ -8,7 +8,7 @@ either as one padded dense block (batch × the slot's longest sample), as a *blo
 rows end to end, one flat array), or as a list of arrays. A block and a blob are shipped by
 DALI's worker in one piece instead of sample by sample. The graph cuts every row of a block back
 to its length (:func:`dalistream.dali.graph.trim`); a blob is cut into its rows in the main
-process before DALI feeds it (:func:`rows`, by :meth:`~dalistream.worker.WorkerSource.dalistream_received`),
+process before DALI feeds it (:func:`rows`, by :func:`dalistream.dali.graph.received_rows`),
 so every form delivers the same bytes.
 
 Why: DALI's parallel external source pays per shipped list element (here ~7.5 µs in the worker
@@ -44,6 +44,13 @@ def byte_fields(fields: Sequence[Any]) -> Tuple[int, ...]:
     """Indices of the fields that travel with lengths (and may travel dense)."""
     return tuple(i for i, f in enumerate(fields) if f.kind in ("bytes", "meta") and f.ndim == 1
                  and np.dtype(f.dtype) == np.uint8)
+
+
+def with_lengths(packed: Sequence[int], never_dense: Sequence[int]) -> Tuple[int, ...]:
+    """The byte fields that have a lengths output, in the order of those outputs (after the
+    fields and ``valid``): all of ``packed`` but the ``never_dense`` ones, whose blobs carry their
+    own lengths (:func:`pack`)."""
+    return tuple(i for i in packed if i not in never_dense)
 
 
 def image_fields(fields: Sequence[Any]) -> Tuple[int, ...]:
@@ -165,7 +172,7 @@ def unpacked(transfer: Sequence[Any], packed: Sequence[int], n_plain: int,
     batch_size = len(transfer[n_plain - 1])
     for i in never_dense:
         out[i] = headed_rows(transfer[i], batch_size)
-    for i, lengths in zip([i for i in packed if i not in never_dense], transfer[n_plain:]):
+    for i, lengths in zip(with_lengths(packed, never_dense), transfer[n_plain:]):
         value = rows(transfer[i], lengths) if is_blob(transfer[i]) else transfer[i]
         out[i] = [row[:n] for row, n in zip(value, lengths[:, 0])]
     return tuple(out)
