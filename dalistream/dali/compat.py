@@ -217,7 +217,10 @@ def on_receive(source: Any, receive: Callable[[list], list]) -> bool:
         @functools.wraps(original)
         def schedule_and_receive(self, *args, **kwargs):
             batch = original(self, *args, **kwargs)
-            receive = _receivers.get(_source_key(self)) if _receivers else None
+            try:
+                receive = _receivers.get(getattr(getattr(self, "source_desc", None), "source", None))
+            except TypeError:  # a source that cannot be weakly referenced (None, …): never registered
+                receive = None
             if receive is not None:
                 batch._data = receive(list(batch._data))
             return batch
@@ -226,22 +229,6 @@ def on_receive(source: Any, receive: Callable[[list], list]) -> bool:
         group.schedule_and_receive = schedule_and_receive
     _receivers[source] = receive
     return True
-
-
-def _source_key(group: Any) -> Any:
-    source = getattr(getattr(group, "source_desc", None), "source", None)
-    try:
-        weakref.ref(source)
-    except TypeError:  # None, or a source no receiver can have been registered for
-        return _NO_SOURCE
-    return source
-
-
-class _NoSource:
-    pass
-
-
-_NO_SOURCE = _NoSource()
 
 
 @functools.lru_cache(maxsize=None)

@@ -49,16 +49,14 @@ def _cut(what: str, offset: int, url: str) -> ShardFormatError:
 
 def sliced_samples(
     stream: BinaryIO, url: str, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray,
-    sizes: np.ndarray, *, first: int, offset: int, keep: Callable[[int], bool] = lambda index: True,
-    want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False, last: bool = False,
-    clock: Optional[ReadClock] = None,
+    sizes: np.ndarray, *, first: int, offset: int, want_ext: Callable[[str], bool] = lambda ext: True,
+    lowercase: bool = False, last: bool = False, clock: Optional[ReadClock] = None,
 ) -> Iterator[Sample]:
     """Samples ``first, first + 1, …`` of a regular shard, one per entry of ``kinds`` (each sample's
     pattern: its members' extensions and header blocks, its own header the last, in ``patterns``),
     their members' sizes one after the other in ``sizes``, from ``stream`` positioned at ``offset``,
-    the tar offset of sample ``first``. ``keep``, ``want_ext``, ``lowercase``: as for
-    ``iter_samples`` (a sample not kept is yielded without data; members not wanted are passed
-    over). ``last``: the part ends the shard, so the end-of-archive marker must follow; where
+    the tar offset of sample ``first``. ``want_ext``, ``lowercase``: as for ``iter_samples``
+    (members not wanted are passed over). ``last``: the part ends the shard, so the end-of-archive marker must follow; where
     another header follows instead, one more (empty) sample is yielded, numbered after the last,
     for the caller to report."""
     r = StreamBuffer(stream, url, clock)
@@ -73,9 +71,7 @@ def sliced_samples(
         names, wanted, skips = shapes[kind]
         member_sizes = all_sizes[m:m + len(names)]
         m += len(names)
-        index = first + row
-        read = keep(index)
-        sample: Sample = {"__url__": url, "__index__": index, "__offset__": position}
+        sample: Sample = {"__url__": url, "__index__": first + row, "__offset__": position}
         for j, size in enumerate(member_sizes):
             skip = skips[j]  # extended headers (pax mtime) before the member's own
             if skip and r.skip(skip) < skip:
@@ -99,7 +95,7 @@ def sliced_samples(
                 sample["__key__"] = split_name(_own_name(r.arr, at), lowercase)[0]
             r.pos = at + BLOCK
             padded = (size + BLOCK - 1) & -BLOCK
-            if read and wanted[j]:
+            if wanted[j]:
                 start = r.pos
                 if r.end - start >= padded:
                     r.pos = start + padded
