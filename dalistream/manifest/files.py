@@ -146,7 +146,7 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
         if rows.members is not None:
             write_atomic(base + ".kinds.npy", lambda f: np.save(f, np.asarray(rows.members.kind)))
             write_atomic(base + ".members.npy", lambda f: np.save(f, np.asarray(rows.members.sizes)))
-            layout = {k: v for k, v in rows.members.arrays().items() if k not in ("member_kind", "member_sizes")}
+            layout = rows.members.pattern_arrays()
         write_atomic(base + ".npz", lambda f: np.savez(f, urls=np.array(rows.urls, dtype=str), samples=rows.samples,
                                                          sizes=rows.sizes, has_offsets=np.array(rows.offsets is not None),
                                                          **layout))

@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import ManifestError
 from ..io.local import local_path
 from ..sources import is_remote
-from .members import MemberLayout, check_members
+from .members import MemberLayout, check_members, pattern_problem
 from .offsets import running_starts
 from .rows import ShardInfo, ShardRows
 
@@ -229,8 +229,7 @@ def _member_columns(rows: list, samples: list, offsets: Optional[np.ndarray], st
             return False
         patterns, row_kinds, row_sizes = shaped
         for exts, headers in patterns:
-            if not exts or not all(type(e) is str and e for e in exts) or len(set(exts)) != len(exts) \
-                    or len(headers) != len(exts) or not all(type(h) is int and h >= 1 for h in headers):
+            if pattern_problem(exts, headers):
                 return False
             local_to_global.append(table.setdefault((exts, headers), len(table)))
         if not patterns or len(row_kinds) != n:

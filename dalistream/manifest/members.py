@@ -19,7 +19,7 @@ is not regular), and every member's size in one flat ``int64`` array.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -79,6 +79,15 @@ def layout_of(tap: Sequence[tuple], offsets: Sequence[int]) -> Optional[Members]
     return tuple(table), tuple(kinds), tuple(sizes)
 
 
+def pattern_problem(exts: Sequence[Any], headers: Sequence[Any]) -> Optional[str]:
+    """What is wrong with one pattern (``None``: nothing): its extensions, its header blocks."""
+    if not exts or not all(type(e) is str and e for e in exts) or len(set(exts)) != len(exts):
+        return "each pattern's extensions must be distinct non-empty strings"
+    if len(headers) != len(exts) or not all(type(h) is int and h >= 1 for h in headers):
+        return "each pattern must give every extension a number of header blocks >= 1"
+    return None
+
+
 def check_members(members: Members, samples: int, offsets: Optional[Sequence[int]]) -> Optional[str]:
     """What is wrong with a row's layout (``None``: nothing): patterns, each sample's pattern,
     member sizes, and offsets that the sizes must reproduce."""
@@ -86,10 +95,9 @@ def check_members(members: Members, samples: int, offsets: Optional[Sequence[int
     if not patterns:
         return "it has no patterns"
     for exts, headers in patterns:
-        if not exts or not all(type(e) is str and e for e in exts) or len(set(exts)) != len(exts):
-            return "each pattern's extensions must be distinct non-empty strings"
-        if len(headers) != len(exts) or not all(type(h) is int and h >= 1 for h in headers):
-            return "each pattern must give every extension a number of header blocks >= 1"
+        problem = pattern_problem(exts, headers)
+        if problem:
+            return problem
     if len(kinds) != samples or not all(type(k) is int and 0 <= k < len(patterns) for k in kinds):
         return f"it must name one of its {len(patterns)} patterns for each of its {samples} samples"
     if not all(type(s) is int and s >= 0 for s in sizes):
@@ -221,19 +229,18 @@ class MemberLayout:
         wrong |= regular & step
         return int(shard_of[np.argmax(wrong)]) if wrong.any() else -1
 
-    def arrays(self) -> dict:
-        """The columns, for ``np.savez`` (see :meth:`from_arrays`)."""
+    def pattern_arrays(self) -> dict:
+        """The pattern table as arrays, for ``np.savez`` beside ``kind`` and ``sizes`` (kept in
+        their own files, to be memory-mapped): see :meth:`from_arrays`."""
         return {"member_exts": np.array(["\0".join(e) for e, _ in self.patterns], dtype=str),
-                "member_headers": np.array(["\0".join(map(str, h)) for _, h in self.patterns], dtype=str),
-                "member_kind": np.asarray(self.kind), "member_sizes": np.asarray(self.sizes)}
+                "member_headers": np.array(["\0".join(map(str, h)) for _, h in self.patterns], dtype=str)}
 
     @classmethod
-    def from_arrays(cls, z, samples: np.ndarray, kind: Optional[np.ndarray] = None,
-                    sizes: Optional[np.ndarray] = None) -> "MemberLayout":
+    def from_arrays(cls, z, samples: np.ndarray, kind: np.ndarray, sizes: np.ndarray) -> "MemberLayout":
+        """From :meth:`pattern_arrays` (``z``), each sample's pattern and every member's size."""
         patterns = [(tuple(e.split("\0")), tuple(int(b) for b in h.split("\0")))
                     for e, h in zip(z["member_exts"].tolist(), z["member_headers"].tolist())]
-        return cls(patterns, z["member_kind"] if kind is None else kind, z["member_sizes"] if sizes is None else sizes,
-                   samples)
+        return cls(patterns, kind, sizes, samples)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

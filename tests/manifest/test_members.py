@@ -51,8 +51,8 @@ def test_rows_as_columns_and_back(indexed):
     taken = rows.take(index)
     assert taken.infos() == [infos[i] for i in index]
     assert taken.members.first_mismatch(taken.offsets, taken.starts) == -1
-    z = rows.members.arrays()
-    again = MemberLayout.from_arrays(z, rows.samples)
+    z = rows.members.pattern_arrays()
+    again = MemberLayout.from_arrays(z, rows.samples, rows.members.kind, rows.members.sizes)
     assert [again.row(i) for i in range(len(infos))] == [i.members for i in infos]
 
 
