@@ -112,11 +112,11 @@ def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int, row_byte
         lengths = np.zeros((batch_size, 1), np.int32)
         sizes = lengths[lo:hi, 0]
         sizes[:] = [a.size for a in own]
-        longest = int(sizes.max()) if len(sizes) else 0
-        total = int(sizes.sum())
         if i in never_dense:
             out[i] = np.concatenate([lengths[:, 0].view(np.uint8), *own])
             continue
+        longest = int(sizes.max()) if len(sizes) else 0
+        total = int(sizes.sum())
         if dense_is_cheaper(batch_size, longest, total, row_bytes, max_block):
             block = np.zeros((batch_size, longest), np.uint8)
             # row-major order of the mask = the samples' concatenation order
