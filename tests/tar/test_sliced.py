@@ -17,21 +17,15 @@ from dalistream.tar import iter_samples
 from dalistream.tar.buffer import CHUNK
 from dalistream.tar.sliced import sliced_samples
 
-from helpers import write_wds
+from helpers import write_tar, write_wds
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 
 
-def write_tarfile(path, samples, fmt, mtime=1_700_000_000):
-    with tarfile.open(path, "w", format=FORMATS[fmt]) as tar:
-        for sample in samples:
-            for ext, data in sample.items():
-                if ext == "__key__":
-                    continue
-                info = tarfile.TarInfo(f"{sample['__key__']}.{ext}")
-                info.size, info.mtime = len(data), mtime
-                tar.addfile(info, io.BytesIO(data))
-    return path
+def write_tarfile(path, samples, fmt):
+    """``samples`` (dicts with ``__key__``) as a tar of the given format (:func:`helpers.write_tar`)."""
+    return write_tar(path, [(f"{s['__key__']}.{ext}", data) for s in samples for ext, data in s.items()
+                            if ext != "__key__"], FORMATS[fmt])
 
 
 def random_samples(seed, n):
