@@ -10,6 +10,16 @@ from ..errors import DalistreamError, ShardFormatError, SourceError
 BLOCK = 512
 
 
+def header_name(buf, at: int = 0) -> str:
+    """The name in the tar header at ``buf[at:]``, with its ustar prefix (``str``; bytes that are no
+    UTF-8 kept by ``surrogateescape``). Long-name and pax records are the caller's."""
+    end = buf.find(b"\0", at, at + 100)
+    name = buf[at:end if end >= 0 else at + 100].decode("utf-8", "surrogateescape")
+    if buf[at + 345] and buf[at + 257:at + 263] == b"ustar\0":  # POSIX prefix (old GNU headers keep times there)
+        name = bytes(buf[at + 345:at + 500]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
+    return name
+
+
 def damaged(message: str, url: str, member: Optional[str] = None) -> ShardFormatError:
     """A :class:`ShardFormatError` of reason ``bad_tar``: the shard is damaged."""
     return ShardFormatError(f"corrupt tar: {message}", url=url, member=member, reason="bad_tar",

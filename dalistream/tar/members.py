@@ -23,7 +23,7 @@ from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 from ..errors import DalistreamError, SampleError, ShardFormatError
 from ..io.counters import ReadClock
 from .buffer import StreamBuffer
-from .headers import BLOCK, checksum_ok, damaged, number, parse_pax
+from .headers import BLOCK, checksum_ok, damaged, header_name, number, parse_pax
 
 ZERO = bytes(BLOCK)
 FILE, OTHER = 0, 1  # member kinds yielded: a regular file, a link/device/fifo (grouped, never read)
@@ -134,10 +134,7 @@ def walk(
                 size = number(header[124:136], url, "size", offset)
         else:
             size = number(header[124:136], url, "size", offset)
-        end = header.find(b"\0", 0, 100)
-        name = header[:end if end >= 0 else 100].decode("utf-8", "surrogateescape")
-        if header[345] and header[257:263] == b"ustar\0":  # POSIX prefix (old GNU headers keep times there)
-            name = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
+        name = header_name(header)
         padded = (size + BLOCK - 1) & -BLOCK
         if kind in _EXTENDED:
             if start_at is None:

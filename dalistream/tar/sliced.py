@@ -21,17 +21,8 @@ import numpy as np
 from ..errors import ShardFormatError
 from ..io.counters import ReadClock
 from .buffer import StreamBuffer
-from .headers import BLOCK, number
+from .headers import BLOCK, header_name, number
 from .samples import Sample, split_name
-
-
-def _own_name(arr: bytearray, at: int) -> str:
-    """The name in the header at ``arr[at:]`` (with its ustar prefix), as the header walk reads it."""
-    end = arr.find(b"\0", at, at + 100)
-    name = arr[at:end if end >= 0 else at + 100].decode("utf-8", "surrogateescape")
-    if arr[at + 345] and arr.startswith(b"ustar\0", at + 257):
-        name = bytes(arr[at + 345:at + 500]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
-    return name
 
 
 def _size(arr: bytearray, at: int, url: str) -> int:
@@ -89,10 +80,10 @@ def sliced_samples(
             if not arr_startswith(r.arr, b"%011o" % size, at + 124) and _size(r.arr, at, url) != size:
                 raise ShardFormatError(
                     f"corrupt tar: the member at offset {position + skip} has {_size(r.arr, at, url)} bytes, the "
-                    f"manifest's member layout says {size}", url=url, member=_own_name(r.arr, at), reason="bad_tar",
+                    f"manifest's member layout says {size}", url=url, member=header_name(r.arr, at), reason="bad_tar",
                     hint="if the shard was rewritten after it was indexed, rebuild the manifest with `dalistream index`")
             if j == 0:
-                sample["__key__"] = split_name(_own_name(r.arr, at), lowercase)[0]
+                sample["__key__"] = split_name(header_name(r.arr, at), lowercase)[0]
             r.pos = at + BLOCK
             padded = (size + BLOCK - 1) & -BLOCK
             if wanted[j]:
