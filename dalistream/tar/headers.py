@@ -20,6 +20,12 @@ def header_name(buf, at: int = 0) -> str:
     return name
 
 
+def no_end_marker(url: str) -> ShardFormatError:
+    """A tar whose bytes end where its end-of-archive marker should be: truncated."""
+    return ShardFormatError("tar ends without its end-of-archive marker: truncated shard", url=url,
+                            hint="re-write or re-upload the shard", reason="truncated")
+
+
 def damaged(message: str, url: str, member: Optional[str] = None) -> ShardFormatError:
     """A :class:`ShardFormatError` of reason ``bad_tar``: the shard is damaged."""
     return ShardFormatError(f"corrupt tar: {message}", url=url, member=member, reason="bad_tar",

@@ -23,7 +23,7 @@ from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 from ..errors import DalistreamError, SampleError, ShardFormatError
 from ..io.counters import ReadClock
 from .buffer import StreamBuffer
-from .headers import BLOCK, checksum_ok, damaged, header_name, number, parse_pax
+from .headers import BLOCK, checksum_ok, damaged, header_name, no_end_marker, number, parse_pax
 
 ZERO = bytes(BLOCK)
 FILE, OTHER = 0, 1  # member kinds yielded: a regular file, a link/device/fifo (grouped, never read)
@@ -98,8 +98,7 @@ def walk(
                 if first:
                     raise ShardFormatError("empty shard (0 bytes)", url=url, reason="empty",
                                            hint="re-write or re-upload the shard, or remove it from the sources")
-                raise ShardFormatError("tar ends without its end-of-archive marker: truncated shard", url=url,
-                                       hint="re-write or re-upload the shard", reason="truncated")
+                raise no_end_marker(url)
             if first:
                 raise _first_header_error(header, url)
             raise ShardFormatError(f"truncated tar: header cut after {len(header)} bytes at offset {offset}", url=url,

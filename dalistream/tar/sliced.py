@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ShardFormatError
 from ..io.counters import ReadClock
 from .buffer import StreamBuffer
-from .headers import BLOCK, header_name, number
+from .headers import BLOCK, header_name, no_end_marker, number
 from .samples import Sample, split_name
 
 
@@ -106,7 +106,6 @@ def sliced_samples(
         n = min(r.fill(BLOCK), BLOCK)
         header = bytes(r.view[r.pos:r.pos + n])
         if n < BLOCK and not header.strip(b"\0"):
-            raise ShardFormatError("tar ends without its end-of-archive marker: truncated shard", url=url,
-                                   reason="truncated", hint="re-write or re-upload the shard")
+            raise no_end_marker(url)
         if header.strip(b"\0"):
             yield {"__url__": url, "__index__": first + len(kinds), "__offset__": position}
