@@ -150,6 +150,13 @@ class StreamBuffer:
                 if len(header) == BLOCK and checksum_ok(header):
                     member = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                 after = f"member {printable(member)} at offset {block}" if member else f"data at offset {at}"
+                if block - zero_at >= 2 * BLOCK:  # a whole end-of-archive marker came first
+                    what = ("a second archive appended after the first one's end (`cat a.tar b.tar`), or blocks "
+                            "zeroed mid-shard" if member else "bytes that are no tar after the archive's end, or "
+                            "blocks zeroed mid-shard")
+                    raise damaged(
+                        f"an end-of-archive marker (zero blocks) at offset {zero_at} is followed by {after}: {what}; "
+                        "tar and webdataset stop at the marker and would silently drop what follows", self.url, member)
                 raise damaged(f"a zero block at offset {zero_at} where a member header should be, followed by "
                                f"{after} (a lone zero block: part of the shard was zeroed or lost)", self.url, member)
             self.base += self.end

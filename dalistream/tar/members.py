@@ -77,8 +77,9 @@ def walk(
 ) -> Iterator[Entry]:
     """:func:`iter_members` as plain tuples ``(name, size, offset, data, error, kind)``, ``kind``
     :data:`FILE` or :data:`OTHER` (the fast path: no object per member). ``tap``, if given, gets
-    every entry's layout as ``(name, size, offset, data offset, renamed, regular)`` (``renamed``:
-    its name came from a long-name or pax header), and at the end-of-archive marker
+    every entry's layout as ``(name, size, offset, data offset, renamed, sliceable)`` (``renamed``:
+    its name came from a long-name or pax header; ``sliceable``: a regular file whose own header
+    carries the ``ustar`` magic, which the sliced reader checks), and at the end-of-archive marker
     ``(None, 0, offset, offset, False, False)``: what a scan records of a regular shard
     (:func:`dalistream.manifest.members.layout_of`)."""
     r = StreamBuffer(stream, url, clock)
@@ -170,8 +171,9 @@ def walk(
             pax = None
         if r.size is not None and size > r.size:
             raise damaged(f"member size of {size} bytes is larger than the whole shard ({r.size} bytes)", url, name)
-        if tap is not None:
-            tap.append((name, size, offset, r.base + r.pos, name is not own_name, kind in _REGULAR and not sparse))
+        if tap is not None:  # sliceable: a regular file behind a ustar header (old-format ones carry no magic)
+            tap.append((name, size, offset, r.base + r.pos, name is not own_name,
+                        kind in _REGULAR and not sparse and header[257:262] == b"ustar"))
         if kind in _REGULAR and not sparse:
             if want(name):
                 if size > max_member_bytes:
@@ -229,7 +231,6 @@ def walk(
                     raise error
             yield name, size, offset, None, error, FILE
         elif kind in _OTHER:
-            want(name)
             yield name, size, offset, None, None, OTHER
 
 

@@ -54,17 +54,16 @@ def reference(data: bytes, keep, want_ext, lowercase=False):
     out, current = [], None
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         for m in tar:
-            if m.isdir():
+            if not m.isfile():  # folders, links: in no sample (as webdataset reads them)
                 continue
             key, ext = split_name(m.name, lowercase)
-            if not ext:
+            if ext is None:
                 continue
             if current is None or key != current["__key__"]:
                 current = {"__key__": key, "__url__": "u", "__index__": len(out), "__offset__": m.offset}
                 out.append(current)
-            if m.isfile():
-                wanted = keep(current["__index__"]) and want_ext(ext)
-                current[ext] = tar.extractfile(m).read() if wanted else None
+            wanted = keep(current["__index__"]) and want_ext(ext)
+            current[ext] = tar.extractfile(m).read() if wanted else None
     return out
 
 
