@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 
-from ..errors import SampleError, ShardFormatError, printable
+from ..errors import SampleError, ShardFormatError, SourceError, printable
 from ..io.counters import ReadClock
 from .members import walk
 
@@ -41,6 +41,19 @@ def split_name(name: str, lowercase: bool = False) -> Tuple[str, Optional[str]]:
 Sample = Dict[str, object]
 
 
+def _whole_before(damage: BaseException, sample: Sample, lowercase: bool) -> bool:
+    """Whether ``sample`` is known whole when ``damage`` ended the stream: the damage names the
+    member it took (``damaged_member``: its header or data could not be read, see
+    :func:`~dalistream.tar.headers.losing`), and that member is of another sample. Damage that
+    cannot say what it took (zeroed blocks, a stream ending between two headers), or took a member
+    of this sample, proves nothing: the sample may have had more members."""
+    member = getattr(damage, "damaged_member", None)
+    if member is None or is_meta(member):
+        return False
+    key, ext = split_name(member, lowercase)
+    return ext is not None and key != sample["__key__"]  # (a member in no sample proves nothing)
+
+
 def iter_samples(
     stream: BinaryIO, url: str, *, keep: Callable[[int], bool] = lambda index: True,
     want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False,
@@ -63,7 +76,10 @@ def iter_samples(
     :class:`SampleError`; with ``mark_errors`` the sample is yielded instead, numbered like any
     other, with the error under ``"__error__"`` (its data may be incomplete), and the shard goes
     on. Problems of the stream itself (:class:`ShardFormatError`, :class:`SourceError`) always
-    raise: nothing after them can be trusted. Keys are only ever used as strings, never as paths.
+    raise: nothing after them can be trusted; with ``mark_errors`` the sample grouped when the
+    damage came is yielded first when it is known whole (the damage names a member of another
+    sample, as a damaged or cut header does when its name can be read), never one that may have
+    lost members. Keys are only ever used as strings, never as paths.
     ``clock``, if given, accumulates the time spent waiting for the stream's bytes. ``tap``: see
     :func:`~dalistream.tar.members.walk` (a scan records a regular shard's member layout with it).
     """
@@ -93,8 +109,20 @@ def iter_samples(
             raise error
         current.setdefault("__error__", error)  # the first problem of a sample is the one reported
 
-    for name, _, offset, data, error, kind in walk(stream, url, want=want, max_member_bytes=max_member_bytes,
-                                                   mark_errors=mark_errors, clock=clock, tap=tap):
+    entries = walk(stream, url, want=want, max_member_bytes=max_member_bytes, mark_errors=mark_errors, clock=clock,
+                   tap=tap)
+    while True:
+        try:
+            name, _, offset, data, error, kind = next(entries)
+        except StopIteration:
+            break
+        except (ShardFormatError, SourceError) as damage:
+            # damage after the sample being grouped (the next member's header or data lost):
+            # with mark_errors (skip) the sample is delivered before the error when it is known
+            # whole -- every complete sample before the damage arrives, none with lost members
+            if mark_errors and current is not None and _whole_before(damage, current, lowercase):
+                yield current
+            raise
         if kind:
             continue  # a link, device or fifo: in no sample (walk() never asks want() about them)
         if name is last_name:  # split once, in want()
