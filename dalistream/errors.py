@@ -26,6 +26,7 @@ commands, ``-u``/``--user``/``--password`` values, ``Authorization``/token heade
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any, Dict, Optional
 
@@ -35,7 +36,8 @@ _BARE_USERINFO = re.compile(r"(?<![\w/@:.-])[\w.%+-]+:[^\s/@'\"]+@(?=[\w\[])")
 _SECRET_NAME = (r"[\w.-]*(?:secret|token|passw(?:or)?d|pwd|api[_-]?key|apikey|access[_-]?key|private[_-]?key|"
                 r"credential|signature|session[_-]?key|aws_access_key_id|auth[_-]?key)[\w.-]*")
 # ``key=value`` in a query, or ``NAME=value`` assigned in a shell command
-_SECRET_QUERY = re.compile(r"(?i)(?P<k>(?<![\w.-])(?:" + _SECRET_NAME + r"|sig)=)[^&\s'\"]+")
+_SECRET_QUERY = re.compile(r"(?i)(?P<k>(?<![\w.-])(?:" + _SECRET_NAME
+                           + r"|key|sig|auth|jwt|bearer|code|sas)=)[^&\s'\"]+")  # (short names: exactly these)
 # command-line options carrying a credential: ``-u user:pw``, ``--user=…``, ``--password …``, ``--oauth2-bearer …``
 _SECRET_OPTION = re.compile(
     r"(?i)(?P<k>(?<!\S)(?:-u|--user|--proxy-user|--oauth2-bearer|--(?:" + _SECRET_NAME + r"))(?:=|\s+))"
@@ -219,3 +221,34 @@ class WorkerError(DalistreamError):
 
 _CLASSES = {cls.__name__: cls for cls in (DalistreamError, ConfigError, SourceError, ShardFormatError, SampleError,
                                           ManifestError, StateError, WorkerError)}
+
+
+# -- third-party loggers --------------------------------------------------------------------------
+
+#: Loggers of the HTTP and S3 client libraries dalistream reads through: at DEBUG they print request
+#: lines with presigned query strings and headers with the access key id.
+CLIENT_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3", "requests", "aiobotocore", "fsspec", "s3fs")
+
+
+def redact_client_logs() -> None:
+    """Redact (as :func:`redact` does) every log record of :data:`CLIENT_LOGGERS` and their child
+    loggers, from its creation: a log record factory, installed once per process (by
+    ``Stream.open`` and in each DALI worker), so that no handler, level or filter configured later
+    can print what the libraries log unredacted."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "dalistream_redacts", False):
+        return
+
+    def factory(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        name = record.name
+        if name.startswith(CLIENT_LOGGERS) and (name in CLIENT_LOGGERS or name.partition(".")[0] in CLIENT_LOGGERS):
+            try:
+                text = record.getMessage()
+            except Exception:  # a malformed record: left to logging's own error report
+                return record
+            record.msg, record.args = redact(text), None
+        return record
+
+    factory.dalistream_redacts = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from .config import StreamConfig
-from .errors import ConfigError, redact
+from .errors import ConfigError, redact, redact_client_logs
 from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
 from .plan import check_layout, steps_per_epoch
@@ -161,6 +161,7 @@ class Stream:
         ``auto`` forks CPU pipelines while CUDA is untouched, and spawns otherwise.
         """
         env = os.environ if env is None else env
+        redact_client_logs()  # the S3/HTTP libraries' own DEBUG lines carry signed URLs and key ids
         rank, world_size = resolve_layout(rank, world_size, env)
         local_rank = local_device(env) if device_id is None else None
         if "cache_dir" not in options:

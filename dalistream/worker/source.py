@@ -23,6 +23,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..config import StreamConfig
+from ..errors import redact_client_logs
 from ..manifest.offsets import SampleOffsets
 from ..plan import WorkerPlan, seeds, worker_plan
 from . import batch
@@ -69,6 +70,8 @@ class WorkerSource:
             return self
         if self._iters and self._gen is None:  # iter(iter(source)): this epoch has not started yet
             return self
+        if self._iters == 0:
+            redact_client_logs()  # in the DALI worker process, where the S3/HTTP reads happen
         self.epoch = self.start_epoch + self._iters
         skip = self.start_step if self._iters == 0 else 0
         self._iters += 1
