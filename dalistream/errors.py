@@ -36,8 +36,9 @@ _BARE_USERINFO = re.compile(r"(?<![\w/@:.-])[\w.%+-]+:[^\s/@'\"]+@(?=[\w\[])")
 _SECRET_NAME = (r"[\w.-]*(?:secret|token|passw(?:or)?d|pwd|api[_-]?key|apikey|access[_-]?key|private[_-]?key|"
                 r"credential|signature|session[_-]?key|aws_access_key_id|auth[_-]?key)[\w.-]*")
 # ``key=value`` in a query, or ``NAME=value`` assigned in a shell command
-_SECRET_QUERY = re.compile(r"(?i)(?P<k>(?<![\w.-])(?:" + _SECRET_NAME
-                           + r"|key|sig|auth|jwt|bearer|code|sas)=)[^&\s'\"]+")  # (short names: exactly these)
+_SECRET_QUERY = re.compile(r"(?i)(?P<k>(?<![\w.-])(?:" + _SECRET_NAME + r"|sig)=)[^&\s'\"]+"
+                           # short names, exactly, as query parameters (after ? & or ;): key=, auth=, …
+                           r"|(?P<q>(?<=[?&;])(?:key|auth|jwt|bearer|code|sas)=)[^&\s'\"#]+")
 # command-line options carrying a credential: ``-u user:pw``, ``--user=…``, ``--password …``, ``--oauth2-bearer …``
 _SECRET_OPTION = re.compile(
     r"(?i)(?P<k>(?<!\S)(?:-u|--user|--proxy-user|--oauth2-bearer|--(?:" + _SECRET_NAME + r"))(?:=|\s+))"
@@ -68,7 +69,7 @@ def redact(url: str) -> str:
     text = _QUOTED_HEADER.sub(r"\g<q>\g<k> ***\g<q>", text)
     text = _BARE_HEADER.sub(r"\g<k> ***", text)
     text = _SECRET_OPTION.sub(r"\g<k>***", text)
-    return _SECRET_QUERY.sub(r"\g<k>***", text)
+    return _SECRET_QUERY.sub(lambda m: (m.group("k") or m.group("q")) + "***", text)
 
 
 _SURROGATE = re.compile(r"(\\\\)|\\udc([89a-f][0-9a-f])")

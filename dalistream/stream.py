@@ -85,12 +85,18 @@ def default_cache_dir(env: Mapping[str, str]) -> str:
 
 
 def usable_cache_dir(path: str, *, given: bool) -> Optional[str]:
-    """``path`` if the scan cache can be written there (created if missing). Otherwise a
-    :class:`ConfigError` naming ``cache_dir`` when the user ``given`` it, else a warning and
-    ``None`` (shards are then scanned without caching)."""
+    """``path`` if the scan cache can be kept there: created private (0700) if missing, writable,
+    owned by this user and not writable by others (whose planted entries would be believed).
+    Otherwise a :class:`ConfigError` naming ``cache_dir`` when the user ``given`` it, else a
+    warning and ``None`` (shards are then scanned without caching)."""
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
         problem = None if os.access(path, os.W_OK | os.X_OK) else "not writable"
+        st = os.stat(path)
+        if problem is None and st.st_uid != os.getuid():
+            problem = f"owned by another user (uid {st.st_uid}): its entries could be planted"
+        elif problem is None and st.st_mode & 0o002:
+            problem = f"writable by every user (mode {oct(st.st_mode & 0o7777)}): its entries could be planted"
     except OSError as e:
         problem = e.strerror or str(e)
     if problem is None:

@@ -4,6 +4,7 @@ stdout, as in the webdataset library)."""
 from __future__ import annotations
 
 import io
+import logging
 import os
 import stat
 import subprocess
@@ -11,6 +12,8 @@ import tempfile
 from typing import BinaryIO, Callable
 
 from ..errors import SourceError
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 
@@ -32,6 +35,29 @@ def write_atomic(path: str, write: Callable[[BinaryIO], object]) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+_cache_warned: set = set()
+
+
+def cache_write(path: str, write: Callable[[BinaryIO], object]) -> bool:
+    """Write a cache file as :func:`write_atomic` does, in a folder created private (0700): True
+    if written. A folder on the way that is a symbolic link (planted to redirect the writes) is
+    never written through, and a full or failing disk is a warning and no cache (as a read-only
+    one), never an error: the cache only saves time."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if os.path.islink(folder):
+            raise OSError(f"{folder} is a symbolic link")
+        write_atomic(path, write)
+        return True
+    except OSError as e:
+        reason = e.strerror or str(e)
+        if (reason, folder) not in _cache_warned:  # once per problem and folder
+            _cache_warned.add((reason, folder))
+            log.warning("cache not written (%s): %s; going on without it", reason, folder)
+        return False
 
 
 class PipeStream(io.RawIOBase):

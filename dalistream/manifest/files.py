@@ -18,7 +18,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import ManifestError, SourceError, redact
-from ..io.local import local_path, write_atomic
+from ..io.local import cache_write, local_path, write_atomic
 from ..io.remote import is_fetched, put_bytes, read_bytes
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
@@ -138,20 +138,16 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
         pass  # not there yet (or unreadable): parse, then keep
     rows = read_manifest(path, options)
-    try:
-        os.makedirs(os.path.dirname(base), exist_ok=True)
-        if rows.offsets is not None:  # first: the table below says it is there
-            write_atomic(base + ".offsets.npy", lambda f: np.save(f, rows.offsets))
-        layout = {}
-        if rows.members is not None:
-            write_atomic(base + ".kinds.npy", lambda f: np.save(f, np.asarray(rows.members.kind)))
-            write_atomic(base + ".members.npy", lambda f: np.save(f, np.asarray(rows.members.sizes)))
-            layout = rows.members.pattern_arrays()
-        write_atomic(base + ".npz", lambda f: np.savez(f, urls=np.array(rows.urls, dtype=str), samples=rows.samples,
-                                                         sizes=rows.sizes, has_offsets=np.array(rows.offsets is not None),
-                                                         **layout))
-    except OSError:
-        pass
+    written = rows.offsets is None or cache_write(base + ".offsets.npy", lambda f: np.save(f, rows.offsets))
+    layout = {}
+    if written and rows.members is not None:  # (first the parts; the table below says they are there)
+        written = (cache_write(base + ".kinds.npy", lambda f: np.save(f, np.asarray(rows.members.kind)))
+                   and cache_write(base + ".members.npy", lambda f: np.save(f, np.asarray(rows.members.sizes))))
+        layout = rows.members.pattern_arrays()
+    if written:
+        cache_write(base + ".npz", lambda f: np.savez(f, urls=np.array(rows.urls, dtype=str), samples=rows.samples,
+                                                        sizes=rows.sizes, has_offsets=np.array(rows.offsets is not None),
+                                                        **layout))
     return rows
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..io.local import write_atomic
+from ..io.local import cache_write
 
 
 def running_starts(counts: Sequence[int]) -> np.ndarray:
@@ -91,10 +91,6 @@ def _saved_array(directory: str, array: np.ndarray, kind: str) -> Optional[str]:
         return array.filename
     array = np.ascontiguousarray(array)
     path = os.path.join(directory, kind, hashlib.sha256(array.tobytes()).hexdigest()[:32] + ".npy")
-    try:
-        if not os.path.exists(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            write_atomic(path, lambda f: np.save(f, array))
-    except OSError:
+    if not os.path.exists(path) and not cache_write(path, lambda f: np.save(f, array)):
         return None
     return path

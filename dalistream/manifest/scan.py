@@ -17,12 +17,12 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from ..errors import DalistreamError, ManifestError, SourceError, redact
 from ..io.gunzip import decompressed
-from ..io.local import local_path, write_atomic
+from ..io.local import cache_write, local_path
 from ..io.remote import is_fetched, stat_remote
 from ..io.streams import is_gzip_name, open_raw
 from ..sources import is_remote
 from ..tar import iter_samples
-from .members import layout_of
+from .members import check_members, layout_of
 from .rows import ShardInfo
 
 # the tar reader's counting rules, part of every cache key: counts cached under older rules (before
@@ -94,15 +94,49 @@ def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool, o
         try:
             with open(path) as f:
                 cached = ShardInfo(**json.load(f))
-            if cached.offsets is not None or not offsets:
+            if (cached.offsets is not None or not offsets) and _describes(cached, url):
                 return cached
         except (OSError, ValueError, TypeError, ManifestError):
-            pass  # a broken cache entry is rescanned
+            pass  # a broken or edited cache entry is rescanned (and rewritten)
     info = scan_shard(url, options, lowercase, offsets)
     if path:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(path, lambda f: f.write(json.dumps(asdict(info)).encode()))
+        cache_write(path, lambda f: f.write(json.dumps(asdict(info)).encode()))
     return info
+
+
+def _describes(info: ShardInfo, url: str) -> bool:
+    """Whether a cached row can be the scan of ``url``: its URL, its stored size (local files), a
+    count that is a number, offsets one per sample, rising, inside the file, and a member layout
+    that adds up. An entry edited by hand or by another program fails this and is scanned again."""
+    if info.url != (redact(url) if is_remote(url) else url) or type(info.samples) is not int or info.samples < 0:
+        return False
+    if not is_remote(url):
+        try:
+            if info.bytes != os.path.getsize(local_path(url)):
+                return False
+        except OSError:
+            return False
+    if info.offsets is not None:
+        starts = list(info.offsets)
+        if len(starts) != info.samples or any(type(o) is not int for o in starts):
+            return False
+        if starts and (starts[0] < 0 or any(b <= a for a, b in zip(starts, starts[1:]))
+                       or (info.bytes >= 0 and starts[-1] >= info.bytes and not is_gzip_name(url))):
+            return False
+    if info.members is not None:
+        return check_members(info.members, info.samples, info.offsets) is None
+    return True
+
+
+def forget(url: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None,
+           lowercase: bool = False) -> None:
+    """Drop ``url``'s cached scan (a count a worker found wrong): the next run scans it again."""
+    path = _cache_path(cache_dir, url, options, lowercase) if cache_dir and not url.startswith("pipe:") else None
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def build_manifest(

@@ -16,6 +16,7 @@ import numpy as np
 from ..config import StreamConfig
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
 from ..io.streams import ShardSequence, is_gzip_name
+from ..manifest.scan import forget
 from ..manifest.offsets import SampleOffsets
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
@@ -218,9 +219,9 @@ class PlanReader:
     def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
         """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""
         source = self.count_source or ""
-        if source.startswith("header scan"):  # our own count, cached by size, mtime and inode
-            said, hint = ("it changed after it was counted",
-                          "a cached count is rescanned when the file's size, mtime or inode changes: restart to rescan")
+        if source.startswith("header scan"):  # our own count: its cache entry is dropped, so a restart rescans
+            forget(url, self.config.cache_dir, self.config.storage_options, self.config.lowercase_ext)
+            said, hint = ("it changed after it was counted", "its cached count was dropped: restart to rescan")
         else:  # an index file somebody wrote: restarting reads the same wrong count again
             said, hint = ("the shard and its index disagree (the shard changed after it was indexed, or the index "
                           "was written for other shards)",
