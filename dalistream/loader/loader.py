@@ -27,7 +27,7 @@ from ..dali.diagnose import translate
 from ..dali.pipeline import built, raw_pipeline
 from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
 from ..errors import StateError
-from ..plan import check_segments
+from ..plan import check_segments, continued
 from ..stream import Stream
 from ..worker import read_workers, summarize
 from .convert import BufferPool, to_torch
@@ -261,8 +261,8 @@ class Loader:
                 log.warning("policy 'fixed' without counts cannot continue epoch %d on another layout: it restarts "
                             "from its first batch (samples of its first %d steps are seen again)", epoch, step)
                 segments, step = (), 0
-            elif step:
-                segments, step = segments + (saved_layout + (step,),), 0
+            else:
+                segments, step = continued(segments, saved_layout, step, self.stream.config.layout)
         steps = self.stream.steps(epoch, segments)  # validates the segments against the data set
         if step > steps:
             raise StateError(f"saved step {step} is past the end of epoch {epoch}, which has {steps} steps",

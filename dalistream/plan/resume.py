@@ -7,8 +7,7 @@ epoch. Segment 0 planned the whole epoch sequence (``T`` samples, :mod:`.ownersh
 (:func:`~.ownership.span_bounds`). What a global worker of a past segment delivered is known from
 indices alone: its span's first ``c = steps × slot`` outputs of the shuffle buffer (without a
 buffer, the span's first ``c`` samples). So its span splits into a prefix fully delivered, a
-*window* of at most (buffer) samples of which some were delivered (:func:`~dalistream.worker.shuffle
-.emitted_indices` names them), and the untouched rest. What remains is, worker by worker, the
+*window* of at most (buffer) samples of which some were delivered (:func:`~.shuffle.emitted_indices` names them), and the untouched rest. What remains is, worker by worker, the
 window's undelivered samples then the rest (for ``even``, then the tail no one owned).
 
 A new worker's span of that remaining sequence maps back to :class:`Run` s of epoch positions,
@@ -31,6 +30,7 @@ import numpy as np
 from ..errors import StateError
 from . import seeds
 from .layout import Layout, Schedule
+from .shuffle import emitted_indices
 from .ownership import WorkerPlan, epoch_layout, epoch_steps, span_bounds
 
 Segment = Tuple[int, int, int, int]  # (world_size, workers, batch_size, steps run)
@@ -63,7 +63,6 @@ def shuffle_seed(seed: int, epoch: int, segment: int, global_worker: int) -> int
 
 @lru_cache(maxsize=4096)
 def _emitted(count: int, total: int, size: int, seed: int) -> Tuple[int, ...]:
-    from ..worker.shuffle import emitted_indices  # the buffer's own prediction: one rule, one place
     return tuple(sorted(emitted_indices(count, total, size, seed)))
 
 
@@ -195,6 +194,18 @@ def check_segments(segments: Sequence[Sequence[int]]) -> Tuple[Segment, ...]:
             raise StateError(f"loader state: segment {i} must be [world_size, workers, batch_size, steps], got {s!r}")
         out.append(tuple(int(v) for v in s))
     return tuple(out)  # type: ignore[return-value]
+
+
+def continued(segments: Sequence[Segment], saved: Tuple[int, int, int], step: int,
+              layout: Layout) -> Tuple[Tuple[Segment, ...], int]:
+    """Where a state saved at ``step`` of layout ``saved`` (ranks, workers, batch size), after
+    ``segments``, goes on under ``layout``: ``(segments, step)``. The same layout goes on at its
+    step; another one closes the saved layout's segment and starts its own at step 0."""
+    if tuple(saved) == (layout.world_size, layout.workers, layout.batch_size):
+        return tuple(segments), step
+    if not step:  # the saved layout ran nothing of this epoch
+        return tuple(segments), 0
+    return tuple(segments) + ((int(saved[0]), int(saved[1]), int(saved[2]), int(step)),), 0
 
 
 def resumed_steps(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,

@@ -28,7 +28,7 @@ from ..plan import ResumePlan, WorkerPlan, seeds, worker_plan
 from . import batch
 from .policy import ErrorPolicy
 from .reader import PlanReader
-from .shuffle import emitted_indices, shuffled
+from ..plan.shuffle import emitted_indices, shuffled
 from .stats import WorkerStats
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from dalistream.errors import StateError
 from dalistream.plan import Layout, ResumePlan, Schedule, epoch_layout, remaining_summary, worker_plan
 from dalistream.plan.resume import check_segments
-from dalistream.worker.shuffle import shuffled
+from dalistream.plan.shuffle import shuffled
 
 
 def positions(plan, counts, layout, schedule, epoch):
