@@ -2,8 +2,11 @@
 on under others (ranks, workers, batch size), every sample of it once under ``exact``; the
 resume traps of the issue (``set_epoch``, ``len``, moved sources, refusals in words)."""
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -114,3 +117,72 @@ def test_refusals_say_what_differs(shards, tmp_path):
     with Loader(stream(fewer, 0, 1, 1, 4)) as other:
         with pytest.raises(StateError, match="9 shards saved, 8 now"):
             other.load_state_dict(state)
+
+
+# -- torchrun: separate processes per rank, locally and from S3 (moto) ---------------------------
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def torchrun(source, out, ranks, workers, batch, stop, state_in, state_out, env):
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+         os.path.join(HERE, "elastic_train.py"), source, str(out), str(workers), str(batch), str(stop),
+         str(state_in), str(state_out)], capture_output=True, text=True, timeout=420, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.load(open(out / f"rank-{r}.json")) for r in range(ranks)]
+    assert [r["layout"] for r in rows] == [[r, ranks] for r in range(ranks)]
+    return [k for r in rows for k in r["keys"]], rows
+
+
+def elastic_epoch(source, tmp_path, env):
+    """2 ranks x 2 workers x batch 4 for 3 steps, then 3 ranks x 1 worker x batch 5 for 2 steps,
+    then 1 rank x 1 worker x batch 3 to the end: the epoch's keys."""
+    env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    a, _ = torchrun(source, tmp_path / "a", 2, 2, 4, 3, "-", tmp_path / "s1.json", env)
+    b, _ = torchrun(source, tmp_path / "b", 3, 1, 5, 2, tmp_path / "s1.json", tmp_path / "s2.json", env)
+    c, rows = torchrun(source, tmp_path / "c", 1, 1, 3, "-", tmp_path / "s2.json", "-", env)
+    assert json.load(open(tmp_path / "s2.json"))["segments"] == [[2, 2, 4, 3]]
+    assert rows[0]["len"] * 3 >= len(c) > (rows[0]["len"] - 1) * 3  # len() was the rest of the epoch
+    return a + b + c
+
+
+def uninterrupted(source, **kw):
+    keys = []
+    with Loader(Stream.open(source, fields={"key": "__key__"}, batch_size=4, workers=2, rank=0, world_size=1,
+                            device="cpu", shuffle=6, seed=9, policy="exact", **kw)) as loader:
+        for b in loader:
+            keys += b["key"]
+    return keys
+
+
+@pytest.mark.slow
+def test_torchrun_elastic_local(shards, tmp_path):
+    keys = elastic_epoch(shards, tmp_path, dict(os.environ, DALISTREAM_CACHE=str(tmp_path / "cache")))
+    once = uninterrupted(shards, cache_dir=str(tmp_path / "cache"))
+    assert sorted(keys) == sorted(once) == ALL  # the same set, each once
+
+
+@pytest.mark.slow
+def test_torchrun_elastic_from_s3(shards, tmp_path, moto_endpoint):
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=moto_endpoint)
+    client.create_bucket(Bucket="elastic")
+    for name in sorted(os.listdir(shards)):
+        if name.endswith(".tar"):
+            client.upload_file(os.path.join(shards, name), "elastic", f"ds/{name}")
+    env = dict(os.environ, DALISTREAM_CACHE=str(tmp_path / "cache"), ELASTIC_ENDPOINT=moto_endpoint)
+    keys = elastic_epoch("s3://elastic/ds/", tmp_path, env)
+    assert sorted(keys) == ALL
+    # a state saved over the local folder resumes over the bucket: the same shards
+    with Loader(stream(shards, 0, 1, 1, 4)) as first:
+        next(iter(first))
+        state = first.state_dict()
+    with Loader(Stream.open("s3://elastic/ds/", fields={"key": "__key__"}, batch_size=3, workers=1, rank=0,
+                            world_size=1, device="cpu", policy="exact", seed=5, cache_dir=str(tmp_path / "c2"),
+                            storage_options={"endpoint_url": moto_endpoint})) as loader:
+        loader.load_state_dict(state)
+        rest = [k for b in loader for k in b["key"]]
+    assert len(rest) == len(ALL) - 4 and len(set(rest)) == len(rest)
