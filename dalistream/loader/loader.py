@@ -214,7 +214,8 @@ class Loader:
             self._shutdown_pipe()
             if not isinstance(e, Exception):
                 raise
-            raise translate(e, self.stream.config.rank, (self.stream, self.epoch, self.step)) from None
+            raise translate(e, self.stream.config.rank,
+                            (self.stream.at(self.epoch, self.step, resume=self.resume), self.epoch, self.step)) from None
         batch = to_torch(self._outputs, outputs, self._buffers)
         if batch and all(len(value) == 0 for value in batch.values()):
             return None
