@@ -186,3 +186,20 @@ def test_torchrun_elastic_from_s3(shards, tmp_path, moto_endpoint):
         loader.load_state_dict(state)
         rest = [k for b in loader for k in b["key"]]
     assert len(rest) == len(ALL) - 4 and len(set(rest)) == len(rest)
+
+
+def test_fixed_without_counts_restarts_the_epoch_with_a_warning(shards, caplog):
+    kw = dict(policy="fixed", batches_per_epoch=5)
+    with Loader(stream(shards, 0, 1, 1, 4, **kw)) as first:
+        assert first.stream.counts is None  # whole shards: no plan of samples to resume from
+        it = iter(first)
+        next(it), next(it)
+        state = first.state_dict()
+    with Loader(stream(shards, 0, 2, 1, 3, **kw)) as loader:
+        with caplog.at_level("WARNING", logger="dalistream.loader.loader"):
+            loader.load_state_dict(state)
+        assert (loader.epoch, loader.step, loader.resume, len(loader)) == (0, 0, (), 5)
+        assert "restarts" in caplog.text
+    with Loader(stream(shards, 0, 1, 1, 4, **kw)) as same:  # the same layout goes on
+        same.load_state_dict(state)
+        assert (same.step, len(same)) == (2, 3)
