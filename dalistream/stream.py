@@ -56,7 +56,8 @@ def resolve_layout(rank: Optional[int], world_size: Optional[int], env: Mapping[
 
 
 def local_device(env: Mapping[str, str]) -> Optional[int]:
-    """The GPU of this process on its node: ``LOCAL_RANK`` (torchrun), else ``SLURM_LOCALID`` (srun)."""
+    """This process's rank on its node: ``LOCAL_RANK`` (torchrun), else ``SLURM_LOCALID`` (srun); which
+    GPU that means depends on how many it sees (:func:`dalistream.device.local_gpu`)."""
     for name in ("LOCAL_RANK", "SLURM_LOCALID"):
         if name in env:
             try:
@@ -64,6 +65,16 @@ def local_device(env: Mapping[str, str]) -> Optional[int]:
             except ValueError:
                 raise ConfigError(f"{name} is not an integer: {env[name]!r}") from None
     return None
+
+
+def local_processes(env: Mapping[str, str]) -> int:
+    """Training processes on this node: ``LOCAL_WORLD_SIZE`` (torchrun), else
+    ``SLURM_NTASKS_PER_NODE`` (srun; its first number), else 1."""
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        text = env.get(name, "").split("(", 1)[0].split(",", 1)[0]
+        if text.strip().isdigit() and int(text) > 0:
+            return int(text)
+    return 1
 
 
 def default_cache_dir(env: Mapping[str, str]) -> str:
@@ -146,6 +157,7 @@ class Stream:
     start_method: str = "auto"  # how DALI starts its workers: auto, fork or spawn (see device.start_method)
     count_source: Optional[str] = None  # where the counts came from (a manifest, a scan), for messages
     bytes_per_sample: Optional[float] = None  # stored shard bytes per sample (sizes the workers' shared memory)
+    local_processes: int = 1  # training processes on this node (LOCAL_WORLD_SIZE), sharing its cores
     resume: Tuple[Tuple[int, int, int, int], ...] = ()  # start_epoch's segments under other layouts (plan.resume)
     sizes: Optional[Tuple[int, ...]] = None  # stored bytes per shard (-1 unknown): the sources' identity
 
@@ -170,19 +182,20 @@ class Stream:
         """
         env = os.environ if env is None else env
         rank, world_size = resolve_layout(rank, world_size, env)
-        if device_id is None:
-            device_id = local_device(env)
+        local_rank = local_device(env) if device_id is None else None
         if "cache_dir" not in options:
             options["cache_dir"] = usable_cache_dir(default_cache_dir(env), given="DALISTREAM_CACHE" in env)
         if isinstance(sources, (str, os.PathLike)):
             sources = [os.fspath(sources)]
         config = StreamConfig(sources=tuple(os.fspath(s) for s in sources), fields=fields, batch_size=batch_size,
                               workers=workers, rank=rank, world_size=world_size, **options)
-        return cls.from_config(config, device=device, device_id=device_id, start_method=start_method)
+        return cls.from_config(config, device=device, device_id=device_id, local_rank=local_rank,
+                               start_method=start_method, local_processes=local_processes(env))
 
     @classmethod
     def from_config(cls, config: StreamConfig, *, device: str = "auto", device_id: Optional[int] = None,
-                    start_method: str = "auto") -> "Stream":
+                    local_rank: Optional[int] = None, start_method: str = "auto",
+                    local_processes: int = 1) -> "Stream":
         """List shards and count samples for an already built config."""
         urls = expand_sources(config.sources, config.storage_options)
         if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
@@ -205,13 +218,13 @@ class Stream:
                     offsets = offsets.saved(config.cache_dir)
         else:
             check_layout(len(urls), config.layout)  # whole shards: one per global worker at least
-        device, device_id = resolve_device(device, device_id)
+        device, device_id = resolve_device(device, device_id, local_rank)
         check_start_method(start_method)
         sizes = None
         if counts is not None and bool((counted.rows.sizes >= 0).all()):
             sizes = tuple(counted.rows.sizes.tolist())
-        return cls(config, tuple(urls), counts, device, device_id, offsets=offsets, start_method=start_method, sizes=sizes,
-                   count_source=source, bytes_per_sample=per_sample)
+        return cls(config, tuple(urls), counts, device, device_id, offsets=offsets, start_method=start_method,
+                   count_source=source, bytes_per_sample=per_sample, local_processes=local_processes, sizes=sizes)
 
     def steps(self, epoch: int, resume: Sequence = ()) -> int:
         """Batches this rank yields in ``epoch`` (its rest after the segments ``resume``)."""

@@ -44,13 +44,15 @@ def default_resize(size: int) -> int:
 
 @dalistream.pipeline_def
 def pipeline(stream: "dalistream.Stream", size: int = 224, resize: Optional[int] = None, fp16: bool = False,
-             mean: Sequence[float] = ops.IMAGENET_MEAN, std: Sequence[float] = ops.IMAGENET_STD) -> Dict[str, Any]:
+             mean: Sequence[float] = ops.IMAGENET_MEAN, std: Sequence[float] = ops.IMAGENET_STD,
+             decoder_options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The evaluation graph; ``stream`` must have fields ``image`` (encoded bytes) and ``label`` (int);
     its other fields are returned as read."""
     device = stream.device
     shorter = default_resize(size) if resize is None else resize
     data = dalistream.read(stream)
-    images = ops.decode_images(data["image"], data["valid"], device, padded=stream.may_pad)
+    images = ops.decode_images(data["image"], data["valid"], device, padded=stream.may_pad,
+                               decoder_options=decoder_options)
     images = ops.resize_shorter(images, device, shorter)
     images = ops.normalize(images, device, crop=(size, size), mean=mean, std=std, fp16=fp16)
     outputs = {"image": images, "label": ops.to_device(data["label"], device)}
@@ -60,11 +62,15 @@ def pipeline(stream: "dalistream.Stream", size: int = 224, resize: Optional[int]
 def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = 2, device: str = "auto",
            resize: Optional[int] = None, fp16: bool = False, image_exts: str = FIELDS["image"],
            label_exts: str = FIELDS["label"], policy: str = "exact",
-           dali_options: Optional[Mapping[str, Any]] = None, **stream_options: Any) -> "dalistream.Loader":
+           dali_options: Optional[Mapping[str, Any]] = None, decoder_options: Optional[Mapping[str, Any]] = None,
+           **stream_options: Any) -> "dalistream.Loader":
     """A :class:`dalistream.Loader` over ``sources`` running :func:`pipeline` (no shuffling).
 
     ``stream_options`` go to :meth:`dalistream.Stream.open` (``rank``, ``world_size``,
     ``storage_options``, ``manifest``, …); ``dali_options`` to the DALI pipeline.
+    ``decoder_options`` go to DALI's image decoder (``dalistream.ops.DECODER_OPTIONS``: e.g.
+    ``hw_decoder_load``, ``device_memory_padding``, ``preallocate_width_hint``; GPU-only ones are
+    left out on the CPU).
     ``fields`` (optional) is merged over the defaults: an entry named ``image`` or ``label``
     replaces that field's spec (as ``image_exts``/``label_exts`` do), any other entry is read too
     and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
@@ -76,4 +82,5 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     stream = dalistream.Stream.open(sources, fields=fields,
                                     batch_size=batch_size, workers=workers, device=device, policy=policy,
                                     **stream_options)
-    return dalistream.Loader(stream, pipeline, size=size, resize=resize, fp16=fp16, **dict(dali_options or {}))
+    return dalistream.Loader(stream, pipeline, size=size, resize=resize, fp16=fp16,
+                             decoder_options=dict(decoder_options or {}), **dict(dali_options or {}))

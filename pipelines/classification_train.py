@@ -45,13 +45,15 @@ FIELDS = {"image": "jpg;jpeg;png;webp", "label": "cls"}
 def pipeline(stream: "dalistream.Stream", size: int = 224, flip: bool = True, color_jitter: bool = False,
              fp16: bool = False, random_area: Sequence[float] = (0.08, 1.0),
              random_aspect_ratio: Sequence[float] = (3 / 4, 4 / 3),
-             mean: Sequence[float] = ops.IMAGENET_MEAN, std: Sequence[float] = ops.IMAGENET_STD) -> Dict[str, Any]:
+             mean: Sequence[float] = ops.IMAGENET_MEAN, std: Sequence[float] = ops.IMAGENET_STD,
+             decoder_options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The training graph; ``stream`` must have fields ``image`` (encoded bytes) and ``label`` (int);
     its other fields are returned as read."""
     device = stream.device
     data = dalistream.read(stream)
     images = ops.decode_images(data["image"], data["valid"], device, random_crop=True, random_area=random_area,
-                               random_aspect_ratio=random_aspect_ratio, padded=stream.may_pad)
+                               random_aspect_ratio=random_aspect_ratio, padded=stream.may_pad,
+                               decoder_options=decoder_options)
     images = ops.random_resized_crop(images, device, (size, size))
     if color_jitter:
         images = ops.color_jitter(images, device)
@@ -65,13 +67,17 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
            flip: bool = True, color_jitter: bool = False, fp16: bool = False,
            random_area: Sequence[float] = (0.08, 1.0), image_exts: str = FIELDS["image"],
            label_exts: str = FIELDS["label"], shuffle: int = 1000,
-           dali_options: Optional[Mapping[str, Any]] = None, **stream_options: Any) -> "dalistream.Loader":
+           dali_options: Optional[Mapping[str, Any]] = None, decoder_options: Optional[Mapping[str, Any]] = None,
+           **stream_options: Any) -> "dalistream.Loader":
     """A :class:`dalistream.Loader` over ``sources`` running :func:`pipeline`.
 
     ``shuffle`` is the per-worker sample shuffle buffer (default 1000). ``stream_options`` go to
     :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``,
     ``storage_options``, ``manifest``, …; policy ``even`` by default). ``dali_options`` go to the
     DALI pipeline (``num_threads``, ``prefetch_queue_depth``).
+    ``decoder_options`` go to DALI's image decoder (``dalistream.ops.DECODER_OPTIONS``: e.g.
+    ``hw_decoder_load``, ``device_memory_padding``, ``preallocate_width_hint``; GPU-only ones are
+    left out on the CPU).
     ``fields`` (optional) is merged over the defaults: an entry named ``image`` or ``label``
     replaces that field's spec (as ``image_exts``/``label_exts`` do), any other entry is read too
     and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
@@ -81,4 +87,5 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
                                     batch_size=batch_size, workers=workers, device=device, shuffle=shuffle,
                                     **stream_options)
     return dalistream.Loader(stream, pipeline, size=size, flip=flip, color_jitter=color_jitter, fp16=fp16,
-                             random_area=tuple(random_area), **dict(dali_options or {}))
+                             random_area=tuple(random_area), decoder_options=dict(decoder_options or {}),
+                             **dict(dali_options or {}))

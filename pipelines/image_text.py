@@ -48,18 +48,20 @@ FIELDS = {"image": "jpg;jpeg;png;webp", "text": "txt;json"}
 @dalistream.pipeline_def
 def pipeline(stream: "dalistream.Stream", size: int = 224, train: bool = True,
              random_area: Sequence[float] = (0.9, 1.0), fp16: bool = False,
-             mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD) -> Dict[str, Any]:
+             mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD,
+             decoder_options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The image–text graph; ``stream`` needs fields ``image`` and ``text`` (bytes); its other fields
     (``key``, …) are returned as read."""
     device = stream.device
     data = dalistream.read(stream)
     if train:
         images = ops.decode_images(data["image"], data["valid"], device, random_crop=True,
-                                   random_area=random_area, padded=stream.may_pad)
+                                   random_area=random_area, padded=stream.may_pad, decoder_options=decoder_options)
         images = ops.random_resized_crop(images, device, (size, size))
         images = ops.normalize(images, device, mean=mean, std=std, fp16=fp16)
     else:
-        images = ops.decode_images(data["image"], data["valid"], device, padded=stream.may_pad)
+        images = ops.decode_images(data["image"], data["valid"], device, padded=stream.may_pad,
+                                   decoder_options=decoder_options)
         images = ops.resize_shorter(images, device, size)
         images = ops.normalize(images, device, crop=(size, size), mean=mean, std=std, fp16=fp16)
     outputs = {"image": images, "text": data["text"]}
@@ -93,12 +95,15 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
            train: bool = True, fp16: bool = False, keys: bool = False, image_exts: str = FIELDS["image"],
            text_exts: str = FIELDS["text"], caption_keys: Sequence[str] = ("caption", "text"),
            shuffle: Optional[int] = None, dali_options: Optional[Mapping[str, Any]] = None,
-           **stream_options: Any) -> "dalistream.Loader":
+           decoder_options: Optional[Mapping[str, Any]] = None, **stream_options: Any) -> "dalistream.Loader":
     """A :class:`dalistream.Loader` over ``sources`` yielding ``{"image", "text"[, "key"]}``.
 
     ``shuffle`` defaults to 1000 when training, 0 otherwise; ``keys=True`` adds each sample's
     ``__key__``. ``stream_options`` go to :meth:`dalistream.Stream.open`, ``dali_options`` to
     the DALI pipeline.
+    ``decoder_options`` go to DALI's image decoder (``dalistream.ops.DECODER_OPTIONS``: e.g.
+    ``hw_decoder_load``, ``device_memory_padding``, ``preallocate_width_hint``; GPU-only ones are
+    left out on the CPU).
     ``fields`` (optional) is merged over the defaults: an entry named ``image`` or ``text``
     replaces that field's spec (as ``image_exts``/``text_exts`` do), any other entry is read too
     and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
@@ -110,4 +115,4 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
                                     shuffle=(1000 if train else 0) if shuffle is None else shuffle, **stream_options)
     transform = functools.partial(captions_to_str, keys=tuple(caption_keys))
     return dalistream.Loader(stream, pipeline, transform=transform, size=size, train=train, fp16=fp16,
-                             **dict(dali_options or {}))
+                             decoder_options=dict(decoder_options or {}), **dict(dali_options or {}))

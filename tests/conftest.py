@@ -8,6 +8,12 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/helpers.py
 from helpers import free_port  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run last: a GPU pipeline initializes CUDA in this process, after which DALI cannot
+    fork workers, and many tests fork theirs (start_method='fork', or 'auto' on the CPU)."""
+    items.sort(key=lambda item: item.get_closest_marker("gpu") is not None)  # stable: order kept otherwise
+
+
 @pytest.fixture(scope="session", autouse=True)
 def cache_inside_the_run(tmp_path_factory):
     """Scan counts and parsed manifests are cached in a folder of this test run, never in the

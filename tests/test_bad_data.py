@@ -92,8 +92,8 @@ def build_catalogue(d):
     table = offsets(full)
     _, header_4, _, _ = table[4]  # header of cut/002.png
     open(os.path.join(d, "cut_header.tar"), "wb").write(data[:header_4 + 100])
-    # the sample in progress (cut/001: its members may go on after the cut) is not delivered
-    add("cut mid-header", os.path.join(d, "cut_header.tar"), ["cut/000"], "shards:truncated")
+    # cut inside cut/002's header: cut/001 was whole before it and is delivered
+    add("cut mid-header", os.path.join(d, "cut_header.tar"), ["cut/000", "cut/001"], "shards:truncated")
     _, _, data_4, size_4 = table[4]
     open(os.path.join(d, "cut_member.tar"), "wb").write(data[:data_4 + size_4 // 2])
     add("cut mid-member", os.path.join(d, "cut_member.tar"), ["cut/000", "cut/001"], "shards:truncated")

@@ -568,3 +568,30 @@ def test_main_readme_links_to_the_container_and_notebooks():
     for link in links:
         assert os.path.exists(os.path.join(ROOT, link)), link
     assert "### GPU install" in text and '".[gpu]"' in text
+
+
+# the minimum driver of each CUDA 12 minor release (NVIDIA's CUDA release notes, table 3: Linux x86_64)
+DRIVER_FOR_CUDA = {"12.0": 525.60, "12.1": 530.30, "12.2": 535.54, "12.3": 545.23, "12.4": 550.54, "12.5": 555.42,
+                   "12.6": 560.28, "12.8": 570.26, "12.9": 575.51}
+
+
+def test_driver_statements_agree_with_the_base_image(dockerfile):
+    """The container's driver minimum follows from its base image's CUDA version, and every place
+    that states it (docker/README.md, README.md, the Dockerfile's own header) says the same."""
+    base = [ins for ins in dockerfile if ins.keyword == "FROM"][0].value
+    cuda = re.search(r"nvidia/cuda:(\d+\.\d+)", base).group(1)
+    need = int(DRIVER_FOR_CUDA[cuda])
+    for path in (os.path.join(DOCKER, "README.md"), os.path.join(ROOT, "README.md"), os.path.join(DOCKER, "Dockerfile")):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        assert re.search(rf"(?:≥|>=) ?{need}\b", text), f"{path} does not state the driver minimum {need} (CUDA {cuda})"
+    with open(os.path.join(DOCKER, "README.md"), encoding="utf-8") as f:
+        assert f"CUDA {cuda}" in f.read()
+
+
+def test_readme_describes_the_health_check_as_it_is(dockerfile):
+    _, command = healthcheck(dockerfile)
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        container = f.read().split("## Container", 1)[1][:1500]
+    assert "health check" in container and "demo --steps" not in container
+    assert "GetCUDADeviceCount" in " ".join(command) and "sees a GPU" in container

@@ -7,7 +7,8 @@ warns once when another version is found, naming the shims that may need a look.
   converter DALI uses for pipeline definitions (``nvidia.dali._conditionals._autograph``).
 - Worker processes of a pipeline (``Pipeline._py_pool.pool._processes``), its shutdown
   (``Pipeline._shutdown``, ``_py_pool.close``) and the pool's observer thread (``_observer``).
-- The CUDA state DALI's backend sees (``GetCUDADeviceCount``, ``IsDriverInitialized``).
+- The CUDA state DALI's backend sees (``GetCUDADeviceCount``, asked in a child process so that
+  this one's CUDA stays uninitialized and workers may fork; ``IsDriverInitialized``).
 - DALI's torch helpers (``nvidia.dali.plugin.pytorch.torch_utils``) and torch's reference counts
   of a tensor and its storage (``Tensor._use_count``, ``torch._C._storage_Use_Count``).
 - The graph behind a pipeline's outputs (``DataNode.source``, ``_OperatorInstance.inputs``): which
@@ -138,15 +139,50 @@ def upstream(outputs: Any) -> set:
 
 # -- CUDA as DALI sees it -----------------------------------------------------------------------
 
+# Paths an NVIDIA driver provides; where none exists there is no GPU to count (and no CUDA to start).
+DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+# How often this process asked CUDA anything that may initialize it ("in_process") or had a child
+# process ask ("child"): the test that nothing at import or collection touches CUDA reads these.
+CUDA_QUERIES = {"in_process": 0, "child": 0}
+_COUNT_SCRIPT = "from nvidia.dali.backend import GetCUDADeviceCount as c; print(int(c()))"
+_device_count: Any = None
+
+
 def cuda_device_count() -> int:
-    """Number of CUDA devices DALI can see (0 without a driver or without DALI); no torch import."""
+    """Number of CUDA devices DALI can see (0 without a driver or without DALI); no torch import.
+
+    ``GetCUDADeviceCount`` initializes CUDA in the process that calls it, and DALI refuses to fork
+    workers from a process whose CUDA is initialized ("Cannot fork a process when the CUDA has been
+    initialized"). So the count is asked in a short-lived child process (once per process, about
+    half a second, cached), unless CUDA is already initialized here; without an NVIDIA driver
+    (:data:`DRIVER_PATHS`) it is 0 at once."""
+    global _device_count
+    if _device_count is None:
+        _device_count = _count_devices()
+    return _device_count
+
+
+def _count_devices() -> int:
+    import os
+    import subprocess
+
     try:
-        from nvidia.dali.backend import GetCUDADeviceCount
+        from nvidia.dali.backend import GetCUDADeviceCount, IsDriverInitialized
     except ImportError:
         return 0
     try:
-        return int(GetCUDADeviceCount())
+        if IsDriverInitialized():  # already started here: asking costs nothing more
+            CUDA_QUERIES["in_process"] += 1
+            return int(GetCUDADeviceCount())
     except Exception:  # no driver, no libcuda: CPU only
+        return 0
+    if not any(os.path.exists(p) for p in DRIVER_PATHS):
+        return 0
+    CUDA_QUERIES["child"] += 1
+    try:
+        done = subprocess.run([sys.executable, "-c", _COUNT_SCRIPT], capture_output=True, text=True, timeout=120)
+        return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         return 0
 
 
@@ -162,6 +198,12 @@ def cuda_initialized() -> bool:
 
 
 # -- torch ----------------------------------------------------------------------------------------
+
+def exec_dynamic(pipe: Any) -> bool:
+    """Whether ``pipe`` runs on DALI's dynamic executor (``Pipeline.exec_dynamic``), whose outputs
+    stay valid while referenced, so torch may take them without a copy (DALI's own iterator does)."""
+    return bool(getattr(pipe, "exec_dynamic", False))
+
 
 def torch_utils() -> Any:
     """DALI's torch helpers module (``feed_ndarray``, ``to_torch_tensor``, ``to_torch_type``)."""

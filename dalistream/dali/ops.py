@@ -11,9 +11,24 @@ removes.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
+from ..errors import ConfigError
 from .compat import conditionals_enabled, converted, do_not_convert
+
+#: Settings of DALI's image decoders that only its GPU (``mixed``) decoder has: given to
+#: :func:`decode_images`, they apply on a GPU and are left out on the CPU, so one pipeline runs on
+#: both. ``hw_decoder_load``: the share of JPEGs sent to the A100/H100 hardware decoder (DALI's
+#: default 0.9); ``device_memory_padding``/``host_memory_padding`` (and ``_jpeg2k``): extra
+#: bytes per buffer, so buffers grow rarely; ``preallocate_width_hint``/``preallocate_height_hint``:
+#: the largest image expected, allocated up front; ``affine``: pin the decoder's host threads.
+GPU_DECODER_OPTIONS = frozenset({"hw_decoder_load", "device_memory_padding", "host_memory_padding",
+                                 "device_memory_padding_jpeg2k", "host_memory_padding_jpeg2k",
+                                 "preallocate_width_hint", "preallocate_height_hint", "affine"})
+#: Settings both decoders have. ``jpeg_fancy_upsampling``: DALI's GPU decoder leaves it off by
+#: default (the CPU one, like libjpeg and PIL, upsamples chroma smoothly): set it True for the
+#: same pixels on both.
+DECODER_OPTIONS = GPU_DECODER_OPTIONS | {"jpeg_fancy_upsampling", "use_fast_idct", "adjust_orientation"}
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -30,38 +45,50 @@ def _placeholder(device: str):
 @do_not_convert
 def decode_images(data, valid, device: str, *, random_crop: bool = False,
                   random_area: Sequence[float] = (0.08, 1.0),
-                  random_aspect_ratio: Sequence[float] = (3 / 4, 4 / 3), padded: bool = True):
+                  random_aspect_ratio: Sequence[float] = (3 / 4, 4 / 3), padded: bool = True,
+                  decoder_options: Optional[Mapping[str, Any]] = None):
     """Decode encoded image bytes to RGB ``HWC`` ``uint8`` (grayscale, CMYK, PNG all to 3 channels).
 
     ``random_crop`` fuses a random-resized-crop window into the decode (only the window is
     decoded). ``padded=False`` drops the guard conditional when the batch can hold no padding; so
     does a pipeline that :func:`dalistream.pipeline_def` built without conditionals (its batches
-    hold no padding).
+    hold no padding). ``decoder_options``: settings of DALI's decoder (:data:`DECODER_OPTIONS`;
+    those of :data:`GPU_DECODER_OPTIONS` apply on a GPU only).
     """
     crop = (tuple(random_area), tuple(random_aspect_ratio)) if random_crop else None
+    options = decoder_settings(decoder_options, device)
     if not padded or not conditionals_enabled():
-        return _decode(data, device, crop)
-    return _decode_valid(data, valid, device, crop)
+        return _decode(data, device, crop, options)
+    return _decode_valid(data, valid, device, crop, options)
+
+
+def decoder_settings(options: Optional[Mapping[str, Any]], device: str) -> dict:
+    """``options`` checked against :data:`DECODER_OPTIONS`, less the GPU-only ones on the CPU."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - DECODER_OPTIONS)
+    if unknown:
+        raise ConfigError(f"decoder_options: unknown {unknown}", hint=f"one of {sorted(DECODER_OPTIONS)}")
+    return {k: v for k, v in options.items() if device == "gpu" or k not in GPU_DECODER_OPTIONS}
 
 
 @converted
-def _decode_valid(data, valid, device, crop):
+def _decode_valid(data, valid, device, crop, options):
     image = _placeholder(device)
     if valid == 1:  # on data: a DALI conditional
-        image = _decode(data, device, crop)
+        image = _decode(data, device, crop, options)
     return image
 
 
 @do_not_convert
-def _decode(data, device: str, crop: Optional[tuple]):
+def _decode(data, device: str, crop: Optional[tuple], options: Mapping[str, Any]):
     from nvidia.dali import fn, types
 
     backend = "mixed" if device == "gpu" else "cpu"
     if crop is not None:
         area, ratio = crop
         return fn.decoders.image_random_crop(data, device=backend, output_type=types.RGB, random_area=list(area),
-                                             random_aspect_ratio=list(ratio), num_attempts=10)
-    return fn.decoders.image(data, device=backend, output_type=types.RGB)
+                                             random_aspect_ratio=list(ratio), num_attempts=10, **options)
+    return fn.decoders.image(data, device=backend, output_type=types.RGB, **options)
 
 
 @do_not_convert

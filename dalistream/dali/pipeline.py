@@ -33,7 +33,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from ..device import start_method
+from ..device import dali_threads, start_method, usable_cores
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
 from .compat import check_versions, converted, do_not_convert, upstream
@@ -148,7 +148,9 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
     with the ``dill`` pickler), ``device_id`` from the stream (``None`` on CPU), and
     ``enable_conditionals`` when the graph needs them (:func:`needs_conditionals`; ``conditionals=True``
     or ``False`` decides instead). Other keyword
-    arguments go to DALI's ``pipeline_def`` (``num_threads``, ``prefetch_queue_depth``, ``seed``, …),
+    arguments go to DALI's ``pipeline_def`` (``num_threads``: by default this process's share of the
+    node's cores less one per worker, 2 to 16, :func:`dalistream.device.dali_threads`;
+    ``prefetch_queue_depth``, ``seed``, …),
     given here or when calling the decorated function; the remaining call arguments are the
     pipeline's own (``train(stream, size=160)``).
 
@@ -172,7 +174,8 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
 
         c = stream.config
         seed = seeds.pipeline(c.seed, c.rank, stream.start_epoch, stream.start_step)
-        options = dict(num_threads=2, prefetch_queue_depth=2, exec_dynamic=True, seed=seed)
+        threads = dali_threads(usable_cores(), stream.local_processes, c.workers)
+        options = dict(num_threads=threads, prefetch_queue_depth=2, exec_dynamic=True, seed=seed)
         options.update(dali_kwargs)
         for key in list(options):
             if key in kwargs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import subprocess
 import tempfile
 from typing import BinaryIO, Callable
@@ -65,10 +66,24 @@ def open_pipe(url: str) -> BinaryIO:
     return io.BufferedReader(PipeStream(url), CHUNK)
 
 
+def check_regular(path: str, st: os.stat_result) -> None:
+    """Raise unless ``st`` is a regular file's: reading a FIFO, a socket or a device as a shard
+    would block for ever or never end."""
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
+        raise SourceError(f"not a regular file: {kind}", url=path, reason="not_regular",
+                          hint="name tar shards (files); stream a pipe with a pipe: source, e.g. 'pipe:cat FIFO'")
+
+
 def open_file(url: str, offset: int = 0) -> BinaryIO:
     """A local shard (a path or ``file://`` URL) opened at byte ``offset``."""
+    path = local_path(url)
     try:
-        f = open(local_path(url), "rb", buffering=CHUNK)
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # (opening a FIFO would block until a writer comes)
+            check_regular(url, st)
+        f = open(path, "rb", buffering=CHUNK)
     except FileNotFoundError:
         raise SourceError("shard file does not exist", url=url, reason="missing",
                           hint="check the path and that every node sees the same files") from None

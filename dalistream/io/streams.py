@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import SourceError
 from .counters import IOCounters
-from .gunzip import decompressed
+from .gunzip import decompressed, is_gzip
 from .local import CHUNK, open_file, open_pipe
 from .readahead import ReadAhead
 from .remote import is_fetched, open_remote
@@ -109,14 +109,21 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
 
     Offsets are positions in the *uncompressed* tar. A shard named ``.tar`` is opened directly
     at the offset (a seek, or parallel ranged GETs for remote data, none past ``end``); a gzip
-    shard is read and discarded up to it, since gzip has no random access.
+    shard is read and discarded up to it, since gzip has no random access. Compression is told by
+    content for local files (a peek at the first bytes); remote gzip content under a ``.tar`` name
+    gets no offsets from a scan (:func:`dalistream.manifest.scan.scan_shard`), so it is read from
+    its start.
     """
     if is_gzip_name(url):
         stream = decompressed(open_raw(url, 0, options), url, offset)
     elif is_fetched(url):
         return _Owned(ReadAhead([url], options, None, [(offset, end)]))
     else:
-        stream = open_raw(url, offset, options) if offset else decompressed(open_raw(url, 0, options), url)
+        stream = open_raw(url, 0, options)
+        if offset and not is_gzip(stream):  # (gzip content under a .tar name: positions are in the tar)
+            stream.seek(offset)
+        else:
+            stream = decompressed(stream, url, offset)
     return _limited(stream, offset, end)
 
 

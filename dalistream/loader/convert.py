@@ -39,8 +39,14 @@ class BufferPool:
         return buffer
 
 
-def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPool | None" = None) -> Dict[str, Any]:
-    """One batch dict from the pipeline's outputs; rows whose ``valid`` is 0 are dropped."""
+def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPool | None" = None,
+             zero_copy: bool = False) -> Dict[str, Any]:
+    """One batch dict from the pipeline's outputs; rows whose ``valid`` is 0 are dropped.
+
+    ``zero_copy`` (a pipeline run by DALI's dynamic executor, whose outputs stay valid while
+    referenced): dense GPU outputs become torch tensors without a copy (DLPack, ordered after
+    DALI's work on torch's current stream), as DALI's own PyTorch iterator does; otherwise they
+    are copied on torch's current stream."""
     import torch
     from nvidia.dali.backend import TensorListCPU
 
@@ -63,6 +69,9 @@ def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPo
             if cpu is not None and buffers is not None:
                 out = buffers.get(name, tuple(tensor.shape()), to_torch_type[tensor.dtype])
                 batch[name] = feed_ndarray(tensor, out)
+            elif cpu is None and zero_copy:
+                with torch.cuda.device(tensor.device_id()):
+                    batch[name] = to_torch_tensor(tensor, copy=False)
             else:
                 batch[name] = to_torch_tensor(tensor, copy=True)
         else:
@@ -71,9 +80,13 @@ def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPo
     if mask is not None and not mask.all():
         keep = np.flatnonzero(mask)
         index = torch.from_numpy(keep)
+        on_device = {}  # one copy of the index per device, queued without waiting for it
         for name, value in batch.items():
             if isinstance(value, list):
                 batch[name] = [value[i] for i in keep]
-            else:
-                batch[name] = value.index_select(0, index.to(value.device))
+                continue
+            if value.device not in on_device:
+                on_device[value.device] = (index.pin_memory().to(value.device, non_blocking=True) if value.is_cuda
+                                           else index)
+            batch[name] = value.index_select(0, on_device[value.device])
     return batch

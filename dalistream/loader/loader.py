@@ -23,6 +23,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, Optional
 
+from ..dali.compat import exec_dynamic
 from ..dali.diagnose import translate
 from ..dali.pipeline import built, raw_pipeline
 from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
@@ -216,7 +217,7 @@ class Loader:
                 raise
             raise translate(e, self.stream.config.rank,
                             (self.stream.at(self.epoch, self.step, resume=self.resume), self.epoch, self.step)) from None
-        batch = to_torch(self._outputs, outputs, self._buffers)
+        batch = to_torch(self._outputs, outputs, self._buffers, zero_copy=exec_dynamic(self._pipe))
         if batch and all(len(value) == 0 for value in batch.values()):
             return None
         return self.transform(batch) if self.transform is not None else batch

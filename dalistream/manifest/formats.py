@@ -17,7 +17,8 @@
   "shardlist": [{"url": …, "nsamples": …, "filesize": …}, …]}`` (no offsets);
 - DALI's ``wds2idx`` index files, one per shard: ``v1.2 N``, then per sample its members as
   ``ext data_offset size name`` groups: counts, and offsets (``data_offset - 512`` of the first
-  member, when no member name needs a long-name header).
+  member, when no member name needs a long-name or pax header: every name ASCII and under 100
+  bytes; otherwise the shard's samples are found by walking its headers).
 
 Row URLs that are relative are resolved against the manifest's own location; rows are matched
 to shards by full URL (see :mod:`.files`).
@@ -315,8 +316,10 @@ def parse_idx(text: str, index: str, shard_url: str) -> ShardInfo:
         except ValueError:
             raise _bad(f"line {row + 1}: offsets are not integers", index, url=shard_url) from None
         if offsets is not None:
-            if any(len(fields[i].encode()) > 99 for i in range(3, len(fields), 4)):
-                offsets = None  # a long name has an extra header before the member's: offset unknown
+            if any(len(fields[i].encode()) > 99 or not fields[i].isascii() for i in range(3, len(fields), 4)):
+                # a long or non-ASCII name lives in a GNU long-name or pax header before the member's
+                # own (whose name field then holds something else): where the sample starts is unknown
+                offsets = None
             else:
                 offsets.append(min(data) - 512)
     return ShardInfo(shard_url, samples, -1, tuple(offsets) if offsets is not None else None)

@@ -23,7 +23,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..tar.samples import split_name
+from ..tar.samples import is_meta, split_name
 from .offsets import running_starts
 
 BLOCK = 512
@@ -41,7 +41,7 @@ def layout_of(tap: Sequence[tuple], offsets: Sequence[int]) -> Optional[Members]
     """The layout of a scanned shard, or ``None`` if it is not regular.
 
     ``tap``: every tar entry in order, as :func:`dalistream.tar.members.walk` records them
-    (``(name, size, offset, data offset, renamed, regular)``, then the end-of-archive marker);
+    (``(name, size, offset, data offset, renamed, sliceable)``, then the end-of-archive marker);
     ``offsets``: where each sample starts. Extensions are kept as written (a reader may lowercase them)."""
     if not tap or tap[-1][0] is not None or not offsets:
         return None
@@ -52,13 +52,13 @@ def layout_of(tap: Sequence[tuple], offsets: Sequence[int]) -> Optional[Members]
     exts: List[str] = []
     headers: List[int] = []
     key = None
-    for i, (name, size, offset, data, renamed, regular) in enumerate(entries):
+    for i, (name, size, offset, data, renamed, sliceable) in enumerate(entries):
         following = entries[i + 1][2] if i + 1 < len(entries) else end
         blocks, rest = divmod(data - offset, BLOCK)
-        if renamed or not regular or rest or blocks < 1 or following != data + ((size + BLOCK - 1) & -BLOCK):
+        if renamed or not sliceable or rest or blocks < 1 or following != data + ((size + BLOCK - 1) & -BLOCK):
             return None
         k, ext = split_name(name)
-        if not ext:
+        if not ext or is_meta(name):
             return None
         if k != key:  # a new sample
             if key is not None:

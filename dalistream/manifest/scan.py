@@ -19,7 +19,7 @@ from ..errors import DalistreamError, ManifestError, SourceError, redact
 from ..io.gunzip import decompressed
 from ..io.local import local_path, write_atomic
 from ..io.remote import is_fetched, stat_remote
-from ..io.streams import open_raw
+from ..io.streams import is_gzip_name, open_raw
 from ..sources import is_remote
 from ..tar import iter_samples
 from .members import layout_of
@@ -27,7 +27,8 @@ from .rows import ShardInfo
 
 # the tar reader's counting rules, part of every cache key: counts cached under older rules (before
 # link-only samples were counted and lone zero blocks found) are scanned again, never trusted
-SCAN_RULES = "tar-3"  # tar-3: rows carry the member layout of regular shards
+SCAN_RULES = "tar-4"  # tar-3: rows carry the member layout of regular shards; tar-4: samples as webdataset
+# groups them (links, metadata paths ignored), no layout for old-format headers or gzip content
 
 
 def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
@@ -52,10 +53,12 @@ def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase:
                 starts.append(sample["__offset__"])
     if not is_remote(url):
         size = os.path.getsize(local_path(url))
-    # a gzipped shard is read from its start anyway: no layout to slice it by
+    # a gzipped shard is read from its start anyway: no layout to slice it by; and gzip content
+    # under a name that does not say so gets no offsets either (see io.streams.is_gzip_name)
     members = layout_of(tap, starts) if tap is not None and not gzipped else None
+    seekable = not gzipped or is_gzip_name(url)
     return ShardInfo(redact(url) if is_remote(url) else url, count, size if size is not None else -1,
-                     tuple(starts) if offsets else None, members)
+                     tuple(starts) if offsets and seekable else None, members)
 
 
 def version_of(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
@@ -76,16 +79,17 @@ def version_of(url: str, options: Optional[Mapping[str, Any]] = None) -> Optiona
     return f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
 
 
-def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None,
+                lowercase: bool = False) -> Optional[str]:
     version = version_of(url, options)
     if version is None:
         return None  # no way to tell an edited shard: always scan
-    ident = f"{SCAN_RULES}|{version}".encode()
+    ident = f"{SCAN_RULES}|{int(lowercase)}|{version}".encode()  # lowercase_ext changes what a scan finds
     return os.path.join(cache_dir, "manifests", hashlib.sha256(ident).hexdigest()[:32] + ".json")
 
 
 def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool, offsets: bool = False) -> ShardInfo:
-    path = _cache_path(cache_dir, url, options) if cache_dir and not url.startswith("pipe:") else None
+    path = _cache_path(cache_dir, url, options, lowercase) if cache_dir and not url.startswith("pipe:") else None
     if path and os.path.exists(path):
         try:
             with open(path) as f:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import braceexpand
 
 from ..errors import SourceError, redact
-from ..io.local import local_path
+from ..io.local import check_regular, local_path
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +121,15 @@ def _expand_local(pattern: str, known: Optional[Mapping[str, Identity]] = None) 
         if not found:
             raise SourceError("directory holds no .tar/.tar.gz/.tgz shards", url=path)
         return found
+    if st is not None:  # an existing file is itself, even when its name holds glob characters
+        check_regular(path, st)
+        return [(path, (st.st_dev, st.st_ino))]
     if glob.has_magic(path):
         matched = sorted(p for p in glob.glob(path) if os.path.isfile(p))
         if not matched:
             raise SourceError("glob matched no files", url=path)
         return [(p, _file_identity(p)) for p in matched]
-    if st is None:
-        raise SourceError("no such shard file", url=path, hint="check the path, or quote a glob so the shell does not expand it")
-    return [(path, (st.st_dev, st.st_ino))]
+    raise SourceError("no such shard file", url=path, hint="check the path, or quote a glob so the shell does not expand it")
 
 
 def _list_s3(prefix: str, storage_options: Mapping[str, Any]) -> List[str]:
@@ -140,6 +141,13 @@ def _list_s3(prefix: str, storage_options: Mapping[str, Any]) -> List[str]:
     return urls
 
 
+def _is_brace_pattern(source: str) -> bool:
+    """``{a..b}``/``{x,y}`` to expand, unless it names an existing local file (braces in a name)."""
+    if "{" not in source or source.startswith("pipe:"):
+        return False
+    return is_remote(source) or not os.path.lexists(local_path(source))
+
+
 def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional[Mapping[str, Any]] = None) -> List[str]:
     """Expand sources into the ordered list of shard URLs, each shard once (see :func:`_first_of_each`).
 
@@ -148,7 +156,7 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     items = [item for source in map(os.fspath, sources)
-             for item in (braceexpand.braceexpand(source) if "{" in source and not source.startswith("pipe:") else [source])]
+             for item in (braceexpand.braceexpand(source) if _is_brace_pattern(source) else [source])]
     known = _known_files([local_path(i) for i in items if not is_remote(i)]) if len(items) >= FOLDER_SCAN_MIN else {}
     listed: List[Tuple[str, Identity]] = []
     for item in items:

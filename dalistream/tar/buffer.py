@@ -10,7 +10,7 @@ from typing import BinaryIO, Optional
 
 from ..errors import DalistreamError, printable
 from ..io.counters import ReadClock
-from .headers import BLOCK, checksum_ok, damaged, read_error
+from .headers import BLOCK, checksum_ok, damaged, losing, read_error
 
 CHUNK = 1 << 20  # bytes asked of the stream per read
 
@@ -28,6 +28,7 @@ class StreamBuffer:
         self.pos = self.end = self.base = 0
         self.size: Optional[int] = None  # known for plain files: a seek past the end is a cut shard
         self.error: Optional[DalistreamError] = None  # met after bytes not yet parsed: raised at the next read
+        self.member: Optional[str] = None  # the member whose data are being read: named by a read error
         # at most one read of the stream below each time: what arrived before an error is parsed first
         self.readinto = getattr(stream, "readinto1", None) or getattr(stream, "readinto", None)
         try:
@@ -42,17 +43,25 @@ class StreamBuffer:
     def _timed(self, read, *args):
         """One read of the stream below: its errors as the shard's, its wait on the clock."""
         if self.error is not None:
-            raise self.error
+            raise self._located(self.error)
         t0 = time.perf_counter() if self.clock is not None else 0.0
         try:
             result = read(*args)
-        except DalistreamError:
-            raise
+        except DalistreamError as e:
+            raise self._located(e)
         except (OSError, EOFError, zlib.error) as e:
-            raise read_error(e, self.url) from None
+            raise self._located(read_error(e, self.url)) from None
         if self.clock is not None:
             self.clock.seconds += time.perf_counter() - t0
         return result
+
+    def _located(self, error: DalistreamError) -> DalistreamError:
+        """``error`` naming the member whose data were being read, if it names none."""
+        if self.member is not None and error.member is None:
+            error.member = self.member
+            error.args = (error.render(),)
+            losing(error, self.member)
+        return error
 
     def _read_into(self, view: memoryview) -> int:
         if self.readinto is not None:
@@ -150,6 +159,13 @@ class StreamBuffer:
                 if len(header) == BLOCK and checksum_ok(header):
                     member = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                 after = f"member {printable(member)} at offset {block}" if member else f"data at offset {at}"
+                if block - zero_at >= 2 * BLOCK:  # a whole end-of-archive marker came first
+                    what = ("a second archive appended after the first one's end (`cat a.tar b.tar`), or blocks "
+                            "zeroed mid-shard" if member else "bytes that are no tar after the archive's end, or "
+                            "blocks zeroed mid-shard")
+                    raise damaged(
+                        f"an end-of-archive marker (zero blocks) at offset {zero_at} is followed by {after}: {what}; "
+                        "tar and webdataset stop at the marker and would silently drop what follows", self.url, member)
                 raise damaged(f"a zero block at offset {zero_at} where a member header should be, followed by "
                                f"{after} (a lone zero block: part of the shard was zeroed or lost)", self.url, member)
             self.base += self.end

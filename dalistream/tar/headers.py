@@ -20,6 +20,14 @@ def header_name(buf, at: int = 0) -> str:
     return name
 
 
+def losing(error: DalistreamError, member: Optional[str]) -> DalistreamError:
+    """``error`` marked with the member the damage took (``damaged_member``): the one whose header
+    or data could not be read. The tar reader delivers the sample grouped before the damage only
+    when that member is known and is not one of its own (:func:`dalistream.tar.samples.iter_samples`)."""
+    error.damaged_member = member  # type: ignore[attr-defined]
+    return error
+
+
 def no_end_marker(url: str) -> ShardFormatError:
     """A tar whose bytes end where its end-of-archive marker should be: truncated."""
     return ShardFormatError("tar ends without its end-of-archive marker: truncated shard", url=url,

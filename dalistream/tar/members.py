@@ -23,7 +23,7 @@ from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 from ..errors import DalistreamError, SampleError, ShardFormatError
 from ..io.counters import ReadClock
 from .buffer import StreamBuffer
-from .headers import BLOCK, checksum_ok, damaged, header_name, no_end_marker, number, parse_pax
+from .headers import BLOCK, checksum_ok, damaged, header_name, losing, no_end_marker, number, parse_pax
 
 ZERO = bytes(BLOCK)
 FILE, OTHER = 0, 1  # member kinds yielded: a regular file, a link/device/fifo (grouped, never read)
@@ -77,8 +77,9 @@ def walk(
 ) -> Iterator[Entry]:
     """:func:`iter_members` as plain tuples ``(name, size, offset, data, error, kind)``, ``kind``
     :data:`FILE` or :data:`OTHER` (the fast path: no object per member). ``tap``, if given, gets
-    every entry's layout as ``(name, size, offset, data offset, renamed, regular)`` (``renamed``:
-    its name came from a long-name or pax header), and at the end-of-archive marker
+    every entry's layout as ``(name, size, offset, data offset, renamed, sliceable)`` (``renamed``:
+    its name came from a long-name or pax header; ``sliceable``: a regular file whose own header
+    carries the ``ustar`` magic, which the sliced reader checks), and at the end-of-archive marker
     ``(None, 0, offset, offset, False, False)``: what a scan records of a regular shard
     (:func:`dalistream.manifest.members.layout_of`)."""
     r = StreamBuffer(stream, url, clock)
@@ -87,6 +88,7 @@ def walk(
     first = True
     start_at: Optional[int] = None  # offset of the extended headers before a member: where it starts
     while True:
+        r.member = None  # between members: a read error here is the stream's, not a member's
         pos = r.pos
         if r.end - pos < BLOCK:
             r.fill(BLOCK)
@@ -101,8 +103,10 @@ def walk(
                 raise no_end_marker(url)
             if first:
                 raise _first_header_error(header, url)
-            raise ShardFormatError(f"truncated tar: header cut after {len(header)} bytes at offset {offset}", url=url,
-                                   reason="truncated", hint="re-write or re-upload the shard")
+            readable = header_name(header + bytes(BLOCK - len(header))) if len(header) >= 100 else None
+            raise losing(ShardFormatError(f"truncated tar: header cut after {len(header)} bytes at offset {offset}",
+                                          url=url, reason="truncated", hint="re-write or re-upload the shard"),
+                         readable or None)
         r.pos = pos + BLOCK
         if header == ZERO:
             r.end_or_damage(offset)
@@ -122,7 +126,9 @@ def walk(
             if first:
                 raise ShardFormatError(f"not a tar stream: no valid tar header at offset 0 (starts {bytes(header[:16])!r})",
                                        url=url, reason="not_tar", hint="is this file really a tar shard?")
-            raise damaged(f"header checksum mismatch at offset {offset}", url)
+            named = header_name(header) or None  # (a damaged header: what its name field reads)
+            raise losing(damaged(f"header checksum mismatch at offset {offset}"
+                                 + (f" (its name field reads {named!r})" if named else ""), url), named)
         first = False
         kind = header[156]
         text = header[124:135]
@@ -160,7 +166,7 @@ def walk(
             if "size" in pax:
                 text = pax["size"]
                 if not text.isdigit():
-                    raise damaged(f"bad size {text[:20]!r} in pax header at offset {offset}", url, name)
+                    raise losing(damaged(f"bad size {text[:20]!r} in pax header at offset {offset}", url, name), name)
                 size = int(text)
                 padded = (size + BLOCK - 1) & -BLOCK
             if any(k.startswith("GNU.sparse.") for k in pax):
@@ -169,9 +175,12 @@ def walk(
                     name = pax["GNU.sparse.name"].decode("utf-8", "surrogateescape")
             pax = None
         if r.size is not None and size > r.size:
-            raise damaged(f"member size of {size} bytes is larger than the whole shard ({r.size} bytes)", url, name)
-        if tap is not None:
-            tap.append((name, size, offset, r.base + r.pos, name is not own_name, kind in _REGULAR and not sparse))
+            raise losing(damaged(f"member size of {size} bytes is larger than the whole shard ({r.size} bytes)", url,
+                                 name), name)
+        r.member = name  # its data are read next
+        if tap is not None:  # sliceable: a regular file behind a ustar header (old-format ones carry no magic)
+            tap.append((name, size, offset, r.base + r.pos, name is not own_name,
+                        kind in _REGULAR and not sparse and header[257:262] == b"ustar"))
         if kind in _REGULAR and not sparse:
             if want(name):
                 if size > max_member_bytes:
@@ -184,7 +193,7 @@ def walk(
                         raise error
                     got = r.skip(padded)
                     if got < padded:
-                        yield from _cut(name, size, offset, got, url, mark_errors)
+                        yield from _cut(name, size, offset, got, url, mark_errors, whole=(None, error))
                         return
                     yield name, size, offset, None, error, FILE
                     continue
@@ -198,13 +207,13 @@ def walk(
                     yield from _cut(name, size, offset, len(data), url, mark_errors)
                     return
                 if r.skip(padded - size) < padded - size:
-                    yield from _cut(name, size, offset, size, url, mark_errors)
+                    yield from _cut(name, size, offset, size, url, mark_errors, whole=(data, None))
                     return
                 yield name, size, offset, data, None, FILE
                 continue
             got = r.skip(padded)
             if got < padded:
-                yield from _cut(name, size, offset, got, url, mark_errors)
+                yield from _cut(name, size, offset, got, url, mark_errors, whole=(None, None))
                 return
             yield name, size, offset, None, None, FILE
             continue
@@ -229,7 +238,6 @@ def walk(
                     raise error
             yield name, size, offset, None, error, FILE
         elif kind in _OTHER:
-            want(name)
             yield name, size, offset, None, None, OTHER
 
 
@@ -256,11 +264,16 @@ def iter_members(
         yield Member(name, size, offset, data, error, kind == FILE)
 
 
-def _cut(name: str, size: int, offset: int, got: int, url: str, mark_errors: bool) -> Iterator[Entry]:
+def _cut(name: str, size: int, offset: int, got: int, url: str, mark_errors: bool,
+         whole: Optional[Tuple[Optional[bytes], Optional[DalistreamError]]] = None) -> Iterator[Entry]:
     """A member whose data end early: raise, or (``mark_errors``) yield it carrying the error, so
-    that the caller knows the member before it ended (its header was whole)."""
+    that the caller knows the member before it ended (its header was whole). When only the padding
+    after its data is cut (``got >= size``) and ``whole`` gives its ``(data, error)``, the member is
+    yielded whole and the stream's error raised after it: the stream ended between members."""
     error = _cut_error(name, size, got, url)
+    if whole is not None and got >= size:
+        yield name, size, offset, whole[0], whole[1], FILE
+        raise error  # only its padding: the stream ended between members, which proves no sample whole
     if not mark_errors:
         raise error
     yield name, size, offset, None, error, FILE
-

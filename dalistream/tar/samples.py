@@ -8,25 +8,50 @@ resume) are still numbered, but their members are passed over by header.
 
 from __future__ import annotations
 
+import re
 from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 
-from ..errors import SampleError, ShardFormatError, printable
+from ..errors import SampleError, ShardFormatError, SourceError, printable
 from ..io.counters import ReadClock
 from .members import walk
 
 
-def split_name(name: str, lowercase: bool = False) -> Tuple[str, str]:
-    """``("a.b/c", "seg.png")`` for ``"a.b/c.seg.png"``: key up to the basename's first dot
-    (WebDataset's rule: a basename starting with a dot, or without one, has no extension)."""
+_META = re.compile(r"__[^/]*__($|/)")
+
+
+def is_meta(name: str) -> bool:
+    """WebDataset's metadata members, which belong to no sample: a path starting with a
+    ``__name__`` component (``__info__/x.json``, ``__index__``)."""
+    return name.startswith("__") and _META.match(name) is not None
+
+
+def split_name(name: str, lowercase: bool = False) -> Tuple[str, Optional[str]]:
+    """``("a.b/c", "seg.png")`` for ``"a.b/c.seg.png"``: key up to the basename's first dot and
+    the rest as the extension (WebDataset's rule). A basename without a dot, or starting with one
+    (``.DS_Store``), belongs to no sample: extension ``None``. A trailing dot (``a.``) gives the
+    extension ``""``: the member joins sample ``a`` with no field, as in WebDataset."""
     slash = name.rfind("/")
     dot = name.find(".", slash + 1)
     if dot <= slash + 1:
-        return name, ""
+        return name, None
     ext = name[dot + 1:]
     return name[:dot], (ext.lower() if lowercase else ext)
 
 
 Sample = Dict[str, object]
+
+
+def _whole_before(damage: BaseException, sample: Sample, lowercase: bool) -> bool:
+    """Whether ``sample`` is known whole when ``damage`` ended the stream: the damage names the
+    member it took (``damaged_member``: its header or data could not be read, see
+    :func:`~dalistream.tar.headers.losing`), and that member is of another sample. Damage that
+    cannot say what it took (zeroed blocks, a stream ending between two headers), or took a member
+    of this sample, proves nothing: the sample may have had more members."""
+    member = getattr(damage, "damaged_member", None)
+    if member is None or is_meta(member):
+        return False
+    key, ext = split_name(member, lowercase)
+    return ext is not None and key != sample["__key__"]  # (a member in no sample proves nothing)
 
 
 def iter_samples(
@@ -40,9 +65,9 @@ def iter_samples(
 
     ``first_index`` numbers the first sample of a stream opened mid-shard (at a manifest offset).
     ``keep(index)`` false: the sample is still yielded (with no data) so counts and positions
-    stay right, but its members are skipped by header. Members without an extension are ignored;
-    links, devices and fifos belong to their sample but give it no field (a sample made only of
-    them reaches the decoder with no fields: a missing field, counted, never lost in silence).
+    stay right, but its members are skipped by header. As in WebDataset (Python's ``tarfile``),
+    only regular files make samples: links, devices and fifos are ignored, and so are members
+    whose basename has no dot or starts with one, and metadata paths (:func:`is_meta`).
     Keys keep the bytes of their names (``surrogateescape``), so distinct names stay distinct.
 
     Problems of one sample — its key seen before in the shard (members of a sample must be
@@ -51,7 +76,10 @@ def iter_samples(
     :class:`SampleError`; with ``mark_errors`` the sample is yielded instead, numbered like any
     other, with the error under ``"__error__"`` (its data may be incomplete), and the shard goes
     on. Problems of the stream itself (:class:`ShardFormatError`, :class:`SourceError`) always
-    raise: nothing after them can be trusted. Keys are only ever used as strings, never as paths.
+    raise: nothing after them can be trusted; with ``mark_errors`` the sample grouped when the
+    damage came is yielded first when it is known whole (the damage names a member of another
+    sample, as a damaged or cut header does when its name can be read), never one that may have
+    lost members. Keys are only ever used as strings, never as paths.
     ``clock``, if given, accumulates the time spent waiting for the stream's bytes. ``tap``: see
     :func:`~dalistream.tar.members.walk` (a scan records a regular shard's member layout with it).
     """
@@ -68,12 +96,10 @@ def iter_samples(
         last_name = name
         slash = name.rfind("/")  # split_name(), inline: once per member
         dot = name.find(".", slash + 1)
-        if dot <= slash + 1:
-            last_key, last_ext = name, ""
+        if dot <= slash + 1 or (name.startswith("__") and is_meta(name)):
+            last_key, last_ext = name, None
             return False
         key, ext = last_key, last_ext = name[:dot], (name[dot + 1:].lower() if lowercase else name[dot + 1:])
-        if not ext:
-            return False
         if key != current_key:
             read = keep(index + 1)
         return read and want_ext(ext)
@@ -83,13 +109,29 @@ def iter_samples(
             raise error
         current.setdefault("__error__", error)  # the first problem of a sample is the one reported
 
-    for name, _, offset, data, error, kind in walk(stream, url, want=want, max_member_bytes=max_member_bytes,
-                                                   mark_errors=mark_errors, clock=clock, tap=tap):
+    entries = walk(stream, url, want=want, max_member_bytes=max_member_bytes, mark_errors=mark_errors, clock=clock,
+                   tap=tap)
+    while True:
+        try:
+            name, _, offset, data, error, kind = next(entries)
+        except StopIteration:
+            break
+        except (ShardFormatError, SourceError) as damage:
+            # damage after the sample being grouped (the next member's header or data lost):
+            # with mark_errors (skip) the sample is delivered before the error when it is known
+            # whole -- every complete sample before the damage arrives, none with lost members
+            if mark_errors and current is not None and _whole_before(damage, current, lowercase):
+                yield current
+            raise
+        if kind:
+            continue  # a link, device or fifo: in no sample (walk() never asks want() about them)
         if name is last_name:  # split once, in want()
             key, ext = last_key, last_ext
         else:
             key, ext = split_name(name, lowercase)
-        if not ext:
+            if ext is not None and name.startswith("__") and is_meta(name):
+                ext = None
+        if ext is None:
             if isinstance(error, ShardFormatError):
                 raise error
             continue
@@ -110,8 +152,6 @@ def iter_samples(
             problem(error)
             current[ext] = None
             continue
-        if kind:
-            continue  # a link, device or fifo: part of its sample, but no field
         if ext in current:
             problem(SampleError(f"extension {printable(ext)} appears twice in sample {printable(key)}", url=url,
                                 member=name, reason="duplicate_member"))

@@ -199,9 +199,10 @@ def train(args: argparse.Namespace, sources: List[str], storage: Dict[str, Any],
                     if batch is None:
                         break
                     images, labels = batch["image"], batch["label"]
-                    if int(labels.max()) >= args.classes or int(labels.min()) < 0:
-                        raise ConfigError(f"label {int(labels.max())} is outside 0..{args.classes - 1}",
-                                          hint="set --classes")
+                    low, high = torch.stack(torch.aminmax(labels)).tolist()  # one wait for the device, not two
+                    if high >= args.classes or low < 0:
+                        raise ConfigError(f"label {high if high >= args.classes else low} is outside "
+                                          f"0..{args.classes - 1}", hint="set --classes")
                     model.train()
                     logits = model(images.float())
                     loss = loss_fn(logits, labels)

@@ -211,7 +211,7 @@ class PlanReader:
         """``(patterns, each sample's pattern, member sizes, offset of first)`` for samples ``first``
         to ``stop`` of shard ``index`` when they can be cut out by its member layout (a regular
         shard, its part opened at ``first``'s offset, no member over ``max_member_bytes``: that one
-        the header path refuses by name); else ``None``."""
+        the header path refuses by name, nor two extensions equal once lowercased); else ``None``."""
         members = getattr(self.offsets, "members", None)
         if members is None or stop is None or self.counts is None or is_gzip_name(self.urls[index]):
             return None
@@ -220,6 +220,8 @@ class PlanReader:
         if found is None or offset is None or offset != (start or 0) or len(found[1]) != self.counts[index]:
             return None
         patterns, kinds, sizes, member_starts = found
+        if self.config.lowercase_ext and any(len({e.lower() for e in exts}) < len(exts) for exts, _ in patterns):
+            return None  # two members differing only in case: the header walk names the duplicate
         sizes = sizes[member_starts[first]:member_starts[stop]]
         if sizes.size and int(sizes.max()) > self.config.max_member_bytes:
             return None
@@ -228,12 +230,16 @@ class PlanReader:
     def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
         """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""
         source = self.count_source or ""
+        if source.startswith("header scan"):  # our own count, cached by size, mtime and inode
+            said, hint = ("it changed after it was counted",
+                          "a cached count is rescanned when the file's size, mtime or inode changes: restart to rescan")
+        else:  # an index file somebody wrote: restarting reads the same wrong count again
+            said, hint = ("the shard and its index disagree (the shard changed after it was indexed, or the index "
+                          "was written for other shards)",
+                          "rebuild the index: `dalistream index SOURCE` writes a manifest beside the shards")
         return ManifestError(
-            f"shard holds {found} samples but {counted} were counted{f' ({source})' if source else ''}: "
-            "it changed after it was counted",
-            url=url, reason="stale_count", rank=self.config.rank, worker=self.worker,
-            hint="rebuild the manifest with `dalistream index`" if "manifest" in source
-            else "a cached count is rescanned when the file's size or mtime changes: restart to rescan",
+            f"shard holds {found} samples but {counted} were counted{f' ({source})' if source else ''}: {said}",
+            url=url, reason="stale_count", rank=self.config.rank, worker=self.worker, hint=hint,
         )
 
 

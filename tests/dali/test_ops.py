@@ -4,13 +4,21 @@ from dalistream import ops
 from dalistream.errors import ConfigError
 
 
-def test_device_switch():
-    if ops.gpu_count() == 0:
+@pytest.mark.parametrize("visible", [0, 1, 2, 8])
+def test_device_switch(monkeypatch, visible):
+    """``auto`` takes a GPU when DALI sees one; the count is faked in the compat shim, where it is asked."""
+    from dalistream.dali import compat
+
+    monkeypatch.setattr(compat, "cuda_device_count", lambda: visible)
+    if visible == 0:
         assert ops.resolve_device("auto") == ("cpu", None)
         with pytest.raises(ConfigError, match="no CUDA device"):
             ops.resolve_device("gpu")
     else:
-        assert ops.resolve_device("auto", 0) == ("gpu", 0)
+        assert ops.resolve_device("auto") == ("gpu", 0)
+        assert ops.resolve_device("gpu", visible - 1) == ("gpu", visible - 1)
+        with pytest.raises(ConfigError, match=f"not one of the {visible} visible GPUs"):
+            ops.resolve_device("gpu", visible)  # an explicit device_id is never wrapped around
     assert ops.resolve_device("cpu", 3) == ("cpu", None)  # CPU graphs never get a device id
     with pytest.raises(ConfigError):
         ops.resolve_device("tpu")
@@ -30,3 +38,30 @@ def test_library_ops_are_kept_out_of_autograph():
                dali_ops._decode_valid, pipeline._merge):
         assert _autograph.is_autograph_artifact(fn), fn.__name__
     assert not _autograph.is_autograph_artifact(graph.merge)
+
+
+def test_decoder_options_are_checked_and_gpu_only_ones_left_out_on_the_cpu():
+    from dalistream.dali.ops import decoder_settings
+
+    given = {"hw_decoder_load": 0.5, "device_memory_padding": 1 << 24, "jpeg_fancy_upsampling": True}
+    assert decoder_settings(given, "gpu") == given
+    assert decoder_settings(given, "cpu") == {"jpeg_fancy_upsampling": True}
+    assert decoder_settings(None, "gpu") == {}
+    with pytest.raises(ConfigError, match="unknown"):
+        decoder_settings({"hw_decode_load": 0.5}, "gpu")  # a typo is named, not passed to DALI
+
+
+@pytest.mark.dali
+@pytest.mark.slow
+def test_ready_pipelines_take_decoder_options_on_the_cpu(tmp_path):
+    """GPU settings in a ready pipeline's call run unchanged on the CPU."""
+    from dalistream.pipelines import classification_eval, classification_train
+    from dalistream.tools.synth import SynthSpec, write_dataset
+
+    write_dataset(str(tmp_path), SynthSpec(shards=2, samples_per_shard=8, seed=1))
+    options = {"hw_decoder_load": 0.7, "preallocate_width_hint": 64, "jpeg_fancy_upsampling": True}
+    for module in (classification_train, classification_eval):
+        with module.loader(str(tmp_path), batch_size=4, size=32, workers=1, device="cpu",
+                           decoder_options=options, cache_dir=str(tmp_path / "c")) as loader:
+            batch = next(iter(loader))
+        assert tuple(batch["image"].shape) == (4, 3, 32, 32)

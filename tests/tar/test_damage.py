@@ -65,26 +65,33 @@ def test_a_lone_zero_block_mid_shard_is_damage_under_raise_and_skip(tmp_path, va
     items = members(3) + [("k003.txt", b"")] + members(3, start=4)  # k003.txt: a member with no data block
     good = write_tar(str(tmp_path / "good.tar"), items)
     table = header_offsets(good)
+    # zeroed blocks name nothing they took: the sample in progress may have lost members and is
+    # not delivered (k002 may have had more than its image, k003 more than its txt)
     if variant == "zero header before a valid header":  # the empty member's header: the next block is a header
         at, blocks, after = table["k003.txt"][0], 1, "member 'k004.jpg'"
+        counted, whole = 2, 2
     elif variant == "two zero blocks then data":  # a label's header and its (one-block) data
         at, blocks, after = table["k002.cls"][0], 2, "member 'k003.txt'"
+        counted, whole = 2, 2
     else:  # an image header: its data follow
         at, blocks, after = table["k004.jpg"][0], 1, f"data at offset {table['k004.jpg'][0] + 512}"
+        counted, whole = 3, 3
     bad = damage(good, str(tmp_path / "bad-0000.tar"), at, bytes(512 * blocks))
     with pytest.raises(ShardFormatError) as e:
         samples_of(bad)
     assert e.value.reason == "bad_tar" and e.value.url == bad
-    assert "lone zero block" in str(e.value) and f"zero block at offset {at}" in str(e.value) and after in str(e.value)
-    with pytest.raises(ShardFormatError, match="lone zero block"):  # the count scan agrees
+    said = (f"end-of-archive marker (zero blocks) at offset {at}" if blocks == 2  # a marker, then more archive
+            else f"zero block at offset {at} where a member header should be")
+    assert said in str(e.value) and after in str(e.value)
+    with pytest.raises(ShardFormatError, match="lone zero block" if blocks == 1 else "end-of-archive marker"):
         scan_shard(bad)
     other = write_tar(str(tmp_path / "other.tar"), members(2, start=10))
     (info, _), problems = scan_tolerant([bad, other])
-    assert [p.reason for p in problems] == ["bad_tar"] and 0 < info.samples <= 3
+    assert [p.reason for p in problems] == ["bad_tar"] and info.samples == counted
     got, skipped = worker_run([bad, other], [info.samples, 2], on_error="skip")  # the samples before it, counted
-    assert got == [f"k{i:03d}".encode() for i in list(range(info.samples)) + [10, 11]]
-    assert skipped == {"shards:bad_tar": 1}
-    with pytest.raises(ShardFormatError, match="lone zero block"):
+    assert got == [f"k{i:03d}".encode() for i in list(range(whole)) + [10, 11]]
+    assert skipped == {"shards:bad_tar": 1, **({"samples:missing_field": 1} if whole < counted else {})}
+    with pytest.raises(ShardFormatError, match="lone zero block" if blocks == 1 else "end-of-archive marker"):
         worker_run([bad], [info.samples])
 
 
@@ -195,10 +202,10 @@ def test_a_pax_size_that_is_negative_not_a_number_or_beyond_the_shard_is_bad_tar
         assert (e.value.reason, e.value.url, e.value.member) == ("bad_tar", path, "k002.jpg"), str(e.value)
         assert "size" in str(e.value)
     (info, _), problems = scan_tolerant([path, write_tar(str(tmp_path / "good.tar"), members(2))])
-    # k001 may go on after the bad header: like a cut, the sample in progress is not delivered
-    assert info.samples == 1 and [p.reason for p in problems] == ["bad_tar"]
+    # the bad header names k002.jpg: k001 was whole before it, and is delivered
+    assert info.samples == 2 and [p.reason for p in problems] == ["bad_tar"]
     got, skipped = worker_run([path, str(tmp_path / "good.tar")], [info.samples, 2], on_error="skip")
-    assert got == [b"k000", b"k000", b"k001"] and skipped == {"shards:bad_tar": 1}
+    assert got == [b"k000", b"k001", b"k000", b"k001"] and skipped == {"shards:bad_tar": 1}
 
 
 def test_a_pax_size_beyond_an_unsized_stream_is_refused_unread(tmp_path):
@@ -256,16 +263,16 @@ def linked_tar(path, kind):
 
 
 @pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE])
-def test_a_sample_of_links_only_is_a_missing_field_not_lost(tmp_path, kind):
+def test_a_sample_of_links_only_is_no_sample_as_in_webdataset(tmp_path, kind):
+    """Links, devices and fifos are in no sample (webdataset, Python's tarfile and DALI's reader
+    pass over them): a sample made only of them does not exist, for the count and the worker alike."""
     path = linked_tar(str(tmp_path / "l.tar"), kind)
     assert [(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in samples_of(path)] == [
-        ("k000", ["cls", "jpg"]), ("k001", []), ("k002", ["cls", "jpg"])]
-    assert scan_shard(path).samples == 3  # counted, as the worker sees it
-    with pytest.raises(SampleError) as e:
-        worker_run([path], [3])
-    assert (e.value.reason, e.value.member) == ("missing_field", "k001")
-    assert worker_run([path], [3], missing="skip") == ([b"k000", b"k002"], {"samples:missing_field": 1})
-    assert worker_run([path], [3], on_error="skip") == ([b"k000", b"k002"], {"samples:missing_field": 1})
+        ("k000", ["cls", "jpg"]), ("k002", ["cls", "jpg"])]
+    assert scan_shard(path).samples == 2  # counted, as the worker sees it
+    assert worker_run([path], [2]) == ([b"k000", b"k002"], {})
+    import webdataset as wds
+    assert [s["__key__"] for s in wds.WebDataset(path, shardshuffle=False)] == ["k000", "k002"]
 
 
 def gnu_sparse_tar(tmp_path, fmt):
@@ -309,3 +316,43 @@ def test_a_gnu_sparse_member_is_unsupported_not_damage(tmp_path, fmt):
     assert worker_run([path], [3], fields=fields, on_error="skip", missing="empty") == (
         [b"a", b"z"], {"samples:unsupported_member": 1})
     assert worker_run([path], [3], fields={"label": "cls", "key": "__key__"}) == ([b"a", b"s", b"z"], {})
+
+
+# -- every complete sample before damage arrives under skip (issue #23) ---------------------------
+
+def _flip_checksum(raw, at):
+    raw[at + 148:at + 156] = b"0000000\0"  # a header whose checksum no longer adds up; its name still reads
+
+
+def _cut_header(raw, at):
+    del raw[at + 300:]  # the stream ends inside a header, after its name field
+
+
+def _zero_header(raw, at):
+    raw[at:at + 512] = bytes(512)
+
+
+@pytest.mark.parametrize("damage", [_flip_checksum, _cut_header, _zero_header])
+@pytest.mark.parametrize("member", ["k003.jpg", "k003.cls", "k001.jpg"])
+def test_the_last_complete_sample_before_damage_arrives_under_skip(tmp_path, damage, member):
+    """Damage at a header: the sample before it arrives when it is known whole -- the damaged (or
+    cut) header still names a member of another sample. When the header names a member of the
+    sample being read (k003.cls after k003.jpg), or names nothing (zeroed), that sample may have
+    lost members and is not delivered: never a sample with a member lost to damage."""
+    good = write_tar(str(tmp_path / "good.tar"), members(5))
+    at = header_offsets(good)[member][0]
+    raw = bytearray(open(good, "rb").read())
+    damage(raw, at)
+    bad = str(tmp_path / "bad-0000.tar")
+    open(bad, "wb").write(bytes(raw))
+    other = write_tar(str(tmp_path / "other.tar"), members(2, start=10))
+    whole = {  # samples known whole before the damage
+        ("k003.jpg", True): 3, ("k003.jpg", False): 2,   # k002 is whole if the header says k003 came next
+        ("k003.cls", True): 3, ("k003.cls", False): 3,   # k003 lost its label: k000-k002 either way
+        ("k001.jpg", True): 1, ("k001.jpg", False): 0,
+    }[member, damage is not _zero_header]
+    (info, _), problems = scan_tolerant([bad, other])
+    assert info.samples == whole and len(problems) == 1
+    got, skipped = worker_run([bad, other], [info.samples, 2], on_error="skip")
+    assert got == [f"k{i:03d}".encode() for i in list(range(whole)) + [10, 11]]
+    assert len(skipped) == 1 and next(iter(skipped)).startswith("shards:") and sum(skipped.values()) == 1

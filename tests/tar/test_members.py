@@ -22,8 +22,10 @@ def samples_of(path, **kw):
     ("a.b/c.seg.png", "a.b/c", "seg.png"),
     ("x/y/z.jpg", "x/y/z", "jpg"),
     ("plain.cls", "plain", "cls"),
-    ("noext", "noext", ""),
-    ("d/.hidden", "d/.hidden", ""),
+    ("noext", "noext", None),
+    ("d/.hidden", "d/.hidden", None),
+    ("a.", "a", ""),
+    ("a.b/c", "a.b/c", None),
 ])
 def test_split_name(name, key, ext):
     assert split_name(name) == (key, ext)

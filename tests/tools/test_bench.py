@@ -68,12 +68,29 @@ def test_feed_pipeline_splits_cpu_between_main_and_workers(shards, tmp_path):
     # epochs enough that DALI's reader, the fastest, runs for many clock ticks of CPU after its first batch
     report, _ = run_bench(tmp_path, shards, "--pipeline", "feed", "--workers", 2, "--batch-size", 16,
                           "--compare", "dali-native,webdataset", "--repeats", 1, "--lean-main", "--epochs", 12)
-    positive(report, ("samples_per_s", "first_batch_s", "main_cpu_ms_per_sample", "workers_cpu_ms_per_sample"))
     assert report["config"]["pipeline"] == "feed"
+    positive(report, ("samples_per_s", "first_batch_s"))
+    split_or_unmeasured(report)
     for name, peer in report["peers"].items():
-        positive(peer, ("samples_per_s", "first_batch_s", "main_cpu_ms_per_sample"))
+        positive(peer, ("samples_per_s", "first_batch_s"))
+        split_or_unmeasured(peer)
     # DALI's reader has no worker processes; the DataLoader's workers do the work
-    assert report["peers"]["dali-native"]["workers_cpu_ms_per_sample"] < report["peers"]["webdataset"]["workers_cpu_ms_per_sample"]
+    native, wds = (report["peers"][name]["workers_cpu_ms_per_sample"] for name in ("dali-native", "webdataset"))
+    if native is not None and wds is not None:
+        assert native < wds
+
+
+def split_or_unmeasured(figures):
+    """CPU per sample, split into main process and workers: positive figures, or -- on a machine fast
+    enough that a run's steady phase took fewer than MIN_CPU_TICKS clock ticks of CPU, which /proc
+    cannot resolve -- all three None together (the rule itself is tested exactly by the fake system
+    below). Which of the two a run gives depends on the machine's speed, never what the test asserts."""
+    keys = ("steady_cpu_ms_per_sample", "main_cpu_ms_per_sample", "workers_cpu_ms_per_sample")
+    if figures["steady_cpu_ms_per_sample"] is None:
+        assert all(figures[k] is None for k in keys), figures
+    else:
+        positive(figures, ("steady_cpu_ms_per_sample", "main_cpu_ms_per_sample"))
+        assert figures["workers_cpu_ms_per_sample"] >= 0
 
 
 @pytest.mark.slow
