@@ -97,7 +97,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         else:
             loader.set_epoch(args.epoch)
         done = 0
-        bar = progress_bar(args, total=max(0, len(loader) - loader.step), unit="batch")
+        bar = progress_bar(args, total=len(loader), unit="batch")  # what this iteration yields
         for batch in (loader if args.stop_after != 0 else ()):
             bar.update(1)
             if args.json:

@@ -18,7 +18,7 @@ from .config import StreamConfig
 from .errors import ConfigError, redact, redact_client_logs
 from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
-from .plan import check_layout, steps_per_epoch
+from .plan import check_layout, resumed_steps, steps_per_epoch
 from .sources import expand_sources
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,24 @@ def sources_digest(urls: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(urls).encode()).hexdigest()[:16]
 
 
+def relative_names(urls: Sequence[str]) -> Tuple[str, ...]:
+    """Shard names relative to their listing root (the longest common folder of ``urls``), so
+    that the same shards in another folder, or in a bucket, have the same names."""
+    root = os.path.commonprefix([u.rsplit("/", 1)[0] + "/" if "/" in u else "" for u in urls]) if urls else ""
+    root = root[:root.rfind("/") + 1]
+    return tuple(u[len(root):] for u in urls)
+
+
+def sources_identity(urls: Sequence[str], counts: Optional[Sequence[int]], sizes: Optional[Sequence[int]]) -> dict:
+    """What the shards are, for a loader state: their number, their names relative to the listing
+    root, per-shard sample counts and stored sizes (digests; ``None`` where unknown)."""
+    def digest(values: Optional[Sequence]) -> Optional[str]:
+        return None if values is None else hashlib.sha256("\n".join(map(str, values)).encode()).hexdigest()[:16]
+
+    return {"shards": len(urls), "names": digest(relative_names(urls)), "counts": digest(counts),
+            "samples": None if counts is None else int(sum(counts)), "sizes": digest(sizes)}
+
+
 @dataclass(frozen=True)
 class Stream:
     """What a pipeline reads: config, shard URLs, per-shard counts, device, start (epoch, step).
@@ -146,6 +164,8 @@ class Stream:
     count_source: Optional[str] = None  # where the counts came from (a manifest, a scan), for messages
     bytes_per_sample: Optional[float] = None  # stored shard bytes per sample (sizes the workers' shared memory)
     local_processes: int = 1  # training processes on this node (LOCAL_WORLD_SIZE), sharing its cores
+    resume: Tuple[Tuple[int, int, int, int], ...] = ()  # start_epoch's segments under other layouts (plan.resume)
+    sizes: Optional[Tuple[int, ...]] = None  # stored bytes per shard (-1 unknown): the sources' identity
 
     def __repr__(self) -> str:  # URLs redacted: no credentials in logs
         shards = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
@@ -207,17 +227,23 @@ class Stream:
             check_layout(len(urls), config.layout)  # whole shards: one per global worker at least
         device, device_id = resolve_device(device, device_id, local_rank)
         check_start_method(start_method)
+        sizes = None
+        if counts is not None and bool((counted.rows.sizes >= 0).all()):
+            sizes = tuple(counted.rows.sizes.tolist())
         return cls(config, tuple(urls), counts, device, device_id, offsets=offsets, start_method=start_method,
-                   count_source=source, bytes_per_sample=per_sample, local_processes=local_processes)
+                   count_source=source, bytes_per_sample=per_sample, local_processes=local_processes, sizes=sizes)
 
-    def steps(self, epoch: int) -> int:
-        """Batches this rank yields in ``epoch``."""
+    def steps(self, epoch: int, resume: Sequence = ()) -> int:
+        """Batches this rank yields in ``epoch`` (its rest after the segments ``resume``)."""
         c = self.config
+        if resume and self.counts is not None:
+            return resumed_steps(self.counts, c.layout, c.schedule, epoch, resume, c.shuffle)
         return steps_per_epoch(self.counts, c.layout, c.schedule, epoch, c.rank)
 
-    def at(self, epoch: int, step: int = 0, stats_dir: Optional[str] = None) -> "Stream":
-        """The same stream starting at (``epoch``, ``step``)."""
-        return dataclasses.replace(self, start_epoch=epoch, start_step=step,
+    def at(self, epoch: int, step: int = 0, stats_dir: Optional[str] = None, resume: Sequence = ()) -> "Stream":
+        """The same stream starting at (``epoch``, ``step``), after the segments ``resume`` of
+        ``epoch`` ran under other layouts."""
+        return dataclasses.replace(self, start_epoch=epoch, start_step=step, resume=tuple(map(tuple, resume)),
                                    stats_dir=stats_dir if stats_dir is not None else self.stats_dir)
 
     @property
@@ -229,3 +255,8 @@ class Stream:
     @property
     def digest(self) -> str:
         return sources_digest(self.urls)
+
+    @property
+    def identity(self) -> dict:
+        """:func:`sources_identity` of this stream's shards."""
+        return sources_identity(self.urls, self.counts, self.sizes)

@@ -143,10 +143,10 @@ def _locate_bad_images(stream: "Stream", epoch: int, step: int, depth: int = 2):
     config = dataclasses.replace(c, fields=tuple(c.fields) + extra)
     n = len(c.fields)
     found, keys = [], []
-    last = min(stream.steps(epoch), step + depth + 1)
+    last = min(stream.steps(epoch, stream.resume), step + depth + 1)
     for w in range(c.workers):
         source = WorkerSource(config, stream.urls, stream.counts, w, start_epoch=epoch, start_step=step,
-                              offsets=stream.offsets, count_source=stream.count_source)
+                              offsets=stream.offsets, count_source=stream.count_source, resume=stream.resume)
         batches = source.epoch_batches(epoch, step)
         try:
             for s, batch in zip(range(step, last), batches):

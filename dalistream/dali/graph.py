@@ -60,7 +60,7 @@ def merge(owner, branches: Sequence[Sequence]) -> list:
 def sharded_sources(
     config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], *, start_epoch: int = 0,
     start_step: int = 0, stats_dir: Optional[str] = None, offsets: Optional[SampleOffsets] = None,
-    count_source: Optional[str] = None, bytes_per_sample: Optional[float] = None,
+    count_source: Optional[str] = None, bytes_per_sample: Optional[float] = None, resume: Sequence = (),
 ) -> Tuple[Optional[object], List[Sequence]]:
     """Create the W parallel sources; return ``(owner, branches)``: the owner index node (``None``
     with one worker, or when :func:`merge_by_concat` can merge the fields) and, per worker, its output nodes (the fields, then ``valid``, then the
@@ -82,7 +82,7 @@ def sharded_sources(
     for w in range(config.workers):
         source = WorkerSource(
             config, urls, counts, w, start_epoch=start_epoch, start_step=start_step, offsets=offsets,
-            count_source=count_source, stats_path=stats_path(stats_dir, w) if stats_dir else None,
+            count_source=count_source, stats_path=stats_path(stats_dir, w) if stats_dir else None, resume=resume,
         ).for_dali()
         # byte fields travel as blobs when the main process can cut them into rows (see worker.batch)
         source.blob = on_receive(source, functools.partial(received_rows, lengths, len(config.fields) + 1, never))

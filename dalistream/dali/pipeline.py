@@ -124,7 +124,8 @@ def read(stream: "Stream") -> Dict[str, Any]:
         config = config.replace(fields=tuple(f for f in config.fields if f.name not in ctx["unread"]))
     owner, branches = sharded_sources(config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
                                       start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets,
-                                      count_source=stream.count_source, bytes_per_sample=stream.bytes_per_sample)
+                                      count_source=stream.count_source, bytes_per_sample=stream.bytes_per_sample,
+                                      resume=stream.resume)
     if owner is None:  # no conditionals needed (one worker, or fields that a sum/concatenation merges)
         merged = merge_by_concat(config, branches)
     else:

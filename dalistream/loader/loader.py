@@ -1,8 +1,9 @@
 """The torch-facing loader: runs a dalistream pipeline and yields dicts of torch tensors.
 
-``len()`` is the number of batches in the current epoch (computed from counts before the
-epoch starts), ``set_epoch(e)`` selects the epoch, ``state_dict()``/``load_state_dict()`` save
-and restore (epoch, step) for an exact mid-epoch resume. Padding (``valid == 0``) is removed
+``len()`` is the number of batches the next iteration yields (computed from counts before the
+epoch starts), ``set_epoch(e)`` selects the epoch (the one a loaded state stands in goes on),
+``state_dict()``/``load_state_dict()`` save and restore the position mid-epoch, on the same layout
+or another (elastic resume, :mod:`dalistream.plan.resume`). Padding (``valid == 0``) is removed
 here, so users only ever see real samples; a batch whose samples were all skipped
 (``on_error``/``missing="skip"``) is not yielded at all (a warning says so), so such an epoch
 yields fewer than ``len()`` batches. The DALI pipeline runs on across epoch boundaries;
@@ -27,11 +28,12 @@ from ..dali.diagnose import translate
 from ..dali.pipeline import built, raw_pipeline
 from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
 from ..errors import StateError
+from ..plan import check_segments, continued
 from ..stream import Stream
 from ..worker import read_workers, summarize
 from .convert import BufferPool, to_torch
 
-STATE_VERSION = 2  # 2: samples owned by spans of the epoch sequence (1: whole shards)
+STATE_VERSION = 3  # 3: segments of an epoch under other layouts, sources by identity; 2: spans; 1: whole shards
 log = logging.getLogger(__name__)
 
 _open_loaders: "weakref.WeakSet[Loader]" = weakref.WeakSet()
@@ -57,27 +59,61 @@ def _track(loader: "Loader") -> None:
     _open_loaders.add(loader)
 
 
+INVARIANT = ("seed", "policy", "shuffle", "batches_per_epoch", "shuffle_shards")  # a resume cannot change these
+
+
 def read_state(state: Any, current: Dict[str, Any]) -> tuple:
-    """``(epoch, step, saved plan)`` of a state from :meth:`Loader.state_dict`; a
+    """``(epoch, step, saved plan, segments)`` of a state from :meth:`Loader.state_dict`; a
     :class:`StateError` naming what is missing or wrong, never a KeyError or TypeError."""
     def integer(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
 
     if not isinstance(state, dict):
         raise StateError(f"a loader state is a dict from Loader.state_dict(), got {type(state).__name__}")
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in (2, STATE_VERSION):
         raise StateError(f"unknown loader state version {state.get('version')!r} (expected {STATE_VERSION})")
     for part in ("loader", "plan"):
         if not isinstance(state.get(part), dict):
             raise StateError(f"loader state has no {part!r} dict: got {state.get(part)!r}")
-    position, saved = state["loader"], state["plan"]
+    position, saved = state["loader"], dict(state["plan"])
     for name in ("epoch", "step"):
         if not integer(position.get(name)) or position[name] < 0:
             raise StateError(f"loader state: {name} must be an integer >= 0, got {position.get(name)!r}")
+    if state["version"] == 2:  # before elastic resume: no segments, sources a digest of the URLs
+        saved.setdefault("shuffle_shards", current.get("shuffle_shards"))
     missing = sorted(set(current) - set(saved))
     if missing:
         raise StateError(f"loader state: plan lacks {missing}")
-    return position["epoch"], position["step"], saved
+    for name in ("world_size", "workers", "batch_size"):
+        if not integer(saved[name]) or saved[name] < 1:
+            raise StateError(f"loader state: {name} must be an integer >= 1, got {saved[name]!r}")
+    segments = state.get("segments", [])
+    if not isinstance(segments, list):
+        raise StateError(f"loader state: segments must be a list, got {segments!r}")
+    return position["epoch"], position["step"], saved, check_segments(segments)
+
+
+def differences(saved: Dict[str, Any], current: Dict[str, Any], digest: str) -> list:
+    """What keeps a saved state from resuming this loader, in words (empty: it fits)."""
+    out = [f"{name}: saved {saved[name]!r}, this loader {current[name]!r}"
+           for name in INVARIANT if saved.get(name) != current.get(name)]
+    was, now = saved.get("sources"), current["sources"]
+    if isinstance(was, str):  # version 2: a digest of the URLs themselves
+        return out + ([] if was == digest else ["sources: the shard URLs differ (a state of version 2 names its "
+                                                "shards by URL; save again with this version to move them)"])
+    if not isinstance(was, dict):
+        return out + [f"sources: not a description of shards: {was!r}"]
+    if was.get("shards") != now["shards"]:
+        out.append(f"sources: {was.get('shards')} shards saved, {now['shards']} now")
+    elif was.get("names") != now["names"]:
+        out.append("sources: the shard names (relative to their folder or bucket prefix) differ")
+    if was.get("samples") != now["samples"]:
+        out.append(f"sources: {was.get('samples')} samples saved, {now['samples']} now")
+    elif was.get("counts") != now["counts"]:
+        out.append("sources: the per-shard sample counts differ")
+    if None not in (was.get("sizes"), now["sizes"]) and was.get("sizes") != now["sizes"]:
+        out.append("sources: the shard sizes in bytes differ")
+    return out
 
 
 class Loader:
@@ -97,8 +133,10 @@ class Loader:
         self.transform = transform
         self.epoch = stream.start_epoch
         self.step = stream.start_step
+        self.resume = stream.resume  # segments of this epoch run under other layouts (plan.resume)
         self._pipe = None
         self._pipe_at: Optional[tuple] = None
+        self._built_resume: tuple = (self.epoch, self.resume)
         self._stats_dir = tempfile.mkdtemp(prefix="dalistream-stats-")
         self._timing = {"batches": 0, "wait_s": 0.0, "step_s": 0.0}  # see stats()
         self._closed = False
@@ -107,21 +145,29 @@ class Loader:
     # -- iteration ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return self.stream.steps(self.epoch)
+        """Batches the next ``iter()`` yields: the rest of the epoch after a resume (less any batch
+        whose samples were all skipped)."""
+        steps = self._steps()
+        return steps - self.step if self.step < steps else self.stream.steps(self.epoch + 1)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch at the next ``iter()``."""
-        if epoch != self.epoch or self.step:
-            self.epoch, self.step = int(epoch), 0
+    def _steps(self) -> int:
+        return self.stream.steps(self.epoch, self.resume)
+
+    def set_epoch(self, epoch: int, *, restart: bool = False) -> None:
+        """Iterate ``epoch`` at the next ``iter()``. The epoch the loader stands in (a loaded
+        state's, or one broken off) goes on where it stands; another epoch, or ``restart=True``,
+        starts from its first batch."""
+        if int(epoch) != self.epoch or restart:
+            self.epoch, self.step, self.resume = int(epoch), 0, ()
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         if self._closed:
             raise RuntimeError("loader is closed")
-        steps = len(self)
+        steps = self._steps()
         if self.step >= steps:  # a finished epoch: the next one
-            self.epoch, self.step = self.epoch + 1, 0
-            steps = len(self)
-        if self._pipe is None or self._pipe_at != (self.epoch, self.step):
+            self.epoch, self.step, self.resume = self.epoch + 1, 0, ()
+            steps = self._steps()
+        if self._pipe is None or self._pipe_at != (self.epoch, self.step, self.resume):
             self._build()
         timing = self._timing
         while self.step < steps:
@@ -131,7 +177,7 @@ class Loader:
             timing["batches"] += 1
             timing["wait_s"] += t1 - t0
             self.step += 1
-            self._pipe_at = (self.epoch, self.step)
+            self._pipe_at = (self.epoch, self.step, self.resume)
             if batch is None:  # every sample of it was skipped: a batch of nothing is never trained on
                 log.warning("batch %d of epoch %d holds no sample (all skipped, see Loader.stats()): not yielded",
                             self.step - 1, self.epoch)
@@ -139,14 +185,14 @@ class Loader:
             yield batch
             timing["step_s"] += time.perf_counter() - t1
         # the sources go straight on with the next epoch: the pipeline stays valid
-        self.epoch, self.step = self.epoch + 1, 0
-        self._pipe_at = (self.epoch, 0)
+        self.epoch, self.step, self.resume = self.epoch + 1, 0, ()
+        self._pipe_at = (self.epoch, 0, ())
 
     def _build(self) -> None:
         self._shutdown_pipe()
         for path in glob.glob(os.path.join(self._stats_dir, "*.json")):
             os.remove(path)
-        stream = self.stream.at(self.epoch, self.step, stats_dir=self._stats_dir)
+        stream = self.stream.at(self.epoch, self.step, stats_dir=self._stats_dir, resume=self.resume)
         pipe = self.pipeline_fn(stream, **self.pipeline_kwargs)
         info = built(pipe)
         try:
@@ -159,7 +205,8 @@ class Loader:
         self._pipe = pipe
         self._outputs = info.outputs
         self._buffers = BufferPool()
-        self._pipe_at = (self.epoch, self.step)
+        self._pipe_at = (self.epoch, self.step, self.resume)
+        self._built_resume = (self.epoch, self.resume)  # the workers' step counts within the resumed segment
 
     def _run(self) -> Optional[Dict[str, Any]]:
         try:
@@ -168,7 +215,8 @@ class Loader:
             self._shutdown_pipe()
             if not isinstance(e, Exception):
                 raise
-            raise translate(e, self.stream.config.rank, (self.stream, self.epoch, self.step)) from None
+            raise translate(e, self.stream.config.rank,
+                            (self.stream.at(self.epoch, self.step, resume=self.resume), self.epoch, self.step)) from None
         batch = to_torch(self._outputs, outputs, self._buffers, zero_copy=exec_dynamic(self._pipe))
         if batch and all(len(value) == 0 for value in batch.values()):
             return None
@@ -177,35 +225,51 @@ class Loader:
     # -- state -------------------------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
-        """Plain data to resume from: the position (epoch, step) and the layout it is valid for."""
+        """Plain data to resume from, on this layout or any other: the position (epoch, step), the
+        layout it stands in, the ``segments`` of this epoch that ran under earlier layouts
+        (``[world_size, workers, batch_size, steps]`` each), and what must not change (seed,
+        policy, shuffle, the sources' identity). Rank 0's state resumes every rank."""
         c = self.stream.config
         return {
             "version": STATE_VERSION,
             "loader": {"epoch": self.epoch, "step": self.step},
             "plan": {"seed": c.seed, "rank": c.rank, "world_size": c.world_size, "workers": c.workers,
                      "batch_size": c.batch_size, "policy": c.policy, "shuffle": c.shuffle,
-                     "batches_per_epoch": c.batches_per_epoch, "sources": self.stream.digest},
+                     "batches_per_epoch": c.batches_per_epoch, "shuffle_shards": c.shuffle_shards,
+                     "sources": self.stream.identity},
+            "segments": [list(s) for s in self.resume],
         }
 
-    def load_state_dict(self, state: Dict[str, Any], *, allow_layout_change: bool = False) -> None:
-        """Continue from a saved state. A state saved under another layout is an error, unless
-        ``allow_layout_change``: then the saved epoch restarts from its beginning."""
+    def load_state_dict(self, state: Dict[str, Any], *, allow_layout_change: bool = True) -> None:
+        """Continue the saved epoch where the state stands. Under the saved layout the batches are
+        those the saved run would have yielded; under another (ranks, workers, batch size) the
+        rest of the epoch is planned over this layout (:mod:`dalistream.plan.resume`): ``exact``
+        delivers every sample of the epoch once over all runs, ``even`` none twice, ``fixed``
+        the remaining batches. ``fixed`` without counts restarts the saved epoch (with a warning).
+        A state of other sources, seed, policy or shuffle is a :class:`StateError` saying what
+        differs; ``allow_layout_change=False`` refuses a layout change too."""
         current = self.state_dict()["plan"]
-        epoch, step, saved = read_state(state, current)
-        saved_layout = {k: v for k, v in saved.items() if k != "rank"}
-        current_layout = {k: v for k, v in current.items() if k != "rank"}
-        if saved_layout != current_layout:
-            if not allow_layout_change:
-                diff = {k: (saved_layout.get(k), current_layout.get(k)) for k in current_layout
-                        if saved_layout.get(k) != current_layout.get(k)}
-                raise StateError(f"saved state does not fit this loader (saved, current): {diff}",
-                                 hint="pass allow_layout_change=True to restart the saved epoch at shard granularity")
-            step = 0
-        steps = self.stream.steps(epoch)  # plan.steps_per_epoch for this rank
+        epoch, step, saved, segments = read_state(state, current)
+        problems = differences(saved, current, self.stream.digest)
+        saved_layout = (saved["world_size"], saved["workers"], saved["batch_size"])
+        layout = (current["world_size"], current["workers"], current["batch_size"])
+        if saved_layout != layout and not allow_layout_change:
+            problems.append(f"layout: saved {saved_layout}, this loader {layout} (ranks, workers, batch size)")
+        if problems:
+            raise StateError("saved state does not fit this loader: " + "; ".join(problems),
+                             hint="resume with the same data set, seed, policy and shuffle settings")
+        if saved_layout != layout:
+            if self.stream.counts is None:
+                log.warning("policy 'fixed' without counts cannot continue epoch %d on another layout: it restarts "
+                            "from its first batch (samples of its first %d steps are seen again)", epoch, step)
+                segments, step = (), 0
+            else:
+                segments, step = continued(segments, saved_layout, step, self.stream.config.layout)
+        steps = self.stream.steps(epoch, segments)  # validates the segments against the data set
         if step > steps:
             raise StateError(f"saved step {step} is past the end of epoch {epoch}, which has {steps} steps",
                              hint="the state does not come from this data set and layout")
-        self.epoch, self.step = epoch, step
+        self.epoch, self.step, self.resume = epoch, step, segments
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -242,7 +306,8 @@ class Loader:
         if self.step:
             target = (self.epoch, self.step)
         elif self.epoch > self.stream.start_epoch:
-            target = (self.epoch - 1, self.stream.steps(self.epoch - 1))
+            built_epoch, built_resume = self._built_resume
+            target = (self.epoch - 1, self.stream.steps(self.epoch - 1, built_resume if built_epoch == self.epoch - 1 else ()))
         else:
             return True
         return all((w.get("epoch", -1), w.get("step", -1)) >= target for w in workers)

@@ -172,6 +172,8 @@ class WorkerPlan:
     samples: Optional[int]  # samples owned this epoch (None when counts are unknown)
     global_worker: int
     left_out: int = 0  # samples of the epoch no one owns (``even``), counted by the job's last worker only
+    drop: Tuple[int, ...] = ()  # elastic resume: raw ordinals over the parts' samples not delivered (plan.resume)
+    shuffle_seed: Optional[int] = None  # elastic resume: the segment's own sample shuffle seed
 
     @property
     def shards(self) -> Tuple[int, ...]:

@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, redact
-from ..plan import Layout, Schedule, epoch_layout, epoch_summary, owned_parts, steps_per_epoch
+from ..errors import ConfigError, StateError, redact
+from ..plan import Layout, Schedule, epoch_layout, epoch_summary, owned_parts, remaining_summary, steps_per_epoch
 from .args import emit, storage_options
 
 def synthetic_counts(spec: str, seed: int) -> np.ndarray:
@@ -61,9 +61,51 @@ def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch
     return rows
 
 
+def resume_view(args: argparse.Namespace, urls: Sequence[str], counts) -> Dict[str, Any]:
+    """``--resume-from STATE.json``: what the saved epoch leaves for this layout (seed, policy and
+    shuffle come from the state): samples delivered and left, steps and samples per rank."""
+    import json
+
+    from ..loader.loader import differences, read_state
+    from ..plan import ResumePlan, continued
+    from ..stream import sources_identity
+
+    with open(args.resume_from) as f:
+        state = json.load(f)
+    epoch, step, saved, segments = read_state(state, {})
+    schedule = Schedule(saved["seed"], saved["policy"], saved["batches_per_epoch"], saved.get("shuffle_shards", True))
+    layout = Layout(args.world_size, args.workers, args.batch_size)
+    if counts is None:
+        raise ConfigError("--resume-from needs sample counts (sources with a manifest or a scan, or --counts)")
+    if not args.counts:
+        current = {**saved, "sources": sources_identity(urls, [int(c) for c in counts], None)}
+        problems = [p for p in differences(saved, current, "") if p.startswith("sources")]
+        if problems:
+            raise StateError("the state is not of these shards: " + "; ".join(problems))
+    segments, step = continued(segments, (saved["world_size"], saved["workers"], saved["batch_size"]), step, layout)
+    plan = ResumePlan([int(c) for c in counts], layout, schedule, epoch, segments, int(saved["shuffle"]))
+    summary = remaining_summary([int(c) for c in counts], layout, schedule, epoch, segments, int(saved["shuffle"]))
+    ranks = []
+    for r in range(layout.world_size) if args.rank is None else [args.rank]:
+        samples = [plan.worker(r, w).samples for w in range(layout.workers)]
+        ranks.append({"rank": r, "steps": plan.steps - step, "samples": None if None in samples else sum(samples)})
+    return {**summary, "step": step, "steps_left": plan.steps - step, "world_size": layout.world_size,
+            "workers": layout.workers, "batch_size": layout.batch_size, "ranks": ranks}
+
+
 def run(args: argparse.Namespace, cache_dir: str) -> int:
     """The ``plan`` command."""
     urls, counts, problems = _counts(args, cache_dir)
+    if args.resume_from:
+        view = resume_view(args, urls, counts)
+        lines = [f"epoch {view['epoch']} resumed on {view['world_size']} ranks x {view['workers']} workers x batch "
+                 f"{view['batch_size']} after {len(view['segments'])} earlier layout(s) "
+                 f"{' -> '.join('x'.join(map(str, s[:3])) + f' ({s[3]} steps)' for s in view['segments']) or ''}: "
+                 f"{view['delivered']} of {view['samples']} samples delivered, {view['remaining']} left, "
+                 f"{view['steps_left']} steps per rank"]
+        lines += [f"rank {r['rank']}: {r['steps']} steps, {r['samples']} samples" for r in view["ranks"]]
+        emit(args, {"resume": view}, "\n".join(lines))
+        return 0
     layout = Layout(args.world_size, args.workers, args.batch_size)
     schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
     epochs = range(args.epoch, args.epoch + args.epochs)
@@ -98,6 +140,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--counts", default=None, metavar="N:LO-HI",
                    help="plan N synthetic shards of LO..HI samples instead of reading SOURCEs")
     p.add_argument("--epochs", type=int, default=1, help="how many epochs to summarize, from --epoch on")
+    p.add_argument("--resume-from", default=None, metavar="STATE.json",
+                   help="a saved Loader.state_dict(): the steps per rank and samples its epoch leaves for this layout")
     p.add_argument("--detail", action=argparse.BooleanOptionalAction, default=None,
                    help="list every (rank, worker)'s parts (default: for 16 global workers or fewer, or with --rank: "
                         "that rank's workers)")

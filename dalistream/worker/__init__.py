@@ -6,7 +6,7 @@ Reads its shards (:mod:`.reader`), decodes fields (:mod:`.fields`) under the err
 
 from .fields import FieldDecoder, image_problem
 from .policy import ErrorPolicy, skip_totals
-from .shuffle import emitted_indices, shuffled
+from ..plan.shuffle import emitted_indices, shuffled
 from .source import WorkerSource
 from .stats import WorkerStats, read_workers, stats_path, summarize
 

@@ -8,6 +8,7 @@ a worker's decoded samples (tuples of arrays, one per field) for one :class:`~da
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from typing import Callable, Iterator, Optional, Sequence, Union
 
@@ -108,12 +109,21 @@ class PlanReader:
             if n_pass:
                 perm = np.random.default_rng(seeds.pass_order(c.seed, plan.epoch, n_pass)).permutation(len(parts))
                 parts = [parts[int(i)] for i in perm]
-            # resume: samples consumed before the restart are not even read (known sizes only)
-            done, base = [], ordinal
+            # resume: samples consumed before the restart are not even read (known sizes only);
+            # an elastic resume's drops (raw positions over the parts) are neither read nor numbered
+            drop = frozenset(plan.drop) if not n_pass else frozenset()
+            done, nones, heads, base, raw = [], [], [], ordinal, 0
             for index, first, stop in parts:
-                size = None if stop is None else stop - first
-                done.append(next((i for i in range(size) if keep(base + i)), size) if size else 0)
-                base += size or 0
+                size = (None if stop is None else stop - first) or 0
+                d = n = 0
+                while d < size and (raw + d in drop or not keep(base + n)):
+                    n += raw + d not in drop
+                    d += 1
+                done.append(d)
+                nones.append(n)
+                heads.append(raw - first)  # raw position of the part's sample i: heads[k] + i
+                base += size - (bisect.bisect_left(plan.drop, raw + size) - bisect.bisect_left(plan.drop, raw) if drop else 0)
+                raw += size
             reads = [(k, index, first + d, stop) for k, ((index, first, stop), d) in enumerate(zip(parts, done))
                      if not (stop is not None and stop > first and d == stop - first)]
             ranges = [self.byte_range(index, first, stop) for _, index, first, stop in reads]
@@ -121,8 +131,8 @@ class PlanReader:
                                    ranges=[(start or 0, end) for start, end in ranges])
             position = 0
             for k, (index, first, stop) in enumerate(parts):
-                ordinal += done[k]
-                yield from itertools.repeat(None, done[k])
+                ordinal += nones[k]
+                yield from itertools.repeat(None, nones[k])
                 if position == len(reads) or reads[position][0] != k:
                     continue
                 first, (start, end) = first + done[k], ranges[position]
@@ -130,6 +140,8 @@ class PlanReader:
                     if isinstance(sample, DalistreamError):
                         yield sample
                         continue
+                    if drop and heads[k] + sample["__index__"] in drop:
+                        continue  # delivered before an elastic resume
                     ordinal += 1
                     yield sample if keep(ordinal - 1) else None
                 position += 1

@@ -25,11 +25,11 @@ import numpy as np
 from ..config import StreamConfig
 from ..errors import redact_client_logs
 from ..manifest.offsets import SampleOffsets
-from ..plan import WorkerPlan, seeds, worker_plan
+from ..plan import ResumePlan, WorkerPlan, seeds, worker_plan
 from . import batch
 from .policy import ErrorPolicy
 from .reader import PlanReader
-from .shuffle import emitted_indices, shuffled
+from ..plan.shuffle import emitted_indices, shuffled
 from .stats import WorkerStats
 
 
@@ -39,7 +39,7 @@ class WorkerSource:
     def __init__(
         self, config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], worker: int, *,
         start_epoch: int = 0, start_step: int = 0, stats_path: Optional[str] = None,
-        offsets: Optional[SampleOffsets] = None, count_source: Optional[str] = None,
+        offsets: Optional[SampleOffsets] = None, count_source: Optional[str] = None, resume: Sequence = (),
     ) -> None:
         self.config = config
         self.worker = worker
@@ -52,6 +52,7 @@ class WorkerSource:
         self.never_dense: Tuple[int, ...] = ()  # fields the graph does not trim (dali.graph.untrimmed)
         self.start_epoch = start_epoch
         self.start_step = start_step
+        self.resume = tuple(resume)  # segments of start_epoch run under other layouts (plan.resume)
         self.stats_path = stats_path
         self._probe_pid: Optional[int] = None
         self._iters = 0
@@ -102,6 +103,8 @@ class WorkerSource:
     def plan(self, epoch: int) -> WorkerPlan:
         """This worker's plan (shards, steps, slot) for ``epoch``."""
         c = self.config
+        if self.resume and epoch == self.start_epoch and self.reader.counts is not None:
+            return ResumePlan(self.reader.counts, c.layout, c.schedule, epoch, self.resume, c.shuffle).worker(c.rank, self.worker)
         return worker_plan(self.reader.counts, len(self.reader.urls), c.layout, c.schedule, epoch, c.rank, self.worker)
 
     def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
@@ -116,7 +119,7 @@ class WorkerSource:
         policy = ErrorPolicy(c.on_error, c.max_skip_fraction, rank=c.rank, worker=self.worker)
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
         skip_count = start_step * plan.slot
-        seed = seeds.sample_shuffle(c.seed, epoch, plan.global_worker)
+        seed = plan.shuffle_seed if plan.shuffle_seed is not None else seeds.sample_shuffle(c.seed, epoch, plan.global_worker)
         if c.shuffle > 1 and skip_count:
             total = None if c.policy == "fixed" else plan.samples
             gone = emitted_indices(skip_count, total, c.shuffle, seed)

@@ -125,15 +125,16 @@ def test_state_dict_save_load_compare(shards):
     check_resume(run_from, [1, steps - 1])
 
 
-def test_state_from_another_layout_is_an_error(shards):
+def test_state_from_another_layout_continues_unless_refused(shards):
     with Loader(open_stream(shards, 0, 1, 2)) as a:
         state = a.state_dict()
+    state["loader"]["step"] = 3
     with Loader(open_stream(shards, 0, 1, 3)) as b:
-        with pytest.raises(StateError, match="workers"):
-            b.load_state_dict(state)
-        state["loader"]["step"] = 3
-        b.load_state_dict(state, allow_layout_change=True)
-        assert (b.epoch, b.step) == (0, 0)
+        with pytest.raises(StateError, match="layout"):
+            b.load_state_dict(state, allow_layout_change=False)
+        b.load_state_dict(state)
+        assert (b.epoch, b.step, b.resume) == (0, 0, ((1, 2, B, 3),))
+        assert len(b) == b.stream.steps(0, b.resume) < b.stream.steps(0)
 
 
 def test_batches_are_torch_tensors_and_stats_count(shards):

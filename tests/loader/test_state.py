@@ -89,3 +89,25 @@ def test_a_json_round_trip_loads(loader):
     loader.load_state_dict(json.loads(json.dumps(state)))
     assert loader.step == 1
     loader.load_state_dict(garble(state, ("loader", "step"), 0))
+
+
+def test_a_version_2_state_loads_on_its_layout_and_names_moved_shards(loader):
+    state = loader.state_dict()
+    state.update(version=2)
+    del state["segments"]
+    del state["plan"]["shuffle_shards"]
+    state["plan"]["sources"] = loader.stream.digest  # version 2: a digest of the URLs
+    state["loader"] = {"epoch": 0, "step": 1}
+    loader.load_state_dict(state)
+    assert (loader.epoch, loader.step, loader.resume) == (0, 1, ())
+    state["plan"]["sources"] = "0" * 16
+    with pytest.raises(StateError, match="shard URLs differ"):
+        loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize("segments", [[[1, 2]], "1,2,4,3", [[1, 2, 4, 99]]])
+def test_bad_segments_are_refused_by_name(loader, segments):
+    state = loader.state_dict()
+    state["segments"] = segments
+    with pytest.raises(StateError, match="segment"):
+        loader.load_state_dict(state)

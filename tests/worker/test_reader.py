@@ -185,3 +185,33 @@ def test_a_shard_rewritten_with_other_member_sizes_is_named_not_misread(tmp_path
         assert not any(k.startswith("s001") for k in delivered)
         assert e.value.url == paths[1] and e.value.reason == "bad_tar" and e.value.member == "s001/00000.bin"
         assert found in str(e.value) and "dalistream index" in str(e.value)
+
+
+def resumed_keys(config, paths, sizes, resume, r, w, off, start_step=0):
+    src = WorkerSource(config.replace(rank=r), paths, sizes, w, offsets=off, start_epoch=1, start_step=start_step,
+                       resume=resume)
+    return [[bytes(k).decode() for k, v in zip(keys, valid) if int(v)] for keys, valid in src.epoch_batches(1, start_step)]
+
+
+@pytest.mark.parametrize("reading", READINGS)
+@pytest.mark.parametrize("shuffle", [0, 5])
+def test_an_elastic_resume_reads_the_rest_once_by_every_reading(tmp_path, reading, shuffle):
+    """Segment (2 ranks x 2 workers x batch 4, 3 steps), then 1 rank x 3 workers x batch 6: the
+    workers of both deliver the epoch once, the drops read (or seeked past) but never delivered,
+    whether parts open by offsets, by member layout or by headers; and a resume within the
+    resumed segment yields the tail of its batches."""
+    sizes = [7, 31, 0, 4, 19]
+    paths = key_shards(str(tmp_path), sizes)
+    off = indexed(paths, reading)
+    first = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=4, workers=2, world_size=2,
+                         seed=2, shuffle=shuffle, policy="exact")
+    seen = [k for r, w in itertools.product(range(2), range(2))
+            for batch in source_keys(first, paths, sizes, r, w, 1, off)[:3] for k in batch]
+    second = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=6, workers=3, world_size=1,
+                          seed=2, shuffle=shuffle, policy="exact")
+    resume = ((2, 2, 4, 3),)
+    for w in range(3):
+        full = resumed_keys(second, paths, sizes, resume, 0, w, off)
+        seen += [k for batch in full for k in batch]
+        assert resumed_keys(second, paths, sizes, resume, 0, w, off, start_step=2) == full[2:]
+    assert sorted(seen) == sorted(f"s{s:03d}/{i:05d}" for s, n in enumerate(sizes) for i in range(n))

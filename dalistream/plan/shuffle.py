@@ -1,4 +1,5 @@
-"""The per-worker sample shuffle buffer, and the prediction of its output (for resume)."""
+"""The per-worker sample shuffle buffer, and the prediction of its output from indices alone:
+the plan (resume) and the worker both use it, so it lives in the pure stage."""
 
 from __future__ import annotations
 

@@ -1,0 +1,282 @@
+"""Elastic resume: the rest of an epoch after one or more *segments* ran under other layouts,
+planned over a new layout. Pure functions of (counts, layout, schedule, epoch, segments, shuffle).
+
+A segment is ``(world_size, workers, batch_size, steps)``: a layout and the steps it ran in the
+epoch. Segment 0 planned the whole epoch sequence (``T`` samples, :mod:`.ownership`); segment
+``k`` plans the sequence *remaining* after segments ``0 … k-1`` the same way, as balanced spans
+(:func:`~.ownership.span_bounds`). What a global worker of a past segment delivered is known from
+indices alone: its span's first ``c = steps × slot`` outputs of the shuffle buffer (without a
+buffer, the span's first ``c`` samples). So its span splits into a prefix fully delivered, a
+*window* of at most (buffer) samples of which some were delivered (:func:`~.shuffle.emitted_indices` names them), and the untouched rest. What remains is, worker by worker, the
+window's undelivered samples then the rest (for ``even``, then the tail no one owned).
+
+A new worker's span of that remaining sequence maps back to :class:`Run` s of epoch positions,
+each a range minus a few dropped positions (the window's delivered samples); its plan reads the
+runs' shard parts in order and drops those positions without decoding them. Chains apply the same
+rule again: the state stays a few integers per segment, never a list of samples.
+
+``fixed`` with counts continues with the epoch's remaining *batches*: the new layout's spans of
+the whole epoch, for ``batches_per_epoch`` minus the steps already run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import StateError
+from . import seeds
+from .layout import Layout, Schedule
+from .shuffle import emitted_indices
+from .ownership import WorkerPlan, epoch_layout, epoch_steps, span_bounds
+
+Segment = Tuple[int, int, int, int]  # (world_size, workers, batch_size, steps run)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Epoch positions ``[start, stop)`` minus ``drop`` (sorted), in order."""
+
+    start: int
+    stop: int
+    drop: Tuple[int, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start - len(self.drop)
+
+
+def segment_layout(segment: Sequence[int]) -> Layout:
+    """The :class:`Layout` of a segment ``(world_size, workers, batch_size, steps)``."""
+    return Layout(int(segment[0]), int(segment[1]), int(segment[2]))
+
+
+def shuffle_seed(seed: int, epoch: int, segment: int, global_worker: int) -> int:
+    """Seed of a global worker's sample shuffle in segment ``segment`` of ``epoch`` (segment 0:
+    the unresumed epoch's seed, so that a run never resumed is unchanged)."""
+    base = seeds.sample_shuffle(seed, epoch, global_worker)
+    return base if segment == 0 else (base * 1_000_037 + segment) & 0x7FFFFFFFFFFF
+
+
+@lru_cache(maxsize=4096)
+def _emitted(count: int, total: int, size: int, seed: int) -> Tuple[int, ...]:
+    return tuple(sorted(emitted_indices(count, total, size, seed)))
+
+
+def delivered_ordinals(count: int, total: int, shuffle: int, seed: int) -> Tuple[int, ...]:
+    """Input ordinals (of ``total``) among a worker's first ``count`` outputs, sorted."""
+    count = min(count, total)
+    if shuffle <= 1:
+        return tuple(range(count))
+    return _emitted(count, total, shuffle, seed)
+
+
+def _kth(runs: Sequence[Run], ks: Sequence[int]) -> List[int]:
+    """Epoch positions of the ``ks``-th (sorted) kept positions of ``runs``."""
+    out, base, it = [], 0, iter(ks)
+    k = next(it, None)
+    for run in runs:
+        if k is None:
+            break
+        drop = np.asarray(run.drop, dtype=np.int64)
+        while k is not None and k < base + run.size:
+            i = k - base  # the i-th kept position of the run: start + i + (drops at or before it)
+            pos = run.start + i
+            j = int(np.searchsorted(drop - run.start - np.arange(len(drop)), i, side="right"))
+            out.append(pos + j)
+            k = next(it, None)
+        base += run.size
+    return out
+
+
+class Remaining:
+    """The sequence of an epoch left after ``segments``: ``total`` samples, and :meth:`runs`."""
+
+    def __init__(self, total: int, schedule: Schedule, epoch: int, segments: Sequence[Segment], shuffle: int) -> None:
+        self.schedule, self.epoch, self.shuffle = schedule, epoch, shuffle
+        self.level = len(segments)
+        if not segments:
+            self.prev, self.total = None, int(total)
+            return
+        self.prev = Remaining(total, schedule, epoch, segments[:-1], shuffle)
+        n_prev = self.prev.total
+        layout, steps = segment_layout(segments[-1]), int(segments[-1][3])
+        planned = epoch_steps(n_prev, layout, schedule)
+        if steps > planned:
+            raise StateError(f"segment {self.level - 1} ran {steps} steps of a plan of {planned} under "
+                             f"{layout.world_size} ranks x {layout.workers} workers x batch {layout.batch_size}",
+                             hint="the state does not come from this data set")
+        self.bounds = span_bounds(n_prev, layout, schedule)
+        slots = np.tile(np.asarray(layout.slots, dtype=np.int64), layout.world_size)
+        sizes = np.diff(self.bounds)
+        self.done = np.minimum(sizes, steps * slots)
+        left = list((sizes - self.done).tolist()) + [n_prev - int(self.bounds[-1])]  # last: no one's (even)
+        self.cum = np.zeros(len(left) + 1, dtype=np.int64)
+        np.cumsum(left, out=self.cum[1:])
+        self.total = int(self.cum[-1])
+        self._window: dict = {}
+
+    def window(self, g: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], int]:
+        """Global worker ``g`` of the last segment: (undelivered ordinals of its window, the
+        window's delivered ordinals, where its untouched rest starts), ordinals in its span."""
+        if g not in self._window:
+            n, c = int(self.bounds[g + 1] - self.bounds[g]), int(self.done[g])
+            gone = delivered_ordinals(c, n, self.shuffle, shuffle_seed(self.schedule.seed, self.epoch, self.level - 1, g))
+            rest = gone[-1] + 1 if gone else 0
+            prefix = next((i for i, o in enumerate(gone) if o != i), len(gone))
+            kept = tuple(sorted(set(range(prefix, rest)) - set(gone)))
+            self._window[g] = (kept, gone[prefix:], rest)
+        return self._window[g]
+
+    def runs(self, lo: int, hi: int) -> List[Run]:
+        """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
+        if hi <= lo:
+            return []
+        if self.prev is None:
+            return [Run(lo, hi)]
+        out: List[Run] = []
+        g = int(np.searchsorted(self.cum, lo, side="right")) - 1
+        while g < len(self.cum) - 1 and int(self.cum[g]) < hi:
+            a, b = max(lo, int(self.cum[g])) - int(self.cum[g]), min(hi, int(self.cum[g + 1])) - int(self.cum[g])
+            if g == len(self.cum) - 2:  # the tail no one owned (even): untouched
+                base = int(self.bounds[-1])
+                out += self.prev.runs(base + a, base + b)
+            else:
+                base = int(self.bounds[g])
+                kept, gone, rest = self.window(g)
+                if a < len(kept):
+                    take = kept[a:min(b, len(kept))]
+                    x, y = base + take[0], base + take[-1] + 1
+                    inner = self.prev.runs(x, y)
+                    holes = [o + base - x for o in gone if take[0] < o < take[-1]]
+                    out += _with_drops(inner, _kth(inner, holes))
+                if b > len(kept):
+                    out += self.prev.runs(base + rest + max(0, a - len(kept)), base + rest + b - len(kept))
+            g += 1
+        return _merged(out)
+
+
+def _with_drops(runs: List[Run], positions: Sequence[int]) -> List[Run]:
+    if not positions:
+        return runs
+    pos = np.asarray(positions, dtype=np.int64)
+    out = []
+    for r in runs:
+        extra = pos[(pos >= r.start) & (pos < r.stop)].tolist()
+        out.append(Run(r.start, r.stop, tuple(sorted(set(r.drop) | set(extra)))))
+    return out
+
+
+def _merged(runs: List[Run]) -> List[Run]:
+    out: List[Run] = []
+    for r in runs:
+        if r.stop <= r.start:
+            continue
+        if out and out[-1].stop == r.start:
+            out[-1] = Run(out[-1].start, r.stop, out[-1].drop + r.drop)
+        else:
+            out.append(r)
+    return out
+
+
+def check_segments(segments: Sequence[Sequence[int]]) -> Tuple[Segment, ...]:
+    """Segments as tuples of 4 integers (world_size, workers, batch_size >= workers, steps >= 0),
+    or a :class:`StateError` naming the bad one."""
+    out = []
+    for i, s in enumerate(segments):
+        ok = (isinstance(s, (list, tuple)) and len(s) == 4
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
+              and s[0] >= 1 and s[1] >= 1 and s[2] >= s[1] and s[3] >= 0)
+        if not ok:
+            raise StateError(f"loader state: segment {i} must be [world_size, workers, batch_size, steps], got {s!r}")
+        out.append(tuple(int(v) for v in s))
+    return tuple(out)  # type: ignore[return-value]
+
+
+def continued(segments: Sequence[Segment], saved: Tuple[int, int, int], step: int,
+              layout: Layout) -> Tuple[Tuple[Segment, ...], int]:
+    """Where a state saved at ``step`` of layout ``saved`` (ranks, workers, batch size), after
+    ``segments``, goes on under ``layout``: ``(segments, step)``. The same layout goes on at its
+    step; another one closes the saved layout's segment and starts its own at step 0."""
+    if tuple(saved) == (layout.world_size, layout.workers, layout.batch_size):
+        return tuple(segments), step
+    if not step:  # the saved layout ran nothing of this epoch
+        return tuple(segments), 0
+    return tuple(segments) + ((int(saved[0]), int(saved[1]), int(saved[2]), int(step)),), 0
+
+
+def resumed_steps(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,
+                  segments: Sequence[Segment], shuffle: int) -> int:
+    """Steps every rank of ``layout`` runs for the rest of ``epoch`` after ``segments``."""
+    if schedule.policy == "fixed":
+        return max(0, int(schedule.batches_per_epoch) - sum(int(s[3]) for s in segments))  # type: ignore[arg-type]
+    rest = Remaining(int(np.sum(np.asarray(counts, dtype=np.int64))), schedule, epoch, segments, shuffle)
+    return epoch_steps(rest.total, layout, schedule)
+
+
+class ResumePlan:
+    """The rest of ``epoch`` after ``segments``, planned over ``layout`` (computed once, then
+    :meth:`worker` per (rank, worker))."""
+
+    def __init__(self, counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,
+                 segments: Sequence[Segment], shuffle: int) -> None:
+        self.counts, self.layout, self.schedule, self.epoch = counts, layout, schedule, epoch
+        self.segments, self.shuffle = tuple(segments), shuffle
+        self.steps = resumed_steps(counts, layout, schedule, epoch, segments, shuffle)
+        if schedule.policy != "fixed":
+            self.epoch_layout = epoch_layout(counts, layout, schedule, epoch)
+            self.rest = Remaining(self.epoch_layout.total, schedule, epoch, segments, shuffle)
+            self.bounds = span_bounds(self.rest.total, layout, schedule)
+
+    def worker(self, rank: int, worker: int) -> WorkerPlan:
+        """The :class:`WorkerPlan` of (``rank``, ``worker``): parts in reading order, ``drop`` the
+        raw ordinals (over the parts' samples) not to deliver, ``samples`` what it delivers, and
+        its segment's own shuffle seed."""
+        from .ownership import worker_plan
+
+        layout, schedule = self.layout, self.schedule
+        g = layout.global_worker(rank, worker)
+        seed = shuffle_seed(schedule.seed, self.epoch, len(self.segments), g)
+        if schedule.policy == "fixed":
+            plan = worker_plan(self.counts, len(self.counts), layout, schedule, self.epoch, rank, worker)
+            return WorkerPlan(rank, worker, self.epoch, plan.parts, self.steps, plan.slot, plan.offset, plan.samples,
+                              g, 0, (), seed)
+        ep = self.epoch_layout
+        lo, hi = int(self.bounds[g]), int(self.bounds[g + 1])
+        parts, drop, raw = [], [], 0
+        for run in self.rest.runs(lo, hi):
+            i = int(np.searchsorted(ep.starts, run.start, side="right")) - 1
+            drop += (np.asarray(run.drop, dtype=np.int64) - run.start + raw).tolist()
+            while i < len(ep.order) and int(ep.starts[i]) < run.stop:
+                a, b = int(ep.starts[i]), int(ep.starts[i + 1])
+                first, stop = max(run.start, a) - a, min(run.stop, b) - a
+                if stop > first:
+                    parts.append((int(ep.order[i]), first, stop))
+                i += 1
+            raw += run.stop - run.start
+        left_out = self.rest.total - int(self.bounds[-1]) if g == layout.global_workers - 1 else 0
+        return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
+                          layout.slot_offsets[worker], hi - lo, g, left_out, tuple(drop), seed)
+
+
+def resumed_worker_plan(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int, rank: int,
+                        worker: int, segments: Sequence[Segment], shuffle: int) -> WorkerPlan:
+    """One worker's :meth:`ResumePlan.worker`."""
+    return ResumePlan(counts, layout, schedule, epoch, segments, shuffle).worker(rank, worker)
+
+
+def remaining_summary(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,
+                      segments: Sequence[Segment], shuffle: int) -> dict:
+    """What a resume leaves for ``layout``: samples delivered and left, steps per rank."""
+    total = int(np.sum(np.asarray(counts, dtype=np.int64)))
+    steps = resumed_steps(counts, layout, schedule, epoch, segments, shuffle)
+    if schedule.policy == "fixed":
+        return {"epoch": epoch, "samples": total, "delivered": None, "remaining": None, "steps": steps,
+                "segments": [list(s) for s in segments]}
+    rest = Remaining(total, schedule, epoch, segments, shuffle)
+    return {"epoch": epoch, "samples": total, "delivered": total - rest.total, "remaining": rest.total,
+            "steps": steps, "left_out": rest.total - min(rest.total, steps * layout.world_size * layout.batch_size)
+            if schedule.policy == "even" else 0, "segments": [list(s) for s in segments]}

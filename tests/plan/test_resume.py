@@ -1,0 +1,147 @@
+"""Elastic resume over the pure plan: an epoch run in 1 to 4 segments under different layouts
+delivers every sample once (``exact``), none twice (``even``, left out at most R·B of the last
+layout). What each segment's worker delivers is simulated independently of plan.resume's window
+arithmetic: its parts and drops are turned into epoch positions through the shard order, then run
+through the real shuffle buffer, and its first ``steps × slot`` outputs taken."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dalistream.errors import StateError
+from dalistream.plan import Layout, ResumePlan, Schedule, epoch_layout, remaining_summary, worker_plan
+from dalistream.plan.resume import check_segments
+from dalistream.plan.shuffle import shuffled
+
+
+def positions(plan, counts, layout, schedule, epoch):
+    """Epoch positions a worker plan reads, in order, its drops removed."""
+    ep = epoch_layout(counts, layout, schedule, epoch)
+    start_of = np.empty(len(counts), dtype=np.int64)
+    start_of[ep.order] = ep.starts[:-1]
+    raw = [int(start_of[s]) + k for s, a, b in plan.parts for k in range(a, b)]
+    drop = set(plan.drop)
+    return [p for i, p in enumerate(raw) if i not in drop]
+
+
+def run_epoch(counts, schedule, epoch, layouts, steps_run, shuffle):
+    """Delivered epoch positions of every segment: ``layouts[k]`` runs ``steps_run[k]`` steps
+    (the last one to its end)."""
+    segments, delivered = [], []
+    for k, layout in enumerate(layouts):
+        plan = ResumePlan(counts, layout, schedule, epoch, segments, shuffle)
+        steps = plan.steps if k == len(layouts) - 1 else min(steps_run[k], plan.steps)
+        for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
+            wp = plan.worker(r, w)
+            seq = positions(wp, counts, layout, schedule, epoch)
+            assert len(seq) == wp.samples
+            out = list(shuffled(seq, shuffle, wp.shuffle_seed))
+            delivered += out[:steps * wp.slot]
+        segments.append((layout.world_size, layout.workers, layout.batch_size, steps))
+    return delivered, segments
+
+
+def small_layout():
+    return st.tuples(st.integers(1, 6), st.integers(1, 4), st.integers(1, 24)).map(
+        lambda t: Layout(t[0], t[1], max(t[1], t[2])))
+
+
+def big_layout():
+    return st.tuples(st.integers(1, 1024), st.integers(1, 16), st.integers(1, 512)).map(
+        lambda t: Layout(t[0], t[1], max(t[1], t[2])))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 40), min_size=1, max_size=30),
+       layouts=st.lists(small_layout(), min_size=2, max_size=4),
+       steps=st.lists(st.integers(0, 12), min_size=3, max_size=3),
+       policy=st.sampled_from(["exact", "even"]), shuffle=st.sampled_from([0, 1, 3, 16]),
+       seed=st.integers(0, 99), epoch=st.integers(0, 3))
+def test_segments_deliver_the_epoch(counts, layouts, steps, policy, shuffle, seed, epoch):
+    total = sum(counts)
+    if total == 0:
+        return
+    schedule = Schedule(seed, policy)
+    delivered, _ = run_epoch(counts, schedule, epoch, layouts, steps, shuffle)
+    assert len(delivered) == len(set(delivered))  # no sample twice, in any policy
+    if policy == "exact":
+        assert sorted(delivered) == list(range(total))
+    else:
+        last = layouts[-1]
+        assert set(delivered) <= set(range(total))
+        assert total - len(delivered) < last.world_size * last.batch_size
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 300), min_size=1, max_size=60),
+       layouts=st.lists(big_layout(), min_size=2, max_size=4),
+       fractions=st.lists(st.floats(0, 1), min_size=3, max_size=3),
+       policy=st.sampled_from(["exact", "even"]), shuffle=st.sampled_from([0, 64]))
+def test_large_layouts(counts, layouts, fractions, policy, shuffle):
+    """R up to 1,024, W up to 16, B up to 512, with layout changes at random steps."""
+    total = sum(counts)
+    schedule = Schedule(5, policy)
+    segments = []
+    for k, layout in enumerate(layouts[:-1]):
+        plan = ResumePlan(counts, layout, schedule, 1, segments, shuffle)
+        segments.append((layout.world_size, layout.workers, layout.batch_size, int(fractions[k] * plan.steps)))
+    steps = [s[3] for s in segments]
+    delivered, _ = run_epoch(counts, schedule, 1, layouts, steps, shuffle)
+    assert len(delivered) == len(set(delivered))
+    if policy == "exact":
+        assert sorted(delivered) == list(range(total))
+    else:
+        assert total - len(delivered) < layouts[-1].world_size * layouts[-1].batch_size
+
+
+@pytest.mark.parametrize("shuffle", [0, 8])
+def test_no_segment_is_the_plain_plan(shuffle):
+    """Without earlier segments the resumed plan is the epoch's own plan (same parts, steps, seed)."""
+    counts, layout, schedule = [5, 0, 9, 3, 7], Layout(2, 2, 4), Schedule(1, "exact")
+    plan = ResumePlan(counts, layout, schedule, 2, [], shuffle)
+    for r, w in itertools.product(range(2), range(2)):
+        a, b = plan.worker(r, w), worker_plan(counts, len(counts), layout, schedule, 2, r, w)
+        assert [p for p in b.parts if p[2] > p[1]] == list(a.parts)
+        assert (a.steps, a.samples, a.drop) == (b.steps, b.samples, ())
+
+
+def test_the_worked_example_four_ranks_to_three():
+    """The README's example: 4 ranks x 2 workers x batch 8 stop at step 5 of 13; 3 ranks x 1
+    worker x batch 12 run the rest."""
+    counts = [100] * 4
+    before = remaining_summary(counts, Layout(4, 2, 8), Schedule(0, "exact"), 0, [], 0)
+    after = remaining_summary(counts, Layout(3, 1, 12), Schedule(0, "exact"), 0, [(4, 2, 8, 5)], 0)
+    assert before["steps"] == 13 and before["remaining"] == 400
+    assert after["delivered"] == 160 and after["remaining"] == 240 and after["steps"] == 7
+
+
+def test_a_window_delivered_in_part_is_dropped_not_reread():
+    """With a shuffle buffer, a past worker's window (what it read but did not all deliver) is read
+    again and its delivered samples dropped by ordinal: at most (buffer) of them are kept, and
+    the fully delivered prefix is not read at all."""
+    counts, schedule = [1000], Schedule(0, "exact")
+    plan = ResumePlan(counts, Layout(1, 1, 10), schedule, 0, [(1, 1, 10, 30)], 50)
+    wp = plan.worker(0, 0)
+    assert wp.drop and wp.samples == 700
+    assert wp.drop[-1] + 1 - len(wp.drop) <= 50  # kept samples up to the window's end
+    assert 0 < wp.parts[0][1] < 300  # the window starts after the prefix, before the 300 delivered end
+
+
+@pytest.mark.parametrize("bad", [[1, 2, 3], [0, 1, 1, 0], [1, 2, 1, 0], [1, 1, 1, -1], ["1", 1, 1, 1], [1, 1, 1, True]])
+def test_bad_segments_are_state_errors(bad):
+    with pytest.raises(StateError, match="segment 0"):
+        check_segments([bad])
+
+
+def test_a_segment_past_its_plan_is_a_state_error():
+    with pytest.raises(StateError, match="ran 99 steps"):
+        ResumePlan([10, 10], Layout(1, 1, 2), Schedule(0, "exact"), 0, [(1, 1, 2, 99)], 0)
+
+
+def test_fixed_continues_the_remaining_batches():
+    schedule = Schedule(0, "fixed", batches_per_epoch=20)
+    plan = ResumePlan([30, 30], Layout(2, 1, 4), schedule, 0, [(3, 1, 4, 7)], 0)
+    assert plan.steps == 13 and plan.worker(1, 0).steps == 13
