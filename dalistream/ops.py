@@ -6,5 +6,6 @@ from .dali.ops import (DECODER_OPTIONS, GPU_DECODER_OPTIONS, IMAGENET_MEAN, IMAG
                        decode_images, normalize, random_resized_crop, resize_shorter, to_device)
 from .device import gpu_count, resolve_device
 
-__all__ = ["DECODER_OPTIONS", "GPU_DECODER_OPTIONS", "IMAGENET_MEAN", "IMAGENET_STD", "coin_flip", "color_jitter", "decode_images", "gpu_count", "normalize",
-           "random_resized_crop", "resize_shorter", "resolve_device", "to_device"]
+__all__ = ["DECODER_OPTIONS", "GPU_DECODER_OPTIONS", "IMAGENET_MEAN", "IMAGENET_STD", "coin_flip", "color_jitter",
+           "decode_images", "gpu_count", "normalize", "random_resized_crop", "resize_shorter", "resolve_device",
+           "to_device"]

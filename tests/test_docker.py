@@ -577,11 +577,13 @@ DRIVER_FOR_CUDA = {"12.0": 525.60, "12.1": 530.30, "12.2": 535.54, "12.3": 545.2
 
 def test_driver_statements_agree_with_the_base_image(dockerfile):
     """The container's driver minimum follows from its base image's CUDA version, and every place
-    that states it (docker/README.md, README.md, the Dockerfile's own header) says the same."""
+    that states it (docker/README.md, README.md, the Dockerfile's own header, pyproject's ``gpu``
+    extra) says the same."""
     base = [ins for ins in dockerfile if ins.keyword == "FROM"][0].value
     cuda = re.search(r"nvidia/cuda:(\d+\.\d+)", base).group(1)
     need = int(DRIVER_FOR_CUDA[cuda])
-    for path in (os.path.join(DOCKER, "README.md"), os.path.join(ROOT, "README.md"), os.path.join(DOCKER, "Dockerfile")):
+    for path in (os.path.join(DOCKER, "README.md"), os.path.join(ROOT, "README.md"), os.path.join(DOCKER, "Dockerfile"),
+                 os.path.join(ROOT, "pyproject.toml")):
         with open(path, encoding="utf-8") as f:
             text = f.read()
         assert re.search(rf"(?:≥|>=) ?{need}\b", text), f"{path} does not state the driver minimum {need} (CUDA {cuda})"

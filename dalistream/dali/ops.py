@@ -18,8 +18,8 @@ from .compat import conditionals_enabled, converted, do_not_convert
 
 #: Settings of DALI's image decoders that only its GPU (``mixed``) decoder has: given to
 #: :func:`decode_images`, they apply on a GPU and are left out on the CPU, so one pipeline runs on
-#: both. ``hw_decoder_load``: the share of JPEGs sent to the A100/H100 hardware decoder (DALI's
-#: default 0.9); ``device_memory_padding``/``host_memory_padding`` (and ``_jpeg2k``): extra
+#: both. ``hw_decoder_load``: the share of JPEGs sent to the A100/H100 hardware decoder (DALI
+#: 2.4's default 0.65); ``device_memory_padding``/``host_memory_padding`` (and ``_jpeg2k``): extra
 #: bytes per buffer, so buffers grow rarely; ``preallocate_width_hint``/``preallocate_height_hint``:
 #: the largest image expected, allocated up front; ``affine``: pin the decoder's host threads.
 GPU_DECODER_OPTIONS = frozenset({"hw_decoder_load", "device_memory_padding", "host_memory_padding",

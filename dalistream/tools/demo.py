@@ -81,6 +81,17 @@ def tiny_cnn(classes: int):
                          nn.Linear(64, classes))
 
 
+def check_labels(labels: Any, classes: int) -> None:
+    """Raise :class:`ConfigError` unless every label is in ``0..classes-1``, with one wait for the
+    device (on a GPU an out-of-range label would stop CUDA with a device-side assert in the loss)."""
+    import torch
+
+    low, high = torch.stack(torch.aminmax(labels)).tolist()
+    if high >= classes or low < 0:
+        raise ConfigError(f"label {high if high >= classes else low} is outside 0..{classes - 1}",
+                          hint="set --classes")
+
+
 def torch_threads(threads: Optional[int], workers: int, env: Mapping[str, str]) -> int:
     """Threads for torch on the CPU. DALI's workers decode on their own cores; a torch thread pool
     spanning all cores fights them and runs several times slower than one that leaves them room."""
@@ -195,22 +206,20 @@ def train(args: argparse.Namespace, sources: List[str], storage: Dict[str, Any],
                 while step < args.steps:
                     t0 = time.perf_counter()
                     batch = next(batches, None)
-                    t1 = time.perf_counter()
                     if batch is None:
                         break
                     images, labels = batch["image"], batch["label"]
-                    low, high = torch.stack(torch.aminmax(labels)).tolist()  # one wait for the device, not two
-                    if high >= args.classes or low < 0:
-                        raise ConfigError(f"label {high if high >= args.classes else low} is outside "
-                                          f"0..{args.classes - 1}", hint="set --classes")
+                    # waits for the batch's GPU work (decode, augment): counted as data wait, not compute
+                    check_labels(labels, args.classes)
+                    t1 = time.perf_counter()
                     model.train()
                     logits = model(images.float())
                     loss = loss_fn(logits, labels)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     optimizer.step()
-                    value = float(loss.item())  # waits for the device: compute time is real
-                    hits = (logits.argmax(1) == labels).float().mean().item()
+                    hits = (logits.argmax(1) == labels).float().mean()
+                    value, hits = torch.stack([loss.detach(), hits]).tolist()  # one wait: compute time is real
                     t2 = time.perf_counter()
                     n = int(labels.shape[0])
                     if first_batch_at is None:

@@ -68,3 +68,28 @@ def test_gpu_decode_matches_cpu_decode_and_padding_is_trimmed(shards):
     assert out["cpu"].keys() == out["gpu"].keys()
     diff = np.mean([np.abs(out["cpu"][k] - out["gpu"][k]).mean() for k in out["cpu"]])
     assert diff < 4.0  # nvJPEG and libjpeg-turbo differ by rounding only
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_gpu_outputs_reach_torch_without_a_copy_under_the_dynamic_executor(dynamic):
+    """The dynamic executor's outputs stay valid while referenced: torch gets the same memory
+    (DLPack); the other executor reuses its buffers, so its outputs are copied once."""
+    import torch
+    from nvidia.dali import fn, pipeline_def
+
+    from dalistream.dali import compat
+    from dalistream.loader.convert import to_torch
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=0, exec_dynamic=dynamic)
+    def graph():
+        return fn.random.uniform(range=[0.0, 1.0], shape=[4, 3]).gpu()
+
+    pipe = graph()
+    pipe.build()
+    (out,) = pipe.run()
+    dali_ptr = out.as_tensor().data_ptr()
+    batch = to_torch([("x", "array")], [out], zero_copy=compat.exec_dynamic(pipe))
+    assert compat.exec_dynamic(pipe) is dynamic
+    assert batch["x"].is_cuda and tuple(batch["x"].shape) == (2, 4, 3)
+    assert (batch["x"].data_ptr() == dali_ptr) is dynamic
+    assert torch.equal(batch["x"].cpu(), torch.from_numpy(out.as_cpu().as_array()))

@@ -65,3 +65,31 @@ def test_ready_pipelines_take_decoder_options_on_the_cpu(tmp_path):
                            decoder_options=options, cache_dir=str(tmp_path / "c")) as loader:
             batch = next(iter(loader))
         assert tuple(batch["image"].shape) == (4, 3, 32, 32)
+
+
+@pytest.mark.parametrize("schema", ["decoders__Image", "decoders__ImageRandomCrop"])
+def test_decoder_options_are_arguments_of_both_decoders(schema):
+    """A misspelled GPU-only option would be dropped on the CPU and fail only on a GPU: every name
+    is checked against DALI's own schema of the two decoders the ops use."""
+    from nvidia.dali import backend
+
+    names = set(backend.GetSchema(schema).GetArgumentNames())
+    assert ops.DECODER_OPTIONS <= names, sorted(ops.DECODER_OPTIONS - names)
+
+
+def test_documented_decoder_defaults_are_dalis():
+    """The defaults README and ``dali/ops.py`` quote are DALI's (a wrong one misleads tuning)."""
+    import os
+    import re
+
+    from nvidia.dali import backend
+
+    load = float(backend.GetSchema("decoders__Image").GetArgumentDefaultValueString("hw_decoder_load"))
+    fancy = backend.GetSchema("decoders__Image").GetArgumentDefaultValueString("jpeg_fancy_upsampling")
+    assert fancy == "False"  # why the GPU test asks for it: the CPU decoder upsamples smoothly
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for path in ("README.md", os.path.join("dalistream", "dali", "ops.py")):
+        with open(os.path.join(root, path), encoding="utf-8") as f:
+            text = " ".join(f.read().replace("#:", " ").split())
+        quoted = re.findall(r"hw_decoder_load[^;)]*?default (\d+(?:\.\d+)?)", text)
+        assert quoted and all(float(q) == load for q in quoted), (path, quoted, load)

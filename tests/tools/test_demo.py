@@ -88,3 +88,19 @@ def test_torch_threads_leave_cores_to_workers():
     assert torch_threads(3, 2, {}) == 3
     assert torch_threads(None, 2, {"OMP_NUM_THREADS": "4"}) == 4
     assert torch_threads(None, 64, {}) == 1
+
+
+@pytest.mark.parametrize("labels, bad", [([0, 2, 1], None), ([3, 0], 3), ([-1, 2], -1), ([0, 9, -4], 9), ([2], None)])
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_labels_are_checked_against_the_classes(labels, bad, dtype):
+    import torch
+
+    from dalistream.errors import ConfigError
+    from dalistream.tools.demo import check_labels
+
+    tensor = torch.tensor(labels, dtype=getattr(torch, dtype))
+    if bad is None:
+        check_labels(tensor, 3)
+    else:
+        with pytest.raises(ConfigError, match=rf"label {bad} is outside 0\.\.2"):
+            check_labels(tensor, 3)
