@@ -37,6 +37,8 @@ class RemoteOptions:
     max_backoff_s: float = 10.0
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
+    stall_warning_s: float = 5.0  # a request unanswered this long is reported in the log
+    give_up_s: float = 300.0  # no retry starts once a request has gone unanswered this long in all
 
     def __repr__(self) -> str:
         shown = [f"{f.name}={'***' if f.name in SECRET_OPTIONS else getattr(self, f.name)!r}" for f in fields(self)]
@@ -57,6 +59,8 @@ def remote_options(options: Optional[Mapping[str, Any]]) -> RemoteOptions:
     if unknown:
         raise ConfigError(f"unknown storage_options {unknown}; known: {sorted(known)}")
     opts = RemoteOptions(**options)
+    if opts.stall_warning_s <= 0 or opts.give_up_s <= 0 or opts.read_timeout_s <= 0 or opts.connect_timeout_s <= 0:
+        raise ConfigError("storage_options: stall_warning_s, give_up_s and the timeouts must be > 0")
     if (opts.max_attempts < 1 or opts.chunk_bytes < 1 or opts.read_ahead_bytes < 0 or opts.parts_in_flight < 1
             or opts.part_bytes < 1024):
         raise ConfigError("storage_options: max_attempts, chunk_bytes and parts_in_flight must be >= 1, part_bytes "

@@ -6,13 +6,17 @@ quote request details, are never copied)."""
 
 from __future__ import annotations
 
+import logging
 import random
+import threading
 import time
 from typing import Any, Callable, List
 
-from ..errors import ConfigError, SourceError
+from ..errors import ConfigError, SourceError, redact
 from .counters import IOCounters
 from .options import RemoteOptions
+
+log = logging.getLogger(__name__)
 
 
 class Retry(Exception):
@@ -83,9 +87,26 @@ def classify(error: BaseException, url: str, first: bool, what: str = "object") 
 
 def call_with_retries(fn: Callable[[], Any], url: str, opts: RemoteOptions, counters: List[IOCounters],
                       rng: random.Random, *, first: bool = True, what: str = "object") -> Any:
-    """``fn()`` with retries of :class:`Retry` failures: backoff with jitter, bounded attempts."""
+    """``fn()`` with retries of :class:`Retry` failures: backoff with jitter, bounded attempts.
+
+    Bounded in time too: an attempt unanswered for ``stall_warning_s`` is reported in the log
+    (once per call), and no retry starts after ``give_up_s`` in all, so a server that accepts
+    connections and never answers fails in at most about ``give_up_s + read_timeout_s``."""
     attempt = 0
+    start = time.monotonic()
+    warned = threading.Event()
+
+    def stalled() -> None:
+        if not warned.is_set():
+            warned.set()
+            log.warning("no answer from %s for %.0f s (attempt %d of %d, each waits up to %.0f s; giving up after "
+                        "about %.0f s in all)", redact(url), opts.stall_warning_s, attempt + 1, opts.max_attempts,
+                        opts.read_timeout_s, opts.give_up_s + opts.read_timeout_s)
+
     while True:
+        timer = threading.Timer(opts.stall_warning_s, stalled)
+        timer.daemon = True
+        timer.start()
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - classified below
@@ -93,9 +114,15 @@ def call_with_retries(fn: Callable[[], Any], url: str, opts: RemoteOptions, coun
             if not isinstance(mapped, Retry):
                 raise mapped from None
             attempt += 1
-            if attempt >= opts.max_attempts:
-                raise SourceError(f"giving up after {attempt} attempts (last: {mapped})", url=url,
-                                  hint="the server is throttling or failing: retry later or raise max_attempts") from None
+            elapsed = time.monotonic() - start
+            if attempt >= opts.max_attempts or elapsed >= opts.give_up_s:
+                why = (f"{attempt} attempts" if attempt >= opts.max_attempts
+                       else f"{elapsed:.0f} s without an answer (give_up_s={opts.give_up_s:g})")
+                raise SourceError(f"giving up after {why} (last: {mapped})", url=url,
+                                  hint="the server is throttling, failing or not answering: retry later, or raise "
+                                       "max_attempts / give_up_s") from None
             for c in counters:
                 c.add(retries=1)
-            time.sleep(opts.backoff(attempt, rng))
+            time.sleep(min(opts.backoff(attempt, rng), max(0.0, opts.give_up_s - elapsed)))
+        finally:
+            timer.cancel()
