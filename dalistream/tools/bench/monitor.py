@@ -14,9 +14,10 @@ DataLoader workers, the resource tracker) every ``interval`` seconds and returns
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
-from typing import Dict, IO, List, Optional, Sequence, Tuple
+from typing import Any, Dict, IO, List, Optional, Sequence, Tuple
 
 MB = 1 << 20
 
@@ -156,14 +157,17 @@ def watch(cmd: Sequence[str], *, interval: float = 0.05, timeout: Optional[float
     (``returncode`` then is ``-9``).
     """
     start = time.perf_counter()
-    proc = subprocess.Popen(list(cmd), stdout=stdout, stderr=stderr, env=env)
+    # its own process group: a terminal's Ctrl-C reaches this process alone, which then stops the
+    # child's whole group (its DALI workers too, even once orphaned) and waits for it
+    proc = subprocess.Popen(list(cmd), stdout=stdout, stderr=stderr, env=env, start_new_session=True)
     peaks: Dict[str, float] = {"peak_rss_mb": 0.0, "peak_pss_mb": 0.0, "peak_shm_mb": 0.0, "processes": 0}
-    status, usage = None, None
+    status, usage = None, None  # set once the child has been waited for
     spent = 0.0
     try:
         while True:
-            done, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            done, status_now, usage_now = os.wait4(proc.pid, os.WNOHANG)  # (0, 0, …) while it runs
             if done:
+                status, usage = status_now, usage_now
                 break
             before = time.process_time()
             s = sample(proc.pid)
@@ -173,14 +177,12 @@ def watch(cmd: Sequence[str], *, interval: float = 0.05, timeout: Optional[float
                 peaks["peak_" + key] = max(peaks["peak_" + key], s[key])
             peaks["processes"] = max(peaks["processes"], s["processes"])
             if timeout is not None and time.perf_counter() - start > timeout:
-                _kill_tree(proc.pid)
-                _, status, usage = os.wait4(proc.pid, 0)
+                status, usage = stop_group(proc.pid, grace_s=0.0)
                 break
             time.sleep(max(interval, cost / MONITOR_SHARE))
     finally:
-        if status is None:
-            _kill_tree(proc.pid)
-            _, status, usage = os.wait4(proc.pid, 0)
+        if status is None:  # interrupted (Ctrl-C) or failed: the child's group goes with us
+            status, usage = stop_group(proc.pid)
     proc.returncode = os.waitstatus_to_exitcode(status)
     peaks["returncode"] = proc.returncode
     peaks["wall_s"] = time.perf_counter() - start
@@ -190,9 +192,41 @@ def watch(cmd: Sequence[str], *, interval: float = 0.05, timeout: Optional[float
     return peaks
 
 
-def _kill_tree(pid: int) -> None:
-    for p in reversed(tree(pid)):
+def stop_group(pid: int, grace_s: float = 10.0) -> Tuple[int, Any]:
+    """Stop the process group led by child ``pid`` and wait for all of it: SIGINT (the child shuts
+    its DALI workers down as on a Ctrl-C), up to ``grace_s`` for every member to exit, then SIGKILL;
+    returns the child's wait status and resource usage. Bounded: at most ``grace_s`` plus a kill."""
+    def group_alive() -> bool:
         try:
-            os.kill(p, 9)
+            os.killpg(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def signal_group(sig: int) -> None:
+        try:
+            os.killpg(pid, sig)
         except OSError:
             pass
+
+    status = usage = None
+    signal_group(signal.SIGINT if grace_s > 0 else signal.SIGKILL)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if status is None:
+            done, status_now, usage_now = os.wait4(pid, os.WNOHANG)
+            if done:
+                status, usage = status_now, usage_now
+        if status is not None and not group_alive():
+            return status, usage
+        time.sleep(0.05)
+    signal_group(signal.SIGKILL)
+    if status is None:
+        _, status, usage = os.wait4(pid, 0)
+    for _ in range(200):  # orphaned members are reaped by init: wait (bounded) until they are gone
+        if not group_alive():
+            break
+        time.sleep(0.05)
+    return status, usage
