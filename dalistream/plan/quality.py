@@ -6,8 +6,8 @@ with a random order of the same samples.
 
 The worker's order is reproduced from its parts: global worker ``g`` reads its span of the
 epoch's sample sequence (:mod:`.ownership`) and shuffles it through :func:`.buffer.shuffled`,
-the same function the worker runs, fed indices instead of samples. ``interleave=k > 1`` is a
-design-study candidate and ``spread`` are design-study candidates the worker does not read yet (see :func:`worker_streams`).
+the same function the worker runs, fed indices instead of samples. ``interleave=k > 1`` and
+``spread`` are design-study candidates the worker does not read yet (see :func:`worker_streams`).
 
 Sample ids are positions in the shards' written order (shard 0's samples, then shard 1's, …).
 """
