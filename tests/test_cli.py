@@ -290,3 +290,18 @@ def test_index_writes_member_layouts_unless_told_not_to(shards, tmp_path):
     assert not any("members" in r for r in rows) and all("offsets" in r for r in rows)
     assert main(["index", shards, "-o", str(target), "--no-offsets"]) == 0  # a layout needs the offsets
     assert not any("members" in r or "offsets" in r for r in json.load(open(target))["shards"])
+
+
+def test_plan_shuffle_quality_without_data(shards):
+    """The issue's setting (64 × 500, 100 classes, 8 × 4 × 32): figures of today's order, in
+    text and JSON; a class count changes them; without counts it refuses."""
+    args = ("plan", "--counts", "64:500", "--world-size", 8, "-W", 4, "-B", 32, "--shuffle-quality", "--no-detail")
+    text = cli(*args, "--shuffle", 1000).stdout
+    assert "per rank batch of 32: 14.6" in text and "per global batch of 256: 94.7" in text
+    (q,) = json.loads(cli(*args, "--json").stdout)["shuffle_quality"]
+    assert q["shuffle"] == 0 and q["classes"] == 100 and q["order"]["rank_batch"]["distinct"] == pytest.approx(4.084)
+    assert 27 < q["random"]["rank_batch"]["distinct"] < 28 and q["rank_batch_vs_random"] < 0.2
+    (q,) = json.loads(cli(*args, "--classes", 1000, "--json").stdout)["shuffle_quality"]
+    assert q["classes"] == 1000 and q["random"]["rank_batch"]["distinct"] > 30
+    proc = cli("plan", shards, "--no-counts", "--shuffle-quality", check=False)
+    assert proc.returncode != 0 and "--shuffle-quality needs sample counts" in proc.stderr

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import ConfigError, StateError, redact
 from ..plan import Layout, Schedule, epoch_layout, epoch_summary, owned_parts, remaining_summary, steps_per_epoch
+from ..plan.quality import shuffle_quality
 from .args import emit, storage_options
 
 def synthetic_counts(spec: str, seed: int) -> np.ndarray:
@@ -112,6 +113,11 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
     summaries = [epoch_summary(counts, layout, schedule, e) for e in epochs] if counts is not None else []
     detail = args.detail if args.detail is not None else (layout.global_workers <= 16 or args.rank is not None)
     payload: Dict[str, Any] = {"epochs": summaries}
+    if args.shuffle_quality:
+        if counts is None:
+            raise ConfigError("--shuffle-quality needs sample counts", hint="drop --no-counts, or use --counts N:LO-HI")
+        payload["shuffle_quality"] = [shuffle_quality(counts, layout, schedule, e, args.shuffle, args.classes)
+                                      for e in epochs]
     if detail:
         payload["plan"] = _rows(urls, counts, layout, schedule, args.epoch, args.rank)
     if args.on_error == "skip":  # shards counted only up to their damage
@@ -127,6 +133,13 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
             f"{s['left_out']} samples left out ({100 * s['left_out_fraction']:.3f}%), {s['padding']} padding, "
             f"{s['shards_cut']} shards cut (at most {s['parts_per_shard']['max']} parts), "
             f"{s['owned_per_worker']['min']}-{s['owned_per_worker']['max']} samples per worker")
+    for q in payload.get("shuffle_quality", []):
+        lines.append(f"shuffle quality, epoch {q['epoch']} (shuffle {q['shuffle']}, {q['classes']} classes written "
+                     "in order): distinct labels (entropy, bits) this order / a random order")
+        for scope, n in (("rank_batch", q["batch_size"]), ("global_batch", q["batch_size"] * q["world_size"])):
+            o, r = q["order"][scope], q["random"][scope]
+            lines.append(f"    per {scope.replace('_', ' ')} of {n}: {o['distinct']:.1f} ({o['entropy']:.2f}) / "
+                         f"{r['distinct']:.1f} ({r['entropy']:.2f}) = {100 * q[scope + '_vs_random']:.1f}% of random")
     for row in payload.get("plan", []):
         lines.append(f"rank {row['rank']} worker {row['worker']} (g={row['global_worker']}, slot {row['slot']}): "
                      f"{len(row['parts'])} parts, {row['samples']} samples, {row['steps']} steps")
@@ -142,6 +155,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=1, help="how many epochs to summarize, from --epoch on")
     p.add_argument("--resume-from", default=None, metavar="STATE.json",
                    help="a saved Loader.state_dict(): the steps per rank and samples its epoch leaves for this layout")
+    p.add_argument("--shuffle-quality", action="store_true",
+                   help="distinct labels and entropy per rank batch and per global batch, this order against a random "
+                        "one, computed from the plan and --shuffle without reading data (class-sorted labels)")
+    p.add_argument("--classes", type=int, default=100,
+                   help="with --shuffle-quality: labels, written in order (label = position x classes / samples)")
     p.add_argument("--detail", action=argparse.BooleanOptionalAction, default=None,
                    help="list every (rank, worker)'s parts (default: for 16 global workers or fewer, or with --rank: "
                         "that rank's workers)")

@@ -1,0 +1,158 @@
+"""Shuffle quality without reading data: the exact order in which every rank's batches receive
+samples is a pure function of (counts, layout, schedule, epoch, shuffle buffer size), so the
+labels a batch holds can be computed for a labelling of the samples (class-sorted by default:
+``label = position × classes / samples``, what a naive folder conversion writes) and compared
+with a random order of the same samples.
+
+The worker's order is reproduced from its parts: global worker ``g`` reads its span of the
+epoch's sample sequence (:mod:`.ownership`) and shuffles it through :func:`.buffer.shuffled`,
+the same function the worker runs, fed indices instead of samples. ``interleave=k > 1`` and
+``spread`` are design-study candidates the worker does not read yet (see :func:`worker_streams`).
+
+Sample ids are positions in the shards' written order (shard 0's samples, then shard 1's, …).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from . import seeds
+from .shuffle import shuffled
+from .layout import Layout, Schedule
+from .ownership import EpochLayout, epoch_layout
+
+
+def worker_streams(plan: EpochLayout, layout: Layout, interleave: int = 1, spread: bool = False) -> List[np.ndarray]:
+    """Positions of the epoch's sample sequence in the order each global worker reads them,
+    before its shuffle buffer.
+
+    ``interleave=1``: today's reading, span ``g`` front to back. ``interleave=k``: candidate
+    ordering: the owned sequence is cut into ``k`` blocks, each split among the global workers
+    like the whole one (worker ``g`` keeps its span's length, one ``k``-th in each block), so a
+    worker owns ``k`` sub-spans ``≈ T/k`` apart, reads them ``k`` at once and feeds its buffer
+    one sample from each in turn. ``spread=True``: candidate placement: in each block the pieces
+    are laid out worker-major (``w``, then ``rank``) instead of rank-major, so the ``W`` workers of
+    a rank read far-apart places too (a rank batch draws from ``W × k`` places, not one)."""
+    if isinstance(interleave, bool) or not isinstance(interleave, int) or interleave < 1:
+        raise ConfigError(f"interleave must be a positive integer, got {interleave!r}")
+    bounds = plan.bounds
+    if interleave == 1 and not spread:
+        return [np.arange(bounds[g], bounds[g + 1], dtype=np.int64) for g in range(len(bounds) - 1)]
+    k = interleave
+    lengths = np.diff(bounds)
+    b = np.arange(k + 1, dtype=np.int64)[:, None]
+    pieces = np.diff((b * lengths[None, :]) // k, axis=0)  # (k, G): g's piece in block b
+    placed = np.arange(len(lengths))
+    if spread:  # g = r × W + w laid out in the order of (w, r)
+        placed = placed.reshape(layout.world_size, layout.workers).T.ravel()
+    flat = np.zeros(pieces.size, dtype=np.int64)
+    np.cumsum(pieces[:, placed].ravel()[:-1], out=flat[1:])
+    heads = np.empty_like(pieces)
+    heads[:, placed] = flat.reshape(pieces.shape) + bounds[0]  # block-major: block 0's pieces, then block 1's
+    streams = []
+    for g in range(len(bounds) - 1):
+        n = pieces[:, g]
+        block = np.repeat(np.arange(k), n)
+        within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        order = np.argsort(within * k + block, kind="stable")  # round robin over the k sub-spans
+        streams.append((heads[block, g] + within)[order])
+    return streams
+
+
+def rank_batches(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int, buffer: int,
+                 interleave: int = 1, spread: bool = False) -> np.ndarray:
+    """Sample ids of every rank's batches in ``epoch``: an array ``(ranks, steps, batch_size)``,
+    ``-1`` where a batch is padded (``exact``). Position ``offset(w) + i`` of a batch holds worker
+    ``w``'s ``i``-th sample of that step, as the loader delivers it."""
+    if schedule.policy == "fixed":
+        raise ConfigError("the shuffle-quality measure covers policies 'even' and 'exact'",
+                          hint="measure with --policy even: 'fixed' reads the same spans")
+    counts = np.asarray(counts, dtype=np.int64)
+    plan = epoch_layout(counts, layout, schedule, epoch)
+    written = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=written[1:])
+    # sequence position -> sample id: shard order[i] starts at written[order[i]]
+    shift = np.repeat(written[plan.order] - plan.starts[:-1], counts[plan.order])
+    ids = shift + np.arange(plan.total, dtype=np.int64)
+    steps = plan.steps
+    out = np.full((layout.world_size, steps, layout.batch_size), -1, dtype=np.int64)
+    for g, stream in enumerate(worker_streams(plan, layout, interleave, spread)):
+        r, w = divmod(g, layout.workers)
+        slot, lo = layout.slots[w], layout.slot_offsets[w]
+        pick = np.fromiter(shuffled(range(len(stream)), buffer, seeds.sample_shuffle(schedule.seed, epoch, g)),
+                           dtype=np.int64, count=len(stream))
+        emitted = np.full(steps * slot, -1, dtype=np.int64)
+        n = min(len(stream), steps * slot)
+        emitted[:n] = ids[stream[pick[:n]]]
+        out[r, :, lo:lo + slot] = emitted.reshape(steps, slot)
+    return out
+
+
+def sorted_labels(total: int, classes: int) -> np.ndarray:
+    """Class-sorted labelling: sample id ``i`` has label ``i × classes // total``."""
+    if classes < 1:
+        raise ConfigError(f"classes must be a positive integer, got {classes!r}")
+    return np.arange(total, dtype=np.int64) * classes // max(total, 1)
+
+
+def batch_label_stats(labels: np.ndarray) -> Dict[str, np.ndarray]:
+    """Distinct labels and entropy (bits) of every row of ``labels`` (``-1``: padding, left out)."""
+    rows = labels.reshape(labels.shape[0], -1)
+    s = np.sort(rows, axis=1)
+    real = s >= 0
+    first = np.ones_like(real)
+    first[:, 1:] = s[:, 1:] != s[:, :-1]
+    first &= real
+    distinct = first.sum(axis=1)
+    # run lengths of equal labels, row by row
+    r_idx, c_idx = np.nonzero(first)
+    ends = np.append(c_idx[1:], 0)
+    last = np.append(r_idx[1:] != r_idx[:-1], True)
+    ends = np.where(last, rows.shape[1], ends)  # a row's last run ends with the row
+    runs = (ends - c_idx).astype(np.float64)
+    size = real.sum(axis=1).astype(np.float64)
+    p = runs / np.maximum(size[r_idx], 1.0)
+    entropy = np.zeros(rows.shape[0])
+    np.add.at(entropy, r_idx, -p * np.log2(p))
+    return {"distinct": distinct, "entropy": entropy}
+
+
+def _summary(stats: Dict[str, np.ndarray]) -> Dict[str, float]:
+    return {"distinct": float(stats["distinct"].mean()), "distinct_min": int(stats["distinct"].min()),
+            "entropy": float(stats["entropy"].mean())}
+
+
+def shuffle_quality(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int, buffer: int,
+                    classes: int = 100, labels: Optional[np.ndarray] = None, interleave: int = 1,
+                    spread: bool = False) -> Dict[str, Any]:
+    """Mean distinct labels and entropy per rank batch and per global batch (all ranks' batches
+    of one step), for this order and for a random order of the same samples in batches of the
+    same shapes (``random``; seeded by ``seed`` and ``epoch``). ``labels[i]`` is sample id
+    ``i``'s label (default: :func:`sorted_labels`)."""
+    batches = rank_batches(counts, layout, schedule, epoch, buffer, interleave, spread)
+    total = int(np.sum(np.asarray(counts, dtype=np.int64)))
+    labels = sorted_labels(total, classes) if labels is None else np.asarray(labels, dtype=np.int64)
+    if len(labels) != total:
+        raise ConfigError(f"{len(labels)} labels for {total} samples")
+    shuffled_ids = batches.copy()
+    real = shuffled_ids >= 0
+    rng = np.random.default_rng(seeds.shard_order(schedule.seed, epoch) + [0xC1A55])
+    shuffled_ids[real] = rng.permutation(shuffled_ids[real])
+    result: Dict[str, Any] = {
+        "epoch": epoch, "samples": total, "classes": int(labels.max()) + 1 if total else 0,
+        "world_size": layout.world_size, "workers": layout.workers, "batch_size": layout.batch_size,
+        "shuffle": buffer, "interleave": interleave, "spread": spread, "steps": int(batches.shape[1]),
+    }
+    for name, ids in (("order", batches), ("random", shuffled_ids)):
+        lab = np.where(ids >= 0, labels[np.maximum(ids, 0)], -1)
+        per_rank = lab.reshape(-1, layout.batch_size)
+        per_global = lab.transpose(1, 0, 2).reshape(lab.shape[1], -1)
+        result[name] = {"rank_batch": _summary(batch_label_stats(per_rank)),
+                        "global_batch": _summary(batch_label_stats(per_global))}
+    for scope in ("rank_batch", "global_batch"):
+        base = result["random"][scope]["distinct"]
+        result[f"{scope}_vs_random"] = result["order"][scope]["distinct"] / base if base else 1.0
+    return result
