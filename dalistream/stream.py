@@ -128,7 +128,9 @@ def sources_digest(urls: Sequence[str]) -> str:
 
 def relative_names(urls: Sequence[str]) -> Tuple[str, ...]:
     """Shard names relative to their listing root (the longest common folder of ``urls``), so
-    that the same shards in another folder, or in a bucket, have the same names."""
+    that the same shards in another folder, or in a bucket, have the same names; without query
+    strings (a presigned URL's signature changes from run to run, the shard does not)."""
+    urls = [u.split("?", 1)[0] if "://" in u else u for u in urls]
     root = os.path.commonprefix([u.rsplit("/", 1)[0] + "/" if "/" in u else "" for u in urls]) if urls else ""
     root = root[:root.rfind("/") + 1]
     return tuple(u[len(root):] for u in urls)

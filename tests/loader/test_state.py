@@ -111,3 +111,14 @@ def test_bad_segments_are_refused_by_name(loader, segments):
     state["segments"] = segments
     with pytest.raises(StateError, match="segment"):
         loader.load_state_dict(state)
+
+
+def test_shard_names_in_a_state_are_relative_and_without_query_strings():
+    """The same shards in another folder, in a bucket, or behind freshly signed URLs have one identity."""
+    from dalistream.stream import relative_names
+
+    names = ("a/s-0.tar", "b/s-1.tar")
+    assert relative_names(["/data/train/a/s-0.tar", "/data/train/b/s-1.tar"]) == names
+    assert relative_names(["s3://bucket/ds/a/s-0.tar", "s3://bucket/ds/b/s-1.tar"]) == names
+    assert relative_names(["https://h/ds/a/s-0.tar?X-Amz-Signature=1&Expires=2",
+                           "https://h/ds/b/s-1.tar?X-Amz-Signature=3&Expires=4"]) == names
