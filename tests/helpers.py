@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tarfile
@@ -86,3 +87,24 @@ def sequence_keys(urls, options, counters=None, ranges=None) -> list:
     finally:
         seq.close()
     return keys
+
+
+@contextlib.contextmanager
+def served_folder(directory: str, handler_class=None):
+    """A real HTTP server (``http.server`` in a thread) on 127.0.0.1 serving ``directory``: its base URL."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(handler_class or http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=directory))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

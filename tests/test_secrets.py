@@ -3,23 +3,19 @@ cache files; and the S3/HTTP client libraries' own DEBUG logs (botocore's signed
 request lines), redacted by the record factory dalistream installs -- run against a real S3 server
 (moto) and a real HTTP server with the real libraries."""
 
-import functools
-import http.server
 import io
-import json
 import logging
 import os
 import subprocess
 import sys
 import tarfile
-import threading
 
 import pytest
 
 import dalistream
 from dalistream.errors import SourceError, redact, redact_client_logs
 
-from helpers import REPO, key_shards
+from helpers import REPO, key_shards, served_folder
 
 SECRET = "s3cr3tValue42"
 
@@ -37,14 +33,8 @@ def test_every_query_parameter_that_can_carry_a_secret_is_redacted(name):
 @pytest.fixture
 def served(tmp_path):
     (path,) = key_shards(str(tmp_path / "www"), [4])
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "www"))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/{os.path.basename(path)}"
-    server.shutdown()
-    server.server_close()
+    with served_folder(str(tmp_path / "www")) as base:
+        yield f"{base}/{os.path.basename(path)}"
 
 
 def test_a_signed_url_appears_nowhere_dalistream_prints(served, tmp_path, caplog):

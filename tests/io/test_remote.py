@@ -10,14 +10,12 @@ cuts connections after N bytes or answers 503 SlowDown a few times.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import urllib.request
 from collections import Counter
 
@@ -35,7 +33,7 @@ from dalistream.io import IOCounters, ShardSequence
 from dalistream.tools.proxy import ShapingProxy
 from dalistream.tools.synth import SynthSpec, write_dataset
 from dalistream.tar import iter_samples
-from helpers import PEER_DATA, REPO, free_port, sequence_keys
+from helpers import PEER_DATA, REPO, free_port, sequence_keys, served_folder
 
 
 PEER_SHARD = os.path.join(PEER_DATA, "sample.tgz")
@@ -91,13 +89,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def http_base(dataset):
     """``http.server`` serving the local shard directory from a thread."""
-    handler = functools.partial(_QuietHandler, directory=dataset["local"])
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with served_folder(dataset["local"], _QuietHandler) as base:
+        yield base
 
 
 # -- helpers -----------------------------------------------------------------------------------------
