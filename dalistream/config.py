@@ -31,6 +31,9 @@ INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id"})
 TEXT_EXTS = frozenset({"txt", "text", "json", "jsn", "caption"})
 META_EXTS = frozenset({"__key__", "__url__"})
 MISSING = ("error", "skip", "empty")
+#: DALI workers per rank by default: the one default of every entry point (StreamConfig,
+#: Stream.open, the CLI, the demo and the ready pipelines).
+WORKERS = 2
 ON_ERROR = ("raise", "skip")
 
 
@@ -165,7 +168,7 @@ class StreamConfig:
     sources: tuple
     fields: tuple
     batch_size: int
-    workers: int = 1
+    workers: int = WORKERS
     rank: int = 0
     world_size: int = 1
     seed: int = 0

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-from .config import StreamConfig
+from .config import StreamConfig, WORKERS
 from .errors import ConfigError, redact, redact_client_logs
 from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
@@ -177,7 +177,7 @@ class Stream:
 
     @classmethod
     def open(
-        cls, sources: Any, *, fields: Any, batch_size: int, workers: int = 2, rank: Optional[int] = None,
+        cls, sources: Any, *, fields: Any, batch_size: int, workers: int = WORKERS, rank: Optional[int] = None,
         world_size: Optional[int] = None, device: str = "auto", device_id: Optional[int] = None,
         start_method: str = "auto", env: Optional[Mapping[str, str]] = None, **options: Any,
     ) -> "Stream":

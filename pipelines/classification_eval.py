@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import dalistream
+from dalistream.config import WORKERS
 from dalistream import ops
 
 from .fields import merged_fields, with_read_fields
@@ -59,7 +60,7 @@ def pipeline(stream: "dalistream.Stream", size: int = 224, resize: Optional[int]
     return with_read_fields(outputs, data)
 
 
-def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = 2, device: str = "auto",
+def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = WORKERS, device: str = "auto",
            resize: Optional[int] = None, fp16: bool = False, image_exts: str = FIELDS["image"],
            label_exts: str = FIELDS["label"], policy: str = "exact",
            dali_options: Optional[Mapping[str, Any]] = None, decoder_options: Optional[Mapping[str, Any]] = None,

@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import dalistream
+from dalistream.config import WORKERS
 from dalistream import ops
 
 from .fields import merged_fields, with_read_fields
@@ -63,7 +64,7 @@ def pipeline(stream: "dalistream.Stream", size: int = 224, flip: bool = True, co
     return with_read_fields(outputs, data)
 
 
-def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = 2, device: str = "auto",
+def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = WORKERS, device: str = "auto",
            flip: bool = True, color_jitter: bool = False, fp16: bool = False,
            random_area: Sequence[float] = (0.08, 1.0), image_exts: str = FIELDS["image"],
            label_exts: str = FIELDS["label"], shuffle: int = 1000,

@@ -33,6 +33,7 @@ import json
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import dalistream
+from dalistream.config import WORKERS
 from dalistream import ops
 
 from .fields import merged_fields, with_read_fields
@@ -91,7 +92,7 @@ def captions_to_str(batch: Dict[str, Any], field: str = "text",
     return batch
 
 
-def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = 2, device: str = "auto",
+def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = WORKERS, device: str = "auto",
            train: bool = True, fp16: bool = False, keys: bool = False, image_exts: str = FIELDS["image"],
            text_exts: str = FIELDS["text"], caption_keys: Sequence[str] = ("caption", "text"),
            shuffle: Optional[int] = None, dali_options: Optional[Mapping[str, Any]] = None,

@@ -116,3 +116,36 @@ def test_the_largest_batches_the_data_allows_pass(shards, tmp_path):
     even = dalistream.Stream.open(shards, fields=FIELDS, batch_size=4, workers=2, world_size=2, rank=1, device="cpu",
                                   cache_dir=str(tmp_path))
     assert even.steps(0) >= 1
+
+
+def test_one_default_per_option_across_entry_points():
+    """StreamConfig, Stream.open, the CLI's data commands, the demo and the ready pipelines agree
+    on the defaults of the options they share (workers: a new user got 1 from one and 2 from another)."""
+    import argparse
+    import dataclasses
+    import inspect
+
+    import dalistream
+    from dalistream.config import StreamConfig
+    from dalistream.pipelines import classification_eval, classification_train, image_text
+    from dalistream.tools import args as cli_args
+    from dalistream.tools import demo
+
+    defaults = {f.name: f.default for f in dataclasses.fields(StreamConfig) if f.default is not dataclasses.MISSING}
+    seen = 0
+    for fn in (dalistream.Stream.open, classification_train.loader, classification_eval.loader, image_text.loader):
+        for name, p in inspect.signature(fn).parameters.items():
+            if (name in defaults and p.default not in (inspect.Parameter.empty, None)  # None: resolved at entry
+                    and name not in ("shuffle", "policy")):
+                assert p.default == defaults[name], (fn.__qualname__, name)  # shuffle/policy: train vs eval, on purpose
+                seen += 1
+    parser = argparse.ArgumentParser()
+    cli_args.add_stream_args(parser)
+    demo_parser = demo.add_parser(argparse.ArgumentParser().add_subparsers())
+    for parser in (parser, demo_parser):
+        for action in parser._actions:
+            name = action.dest
+            if name in defaults and action.default is not None and name not in ("shuffle", "policy"):
+                assert action.default == defaults[name], ("cli", name)
+                seen += 1
+    assert seen >= 6

@@ -83,7 +83,7 @@ def test_config_stream_and_state_never_show_credentials(tmp_path):
 
 def test_errors_and_warnings_from_bad_data_carry_no_credentials(tmp_path, caplog):
     good = write_tar(str(tmp_path / "a.tar"), [("k0.cls", b"1"), ("k1.cls", b"cat"), ("k2.cls", b"2")])
-    config = StreamConfig(sources=(good,), fields={"label": "cls"}, batch_size=1, on_error="skip",
+    config = StreamConfig(sources=(good,), fields={"label": "cls"}, batch_size=1, workers=1, on_error="skip",
                           storage_options=SECRET_OPTIONS)
     with caplog.at_level(logging.WARNING, logger="dalistream"):
         batches = list(WorkerSource(config, [good], [3], 0).epoch_batches(0))
@@ -133,7 +133,7 @@ def test_sample_keys_are_strings_never_paths(tmp_path, monkeypatch):
     names = ["../../escape", "/abs/olute", "a/../../b", "ok"]
     path = write_tar(str(tmp_path / "k.tar"), [(f"{n}.cls", b"1") for n in names])
     before = set(os.listdir(tmp_path)) | set(os.listdir(tmp_path.parent))
-    config = StreamConfig(sources=(path,), fields={"key": "__key__"}, batch_size=4)
+    config = StreamConfig(sources=(path,), fields={"key": "__key__"}, batch_size=4, workers=1)
     (batch,) = list(WorkerSource(config, [path], [4], 0).epoch_batches(0))
     assert sorted(bytes(k).decode() for k in batch[0]) == sorted(names)
     assert set(os.listdir(tmp_path)) | set(os.listdir(tmp_path.parent)) == before
@@ -235,7 +235,7 @@ def test_ordinary_text_is_left_alone():
 def test_a_failing_pipe_command_with_a_credential_is_reported_redacted(tmp_path, caplog):
     good = write_tar(str(tmp_path / "a.tar"), [("k0.cls", b"1"), ("k1.cls", b"2")])
     failing = f"pipe:env API_TOKEN={SECRET} sh -c 'exit 3' --user robot:{SECRET}"
-    config = StreamConfig(sources=(good, failing), fields={"label": "cls"}, batch_size=1, on_error="skip",
+    config = StreamConfig(sources=(good, failing), fields={"label": "cls"}, batch_size=1, workers=1, on_error="skip",
                           policy="exact", shuffle_shards=False)
     with caplog.at_level(logging.WARNING, logger="dalistream"):
         batches = list(WorkerSource(config, [good, failing], [2, 2], 0).epoch_batches(0))

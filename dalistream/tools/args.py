@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any, Dict, Optional
 
+from ..config import WORKERS
+
 
 def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: bool = True,
                     sources_required: bool = True) -> None:
@@ -16,7 +18,7 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
     those of batching (batch size, shuffle, policy)."""
     p.add_argument("sources", nargs="+" if sources_required else "*", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, s3://, http(s)://")
     if loader:
-        p.add_argument("--workers", "-W", type=int, default=2, help="DALI worker processes (shard owners) per rank")
+        p.add_argument("--workers", "-W", type=int, default=WORKERS, help="DALI worker processes (shard owners) per rank")
         p.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
         p.add_argument("--world-size", type=int, default=None, help="number of ranks (default: WORLD_SIZE or 1)")
         p.add_argument("--epoch", type=int, default=0, help="epoch to show (it decides the shard order)")

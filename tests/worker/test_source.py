@@ -139,7 +139,7 @@ def test_io_wait_counts_the_time_before_a_stream_s_first_bytes(tmp_path):
     it is spent opening the stream (the gzip check peeks at the first chunk), not in tar reads."""
     paths = key_shards(str(tmp_path), [3, 4])
     late = [f"pipe:sleep 0.4; cat {paths[0]}", f"pipe:sleep 0.4; gzip -c {paths[1]}"]
-    config = StreamConfig(sources=tuple(late), fields={"key": "__key__"}, batch_size=1, policy="exact",
+    config = StreamConfig(sources=tuple(late), fields={"key": "__key__"}, batch_size=1, workers=1, policy="exact",
                           shuffle_shards=False)
     source = WorkerSource(config, late, [3, 4], 0)
     batches = list(source.epoch_batches(0))
