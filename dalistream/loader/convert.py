@@ -9,11 +9,14 @@ batch the training loop still holds is never overwritten.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from ..dali.compat import only_reference, torch_utils
+
+log = logging.getLogger(__name__)
 
 KEEP = 3  # buffers per output: the batch being filled, the one the loop holds, one spare
 
@@ -37,6 +40,21 @@ class BufferPool:
         if len(pool) > self.keep:
             pool.pop(0)
         return buffer
+
+
+_ragged_told: set = set()
+
+
+def _say_ragged(name: str, rows: List[Any]) -> None:
+    """Once per output name in a process: a batch whose samples differ in shape comes as a list of
+    tensors, not one tensor -- say so, with the shapes, rather than change the type in silence."""
+    if name in _ragged_told or not rows:
+        return
+    _ragged_told.add(name)
+    shapes = sorted({tuple(r.shape) for r in rows})
+    log.warning("output %r: the samples of a batch differ in shape (%s%s), so it comes as a list of %d tensors, not "
+                "one tensor; resize or crop them to one size in the pipeline to get a (B, ...) tensor",
+                name, ", ".join(map(str, shapes[:3])), ", …" if len(shapes) > 3 else "", len(rows))
 
 
 def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPool | None" = None,
@@ -77,6 +95,7 @@ def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPo
         else:
             tl = cpu or tl.as_cpu()
             batch[name] = [torch.from_numpy(np.array(tl.at(i))) for i in range(len(tl))]
+            _say_ragged(name, batch[name])
     if mask is not None and not mask.all():
         keep = np.flatnonzero(mask)
         index = torch.from_numpy(keep)

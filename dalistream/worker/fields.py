@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import warnings
 import zlib
 from typing import Optional, Sequence, Tuple
 
@@ -203,4 +204,34 @@ def convert(field: Field, data: bytes, ext: str = "") -> np.ndarray:
         value = np.asarray(field.decoder(data))  # type: ignore[misc]
     if value.ndim != field.ndim:
         raise ValueError(f"expected {field.ndim} dimensions, got shape {value.shape}")
-    return np.ascontiguousarray(value, dtype=field.dtype)
+    return fitted(value, np.dtype(field.dtype))
+
+
+def fitted(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``value`` as ``dtype``, or a ``ValueError`` showing the value when the cast would change it:
+    a fraction or an out-of-range number cast to an integer, an integer that overflows, a complex
+    part dropped, a finite float that overflows. A float cast to a narrower float only rounds
+    (float64 0.1 to float32): allowed."""
+    if value.dtype == dtype:
+        return np.ascontiguousarray(value)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (ComplexWarning: the check below reports it)
+        cast = value.astype(dtype)
+    if value.dtype.kind == "f" and dtype.kind == "f":
+        lost = np.isfinite(value) & ~np.isfinite(cast)
+    elif value.dtype.kind in "biuf" and dtype.kind in "biuf":
+        back = cast.astype(value.dtype) if value.dtype.kind != "f" or dtype.kind == "f" else cast.astype(np.float64)
+        lost = ~((back == value) | (np.isnan(value) & np.isnan(back) if value.dtype.kind == "f" else False))
+        if value.dtype.kind == "f" and dtype.kind in "biu":
+            lost |= ~np.isfinite(value)
+    else:  # complex, strings, objects: equal after the cast, or refused
+        try:
+            lost = ~np.asarray(cast == value, dtype=bool)
+        except (TypeError, ValueError):
+            lost = np.ones(value.shape, dtype=bool)
+    if np.any(lost):
+        shown = np.array2string(value.ravel()[:6], threshold=6)
+        raise ValueError(f"the decoder's {value.dtype} value {shown}{' …' if value.size > 6 else ''} does not fit the "
+                         f"field's dtype {dtype} without loss (as {dtype}: "
+                         f"{np.array2string(cast.ravel()[:6], threshold=6)})")
+    return np.ascontiguousarray(cast)

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from dalistream.loader import BufferPool
@@ -39,3 +40,39 @@ def test_other_shapes_get_their_own_buffer():
     assert pool.get("x", (3,), torch.int64).shape == (3,)
     assert pool.get("y", (3,), torch.float32).dtype == torch.float32
     np.testing.assert_equal(len(pool.pools["x"]), 2)
+
+
+@pytest.mark.dali
+def test_images_of_different_sizes_come_as_a_list_and_it_is_said_once(tmp_path, caplog):
+    """Without a resize, decoded images of different sizes cannot stack: the output comes as a list
+    of tensors, and a warning says so once (with the shapes), instead of a silent change of type."""
+    import io as _io
+    import logging
+
+    from PIL import Image
+
+    import dalistream
+    from dalistream import ops
+    from dalistream.loader import convert
+
+    from helpers import write_tar
+
+    members = []
+    for i, size in enumerate([(8, 6), (5, 9), (8, 6), (7, 7)]):
+        buf = _io.BytesIO()
+        Image.new("RGB", size, (i * 40, 0, 0)).save(buf, format="PNG")
+        members += [(f"k{i}.png", buf.getvalue()), (f"k{i}.cls", b"1")]
+    path = write_tar(str(tmp_path / "img.tar"), members)
+
+    @dalistream.pipeline_def
+    def decoded(stream):
+        data = dalistream.read(stream)
+        return {"image": ops.decode_images(data["image"], data["valid"], stream.device, padded=stream.may_pad)}
+
+    convert._ragged_told.discard("image")
+    stream = dalistream.Stream.open(path, fields={"image": "png"}, batch_size=2, workers=1, device="cpu",
+                                    policy="exact", cache_dir=str(tmp_path / "c"))
+    with caplog.at_level(logging.WARNING, logger="dalistream"), dalistream.Loader(stream, decoded) as loader:
+        batches = [b["image"] for b in loader]
+    assert isinstance(batches[0], list) and [tuple(t.shape) for t in batches[0]] == [(6, 8, 3), (9, 5, 3)]
+    assert caplog.text.count("differ in shape") == 1 and "(6, 8, 3)" in caplog.text

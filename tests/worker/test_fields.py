@@ -89,3 +89,31 @@ def test_shuffle_is_a_seeded_permutation():
 def test_emitted_indices_predicts_the_shuffle(count, total):
     full = list(shuffled(range(total or 1000), 8, seed=3))
     assert emitted_indices(count, total, 8, 3) == set(full[:count])
+
+
+@pytest.mark.parametrize("kind", ["custom", "npy"])
+@pytest.mark.parametrize("value, dtype", [
+    ([1.0, 0.5], "int64"), ([300], "uint8"), ([-1], "uint16"), ([float("nan")], "int32"), ([1e300], "float32"),
+    ([2 ** 40 + 1], "float32"), ([1 + 2j], "float64"), ([2.5], "bool")])
+def test_a_value_that_does_not_fit_its_declared_dtype_is_refused(kind, value, dtype):
+    """A decoder (or .npy) value that changes when cast to the field's dtype is a SampleError naming
+    field, member and value -- never a silent tensor([1, 0]) for [1, 0.5]."""
+    array = np.asarray(value)
+    buf = io.BytesIO()
+    np.save(buf, array)
+    spec = ({"exts": "seg", "decoder": lambda b: np.asarray(value), "dtype": dtype, "ndim": 1} if kind == "custom"
+            else {"exts": "seg", "kind": "npy", "dtype": dtype, "ndim": 1})
+    (f,) = parse_fields({"mask": spec})
+    with pytest.raises(SampleError, match="without loss") as e:
+        FieldDecoder([f]).decode(sample(seg=buf.getvalue()))
+    assert "mask" in str(e.value) and "k1.seg" in str(e.value) and e.value.reason == "bad_value"
+
+
+@pytest.mark.parametrize("value, dtype, expected", [
+    ([1.0, 2.0], "int64", [1, 2]), ([0.1, 2.0], "float32", [np.float32(0.1), 2.0]), ([255], "uint8", [255]),
+    ([True, False], "int64", [1, 0]), ([float("nan")], "float16", [float("nan")]), ([3], "float64", [3.0])])
+def test_a_value_that_fits_its_declared_dtype_is_cast(value, dtype, expected):
+    (f,) = parse_fields({"mask": {"exts": "seg", "decoder": lambda b: np.asarray(value), "dtype": dtype, "ndim": 1}})
+    (out,) = FieldDecoder([f]).decode(sample(seg=b"x"))
+    assert out.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(out, np.asarray(expected, dtype=dtype))
