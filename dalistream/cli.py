@@ -38,6 +38,24 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- write ---------------------------------------------------------------------------------------
+
+def cmd_write(args: argparse.Namespace) -> int:
+    from .writer import image_folder, listing, write
+
+    items, _ = image_folder(args.source) if os.path.isdir(args.source) else listing(args.source)
+    options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
+    with progress_bar(args, total=len(items), unit="sample") as bar:
+        done = write(args.source, args.output, samples_per_shard=args.samples_per_shard, shuffle=not args.no_shuffle,
+                     seed=args.seed, prefix=args.prefix, processes=args.processes, storage_options=options,
+                     progress=bar.update)
+    classes = f", {len(done['classes'])} classes" if done["classes"] else ""
+    emit(args, {k: v for k, v in done.items() if k != "urls"},
+         f"wrote {done['samples']} samples{classes} in {done['shards']} shards to {redact(args.output)} "
+         f"(manifest {redact(done['manifest'])})")
+    return 0
+
+
 # -- plan ----------------------------------------------------------------------------------------
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -156,6 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="synth", help="shard names: PREFIX-00000.tar, PREFIX-00001.tar, …")
     p.add_argument("--json", action="store_true", help="print one JSON object (shards, samples) instead of a sentence")
     p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("write", help="your images (an ImageFolder tree, or a CSV/JSONL of path,label[,caption]) "
+                                     "into shuffled WebDataset shards with a manifest")
+    p.add_argument("source", help="a folder with one sub-folder per class, or a .csv/.jsonl listing")
+    p.add_argument("output", help="folder (created) or s3://bucket/prefix/ to write the shards and manifest to")
+    p.add_argument("--samples-per-shard", type=int, default=1000, help="samples per shard (the last one may hold fewer)")
+    p.add_argument("--no-shuffle", action="store_true", help="keep the input order (default: shuffled across shards)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffle")
+    p.add_argument("--prefix", default="train", help="shard names: PREFIX-00000.tar, PREFIX-00001.tar, …")
+    p.add_argument("--processes", type=int, default=None, help="shards written at once (default: the machine's cores)")
+    p.add_argument("--endpoint-url", default=None, help="S3 endpoint for an s3:// output")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
+    p.set_defaults(func=cmd_write)
 
     p = sub.add_parser("plan", help="what an epoch's plan costs (left out, padding, shards cut) and who reads what")
     add_stream_args(p, sources_required=False)
