@@ -114,7 +114,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 loader.load_state_dict(json.load(f))
         else:
             loader.set_epoch(args.epoch)
-        done = 0
+        done = delivered = 0
         bar = progress_bar(args, total=len(loader), unit="batch")  # what this iteration yields
         for batch in (loader if args.stop_after != 0 else ()):
             bar.update(1)
@@ -125,6 +125,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 print(f"rank {stream.config.rank} epoch {loader.epoch} step {loader.step - 1}: "
                       + " ".join(batch["key"]), flush=True)
             done += 1
+            delivered += len(batch["key"])
             if args.stop_after is not None and done >= args.stop_after:
                 break
         bar.close()
@@ -136,17 +137,20 @@ def cmd_keys(args: argparse.Namespace) -> int:
         stats = loader.stats(wait_s=2.0 if loader.step == 0 else 0.0)
         ran = loader.epoch - 1 if loader.step == 0 else loader.epoch
         stats.update(stats["by_epoch"].get(ran, skip_totals({})))
+        stats.update(delivered=delivered, batches=done)  # what was printed above, exactly
         if not args.json:
             print(stats_text(stats), file=sys.stderr)
-        elif args.on_error != "raise":  # the skip counters close the JSON lines
+        else:  # the counters close the JSON lines, in every mode
             print(json.dumps({"stats": stats}), flush=True)
     return 0
 
 
 def stats_text(stats: dict) -> str:
-    """The counters of ``dalistream keys`` for people: samples, padding, skips by reason."""
-    text = (f"stats: {stats.get('samples', 0)} samples read, {stats.get('padded', 0)} padding positions, "
-            f"{stats.get('dropped', 0)} dropped")
+    """The counters of ``dalistream keys`` for people: samples delivered (the keys printed), read by
+    the workers (who read ahead, so more when stopped early), padding, skips by reason."""
+    text = (f"stats: {stats.get('delivered', 0)} samples delivered in {stats.get('batches', 0)} batches; "
+            f"{stats.get('samples', 0)} samples read, {stats.get('padded', 0)} padding positions, "
+            f"{stats.get('dropped', 0)} dropped (workers read ahead of the batches taken)")
     skipped = stats.get("skipped") or {}
     for kind in ("shards", "samples"):
         reasons = skipped.get(kind) or {}

@@ -21,8 +21,10 @@ def cli(*args, env=None, check=True):
     return proc
 
 
-def json_lines(proc):
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+def json_lines(proc, stats=False):
+    """The JSON lines printed; without the closing ``{"stats": …}`` line unless ``stats``."""
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    return lines if stats else [line for line in lines if "stats" not in line]
 
 
 @pytest.fixture(scope="module")
@@ -271,11 +273,13 @@ def test_keys_prints_people_text_without_json(shards):
     for line in lines:
         with pytest.raises(ValueError):
             json.loads(line)
-    as_json = json_lines(cli("keys", *base, "--json"))
+    *as_json, closing = json_lines(cli("keys", *base, "--json"), stats=True)
+    assert closing["stats"]["delivered"] == len(all_keys()) and closing["stats"]["batches"] == len(as_json)
     assert [int(m.group(1)) for m in matches] == [line["step"] for line in as_json]
     assert [m.group(2).split(" ") for m in matches] == [line["keys"] for line in as_json]
     assert sorted(k for m in matches for k in m.group(2).split(" ")) == all_keys()
-    assert re.search(r"^stats: \d+ samples read, \d+ padding positions, \d+ dropped", text.stderr, re.M)
+    assert re.search(rf"^stats: {len(all_keys())} samples delivered in {len(lines)} batches; \d+ samples read, "
+                     r"\d+ padding positions, \d+ dropped", text.stderr, re.M)
 
 
 def test_index_writes_member_layouts_unless_told_not_to(shards, tmp_path):
@@ -305,3 +309,17 @@ def test_plan_shuffle_quality_without_data(shards):
     assert q["classes"] == 1000 and q["random"]["rank_batch"]["distinct"] > 30
     proc = cli("plan", shards, "--no-counts", "--shuffle-quality", check=False)
     assert proc.returncode != 0 and "--shuffle-quality needs sample counts" in proc.stderr
+
+
+
+@pytest.mark.parametrize("stop_after", [1, 3])
+def test_keys_stats_add_up_to_the_keys_printed(shards, stop_after):
+    """--stop-after K: the stats say how many samples were delivered -- the keys printed -- in text
+    and in the closing JSON line (there with --on-error raise too)."""
+    base = [shards, "-W", 2, "-B", 4, "--policy", "exact", "--stop-after", stop_after]
+    text = cli("keys", *base)
+    printed = sum(len(line.split(": ", 1)[1].split(" ")) for line in text.stdout.splitlines())
+    assert printed == 4 * stop_after
+    assert f"stats: {printed} samples delivered in {stop_after} batches" in text.stderr
+    *batches, closing = json_lines(cli("keys", *base, "--json"), stats=True)
+    assert len(batches) == stop_after and closing["stats"]["delivered"] == sum(len(b["keys"]) for b in batches)
