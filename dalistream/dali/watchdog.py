@@ -189,7 +189,23 @@ def spawn_without_main(config, method: str = "spawn"):
     :class:`WorkerError` saying what to add, raised before any worker starts where the script
     shows it, else in the worker and when DALI reports that its workers failed to start."""
     user_code = callable(config.on_error) or any(f.decoder is not None for f in config.fields)
+    if method == "fork" and user_code:
+        _warn_unguarded()
     return _starting_workers(method, hide=method == "spawn" and not user_code)
+
+
+_warned_unguarded: set = set()
+
+
+def _warn_unguarded() -> None:
+    """Forked workers re-run nothing, so a script without the guard works here; with a GPU (or
+    any spawn) the same script fails: say so once, on the laptop, before it reaches a GPU box."""
+    unguarded = unguarded_main_line()
+    if unguarded is not None and unguarded not in _warned_unguarded:
+        _warned_unguarded.add(unguarded)
+        log.warning("the script %s starts DALI workers at line %d outside `%s`: it works here because the workers "
+                    "fork, but with a GPU (or start_method='spawn') each worker runs the script again and it stops "
+                    "with a WorkerError; %s", unguarded[0], unguarded[1], _GUARD, _guard_hint())
 
 
 _GUARD = 'if __name__ == "__main__":'

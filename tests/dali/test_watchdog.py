@@ -173,3 +173,19 @@ def test_spawn_with_the_guard_runs(tmp_path):
     done = run_script(tmp_path / "train.py", SCRIPT.format(body=GUARD + "\n" + body))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["BODY", "BODY", "BODY", "6"]  # the workers import it, the guard holds
+
+
+@pytest.mark.dali
+@pytest.mark.slow
+@pytest.mark.parametrize("guarded", [False, True])
+def test_fork_without_the_guard_warns_what_spawn_would_break(tmp_path, guarded):
+    """Forked workers re-run nothing, so an unguarded script works on a CPU laptop -- and breaks on a
+    GPU box (spawn). It is told on the laptop: a warning naming the line, once; not with the guard."""
+    key_shards(str(tmp_path / "data"), [3, 3])
+    body = ON_ERROR.format(data=str(tmp_path / "data"), cache=str(tmp_path / "cache"),
+                           prefix="    " if guarded else "").replace('start_method="spawn"', 'start_method="fork"')
+    done = run_script(tmp_path / "train.py", SCRIPT.format(body=(GUARD + "\n" + body) if guarded else body))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "6"
+    warned = done.stderr.count("outside `if __name__ == \"__main__\":`: it works here because the workers fork")
+    assert warned == (0 if guarded else 1)
