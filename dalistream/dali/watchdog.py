@@ -215,9 +215,12 @@ _GUARD = 'if __name__ == "__main__":'
 def _starting_workers(method: str, hide: bool) -> Iterator[None]:
     rerun = main_rerun_line()
     if rerun is not None:  # we are a spawned worker running the user's script again
-        raise WorkerError(
+        error = WorkerError(
             f"the script {rerun[0]} is running again in a spawned DALI worker process and reached line {rerun[1]}, "
             "which starts DALI workers of its own", hint=_guard_hint())
+        # one line from the worker, not a traceback: the main process's error says it all again
+        print(f"dalistream worker: {error.message} (see the error of the main process)", file=sys.stderr, flush=True)
+        raise SystemExit(1)
     reruns = method == "spawn" and not hide
     if reruns:
         unguarded = unguarded_main_line()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
+import threading
 import time
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -71,8 +73,12 @@ class WorkerSource:
             return self
         if self._iters and self._gen is None:  # iter(iter(source)): this epoch has not started yet
             return self
-        if self._iters == 0:
-            redact_client_logs()  # in the DALI worker process, where the S3/HTTP reads happen
+        if self._iters == 0:  # first use in the DALI worker process
+            redact_client_logs()  # the S3/HTTP reads happen here
+            # a terminal's Ctrl-C reaches the whole process group: the main process stops the
+            # workers; theirs would only print one more KeyboardInterrupt traceback each
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.epoch = self.start_epoch + self._iters
         skip = self.start_step if self._iters == 0 else 0
         self._iters += 1

@@ -163,6 +163,7 @@ def test_spawn_without_a_real_guard_is_told_by_the_workers(tmp_path):
     error = final_error(done.stderr)
     assert error.startswith("dalistream.errors.WorkerError: DALI's worker processes failed to start")
     assert GUARD in error and str(script) in error
+    assert done.stderr.count("Traceback (most recent call last)") == 1  # the main process's; a line per worker
 
 
 @pytest.mark.dali
