@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from typing import List, Optional
 
 from .errors import DalistreamError, redact
@@ -244,9 +245,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(args.func(args) or 0)
     except DalistreamError as e:
+        if logging.getLogger().isEnabledFor(logging.DEBUG):  # the whole story only when asked for
+            traceback.print_exc()
         print(f"dalistream {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print(f"dalistream {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `dalistream keys ... | head`
         sys.stderr.close()

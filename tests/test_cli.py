@@ -323,3 +323,15 @@ def test_keys_stats_add_up_to_the_keys_printed(shards, stop_after):
     assert f"stats: {printed} samples delivered in {stop_after} batches" in text.stderr
     *batches, closing = json_lines(cli("keys", *base, "--json"), stats=True)
     assert len(batches) == stop_after and closing["stats"]["delivered"] == sum(len(b["keys"]) for b in batches)
+
+
+def test_an_error_prints_once_and_its_traceback_only_at_debug(tmp_path):
+    missing = str(tmp_path / "nothing-here.tar")
+    plain = cli("keys", missing, check=False)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert [line for line in plain.stderr.splitlines() if line.strip()] == [
+        line for line in plain.stderr.splitlines() if line.startswith("dalistream keys: error: ")]
+    assert plain.stderr.count("no such shard file") == 1
+    debug = cli("--log-level", "DEBUG", "keys", missing, check=False)
+    assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1].startswith("dalistream keys: error: ")

@@ -6,6 +6,7 @@ tuple of numpy arrays, one per :class:`~dalistream.config.Field`, ready to be pl
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import io
 import warnings
@@ -51,8 +52,9 @@ class FieldDecoder:
                 if self.missing == "error":
                     raise SampleError(self._missing(field, sample), url=sample.get("__url__"),
                                       member=sample.get("__key__"), reason="missing_field",
-                                      hint=self._case_hint(field, sample)
-                                      or "use missing='skip' or missing='empty' to accept such samples")
+                                      hint=self._case_hint(field, sample) or self._typo_hint(field, sample)
+                                      or "if some samples lack this member on purpose, use missing='skip' or "
+                                         "missing='empty' to accept them")
                 if self.missing == "skip":
                     return None
                 value = field.empty
@@ -83,6 +85,18 @@ class FieldDecoder:
             return None
         return (f"its member extension {', '.join('.' + k for k in other_case)} differs only in case: pass "
                 "lowercase_ext=True to match extensions case-insensitively")
+
+    @staticmethod
+    def _typo_hint(field: Field, sample: dict) -> Optional[str]:
+        """A member extension close to a wanted one (``jpg`` for ``jpeg``, ``cls`` for ``class``):
+        most likely a typo in ``fields``, which no missing-policy would mend."""
+        present = [k for k in sample if not k.startswith("__") and k]
+        close = sorted({m for e in field.exts for m in difflib.get_close_matches(e, present, n=2, cutoff=0.6)})
+        if not close:
+            return None
+        return (f"the sample has {', '.join('.' + k for k in close)}: if that is the member you mean, name it in "
+                f"fields (e.g. {{{field.name!r}: {';'.join(close + list(field.exts))!r}}}) -- a typo in an extension "
+                "misses every sample, and missing='skip' would skip them all")
 
     def _one(self, field: Field, sample: dict) -> Optional[np.ndarray]:
         if field.kind == "meta":

@@ -117,3 +117,18 @@ def test_a_value_that_fits_its_declared_dtype_is_cast(value, dtype, expected):
     (out,) = FieldDecoder([f]).decode(sample(seg=b"x"))
     assert out.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(out, np.asarray(expected, dtype=dtype))
+
+
+@pytest.mark.parametrize("wanted, present", [("jpeg", "jpg"), ("class", "cls"), ("pngg", "png"), ("txts", "txt")])
+def test_a_missing_member_close_to_a_present_one_is_called_a_likely_typo(wanted, present):
+    (f,) = parse_fields({"x": {"exts": wanted, "kind": "bytes"}})
+    with pytest.raises(SampleError) as e:
+        FieldDecoder([f]).decode(sample(**{present: b"1"}))
+    assert f".{present}" in e.value.hint and "typo" in e.value.hint and "missing='skip'" in e.value.hint
+
+
+def test_a_missing_member_with_nothing_close_gets_the_missing_policy_hint():
+    (f,) = parse_fields({"label": "cls"})
+    with pytest.raises(SampleError) as e:
+        FieldDecoder([f]).decode(sample(png=b"x"))
+    assert "typo" not in e.value.hint and "missing='skip'" in e.value.hint
