@@ -83,7 +83,7 @@ def test_feed_pipeline_splits_cpu_between_main_and_workers(shards, tmp_path):
     # DALI's reader has no worker processes; the DataLoader's workers do the work
     native, wds = (report["peers"][name]["workers_cpu_ms_per_sample"] for name in ("dali-native", "webdataset"))
     if native is not None and wds is not None:
-        assert native < wds
+        assert native <= wds  # (both may read 0 clock ticks on a very short run)
 
 
 def split_or_unmeasured(figures):
