@@ -42,14 +42,17 @@ def cmd_synth(args: argparse.Namespace) -> int:
 # -- write ---------------------------------------------------------------------------------------
 
 def cmd_write(args: argparse.Namespace) -> int:
-    from .writer import image_folder, listing, write
+    from .writer import write
 
-    items, _ = image_folder(args.source) if os.path.isdir(args.source) else listing(args.source)
     options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
-    with progress_bar(args, total=len(items), unit="sample") as bar:
+    with progress_bar(args, total=0, unit="sample") as bar:
+        def listed(total: int) -> None:
+            bar.total = total
+            bar.refresh()
+
         done = write(args.source, args.output, samples_per_shard=args.samples_per_shard, shuffle=not args.no_shuffle,
                      seed=args.seed, prefix=args.prefix, processes=args.processes, storage_options=options,
-                     progress=bar.update)
+                     progress=bar.update, on_listed=listed)
     classes = f", {len(done['classes'])} classes" if done["classes"] else ""
     emit(args, {k: v for k, v in done.items() if k != "urls"},
          f"wrote {done['samples']} samples{classes} in {done['shards']} shards to {redact(args.output)} "

@@ -243,7 +243,7 @@ def redact_client_logs() -> None:
     def factory(*args, **kwargs):
         record = previous(*args, **kwargs)
         name = record.name
-        if name.startswith(CLIENT_LOGGERS) and (name in CLIENT_LOGGERS or name.partition(".")[0] in CLIENT_LOGGERS):
+        if name.partition(".")[0] in CLIENT_LOGGERS:
             try:
                 text = record.getMessage()
             except Exception:  # a malformed record: left to logging's own error report

@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from .config import IMAGE_EXTS
+from .config import IMAGE_EXTS, is_image_ext
 from .errors import ConfigError, SourceError
 from .sources import is_remote
 
@@ -85,8 +85,11 @@ def listing(path: str) -> tuple:
 
 
 def _image_ext(name: str) -> Optional[str]:
-    ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
-    return ("jpg" if ext == "jpeg" else ext) if ext in IMAGE_EXTS else None
+    """The member extension an image file is written under (``jpeg`` as ``jpg``), or None."""
+    if "." not in name or not is_image_ext(name):
+        return None
+    ext = name.rsplit(".", 1)[-1].lower()
+    return "jpg" if ext == "jpeg" else ext
 
 
 def plan_shards(items: Sequence[Item], *, samples_per_shard: int, shuffle: bool, seed: int) -> List[List[int]]:
@@ -118,11 +121,12 @@ def _write_shard(path: str, items: Sequence[Item], keys: Sequence[str]) -> int:
 def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: bool = True, seed: int = 0,
           prefix: str = "train", processes: Optional[int] = None,
           storage_options: Optional[Mapping[str, Any]] = None,
-          progress: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
+          progress: Optional[Callable[[int], None]] = None,
+          on_listed: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
     """Write ``source`` (an ImageFolder tree or a CSV/JSONL listing) as WebDataset shards into
     ``output`` (a folder or an ``s3://`` prefix) with a manifest beside them; returns a summary
-    (``shards``, ``samples``, ``classes``, ``manifest``). ``progress(n)`` is called as shards are
-    written, with their sample counts."""
+    (``shards``, ``samples``, ``classes``, ``manifest``). ``on_listed(total)`` is called once the
+    source is listed, ``progress(n)`` as shards are written, with their sample counts."""
     from .manifest import build_manifest, write_manifest
 
     if samples_per_shard < 1:
@@ -133,6 +137,8 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
         raise ConfigError(f"{output} already holds {prefix}-*.tar shards: a new set beside them would be read together",
                           url=output, hint="write into an empty folder, or pass another prefix")
     items, classes = image_folder(source) if os.path.isdir(source) else listing(source)
+    if on_listed:
+        on_listed(len(items))
     shards = plan_shards(items, samples_per_shard=samples_per_shard, shuffle=shuffle, seed=seed)
     width = max(5, len(str(len(shards) - 1)))
     names = [f"{prefix}-{i:0{width}d}.tar" for i in range(len(shards))]

@@ -48,6 +48,18 @@ def key_shards(directory: str, sizes: Sequence[int], prefix: str = "s") -> List[
     return paths
 
 
+def shard_keys(sizes: Sequence[int], prefix: str = "s") -> List[str]:
+    """Every key :func:`key_shards` writes for ``sizes``, sorted."""
+    return sorted(f"{prefix}{s:03d}/{i:05d}" for s, n in enumerate(sizes) for i in range(n))
+
+
+def key_shard_folder(tmp_path_factory, name: str, sizes: Sequence[int]) -> str:
+    """A new temporary folder holding :func:`key_shards` of ``sizes`` (for module fixtures)."""
+    directory = str(tmp_path_factory.mktemp(name))
+    key_shards(directory, sizes)
+    return directory
+
+
 def uneven_sizes(n: int, seed: int = 0, low: int = 3, high: int = 30) -> List[int]:
     return [int(v) for v in np.random.default_rng(seed).integers(low, high, n)]
 

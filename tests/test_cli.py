@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers import key_shards, uneven_sizes
+from helpers import key_shards, shard_keys, uneven_sizes
 
 SIZES = uneven_sizes(9, seed=4, low=3, high=20)
 
@@ -35,7 +35,7 @@ def shards(tmp_path_factory):
 
 
 def all_keys():
-    return sorted(f"s{s:03d}/{i:05d}" for s, n in enumerate(SIZES) for i in range(n))
+    return shard_keys(SIZES)
 
 
 def test_help_lists_every_command():

@@ -12,7 +12,7 @@ from dalistream import Loader, Stream
 from dalistream.dali.pipeline import built
 from dalistream.errors import ConfigError, StateError
 
-from helpers import check_resume, key_shards, uneven_sizes
+from helpers import check_resume, key_shard_folder, shard_keys, uneven_sizes
 
 pytestmark = [pytest.mark.dali]
 
@@ -22,13 +22,11 @@ SIZES = uneven_sizes(13, seed=1, low=2, high=24)
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("keys"))
-    key_shards(d, SIZES)
-    return d
+    return key_shard_folder(tmp_path_factory, "keys", SIZES)
 
 
 def all_keys():
-    return {f"s{s:03d}/{i:05d}" for s, n in enumerate(SIZES) for i in range(n)}
+    return set(shard_keys(SIZES))
 
 
 def open_stream(shards, rank, world, workers, **kw):

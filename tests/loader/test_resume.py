@@ -13,7 +13,7 @@ import pytest
 from dalistream import Loader, Stream
 from dalistream.errors import StateError
 
-from helpers import key_shards, uneven_sizes
+from helpers import key_shard_folder, shard_keys, uneven_sizes
 
 pytestmark = [pytest.mark.dali]
 
@@ -22,12 +22,10 @@ SIZES = uneven_sizes(9, seed=4, low=0, high=30)
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("elastic"))
-    key_shards(d, SIZES)
-    return d
+    return key_shard_folder(tmp_path_factory, "elastic", SIZES)
 
 
-ALL = sorted(f"s{s:03d}/{i:05d}" for s, n in enumerate(SIZES) for i in range(n))
+ALL = shard_keys(SIZES)
 
 
 def stream(shards, rank, world, workers, batch, **kw):

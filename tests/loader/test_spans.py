@@ -11,7 +11,7 @@ import pytest
 from dalistream.cli import main
 from dalistream.plan import Layout, Schedule, owned_parts
 
-from helpers import key_shards
+from helpers import key_shards, shard_keys
 
 pytestmark = [pytest.mark.dali, pytest.mark.slow]
 
@@ -28,7 +28,7 @@ def keys(source, rank, R, W, epoch, *extra):
 
 
 def all_keys():
-    return {f"s{s:03d}/{i:05d}" for s, n in enumerate(SIZES) for i in range(n)}
+    return set(shard_keys(SIZES))
 
 
 def cut_resume_step(R, W, rank, epoch, steps):
