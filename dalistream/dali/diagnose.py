@@ -41,7 +41,9 @@ def translate(error: Exception, rank: int, where: Optional[tuple] = None) -> Exc
       ``(stream, epoch, step)`` of the batch asked for; see :func:`_locate_bad_images`);
     - anything else: :class:`WorkerError` with DALI's message.
 
-    The worker's traceback, where there is one, is kept in ``worker_traceback`` and added as a note.
+    The worker's traceback, where there is one, is kept in ``worker_traceback``; it is added as a
+    note to a :class:`WorkerError` (an unexpected exception), and to dalistream's own errors only
+    when this module logs at DEBUG (``--log-level DEBUG``).
     """
     if isinstance(error, errors.DalistreamError):
         if error.rank is None:
@@ -65,7 +67,10 @@ def translate(error: Exception, rank: int, where: Optional[tuple] = None) -> Exc
         tb = errors.redact("\n".join(line for line in traceback_text.splitlines()
                                       if not line.startswith(errors.FIELDS_NOTE)))
         out.worker_traceback = tb  # type: ignore[attr-defined]
-        out.add_note("Traceback in the DALI worker process:\n" + tb)
+        # dalistream's own errors say what and where (URL, member, hint): their worker traceback
+        # would only bury the message; anything else is a bug whose traceback is the message
+        if isinstance(out, WorkerError) or log.isEnabledFor(logging.DEBUG):
+            out.add_note("Traceback in the DALI worker process:\n" + tb)
     return out
 
 
