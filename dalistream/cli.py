@@ -104,7 +104,6 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_keys(args: argparse.Namespace) -> int:
     from .loader import Loader
     from .stream import Stream
-    from .worker import skip_totals
 
     stream = Stream.open(
         args.sources, fields={"key": "__key__"}, batch_size=args.batch_size, workers=args.workers,
@@ -136,11 +135,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
         if args.state_out:
             with open(args.state_out, "w") as f:
                 json.dump(loader.state_dict(), f)
-        # counters: exact at the end of an epoch (the workers' last write is awaited briefly); the
-        # skip counters at the top are those of the epoch printed (workers read ahead into the next)
+        # counters: exact at the end of an epoch (the workers' last write is awaited briefly), of
+        # the epochs printed (the workers' read-ahead into the next is counted there)
         stats = loader.stats(wait_s=2.0 if loader.step == 0 else 0.0)
-        ran = loader.epoch - 1 if loader.step == 0 else loader.epoch
-        stats.update(stats["by_epoch"].get(ran, skip_totals({})))
         stats.update(delivered=delivered, batches=done)  # what was printed above, exactly
         if not args.json:
             print(stats_text(stats), file=sys.stderr)

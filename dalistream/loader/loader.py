@@ -278,6 +278,8 @@ class Loader:
         sums, and the training loop's side under ``loader``: ``wait_s``, the time it waited for
         batches (the input pipeline was the limit; the first includes the workers' start), and
         ``step_s``, the time it spent between batches (its own step), over ``batches`` batches.
+        The totals and skips cover the epochs up to :meth:`delivered_epoch`: what a worker read
+        ahead into the next epoch is counted in that epoch, under ``by_epoch`` only.
         See :mod:`dalistream.worker.stats` for the workers' counters.
 
         Workers write their counters every ~0.5 s, soon after every skip, and when they finish an
@@ -285,8 +287,7 @@ class Loader:
         the loader's position (exact at the end of an epoch). Skips are summed as
         ``skipped_samples`` and ``skipped_shards`` and broken down by reason in
         ``skipped = {"samples": {reason: n}, "shards": {reason: n}}``, since the pipeline started;
-        ``by_epoch[e]`` holds the same three keys for epoch ``e`` alone (the workers read a few
-        batches ahead, into the next epoch: its skips appear there). Each worker's raw counters
+        ``by_epoch[e]`` holds the totals and the same three keys for epoch ``e`` alone. Each worker's raw counters
         (``"samples:<reason>"``, ``"shards:<reason>"``) are under ``workers[i]["skipped"]``.
         """
         deadline = time.monotonic() + max(0.0, wait_s)
@@ -295,7 +296,13 @@ class Loader:
             if time.monotonic() >= deadline or self._workers_reached(workers):
                 break
             time.sleep(0.05)
-        return {**summarize(workers), "loader": dict(self._timing)}
+        return {**summarize(workers, through=self.delivered_epoch()), "loader": dict(self._timing)}
+
+    def delivered_epoch(self) -> int:
+        """The last epoch this loader has entered: its current one once a batch of it was taken (or
+        before any batch at all), else the one it finished. The workers' read-ahead into later
+        epochs is left out of :meth:`stats`' totals (it shows under ``by_epoch``)."""
+        return self.epoch if self.step or self.epoch == self.stream.start_epoch else self.epoch - 1
 
     def _workers_reached(self, workers) -> bool:
         """True when every worker's counters are written up to the loader's position."""

@@ -84,7 +84,7 @@ class PlanReader:
             if error is not None:
                 skip(error, "samples")
                 continue
-            stats.bytes += sum(len(v) for k, v in item.items() if v is not None and not k.startswith("__"))
+            stats.add(bytes=sum(len(v) for k, v in item.items() if v is not None and not k.startswith("__")))
             try:
                 value = self.decoder.decode(item)
             except SampleError as e:

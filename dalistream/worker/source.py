@@ -145,11 +145,10 @@ class WorkerSource:
             n = len(chunk)
             outputs = batch.assemble(empty, chunk, lo)
             stats.step = step + 1
-            stats.samples += n
-            stats.padded += plan.slot - n
+            stats.add(samples=n, padded=plan.slot - n)
             stats.batch_s += time.perf_counter() - t1
             stats.maybe_write()
             yield outputs
         if c.policy == "even":  # a worker's span is exactly its steps x slot: only the job's tail is left out
-            stats.dropped += plan.left_out
+            stats.add(dropped=plan.left_out)
         stats.write()

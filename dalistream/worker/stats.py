@@ -5,7 +5,9 @@ Per worker (see :data:`WORKER_FIELDS`): position (``epoch``, ``step``), ``sample
 ``padded`` slot positions, ``bytes`` of member data read, ``dropped`` samples (``even`` epochs: the tail of
 the epoch that no one owns, counted by the job's last global worker, so the sum over the job is
 what the epoch left out),
-skips by ``"samples:<reason>"``/``"shards:<reason>"`` (all epochs, and per epoch), remote I/O
+skips by ``"samples:<reason>"``/``"shards:<reason>"`` (all epochs, and per epoch in
+``skipped_by_epoch``), the four totals per epoch too (``totals_by_epoch``: a worker reads a few
+batches ahead, into the next epoch, and what it read there is counted there), remote I/O
 counters, and seconds: ``io_wait_s`` blocked opening and reading shard bytes; ``read_s`` reading, parsing tar
 and checking samples (includes ``io_wait_s``); ``batch_s`` assembling padded batches; ``wall_s``
 since the worker started. ``wall_s - read_s - batch_s`` is time the worker was idle, its batches
@@ -26,7 +28,7 @@ from ..io.local import write_atomic
 from .policy import skip_totals
 
 WORKER_FIELDS = ("rank", "worker", "epoch", "step", "samples", "padded", "bytes", "dropped", "io_wait_s", "read_s",
-                 "batch_s", "wall_s", "skipped", "io", "skipped_by_epoch")
+                 "batch_s", "wall_s", "skipped", "io", "skipped_by_epoch", "totals_by_epoch")
 TOTALS = ("samples", "padded", "bytes", "dropped")
 WRITE_INTERVAL_S = 0.5  # counters are written at most this often while batches flow
 SKIP_FLUSH_S = 0.05     # and soon after a skip, so the loader sees the skips of delivered batches
@@ -43,7 +45,9 @@ class WorkerStats:
         self.io_clock = ReadClock()
         self.io = IOCounters()  # remote requests, retries, resumes of this worker
         self.skipped_by_epoch: Dict[int, Counter] = {}
+        self.totals_by_epoch: Dict[int, Counter] = {}
         self._last = 0.0
+        self._unwritten_skip = False
         self._t0 = time.perf_counter()
 
     @property
@@ -54,6 +58,13 @@ class WorkerStats:
             total.update(counts)
         return total
 
+    def add(self, **amounts: int) -> None:
+        """Add to the :data:`TOTALS` named, in all and in the current ``epoch``."""
+        epoch = self.totals_by_epoch.setdefault(self.epoch, Counter())
+        for name, value in amounts.items():
+            setattr(self, name, getattr(self, name) + value)
+            epoch[name] += value
+
     def as_dict(self) -> Dict[str, Any]:
         """The counters as plain data, keyed by :data:`WORKER_FIELDS`."""
         return {
@@ -63,19 +74,23 @@ class WorkerStats:
             "batch_s": round(self.batch_s, 6), "wall_s": round(time.perf_counter() - self._t0, 6),
             "skipped": dict(self.skipped), "io": self.io.as_dict(),
             "skipped_by_epoch": {str(e): dict(c) for e, c in self.skipped_by_epoch.items() if c},
+            "totals_by_epoch": {str(e): dict(c) for e, c in self.totals_by_epoch.items() if c},
         }
 
     def maybe_write(self) -> None:
-        """Write if the last write is older than :data:`WRITE_INTERVAL_S`."""
-        self._write_after(WRITE_INTERVAL_S)
+        """Write if the last write is older than :data:`WRITE_INTERVAL_S`, or a skip is unwritten
+        (called once per batch)."""
+        self._write_after(0.0 if self._unwritten_skip else WRITE_INTERVAL_S)
 
     def flush_skips(self) -> None:
-        """Write soon after a skip (:data:`SKIP_FLUSH_S`)."""
+        """Write soon after a skip (:data:`SKIP_FLUSH_S`); a skip met sooner is written with the
+        batch it falls in (:meth:`maybe_write`), never left unwritten while the worker waits."""
+        self._unwritten_skip = True
         self._write_after(SKIP_FLUSH_S)
 
     def _write_after(self, interval: float) -> None:
         now = time.perf_counter()
-        if self.path and now - self._last > interval:
+        if self.path and now - self._last >= interval:
             self._last = now
             self.write()
 
@@ -83,6 +98,7 @@ class WorkerStats:
         """Write the counters now (atomically: readers never see half a file)."""
         if not self.path:
             return
+        self._unwritten_skip = False
         write_atomic(self.path, lambda f: f.write(json.dumps(self.as_dict()).encode()))
 
 
@@ -103,16 +119,26 @@ def read_workers(directory: str) -> List[Dict[str, Any]]:
     return sorted(workers, key=lambda w: w.get("worker", 0))
 
 
-def summarize(workers: List[Dict[str, Any]]) -> Dict[str, Any]:
+def summarize(workers: List[Dict[str, Any]], through: Optional[int] = None) -> Dict[str, Any]:
     """Sums over workers: :data:`TOTALS`, skips (``skipped_samples``, ``skipped_shards``,
-    ``skipped`` by kind and reason) and the same per epoch under ``by_epoch``; ``workers`` keeps
-    each worker's own counters."""
-    skipped: Counter = Counter()
+    ``skipped`` by kind and reason), of the epochs up to ``through`` (all when None: the workers'
+    read-ahead into an epoch not yet delivered included); ``by_epoch[e]`` holds every epoch's
+    totals and skips alone; ``workers`` keeps each worker's own counters."""
     by_epoch: Dict[int, Counter] = {}
     for w in workers:
-        skipped.update(w.get("skipped", {}))
-        for epoch, counts in w.get("skipped_by_epoch", {}).items():
-            by_epoch.setdefault(int(epoch), Counter()).update(counts)
-    totals = {k: sum(w.get(k, 0) for w in workers) for k in TOTALS}
+        for key in ("skipped_by_epoch", "totals_by_epoch"):
+            for epoch, counts in w.get(key, {}).items():
+                by_epoch.setdefault(int(epoch), Counter()).update(counts)
+    if through is None:
+        skipped: Counter = Counter()
+        for w in workers:
+            skipped.update(w.get("skipped", {}))
+        totals = {k: sum(w.get(k, 0) for w in workers) for k in TOTALS}
+    else:
+        skipped = Counter()
+        for epoch, counts in by_epoch.items():
+            if epoch <= through:
+                skipped.update(counts)
+        totals = {k: skipped.pop(k, 0) for k in TOTALS}
     return {"workers": workers, **totals, **skip_totals(skipped),
-            "by_epoch": {e: skip_totals(c) for e, c in sorted(by_epoch.items())}}
+            "by_epoch": {e: {**{k: c.get(k, 0) for k in TOTALS}, **skip_totals(c)} for e, c in sorted(by_epoch.items())}}

@@ -4,6 +4,7 @@ yielded."""
 
 import io
 import logging
+import time
 
 import pytest
 
@@ -59,3 +60,23 @@ def test_a_batch_of_only_skipped_samples_is_not_yielded(tmp_path, caplog):
         assert loader.stats(wait_s=5)["by_epoch"][0]["skipped"]["samples"] == {"bad_value": 4}
         assert (loader.epoch, loader.step) == (1, 0)  # the epoch ended as planned
     assert "holds no sample" in caplog.text
+
+
+def test_a_bad_sample_of_a_one_epoch_run_is_counted_once(tmp_path):
+    """The workers read ahead into the next epoch and meet the bad sample again there: that skip
+    belongs to epoch 1 (``by_epoch``), not to the totals of the epoch delivered."""
+    paths = write(tmp_path, 1, 16, bad={0})
+    stream = Stream.open(paths, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=1, device="cpu",
+                         on_error="skip", shuffle_shards=False, shuffle=0, policy="exact", cache_dir=str(tmp_path))
+    with Loader(stream) as loader:
+        keys = [k for b in loader for k in b["key"]]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the read-ahead reaches epoch 1's first (bad) sample
+            stats = loader.stats()
+            if stats["by_epoch"].get(1, {}).get("skipped_samples"):
+                break
+            time.sleep(0.05)
+        assert stats["by_epoch"][1]["skipped_samples"] == 1, "no read-ahead into epoch 1: the case is not met"
+        assert len(keys) == 15 and stats["skipped_samples"] == 1 and stats["skipped"]["samples"] == {"bad_value": 1}
+        assert stats["samples"] == 15 == stats["by_epoch"][0]["samples"]  # read = delivered, read-ahead apart
+        assert stats["padded"] == stats["by_epoch"][0]["padded"] == 1
