@@ -140,6 +140,34 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+SHUFFLE_BUFFER = 1000  # a training stream's buffer when it cannot read interleaved (no counts)
+
+
+def mixing(policy: str, interleave: Optional[bool], shuffle: Optional[int], counts_known: bool = True) -> tuple:
+    """``(interleave, shuffle)`` resolved: the one default of both for ``StreamConfig``,
+    ``Stream.open``, the CLI and the ready pipelines (see :class:`StreamConfig`)."""
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ConfigError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if shuffle is not None and (not _is_int(shuffle) or shuffle < 0):
+        raise ConfigError(f"shuffle must be an integer >= 0 or None, got {shuffle!r}")
+    train = policy != "exact"
+    if interleave is None:
+        interleave = train and counts_known and not (shuffle or 0) > 1
+    elif not isinstance(interleave, (bool, np.bool_)):
+        raise ConfigError(f"interleave must be True, False or None, got {interleave!r}")
+    elif interleave and not counts_known:
+        raise ConfigError("interleave=True needs per-shard sample counts: policy 'fixed' without a manifest owns "
+                          "whole shards", hint="give a manifest (`dalistream index`), or use a shuffle buffer")
+    if shuffle is None:
+        shuffle = SHUFFLE_BUFFER if train and not interleave else 0
+    elif interleave and shuffle > 1:
+        raise ConfigError(f"shuffle={shuffle} and interleave=True: a worker reading its slot's columns at once "
+                          "needs no buffer (each batch already draws from every column)",
+                          hint="leave shuffle unset, or pass interleave=False to read one span per worker "
+                               "through a buffer")
+    return bool(interleave), shuffle
+
+
 MAX_BATCH_SIZE = 1 << 20  # beyond this, per-batch buffers alone outgrow any worker's memory
 
 
@@ -156,7 +184,13 @@ class StreamConfig:
     ``"fixed"`` (``batches_per_epoch`` batches, workers cycle over their own part of the data).
     Without a manifest, remote shards are counted by a scan only while their total size is at
     most ``scan_limit_bytes`` (``None``: always), so ranks do not each read the data set.
-    ``shuffle`` is the per-worker sample shuffle buffer size (0: off). ``max_skip_fraction``:
+    How samples are mixed (:func:`mixing`, one rule for every entry point): ``interleave``
+    reads each batch position's own span (its *column*, see :mod:`dalistream.plan.ownership`),
+    a worker reading the columns of its slot at once, so a rank's batch draws from ``B`` places
+    spread over the epoch; ``shuffle`` is a per-worker sample shuffle buffer (0: off), for
+    streams that read one span per worker. Left ``None``, a training stream (``even``,
+    ``fixed``) reads interleaved when its counts are known (a manifest, or not ``fixed``), else
+    through a buffer of :data:`SHUFFLE_BUFFER`; ``exact`` (evaluation) does neither. ``max_skip_fraction``:
     when more than this share of the samples a worker has read were skipped for one reason
     (``missing_field`` from a typo in an extension, ``bad_image``, …), it raises a
     :class:`~dalistream.errors.SampleError` naming the reason instead of training on what is
@@ -172,7 +206,8 @@ class StreamConfig:
     rank: int = 0
     world_size: int = 1
     seed: int = 0
-    shuffle: int = 0
+    shuffle: Optional[int] = None
+    interleave: Optional[bool] = None
     shuffle_shards: bool = True
     policy: str = "even"
     batches_per_epoch: Optional[int] = None
@@ -195,6 +230,10 @@ class StreamConfig:
             object.__setattr__(self, "fields", parse_fields(self.fields))
         if not self.sources:
             raise ConfigError("no sources given", hint="pass shard paths, globs, brace patterns or URLs")
+        interleave, shuffle = mixing(self.policy, self.interleave, self.shuffle,
+                                     counts_known=bool(self.manifest) or self.policy != "fixed")
+        object.__setattr__(self, "interleave", interleave)
+        object.__setattr__(self, "shuffle", shuffle)
         self._check()
 
     def _check(self) -> None:
@@ -253,6 +292,11 @@ class StreamConfig:
     def layout(self) -> Layout:
         """Ranks, workers and batch size, as the plan takes them."""
         return Layout(self.world_size, self.workers, self.batch_size)
+
+    @property
+    def plan_layout(self) -> Layout:
+        """The layout the plan splits each epoch over: the columns when reading interleaved."""
+        return self.layout.planned(bool(self.interleave))
 
     @property
     def schedule(self) -> Schedule:

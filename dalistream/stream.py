@@ -239,8 +239,8 @@ class Stream:
         """Batches this rank yields in ``epoch`` (its rest after the segments ``resume``)."""
         c = self.config
         if resume and self.counts is not None:
-            return resumed_steps(self.counts, c.layout, c.schedule, epoch, resume, c.shuffle)
-        return steps_per_epoch(self.counts, c.layout, c.schedule, epoch, c.rank)
+            return resumed_steps(self.counts, c.plan_layout, c.schedule, epoch, resume, c.shuffle)
+        return steps_per_epoch(self.counts, c.plan_layout, c.schedule, epoch, c.rank)
 
     def at(self, epoch: int, step: int = 0, stats_dir: Optional[str] = None, resume: Sequence = ()) -> "Stream":
         """The same stream starting at (``epoch``, ``step``), after the segments ``resume`` of

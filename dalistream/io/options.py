@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from ..errors import ConfigError
 
@@ -66,3 +66,21 @@ def remote_options(options: Optional[Mapping[str, Any]]) -> RemoteOptions:
         raise ConfigError("storage_options: max_attempts, chunk_bytes and parts_in_flight must be >= 1, part_bytes "
                           ">= 1024, read_ahead_bytes >= 0")
     return opts
+
+
+MIN_SHARED_PART = 1 << 20  # a part of a shared budget is still a large ranged read
+
+
+def shared_budget(options: Optional[Mapping[str, Any]], share: int) -> Dict[str, Any]:
+    """``options`` for one of ``share`` byte streams a worker reads at once (interleaved columns):
+    the read-ahead, the parts in flight and, when needed, the part size divided among them, so the
+    worker's remote memory stays what one stream's budget allows (parts no smaller than
+    :data:`MIN_SHARED_PART`)."""
+    options = dict(options or {})
+    if share <= 1:
+        return options
+    opts = remote_options(options)
+    ahead = max(MIN_SHARED_PART, opts.read_ahead_bytes // share)
+    options.update(read_ahead_bytes=ahead, parts_in_flight=max(1, opts.parts_in_flight // share),
+                   part_bytes=max(MIN_SHARED_PART, min(opts.part_bytes, ahead)))
+    return options

@@ -28,12 +28,12 @@ from ..dali.diagnose import translate
 from ..dali.pipeline import built, raw_pipeline
 from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
 from ..errors import StateError
-from ..plan import check_segments, continued
+from ..plan import Layout, check_segments, continued
 from ..stream import Stream
 from ..worker import read_workers, summarize
 from .convert import BufferPool, to_torch
 
-STATE_VERSION = 3  # 3: segments of an epoch under other layouts, sources by identity; 2: spans; 1: whole shards
+STATE_VERSION = 4  # 4: interleave; 3: segments of an epoch under other layouts, sources by identity; 2: spans; 1: whole shards
 log = logging.getLogger(__name__)
 
 _open_loaders: "weakref.WeakSet[Loader]" = weakref.WeakSet()
@@ -59,7 +59,7 @@ def _track(loader: "Loader") -> None:
     _open_loaders.add(loader)
 
 
-INVARIANT = ("seed", "policy", "shuffle", "batches_per_epoch", "shuffle_shards")  # a resume cannot change these
+INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards")  # a resume cannot change these
 
 
 def read_state(state: Any, current: Dict[str, Any]) -> tuple:
@@ -70,7 +70,7 @@ def read_state(state: Any, current: Dict[str, Any]) -> tuple:
 
     if not isinstance(state, dict):
         raise StateError(f"a loader state is a dict from Loader.state_dict(), got {type(state).__name__}")
-    if state.get("version") not in (2, STATE_VERSION):
+    if state.get("version") not in (2, 3, STATE_VERSION):
         raise StateError(f"unknown loader state version {state.get('version')!r} (expected {STATE_VERSION})")
     for part in ("loader", "plan"):
         if not isinstance(state.get(part), dict):
@@ -81,6 +81,8 @@ def read_state(state: Any, current: Dict[str, Any]) -> tuple:
             raise StateError(f"loader state: {name} must be an integer >= 0, got {position.get(name)!r}")
     if state["version"] == 2:  # before elastic resume: no segments, sources a digest of the URLs
         saved.setdefault("shuffle_shards", current.get("shuffle_shards"))
+    if state["version"] < 4:  # before interleaved reading
+        saved.setdefault("interleave", False)
     missing = sorted(set(current) - set(saved))
     if missing:
         raise StateError(f"loader state: plan lacks {missing}")
@@ -227,14 +229,15 @@ class Loader:
     def state_dict(self) -> Dict[str, Any]:
         """Plain data to resume from, on this layout or any other: the position (epoch, step), the
         layout it stands in, the ``segments`` of this epoch that ran under earlier layouts
-        (``[world_size, workers, batch_size, steps]`` each), and what must not change (seed,
-        policy, shuffle, the sources' identity). Rank 0's state resumes every rank."""
+        (``[world_size, workers, batch_size, steps]`` each, of the layout the plan split: its
+        columns ``[R·B, 1, 1, steps]`` when reading interleaved), and what must not change (seed,
+        policy, shuffle, interleave, the sources' identity). Rank 0's state resumes every rank."""
         c = self.stream.config
         return {
             "version": STATE_VERSION,
             "loader": {"epoch": self.epoch, "step": self.step},
             "plan": {"seed": c.seed, "rank": c.rank, "world_size": c.world_size, "workers": c.workers,
-                     "batch_size": c.batch_size, "policy": c.policy, "shuffle": c.shuffle,
+                     "batch_size": c.batch_size, "policy": c.policy, "shuffle": c.shuffle, "interleave": c.interleave,
                      "batches_per_epoch": c.batches_per_epoch, "shuffle_shards": c.shuffle_shards,
                      "sources": self.stream.identity},
             "segments": [list(s) for s in self.resume],
@@ -264,7 +267,10 @@ class Loader:
                             "from its first batch (samples of its first %d steps are seen again)", epoch, step)
                 segments, step = (), 0
             else:
-                segments, step = continued(segments, saved_layout, step, self.stream.config.layout)
+                c = self.stream.config
+                planned = Layout(*saved_layout).planned(c.interleave)  # what the saved plan split
+                segments, step = continued(segments, (planned.world_size, planned.workers, planned.batch_size), step,
+                                           c.plan_layout)
         steps = self.stream.steps(epoch, segments)  # validates the segments against the data set
         if step > steps:
             raise StateError(f"saved step {step} is past the end of epoch {epoch}, which has {steps} steps",

@@ -4,11 +4,12 @@
 from . import seeds
 from .layout import POLICIES, Layout, Schedule
 from .ownership import (EpochLayout, Part, WorkerPlan, check_layout, epoch_layout, epoch_order, epoch_steps,
-                        owned_parts, owned_samples, owned_shards, span_bounds, steps_per_epoch, worker_plan)
+                        owned_parts, owned_samples, owned_shards, span_bounds, steps_per_epoch, worker_columns,
+                        worker_plan)
 from .resume import Remaining, ResumePlan, Run, check_segments, continued, remaining_summary, resumed_steps, resumed_worker_plan
 from .summary import epoch_summary
 
 __all__ = ["POLICIES", "EpochLayout", "Remaining", "ResumePlan", "Run", "check_segments", "continued", "remaining_summary", "resumed_steps",
            "resumed_worker_plan", "Layout", "Part", "Schedule", "WorkerPlan", "check_layout", "epoch_layout",
            "epoch_order", "epoch_steps", "epoch_summary", "owned_parts", "owned_samples", "owned_shards", "seeds",
-           "span_bounds", "steps_per_epoch", "worker_plan"]
+           "span_bounds", "steps_per_epoch", "worker_columns", "worker_plan"]

@@ -53,6 +53,24 @@ class Layout:
         base, extra = divmod(self.batch_size, self.workers)
         return tuple(w * base + min(w, extra) for w in range(self.workers))
 
+    @property
+    def column_layout(self) -> "Layout":
+        """The layout of *columns*, for interleaved reading: every batch position of every rank
+        reads its own span, one sample per step. Column ``q = position × world_size + rank`` is
+        global worker ``q`` of ``R·B`` ranks of one worker and batch 1, so the balanced spans of
+        :mod:`.ownership` place a rank's ``B`` columns ``R`` spans apart, evenly over the epoch."""
+        return Layout(self.world_size * self.batch_size, 1, 1)
+
+    def columns(self, rank: int, worker: int) -> Tuple[int, ...]:
+        """The columns (global workers of :attr:`column_layout`) that ``worker`` of ``rank`` reads,
+        in the order of its slot's positions."""
+        lo = self.slot_offsets[worker]
+        return tuple(p * self.world_size + rank for p in range(lo, lo + self.slots[worker]))
+
+    def planned(self, interleave: bool) -> "Layout":
+        """The layout the plan splits an epoch over: :attr:`column_layout` when reading interleaved."""
+        return self.column_layout if interleave else self
+
 
 @dataclass(frozen=True)
 class Schedule:

@@ -18,6 +18,13 @@ before ``g`` (``rank × B + slot offset of w``):
 - ``fixed`` with counts: the ``exact`` spans, re-read in a new order each pass until the fixed
   number of batches is filled.
 
+**Interleaved reading** (counts known): the spans are planned over the layout's *columns*
+(:attr:`~.layout.Layout.column_layout`), one per batch position of every rank; a worker reads the
+columns of its slot at once, each sequentially, and takes one sample from each per step. A rank's
+batch then draws from ``B`` places spread evenly over the epoch, where one span per worker draws
+from ``W``: on data written in class order, that is the difference between a few classes per
+batch and as many as a random order gives (``dalistream plan --shuffle-quality``).
+
 **Whole shards** (``fixed`` without counts): global worker ``g`` owns shards ``g, g + R·W, …`` of
 the permutation.
 """
@@ -202,3 +209,11 @@ def worker_plan(counts: Optional[Sequence[int]], num_shards: int, layout: Layout
                 f"{layout.global_workers} global workers", hint="use fewer workers or a smaller batch")
     return WorkerPlan(rank, worker, epoch, tuple(parts), steps, layout.slots[worker], layout.slot_offsets[worker],
                       samples, layout.global_worker(rank, worker), left_out)
+
+
+def worker_columns(counts: Sequence[int], num_shards: int, layout: Layout, schedule: Schedule, epoch: int,
+                   rank: int, worker: int) -> Tuple[WorkerPlan, ...]:
+    """Interleaved reading: one :class:`WorkerPlan` per column of (``rank``, ``worker``), in slot
+    order (each of slot 1, planned over :attr:`~.layout.Layout.column_layout`)."""
+    columns = layout.column_layout
+    return tuple(worker_plan(counts, num_shards, columns, schedule, epoch, q, 0) for q in layout.columns(rank, worker))

@@ -6,8 +6,10 @@ with a random order of the same samples.
 
 The worker's order is reproduced from its parts: global worker ``g`` reads its span of the
 epoch's sample sequence (:mod:`.ownership`) and shuffles it through :func:`.buffer.shuffled`,
-the same function the worker runs, fed indices instead of samples. ``interleave=k > 1`` and
-``spread`` are design-study candidates the worker does not read yet (see :func:`worker_streams`).
+the same function the worker runs, fed indices instead of samples; ``columns=True`` reproduces
+interleaved reading (the default of training streams: :attr:`.layout.Layout.column_layout`).
+``interleave=k > 1`` and ``spread`` are the design study's candidates that led to it (see
+:func:`worker_streams`); the worker does not read them.
 
 Sample ids are positions in the shards' written order (shard 0's samples, then shard 1's, …).
 """
@@ -63,15 +65,17 @@ def worker_streams(plan: EpochLayout, layout: Layout, interleave: int = 1, sprea
 
 
 def rank_batches(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int, buffer: int,
-                 interleave: int = 1, spread: bool = False) -> np.ndarray:
+                 interleave: int = 1, spread: bool = False, columns: bool = False) -> np.ndarray:
     """Sample ids of every rank's batches in ``epoch``: an array ``(ranks, steps, batch_size)``,
     ``-1`` where a batch is padded (``exact``). Position ``offset(w) + i`` of a batch holds worker
-    ``w``'s ``i``-th sample of that step, as the loader delivers it."""
+    ``w``'s ``i``-th sample of that step, as the loader delivers it. ``columns``: interleaved
+    reading, as the worker does it (position ``p`` of rank ``r`` is column ``p·R + r``'s
+    sample of the step; no buffer)."""
     if schedule.policy == "fixed":
         raise ConfigError("the shuffle-quality measure covers policies 'even' and 'exact'",
                           hint="measure with --policy even: 'fixed' reads the same spans")
     counts = np.asarray(counts, dtype=np.int64)
-    plan = epoch_layout(counts, layout, schedule, epoch)
+    plan = epoch_layout(counts, layout.planned(columns), schedule, epoch)
     written = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=written[1:])
     # sequence position -> sample id: shard order[i] starts at written[order[i]]
@@ -79,6 +83,13 @@ def rank_batches(counts: Sequence[int], layout: Layout, schedule: Schedule, epoc
     ids = shift + np.arange(plan.total, dtype=np.int64)
     steps = plan.steps
     out = np.full((layout.world_size, steps, layout.batch_size), -1, dtype=np.int64)
+    if columns:  # column q = p·R + r: its span's t-th sample at step t
+        sizes = np.diff(plan.bounds)
+        t = np.arange(steps, dtype=np.int64)
+        at = plan.bounds[:-1, None] + t[None, :]  # (R·B, steps)
+        real = t[None, :] < sizes[:, None]
+        cols = np.where(real, ids[np.minimum(at, max(plan.total - 1, 0))], -1)
+        return cols.reshape(layout.batch_size, layout.world_size, steps).transpose(1, 2, 0).copy()
     for g, stream in enumerate(worker_streams(plan, layout, interleave, spread)):
         r, w = divmod(g, layout.workers)
         slot, lo = layout.slots[w], layout.slot_offsets[w]
@@ -127,12 +138,12 @@ def _summary(stats: Dict[str, np.ndarray]) -> Dict[str, float]:
 
 def shuffle_quality(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int, buffer: int,
                     classes: int = 100, labels: Optional[np.ndarray] = None, interleave: int = 1,
-                    spread: bool = False) -> Dict[str, Any]:
+                    spread: bool = False, columns: bool = False) -> Dict[str, Any]:
     """Mean distinct labels and entropy per rank batch and per global batch (all ranks' batches
     of one step), for this order and for a random order of the same samples in batches of the
     same shapes (``random``; seeded by ``seed`` and ``epoch``). ``labels[i]`` is sample id
     ``i``'s label (default: :func:`sorted_labels`)."""
-    batches = rank_batches(counts, layout, schedule, epoch, buffer, interleave, spread)
+    batches = rank_batches(counts, layout, schedule, epoch, buffer, interleave, spread, columns)
     total = int(np.sum(np.asarray(counts, dtype=np.int64)))
     labels = sorted_labels(total, classes) if labels is None else np.asarray(labels, dtype=np.int64)
     if len(labels) != total:
@@ -144,7 +155,7 @@ def shuffle_quality(counts: Sequence[int], layout: Layout, schedule: Schedule, e
     result: Dict[str, Any] = {
         "epoch": epoch, "samples": total, "classes": int(labels.max()) + 1 if total else 0,
         "world_size": layout.world_size, "workers": layout.workers, "batch_size": layout.batch_size,
-        "shuffle": buffer, "interleave": interleave, "spread": spread, "steps": int(batches.shape[1]),
+        "shuffle": buffer, "interleave": interleave, "spread": spread, "columns": columns, "steps": int(batches.shape[1]),
     }
     for name, ids in (("order", batches), ("random", shuffled_ids)):
         lab = np.where(ids >= 0, labels[np.maximum(ids, 0)], -1)

@@ -61,7 +61,7 @@ def decoded(paths: Sequence[str], fields: Dict[str, str], counts: Sequence[int],
         rows = ShardRows.from_infos(infos)
         offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
     source = WorkerSource(config, list(paths), list(counts), 0, offsets=offsets)
-    return sum(1 for _ in source.reader.decoded(source.plan(0), lambda o: True, ErrorPolicy("raise"),
+    return sum(1 for _ in source.reader.decoded(source.plans(0)[0], lambda o: True, ErrorPolicy("raise"),
                                                 WorkerStats(None, 0, 0)))
 
 

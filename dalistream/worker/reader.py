@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config import StreamConfig
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
+from ..io.options import shared_budget
 from ..io.streams import ShardSequence, is_gzip_name
 from ..manifest.scan import forget
 from ..manifest.offsets import SampleOffsets
@@ -47,7 +48,7 @@ class PlanReader:
         self.count_source = count_source  # where the counts came from, for a stale count's error
         self.decoder = FieldDecoder(config.fields, config.missing)
 
-    def decoded(self, plan: WorkerPlan, keep: Keep, policy: ErrorPolicy, stats: WorkerStats) -> Iterator:
+    def decoded(self, plan: WorkerPlan, keep: Keep, policy: ErrorPolicy, stats: WorkerStats, share: int = 1) -> Iterator:
         """Decoded samples of this worker's shards (endless, re-ordered per pass, for ``fixed``),
         ``None`` for samples skipped on resume.
 
@@ -57,6 +58,8 @@ class PlanReader:
         the samples before the damage. Shard problems are met one raw sample early (see
         :func:`problem_first`), so a worker that stops after its last planned sample has still
         met, counted and reported the damage right after it, and the unreadable shards after it.
+        ``share``: how many plans this worker reads at once (their remote read-ahead budget is
+        shared, :func:`~dalistream.io.options.shared_budget`).
         """
         c = self.config
         good = 0
@@ -65,7 +68,7 @@ class PlanReader:
             policy.handle(error.at(rank=c.rank, worker=self.worker), kind)
             stats.flush_skips()
 
-        for item in problem_first(self.raw(plan, keep, stats)):
+        for item in problem_first(self.raw(plan, keep, stats, share)):
             if item is PASS_END:
                 if c.policy == "fixed" and not good:  # cycling over nothing would never end
                     raise SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
@@ -97,11 +100,12 @@ class PlanReader:
             good += 1
             yield value
 
-    def raw(self, plan: WorkerPlan, keep: Keep, stats: WorkerStats) -> Iterator:
+    def raw(self, plan: WorkerPlan, keep: Keep, stats: WorkerStats, share: int = 1) -> Iterator:
         """This worker's raw samples (``ext -> bytes`` dicts, numbered in plan order; ``None`` when
         ``keep`` rejects one), a shard's error in place of what follows its damage, and
         :data:`PASS_END` after each pass over the parts."""
         c = self.config
+        options = shared_budget(c.storage_options, share)
         ordinal = 0
         passes = itertools.count() if c.policy == "fixed" else range(1)
         for n_pass in passes:
@@ -127,7 +131,7 @@ class PlanReader:
             reads = [(k, index, first + d, stop) for k, ((index, first, stop), d) in enumerate(zip(parts, done))
                      if not (stop is not None and stop > first and d == stop - first)]
             ranges = [self.byte_range(index, first, stop) for _, index, first, stop in reads]
-            shards = ShardSequence([self.urls[index] for _, index, _, _ in reads], c.storage_options, stats.io,
+            shards = ShardSequence([self.urls[index] for _, index, _, _ in reads], options, stats.io,
                                    ranges=[(start or 0, end) for start, end in ranges])
             position = 0
             for k, (index, first, stop) in enumerate(parts):

@@ -27,7 +27,7 @@ import numpy as np
 from ..config import StreamConfig
 from ..errors import redact_client_logs
 from ..manifest.offsets import SampleOffsets
-from ..plan import ResumePlan, WorkerPlan, seeds, worker_plan
+from ..plan import ResumePlan, WorkerPlan, seeds, worker_columns, worker_plan
 from . import batch
 from .policy import ErrorPolicy
 from .reader import PlanReader
@@ -106,49 +106,63 @@ class WorkerSource:
 
     # -- one epoch -------------------------------------------------------------------------
 
-    def plan(self, epoch: int) -> WorkerPlan:
-        """This worker's plan (shards, steps, slot) for ``epoch``."""
+    def plans(self, epoch: int) -> Tuple[WorkerPlan, ...]:
+        """What this worker reads in ``epoch``: its span, or its slot's columns when reading
+        interleaved (each of slot 1, in slot order)."""
         c = self.config
-        if self.resume and epoch == self.start_epoch and self.reader.counts is not None:
-            return ResumePlan(self.reader.counts, c.layout, c.schedule, epoch, self.resume, c.shuffle).worker(c.rank, self.worker)
-        return worker_plan(self.reader.counts, len(self.reader.urls), c.layout, c.schedule, epoch, c.rank, self.worker)
+        counts, layout = self.reader.counts, c.plan_layout
+        owners = c.layout.columns(c.rank, self.worker) if c.interleave else ()
+        if self.resume and epoch == self.start_epoch and counts is not None:
+            resumed = ResumePlan(counts, layout, c.schedule, epoch, self.resume, c.shuffle)
+            return tuple(resumed.worker(q, 0) for q in owners) if c.interleave else (resumed.worker(c.rank, self.worker),)
+        if c.interleave:
+            return worker_columns(counts, len(self.reader.urls), c.layout, c.schedule, epoch, c.rank, self.worker)
+        return (worker_plan(counts, len(self.reader.urls), layout, c.schedule, epoch, c.rank, self.worker),)
 
     def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are skipped by
-        tar header, never decoded."""
+        tar header, never decoded. Each step takes its slot from every plan's stream in turn (one
+        sample per column when reading interleaved)."""
         c = self.config
-        plan = self.plan(epoch)
+        plans = self.plans(epoch)
         if self._stats is None:
             self._stats = WorkerStats(self.stats_path, c.rank, self.worker)
         stats = self._stats
         stats.epoch, stats.step = epoch, start_step
         policy = ErrorPolicy(c.on_error, c.max_skip_fraction, rank=c.rank, worker=self.worker)
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
+        share = len(plans)  # streams open at once share the read-ahead budget
+        streams = [(self._stream(plan, start_step, policy, stats, share), plan.slot) for plan in plans]
+        empty = batch.templates(c.fields, c.batch_size)
+        lo, slot = self._slot[0], self._slot[1] - self._slot[0]
+        for step in range(start_step, plans[0].steps):
+            t0 = time.perf_counter()
+            chunk = [s for stream, n in streams for s in itertools.islice(stream, n)]
+            t1 = time.perf_counter()
+            stats.read_s += t1 - t0
+            n = len(chunk)
+            outputs = batch.assemble(empty, chunk, lo)
+            stats.step = step + 1
+            stats.add(samples=n, padded=slot - n)
+            stats.batch_s += time.perf_counter() - t1
+            stats.maybe_write()
+            yield outputs
+        if c.policy == "even":  # a worker's span is exactly its steps x slot: only the job's tail is left out
+            stats.add(dropped=sum(plan.left_out for plan in plans))
+        stats.write()
+
+    def _stream(self, plan: WorkerPlan, start_step: int, policy: ErrorPolicy, stats: WorkerStats,
+                share: int) -> Iterator:
+        """One plan's decoded samples in delivery order, from ``start_step`` on: read, shuffled
+        through the buffer (if any), the samples of earlier steps passed over unread."""
+        c = self.config
         skip_count = start_step * plan.slot
-        seed = plan.shuffle_seed if plan.shuffle_seed is not None else seeds.sample_shuffle(c.seed, epoch, plan.global_worker)
+        seed = plan.shuffle_seed if plan.shuffle_seed is not None else seeds.sample_shuffle(c.seed, plan.epoch, plan.global_worker)
         if c.shuffle > 1 and skip_count:
             total = None if c.policy == "fixed" else plan.samples
             gone = emitted_indices(skip_count, total, c.shuffle, seed)
             keep = lambda o: o not in gone  # noqa: E731
         else:
             keep = lambda o: o >= skip_count  # noqa: E731
-        stream = shuffled(policy.watched(self.reader.decoded(plan, keep, policy, stats)), c.shuffle, seed)
-        stream = itertools.islice(stream, skip_count, None)
-
-        empty = batch.templates(c.fields, c.batch_size)
-        lo = plan.offset
-        for step in range(start_step, plan.steps):
-            t0 = time.perf_counter()
-            chunk = [s for s in itertools.islice(stream, plan.slot)]
-            t1 = time.perf_counter()
-            stats.read_s += t1 - t0
-            n = len(chunk)
-            outputs = batch.assemble(empty, chunk, lo)
-            stats.step = step + 1
-            stats.add(samples=n, padded=plan.slot - n)
-            stats.batch_s += time.perf_counter() - t1
-            stats.maybe_write()
-            yield outputs
-        if c.policy == "even":  # a worker's span is exactly its steps x slot: only the job's tail is left out
-            stats.add(dropped=plan.left_out)
-        stats.write()
+        stream = shuffled(policy.watched(self.reader.decoded(plan, keep, policy, stats, share)), c.shuffle, seed)
+        return itertools.islice(stream, skip_count, None)

@@ -6,6 +6,7 @@ naming the shard, counted vs found, and where the count came from."""
 import itertools
 import os
 
+import numpy as np
 import pytest
 
 from dalistream.config import StreamConfig
@@ -15,6 +16,7 @@ from dalistream.manifest import build_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
 from dalistream.plan import owned_parts
+from dalistream.plan.quality import rank_batches
 from dalistream.worker import WorkerSource
 from dalistream.worker.policy import ErrorPolicy
 from dalistream.worker.reader import PlanReader
@@ -48,24 +50,33 @@ def indexed(paths, reading):
 READINGS = ["headers", "offsets", "members"]
 
 
-def expected_keys(counts, layout, schedule, epoch, rank, w):
-    return [f"s{s:03d}/{i:05d}" for s, a, b in owned_parts(counts, len(counts), layout, schedule, epoch, rank, w)
-            for i in range(a, b)]
+def expected_keys(counts, layout, schedule, epoch, rank, w, interleave=False):
+    """Worker ``w``'s keys in delivery order: its span front to back; interleaved, the samples of
+    its slot's positions step by step, as the shuffle-quality measure computes them."""
+    if not interleave:
+        return [f"s{s:03d}/{i:05d}" for s, a, b in owned_parts(counts, len(counts), layout, schedule, epoch, rank, w)
+                for i in range(a, b)]
+    lo = layout.slot_offsets[w]
+    ids = rank_batches(counts, layout, schedule, epoch, 0, columns=True)[rank][:, lo:lo + layout.slots[w]]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    shard = lambda i: int(np.searchsorted(starts, i, side="right")) - 1  # noqa: E731
+    return [f"s{shard(i):03d}/{i - starts[shard(i)]:05d}" for i in ids.ravel().tolist() if i >= 0]
 
 
+@pytest.mark.parametrize("interleave", [False, True])
 @pytest.mark.parametrize("reading", READINGS)
 @pytest.mark.parametrize("R,W,B", [(1, 2, 4), (2, 3, 7), (3, 2, 5), (4, 4, 8)])
-def test_every_worker_reads_exactly_its_span(tmp_path, reading, R, W, B):
+def test_every_worker_reads_exactly_its_span(tmp_path, reading, R, W, B, interleave):
     sizes = uneven_sizes(9, seed=R * 10 + W, low=1, high=14) + [0]
     paths = key_shards(str(tmp_path), sizes)
     offsets = indexed(paths, reading)
     for policy in ("even", "exact"):
         config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=B, workers=W,
-                              world_size=R, policy=policy, seed=4)
+                              world_size=R, policy=policy, seed=4, interleave=interleave, shuffle=0)
         seen = []
         for epoch, r, w in itertools.product(range(2), range(R), range(W)):
             got = [k for batch in source_keys(config, paths, sizes, r, w, epoch, offsets) for k in batch]
-            assert got == expected_keys(sizes, config.layout, config.schedule, epoch, r, w)
+            assert got == expected_keys(sizes, config.layout, config.schedule, epoch, r, w, interleave)
             seen += [(epoch, k) for k in got]
         assert len(seen) == len(set(seen))  # no sample twice in an epoch
         if policy == "exact":
@@ -123,7 +134,7 @@ def test_a_stale_count_under_skip_is_counted_never_silent(tmp_path):
     config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=3, workers=1,
                           policy="exact", shuffle_shards=False, on_error="skip")
     reader = PlanReader(config, paths, [6, 6], None, 0)
-    plan = WorkerSource(config, paths, [6, 6], 0).plan(0)
+    plan = WorkerSource(config, paths, [6, 6], 0).plans(0)[0]
     policy = ErrorPolicy("skip")
     got = [s for s in reader.decoded(plan, lambda o: True, policy, WorkerStats(None, 0, 0))]
     assert len(got) == 12

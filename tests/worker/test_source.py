@@ -113,7 +113,7 @@ def test_resume_at_step_k_equals_uninterrupted_run(tmp_path, shuffle, policy):
         source = WorkerSource(config, paths, counts, 1, start_epoch=2, start_step=k)
         return [keys_of(b) for b in iter(source)]
 
-    steps = WorkerSource(config, paths, counts, 1).plan(2).steps
+    steps = WorkerSource(config, paths, counts, 1).plans(2)[0].steps
     check_resume(run_from, [1, steps // 2, steps - 1, steps])
 
 
@@ -124,7 +124,7 @@ def test_resume_mid_shard_with_manifest_offsets_never_reads_the_consumed_part(tm
     infos = build_manifest(paths, offsets=True)
     offsets = [i.offsets for i in infos]
     full = [keys_of(b) for b in WorkerSource(config, paths, counts, 0, offsets=offsets).epoch_batches(0)]
-    first_shard = paths[WorkerSource(config, paths, counts, 0).plan(0).shards[0]]
+    first_shard = paths[WorkerSource(config, paths, counts, 0).plans(0)[0].shards[0]]
     with open(first_shard, "r+b") as f:  # destroy the first sample's header: only a seek gets past it
         f.write(b"\xff" * 512)
     k = 5  # 10 samples consumed: resume inside the first shard
