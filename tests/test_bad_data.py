@@ -445,7 +445,8 @@ def corrupt_inside_jpeg(seed: int = 3) -> bytes:
 
 
 @pytest.mark.dali
-def test_loader_undecodable_image_in_dali_is_located(tmp_path):
+@pytest.mark.parametrize("interleave,first", [(False, [0, 1, 2, 3]), (True, [0, 2, 4, 6])])
+def test_loader_undecodable_image_in_dali_is_located(tmp_path, interleave, first):
     """An image only DALI's decoder rejects kills the whole pipeline, and DALI does not say which
     sample it was: the loader re-reads the failed batch and names shard and key."""
     bad = corrupt_inside_jpeg()
@@ -454,14 +455,15 @@ def test_loader_undecodable_image_in_dali_is_located(tmp_path):
     for i in range(8):
         mem += [(f"d/{i:03d}.jpg", bad if i == 5 else jpeg(i)), (f"d/{i:03d}.cls", b"1")]
     path = write_tar(str(tmp_path / "dec.tar"), mem)
-    stream = Stream.open(path, fields=FIELDS, batch_size=4, workers=1, device="cpu", cache_dir=str(tmp_path))
+    stream = Stream.open(path, fields=FIELDS, batch_size=4, workers=1, device="cpu", cache_dir=str(tmp_path),
+                         interleave=interleave, shuffle=0)
     keys = []
     with Loader(stream, decoded) as loader:
         with pytest.raises(SampleError) as info:
             for batch in loader:
                 keys += batch["key"]
     e = info.value
-    assert keys == ["d/000", "d/001", "d/002", "d/003"]
+    assert keys == [f"d/{i:03d}" for i in first]  # interleaved: 4 columns of 2, d/005 in step 1 either way
     assert (e.url, e.member, e.reason, e.rank) == (path, "d/005", "bad_image", 0)
     assert "DALI's image decoder (fn.decoders.image) failed" in str(e) and "PIL" in str(e)
     assert "step 1" in str(e)

@@ -123,16 +123,27 @@ def test_state_dict_save_load_compare(shards):
     check_resume(run_from, [1, steps - 1])
 
 
-def test_state_from_another_layout_continues_unless_refused(shards):
-    with Loader(open_stream(shards, 0, 1, 2)) as a:
+@pytest.mark.parametrize("interleave", [False, True])
+def test_state_from_another_layout_continues_unless_refused(shards, interleave):
+    with Loader(open_stream(shards, 0, 1, 2, interleave=interleave)) as a:
         state = a.state_dict()
     state["loader"]["step"] = 3
-    with Loader(open_stream(shards, 0, 1, 3)) as b:
+    with Loader(open_stream(shards, 0, 1, 3, interleave=interleave)) as b:
         with pytest.raises(StateError, match="layout"):
             b.load_state_dict(state, allow_layout_change=False)
         b.load_state_dict(state)
-        assert (b.epoch, b.step, b.resume) == (0, 0, ((1, 2, B, 3),))
-        assert len(b) == b.stream.steps(0, b.resume) < b.stream.steps(0)
+        if interleave:  # the plan splits the epoch over batch positions: other workers, the same plan
+            assert (b.epoch, b.step, b.resume) == (0, 3, ())
+            continue_at = b.stream.steps(0) - 3
+        else:
+            assert (b.epoch, b.step, b.resume) == (0, 0, ((1, 2, B, 3),))
+            continue_at = b.stream.steps(0, b.resume)
+            assert continue_at < b.stream.steps(0)
+        assert len(b) == continue_at
+    with Loader(open_stream(shards, 0, 2, 2, interleave=interleave)) as c:  # other ranks: a segment in both
+        c.load_state_dict(state)
+        planned = (B, 1, 1) if interleave else (1, 2, B)  # the saved layout's plan: 1 rank
+        assert (c.epoch, c.step, c.resume) == (0, 0, (planned + (3,),))
 
 
 def test_batches_are_torch_tensors_and_stats_count(shards):

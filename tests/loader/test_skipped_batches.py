@@ -52,7 +52,7 @@ def test_a_batch_of_only_skipped_samples_is_not_yielded(tmp_path, caplog):
     # one shard of 8, its last 4 samples damaged: counted 8 → 2 steps of 4, the second all skipped
     paths = write(tmp_path, 1, 8, bad={4, 5, 6, 7})
     stream = Stream.open(paths, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=1, device="cpu",
-                         on_error="skip", shuffle_shards=False, cache_dir=str(tmp_path))
+                         on_error="skip", shuffle_shards=False, cache_dir=str(tmp_path), interleave=False, shuffle=0)
     assert stream.steps(0) == 2
     with caplog.at_level(logging.WARNING, logger="dalistream"), Loader(stream) as loader:
         batches = [b["key"] for b in loader]
