@@ -108,6 +108,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     stream = Stream.open(
         args.sources, fields={"key": "__key__"}, batch_size=args.batch_size, workers=args.workers,
         rank=args.rank, world_size=args.world_size, device="cpu", seed=args.seed, shuffle=args.shuffle,
+        interleave=args.interleave,
         policy=args.policy, batches_per_epoch=args.batches_per_epoch, manifest=args.manifest,
         on_error=args.on_error, storage_options=storage_options(args), start_method=args.start_method,
     )

@@ -78,7 +78,6 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     """
     if resize is not None and resize < size:
         raise dalistream.ConfigError(f"resize {resize} is smaller than the crop size {size}")
-    stream_options.setdefault("shuffle", 0)
     fields = merged_fields({"image": image_exts, "label": label_exts}, stream_options.pop("fields", None))
     stream = dalistream.Stream.open(sources, fields=fields,
                                     batch_size=batch_size, workers=workers, device=device, policy=policy,

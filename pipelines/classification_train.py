@@ -67,12 +67,14 @@ def pipeline(stream: "dalistream.Stream", size: int = 224, flip: bool = True, co
 def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int = WORKERS, device: str = "auto",
            flip: bool = True, color_jitter: bool = False, fp16: bool = False,
            random_area: Sequence[float] = (0.08, 1.0), image_exts: str = FIELDS["image"],
-           label_exts: str = FIELDS["label"], shuffle: int = 1000,
+           label_exts: str = FIELDS["label"], shuffle: Optional[int] = None,
            dali_options: Optional[Mapping[str, Any]] = None, decoder_options: Optional[Mapping[str, Any]] = None,
            **stream_options: Any) -> "dalistream.Loader":
     """A :class:`dalistream.Loader` over ``sources`` running :func:`pipeline`.
 
-    ``shuffle`` is the per-worker sample shuffle buffer (default 1000). ``stream_options`` go to
+    ``shuffle`` and ``interleave`` (in ``stream_options``) mix the samples as
+    :class:`dalistream.StreamConfig` says (default: interleaved reading, no buffer, when counts are
+    known). ``stream_options`` go to
     :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``,
     ``storage_options``, ``manifest``, …; policy ``even`` by default). ``dali_options`` go to the
     DALI pipeline (``num_threads``, ``prefetch_queue_depth``).

@@ -99,7 +99,8 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
            decoder_options: Optional[Mapping[str, Any]] = None, **stream_options: Any) -> "dalistream.Loader":
     """A :class:`dalistream.Loader` over ``sources`` yielding ``{"image", "text"[, "key"]}``.
 
-    ``shuffle`` defaults to 1000 when training, 0 otherwise; ``keys=True`` adds each sample's
+    ``shuffle`` and ``interleave`` mix the samples as :class:`dalistream.StreamConfig` says when
+    training, and are off otherwise (``train=False``); ``keys=True`` adds each sample's
     ``__key__``. ``stream_options`` go to :meth:`dalistream.Stream.open`, ``dali_options`` to
     the DALI pipeline.
     ``decoder_options`` go to DALI's image decoder (``dalistream.ops.DECODER_OPTIONS``: e.g.
@@ -112,8 +113,11 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     fields = merged_fields({"image": image_exts, "text": text_exts}, stream_options.pop("fields", None))
     if keys:
         fields["key"] = "__key__"
+    if not train:  # evaluation: the order the shards hold
+        stream_options.setdefault("interleave", False)
+        shuffle = 0 if shuffle is None else shuffle
     stream = dalistream.Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device,
-                                    shuffle=(1000 if train else 0) if shuffle is None else shuffle, **stream_options)
+                                    shuffle=shuffle, **stream_options)
     transform = functools.partial(captions_to_str, keys=tuple(caption_keys))
     return dalistream.Loader(stream, pipeline, transform=transform, size=size, train=train, fp16=fp16,
                              decoder_options=dict(decoder_options or {}), **dict(dali_options or {}))

@@ -136,8 +136,8 @@ def test_one_default_per_option_across_entry_points():
     for fn in (dalistream.Stream.open, classification_train.loader, classification_eval.loader, image_text.loader):
         for name, p in inspect.signature(fn).parameters.items():
             if (name in defaults and p.default not in (inspect.Parameter.empty, None)  # None: resolved at entry
-                    and name not in ("shuffle", "policy")):
-                assert p.default == defaults[name], (fn.__qualname__, name)  # shuffle/policy: train vs eval, on purpose
+                    and name != "policy"):
+                assert p.default == defaults[name], (fn.__qualname__, name)  # policy: train vs eval, on purpose
                 seen += 1
     parser = argparse.ArgumentParser()
     cli_args.add_stream_args(parser)
@@ -145,7 +145,7 @@ def test_one_default_per_option_across_entry_points():
     for parser in (parser, demo_parser):
         for action in parser._actions:
             name = action.dest
-            if name in defaults and action.default is not None and name not in ("shuffle", "policy"):
+            if name in defaults and action.default is not None and name != "policy":
                 assert action.default == defaults[name], ("cli", name)
                 seen += 1
     assert seen >= 6

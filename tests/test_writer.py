@@ -2,7 +2,6 @@
 shuffled WebDataset shards with a manifest -- read back as written, and trained on, locally and
 from S3 (moto)."""
 
-import io
 import json
 import os
 import subprocess

@@ -32,7 +32,12 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
                        help="how DALI starts its workers (auto: fork for CPU pipelines while CUDA is untouched)")
     if batch:
         p.add_argument("--batch-size", "-B", type=int, default=32, help="samples per batch (per rank)")
-        p.add_argument("--shuffle", type=int, default=0, help="per-worker sample shuffle buffer (0: off)")
+        p.add_argument("--shuffle", type=int, default=None,
+                       help="per-worker sample shuffle buffer (0: off; default: none when reading interleaved, "
+                            "1000 for a training stream that cannot)")
+        p.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
+                       help="read each batch position's own span, a worker its slot's at once (default: for "
+                            "training policies when counts are known)")
         p.add_argument("--policy", choices=["even", "exact", "fixed"], default="even",
                        help="batches per epoch: even (the same on every rank), exact (every sample once), "
                             "fixed (--batches-per-epoch)")

@@ -52,7 +52,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="where images are decoded and the model trains (auto: the GPU when DALI sees one)")
     p.add_argument("--classes", type=int, default=10, help="number of classes (labels must be below it)")
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
-    p.add_argument("--shuffle", type=int, default=256, help="per-worker sample shuffle buffer")
+    p.add_argument("--shuffle", type=int, default=None,
+                   help="per-worker sample shuffle buffer (default: none, the stream reads interleaved)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data order, the shuffle and the model")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: OMP_NUM_THREADS, else the cores left after the DALI workers)")

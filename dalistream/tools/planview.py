@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..config import mixing
 from ..errors import ConfigError, StateError, redact
 from ..plan import Layout, Schedule, epoch_layout, epoch_summary, owned_parts, remaining_summary, steps_per_epoch
 from ..plan.quality import shuffle_quality
@@ -46,13 +47,15 @@ def _counts(args: argparse.Namespace, cache_dir: str):
 
 
 def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch: int,
-          rank: Optional[int] = None) -> List[Dict[str, Any]]:
+          rank: Optional[int] = None, interleave: bool = False) -> List[Dict[str, Any]]:
     rows = []
-    plan = epoch_layout(counts, layout, schedule, epoch) if counts is not None else None  # once, not per worker
-    steps = steps_per_epoch(counts, layout, schedule, epoch, 0)  # the same on every rank
+    planned = layout.planned(interleave)
+    plan = epoch_layout(counts, planned, schedule, epoch) if counts is not None else None  # once, not per worker
+    steps = steps_per_epoch(counts, planned, schedule, epoch, 0)  # the same on every rank
     for r in range(layout.world_size) if rank is None else [rank]:
         for w in range(layout.workers):
-            parts = (plan.parts(layout.global_worker(r, w)) if plan is not None
+            owners = layout.columns(r, w) if interleave else (layout.global_worker(r, w),)
+            parts = ([p for g in owners for p in plan.parts(g)] if plan is not None
                      else owned_parts(None, len(urls), layout, schedule, epoch, r, w))
             rows.append({
                 "rank": r, "worker": w, "global_worker": layout.global_worker(r, w), "slot": layout.slots[w],
@@ -83,15 +86,27 @@ def resume_view(args: argparse.Namespace, urls: Sequence[str], counts) -> Dict[s
         problems = [p for p in differences(saved, current, "") if p.startswith("sources")]
         if problems:
             raise StateError("the state is not of these shards: " + "; ".join(problems))
-    segments, step = continued(segments, (saved["world_size"], saved["workers"], saved["batch_size"]), step, layout)
-    plan = ResumePlan([int(c) for c in counts], layout, schedule, epoch, segments, int(saved["shuffle"]))
-    summary = remaining_summary([int(c) for c in counts], layout, schedule, epoch, segments, int(saved["shuffle"]))
+    interleave = bool(saved.get("interleave", False))
+    was = Layout(saved["world_size"], saved["workers"], saved["batch_size"]).planned(interleave)
+    planned = layout.planned(interleave)
+    segments, step = continued(segments, (was.world_size, was.workers, was.batch_size), step, planned)
+    plan = ResumePlan([int(c) for c in counts], planned, schedule, epoch, segments, int(saved["shuffle"]))
+    summary = remaining_summary([int(c) for c in counts], planned, schedule, epoch, segments, int(saved["shuffle"]))
     ranks = []
     for r in range(layout.world_size) if args.rank is None else [args.rank]:
-        samples = [plan.worker(r, w).samples for w in range(layout.workers)]
+        owners = [(q, 0) for w in range(layout.workers) for q in layout.columns(r, w)] if interleave else \
+            [(r, w) for w in range(layout.workers)]
+        samples = [plan.worker(a, b).samples for a, b in owners]
         ranks.append({"rank": r, "steps": plan.steps - step, "samples": None if None in samples else sum(samples)})
     return {**summary, "step": step, "steps_left": plan.steps - step, "world_size": layout.world_size,
             "workers": layout.workers, "batch_size": layout.batch_size, "ranks": ranks}
+
+
+def _summary(counts, layout: Layout, schedule: Schedule, epoch: int, interleave: bool) -> Dict[str, Any]:
+    """:func:`epoch_summary` of the plan's layout (its columns when interleaved), named by ``layout``."""
+    summary = epoch_summary(counts, layout.planned(interleave), schedule, epoch)
+    return {**summary, "world_size": layout.world_size, "workers": layout.workers, "batch_size": layout.batch_size,
+            "interleave": interleave}
 
 
 def run(args: argparse.Namespace, cache_dir: str) -> int:
@@ -109,17 +124,18 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
         return 0
     layout = Layout(args.world_size, args.workers, args.batch_size)
     schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
+    interleave, shuffle = mixing(args.policy, args.interleave, args.shuffle, counts_known=counts is not None)
     epochs = range(args.epoch, args.epoch + args.epochs)
-    summaries = [epoch_summary(counts, layout, schedule, e) for e in epochs] if counts is not None else []
+    summaries = [_summary(counts, layout, schedule, e, interleave) for e in epochs] if counts is not None else []
     detail = args.detail if args.detail is not None else (layout.global_workers <= 16 or args.rank is not None)
     payload: Dict[str, Any] = {"epochs": summaries}
     if args.shuffle_quality:
         if counts is None:
             raise ConfigError("--shuffle-quality needs sample counts", hint="drop --no-counts, or use --counts N:LO-HI")
-        payload["shuffle_quality"] = [shuffle_quality(counts, layout, schedule, e, args.shuffle, args.classes)
-                                      for e in epochs]
+        payload["shuffle_quality"] = [shuffle_quality(counts, layout, schedule, e, shuffle, args.classes,
+                                                      columns=interleave) for e in epochs]
     if detail:
-        payload["plan"] = _rows(urls, counts, layout, schedule, args.epoch, args.rank)
+        payload["plan"] = _rows(urls, counts, layout, schedule, args.epoch, args.rank, interleave)
     if args.on_error == "skip":  # shards counted only up to their damage
         payload.update(skipped_shards=len(problems), errors=[p.fields() for p in problems])
     if args.json:
@@ -132,9 +148,11 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
             f"{s['workers']} workers x batch {s['batch_size']} ({s['policy']}): {s['steps']} steps, "
             f"{s['left_out']} samples left out ({100 * s['left_out_fraction']:.3f}%), {s['padding']} padding, "
             f"{s['shards_cut']} shards cut (at most {s['parts_per_shard']['max']} parts), "
-            f"{s['owned_per_worker']['min']}-{s['owned_per_worker']['max']} samples per worker")
+            f"{s['owned_per_worker']['min']}-{s['owned_per_worker']['max']} samples per "
+            + ("column (read interleaved)" if s["interleave"] else f"worker (shuffle buffer {shuffle})"))
     for q in payload.get("shuffle_quality", []):
-        lines.append(f"shuffle quality, epoch {q['epoch']} (shuffle {q['shuffle']}, {q['classes']} classes written "
+        lines.append(f"shuffle quality, epoch {q['epoch']} ("
+                     + ("interleaved" if q["columns"] else f"shuffle buffer {q['shuffle']}") + f", {q['classes']} classes written "
                      "in order): distinct labels (entropy, bits) this order / a random order")
         for scope, n in (("rank_batch", q["batch_size"]), ("global_batch", q["batch_size"] * q["world_size"])):
             o, r = q["order"][scope], q["random"][scope]

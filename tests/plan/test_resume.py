@@ -6,47 +6,15 @@ through the real shuffle buffer, and its first ``steps × slot`` outputs taken."
 
 import itertools
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dalistream.errors import StateError
-from dalistream.plan import Layout, ResumePlan, Schedule, epoch_layout, remaining_summary, worker_plan
+from dalistream.plan import Layout, ResumePlan, Schedule, remaining_summary, worker_plan
 from dalistream.plan.resume import check_segments
-from dalistream.plan.shuffle import shuffled
 
-
-def positions(plan, counts, layout, schedule, epoch):
-    """Epoch positions a worker plan reads, in order, its drops removed."""
-    ep = epoch_layout(counts, layout, schedule, epoch)
-    start_of = np.empty(len(counts), dtype=np.int64)
-    start_of[ep.order] = ep.starts[:-1]
-    raw = [int(start_of[s]) + k for s, a, b in plan.parts for k in range(a, b)]
-    drop = set(plan.drop)
-    return [p for i, p in enumerate(raw) if i not in drop]
-
-
-def run_epoch(counts, schedule, epoch, layouts, steps_run, shuffle):
-    """Delivered epoch positions of every segment: ``layouts[k]`` runs ``steps_run[k]`` steps
-    (the last one to its end)."""
-    segments, delivered = [], []
-    for k, layout in enumerate(layouts):
-        plan = ResumePlan(counts, layout, schedule, epoch, segments, shuffle)
-        steps = plan.steps if k == len(layouts) - 1 else min(steps_run[k], plan.steps)
-        for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
-            wp = plan.worker(r, w)
-            seq = positions(wp, counts, layout, schedule, epoch)
-            assert len(seq) == wp.samples
-            out = list(shuffled(seq, shuffle, wp.shuffle_seed))
-            delivered += out[:steps * wp.slot]
-        segments.append((layout.world_size, layout.workers, layout.batch_size, steps))
-    return delivered, segments
-
-
-def small_layout():
-    return st.tuples(st.integers(1, 6), st.integers(1, 4), st.integers(1, 24)).map(
-        lambda t: Layout(t[0], t[1], max(t[1], t[2])))
+from helpers import run_epoch, small_layout
 
 
 def big_layout():

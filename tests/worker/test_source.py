@@ -117,6 +117,24 @@ def test_resume_at_step_k_equals_uninterrupted_run(tmp_path, shuffle, policy):
     check_resume(run_from, [1, steps // 2, steps - 1, steps])
 
 
+@pytest.mark.parametrize("policy", ["even", "exact", "fixed"])
+def test_resume_at_step_k_equals_uninterrupted_run_interleaved(tmp_path, policy):
+    extra = {"batches_per_epoch": 9, "manifest": str(tmp_path / "m.json")} if policy == "fixed" else {}
+    config, paths, counts = make(tmp_path, [13, 4, 22, 9, 15, 6], policy=policy, seed=3, interleave=True, **extra)
+    if policy == "fixed":  # interleaved 'fixed' needs counts: a manifest
+        from dalistream.manifest import build_manifest, write_manifest
+
+        write_manifest(build_manifest(paths), config.manifest)
+
+    def run_from(k):
+        source = WorkerSource(config, paths, counts, 1, start_epoch=2, start_step=k)
+        return [keys_of(b) for b in iter(source)]
+
+    plans = WorkerSource(config, paths, counts, 1).plans(2)
+    assert len(plans) == 3 and all(p.slot == 1 for p in plans)  # one column per slot position
+    check_resume(run_from, [1, plans[0].steps // 2, plans[0].steps - 1, plans[0].steps])
+
+
 def test_resume_mid_shard_with_manifest_offsets_never_reads_the_consumed_part(tmp_path):
     from dalistream.manifest import build_manifest
 

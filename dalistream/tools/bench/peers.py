@@ -94,7 +94,8 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
     pipeline = spec["pipeline"]
     stream = dalistream.Stream.open(
         spec["urls"], fields={"image": IMAGE_EXTS, "label": LABEL_EXTS}, batch_size=spec["batch_size"],
-        workers=spec["workers"], device=spec["device"], seed=spec["seed"], shuffle=spec.get("shuffle", 0),
+        workers=spec["workers"], device=spec["device"], seed=spec["seed"], shuffle=spec.get("shuffle"),
+        interleave=spec.get("interleave"),
         policy=spec.get("policy", "even"), batches_per_epoch=spec.get("batches_per_epoch"),
         on_error=spec.get("on_error", "raise"), storage_options=spec.get("storage_options") or {},
         manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"),

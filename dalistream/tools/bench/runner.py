@@ -244,7 +244,7 @@ def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: 
             "start_method": args.start_method,
             "epochs": args.epochs, "pipeline": pipeline, "storage_options": options, "manifest": args.manifest,
             # dalistream only (the peers read every shard in order, unshuffled)
-            "epoch": args.epoch, "shuffle": args.shuffle, "policy": args.policy,
+            "epoch": args.epoch, "shuffle": args.shuffle, "interleave": args.interleave, "policy": args.policy,
             "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error}
     sweep = _parse_sweep(args.sweep)
     if sweep is None:
