@@ -13,8 +13,8 @@ least ``1/(2S−2)``, to the one whose next sample is due first (smallest ``(N_s
 1/(2S−2)) / p_s``; ties to the lower index). So every batch sums to B, and after any number of
 slots n every source has within ``1 − 1/(2S−2)`` (< 1) of its ``p_s·n`` samples: over an epoch
 the proportions are within one sample per source per rank of the weights, and exact every D
-slots. (The plain largest-deficit round robin can be more than one sample off with four or more
-sources; Tijdeman's rule cannot.) With ``per_batch="source"`` the same rule deals whole batches:
+slots. (The plain largest-deficit round robin can drift further: 1.26 samples with weights
+821:1:45:1:955:1; Tijdeman's rule cannot.) With ``per_batch="source"`` the same rule deals whole batches:
 each batch comes from one source, in the weighted proportion of batches. Within a batch the
 positions are laid out source-major (source 0's samples first); worker w's slot takes what falls
 in it (:func:`worker_take`), so a worker's slot holds its share of each source and the merge is
@@ -28,23 +28,32 @@ steps for which no source repeats a sample (:func:`mix_steps`); source s's epoch
 and what is past its share is left out. With ``samples_per_epoch=N`` an epoch is
 ``N // (R·B)`` steps, the slot rule runs on across epochs (epoch e deals batches
 ``[e·steps, (e+1)·steps)``), and each source reads on through one endless sequence of passes
-(pass p: its shards in a new order): epoch e covers positions ``[R·N_s(e·steps), R·N_s((e+1)·steps))``.
-A source that runs out starts its next pass; one larger than its share goes on through its data
-over the following epochs; nothing is read twice before everything was read once. A span that
-crosses the end of a pass reads its parts of pass p, then its parts of pass p+1 (``passes``
-says which pass each part is of).
+(pass p: its shards in a new order). With ``U_s(t)`` the samples of s per rank in the first t
+steps, epoch e covers positions ``[R·U_s(e·steps), R·U_s((e+1)·steps))`` of that sequence: a
+pure function of e. A source that runs out starts its next pass; one larger than its share goes
+on through its data over the following epochs; nothing is read twice before everything was read
+once. A span that crosses the end of a pass reads its parts of pass p, then its parts of pass
+p+1 (and on, for a source smaller than its share of an epoch); ``passes`` says which pass each
+part is of. Every rank computes the steps from the counts alone, so all run the same number.
 
-**Worked example.** B = 256, weights 0.7/0.3 (D = 10, shares 179.2/76.8 per batch): the batches
-hold 179/77, 179/77, 180/76, 179/77, 180/76 samples, then again from the start (every 5 batches
-exactly 896/384). With R = 8 ranks and sources of 1,000,000 and 300,000 samples, the default
-epoch is 975 steps (source 1 limits it: 8 × 74,880 = 599,040 … no, 8 × 37,440 = 299,520 ≤ 300,000
-after 975 steps, while source 0 uses 8 × 174,720 = 1,397,760 — see :func:`mix_steps`).
+**Worked example.** B = 256, weights 0.7/0.3 (exact: 7/10 and 3/10, shares 179.2/76.8 per
+batch). Slot by slot the rule deals web, books, web, web, web, books, web, web, books, web,
+then again (period 10); batch by batch the counts are 179/77, 179/77, 180/76, 179/77, 179/77,
+then again (every 5 batches exactly 896/384; after any batch each source is within 1 of its
+share). With W = 4
+workers (slots of 64), workers 0 and 1 take 64 web samples per step, worker 2 takes 51 (or 52)
+web and 13 (or 12) books, worker 3 takes 64 books. On R = 8 ranks with 1,000,000 web and 300,000
+books samples, the default epoch is 488 steps: books limits it (8 × 37,478 = 299,824 ≤ 300,000
+after 488 steps, 489 would need 300,440); web reads 8 × 87,450 = 699,600 and leaves 300,400 out.
+With ``samples_per_epoch=1_000_000`` (also 488 steps) nothing is left out: epoch 1 reads web
+positions 699,600 … 1,399,191, the last 300,400 of pass 0 then the first 399,192 of pass 1, and
+books' pass 0 ends after 176 samples of epoch 1.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache, reduce
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -296,17 +305,19 @@ class MixEpoch:
         self.bounds = np.zeros((len(weights), layout.global_workers + 1), dtype=np.int64)
         np.cumsum(per_worker.T, axis=1, out=self.bounds[:, 1:])
         self.bounds += np.asarray(cursor, dtype=np.int64)[:, None]
-        self._orders: Dict[Tuple[int, int], np.ndarray] = {}
+        self._passes: Dict[Tuple[int, int], EpochLayout] = {}
 
     def first_pass(self, source: int) -> int:
         """The pass that position 0 of ``source``'s spans is in (default: the epoch's)."""
         return 0 if self.endless else self.epoch
 
-    def _order(self, source: int, n_pass: int) -> np.ndarray:
+    def pass_layout(self, source: int, n_pass: int) -> EpochLayout:
+        """Pass ``n_pass`` of ``source``: its shard order and starts (bounds not set)."""
         key = (source, n_pass)
-        if key not in self._orders:
-            self._orders[key] = pass_order(len(self.counts[source]), self.schedule, source, n_pass)
-        return self._orders[key]
+        if key not in self._passes:
+            order = pass_order(len(self.counts[source]), self.schedule, source, n_pass)
+            self._passes[key] = span_layout(self.counts[source], order, np.zeros(2, dtype=np.int64), self.steps)
+        return self._passes[key]
 
     def source_parts(self, source: int, g: int) -> Tuple[List[Part], List[int]]:
         """Global worker ``g``'s parts of ``source`` in reading order, and the pass of each."""
@@ -319,7 +330,7 @@ class MixEpoch:
         for p in range(lo // total, (hi - 1) // total + 1):
             n_pass = self.first_pass(source) + p
             bounds = np.clip(self.bounds[source] - p * total, 0, total)
-            cut = span_layout(self.counts[source], self._order(source, n_pass), bounds, self.steps).parts(g)
+            cut = replace(self.pass_layout(source, n_pass), bounds=bounds).parts(g)
             parts += cut
             passes += [n_pass] * len(cut)
         return parts, passes
@@ -360,7 +371,8 @@ def mix_summary(counts: Sequence[Sequence[int]], weights: Sequence[float], layou
         column = plan.batch_counts[:, s]
         out.append({
             "name": name, "weight": w[s] / sum(w), "samples": total, "used": hi - lo,
-            "per_batch": {"min": int(column.min()) if len(column) else 0, "max": int(column.max()) if len(column) else 0},
+            "per_batch": {"min": int(column.min(initial=layout.batch_size)) if len(column) else 0,
+                          "max": int(column.max(initial=0))},
             "repeats": max(0, hi - max(lo, total)) if plan.endless else 0,
             "left_out": 0 if plan.endless else total - hi,
             "passes": [plan.first_pass(s) + lo // total, plan.first_pass(s) + max(lo, hi - 1) // total],
