@@ -91,7 +91,7 @@ def integer_weights(weights: Sequence[float]) -> Tuple[int, ...]:
     return tuple(int(x) // g for x in w)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=8)
 def _period(w: Tuple[int, ...]) -> np.ndarray:
     """``N_s(n)`` for n = 0 … D under Tijdeman's rule: ``(D + 1, S)``. At n = D every source has
     exactly ``w_s`` (it is within 1 of an integer), so the table repeats every D slots."""
@@ -156,7 +156,7 @@ def worker_take(counts_per_step: np.ndarray, layout: Layout) -> np.ndarray:
     stop = first + np.asarray(layout.slots, dtype=np.int64)[None, :, None]
     lo = np.maximum(edges[:, None, :-1], first)
     hi = np.minimum(edges[:, None, 1:], stop)
-    return np.maximum(hi - lo, 0)
+    return np.maximum(hi - lo, 0).astype(np.int32)  # at most B: int32 halves (steps, W, S)
 
 
 def _names(names: Optional[Sequence[str]], size: int) -> List[str]:
@@ -252,7 +252,8 @@ def span_layout(counts: Sequence[int], order: np.ndarray, bounds: np.ndarray, st
 class SourcePlan:
     """One source, for one worker and one epoch: its parts in reading order (``passes[i]`` is
     the pass part i belongs to), what the worker's slot takes of it at each step, and the span
-    ``[start, start + samples)`` of the source's sequence of passes it owns."""
+    ``[start, start + samples)`` of the source's sequence of passes it owns, and the seed of its
+    own shuffle buffer over this source."""
 
     name: str
     index: int
@@ -261,6 +262,7 @@ class SourcePlan:
     take: np.ndarray  # (steps,) samples of this source in the worker's slot at each step
     samples: int
     start: int
+    shuffle_seed: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -345,7 +347,8 @@ class MixEpoch:
             take = self.take[:, worker, s].copy()
             take.setflags(write=False)
             sources.append(SourcePlan(name, s, tuple(parts), tuple(passes), take,
-                                      int(self.bounds[s, g + 1] - self.bounds[s, g]), int(self.bounds[s, g])))
+                                      int(self.bounds[s, g + 1] - self.bounds[s, g]), int(self.bounds[s, g]),
+                                      seeds.source_shuffle(self.schedule.seed, self.epoch, s, g)))
         return MixPlan(rank, worker, self.epoch, self.steps, layout.slots[worker], layout.slot_offsets[worker], g,
                        tuple(sources))
 

@@ -31,6 +31,13 @@ def sample_shuffle(seed: int, epoch: int, global_worker: int) -> int:
     return (int(seed) * 1_000_003 + int(epoch)) * 1_000_033 + int(global_worker)
 
 
+def source_shuffle(seed: int, epoch: int, source: int, global_worker: int) -> int:
+    """Seed of one global worker's shuffle buffer over source ``source`` of a mix in one epoch
+    (source 0: :func:`sample_shuffle`'s)."""
+    base = sample_shuffle(seed, epoch, global_worker)
+    return base if int(source) == 0 else (base * 1_000_039 + int(source)) & 0x7FFFFFFFFFFF
+
+
 def pipeline(seed: int, rank: int, epoch: int, step: int) -> int:
     """Seed of DALI's own random operators (crops, flips) for a pipeline built at (epoch, step) on
     ``rank``: different per rank, and a pipeline rebuilt on resume draws afresh."""

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from dalistream.errors import ConfigError
-from dalistream.plan import (Layout, MixEpoch, Schedule, batch_sources, check_fields, check_share, check_weights,
+from dalistream.plan import (Layout, epoch_order, seeds, MixEpoch, Schedule, batch_sources, check_fields, check_share, check_weights,
                              cumulative, integer_weights, mix_plan, mix_steps, mix_summary, parse_mix, parse_mix_arg,
                              worker_take)
 
@@ -261,6 +261,15 @@ def test_deterministic_from_seed_and_epoch():
 
     assert parts(1, 2) == parts(1, 2)
     assert parts(1, 2) != parts(2, 2) and parts(1, 2) != parts(1, 3)
+
+
+def test_each_source_has_its_own_order_and_shuffle():
+    counts = [[5] * 40, [5] * 40]
+    ep = MixEpoch(counts, [1, 1], Layout(2, 2, 8), Schedule(7), 3)
+    assert (ep.pass_layout(0, 3).order == epoch_order(40, 7, 3)).all()  # source 0: the unmixed epoch's order
+    assert (ep.pass_layout(1, 3).order != ep.pass_layout(0, 3).order).any()
+    plan = ep.worker(1, 1)
+    assert plan.sources[0].shuffle_seed == seeds.sample_shuffle(7, 3, 3) != plan.sources[1].shuffle_seed
 
 
 # -- bad input -------------------------------------------------------------------------------
