@@ -3,7 +3,9 @@ epoch). Three choices make a mix; the names below are this module's functions.
 
 **Weights.** The weights are normalised to sum 1, then followed as exact fractions ``w_s / D``
 (:func:`integer_weights`): weights that are simple fractions (0.7/0.3, 1:1:1, 2:5) are kept
-exactly; others are rounded to 1/65,536 (largest remainders, every source at least 1/65,536).
+exactly; others are rounded to 1/65,536 (largest remainders, every source at least 1/65,536),
+so that the rule's table of one period stays small: the proportions are then exact for the
+rounded weights, within 2^-17 of the given ones.
 
 **Composition** (:func:`batch_sources`). Every rank's batches hold the same number of samples of
 each source. By default (``per_batch="sample"``, stratified) the sample slots of the batches,
@@ -110,6 +112,8 @@ def _period(w: Tuple[int, ...]) -> np.ndarray:
                 key = k * have[s] + k - 1  # due at key / (k·p_s): compare key/w_s across sources
                 if best < 0 or key * weight < due * w[s]:
                     best, due, weight = s, key, w[s]
+        if best < 0:  # Tijdeman's theorem says never; should float input ever break it, the largest deficit
+            best = max(range(size), key=lambda s: (w[s] * n - have[s] * d, -s))
         have[best] += 1
         picks[n - 1] = best
     np.cumsum(np.eye(size, dtype=np.int64)[picks], axis=0, out=out[1:])

@@ -125,8 +125,9 @@ def check_epoch(ep, layout, weights):
     assert ep.batch_counts.shape == (steps, S) and (ep.batch_counts.sum(axis=1) == B).all()
     w = np.asarray(integer_weights(weights))
     epoch_share = ep.batch_counts.sum(axis=0)  # per rank
-    if not ep.endless:
-        assert (np.abs(epoch_share * w.sum() - w * steps * B) < w.sum()).all()
+    if not ep.endless:  # within one sample per source per rank (per_batch="source": one batch)
+        unit = B if ep.per_batch == "source" else 1
+        assert (np.abs(epoch_share * w.sum() - w * steps * B) < w.sum() * unit).all()
     for r in range(R):
         for k in range(layout.workers):
             plan = ep.worker(r, k)
@@ -141,26 +142,28 @@ def check_epoch(ep, layout, weights):
         assert_disjoint(seen, ep.counts[s])
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=mixes())
-def test_spans_cover_each_sample_once_per_pass(case):
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=mixes(), per_batch=st.sampled_from(["sample", "sample", "source"]))
+def test_spans_cover_each_sample_once_per_pass(case, per_batch):
     layout, weights, counts, schedule, epoch = case
     totals = [sum(c) for c in counts]
     names = [f"src{i}" for i in range(len(weights))]
     try:
-        ep = MixEpoch(counts, weights, layout, schedule, epoch, names)
+        ep = MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch)
     except ConfigError as e:
         event("refused")
         assert any(f"'{n}'" in str(e) for n in names)
-        assert 0 in totals or too_small(weights, layout.batch_size) or "fewer than its share of one step" in str(e)
+        assert (0 in totals or (per_batch == "sample" and too_small(weights, layout.batch_size))
+                or "fewer than its share of one step" in str(e) or "batches per epoch" in str(e))
         return
     check_epoch(ep, layout, weights)
     per_rank = ep.batch_counts.sum(axis=0)
     assert all(layout.world_size * u <= t for u, t in zip(per_rank, totals))
-    more = batch_sources(weights, layout.batch_size, ep.steps + 1)[-1]  # one more step would repeat a sample
+    more = batch_sources(weights, layout.batch_size, ep.steps + 1, per_batch)[-1]  # one more would repeat
     assert any(layout.world_size * (u + m) > t for u, m, t in zip(per_rank, more, totals))
     for r in range(layout.world_size):  # every rank computes the same steps from counts alone
-        assert mix_plan(counts, weights, layout, schedule, epoch, r, layout.workers - 1, names).steps == ep.steps
+        plan = mix_plan(counts, weights, layout, schedule, epoch, r, layout.workers - 1, names, per_batch)
+        assert plan.steps == ep.steps
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
