@@ -112,7 +112,7 @@ def _period(w: Tuple[int, ...]) -> np.ndarray:
                 key = k * have[s] + k - 1  # due at key / (k·p_s): compare key/w_s across sources
                 if best < 0 or key * weight < due * w[s]:
                     best, due, weight = s, key, w[s]
-        if best < 0:  # Tijdeman's theorem says never; should float input ever break it, the largest deficit
+        if best < 0:  # never, by Tijdeman's theorem; a defined choice rather than a wrong index
             best = max(range(size), key=lambda s: (w[s] * n - have[s] * d, -s))
         have[best] += 1
         picks[n - 1] = best
