@@ -19,9 +19,23 @@ def pass_order(seed: int, epoch: int, n_pass: int) -> List[int]:
     return shard_order(seed, int(epoch) * 1_000_003 + int(n_pass))
 
 
+def source_pass(seed: int, source: int, n_pass: int) -> List[int]:
+    """Seed sequence of the shard permutation of pass ``n_pass`` (0, 1, …) over source ``source``
+    (its index in a mix). Source 0's pass ``e`` is the unmixed epoch ``e``'s order."""
+    base = shard_order(seed, n_pass)
+    return base if int(source) == 0 else base + [int(source)]
+
+
 def sample_shuffle(seed: int, epoch: int, global_worker: int) -> int:
     """Seed of one global worker's sample shuffle buffer in one epoch."""
     return (int(seed) * 1_000_003 + int(epoch)) * 1_000_033 + int(global_worker)
+
+
+def source_shuffle(seed: int, epoch: int, source: int, global_worker: int) -> int:
+    """Seed of one global worker's shuffle buffer over source ``source`` of a mix in one epoch
+    (source 0: :func:`sample_shuffle`'s)."""
+    base = sample_shuffle(seed, epoch, global_worker)
+    return base if int(source) == 0 else (base * 1_000_039 + int(source)) & 0x7FFFFFFFFFFF
 
 
 def pipeline(seed: int, rank: int, epoch: int, step: int) -> int:

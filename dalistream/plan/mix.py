@@ -1,0 +1,389 @@
+"""Mixing weighted sources: pure functions of (counts per source, weights, layout, schedule,
+epoch). Three choices make a mix; the names below are this module's functions.
+
+**Weights.** The weights are normalised to sum 1, then followed as exact fractions ``w_s / D``
+(:func:`integer_weights`): weights that are simple fractions (0.7/0.3, 1:1:1, 2:5) are kept
+exactly; others are rounded to 1/65,536 (largest remainders, every source at least 1/65,536),
+so that the rule's table of one period stays small: the proportions are then exact for the
+rounded weights, within 2^-17 of the given ones.
+
+**Composition** (:func:`batch_sources`). Every rank's batches hold the same number of samples of
+each source. By default (``per_batch="sample"``, stratified) the sample slots of the batches,
+n = 0, 1, 2, … (batch t holds slots ``[t·B, (t+1)·B)``), are dealt to the sources one at a time
+by Tijdeman's rule: slot n goes, among the sources whose deficit ``p_s·(n+1) − N_s(n)`` is at
+least ``1/(2S−2)``, to the one whose next sample is due first (smallest ``(N_s(n) + 1 −
+1/(2S−2)) / p_s``; ties to the lower index). So every batch sums to B, and after any number of
+slots n every source has within ``1 − 1/(2S−2)`` (< 1) of its ``p_s·n`` samples: over an epoch
+the proportions are within one sample per source per rank of the weights, and exact every D
+slots. (The plain largest-deficit round robin can drift further: 1.26 samples with weights
+821:1:45:1:955:1; Tijdeman's rule cannot.) With ``per_batch="source"`` the same rule deals whole batches:
+each batch comes from one source, in the weighted proportion of batches. Within a batch the
+positions are laid out source-major (source 0's samples first); worker w's slot takes what falls
+in it (:func:`worker_take`), so a worker's slot holds its share of each source and the merge is
+unchanged.
+
+**Epoch** (:class:`MixEpoch`). Each source has its own sequence: its shards permuted by
+``seeds.source_pass(seed, source, pass)`` and laid end to end, as in :mod:`.ownership`. Global
+worker ``g = rank × W + w`` owns one contiguous span of each source's sequence, sized by what
+its slot takes of that source over the epoch. By default an epoch is the largest number of
+steps for which no source repeats a sample (:func:`mix_steps`); source s's epoch e reads pass e,
+and what is past its share is left out. With ``samples_per_epoch=N`` an epoch is
+``N // (R·B)`` steps, the slot rule runs on across epochs (epoch e deals batches
+``[e·steps, (e+1)·steps)``), and each source reads on through one endless sequence of passes
+(pass p: its shards in a new order). With ``U_s(t)`` the samples of s per rank in the first t
+steps, epoch e covers positions ``[R·U_s(e·steps), R·U_s((e+1)·steps))`` of that sequence: a
+pure function of e. A source that runs out starts its next pass; one larger than its share goes
+on through its data over the following epochs; nothing is read twice before everything was read
+once. A span that crosses the end of a pass reads its parts of pass p, then its parts of pass
+p+1 (and on, for a source smaller than its share of an epoch); ``passes`` says which pass each
+part is of. Every rank computes the steps from the counts alone, so all run the same number.
+
+**Worked example.** B = 256, weights 0.7/0.3 (exact: 7/10 and 3/10, shares 179.2/76.8 per
+batch). Slot by slot the rule deals web, books, web, web, web, books, web, web, books, web,
+then again (period 10); batch by batch the counts are 179/77, 179/77, 180/76, 179/77, 179/77,
+then again (every 5 batches exactly 896/384; after any batch each source is within 1 of its
+share). With W = 4
+workers (slots of 64), workers 0 and 1 take 64 web samples per step, worker 2 takes 51 (or 52)
+web and 13 (or 12) books, worker 3 takes 64 books. On R = 8 ranks with 1,000,000 web and 300,000
+books samples, the default epoch is 488 steps: books limits it (8 × 37,478 = 299,824 ≤ 300,000
+after 488 steps, 489 would need 300,440); web reads 8 × 87,450 = 699,600 and leaves 300,400 out.
+With ``samples_per_epoch=1_000_000`` (also 488 steps) nothing is left out: epoch 1 reads web
+positions 699,600 … 1,399,191, the last 300,400 of pass 0 then the first 399,192 of pass 1, and
+books' pass 0 ends after 176 samples of epoch 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from functools import lru_cache, reduce
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import ConfigError
+from . import seeds
+from .layout import Layout, Schedule
+from .ownership import EpochLayout, Part
+
+PER_BATCH = ("sample", "source")
+MAX_DENOMINATOR = 1 << 16
+
+
+def integer_weights(weights: Sequence[float]) -> Tuple[int, ...]:
+    """The weights as integers ``w_s`` with ``p_s = w_s / D``, ``D = Σ w_s`` (see the module doc)."""
+    p = np.asarray(weights, dtype=np.float64)
+    if p.ndim != 1 or len(p) == 0 or not np.all(np.isfinite(p)) or np.any(p <= 0):
+        raise ConfigError(f"mix: weights must be finite numbers greater than 0, got {list(weights)!r}")
+    p = p / p.sum()
+    fractions = [Fraction(float(x)).limit_denominator(1000) for x in p]
+    if sum(fractions) == 1 and all(abs(float(f) - x) <= 1e-9 for f, x in zip(fractions, p)):
+        d = reduce(lambda a, b: a * b // math.gcd(a, b), (f.denominator for f in fractions), 1)
+        if d <= MAX_DENOMINATOR:
+            return tuple(int(f * d) for f in fractions)
+    raw = p * MAX_DENOMINATOR
+    w = np.maximum(np.floor(raw).astype(np.int64), 1)
+    short = MAX_DENOMINATOR - int(w.sum())
+    if short > 0:
+        w[np.argsort(-(raw - np.floor(raw)), kind="stable")[:short]] += 1
+    elif short < 0:  # only when tiny weights were raised to 1: take from the largest
+        w[np.argsort(-w, kind="stable")[:-short]] -= 1
+    g = reduce(math.gcd, w.tolist())
+    return tuple(int(x) // g for x in w)
+
+
+@lru_cache(maxsize=8)
+def _period(w: Tuple[int, ...]) -> np.ndarray:
+    """``N_s(n)`` for n = 0 … D under Tijdeman's rule: ``(D + 1, S)``. At n = D every source has
+    exactly ``w_s`` (it is within 1 of an integer), so the table repeats every D slots."""
+    size, d = len(w), sum(w)
+    out = np.zeros((d + 1, size), dtype=np.int64)
+    if size == 1:
+        out[:, 0] = np.arange(d + 1)
+        return out
+    k = 2 * size - 2  # everything scaled by k·D to stay in integers
+    have = [0] * size
+    picks = np.empty(d, dtype=np.int64)
+    for n in range(1, d + 1):
+        best, due, weight = -1, 0, 1
+        for s in range(size):
+            if k * (w[s] * n - have[s] * d) >= d:
+                key = k * have[s] + k - 1  # due at key / (k·p_s): compare key/w_s across sources
+                if best < 0 or key * weight < due * w[s]:
+                    best, due, weight = s, key, w[s]
+        if best < 0:  # never, by Tijdeman's theorem; a defined choice rather than a wrong index
+            best = max(range(size), key=lambda s: (w[s] * n - have[s] * d, -s))
+        have[best] += 1
+        picks[n - 1] = best
+    np.cumsum(np.eye(size, dtype=np.int64)[picks], axis=0, out=out[1:])
+    out.setflags(write=False)
+    return out
+
+
+def cumulative(weights: Sequence[float], n: Any) -> np.ndarray:
+    """``N_s(n)``: units of each source among the first ``n`` dealt (``n`` an int or an array of
+    them; the result has one more axis, of length S)."""
+    w = integer_weights(weights)
+    table = _period(w)
+    q, r = np.divmod(np.asarray(n, dtype=np.int64), sum(w))
+    return q[..., None] * np.asarray(w, dtype=np.int64) + table[r]
+
+
+def _check_per_batch(per_batch: str) -> None:
+    if per_batch not in PER_BATCH:
+        raise ConfigError(f"mix: per_batch must be one of {PER_BATCH}, got {per_batch!r}")
+
+
+def batch_sources(weights: Sequence[float], batch_size: int, steps: int, per_batch: str = "sample",
+                  first_step: int = 0) -> np.ndarray:
+    """Samples of each source in each rank batch of steps ``[first_step, first_step + steps)``:
+    an int64 array ``(steps, S)``, the same on every rank; every row sums to ``batch_size``.
+    Stratified (``"sample"``) deals the batches' sample slots one by one, ``"source"`` deals
+    whole batches, both by Tijdeman's rule (see the module doc): after any prefix each source is
+    within 1 (slot or batch) of its weight."""
+    _check_per_batch(per_batch)
+    t = np.arange(int(first_step), int(first_step) + int(steps) + 1, dtype=np.int64)
+    if per_batch == "sample":
+        return np.diff(cumulative(weights, t * int(batch_size)), axis=0)
+    return np.diff(cumulative(weights, t), axis=0) * int(batch_size)
+
+
+def worker_take(counts_per_step: np.ndarray, layout: Layout) -> np.ndarray:
+    """``(steps, W, S)``: samples of each source worker w takes at each step. A batch's positions
+    are source-major (source 0's count first); worker w's slot ``[offset_w, offset_w + slot_w)``
+    takes what falls in it, so the sum over sources is its slot at every step."""
+    counts = np.asarray(counts_per_step, dtype=np.int64)
+    edges = np.zeros((counts.shape[0], counts.shape[1] + 1), dtype=np.int64)
+    np.cumsum(counts, axis=1, out=edges[:, 1:])
+    first = np.asarray(layout.slot_offsets, dtype=np.int64)[None, :, None]
+    stop = first + np.asarray(layout.slots, dtype=np.int64)[None, :, None]
+    lo = np.maximum(edges[:, None, :-1], first)
+    hi = np.minimum(edges[:, None, 1:], stop)
+    return np.maximum(hi - lo, 0).astype(np.int32)  # at most B: int32 halves (steps, W, S)
+
+
+def _names(names: Optional[Sequence[str]], size: int) -> List[str]:
+    return [f"source {i}" for i in range(size)] if names is None else [str(n) for n in names]
+
+
+def check_share(weights: Sequence[float], totals: Sequence[int], batch_size: int, per_batch: str = "sample",
+                steps: Optional[int] = None, names: Optional[Sequence[str]] = None) -> None:
+    """Raise, naming the source, for an empty source (0 samples) and for a source whose share
+    rounds to zero: stratified, fewer than half a sample per batch (``p_s·B < 1/2``, so most
+    batches would hold none of it); ``per_batch="source"`` with ``steps`` known, fewer than half
+    a batch per epoch. A share of half a sample or more is kept: the source is then in some
+    batches and not others, in its exact proportion."""
+    _check_per_batch(per_batch)
+    w = integer_weights(weights)
+    d, names = sum(w), _names(names, len(w))
+    for s, total in enumerate(totals):
+        if int(total) <= 0:
+            raise ConfigError(f"mix: source {names[s]!r} is empty (0 samples)",
+                              hint="check its shards and manifest, or leave it out of the mix")
+        if per_batch == "sample" and 2 * w[s] * batch_size < d:
+            raise ConfigError(f"mix: source {names[s]!r}: weight {w[s] / d:.4g} is {w[s] * batch_size / d:.3g} samples "
+                              f"per batch of {batch_size}, which rounds to 0",
+                              hint=f"give it a weight of at least {1 / (2 * batch_size):.4g}, a larger batch, "
+                                   "or per_batch='source'")
+        if per_batch == "source" and steps is not None and 2 * w[s] * steps < d:
+            raise ConfigError(f"mix: source {names[s]!r}: weight {w[s] / d:.4g} is {w[s] * steps / d:.3g} batches "
+                              f"per epoch of {steps} steps, which rounds to 0",
+                              hint="give it a larger weight or make the epoch longer (samples_per_epoch)")
+
+
+def _used(weights: Sequence[float], t: int, batch_size: int, per_batch: str) -> np.ndarray:
+    """Samples of each source per rank in the first ``t`` steps."""
+    if per_batch == "sample":
+        return cumulative(weights, t * batch_size)
+    return cumulative(weights, t) * batch_size
+
+
+def mix_steps(totals: Sequence[int], weights: Sequence[float], layout: Layout, per_batch: str = "sample",
+              samples_per_epoch: Optional[int] = None, names: Optional[Sequence[str]] = None) -> int:
+    """Steps of an epoch, the same on every rank: ``samples_per_epoch // (R·B)``, or by default
+    the largest t for which ``R × (samples of s in the first t steps) ≤ T_s`` for every source."""
+    _check_per_batch(per_batch)
+    per_step = layout.world_size * layout.batch_size
+    names = _names(names, len(totals))
+    if samples_per_epoch is not None:
+        if isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int) or samples_per_epoch < 1:
+            raise ConfigError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
+        if samples_per_epoch < per_step:
+            raise ConfigError(f"mix: samples_per_epoch {samples_per_epoch} is less than one step "
+                              f"({layout.world_size} ranks x batch {layout.batch_size} = {per_step})")
+        return samples_per_epoch // per_step
+    w = integer_weights(weights)
+    d, r, b = sum(w), layout.world_size, layout.batch_size
+    best, limit = None, 0
+    for s, total in enumerate(totals):
+        total = int(total)
+        lo, hi = 0, (total + r * b) * d // (r * w[s] * b) + 1  # p_s·t·B − 1 < used ≤ T_s / R bounds t
+        while lo < hi:  # largest t with R·used(t) ≤ T_s (used grows with t)
+            mid = (lo + hi + 1) // 2
+            if r * int(_used(weights, mid, b, per_batch)[s]) <= total:
+                lo = mid
+            else:
+                hi = mid - 1
+        if best is None or lo < best:
+            best, limit = lo, s
+    if not best:
+        need = r * int(_used(weights, 1, b, per_batch)[limit])
+        raise ConfigError(f"mix: source {names[limit]!r} has {int(totals[limit])} samples, fewer than its share of one "
+                          f"step on {r} ranks ({need})",
+                          hint="give samples_per_epoch, so that a small source starts a new pass when it runs out, "
+                               "or lower its weight")
+    return int(best)
+
+
+def pass_order(num_shards: int, schedule: Schedule, source: int, n_pass: int) -> np.ndarray:
+    """Source ``source``'s shard permutation in pass ``n_pass`` (identity without shuffling)."""
+    if not schedule.shuffle_shards:
+        return np.arange(num_shards, dtype=np.int64)
+    rng = np.random.default_rng(seeds.source_pass(schedule.seed, source, n_pass))
+    return rng.permutation(num_shards).astype(np.int64)
+
+
+def span_layout(counts: Sequence[int], order: np.ndarray, bounds: np.ndarray, steps: int) -> EpochLayout:
+    """An :class:`EpochLayout` of the shards ``counts`` laid end to end in ``order`` with the
+    given span ``bounds`` (one more than the spans), so its ``parts(g)`` cuts span g."""
+    starts = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
+    return EpochLayout(np.asarray(order, dtype=np.int64), starts, np.asarray(bounds, dtype=np.int64), int(steps))
+
+
+@dataclass(frozen=True, eq=False)
+class SourcePlan:
+    """One source, for one worker and one epoch: its parts in reading order (``passes[i]`` is
+    the pass part i belongs to), what the worker's slot takes of it at each step, and the span
+    ``[start, start + samples)`` of the source's sequence of passes it owns, and the seed of its
+    own shuffle buffer over this source."""
+
+    name: str
+    index: int
+    parts: Tuple[Part, ...]
+    passes: Tuple[int, ...]
+    take: np.ndarray  # (steps,) samples of this source in the worker's slot at each step
+    samples: int
+    start: int
+    shuffle_seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class MixPlan:
+    """What one worker does in one epoch of a mix: per source a :class:`SourcePlan`; ``steps``
+    batches, each slot of ``slot`` samples at ``offset`` holding ``take[t]`` of every source."""
+
+    rank: int
+    worker: int
+    epoch: int
+    steps: int
+    slot: int
+    offset: int
+    global_worker: int
+    sources: Tuple[SourcePlan, ...]
+
+
+class MixEpoch:
+    """One epoch of a mix, planned once for every worker (cheap: O(steps × W × S + shards));
+    :meth:`worker` gives one worker's :class:`MixPlan`. ``counts[s]`` are source s's per-shard
+    sample counts, ``weights[s]`` its weight (any positive scale)."""
+
+    def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout,
+                 schedule: Schedule, epoch: int, names: Optional[Sequence[str]] = None, per_batch: str = "sample",
+                 samples_per_epoch: Optional[int] = None) -> None:
+        if len(counts) != len(weights) or (names is not None and len(names) != len(weights)):
+            raise ConfigError(f"mix: {len(counts)} sources' counts for {len(weights)} weights")
+        self.counts = [np.asarray(c, dtype=np.int64) for c in counts]
+        self.weights, self.layout, self.schedule, self.epoch = list(weights), layout, schedule, int(epoch)
+        self.names, self.per_batch = _names(names, len(weights)), per_batch
+        self.totals = [int(c.sum()) for c in self.counts]
+        check_share(weights, self.totals, layout.batch_size, per_batch, None, self.names)
+        self.steps = mix_steps(self.totals, weights, layout, per_batch, samples_per_epoch, self.names)
+        check_share(weights, self.totals, layout.batch_size, per_batch, self.steps, self.names)
+        self.endless = samples_per_epoch is not None
+        first = self.epoch * self.steps if self.endless else 0
+        self.batch_counts = batch_sources(weights, layout.batch_size, self.steps, per_batch, first)
+        self.take = worker_take(self.batch_counts, layout)  # (steps, W, S)
+        per_worker = np.tile(self.take.sum(axis=0), (layout.world_size, 1))  # (R·W, S)
+        r = layout.world_size
+        cursor = r * _used(weights, first, layout.batch_size, per_batch) if self.endless else np.zeros(len(weights))
+        self.bounds = np.zeros((len(weights), layout.global_workers + 1), dtype=np.int64)
+        np.cumsum(per_worker.T, axis=1, out=self.bounds[:, 1:])
+        self.bounds += np.asarray(cursor, dtype=np.int64)[:, None]
+        self._passes: Dict[Tuple[int, int], EpochLayout] = {}
+
+    def first_pass(self, source: int) -> int:
+        """The pass that position 0 of ``source``'s spans is in (default: the epoch's)."""
+        return 0 if self.endless else self.epoch
+
+    def pass_layout(self, source: int, n_pass: int) -> EpochLayout:
+        """Pass ``n_pass`` of ``source``: its shard order and starts (bounds not set)."""
+        key = (source, n_pass)
+        if key not in self._passes:
+            order = pass_order(len(self.counts[source]), self.schedule, source, n_pass)
+            self._passes[key] = span_layout(self.counts[source], order, np.zeros(2, dtype=np.int64), self.steps)
+        return self._passes[key]
+
+    def source_parts(self, source: int, g: int) -> Tuple[List[Part], List[int]]:
+        """Global worker ``g``'s parts of ``source`` in reading order, and the pass of each."""
+        lo, hi = int(self.bounds[source, g]), int(self.bounds[source, g + 1])
+        total = self.totals[source]
+        parts: List[Part] = []
+        passes: List[int] = []
+        if hi <= lo:
+            return parts, passes
+        for p in range(lo // total, (hi - 1) // total + 1):
+            n_pass = self.first_pass(source) + p
+            bounds = np.clip(self.bounds[source] - p * total, 0, total)
+            cut = replace(self.pass_layout(source, n_pass), bounds=bounds).parts(g)
+            parts += cut
+            passes += [n_pass] * len(cut)
+        return parts, passes
+
+    def worker(self, rank: int, worker: int) -> MixPlan:
+        """The :class:`MixPlan` of (``rank``, ``worker``); identical on every machine."""
+        layout = self.layout
+        g = layout.global_worker(rank, worker)
+        sources = []
+        for s, name in enumerate(self.names):
+            parts, passes = self.source_parts(s, g)
+            take = self.take[:, worker, s].copy()
+            take.setflags(write=False)
+            sources.append(SourcePlan(name, s, tuple(parts), tuple(passes), take,
+                                      int(self.bounds[s, g + 1] - self.bounds[s, g]), int(self.bounds[s, g]),
+                                      seeds.source_shuffle(self.schedule.seed, self.epoch, s, g)))
+        return MixPlan(rank, worker, self.epoch, self.steps, layout.slots[worker], layout.slot_offsets[worker], g,
+                       tuple(sources))
+
+
+def mix_plan(counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout, schedule: Schedule,
+             epoch: int, rank: int, worker: int, names: Optional[Sequence[str]] = None, per_batch: str = "sample",
+             samples_per_epoch: Optional[int] = None) -> MixPlan:
+    """One worker's :class:`MixPlan` (:meth:`MixEpoch.worker`)."""
+    return MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch, samples_per_epoch).worker(rank, worker)
+
+
+def mix_summary(counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout, schedule: Schedule,
+                epoch: int, names: Optional[Sequence[str]] = None, per_batch: str = "sample",
+                samples_per_epoch: Optional[int] = None) -> Dict[str, Any]:
+    """Numbers of one epoch of a mix, for the CLI's ``plan``: steps, and per source its weight,
+    samples, samples used this epoch (all ranks), per batch (min/max), repeats (samples read
+    again after a whole pass), left out (default epochs: what no one reads), passes read."""
+    plan = MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch, samples_per_epoch)
+    w = integer_weights(weights)
+    out = []
+    for s, name in enumerate(plan.names):
+        total, lo, hi = plan.totals[s], int(plan.bounds[s, 0]), int(plan.bounds[s, -1])
+        column = plan.batch_counts[:, s]
+        out.append({
+            "name": name, "weight": w[s] / sum(w), "samples": total, "used": hi - lo,
+            "per_batch": {"min": int(column.min(initial=layout.batch_size)) if len(column) else 0,
+                          "max": int(column.max(initial=0))},
+            "repeats": max(0, hi - max(lo, total)) if plan.endless else 0,
+            "left_out": 0 if plan.endless else total - hi,
+            "passes": [plan.first_pass(s) + lo // total, plan.first_pass(s) + max(lo, hi - 1) // total],
+        })
+    return {"epoch": epoch, "steps": plan.steps, "world_size": layout.world_size, "workers": layout.workers,
+            "batch_size": layout.batch_size, "per_batch": per_batch, "samples_per_epoch": samples_per_epoch,
+            "sources": out}
