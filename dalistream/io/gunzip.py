@@ -4,6 +4,7 @@ decompressed on the fly, concatenated members included."""
 from __future__ import annotations
 
 import io
+import os
 import zlib
 from typing import BinaryIO
 
@@ -14,6 +15,16 @@ from .local import CHUNK
 def is_gzip(stream: BinaryIO) -> bool:
     """True if the stream starts with the gzip magic (peeked, not consumed)."""
     return stream.peek(2)[:2] == b"\x1f\x8b"
+
+
+def file_is_gzip(stream: BinaryIO) -> bool:
+    """:func:`is_gzip` for a stream just opened at its start, by a 2-byte positional read of its
+    file when it has one: a peek would fill the whole read buffer, which a worker reading a small
+    part far into the file never needs."""
+    try:
+        return os.pread(stream.fileno(), 2, 0) == b"\x1f\x8b"
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return is_gzip(stream)
 
 
 def decompressed(stream: BinaryIO, url: str, offset: int = 0) -> BinaryIO:

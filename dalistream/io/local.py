@@ -102,14 +102,15 @@ def check_regular(path: str, st: os.stat_result) -> None:
                           hint="name tar shards (files); stream a pipe with a pipe: source, e.g. 'pipe:cat FIFO'")
 
 
-def open_file(url: str, offset: int = 0) -> BinaryIO:
-    """A local shard (a path or ``file://`` URL) opened at byte ``offset``."""
+def open_file(url: str, offset: int = 0, buffering: int = CHUNK) -> BinaryIO:
+    """A local shard (a path or ``file://`` URL) opened at byte ``offset``, read ``buffering``
+    bytes at a time."""
     path = local_path(url)
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):  # (opening a FIFO would block until a writer comes)
             check_regular(url, st)
-        f = open(path, "rb", buffering=CHUNK)
+        f = open(path, "rb", buffering=buffering)
     except FileNotFoundError:
         raise SourceError("shard file does not exist", url=url, reason="missing",
                           hint="check the path and that every node sees the same files") from None

@@ -69,18 +69,21 @@ def remote_options(options: Optional[Mapping[str, Any]]) -> RemoteOptions:
 
 
 MIN_SHARED_PART = 1 << 20  # a part of a shared budget is still a large ranged read
+MIN_SHARED_CHUNK = 64 << 10  # and a read of a local file, or of a parser's buffer, still a large one
 
 
 def shared_budget(options: Optional[Mapping[str, Any]], share: int) -> Dict[str, Any]:
     """``options`` for one of ``share`` byte streams a worker reads at once (interleaved columns):
     the read-ahead, the parts in flight and, when needed, the part size divided among them, so the
     worker's remote memory stays what one stream's budget allows (parts no smaller than
-    :data:`MIN_SHARED_PART`)."""
+    :data:`MIN_SHARED_PART`); so is ``chunk_bytes``, the size of each stream's read buffers
+    (local files and the tar parser; no smaller than :data:`MIN_SHARED_CHUNK`)."""
     options = dict(options or {})
     if share <= 1:
         return options
     opts = remote_options(options)
     ahead = max(MIN_SHARED_PART, opts.read_ahead_bytes // share)
     options.update(read_ahead_bytes=ahead, parts_in_flight=max(1, opts.parts_in_flight // share),
-                   part_bytes=max(MIN_SHARED_PART, min(opts.part_bytes, ahead)))
+                   part_bytes=max(MIN_SHARED_PART, min(opts.part_bytes, ahead)),
+                   chunk_bytes=max(MIN_SHARED_CHUNK, opts.chunk_bytes // share))
     return options

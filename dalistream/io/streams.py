@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import SourceError
 from .counters import IOCounters
-from .gunzip import decompressed, is_gzip
+from .gunzip import decompressed, file_is_gzip
 from .local import CHUNK, open_file, open_pipe
 from .readahead import ReadAhead
 from .remote import is_fetched, open_remote
@@ -33,7 +33,7 @@ def open_raw(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = N
         if offset:
             raise SourceError("pipe: sources cannot be opened at an offset", url=url)
         return open_pipe(url)
-    return open_file(url, offset)
+    return open_file(url, offset, int((options or {}).get("chunk_bytes", CHUNK)))
 
 
 def is_gzip_name(url: str) -> bool:
@@ -79,14 +79,14 @@ class _Limited(io.RawIOBase):
         super().close()
 
 
-def _limited(stream: BinaryIO, start: int, end: Optional[int]) -> BinaryIO:
+def _limited(stream: BinaryIO, start: int, end: Optional[int], chunk: int = CHUNK) -> BinaryIO:
     if end is None:
         return stream
     try:
         pos = stream.tell() if stream.seekable() else start
     except (OSError, ValueError):
         pos = start
-    return io.BufferedReader(_Limited(stream, max(end, start), pos), CHUNK)  # type: ignore[arg-type]
+    return io.BufferedReader(_Limited(stream, max(end, start), pos), chunk)  # type: ignore[arg-type]
 
 
 class _Owned(io.BufferedReader):
@@ -120,11 +120,11 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
         return _Owned(ReadAhead([url], options, None, [(offset, end)]))
     else:
         stream = open_raw(url, 0, options)
-        if offset and not is_gzip(stream):  # (gzip content under a .tar name: positions are in the tar)
+        if offset and not file_is_gzip(stream):  # (gzip content under a .tar name: positions are in the tar)
             stream.seek(offset)
         else:
             stream = decompressed(stream, url, offset)
-    return _limited(stream, offset, end)
+    return _limited(stream, offset, end, int((options or {}).get("chunk_bytes", CHUNK)))
 
 
 class ShardSequence:
@@ -150,6 +150,7 @@ class ShardSequence:
         if ranges is not None and len(ranges) != len(self.urls):
             raise ValueError(f"{len(ranges)} ranges for {len(self.urls)} shards")
         self.ranges = [(int(s), None if e is None else int(e)) for s, e in ranges] if ranges is not None else None
+        self.chunk = int(self.options.get("chunk_bytes", CHUNK))  # bytes per read of a local file, and of its parser
         self._ahead: Optional[ReadAhead] = None
 
     def open(self, i: int) -> BinaryIO:

@@ -216,4 +216,16 @@ def worker_columns(counts: Sequence[int], num_shards: int, layout: Layout, sched
     """Interleaved reading: one :class:`WorkerPlan` per column of (``rank``, ``worker``), in slot
     order (each of slot 1, planned over :attr:`~.layout.Layout.column_layout`)."""
     columns = layout.column_layout
-    return tuple(worker_plan(counts, num_shards, columns, schedule, epoch, q, 0) for q in layout.columns(rank, worker))
+    if len(counts) != num_shards:
+        raise ManifestError(f"{len(counts)} counts for {num_shards} shards")
+    plan = epoch_layout(counts, columns, schedule, epoch)  # once: a worker may read hundreds of columns
+    total, last = plan.total, columns.global_workers - 1
+    out = []
+    for q in layout.columns(rank, worker):
+        samples = int(plan.bounds[q + 1] - plan.bounds[q])
+        if schedule.policy == "fixed" and samples == 0:
+            raise ConfigError(f"column {q} owns no sample: {total} samples cannot fill every position of every "
+                              f"rank's batch ({columns.global_workers} in all)", hint="use a smaller batch")
+        out.append(WorkerPlan(q, 0, epoch, tuple(plan.parts(q)), plan.steps, 1, 0, samples, q,
+                              total - int(plan.bounds[-1]) if q == last else 0))
+    return tuple(out)

@@ -19,11 +19,13 @@ class StreamBuffer:
     """Large reads of a stream into one reused buffer: ``arr[pos:end]`` is read and not yet
     parsed, ``base`` is the stream offset of ``arr[0]`` (the stream itself is at ``base + end``)."""
 
-    def __init__(self, stream: BinaryIO, url: str, clock: Optional[ReadClock] = None) -> None:
+    def __init__(self, stream: BinaryIO, url: str, clock: Optional[ReadClock] = None, chunk: int = CHUNK) -> None:
         self.stream = stream
         self.url = url
         self.clock = clock
-        self.arr = bytearray(CHUNK)
+        # a worker reading many columns at once holds one buffer each: ``chunk`` sizes them
+        self.chunk = max(int(chunk), 16 * BLOCK)
+        self.arr = bytearray(self.chunk)
         self.view = memoryview(self.arr)
         self.pos = self.end = self.base = 0
         self.size: Optional[int] = None  # known for plain files: a seek past the end is a cut shard
@@ -100,7 +102,7 @@ class StreamBuffer:
     def take(self, n: int) -> bytes:
         """Up to ``n`` bytes (fewer only at the end of the stream)."""
         if self.end - self.pos < n:
-            if n > CHUNK // 2:  # a large member: read straight from the stream
+            if n > self.chunk // 2:  # a large member: read straight from the stream
                 parts = [bytes(self.view[self.pos:self.end])]
                 got = self.end - self.pos
                 self.base += self.end

@@ -22,7 +22,7 @@ from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 
 from ..errors import DalistreamError, SampleError, ShardFormatError
 from ..io.counters import ReadClock
-from .buffer import StreamBuffer
+from .buffer import CHUNK, StreamBuffer
 from .headers import BLOCK, checksum_ok, damaged, header_name, losing, no_end_marker, number, parse_pax
 
 ZERO = bytes(BLOCK)
@@ -73,7 +73,7 @@ def _first_header_error(header: bytes, url: str) -> ShardFormatError:
 def walk(
     stream: BinaryIO, url: str, *, want: Callable[[str], bool] = lambda name: True,
     max_member_bytes: int = 256 << 20, mark_errors: bool = False, clock: Optional[ReadClock] = None,
-    tap: Optional[list] = None,
+    tap: Optional[list] = None, chunk: int = CHUNK,
 ) -> Iterator[Entry]:
     """:func:`iter_members` as plain tuples ``(name, size, offset, data, error, kind)``, ``kind``
     :data:`FILE` or :data:`OTHER` (the fast path: no object per member). ``tap``, if given, gets
@@ -81,8 +81,8 @@ def walk(
     its name came from a long-name or pax header; ``sliceable``: a regular file whose own header
     carries the ``ustar`` magic, which the sliced reader checks), and at the end-of-archive marker
     ``(None, 0, offset, offset, False, False)``: what a scan records of a regular shard
-    (:func:`dalistream.manifest.members.layout_of`)."""
-    r = StreamBuffer(stream, url, clock)
+    (:func:`dalistream.manifest.members.layout_of`). ``chunk``: bytes per read (the buffer's size)."""
+    r = StreamBuffer(stream, url, clock, chunk)
     long_name: Optional[str] = None
     pax: Optional[Dict[str, bytes]] = None
     first = True

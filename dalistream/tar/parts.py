@@ -45,6 +45,7 @@ class PartStream(io.RawIOBase):
             super().close()
 
 
-def open_part(stream: BinaryIO, length: int) -> BinaryIO:
-    """``stream`` (positioned at the part's first header) limited to ``length`` bytes, as a tar."""
-    return io.BufferedReader(PartStream(stream, length), 1 << 20)
+def open_part(stream: BinaryIO, length: int, chunk: int = 1 << 20) -> BinaryIO:
+    """``stream`` (positioned at the part's first header) limited to ``length`` bytes, as a tar,
+    read ``chunk`` bytes at a time."""
+    return io.BufferedReader(PartStream(stream, length), chunk)

@@ -13,6 +13,7 @@ from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 
 from ..errors import SampleError, ShardFormatError, SourceError, printable
 from ..io.counters import ReadClock
+from .buffer import CHUNK
 from .members import walk
 
 
@@ -58,7 +59,7 @@ def iter_samples(
     stream: BinaryIO, url: str, *, keep: Callable[[int], bool] = lambda index: True,
     want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False,
     max_member_bytes: int = 256 << 20, mark_errors: bool = False, first_index: int = 0,
-    clock: Optional[ReadClock] = None, tap: Optional[list] = None,
+    clock: Optional[ReadClock] = None, tap: Optional[list] = None, chunk: int = CHUNK,
 ) -> Iterator[Sample]:
     """Group members into samples: dicts of ``ext -> bytes`` plus ``__key__``, ``__url__``,
     ``__index__`` (sample number in the shard) and ``__offset__`` (tar offset of its first member).
@@ -110,7 +111,7 @@ def iter_samples(
         current.setdefault("__error__", error)  # the first problem of a sample is the one reported
 
     entries = walk(stream, url, want=want, max_member_bytes=max_member_bytes, mark_errors=mark_errors, clock=clock,
-                   tap=tap)
+                   tap=tap, chunk=chunk)
     while True:
         try:
             name, _, offset, data, error, kind = next(entries)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import ShardFormatError
 from ..io.counters import ReadClock
-from .buffer import StreamBuffer
+from .buffer import CHUNK, StreamBuffer
 from .headers import BLOCK, header_name, no_end_marker, number
 from .samples import Sample, split_name
 
@@ -41,7 +41,7 @@ def _cut(what: str, offset: int, url: str) -> ShardFormatError:
 def sliced_samples(
     stream: BinaryIO, url: str, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray,
     sizes: np.ndarray, *, first: int, offset: int, want_ext: Callable[[str], bool] = lambda ext: True,
-    lowercase: bool = False, last: bool = False, clock: Optional[ReadClock] = None,
+    lowercase: bool = False, last: bool = False, clock: Optional[ReadClock] = None, chunk: int = CHUNK,
 ) -> Iterator[Sample]:
     """Samples ``first, first + 1, …`` of a regular shard, one per entry of ``kinds`` (each sample's
     pattern: its members' extensions and header blocks, its own header the last, in ``patterns``),
@@ -50,7 +50,7 @@ def sliced_samples(
     (members not wanted are passed over). ``last``: the part ends the shard, so the end-of-archive marker must follow; where
     another header follows instead, one more (empty) sample is yielded, numbered after the last,
     for the caller to report."""
-    r = StreamBuffer(stream, url, clock)
+    r = StreamBuffer(stream, url, clock, chunk)
     shapes = []
     for exts, headers in patterns:
         names = [e.lower() if lowercase else e for e in exts]

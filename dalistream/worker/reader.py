@@ -180,18 +180,19 @@ class PlanReader:
             with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too
                 opened = shards.open(position)
             if end is not None:
-                opened = open_part(opened, end - (start or 0))
+                opened = open_part(opened, end - (start or 0), shards.chunk)
             with opened as f:
                 if layout is not None:  # a regular shard: samples cut out by the manifest's member layout
                     patterns, kinds, sizes, offset = layout
                     found = first
                     samples = sliced_samples(f, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=self.decoder.wants,
-                                             lowercase=c.lowercase_ext, last=stop == count, clock=stats.io_clock)
+                                             lowercase=c.lowercase_ext, last=stop == count, clock=stats.io_clock,
+                                             chunk=shards.chunk)
                 else:
                     samples = iter_samples(
                         f, url, keep=lambda i: first <= i and (stop is None or i < stop), want_ext=self.decoder.wants,
                         lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
-                        first_index=first if at_offset else 0, clock=stats.io_clock)
+                        first_index=first if at_offset else 0, clock=stats.io_clock, chunk=shards.chunk)
                 for sample in samples:
                     found = sample["__index__"] + 1
                     if found <= first:

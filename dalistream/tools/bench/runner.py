@@ -39,7 +39,8 @@ METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "peak_rss_mb", "peak_ps
            "cpu_ms_per_sample", "steady_cpu_ms_per_sample", "main_cpu_ms_per_sample", "workers_cpu_ms_per_sample")
 SWEEPABLE = {"workers": "workers", "batch-size": "batch_size", "batch_size": "batch_size", "threads": "threads",
              "shards": "shards",  # shards=N: the first N shards of the sources (memory as the data set grows)
-             "parts_in_flight": "parts_in_flight", "part_bytes": "part_bytes"}  # storage options of remote reads
+             "parts_in_flight": "parts_in_flight", "part_bytes": "part_bytes",  # storage options of remote reads
+             "interleave": "interleave"}  # 0/1: one span per worker through the buffer, or the slot's columns
 
 
 def add_parser(subparsers: Any) -> None:
@@ -177,7 +178,7 @@ def _parse_sweep(text: Optional[str]) -> Optional[tuple]:
     key = SWEEPABLE.get(name.strip())
     if key is None or not values:
         raise ConfigError(f"--sweep {text!r}: expected workers=1,2,4, batch-size=32,64, threads=1,2, shards=16,160, "
-                          "parts_in_flight=1,8 or part_bytes=1048576")
+                          "parts_in_flight=1,8, part_bytes=1048576 or interleave=0,1")
     try:
         return key, [int(v) for v in values.split(",") if v.strip()]
     except ValueError:
@@ -265,6 +266,8 @@ def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: 
                             systems, log)
         elif key in ("parts_in_flight", "part_bytes"):
             point = compare(args, dict(base, storage_options={**options, key: value}), shard_bytes, systems, log)
+        elif key == "interleave":
+            point = compare(args, dict(base, interleave=bool(value)), shard_bytes, systems, log)
         else:
             point = compare(args, dict(base, **{key: value}), shard_bytes, systems, log)
         point["value"] = value
