@@ -102,6 +102,71 @@ def check_regular(path: str, st: os.stat_result) -> None:
                           hint="name tar shards (files); stream a pipe with a pipe: source, e.g. 'pipe:cat FIFO'")
 
 
+END_OF_ARCHIVE = bytes(1024)
+
+
+class FileRange(io.RawIOBase):
+    """Bytes ``[start, end)`` of a local file, read by positional reads straight into the
+    caller's buffer: no buffer of its own and no copy, so a worker reading many parts at once
+    (interleaved columns) holds a file descriptor per part and nothing more. With ``marker``, an
+    end-of-archive marker follows the range when all of it came (a part read as a tar of its
+    own, :func:`dalistream.tar.parts.open_part`)."""
+
+    def __init__(self, f: io.FileIO, start: int, end: int) -> None:
+        self._f = f
+        self._pos, self._end = start, max(start, end)
+        self._tail = memoryview(b"")
+        self.marker = False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset if whence == 0 else self._pos + offset if whence == 1 else self._end + offset
+        self._pos = min(max(target, 0), self._end)
+        return self._pos
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    @property
+    def remaining(self) -> int:
+        """Bytes of the range not read yet."""
+        return self._end - self._pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), self._end - self._pos)
+        if n > 0:
+            got = os.preadv(self._f.fileno(), [view[:n]], self._pos)
+            self._pos += got
+            if got and self._pos == self._end and self.marker:
+                self._tail = memoryview(END_OF_ARCHIVE)
+            return got  # 0: the file ended before the range did (a cut shard: no marker)
+        n = min(len(view), len(self._tail))
+        view[:n] = self._tail[:n]
+        self._tail = self._tail[n:]
+        return n
+
+    def close(self) -> None:
+        try:
+            self._f.close()
+        finally:
+            super().close()
+
+
+def open_range(url: str, start: int, end: int) -> FileRange:
+    """Bytes ``[start, end)`` of a local shard as a :class:`FileRange` (errors as :func:`open_file`'s)."""
+    f = open_file(url, 0, 0)
+    return FileRange(f, start, end)  # type: ignore[arg-type]
+
+
 def open_file(url: str, offset: int = 0, buffering: int = CHUNK) -> BinaryIO:
     """A local shard (a path or ``file://`` URL) opened at byte ``offset``, read ``buffering``
     bytes at a time."""

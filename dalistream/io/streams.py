@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, List, Mapping, Optional, Sequence, Tuple
 from ..errors import SourceError
 from .counters import IOCounters
 from .gunzip import decompressed, file_is_gzip
-from .local import CHUNK, open_file, open_pipe
+from .local import CHUNK, open_file, open_pipe, open_range
 from .readahead import ReadAhead
 from .remote import is_fetched, open_remote
 
@@ -118,6 +118,13 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
         stream = decompressed(open_raw(url, 0, options), url, offset)
     elif is_fetched(url):
         return _Owned(ReadAhead([url], options, None, [(offset, end)]))
+    elif end is not None and not url.startswith("pipe:"):  # a local part: positional reads, no buffers
+        part = open_range(url, offset, end)
+        if not file_is_gzip(part):
+            return part
+        part.close()
+        return _limited(decompressed(open_raw(url, 0, options), url, offset), offset, end,
+                        int((options or {}).get("chunk_bytes", CHUNK)))
     else:
         stream = open_raw(url, 0, options)
         if offset and not file_is_gzip(stream):  # (gzip content under a .tar name: positions are in the tar)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 from typing import Any, BinaryIO
 
+from ..io.local import FileRange
+
 END_OF_ARCHIVE = bytes(1024)
 
 
@@ -47,5 +49,9 @@ class PartStream(io.RawIOBase):
 
 def open_part(stream: BinaryIO, length: int, chunk: int = 1 << 20) -> BinaryIO:
     """``stream`` (positioned at the part's first header) limited to ``length`` bytes, as a tar,
-    read ``chunk`` bytes at a time."""
+    read ``chunk`` bytes at a time (a local file's range of that length reads into the parser's
+    buffer itself, the marker its own)."""
+    if isinstance(stream, FileRange) and stream.remaining == length:
+        stream.marker = True
+        return stream
     return io.BufferedReader(PartStream(stream, length), chunk)
