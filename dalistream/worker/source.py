@@ -11,10 +11,16 @@ Epochs: the loader builds sources with ``cycle="quiet"``; DALI's worker calls ``
 right after our ``StopIteration``, so the worker's epoch is ``start_epoch`` plus the number of
 ``__iter__`` calls it has seen. Every source of a rank yields exactly the plan's number of
 steps per epoch, so all sources end together by construction (see DESIGN.md).
+
+Profiling: with ``DALISTREAM_PROFILE=DIR`` in the environment when the sources are created, each
+worker profiles its own ``next()`` calls (cProfile: reading, batching, packing; not DALI's
+shipping, which is the worker's CPU less this) and writes ``DIR/worker-<rank>-<w>.pstats`` at the
+end of every epoch.
 """
 
 from __future__ import annotations
 
+import cProfile
 import itertools
 import os
 import signal
@@ -33,6 +39,9 @@ from .policy import ErrorPolicy
 from .reader import PlanReader
 from ..plan.shuffle import emitted_indices, shuffled
 from .stats import WorkerStats
+
+#: Environment variable: a directory where each worker writes a cProfile of its ``next()`` calls.
+PROFILE_ENV = "DALISTREAM_PROFILE"
 
 
 class WorkerSource:
@@ -61,6 +70,9 @@ class WorkerSource:
         self._gen: Optional[Iterator] = None
         self._stats: Optional[WorkerStats] = None
         self.epoch = start_epoch
+        # read where the sources are made (the main process): the workers may not see its environment
+        self.profile_dir = os.environ.get(PROFILE_ENV) or None
+        self._profile: Optional[cProfile.Profile] = None
 
     def for_dali(self) -> "WorkerSource":
         """Mark this source as handed to DALI: ``iter()`` in this (the main) process is DALI's
@@ -88,6 +100,22 @@ class WorkerSource:
 
     def __next__(self) -> Tuple[Union[List[np.ndarray], np.ndarray], ...]:
         """The next batch in DALI's transfer form (:func:`dalistream.worker.batch.pack`)."""
+        if self.profile_dir is None:
+            return self._next()
+        if self._profile is None:
+            self._profile = cProfile.Profile()
+        self._profile.enable()
+        try:
+            return self._next()
+        except StopIteration:
+            self._profile.disable()
+            os.makedirs(self.profile_dir, exist_ok=True)
+            self._profile.dump_stats(os.path.join(self.profile_dir, f"worker-{self.config.rank}-{self.worker}.pstats"))
+            raise
+        finally:
+            self._profile.disable()
+
+    def _next(self) -> Tuple[Union[List[np.ndarray], np.ndarray], ...]:
         if self._gen is None:
             if self._iters == 0:
                 self.__iter__()
@@ -102,6 +130,7 @@ class WorkerSource:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_gen"] = None  # generators never travel to the worker
+        state["_profile"] = None
         return state
 
     # -- one epoch -------------------------------------------------------------------------

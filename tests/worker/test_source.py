@@ -146,3 +146,19 @@ def test_io_wait_counts_the_time_before_a_stream_s_first_bytes(tmp_path):
     stats = source._stats.as_dict()
     assert len(batches) == 7 and stats["samples"] == 7
     assert stats["io_wait_s"] >= 0.8 and stats["read_s"] >= stats["io_wait_s"]
+
+
+def test_profile_switch_writes_each_worker_s_profile_at_the_epoch_s_end(tmp_path, monkeypatch):
+    import pstats
+
+    config, paths, counts = make(tmp_path / "data", [5, 6])
+    out = tmp_path / "profile"
+    monkeypatch.setenv("DALISTREAM_PROFILE", str(out))
+    source = WorkerSource(config, paths, counts, 1)
+    monkeypatch.delenv("DALISTREAM_PROFILE")  # read when the source is made, not in the worker
+    copy = dill.loads(dill.dumps(source))
+    batches = list(iter(copy))
+    assert len(batches) == 1  # 11 samples, batches of 6: one step
+    functions = {name for _, _, name in pstats.Stats(str(out / "worker-0-1.pstats")).stats}
+    assert {"pack", "epoch_batches"} <= functions
+    assert not (out / "worker-0-0.pstats").exists()
