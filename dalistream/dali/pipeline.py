@@ -37,7 +37,7 @@ from ..device import dali_threads, start_method, usable_cores
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
 from .compat import check_versions, converted, do_not_convert, upstream
-from .graph import concat_mergeable, merge, merge_by_concat, sharded_sources, unpack
+from .graph import concat_mergeable, merge, merge_by_concat, sharded_sources
 
 if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
     from ..stream import Stream
@@ -129,7 +129,7 @@ def read(stream: "Stream") -> Dict[str, Any]:
     if owner is None:  # no conditionals needed (one worker, or fields that a sum/concatenation merges)
         merged = merge_by_concat(config, branches)
     else:
-        merged = unpack(config, _merge(owner, branches))
+        merged = _merge(owner, branches)
     nodes = dict(zip([f.name for f in config.fields] + ["valid"], merged))
     for field in config.fields:
         if field.kind in ("bytes", "meta"):

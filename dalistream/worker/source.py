@@ -4,8 +4,8 @@
 :meth:`WorkerSource.epoch_batches` yields plain batches: one full-size batch per output in which
 only this worker's slot holds real samples; every other position holds the field's shared empty
 array, or a zero in the dense array of a scalar field. The extra ``valid`` output marks real
-samples (1) and padding (0). Each ``next()`` gives DALI the same batch in transfer form: byte
-fields with their lengths, possibly as padded dense blocks (:mod:`.batch`).
+samples (1) and padding (0). Each ``next()`` gives DALI the same batch in transfer form: each
+byte field as one flat blob holding its row lengths and rows (:mod:`.batch`).
 
 Epochs: the loader builds sources with ``cycle="quiet"``; DALI's worker calls ``__iter__`` again
 right after our ``StopIteration``, so the worker's epoch is ``start_epoch`` plus the number of
@@ -59,8 +59,6 @@ class WorkerSource:
         lo = layout.slot_offsets[worker]
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
         self._byte_fields = batch.byte_fields(config.fields)
-        self.blob = False  # byte fields as blobs: only when the main process cuts them (dali.graph)
-        self.never_dense: Tuple[int, ...] = ()  # fields the graph does not trim (dali.graph.untrimmed)
         self.start_epoch = start_epoch
         self.start_step = start_step
         self.resume = tuple(resume)  # segments of start_epoch run under other layouts (plan.resume)
@@ -122,7 +120,7 @@ class WorkerSource:
             self._gen = self.epoch_batches(self.epoch, self._skip)
         plain = next(self._gen)
         t0 = time.perf_counter()
-        packed = batch.pack(plain, self._byte_fields, *self._slot, blob=self.blob, never_dense=self.never_dense)
+        packed = batch.pack(plain, self._byte_fields, *self._slot)
         if self._stats is not None:
             self._stats.batch_s += time.perf_counter() - t0
         return packed

@@ -80,22 +80,18 @@ def test_which_merge():
 
 @pytest.mark.parametrize("fields", [BASE, WITH_2D], ids=["concat", "conditionals"])
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("fast", [True, False], ids=["blobs+layouts", "lists+headers"])
-def test_every_sample_exactly_once_with_its_bytes(shards, fields, workers, fast, monkeypatch, tmp_path):
-    """The fast paths: shards cut out by their member layouts, byte fields as dense blocks and
-    blobs; the plain ones: a manifest without layouts (every header parsed), and (a DALI whose
-    internals the blob needs are missing: the compat shim says no) dense blocks and lists."""
+@pytest.mark.parametrize("layouts", [True, False], ids=["layouts", "headers"])
+def test_every_sample_exactly_once_with_its_bytes(shards, fields, workers, layouts, tmp_path):
+    """Shards cut out by their member layouts, or (a manifest without layouts) every header
+    parsed; byte fields as blobs, cut into rows in the main process."""
     import dataclasses
     import glob
 
-    import dalistream.dali.graph as graph
     from dalistream.manifest import build_manifest, write_manifest
 
     directory, truth = shards
     kw = {}
-    if not fast:
-        monkeypatch.setattr(graph, "on_receive", lambda source, receive: False)
-        monkeypatch.setattr(graph, "receivable", lambda: False)
+    if not layouts:
         infos = build_manifest(sorted(glob.glob(f"{directory}/*.tar")), offsets=True)
         kw["manifest"] = str(tmp_path / "no-members.json")
         write_manifest([dataclasses.replace(i, members=None) for i in infos], kw["manifest"])

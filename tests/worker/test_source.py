@@ -5,7 +5,7 @@ import pytest
 from dalistream.config import StreamConfig
 from dalistream.errors import ManifestError
 from dalistream.worker import WorkerSource
-from dalistream.worker.batch import unpacked
+from dalistream.worker.batch import rows
 
 from helpers import check_resume, key_shards
 
@@ -19,7 +19,9 @@ def make(tmp_path, sizes, **kw):
 
 
 def keys_of(batch, lo=0, hi=None):
-    keys, labels, valid = unpacked(batch, (0,), 3) if len(batch) > 3 else batch  # transfer form from iter()
+    keys, labels, valid = batch
+    if isinstance(keys, np.ndarray):  # transfer form (from iter()): the keys' blob
+        keys = rows(keys, len(valid))
     return [bytes(k).decode() for k, v in zip(keys[lo:hi], valid[lo:hi]) if int(v)]
 
 
