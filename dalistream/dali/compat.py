@@ -84,15 +84,6 @@ def converted(fn: F) -> F:
     return do_not_convert(call)  # type: ignore[return-value]
 
 
-def conditionals_enabled() -> bool:
-    """Whether the DALI pipeline being defined has conditionals enabled (``True`` outside a
-    definition): a guard that needs them is dropped when dalistream left them off."""
-    from nvidia.dali.pipeline import Pipeline
-
-    pipe = Pipeline.current()
-    return True if pipe is None else bool(getattr(pipe, "_conditionals_enabled", True))
-
-
 # -- worker processes and shutdown ---------------------------------------------------------------
 
 def worker_processes(pipe: Any) -> list:

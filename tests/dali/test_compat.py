@@ -170,21 +170,6 @@ def test_upstream_follows_op_inputs_and_argument_inputs():
     assert {id(a), id(b), id(angle), id(out)} <= found["up"]
     assert id(c) not in found["up"] and id(unrelated) not in found["up"]
     assert compat.upstream([]) == set()
-def test_conditionals_enabled_reads_the_pipeline_being_defined():
-    from nvidia.dali import fn, pipeline_def
-
-    from dalistream.dali.compat import conditionals_enabled
-
-    seen = []
-
-    def graph():
-        seen.append(conditionals_enabled())
-        return fn.zeros(shape=[1])
-
-    assert conditionals_enabled()  # outside a definition
-    for enabled in (True, False):
-        pipeline_def(graph, enable_conditionals=enabled)(batch_size=1, num_threads=1, device_id=None)
-    assert seen == [True, False]
 
 
 class _Shipping:
