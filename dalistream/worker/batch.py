@@ -13,8 +13,9 @@ Why one flat array: DALI's parallel external source pays per shipped list elemen
 in the worker and ~10 µs in the main process, even for an empty one), and every worker ships all
 B positions, its dummies included. A blob is one array in the worker, and in the main process a
 view per row (the dummies one shared empty row). The padded dense block it replaced (B rows of
-the slot's longest sample, trimmed in the graph) won only for rows of tens of bytes at B=256
-and lost from 1 kB rows on, by W× its padding (README, "The transfer").
+the slot's longest sample from every worker, trimmed in the graph) was faster only for rows of
+tens of bytes at B=256 (by 0.3–0.7 ms a batch); from 1 kB rows on it cost more CPU, and 2–4.5×
+the blob's time for rows of 100–200 kB (README, "The transfer: one form").
 """
 
 from __future__ import annotations
