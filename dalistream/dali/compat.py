@@ -84,15 +84,6 @@ def converted(fn: F) -> F:
     return do_not_convert(call)  # type: ignore[return-value]
 
 
-def conditionals_enabled() -> bool:
-    """Whether the DALI pipeline being defined has conditionals enabled (``True`` outside a
-    definition): a guard that needs them is dropped when dalistream left them off."""
-    from nvidia.dali.pipeline import Pipeline
-
-    pipe = Pipeline.current()
-    return True if pipe is None else bool(getattr(pipe, "_conditionals_enabled", True))
-
-
 # -- worker processes and shutdown ---------------------------------------------------------------
 
 def worker_processes(pipe: Any) -> list:
@@ -241,16 +232,20 @@ def receivable() -> bool:
 
 
 @do_not_convert  # its hook runs per batch for every parallel source: never AutoGraph-converted
-def on_receive(source: Any, receive: Callable[[list], list]) -> bool:
+def on_receive(source: Any, receive: Callable[[list], list]) -> None:
     """Have ``receive(outputs)`` rewrite every batch the worker of ``source`` (the iterable given
     to a parallel ``fn.external_source``) ships, in the main process, before DALI feeds it.
 
     DALI's ``_ExternalSourceGroup.schedule_and_receive`` is wrapped once; the wrapper looks the
     group's source (``source_desc.source``) up and replaces the received outputs
-    (``_ExternalDataBatch._data``); other sources pass untouched. ``False``, with nothing changed,
-    when this DALI lacks those names: the caller then ships what DALI takes as it is."""
+    (``_ExternalDataBatch._data``); other sources pass untouched. dalistream's byte fields travel
+    only this way, so a DALI that lacks those names is an error (:func:`receivable`)."""
     if not receivable():
-        return False
+        import nvidia.dali
+
+        raise RuntimeError(f"DALI {nvidia.dali.__version__} lacks what dalistream's sources need "
+                           "(_ExternalSourceGroup.schedule_and_receive, _ExternalDataBatch._data): "
+                           f"install nvidia-dali {DALI_TESTED}x")
     from nvidia.dali import external_source as es
 
     group = es._ExternalSourceGroup
@@ -270,7 +265,6 @@ def on_receive(source: Any, receive: Callable[[list], list]) -> bool:
         setattr(schedule_and_receive, _HOOKED, True)
         group.schedule_and_receive = schedule_and_receive
     _receivers[source] = receive
-    return True
 
 
 @functools.lru_cache(maxsize=None)

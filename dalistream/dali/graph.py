@@ -4,8 +4,8 @@ Every worker's source yields a full-size batch whose own slot holds real samples
 position holds an empty array (a zero for scalar fields). When every field is a scalar integer
 or one-dimensional (labels, encoded bytes, keys: the usual case), the merge needs no
 conditionals: each position's scalars are the sum over workers (all but the owner give zero) and
-its arrays the concatenation over workers (all but the owner give nothing), after byte fields are
-trimmed to their lengths (:func:`merge_by_concat`). This costs no AutoGraph conversion when the
+its arrays the concatenation over workers (all but the owner give nothing) (:func:`merge_by_concat`).
+This costs no AutoGraph conversion when the
 pipeline is defined and no split/merge per worker when it runs. Otherwise a constant
 per-position *owner* index (which worker fills position ``i``) drives a chain of conditionals
 (``if owner == w``): DALI splits each source's batch by the predicate and merges the selected
@@ -25,8 +25,8 @@ from ..config import StreamConfig
 from ..manifest.offsets import SampleOffsets
 from ..plan import Layout
 from ..worker import WorkerSource, stats_path
-from ..worker.batch import byte_fields, headed_rows, image_fields, is_blob, rows, shm_hint, with_lengths
-from .compat import do_not_convert, on_receive, receivable, tensor_list
+from ..worker.batch import byte_fields, rows, shm_hint
+from .compat import do_not_convert, on_receive, tensor_list
 
 _names = itertools.count()
 
@@ -63,30 +63,27 @@ def sharded_sources(
     count_source: Optional[str] = None, bytes_per_sample: Optional[float] = None, resume: Sequence = (),
 ) -> Tuple[Optional[object], List[Sequence]]:
     """Create the W parallel sources; return ``(owner, branches)``: the owner index node (``None``
-    with one worker, or when :func:`merge_by_concat` can merge the fields) and, per worker, its output nodes (the fields, then ``valid``, then the
-    lengths of each byte field: merge them all, then :func:`unpack`). ``bytes_per_sample``
+    with one worker, or when :func:`merge_by_concat` can merge the fields) and, per worker, its
+    output nodes (the fields, then ``valid``). ``bytes_per_sample``
     (shard bytes / samples, when known) sizes the shared memory once for the whole run.
 
     Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.dali.pipeline`),
-    whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge` (then :func:`unpack`),
-    or with :func:`merge_by_concat` when the owner is ``None``.
+    whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge`, or with
+    :func:`merge_by_concat` when the owner is ``None``.
     """
     from nvidia.dali import fn, types
 
     prefix = f"dalistream{next(_names)}"
     packed = byte_fields(config.fields)
-    never = untrimmed(config.fields)  # as blobs carrying their lengths: no lengths output, no trim
-    lengths = with_lengths(packed, never)
-    n_out = len(config.fields) + 1 + len(lengths)  # fields, valid, lengths of the other byte fields
+    n_out = len(config.fields) + 1  # the fields, then valid
+    receive = functools.partial(received_rows, packed)
     branches = []
     for w in range(config.workers):
         source = WorkerSource(
             config, urls, counts, w, start_epoch=start_epoch, start_step=start_step, offsets=offsets,
             count_source=count_source, stats_path=stats_path(stats_dir, w) if stats_dir else None, resume=resume,
         ).for_dali()
-        # byte fields travel as blobs when the main process can cut them into rows (see worker.batch)
-        source.blob = on_receive(source, functools.partial(received_rows, lengths, len(config.fields) + 1, never))
-        source.never_dense = never
+        on_receive(source, receive)  # byte fields travel as blobs, cut into rows here (see worker.batch)
         hint = shm_hint(config.batch_size, config.layout.slots[w], bytes_per_sample or 0, n_out)
         nodes = fn.external_source(
             source=source, num_outputs=n_out, batch=True, parallel=True, cycle="quiet",
@@ -101,45 +98,13 @@ def sharded_sources(
 
 
 @do_not_convert  # runs once per batch: never as AutoGraph-converted code (a pipeline with conditionals converts what it calls)
-def received_rows(lengths: Sequence[int], n_plain: int, never_dense: Sequence[int], outputs: list) -> list:
-    """A worker's shipped outputs as DALI feeds them (main process): each byte field that came as
-    a blob cut into its rows, one ``TensorListCPU`` of views (dense blocks and lists unchanged);
-    ``lengths``: the byte fields with a lengths output (:func:`~dalistream.worker.batch.with_lengths`),
-    the ``never_dense`` fields' blobs carry their own."""
-    for i in never_dense:
-        outputs[i] = tensor_list(headed_rows(outputs[i], len(outputs[n_plain - 1])))  # (valid: one per position)
-    for k, i in enumerate(lengths):
-        if is_blob(outputs[i]):
-            outputs[i] = tensor_list(rows(outputs[i], outputs[n_plain + k]))
+def received_rows(packed: Sequence[int], outputs: list) -> list:
+    """A worker's shipped outputs as DALI feeds them (main process): each byte field at ``packed``,
+    a blob (:func:`~dalistream.worker.batch.pack`), as its rows, one ``TensorListCPU`` of views."""
+    batch_size = len(outputs[-1])  # valid: one per position
+    for i in packed:
+        outputs[i] = tensor_list(rows(outputs[i], batch_size))
     return outputs
-
-
-def trim(data, lengths):
-    """Cut each row of a byte field to its length (``lengths``: one ``(1,)`` int32 per position).
-
-    A field that travelled as a padded dense block (rows of the slot's longest sample) leaves
-    here as the exact bytes; one that travelled as a list is unchanged.
-    """
-    from nvidia.dali import fn
-
-    return fn.slice(data, start=[0], shape=lengths, axes=[0])
-
-
-def untrimmed(fields: Sequence) -> Tuple[int, ...]:
-    """The byte fields that never travel dense, so need no trim in the graph: the image fields,
-    when this DALI's parallel sources can receive blobs (:func:`~dalistream.worker.batch.image_fields`)."""
-    return image_fields(fields) if receivable() else ()
-
-
-def unpack(config: StreamConfig, merged: Sequence) -> list:
-    """The merged outputs of :func:`sharded_sources` as the fields and ``valid``: each byte field
-    trimmed to its lengths (a dense block's rows; blobs and lists are cut already), except those
-    that never travel dense (:func:`untrimmed`)."""
-    n = len(config.fields) + 1
-    nodes = list(merged[:n])
-    for i, lengths in zip(with_lengths(byte_fields(config.fields), untrimmed(config.fields)), merged[n:]):
-        nodes[i] = trim(nodes[i], lengths)
-    return nodes
 
 
 def concat_mergeable(fields: Sequence) -> bool:
@@ -151,14 +116,13 @@ def concat_mergeable(fields: Sequence) -> bool:
 @do_not_convert
 def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
     """The fields and ``valid`` of the W branches of :func:`sharded_sources`, merged without
-    conditionals (see the module's notes); byte fields trimmed to their lengths."""
+    conditionals (see the module's notes)."""
     from nvidia.dali import fn
 
     n = len(config.fields) + 1
-    unpacked = [unpack(config, b) for b in branches]
     out = []
     for i in range(n):
-        columns = [u[i] for u in unpacked]
+        columns = [b[i] for b in branches]
         if len(columns) == 1:
             out.append(columns[0])
         elif i == n - 1 or config.fields[i].ndim == 0:

@@ -4,9 +4,10 @@ One switch, ``device`` (``"gpu"`` or ``"cpu"``, from :func:`resolve_device`), pi
 every op: the decoders run ``"mixed"`` (nvImageCodec, host bytes in, GPU images out) and the
 augmentations ``"gpu"``, or all of them ``"cpu"``. The graph is never written twice.
 
-Padding positions (``valid == 0``) never reach a decoder: decoding sits in a conditional whose
-else-branch emits a 1×1 black image, which later ops resize like any other and the torch side
-removes.
+Padding positions (``valid == 0``, empty bytes) never reach a decoder as they are: each gets a
+tiny black JPEG instead (appended by a length mask, no conditional: AutoGraph's rewrite of the
+pipeline is spared), which decodes to a 1×1 black image that later ops resize like any other and
+the torch side removes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
-from .compat import conditionals_enabled, converted, do_not_convert
+from .compat import do_not_convert
 
 #: Settings of DALI's image decoders that only its GPU (``mixed``) decoder has: given to
 #: :func:`decode_images`, they apply on a GPU and are left out on the CPU, so one pipeline runs on
@@ -33,13 +34,26 @@ DECODER_OPTIONS = GPU_DECODER_OPTIONS | {"jpeg_fancy_upsampling", "use_fast_idct
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
+#: What a padding position decodes: a 1×1 black grayscale JPEG (PIL, quality 50; decoded to RGB).
+PLACEHOLDER_JPEG = bytes.fromhex(
+    "ffd8ffe000104a46494600010100000100010000ffdb004300100b0c0e0c0a100e0d0e1211101318281a181616183123251d28"
+    "3a333d3c3933383740485c4e404457453738506d51575f626768673e4d71797064785c656763ffc0000b08000100010101110"
+    "0ffc40014000100000000000000000000000000000007ffc40014100100000000000000000000000000000000ffda00080101"
+    "00003f003f7fffd9")
+
 
 @do_not_convert
-def _placeholder(device: str):
+def with_placeholder(data, valid):
+    """``data`` (encoded images; empty where ``valid`` is 0) with :data:`PLACEHOLDER_JPEG` at every
+    padding position: the placeholder is appended to every row, cut to no bytes where the
+    position is valid. Arithmetic on ``valid``, no conditional."""
+    import numpy as np
     from nvidia.dali import fn, types
 
-    image = fn.reshape(fn.zeros(shape=[1, 1, 3], dtype=types.UINT8), layout="HWC")
-    return image.gpu() if device == "gpu" else image
+    placeholder = types.Constant(np.frombuffer(PLACEHOLDER_JPEG, np.uint8), device="cpu")
+    keep = (1 - fn.cast(valid, dtype=types.INT32)) * len(PLACEHOLDER_JPEG)
+    tail = fn.slice(placeholder, start=[0], shape=fn.reshape(keep, shape=[1]), axes=[0])
+    return fn.cat(data, tail, axis=0)
 
 
 @do_not_convert
@@ -50,16 +64,13 @@ def decode_images(data, valid, device: str, *, random_crop: bool = False,
     """Decode encoded image bytes to RGB ``HWC`` ``uint8`` (grayscale, CMYK, PNG all to 3 channels).
 
     ``random_crop`` fuses a random-resized-crop window into the decode (only the window is
-    decoded). ``padded=False`` drops the guard conditional when the batch can hold no padding; so
-    does a pipeline that :func:`dalistream.pipeline_def` built without conditionals (its batches
-    hold no padding). ``decoder_options``: settings of DALI's decoder (:data:`DECODER_OPTIONS`;
+    decoded). Padding positions decode :data:`PLACEHOLDER_JPEG` (:func:`with_placeholder`);
+    ``padded=False`` leaves that out when the batch can hold no padding. ``decoder_options``: settings of DALI's decoder (:data:`DECODER_OPTIONS`;
     those of :data:`GPU_DECODER_OPTIONS` apply on a GPU only).
     """
     crop = (tuple(random_area), tuple(random_aspect_ratio)) if random_crop else None
     options = decoder_settings(decoder_options, device)
-    if not padded or not conditionals_enabled():
-        return _decode(data, device, crop, options)
-    return _decode_valid(data, valid, device, crop, options)
+    return _decode(with_placeholder(data, valid) if padded else data, device, crop, options)
 
 
 def decoder_settings(options: Optional[Mapping[str, Any]], device: str) -> dict:
@@ -69,14 +80,6 @@ def decoder_settings(options: Optional[Mapping[str, Any]], device: str) -> dict:
     if unknown:
         raise ConfigError(f"decoder_options: unknown {unknown}", hint=f"one of {sorted(DECODER_OPTIONS)}")
     return {k: v for k, v in options.items() if device == "gpu" or k not in GPU_DECODER_OPTIONS}
-
-
-@converted
-def _decode_valid(data, valid, device, crop, options):
-    image = _placeholder(device)
-    if valid == 1:  # on data: a DALI conditional
-        image = _decode(data, device, crop, options)
-    return image
 
 
 @do_not_convert

@@ -16,10 +16,12 @@ The pipeline function returns a dict of named outputs. Raw byte fields returned 
 ``valid`` mask is added automatically, so the loader can trim padding; ``"valid"`` is therefore not
 a name an output may have. Between :func:`read` and the ``return`` any DALI op may be used (on
 ``stream.device``); ``if`` statements on data nodes work: DALI's conditionals are enabled when
-the graph needs them (:func:`needs_conditionals`: an ``if`` in the function's own code, padding,
-a merge by conditionals), and left off otherwise, which spares AutoGraph's rewrite of every
-function the graph calls (most of the time to first batch). A helper with an ``if`` on data
-called from a function without one needs ``@pipeline_def(conditionals=True)``.
+the graph needs them, and left off otherwise, which spares AutoGraph's rewrite of every function
+the graph calls (most of the time to first batch). The graph is defined without them first
+(unless the merge needs them, :func:`needs_conditionals`); an ``if`` (``while``, ``and``, ``or``,
+``not``) on a data node, in the function or in any helper it calls, makes DALI refuse the
+node's truth value, and the graph is then defined again with conditionals. An ``if`` on a
+Python value (an option of the pipeline) costs nothing.
 
 DALI's workers are forked for CPU pipelines while CUDA is untouched, and spawned otherwise
 (``Stream.open(..., start_method=...)``, see :func:`dalistream.watchdog.start_method`): a script
@@ -37,7 +39,7 @@ from ..device import dali_threads, start_method, usable_cores
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
 from .compat import check_versions, converted, do_not_convert, upstream
-from .graph import concat_mergeable, merge, merge_by_concat, sharded_sources, unpack
+from .graph import concat_mergeable, merge, merge_by_concat, sharded_sources
 
 if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
     from ..stream import Stream
@@ -49,28 +51,20 @@ RESERVED = ("batch_size", "device_id", "py_num_workers", "py_start_method", "py_
 _building: List[dict] = []  # the graph under construction (pipelines are built one at a time)
 
 
-def needs_conditionals(fn: Callable, stream: "Stream", forced: Optional[bool] = None) -> bool:
-    """Whether the graph of ``fn`` needs DALI's conditionals (and so AutoGraph's rewrite of every
-    function it calls, most of the time to first batch): when the merge needs the owner's
-    conditionals (fields other than integer scalars and 1-D arrays), when batches may hold padding
-    (the decode guard of :func:`dalistream.ops.decode_images`), when ``fn``'s own code has an
-    ``if``, ``while``, conditional expression or ``and``/``or``/``not``, or when the user asked
-    (``pipeline_def(conditionals=True)``)."""
-    import ast
-    import inspect
-    import textwrap
-
+def needs_conditionals(stream: "Stream", forced: Optional[bool] = None) -> bool:
+    """Whether a graph over ``stream`` is defined with DALI's conditionals from the start (and so
+    pays AutoGraph's rewrite of every function it calls, most of the time to first batch): when
+    the merge needs the owner's conditionals (fields other than integer scalars and 1-D arrays),
+    or when the user asked (``pipeline_def(conditionals=True)``). Otherwise they are enabled only
+    once the pipeline function turns out to branch on data (see the module's notes); padding
+    needs none (:func:`dalistream.ops.with_placeholder`)."""
     if forced is not None:
         return forced
-    if stream.may_pad or (stream.config.workers > 1 and not concat_mergeable(stream.config.fields)):
-        return True
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return True  # no source to look at: keep them
-    flow = (ast.If, ast.While, ast.IfExp, ast.BoolOp, ast.Assert)
-    return any(isinstance(node, flow) or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not))
-               for node in ast.walk(tree))
+    return stream.config.workers > 1 and not concat_mergeable(stream.config.fields)
+
+
+class _BranchesOnData(Exception):
+    """The pipeline function took a data node's truth value in a graph defined without conditionals."""
 
 
 def _bool_of_data_node(error: BaseException) -> bool:
@@ -86,10 +80,12 @@ def _bool_of_data_node(error: BaseException) -> bool:
 @dataclass(frozen=True)
 class Built:
     """What dalistream knows of a pipeline it built: its outputs as ``(name, kind)`` pairs (kind
-    ``"tensor"``, ``"bytes"`` or ``"text"``) and how DALI starts its workers."""
+    ``"tensor"``, ``"bytes"`` or ``"text"``), how DALI starts its workers, and whether it was
+    defined with DALI's conditionals."""
 
     outputs: Tuple[Tuple[str, str], ...]
     start_method: str
+    conditionals: bool = False
 
 
 _built: "weakref.WeakKeyDictionary[Any, Built]" = weakref.WeakKeyDictionary()
@@ -129,7 +125,7 @@ def read(stream: "Stream") -> Dict[str, Any]:
     if owner is None:  # no conditionals needed (one worker, or fields that a sum/concatenation merges)
         merged = merge_by_concat(config, branches)
     else:
-        merged = unpack(config, _merge(owner, branches))
+        merged = _merge(owner, branches)
     nodes = dict(zip([f.name for f in config.fields] + ["valid"], merged))
     for field in config.fields:
         if field.kind in ("bytes", "meta"):
@@ -146,8 +142,8 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
     returns a DALI ``Pipeline`` set up the way sharded sources need it: ``batch_size`` and
     ``py_num_workers`` from the stream, ``py_start_method`` from the stream (``fork`` or ``spawn``
     with the ``dill`` pickler), ``device_id`` from the stream (``None`` on CPU), and
-    ``enable_conditionals`` when the graph needs them (:func:`needs_conditionals`; ``conditionals=True``
-    or ``False`` decides instead). Other keyword
+    ``enable_conditionals`` when the graph needs them (:func:`needs_conditionals`, or an ``if`` on
+    data; ``conditionals=True`` or ``False`` decides instead). Other keyword
     arguments go to DALI's ``pipeline_def`` (``num_threads``: by default this process's share of the
     node's cores less one per worker, 2 to 16, :func:`dalistream.device.dali_threads`;
     ``prefetch_queue_depth``, ``seed``, …),
@@ -184,9 +180,8 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
         if reserved:
             raise ConfigError(f"{fn.__name__}: {reserved} are set from the stream and cannot be given")
         method = start_method(stream.start_method, stream.device)
-        with_conditionals = needs_conditionals(fn, stream, conditionals)
 
-        def define(unread: frozenset):
+        def define(unread: frozenset, with_conditionals: bool):
             ctx: dict = {"raw": {}, "valid": None, "names": [], "kinds": [], "fields": {}, "unread": unread,
                          "unused": ()}
 
@@ -202,8 +197,10 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
                                  **options)
             except Exception as e:  # autograph wraps errors raised in the graph function: unwrap ours
                 if not with_conditionals and _bool_of_data_node(e):
-                    raise ConfigError(f"{fn.__name__}: a function it calls has an `if` (or and/or/not) on a data node",
-                                      hint="decorate it with @dalistream.pipeline_def(conditionals=True)") from None
+                    if conditionals is False:
+                        raise ConfigError(f"{fn.__name__}: it (or a function it calls) has an `if` (or and/or/not) "
+                                          "on a data node", hint="leave out conditionals=False") from None
+                    raise _BranchesOnData from None
                 original = _dalistream_cause(e)
                 if original is None:
                     raise
@@ -212,15 +209,21 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
                 _building.pop()
             return pipe, ctx
 
-        pipe, ctx = define(frozenset())
+        with_conditionals = needs_conditionals(stream, conditionals)
+        try:
+            pipe, ctx = define(frozenset(), with_conditionals)
+        except _BranchesOnData:  # an `if` on data: define it again, converted (never built: no workers)
+            with_conditionals = True
+            pipe, ctx = define(frozenset(), with_conditionals)
         if ctx["unused"]:  # define it again with sources that do not read those fields (never built: no workers)
             unused = frozenset(ctx["unused"])
-            pipe, ctx = define(unused)
+            pipe, ctx = define(unused, with_conditionals)
             if set(ctx["unused"]) != unused:
                 raise ConfigError(f"{fn.__name__} uses other fields each time it is called "
                                   f"({sorted(unused)} unused first, then {sorted(ctx['unused'])})",
                                   hint="a pipeline function must define the same graph every time it is called")
-        _built[pipe] = Built(outputs=tuple(zip(ctx["names"], ctx["kinds"])), start_method=method)
+        _built[pipe] = Built(outputs=tuple(zip(ctx["names"], ctx["kinds"])), start_method=method,
+                             conditionals=with_conditionals)
         return pipe
 
     build.dalistream_pipeline = True  # type: ignore[attr-defined]

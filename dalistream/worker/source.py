@@ -4,17 +4,23 @@
 :meth:`WorkerSource.epoch_batches` yields plain batches: one full-size batch per output in which
 only this worker's slot holds real samples; every other position holds the field's shared empty
 array, or a zero in the dense array of a scalar field. The extra ``valid`` output marks real
-samples (1) and padding (0). Each ``next()`` gives DALI the same batch in transfer form: byte
-fields with their lengths, possibly as padded dense blocks (:mod:`.batch`).
+samples (1) and padding (0). Each ``next()`` gives DALI the same batch in transfer form: each
+byte field as one flat blob holding its row lengths and rows (:mod:`.batch`).
 
 Epochs: the loader builds sources with ``cycle="quiet"``; DALI's worker calls ``__iter__`` again
 right after our ``StopIteration``, so the worker's epoch is ``start_epoch`` plus the number of
 ``__iter__`` calls it has seen. Every source of a rank yields exactly the plan's number of
 steps per epoch, so all sources end together by construction (see DESIGN.md).
+
+Profiling: with ``DALISTREAM_PROFILE=DIR`` in the environment when the sources are created, each
+worker profiles its own ``next()`` calls (cProfile: reading, batching, packing; not DALI's
+shipping, which is the worker's CPU less this) and writes ``DIR/worker-<rank>-<w>.pstats`` at the
+end of every epoch.
 """
 
 from __future__ import annotations
 
+import cProfile
 import itertools
 import os
 import signal
@@ -34,6 +40,9 @@ from .reader import PlanReader
 from ..plan.shuffle import emitted_indices, shuffled
 from .stats import WorkerStats
 
+#: Environment variable: a directory where each worker writes a cProfile of its ``next()`` calls.
+PROFILE_ENV = "DALISTREAM_PROFILE"
+
 
 class WorkerSource:
     """Iterable of padded mini-batches for one worker; picklable, generators created lazily."""
@@ -50,8 +59,6 @@ class WorkerSource:
         lo = layout.slot_offsets[worker]
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
         self._byte_fields = batch.byte_fields(config.fields)
-        self.blob = False  # byte fields as blobs: only when the main process cuts them (dali.graph)
-        self.never_dense: Tuple[int, ...] = ()  # fields the graph does not trim (dali.graph.untrimmed)
         self.start_epoch = start_epoch
         self.start_step = start_step
         self.resume = tuple(resume)  # segments of start_epoch run under other layouts (plan.resume)
@@ -61,6 +68,9 @@ class WorkerSource:
         self._gen: Optional[Iterator] = None
         self._stats: Optional[WorkerStats] = None
         self.epoch = start_epoch
+        # read where the sources are made (the main process): the workers may not see its environment
+        self.profile_dir = os.environ.get(PROFILE_ENV) or None
+        self._profile: Optional[cProfile.Profile] = None
 
     def for_dali(self) -> "WorkerSource":
         """Mark this source as handed to DALI: ``iter()`` in this (the main) process is DALI's
@@ -88,13 +98,29 @@ class WorkerSource:
 
     def __next__(self) -> Tuple[Union[List[np.ndarray], np.ndarray], ...]:
         """The next batch in DALI's transfer form (:func:`dalistream.worker.batch.pack`)."""
+        if self.profile_dir is None:
+            return self._next()
+        if self._profile is None:
+            self._profile = cProfile.Profile()
+        self._profile.enable()
+        try:
+            return self._next()
+        except StopIteration:
+            self._profile.disable()
+            os.makedirs(self.profile_dir, exist_ok=True)
+            self._profile.dump_stats(os.path.join(self.profile_dir, f"worker-{self.config.rank}-{self.worker}.pstats"))
+            raise
+        finally:
+            self._profile.disable()
+
+    def _next(self) -> Tuple[Union[List[np.ndarray], np.ndarray], ...]:
         if self._gen is None:
             if self._iters == 0:
                 self.__iter__()
             self._gen = self.epoch_batches(self.epoch, self._skip)
         plain = next(self._gen)
         t0 = time.perf_counter()
-        packed = batch.pack(plain, self._byte_fields, *self._slot, blob=self.blob, never_dense=self.never_dense)
+        packed = batch.pack(plain, self._byte_fields, *self._slot)
         if self._stats is not None:
             self._stats.batch_s += time.perf_counter() - t0
         return packed
@@ -102,6 +128,7 @@ class WorkerSource:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_gen"] = None  # generators never travel to the worker
+        state["_profile"] = None
         return state
 
     # -- one epoch -------------------------------------------------------------------------

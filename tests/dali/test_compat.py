@@ -170,25 +170,11 @@ def test_upstream_follows_op_inputs_and_argument_inputs():
     assert {id(a), id(b), id(angle), id(out)} <= found["up"]
     assert id(c) not in found["up"] and id(unrelated) not in found["up"]
     assert compat.upstream([]) == set()
-def test_conditionals_enabled_reads_the_pipeline_being_defined():
-    from nvidia.dali import fn, pipeline_def
-
-    from dalistream.dali.compat import conditionals_enabled
-
-    seen = []
-
-    def graph():
-        seen.append(conditionals_enabled())
-        return fn.zeros(shape=[1])
-
-    assert conditionals_enabled()  # outside a definition
-    for enabled in (True, False):
-        pipeline_def(graph, enable_conditionals=enabled)(batch_size=1, num_threads=1, device_id=None)
-    assert seen == [True, False]
 
 
 class _Shipping:
-    """A parallel source shipping one flat array and its row lengths (``blob``), or rows as they are."""
+    """A parallel source shipping rows of 2, 0 and 5 bytes as one blob (``blob``, with their
+    lengths: dalistream's transfer form) or as they are, then ``valid``."""
 
     def __init__(self, blob):
         self.blob = blob
@@ -198,34 +184,36 @@ class _Shipping:
         return self
 
     def __next__(self):
+        from dalistream.worker.batch import pack
+
         self.i += 1
         if self.i > 3:
             raise StopIteration
-        rows = [np.full(n, self.i, np.uint8) for n in (2, 0, 5)]
-        lengths = np.array([[2], [0], [5]], np.int32)
-        return (np.concatenate(rows) if self.blob else rows), lengths
+        plain = ([np.full(n, self.i, np.uint8) for n in (2, 0, 5)], np.ones(3, np.uint8))
+        return pack(plain, (0,), 0, 3) if self.blob else plain
 
 
 def test_on_receive_rewrites_only_its_own_source_and_tensor_list_keeps_the_rows():
     from nvidia.dali import fn, pipeline_def
 
-    from dalistream.worker.batch import rows
+    from dalistream.worker.batch import pack, rows
 
     calls = []
 
     def receive(outputs):
         calls.append(type(outputs[0]).__name__)
-        outputs[0] = compat.tensor_list(rows(outputs[0], outputs[1]))
+        outputs[0] = compat.tensor_list(rows(outputs[0], 3))
         return outputs
 
     @pipeline_def(batch_size=3, num_threads=1, device_id=None, py_num_workers=2, py_start_method="fork")
     def graph():
         blob_source, plain_source = _Shipping(True), _Shipping(False)
-        assert compat.on_receive(blob_source, receive)
-        assert compat.on_receive(blob_source, receive)  # the hook is installed once, a source registered again
-        a, la = fn.external_source(blob_source, num_outputs=2, batch=True, parallel=True, cycle="raise")
-        b, lb = fn.external_source(plain_source, num_outputs=2, batch=True, parallel=True, cycle="raise")
-        return a, b, la, lb
+        compat.on_receive(blob_source, receive)
+        compat.on_receive(blob_source, receive)  # the hook is installed once, a source registered again
+        assert compat.receivable()
+        a, va = fn.external_source(blob_source, num_outputs=2, batch=True, parallel=True, cycle="raise")
+        b, vb = fn.external_source(plain_source, num_outputs=2, batch=True, parallel=True, cycle="raise")
+        return a, b, va, vb
 
     pipe = graph()
     pipe.build()
@@ -238,11 +226,17 @@ def test_on_receive_rewrites_only_its_own_source_and_tensor_list_keeps_the_rows(
         compat.shutdown(pipe)
     assert calls and set(calls) == {"ndarray"}  # only the registered source's batches, as shipped
 
-    blob = np.arange(7, dtype=np.uint8)
-    cut = rows(blob, np.array([[3], [0], [4]], np.int32))
-    tl = compat.tensor_list(cut)
+    blob = pack(([np.arange(3, dtype=np.uint8), np.zeros(0, np.uint8), np.arange(3, 7, dtype=np.uint8)],
+                 np.ones(3, np.uint8)), (0,), 0, 3)[0]
+    tl = compat.tensor_list(rows(blob, 3))
     assert [np.asarray(tl[k]).tolist() for k in range(3)] == [[0, 1, 2], [], [3, 4, 5, 6]]
-    assert tl[2].data_ptr() == blob.__array_interface__["data"][0] + 3  # the rows themselves, no copy
+    assert tl[2].data_ptr() == blob.__array_interface__["data"][0] + 12 + 3  # the rows themselves, no copy
+
+
+def test_on_receive_refuses_a_dali_without_the_names_it_hooks(monkeypatch):
+    monkeypatch.setattr(compat, "receivable", lambda: False)
+    with pytest.raises(RuntimeError, match="schedule_and_receive"):
+        compat.on_receive(_Shipping(True), lambda outputs: outputs)
 
 
 def test_a_receiver_registered_under_conditionals_runs_as_plain_python():
@@ -258,9 +252,9 @@ def test_a_receiver_registered_under_conditionals_runs_as_plain_python():
                   enable_conditionals=True)
     def graph():
         source = _Shipping(True)
-        assert compat.on_receive(source, functools.partial(received_rows, (0,), 1, ()))
-        a, lengths = fn.external_source(source, num_outputs=2, batch=True, parallel=True, cycle="raise")
-        return a, lengths
+        compat.on_receive(source, functools.partial(received_rows, (0,)))
+        a, valid = fn.external_source(source, num_outputs=2, batch=True, parallel=True, cycle="raise")
+        return a, valid
 
     pipe = graph()
     pipe.build()

@@ -80,22 +80,18 @@ def test_which_merge():
 
 @pytest.mark.parametrize("fields", [BASE, WITH_2D], ids=["concat", "conditionals"])
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("fast", [True, False], ids=["blobs+layouts", "lists+headers"])
-def test_every_sample_exactly_once_with_its_bytes(shards, fields, workers, fast, monkeypatch, tmp_path):
-    """The fast paths: shards cut out by their member layouts, byte fields as dense blocks and
-    blobs; the plain ones: a manifest without layouts (every header parsed), and (a DALI whose
-    internals the blob needs are missing: the compat shim says no) dense blocks and lists."""
+@pytest.mark.parametrize("layouts", [True, False], ids=["layouts", "headers"])
+def test_every_sample_exactly_once_with_its_bytes(shards, fields, workers, layouts, tmp_path):
+    """Shards cut out by their member layouts, or (a manifest without layouts) every header
+    parsed; byte fields as blobs, cut into rows in the main process."""
     import dataclasses
     import glob
 
-    import dalistream.dali.graph as graph
     from dalistream.manifest import build_manifest, write_manifest
 
     directory, truth = shards
     kw = {}
-    if not fast:
-        monkeypatch.setattr(graph, "on_receive", lambda source, receive: False)
-        monkeypatch.setattr(graph, "receivable", lambda: False)
+    if not layouts:
         infos = build_manifest(sorted(glob.glob(f"{directory}/*.tar")), offsets=True)
         kw["manifest"] = str(tmp_path / "no-members.json")
         write_manifest([dataclasses.replace(i, members=None) for i in infos], kw["manifest"])
@@ -135,20 +131,33 @@ def labels_by_key(directory, graph, **kw):
         return {k: int(v) for b in loader for k, v in zip(b["key"], b["label"])}
 
 
-def test_conditionals_decided_from_the_graph(shards):
-    from dalistream.dali.pipeline import needs_conditionals
+def test_conditionals_only_for_a_merge_by_conditionals_or_an_if_on_data(shards):
+    from dalistream.dali.pipeline import built, needs_conditionals
 
     directory, truth = shards
-    even = dalistream.Stream.open(directory, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=2)
-    exact = dalistream.Stream.open(directory, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=2,
-                                   policy="exact")
+    fields = {"key": "__key__", "label": "cls"}
+    even = dalistream.Stream.open(directory, fields=fields, batch_size=4, workers=2, device="cpu")
+    exact = dalistream.Stream.open(directory, fields=fields, batch_size=4, workers=2, device="cpu", policy="exact")
     two_d = dalistream.Stream.open(directory, fields=WITH_2D, batch_size=4, workers=2)
-    assert not needs_conditionals(plain_graph, even)
-    assert needs_conditionals(graph_with_if, even)
-    assert needs_conditionals(plain_graph, exact)           # padding: the decode guard
-    assert needs_conditionals(plain_graph, two_d)           # the owner's conditionals merge 2-D arrays
-    assert needs_conditionals(plain_graph, even, forced=True)
-    assert not needs_conditionals(graph_with_if, even, forced=False)
+    assert not needs_conditionals(even) and not needs_conditionals(exact)  # padding: no guard conditional
+    assert needs_conditionals(two_d)                                        # the owner's conditionals merge 2-D arrays
+    assert needs_conditionals(even, forced=True) and not needs_conditionals(two_d, forced=False)
+
+    def conditionals(graph, stream, forced=None, **kw):
+        return built(dalistream.pipeline_def(graph, conditionals=forced)(stream, **kw)).conditionals
+
+    assert not conditionals(plain_graph, even) and not conditionals(plain_graph, exact)
+    assert not conditionals(graph_with_python_if, even, flip=True)  # an `if` on a Python value
+    assert conditionals(graph_with_if, even) and conditionals(graph_calling_a_helper_with_if, even)
+    assert conditionals(plain_graph, even, forced=True)
+
+
+def graph_with_python_if(stream, flip=False):
+    data = dalistream.read(stream)
+    label = data["label"]
+    if flip and not stream.may_pad:
+        label = 1 - label
+    return {"key": data["key"], "label": label}
 
 
 def test_graphs_with_and_without_conditionals_deliver_the_same(shards):
@@ -159,10 +168,12 @@ def test_graphs_with_and_without_conditionals_deliver_the_same(shards):
     assert with_if.keys() == plain.keys()
     once = {k: int(truth[k]["cls"]) - (100 if int(truth[k]["cls"]) > 100 else 0) for k in with_if}
     assert with_if == once and any(v != int(truth[k]["cls"]) for k, v in with_if.items())
+    helper = labels_by_key(directory, dalistream.pipeline_def(graph_calling_a_helper_with_if))
+    assert helper == with_if
     forced = labels_by_key(directory, dalistream.pipeline_def(conditionals=True)(graph_calling_a_helper_with_if))
     assert forced == with_if
-    with pytest.raises(ConfigError, match="conditionals=True"):
-        labels_by_key(directory, dalistream.pipeline_def(graph_calling_a_helper_with_if))
+    with pytest.raises(ConfigError, match="conditionals=False"):
+        labels_by_key(directory, dalistream.pipeline_def(conditionals=False)(graph_calling_a_helper_with_if))
 
 
 def test_the_shards_above_are_read_both_by_layout_and_by_header(shards):

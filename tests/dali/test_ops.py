@@ -35,9 +35,42 @@ def test_library_ops_are_kept_out_of_autograph():
 
     for fn in (ops.decode_images, ops.random_resized_crop, ops.resize_shorter, ops.normalize, ops.coin_flip,
                ops.color_jitter, ops.to_device, graph.sharded_sources, pipeline.read, pipeline._check_outputs,
-               dali_ops._decode_valid, pipeline._merge):
+               dali_ops.with_placeholder, pipeline._merge):
         assert _autograph.is_autograph_artifact(fn), fn.__name__
     assert not _autograph.is_autograph_artifact(graph.merge)
+
+
+@pytest.mark.parametrize("random_crop", [False, True])
+def test_padding_decodes_the_placeholder_without_conditionals(random_crop):
+    """Empty padding rows would fail the decoder: each gets the 1x1 black JPEG, by a length mask;
+    real rows pass unchanged. No conditionals in the pipeline."""
+    import io
+
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def
+    from PIL import Image
+
+    picture = io.BytesIO()
+    Image.new("RGB", (5, 3), (200, 10, 10)).save(picture, "PNG")
+    rows = [np.frombuffer(picture.getvalue(), np.uint8), np.zeros(0, np.uint8), np.zeros(0, np.uint8)]
+    valid = [np.array(1, np.uint8), np.array(0, np.uint8), np.array(0, np.uint8)]
+
+    @pipeline_def(batch_size=3, num_threads=1, device_id=None)
+    def pipe():
+        data, flags = fn.external_source(source=lambda: (rows, valid), num_outputs=2, batch=True)
+        return ops.with_placeholder(data, flags), ops.decode_images(data, flags, "cpu", random_crop=random_crop,
+                                                                    random_area=(1, 1), random_aspect_ratio=(1, 1))
+
+    p = pipe()
+    p.build()
+    joined, images = p.run()
+    assert bytes(np.array(joined[0])) == picture.getvalue()
+    assert bytes(np.array(joined[1])) == ops.PLACEHOLDER_JPEG
+    shapes = [np.array(images[i]).shape for i in range(3)]
+    if not random_crop:
+        assert shapes[0] == (3, 5, 3) and np.array(images[0])[0, 0].tolist() == [200, 10, 10]
+    assert shapes[1:] == [(1, 1, 3), (1, 1, 3)]
+    assert int(np.array(images[1]).max()) <= 1  # black
 
 
 def test_decoder_options_are_checked_and_gpu_only_ones_left_out_on_the_cpu():

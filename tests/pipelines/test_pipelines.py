@@ -303,6 +303,24 @@ def test_classification_train(odd):
     assert labels <= {f["label"] for f in truth.values()}
 
 
+@pytest.mark.parametrize("policy", ["even", "exact"])
+def test_ready_pipelines_are_defined_without_conditionals(odd, policy):
+    """Their `if`s are on options, and padding needs no guard conditional: no AutoGraph rewrite,
+    whatever the options and whether batches can hold padding."""
+    from dalistream.dali.pipeline import built
+    from dalistream.pipelines import classification_eval, classification_train, image_text
+
+    shards, _, cache = odd
+    stream = dalistream.Stream.open(shards, fields={"image": "jpg;png", "label": "cls", "text": "txt;json"},
+                                    batch_size=4, workers=2, device="cpu", policy=policy, cache_dir=cache)
+    assert stream.may_pad == (policy == "exact")
+    pipes = [classification_train.pipeline(stream, color_jitter=jitter, flip=flip)
+             for jitter in (False, True) for flip in (False, True)]
+    pipes += [classification_eval.pipeline(stream), image_text.pipeline(stream, train=True),
+              image_text.pipeline(stream, train=False)]
+    assert [built(p).conditionals for p in pipes] == [False] * len(pipes)
+
+
 def test_classification_train_fp16_jitter(odd):
     from dalistream.pipelines import classification_train
 

@@ -1,4 +1,4 @@
-"""Batch assembly and the transfer form: the dense and blob paths deliver exactly the list path's samples."""
+"""Batch assembly and the transfer form: a byte field's blob delivers exactly the plain batch's rows."""
 
 import io
 
@@ -10,8 +10,6 @@ from dalistream.worker import WorkerSource
 from dalistream.worker import batch
 
 from helpers import write_wds
-
-ALWAYS, NEVER = dict(row_bytes=1 << 40, max_block=1 << 40), dict(row_bytes=0, max_block=0)
 
 
 def npy(value):
@@ -49,6 +47,14 @@ def config(paths, **kw):
     return StreamConfig(**options)
 
 
+def unpacked(transfer, packed):
+    """What the main process makes of a transfer-form batch: each blob cut into its rows."""
+    out = list(transfer)
+    for i in packed:
+        out[i] = batch.rows(transfer[i], len(transfer[-1]))
+    return tuple(out)
+
+
 def same(a, b):
     """Two plain batches hold the same values at every position."""
     assert len(a) == len(b)
@@ -66,73 +72,46 @@ def test_byte_fields_are_bytes_and_meta():
 
 @pytest.mark.parametrize("workers, batch_size", [(1, 3), (2, 5), (3, 7)])
 @pytest.mark.parametrize("start_step", [0, 1])
-def test_dense_blob_and_list_forms_deliver_the_same_samples(shards, workers, batch_size, start_step):
+def test_blobs_deliver_the_same_samples(shards, workers, batch_size, start_step):
     """Every field kind, padding (``exact``), an empty member (``missing="empty"``), resume."""
     paths, counts = shards
     c = config(paths, workers=workers, batch_size=batch_size)
     packed = batch.byte_fields(c.fields)
     n = len(c.fields) + 1
-    seen_dense = seen_padding = seen_blob = 0
+    seen_padding = seen_empty = 0
     for w in range(workers):
         lo = c.layout.slot_offsets[w]
         hi = lo + c.layout.slots[w]
         for plain in WorkerSource(c, paths, counts, w).epoch_batches(0, start_step):
-            dense, listed = batch.pack(plain, packed, lo, hi, **ALWAYS), batch.pack(plain, packed, lo, hi, **NEVER)
-            blob = batch.pack(plain, packed, lo, hi, blob=True, **NEVER)
-            headed = batch.pack(plain, packed, lo, hi, blob=True, never_dense=packed[:2], **ALWAYS)  # two carry lengths
-            assert len(headed) == n + len(packed) - 2 and all(batch.is_blob(headed[i]) for i in packed[:2])
-            same(batch.unpacked(headed, packed, n, packed[:2]), plain)
-            assert all(isinstance(listed[i], list) for i in packed)
-            assert all(batch.is_blob(blob[i]) and blob[i].dtype == np.uint8 for i in packed)
-            seen_dense += sum(isinstance(dense[i], np.ndarray) and dense[i].ndim == 2 for i in packed)
-            seen_blob += sum(len(blob[i]) > 0 for i in packed)
+            out = batch.pack(plain, packed, lo, hi)
+            assert len(out) == n
+            assert all(out[i] is plain[i] for i in range(n) if i not in packed)
+            for i in packed:
+                assert out[i].dtype == np.uint8 and out[i].ndim == 1
+                assert len(out[i]) == 4 * batch_size + sum(r.size for r in plain[i][lo:hi])
+                seen_empty += sum(r.size == 0 for r in plain[i][lo:hi])
+            same(unpacked(out, packed), plain)
             seen_padding += int(plain[-1][lo:hi].sum()) < hi - lo
-            for form in (dense, listed, blob):
-                assert len(form) == n + len(packed)
-                assert all(form[n + k].shape == (batch_size, 1) and form[n + k].dtype == np.int32
-                           for k in range(len(packed)))
-                same(batch.unpacked(form, packed, n), plain)
-    assert seen_dense and seen_padding and seen_blob
+    assert seen_padding and seen_empty
 
 
-def test_image_fields_never_travel_dense_and_only_as_blobs():
-    c = StreamConfig(sources=("x",), fields={"image": "jpg;PNG", "mixed": "jpg;bin", "label": "cls", "key": "__key__"},
-                     batch_size=4)
-    assert batch.image_fields(c.fields) == (0,)
-    plain = ([np.ones(9, np.uint8)] * 4, np.ones(4, np.uint8))
-    with pytest.raises(ValueError, match="never_dense needs blob"):
-        batch.pack(plain, (0,), 0, 4, never_dense=(0,))
-    out = batch.pack(plain, (0,), 0, 4, blob=True, never_dense=(0,))
-    assert len(out) == 2 and [r.tolist() for r in batch.headed_rows(out[0], 4)] == [[1] * 9] * 4
-    with pytest.raises(ValueError, match="cannot hold 4 lengths"):
-        batch.headed_rows(np.zeros(3, np.uint8), 4)
-
-
-def test_blob_rows_are_views_and_must_add_up():
-    blob = np.arange(10, dtype=np.uint8)
-    lengths = np.array([[3], [0], [7], [0]], np.int32)
-    cut = batch.rows(blob, lengths)
+def test_rows_are_views_and_must_add_up():
+    rows = [np.arange(3, dtype=np.uint8), np.zeros(0, np.uint8), np.arange(3, 10, dtype=np.uint8)]
+    blob = batch.pack((rows + [rows[1]], np.ones(4, np.uint8)), (0,), 0, 4)[0]
+    assert blob[:16].view(np.int32).tolist() == [3, 0, 7, 0]
+    cut = batch.rows(blob, 4)
     assert [r.tolist() for r in cut] == [[0, 1, 2], [], [3, 4, 5, 6, 7, 8, 9], []]
     assert cut[0].base is blob and cut[1] is cut[3]  # views; one shared empty row
-    with pytest.raises(ValueError, match="blob of 10 bytes for rows of 9"):
-        batch.rows(blob, np.array([[3], [6]], np.int32))
-    assert batch.rows(np.zeros(0, np.uint8), np.zeros((3, 1), np.int32))[2].size == 0
-
-
-def test_the_rule():
-    assert batch.dense_is_cheaper(256, 1000, 128 * 900)
-    assert not batch.dense_is_cheaper(256, 0, 0)                   # nothing to ship: the list of empties
-    assert not batch.dense_is_cheaper(256, 10 << 20, 1 << 20)      # one huge member: a huge block
-    assert not batch.dense_is_cheaper(4, 100 << 10, 4 * (20 << 10))  # padding 80 kB per position
-    assert batch.dense_is_cheaper(4, 100 << 10, 4 * (95 << 10))    # little padding
-    # against a blob (cheap per position) the bound is 2 kB of padding per position, not 16 kB
-    plain = ([np.full(n, 1, np.uint8) for n in (100, 9000, 9000, 9000)], np.ones(4, np.uint8))  # 2.2 kB a position
-    assert batch.pack(plain, (0,), 0, 4)[0].ndim == 2                    # against a list: dense
-    assert batch.is_blob(batch.pack(plain, (0,), 0, 4, blob=True)[0])    # against a blob: the blob
+    with pytest.raises(ValueError, match="blob of 9 bytes for rows of 10"):
+        batch.rows(blob[:-1], 4)
+    with pytest.raises(ValueError, match="cannot hold 4 lengths"):
+        batch.rows(np.zeros(3, np.uint8), 4)
+    nothing = batch.pack(([rows[1]] * 3, np.zeros(3, np.uint8)), (0,), 1, 1)[0]  # a slot with no sample
+    assert len(nothing) == 12 and [r.size for r in batch.rows(nothing, 3)] == [0, 0, 0]
     assert batch.shm_hint(256, 128, 10_000, 3) >= 10_000 * 4 * 128 / 256
 
 
-def test_pack_leaves_the_plain_batch_alone_and_uses_the_rule(shards):
+def test_pack_leaves_the_plain_batch_alone(shards):
     paths, counts = shards
     c = config(paths)
     plain = next(WorkerSource(c, paths, counts, 1).epoch_batches(0))
@@ -140,16 +119,16 @@ def test_pack_leaves_the_plain_batch_alone_and_uses_the_rule(shards):
     lo = c.layout.slot_offsets[1]
     out = batch.pack(plain, batch.byte_fields(c.fields), lo, lo + c.layout.slots[1])
     same(plain, before)
-    assert isinstance(out[0], np.ndarray) and out[0].shape[0] == 5  # 300-byte rows: dense by the default rule
+    assert out[0].ndim == 1 and len(out[0]) == 4 * 5 + sum(r.size for r in plain[0][lo:lo + c.layout.slots[1]])
 
 
 def test_transfer_form_from_iter_matches_epoch_batches(shards):
     """What DALI receives (``next``) is the plain batch in transfer form."""
     paths, counts = shards
     c = config(paths)
-    packed, n = batch.byte_fields(c.fields), len(c.fields) + 1
+    packed = batch.byte_fields(c.fields)
     plain = list(WorkerSource(c, paths, counts, 0).epoch_batches(0))
     sent = list(iter(WorkerSource(c, paths, counts, 0)))
     assert len(sent) == len(plain)
     for p, s in zip(plain, sent):
-        same(batch.unpacked(s, packed, n), p)
+        same(unpacked(s, packed), p)

@@ -5,7 +5,7 @@ import pytest
 from dalistream.config import StreamConfig
 from dalistream.errors import ManifestError
 from dalistream.worker import WorkerSource
-from dalistream.worker.batch import unpacked
+from dalistream.worker.batch import rows
 
 from helpers import check_resume, key_shards
 
@@ -19,7 +19,9 @@ def make(tmp_path, sizes, **kw):
 
 
 def keys_of(batch, lo=0, hi=None):
-    keys, labels, valid = unpacked(batch, (0,), 3) if len(batch) > 3 else batch  # transfer form from iter()
+    keys, labels, valid = batch
+    if isinstance(keys, np.ndarray):  # transfer form (from iter()): the keys' blob
+        keys = rows(keys, len(valid))
     return [bytes(k).decode() for k, v in zip(keys[lo:hi], valid[lo:hi]) if int(v)]
 
 
@@ -164,3 +166,19 @@ def test_io_wait_counts_the_time_before_a_stream_s_first_bytes(tmp_path):
     stats = source._stats.as_dict()
     assert len(batches) == 7 and stats["samples"] == 7
     assert stats["io_wait_s"] >= 0.8 and stats["read_s"] >= stats["io_wait_s"]
+
+
+def test_profile_switch_writes_each_worker_s_profile_at_the_epoch_s_end(tmp_path, monkeypatch):
+    import pstats
+
+    config, paths, counts = make(tmp_path / "data", [5, 6])
+    out = tmp_path / "profile"
+    monkeypatch.setenv("DALISTREAM_PROFILE", str(out))
+    source = WorkerSource(config, paths, counts, 1)
+    monkeypatch.delenv("DALISTREAM_PROFILE")  # read when the source is made, not in the worker
+    copy = dill.loads(dill.dumps(source))
+    batches = list(iter(copy))
+    assert len(batches) == 1  # 11 samples, batches of 6: one step
+    functions = {name for _, _, name in pstats.Stats(str(out / "worker-0-1.pstats")).stats}
+    assert {"pack", "epoch_batches"} <= functions
+    assert not (out / "worker-0-0.pstats").exists()

@@ -68,11 +68,8 @@ def add_parser(subparsers: Any) -> None:
                    help="measure the merge of W tiny sources (no data): ms per batch for --merge-workers")
     p.add_argument("--merge-workers", default="1,2,4,8", help="W values for --merge-only")
     p.add_argument("--merge-batches", type=int, default=200, help="timed batches per --merge-only run")
-    p.add_argument("--merge-forms", default="list,dense,blob",
-                   help="--merge-only: how byte fields travel: list (an array per position), dense (a padded "
-                        "block plus lengths, trimmed in the graph), blob (the slot's rows end to end plus lengths, "
-                        "cut into rows in the main process)")
-    p.add_argument("--merge-bytes", type=int, default=1, help="--merge-only: payload bytes per sample")
+    p.add_argument("--merge-bytes", default="1",
+                   help="--merge-only: payload bytes per sample, N or LO-HI (the slot's rows spread from LO to HI)")
     p.add_argument("--merge-method", choices=["concat", "conditional"], default="concat",
                    help="--merge-only: sum/concatenation (dalistream's merge of scalar and 1-D fields) or the "
                         "owner index's conditionals (other fields)")
