@@ -302,9 +302,13 @@ def test_plan_shuffle_quality_without_data(shards):
     args = ("plan", "--counts", "64:500", "--world-size", 8, "-W", 4, "-B", 32, "--shuffle-quality", "--no-detail")
     text = cli(*args, "--shuffle", 1000).stdout
     assert "per rank batch of 32: 14.6" in text and "per global batch of 256: 94.7" in text
-    (q,) = json.loads(cli(*args, "--json").stdout)["shuffle_quality"]
+    (q,) = json.loads(cli(*args, "--no-interleave", "--shuffle", 0, "--json").stdout)["shuffle_quality"]
     assert q["shuffle"] == 0 and q["classes"] == 100 and q["order"]["rank_batch"]["distinct"] == pytest.approx(4.084)
     assert 27 < q["random"]["rank_batch"]["distinct"] < 28 and q["rank_batch_vs_random"] < 0.2
+    (q,) = json.loads(cli(*args, "--json").stdout)["shuffle_quality"]  # the default: interleaved
+    assert q["columns"] and q["shuffle"] == 0 and q["order"]["rank_batch"]["distinct"] == pytest.approx(32.0)
+    assert q["rank_batch_vs_random"] >= 0.9 and q["global_batch_vs_random"] >= 0.95
+    assert "(interleaved, 100 classes" in cli(*args).stdout
     (q,) = json.loads(cli(*args, "--classes", 1000, "--json").stdout)["shuffle_quality"]
     assert q["classes"] == 1000 and q["random"]["rank_batch"]["distinct"] > 30
     proc = cli("plan", shards, "--no-counts", "--shuffle-quality", check=False)
