@@ -7,6 +7,11 @@ array, or a zero in the dense array of a scalar field. The extra ``valid`` outpu
 samples (1) and padding (0). Each ``next()`` gives DALI the same batch in transfer form: each
 byte field as one flat blob holding its row lengths and rows (:mod:`.batch`).
 
+What a worker reads (:meth:`WorkerSource.plans`): its span of the epoch, through the shuffle
+buffer; or, reading interleaved (the default of training streams), the *columns* of its slot —
+one span per batch position, all open at once, one sample of each per step — so every batch
+draws from as many places of the epoch as it has positions (:mod:`dalistream.plan.ownership`).
+
 Epochs: the loader builds sources with ``cycle="quiet"``; DALI's worker calls ``__iter__`` again
 right after our ``StopIteration``, so the worker's epoch is ``start_epoch`` plus the number of
 ``__iter__`` calls it has seen. Every source of a rank yields exactly the plan's number of
