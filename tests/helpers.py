@@ -129,6 +129,19 @@ def served_folder(directory: str, handler_class=None):
 
 # -- the plan, simulated (tests/plan) ------------------------------------------------------------
 
+@st.composite
+def plan_case(draw):
+    """A small layout, a schedule (``even`` or ``exact``) and uneven shard counts (some empty)."""
+    from dalistream.plan import Schedule
+
+    R, W = draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    B = draw(st.integers(W, 3 * W + 5))
+    n = draw(st.integers(1, 40))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    counts = np.where(rng.random(n) < 0.2, 0, rng.integers(1, 60, n)).astype(np.int64)
+    return Layout(R, W, B), Schedule(draw(st.integers(0, 9)), draw(st.sampled_from(["even", "exact"]))), counts
+
+
 def positions(plan, counts, layout, schedule, epoch):
     """Epoch positions a worker plan reads, in order, its drops removed."""
     ep = epoch_layout(counts, layout, schedule, epoch)

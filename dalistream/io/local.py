@@ -102,7 +102,14 @@ def check_regular(path: str, st: os.stat_result) -> None:
                           hint="name tar shards (files); stream a pipe with a pipe: source, e.g. 'pipe:cat FIFO'")
 
 
-END_OF_ARCHIVE = bytes(1024)
+END_OF_ARCHIVE = bytes(1024)  # two zero blocks: a tar's end
+
+
+def copy_tail(view: memoryview, tail: memoryview) -> "tuple[int, memoryview]":
+    """Copy the start of ``tail`` into ``view``: ``(bytes copied, what is left of tail)``."""
+    n = min(len(view), len(tail))
+    view[:n] = tail[:n]
+    return n, tail[n:]
 
 
 class FileRange(io.RawIOBase):
@@ -149,9 +156,7 @@ class FileRange(io.RawIOBase):
             if got and self._pos == self._end and self.marker:
                 self._tail = memoryview(END_OF_ARCHIVE)
             return got  # 0: the file ended before the range did (a cut shard: no marker)
-        n = min(len(view), len(self._tail))
-        view[:n] = self._tail[:n]
-        self._tail = self._tail[n:]
+        n, self._tail = copy_tail(view, self._tail)
         return n
 
     def close(self) -> None:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import io
 from typing import Any, BinaryIO
 
-from ..io.local import FileRange
+from ..io.local import END_OF_ARCHIVE, FileRange, copy_tail
 
-END_OF_ARCHIVE = bytes(1024)
 
 
 class PartStream(io.RawIOBase):
@@ -35,9 +34,7 @@ class PartStream(io.RawIOBase):
             view[:len(data)] = data
             self._left -= len(data)
             return len(data)
-        n = min(len(view), len(self._tail))
-        view[:n] = self._tail[:n]
-        self._tail = self._tail[n:]
+        n, self._tail = copy_tail(view, self._tail)
         return n
 
     def close(self) -> None:

@@ -17,17 +17,8 @@ from dalistream.config import mixing
 from dalistream.plan import Layout, Schedule, epoch_layout, worker_columns
 from dalistream.plan.quality import rank_batches, shuffle_quality
 
+from helpers import plan_case as cases
 from helpers import run_epoch, small_layout
-
-
-@st.composite
-def cases(draw):
-    R, W = draw(st.integers(1, 5)), draw(st.integers(1, 4))
-    B = draw(st.integers(W, 3 * W + 5))
-    n = draw(st.integers(1, 40))
-    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    counts = np.where(rng.random(n) < 0.2, 0, rng.integers(1, 60, n)).astype(np.int64)
-    return Layout(R, W, B), Schedule(draw(st.integers(0, 9)), draw(st.sampled_from(["even", "exact"]))), counts
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,16 +16,13 @@ from dalistream.plan.shuffle import shuffled
 from dalistream.plan.quality import (batch_label_stats, rank_batches, shuffle_quality, sorted_labels,
                                      worker_streams)
 
+from helpers import plan_case
+
 
 @st.composite
 def cases(draw):
-    R, W = draw(st.integers(1, 5)), draw(st.integers(1, 4))
-    B = draw(st.integers(W, 3 * W + 5))
-    n = draw(st.integers(1, 40))
-    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    counts = np.where(rng.random(n) < 0.2, 0, rng.integers(1, 60, n)).astype(np.int64)
-    schedule = Schedule(draw(st.integers(0, 9)), draw(st.sampled_from(["even", "exact"])))
-    return (Layout(R, W, B), schedule, counts, draw(st.integers(0, 3)), draw(st.sampled_from([0, 1, 2, 7, 100])),
+    layout, schedule, counts = draw(plan_case())
+    return (layout, schedule, counts, draw(st.integers(0, 3)), draw(st.sampled_from([0, 1, 2, 7, 100])),
             draw(st.integers(1, 9)), draw(st.booleans()))
 
 
