@@ -18,7 +18,8 @@ from typing import List, Optional
 from .errors import DalistreamError, redact
 from .stream import default_cache_dir
 from .tools import demo, planview
-from .tools.args import LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, emit, progress_bar, storage_options
+from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, emit, mix_options, progress_bar,
+                         storage_options, stream_sources)
 from .tools.bench import runner as bench
 
 log = logging.getLogger("dalistream")
@@ -105,12 +106,15 @@ def cmd_keys(args: argparse.Namespace) -> int:
     from .loader import Loader
     from .stream import Stream
 
+    mixed = bool(args.mix)
     stream = Stream.open(
-        args.sources, fields={"key": "__key__"}, batch_size=args.batch_size, workers=args.workers,
+        stream_sources(args), fields={"key": "__key__", **({"source": "__source__"} if mixed else {})},
+        batch_size=args.batch_size, workers=args.workers,
         rank=args.rank, world_size=args.world_size, device="cpu", seed=args.seed, shuffle=args.shuffle,
         interleave=args.interleave,
         policy=args.policy, batches_per_epoch=args.batches_per_epoch, manifest=args.manifest,
         on_error=args.on_error, storage_options=storage_options(args), start_method=args.start_method,
+        **mix_options(args),
     )
     with Loader(stream) as loader:
         if args.state_in:
@@ -122,12 +126,13 @@ def cmd_keys(args: argparse.Namespace) -> int:
         bar = progress_bar(args, total=len(loader), unit="batch")  # what this iteration yields
         for batch in (loader if args.stop_after != 0 else ()):
             bar.update(1)
+            keys = [f"{s}:{k}" for s, k in zip(batch["source"], batch["key"])] if mixed else batch["key"]
             if args.json:
                 print(json.dumps({"rank": stream.config.rank, "epoch": loader.epoch, "step": loader.step - 1,
-                                  "keys": batch["key"]}), flush=True)
+                                  "keys": keys}), flush=True)
             else:
                 print(f"rank {stream.config.rank} epoch {loader.epoch} step {loader.step - 1}: "
-                      + " ".join(batch["key"]), flush=True)
+                      + " ".join(keys), flush=True)
             done += 1
             delivered += len(batch["key"])
             if args.stop_after is not None and done >= args.stop_after:
@@ -217,8 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (shards, samples, errors) instead of a table")
     p.set_defaults(func=cmd_index)
 
-    p = sub.add_parser("keys", help="run the real pipeline for one rank and print the sample keys of each batch")
-    add_stream_args(p)
+    p = sub.add_parser("keys", help="run the real pipeline for one rank and print the sample keys of each batch "
+                                    "(SOURCE:KEY for a --mix)")
+    add_stream_args(p, sources_required=False)
     p.add_argument("--stop-after", type=int, default=None, metavar="K", help="stop after K batches")
     p.add_argument("--state-out", default=None, metavar="FILE", help="write the loader state (to resume from) here")
     p.add_argument("--state-in", default=None, metavar="FILE", help="resume from a state written by --state-out")

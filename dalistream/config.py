@@ -29,7 +29,7 @@ def is_image_ext(ext: str) -> bool:
 
 INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id"})
 TEXT_EXTS = frozenset({"txt", "text", "json", "jsn", "caption"})
-META_EXTS = frozenset({"__key__", "__url__"})
+META_EXTS = frozenset({"__key__", "__url__", "__source__"})
 MISSING = ("error", "skip", "empty")
 #: DALI workers per rank by default: the one default of every entry point (StreamConfig,
 #: Stream.open, the CLI, the demo and the ready pipelines).
@@ -48,7 +48,8 @@ class Field:
     - ``"int"``: an ASCII integer (``cls``) as a 0-d ``int64``;
     - ``"npy"``: ``numpy.load`` of the member, must have ``dtype`` and ``ndim``;
     - ``"custom"``: ``decoder(bytes) -> numpy array`` of ``dtype`` and ``ndim`` (must pickle with dill);
-    - ``"meta"``: ``__key__`` or ``__url__`` as ``uint8`` bytes.
+    - ``"meta"``: ``__key__``, ``__url__`` or ``__source__`` (a mix's source name; empty otherwise) as
+      ``uint8`` bytes.
     """
 
     name: str

@@ -18,6 +18,7 @@ from .config import StreamConfig, WORKERS
 from .errors import ConfigError, redact, redact_client_logs
 from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
+from .mixing import Mix, concatenated, open_mix
 from .plan import check_layout, resumed_steps, steps_per_epoch
 from .sources import expand_sources
 
@@ -168,6 +169,7 @@ class Stream:
     local_processes: int = 1  # training processes on this node (LOCAL_WORLD_SIZE), sharing its cores
     resume: Tuple[Tuple[int, int, int, int], ...] = ()  # start_epoch's segments under other layouts (plan.resume)
     sizes: Optional[Tuple[int, ...]] = None  # stored bytes per shard (-1 unknown): the sources' identity
+    mix: Optional[Mix] = None  # several named data sets by weight (dalistream.mixing); urls/counts: all of them
 
     def __repr__(self) -> str:  # URLs redacted: no credentials in logs
         shards = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
@@ -194,10 +196,26 @@ class Stream:
         local_rank = local_device(env) if device_id is None else None
         if "cache_dir" not in options:
             options["cache_dir"] = usable_cache_dir(default_cache_dir(env), given="DALISTREAM_CACHE" in env)
-        if isinstance(sources, (str, os.PathLike)):
+        mixed = isinstance(sources, Mapping)
+        if mixed:  # a mix: {name: (source, weight)} or {name: {"source", "weight", "manifest", "storage_options"}}
+            mix_options = {"per_batch": options.pop("per_batch", "sample"),
+                           "samples_per_epoch": options.pop("samples_per_epoch", None)}
+            if options.get("interleave") is None:  # a mix composes its batches itself (dalistream.mixing)
+                options["interleave"] = False
+            mapping, sources = sources, [str(name) for name in sources] or ["(empty mix)"]
+        elif isinstance(sources, (str, os.PathLike)):
             sources = [os.fspath(sources)]
         config = StreamConfig(sources=tuple(os.fspath(s) for s in sources), fields=fields, batch_size=batch_size,
                               workers=workers, rank=rank, world_size=world_size, **options)
+        if mixed:
+            mix = open_mix(mapping, config, **mix_options)
+            urls, counts = concatenated(mix.sources)
+            known = [s for s in mix.sources if s.sizes is not None]
+            per_sample = (sum(sum(s.sizes) for s in known) / max(1, sum(sum(s.counts) for s in known))) if known else None
+            device, device_id = resolve_device(device, device_id, local_rank)
+            check_start_method(start_method)
+            return cls(config, urls, counts, device, device_id, start_method=start_method, count_source="mix",
+                       bytes_per_sample=per_sample, local_processes=local_processes(env), mix=mix)
         return cls.from_config(config, device=device, device_id=device_id, local_rank=local_rank,
                                start_method=start_method, local_processes=local_processes(env))
 
@@ -238,6 +256,8 @@ class Stream:
     def steps(self, epoch: int, resume: Sequence = ()) -> int:
         """Batches this rank yields in ``epoch`` (its rest after the segments ``resume``)."""
         c = self.config
+        if self.mix is not None:
+            return self.mix.epoch(c.layout, c.schedule, epoch).steps
         if resume and self.counts is not None:
             return resumed_steps(self.counts, c.plan_layout, c.schedule, epoch, resume, c.shuffle)
         return steps_per_epoch(self.counts, c.plan_layout, c.schedule, epoch, c.rank)
@@ -260,5 +280,7 @@ class Stream:
 
     @property
     def identity(self) -> dict:
-        """:func:`sources_identity` of this stream's shards."""
+        """:func:`sources_identity` of this stream's shards (of each source's, for a mix)."""
+        if self.mix is not None:
+            return self.mix.identity(sources_identity)
         return sources_identity(self.urls, self.counts, self.sizes)

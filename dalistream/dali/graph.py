@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -61,6 +61,7 @@ def sharded_sources(
     config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], *, start_epoch: int = 0,
     start_step: int = 0, stats_dir: Optional[str] = None, offsets: Optional[SampleOffsets] = None,
     count_source: Optional[str] = None, bytes_per_sample: Optional[float] = None, resume: Sequence = (),
+    mix: Optional[Any] = None,
 ) -> Tuple[Optional[object], List[Sequence]]:
     """Create the W parallel sources; return ``(owner, branches)``: the owner index node (``None``
     with one worker, or when :func:`merge_by_concat` can merge the fields) and, per worker, its
@@ -82,6 +83,7 @@ def sharded_sources(
         source = WorkerSource(
             config, urls, counts, w, start_epoch=start_epoch, start_step=start_step, offsets=offsets,
             count_source=count_source, stats_path=stats_path(stats_dir, w) if stats_dir else None, resume=resume,
+            mix=mix,
         ).for_dali()
         on_receive(source, receive)  # byte fields travel as blobs, cut into rows here (see worker.batch)
         hint = shm_hint(config.batch_size, config.layout.slots[w], bytes_per_sample or 0, n_out)

@@ -100,6 +100,10 @@ def differences(saved: Dict[str, Any], current: Dict[str, Any], digest: str) -> 
     out = [f"{name}: saved {saved[name]!r}, this loader {current[name]!r}"
            for name in INVARIANT if saved.get(name) != current.get(name)]
     was, now = saved.get("sources"), current["sources"]
+    if isinstance(now, dict) and "mix" in now or isinstance(was, dict) and "mix" in was:
+        return out + ([] if was == now else [f"sources: another mix (saved {sorted((was or {}).get('mix', {}))}, "
+                                             f"this loader {sorted(now.get('mix', {}))}; a mix resumes only with the "
+                                             "same sources, counts, weights and choices)"])
     if isinstance(was, str):  # version 2: a digest of the URLs themselves
         return out + ([] if was == digest else ["sources: the shard URLs differ (a state of version 2 names its "
                                                 "shards by URL; save again with this version to move them)"])
@@ -261,6 +265,9 @@ class Loader:
         if problems:
             raise StateError("saved state does not fit this loader: " + "; ".join(problems),
                              hint="resume with the same data set, seed, policy and shuffle settings")
+        if saved_layout != layout and self.stream.mix is not None:
+            raise StateError(f"a mix resumes on its saved layout only: saved {saved_layout}, this loader {layout} "
+                             "(ranks, workers, batch size)", hint="resume on the saved layout, or start the epoch again")
         if saved_layout != layout:
             if self.stream.counts is None:
                 log.warning("policy 'fixed' without counts cannot continue epoch %d on another layout: it restarts "

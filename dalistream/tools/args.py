@@ -42,6 +42,40 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
                        help="batches per epoch: even (the same on every rank), exact (every sample once), "
                             "fixed (--batches-per-epoch)")
         p.add_argument("--batches-per-epoch", type=int, default=None, help="with --policy fixed")
+        if loader:
+            p.add_argument("--mix", action="append", default=None, metavar="NAME=WEIGHT:SOURCE",
+                           help="one weighted source of a mix, instead of SOURCEs (repeat it for each source)")
+            p.add_argument("--per-batch", choices=["sample", "source"], default="sample",
+                           help="with --mix: every batch holds each source's share, or comes whole from one source")
+            p.add_argument("--samples-per-epoch", type=int, default=None,
+                           help="with --mix: the epoch's samples (default: as many as no source repeats)")
+
+
+def stream_sources(args: argparse.Namespace) -> Any:
+    """What ``Stream.open`` reads: the SOURCEs, or the mapping of ``--mix NAME=WEIGHT:SOURCE``."""
+    from ..errors import ConfigError
+    from ..plan import parse_mix_arg
+
+    if getattr(args, "mix", None):
+        if args.sources:
+            raise ConfigError("give shard SOURCEs or --mix NAME=WEIGHT:SOURCE, not both")
+        mix: Dict[str, Any] = {}
+        for text in args.mix:
+            name, weight, source = parse_mix_arg(text)
+            if name in mix:
+                raise ConfigError(f"mix: source {name!r} is given twice")
+            mix[name] = (source, weight)
+        return mix
+    if not args.sources:
+        raise ConfigError("give shard SOURCEs, or --mix NAME=WEIGHT:SOURCE for each source of a mix")
+    return args.sources
+
+
+def mix_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """``Stream.open``'s mix choices from ``--per-batch`` and ``--samples-per-epoch`` (a mix only)."""
+    if not getattr(args, "mix", None):
+        return {}
+    return {"per_batch": args.per_batch, "samples_per_epoch": args.samples_per_epoch}
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

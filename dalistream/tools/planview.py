@@ -109,8 +109,37 @@ def _summary(counts, layout: Layout, schedule: Schedule, epoch: int, interleave:
             "interleave": interleave}
 
 
+def mix_view(args: argparse.Namespace, cache_dir: str) -> int:
+    """``plan --mix …``: per source its weight, samples, samples used this epoch, per batch,
+    repeats, left out and passes (:func:`dalistream.plan.mix_summary`)."""
+    from ..plan import mix_summary
+    from ..stream import Stream
+    from .args import mix_options, stream_sources
+
+    stream = Stream.open(stream_sources(args), fields={"key": "__key__"}, batch_size=args.batch_size,
+                         workers=args.workers, rank=0, world_size=args.world_size or 1, device="cpu", seed=args.seed,
+                         on_error=args.on_error, storage_options=storage_options(args), cache_dir=cache_dir,
+                         **mix_options(args))
+    c, mix = stream.config, stream.mix
+    counts, weights = [s.counts for s in mix.sources], [s.weight for s in mix.sources]
+    views = [mix_summary(counts, weights, c.layout, c.schedule, e, mix.names, mix.per_batch, mix.samples_per_epoch)
+             for e in range(args.epoch, args.epoch + args.epochs)]
+    lines = []
+    for v in views:
+        lines.append(f"epoch {v.get('epoch', '')}: {v['steps']} steps of {c.world_size} ranks x batch {c.batch_size} "
+                     f"({mix.per_batch} per batch)")
+        for s in v["sources"]:
+            lines.append(f"    {s['name']}: weight {s['weight']:.4g}, {s['samples']} samples, {s['used']} used, "
+                         f"{s['per_batch']['min']}-{s['per_batch']['max']} per batch, {s['repeats']} repeats, "
+                         f"{s['left_out']} left out, passes {s['passes'][0]}-{s['passes'][1]}")
+    emit(args, {"mix": views}, "\n".join(lines))
+    return 0
+
+
 def run(args: argparse.Namespace, cache_dir: str) -> int:
     """The ``plan`` command."""
+    if getattr(args, "mix", None):
+        return mix_view(args, cache_dir)
     urls, counts, problems = _counts(args, cache_dir)
     if args.resume_from:
         view = resume_view(args, urls, counts)

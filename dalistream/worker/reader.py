@@ -37,7 +37,8 @@ class PlanReader:
     """Reads the samples a :class:`WorkerPlan` names (see module doc); picklable."""
 
     def __init__(self, config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]],
-                 offsets: Optional[Union[SampleOffsets, Sequence]], worker: int, count_source: Optional[str] = None) -> None:
+                 offsets: Optional[Union[SampleOffsets, Sequence]], worker: int, count_source: Optional[str] = None,
+                 source_name: str = "") -> None:
         self.config = config
         self.urls = list(urls)
         self.counts = list(counts) if counts is not None else None
@@ -47,6 +48,8 @@ class PlanReader:
         self.worker = worker
         self.count_source = count_source  # where the counts came from, for a stale count's error
         self.decoder = FieldDecoder(config.fields, config.missing)
+        self.source_name = source_name  # a mix's source name: the ``__source__`` field
+        self._source_field = any("__source__" in f.exts for f in config.fields)
 
     def decoded(self, plan: WorkerPlan, keep: Keep, policy: ErrorPolicy, stats: WorkerStats, share: int = 1) -> Iterator:
         """Decoded samples of this worker's shards (endless, re-ordered per pass, for ``fixed``),
@@ -88,6 +91,8 @@ class PlanReader:
                 skip(error, "samples")
                 continue
             stats.add(bytes=sum(len(v) for k, v in item.items() if v is not None and not k.startswith("__")))
+            if self._source_field:
+                item["__source__"] = self.source_name
             try:
                 value = self.decoder.decode(item)
             except SampleError as e:

@@ -41,6 +41,7 @@ from ..manifest.offsets import SampleOffsets
 from ..plan import ResumePlan, WorkerPlan, seeds, worker_columns, worker_plan
 from . import batch
 from .policy import ErrorPolicy
+from ..mixing import Mix
 from .reader import PlanReader
 from ..plan.shuffle import emitted_indices, shuffled
 from .stats import WorkerStats
@@ -56,10 +57,15 @@ class WorkerSource:
         self, config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], worker: int, *,
         start_epoch: int = 0, start_step: int = 0, stats_path: Optional[str] = None,
         offsets: Optional[SampleOffsets] = None, count_source: Optional[str] = None, resume: Sequence = (),
+        mix: Optional[Mix] = None,
     ) -> None:
         self.config = config
         self.worker = worker
         self.reader = PlanReader(config, urls, counts, offsets, worker, count_source)
+        self.mix = mix  # several named data sets: one reader each (dalistream.mixing)
+        self.mix_readers = tuple(
+            PlanReader(config.replace(storage_options=s.storage_options), s.urls, s.counts, s.offsets, worker,
+                       s.count_source, source_name=s.name) for s in mix.sources) if mix is not None else ()
         layout = config.layout
         lo = layout.slot_offsets[worker]
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
@@ -156,20 +162,35 @@ class WorkerSource:
         tar header, never decoded. Each step takes its slot from every plan's stream in turn (one
         sample per column when reading interleaved)."""
         c = self.config
-        plans = self.plans(epoch)
         if self._stats is None:
             self._stats = WorkerStats(self.stats_path, c.rank, self.worker)
         stats = self._stats
         stats.epoch, stats.step = epoch, start_step
         policy = ErrorPolicy(c.on_error, c.max_skip_fraction, rank=c.rank, worker=self.worker)
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
-        share = len(plans)  # streams open at once share the read-ahead budget
-        streams = [(self._stream(plan, start_step, policy, stats, share), plan.slot) for plan in plans]
+        if self.mix is not None:  # one stream per source, each step taking the source's share of the slot
+            mixed = self.mix.epoch(c.layout, c.schedule, epoch).worker(c.rank, self.worker)
+            plans = tuple(WorkerPlan(c.rank, self.worker, epoch, s.parts, mixed.steps, mixed.slot, mixed.offset,
+                                     s.samples, mixed.global_worker, 0, (), s.shuffle_seed) for s in mixed.sources)
+            takes = [s.take for s in mixed.sources]
+            streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader), take, s.name)
+                       for plan, take, s, reader in zip(plans, takes, mixed.sources, self.mix_readers)]
+        else:
+            plans = self.plans(epoch)
+            share = len(plans)  # streams open at once share the read-ahead budget
+            streams = [(self._stream(plan, start_step * plan.slot, policy, stats, share, self.reader),
+                        _Constant(plan.slot), None)
+                       for plan in plans]
         empty = batch.templates(c.fields, c.batch_size)
         lo, slot = self._slot[0], self._slot[1] - self._slot[0]
         for step in range(start_step, plans[0].steps):
             t0 = time.perf_counter()
-            chunk = [s for stream, n in streams for s in itertools.islice(stream, n)]
+            chunk = []
+            for stream, take, name in streams:
+                before = len(chunk)
+                chunk.extend(itertools.islice(stream, int(take[step])))
+                if name is not None:
+                    stats.add_source(name, len(chunk) - before)
             t1 = time.perf_counter()
             stats.read_s += t1 - t0
             n = len(chunk)
@@ -183,12 +204,11 @@ class WorkerSource:
             stats.add(dropped=sum(plan.left_out for plan in plans))
         stats.write()
 
-    def _stream(self, plan: WorkerPlan, start_step: int, policy: ErrorPolicy, stats: WorkerStats,
-                share: int) -> Iterator:
-        """One plan's decoded samples in delivery order, from ``start_step`` on: read, shuffled
-        through the buffer (if any), the samples of earlier steps passed over unread."""
+    def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
+                share: int, reader: PlanReader) -> Iterator:
+        """One plan's decoded samples (read by ``reader``) in delivery order after the first
+        ``skip_count``: read, shuffled through the buffer (if any), those skipped passed over unread."""
         c = self.config
-        skip_count = start_step * plan.slot
         seed = plan.shuffle_seed if plan.shuffle_seed is not None else seeds.sample_shuffle(c.seed, plan.epoch, plan.global_worker)
         if c.shuffle > 1 and skip_count:
             total = None if c.policy == "fixed" else plan.samples
@@ -196,5 +216,15 @@ class WorkerSource:
             keep = lambda o: o not in gone  # noqa: E731
         else:
             keep = lambda o: o >= skip_count  # noqa: E731
-        stream = shuffled(policy.watched(self.reader.decoded(plan, keep, policy, stats, share)), c.shuffle, seed)
+        stream = shuffled(policy.watched(reader.decoded(plan, keep, policy, stats, share)), c.shuffle, seed)
         return itertools.islice(stream, skip_count, None)
+
+
+class _Constant:
+    """``take[step]`` of a plan that takes its whole slot every step."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __getitem__(self, step: int) -> int:
+        return self.n

@@ -28,7 +28,7 @@ from ..io.local import write_atomic
 from .policy import skip_totals
 
 WORKER_FIELDS = ("rank", "worker", "epoch", "step", "samples", "padded", "bytes", "dropped", "io_wait_s", "read_s",
-                 "batch_s", "wall_s", "skipped", "io", "skipped_by_epoch", "totals_by_epoch")
+                 "batch_s", "wall_s", "skipped", "io", "skipped_by_epoch", "totals_by_epoch", "sources")
 TOTALS = ("samples", "padded", "bytes", "dropped")
 WRITE_INTERVAL_S = 0.5  # counters are written at most this often while batches flow
 SKIP_FLUSH_S = 0.05     # and soon after a skip, so the loader sees the skips of delivered batches
@@ -46,6 +46,7 @@ class WorkerStats:
         self.io = IOCounters()  # remote requests, retries, resumes of this worker
         self.skipped_by_epoch: Dict[int, Counter] = {}
         self.totals_by_epoch: Dict[int, Counter] = {}
+        self.sources: Counter = Counter()  # a mix: samples delivered per source name
         self._last = 0.0
         self._unwritten_skip = False
         self._t0 = time.perf_counter()
@@ -65,6 +66,11 @@ class WorkerStats:
             setattr(self, name, getattr(self, name) + value)
             epoch[name] += value
 
+    def add_source(self, name: str, n: int) -> None:
+        """Count ``n`` samples of a mix's source ``name`` delivered, in all and in the current epoch."""
+        self.sources[name] += n
+        self.totals_by_epoch.setdefault(self.epoch, Counter())[f"source:{name}"] += n
+
     def as_dict(self) -> Dict[str, Any]:
         """The counters as plain data, keyed by :data:`WORKER_FIELDS`."""
         return {
@@ -75,6 +81,7 @@ class WorkerStats:
             "skipped": dict(self.skipped), "io": self.io.as_dict(),
             "skipped_by_epoch": {str(e): dict(c) for e, c in self.skipped_by_epoch.items() if c},
             "totals_by_epoch": {str(e): dict(c) for e, c in self.totals_by_epoch.items() if c},
+            "sources": dict(self.sources),
         }
 
     def maybe_write(self) -> None:
@@ -122,8 +129,9 @@ def read_workers(directory: str) -> List[Dict[str, Any]]:
 def summarize(workers: List[Dict[str, Any]], through: Optional[int] = None) -> Dict[str, Any]:
     """Sums over workers: :data:`TOTALS`, skips (``skipped_samples``, ``skipped_shards``,
     ``skipped`` by kind and reason), of the epochs up to ``through`` (all when None: the workers'
-    read-ahead into an epoch not yet delivered included); ``by_epoch[e]`` holds every epoch's
-    totals and skips alone; ``workers`` keeps each worker's own counters."""
+    read-ahead into an epoch not yet delivered included), and a mix's samples per source
+    (``sources``); ``by_epoch[e]`` holds every epoch's alone; ``workers`` keeps each worker's own
+    counters."""
     by_epoch: Dict[int, Counter] = {}
     for w in workers:
         for key in ("skipped_by_epoch", "totals_by_epoch"):
@@ -140,5 +148,13 @@ def summarize(workers: List[Dict[str, Any]], through: Optional[int] = None) -> D
             if epoch <= through:
                 skipped.update(counts)
         totals = {k: skipped.pop(k, 0) for k in TOTALS}
-    return {"workers": workers, **totals, **skip_totals(skipped),
-            "by_epoch": {e: {**{k: c.get(k, 0) for k in TOTALS}, **skip_totals(c)} for e, c in sorted(by_epoch.items())}}
+    sources: Counter = Counter()
+    if through is None:
+        for w in workers:
+            sources.update(w.get("sources", {}))
+    else:
+        sources.update({k.partition(":")[2]: v for k, v in skipped.items() if k.startswith("source:")})
+    return {"workers": workers, **totals, **skip_totals(skipped), "sources": dict(sources),
+            "by_epoch": {e: {**{k: c.get(k, 0) for k in TOTALS}, **skip_totals(c),
+                             "sources": {k.partition(":")[2]: v for k, v in c.items() if k.startswith("source:")}}
+                         for e, c in sorted(by_epoch.items())}}

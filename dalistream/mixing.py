@@ -1,0 +1,104 @@
+"""A mix of named data sets, resolved: each source's shards, counts and offsets, its weight, and
+how batches are composed (:mod:`dalistream.plan.mix` plans it; :class:`dalistream.Stream` carries
+it; each DALI worker reads every source's share of its slot).
+
+``Stream.open({"web": ("s3://a/web-{0000..8191}.tar", 0.7), "clean": ("/data/clean", 0.3)}, …)``
+lists and counts each source like a single data set (its own ``manifest`` and ``storage_options``
+when given), then checks the mix before any worker starts: weights, a source with no samples, a
+share that rounds to nothing (each a :class:`~dalistream.errors.ConfigError` naming the source).
+A mix reads each source's span per worker through the shuffle buffer (not interleaved): the
+composition is the mix's own, stratified per batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+from .errors import ConfigError
+from .manifest import SampleOffsets, count_samples
+from .plan import Layout, MixEpoch, Schedule, parse_mix
+from .plan.mix import PER_BATCH
+from .sources import expand_sources
+
+
+@dataclass(frozen=True)
+class MixedSource:
+    """One source of a mix, listed and counted."""
+
+    name: str
+    weight: float
+    urls: Tuple[str, ...]
+    counts: Tuple[int, ...]
+    offsets: Optional[SampleOffsets]
+    count_source: Optional[str]
+    storage_options: Mapping[str, Any]
+    sizes: Optional[Tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Mix:
+    """The sources of a mix and its two choices: ``per_batch`` (``"sample"``: every batch holds
+    each source's share; ``"source"``: each batch comes whole from one source) and
+    ``samples_per_epoch`` (``None``: the longest epoch in which no source repeats a sample)."""
+
+    sources: Tuple[MixedSource, ...]
+    per_batch: str = "sample"
+    samples_per_epoch: Optional[int] = None
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return tuple(s.name for s in self.sources)
+
+    def epoch(self, layout: Layout, schedule: Schedule, epoch: int) -> MixEpoch:
+        """The plan of ``epoch`` for every worker of ``layout``."""
+        return MixEpoch([s.counts for s in self.sources], [s.weight for s in self.sources], layout, schedule, epoch,
+                        self.names, self.per_batch, self.samples_per_epoch)
+
+    def identity(self, of: Any) -> dict:
+        """What the sources are, for a loader state: ``of(urls, counts, sizes)`` per source name,
+        with the weights and choices (a state resumes only the same mix)."""
+        return {"mix": {s.name: {**of(s.urls, s.counts, s.sizes), "weight": s.weight} for s in self.sources},
+                "per_batch": self.per_batch, "samples_per_epoch": self.samples_per_epoch}
+
+
+def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
+             samples_per_epoch: Optional[int] = None) -> Mix:
+    """List and count every source of ``mapping`` (see the module doc) for ``config`` (its
+    storage options, cache, scan limit and error policy apply to every source without its own)."""
+    if per_batch not in PER_BATCH:
+        raise ConfigError(f"per_batch must be one of {PER_BATCH}, got {per_batch!r}")
+    if samples_per_epoch is not None and (isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int)
+                                          or samples_per_epoch < 1):
+        raise ConfigError(f"samples_per_epoch must be a positive integer or None, got {samples_per_epoch!r}")
+    if config.policy != "even":
+        raise ConfigError(f"a mix's epoch is set by its weights (or samples_per_epoch), not by policy {config.policy!r}",
+                          hint="leave policy unset (even) for a mix")
+    if config.interleave:
+        raise ConfigError("a mix reads each source's span through the shuffle buffer: interleave=True is not "
+                          "available for a mix", hint="leave interleave unset")
+    out = []
+    for item in parse_mix(mapping):
+        options = dict(item.storage_options if item.storage_options is not None else config.storage_options)
+        sources = [item.source] if isinstance(item.source, str) else list(item.source)
+        urls = expand_sources(sources, options)
+        counted = count_samples(urls, manifest=item.manifest, cache_dir=config.cache_dir, options=options,
+                                lowercase=config.lowercase_ext, tolerant=config.on_error != "raise",
+                                scan_limit_bytes=config.scan_limit_bytes)
+        rows = counted.rows
+        if not int(rows.samples.sum()):
+            raise ConfigError(f"mix: source {item.name!r} holds no samples", url=urls[0] if urls else None)
+        offsets = None
+        if rows.offsets is not None:
+            offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
+        sizes = tuple(rows.sizes.tolist()) if bool((rows.sizes >= 0).all()) else None
+        out.append(MixedSource(item.name, item.weight, tuple(urls), tuple(rows.samples.tolist()), offsets,
+                               counted.source, options, sizes))
+    mix = Mix(tuple(out), per_batch, samples_per_epoch)
+    mix.epoch(config.layout, config.schedule, 0)  # every share, the epoch's steps: checked before any worker starts
+    return mix
+
+
+def concatenated(sources: Sequence[MixedSource]) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
+    """All sources' shard URLs and counts end to end (the stream's own view, for sizing and messages)."""
+    return (tuple(u for s in sources for u in s.urls), tuple(c for s in sources for c in s.counts))
