@@ -1,0 +1,151 @@
+"""Mixing data sets by weight, through real DALI pipelines (CPU): every rank batch holds exactly
+the plan's count of each source (``__source__`` counted per batch), no sample is read twice
+within a pass, every rank runs the same steps, resume mid-epoch on the saved layout equals the
+uninterrupted run (another layout is refused by name), one source on S3 (moto) beside a local
+one, and every bad mix is a ConfigError naming the source before any worker starts."""
+
+import collections
+import math
+import os
+
+import pytest
+
+from dalistream import Loader, Stream
+from dalistream.errors import ConfigError, StateError
+from dalistream.plan import batch_sources
+
+from helpers import key_shards
+
+pytestmark = [pytest.mark.dali]
+
+R, W, B = 2, 2, 10
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Three sources of very different sizes: 'big' 102 samples, 'mid' 31, 'tiny' 4 (smaller than
+    one batch per rank)."""
+    d = tmp_path_factory.mktemp("mix")
+    for name, sizes in (("big", [40, 37, 25]), ("mid", [9, 6, 16]), ("tiny", [4])):
+        key_shards(str(d / name), sizes, prefix=name[0])
+    return str(d)
+
+
+def open_mix(data, weights, rank=0, world=R, workers=W, batch=B, **kw):
+    mix = {name: (os.path.join(data, name), w) for name, w in weights.items()}
+    return Stream.open(mix, fields={"key": "__key__", "src": "__source__"}, batch_size=batch, workers=workers,
+                       rank=rank, world_size=world, device="cpu", seed=kw.pop("seed", 4), **kw)
+
+
+def run_rank(stream, epochs=1):
+    out = []
+    with Loader(stream) as loader:
+        for _ in range(epochs):
+            out.append([list(zip(b["src"], b["key"])) for b in loader])
+        stats = loader.stats(wait_s=5)
+    return out, stats
+
+
+@pytest.mark.parametrize("weights", [{"big": 0.7, "mid": 0.3}, {"big": 5, "mid": 3, "tiny": 2}])
+def test_every_batch_holds_the_plans_count_of_each_source(data, weights):
+    names = list(weights)
+    steps, seen = None, collections.Counter()
+    for rank in range(R):
+        stream = open_mix(data, weights, rank=rank)
+        (batches,), stats = run_rank(stream)
+        want = batch_sources([weights[n] for n in names], B, stream.steps(0))
+        assert len(batches) == stream.steps(0) > 0  # every rank the same number of steps
+        steps = steps or len(batches)
+        assert len(batches) == steps
+        for batch, counts in zip(batches, want):
+            got = collections.Counter(src for src, _ in batch)
+            assert [got[n] for n in names] == counts.tolist()
+        seen.update((src, key) for batch in batches for src, key in batch)
+        assert stats["sources"] == {n: int(want[:, i].sum()) for i, n in enumerate(names) if want[:, i].sum()}
+    assert max(seen.values()) == 1  # no sample twice within a pass, across ranks
+    for name in names:  # keys are the source's own
+        assert all(key.startswith(name[0]) for src, key in seen if src == name)
+
+
+def test_one_batch_one_source(data):
+    stream = open_mix(data, {"big": 3, "mid": 1}, rank=0, per_batch="source")
+    (batches,), _ = run_rank(stream)
+    kinds = [{src for src, _ in b} for b in batches]
+    assert all(len(k) == 1 for k in kinds) and {"big"} in kinds and {"mid"} in kinds
+
+
+def test_samples_per_epoch_reads_everything_once_before_repeating(data):
+    """With samples_per_epoch the small source starts a new pass when it runs out; over the
+    epochs every sample of it is read once before any is read twice."""
+    stream = open_mix(data, {"big": 0.5, "tiny": 0.5}, rank=0, world=1, workers=1, batch=4, samples_per_epoch=8)
+    epochs, _ = run_rank(stream, epochs=3)
+    tiny = [key for epoch in epochs for batch in epoch for src, key in batch if src == "tiny"]
+    assert len(tiny) == 12
+    for n in range(0, 12, 4):  # each pass of 4 holds every tiny sample once
+        assert sorted(tiny[n:n + 4]) == sorted(f"t000/{i:05d}" for i in range(4))
+
+
+def test_resume_mid_epoch_on_the_saved_layout(data):
+    weights = {"big": 0.7, "mid": 0.3}
+    (full,), _ = run_rank(open_mix(data, weights))
+    k = len(full) // 2
+    with Loader(open_mix(data, weights)) as a:
+        it = iter(a)
+        for _ in range(k):
+            next(it)
+        state = a.state_dict()
+    assert set(state["plan"]["sources"]["mix"]) == {"big", "mid"}
+    with Loader(open_mix(data, weights)) as b:
+        b.load_state_dict(state)
+        rest = [list(zip(x["src"], x["key"])) for x in b]
+    assert rest == full[k:]
+    with Loader(open_mix(data, weights, workers=1)) as c:
+        with pytest.raises(StateError, match="saved layout"):
+            c.load_state_dict(state)
+    with Loader(open_mix(data, {"big": 0.6, "mid": 0.4})) as d:
+        with pytest.raises(StateError, match="another mix"):
+            d.load_state_dict(state)
+
+
+@pytest.mark.s3
+def test_a_source_on_s3_beside_a_local_one(data, moto_endpoint):
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.create_bucket(Bucket="mix")
+    folder = os.path.join(data, "mid")
+    for name in sorted(os.listdir(folder)):
+        s3.upload_file(os.path.join(folder, name), "mix", f"mid/{name}")
+    weights = {"big": 0.7, "mid": 0.3}
+    local = run_rank(open_mix(data, weights))[0][0]
+    mix = {"big": (os.path.join(data, "big"), 0.7),
+           "mid": {"source": "s3://mix/mid/", "weight": 0.3, "storage_options": {"endpoint_url": moto_endpoint}}}
+    stream = Stream.open(mix, fields={"key": "__key__", "src": "__source__"}, batch_size=B, workers=W, rank=0,
+                         world_size=R, device="cpu", seed=4)
+    remote = run_rank(stream)[0][0]
+    assert remote == local  # the same samples, the same order: where the bytes live changes nothing
+
+
+@pytest.mark.parametrize("weights,words", [
+    ({"big": 0, "mid": 1}, "'big'"), ({"big": -1, "mid": 1}, "'big'"), ({"big": math.nan, "mid": 1}, "'big'"),
+    ({"big": math.inf, "mid": 1}, "'big'"), ({"big": "x", "mid": 1}, "'big'"), ({"big": True, "mid": 1}, "'big'"),
+    ({"big": 1000, "tiny": 1}, "'tiny'"),  # its share rounds to nothing
+])
+def test_bad_mixes_name_the_source(data, weights, words):
+    with pytest.raises(ConfigError) as info:
+        open_mix(data, weights)
+    assert words in str(info.value)
+
+
+def test_other_refusals(data, tmp_path):
+    os.makedirs(tmp_path / "empty")
+    key_shards(str(tmp_path / "empty"), [0])
+    with pytest.raises(ConfigError, match="'none'.*no samples|no samples.*'none'"):
+        Stream.open({"big": (os.path.join(data, "big"), 1), "none": (str(tmp_path / "empty"), 1)},
+                    fields={"key": "__key__"}, batch_size=B, device="cpu")
+    with pytest.raises(ConfigError, match="interleave"):
+        open_mix(data, {"big": 1, "mid": 1}, interleave=True)
+    with pytest.raises(ConfigError, match="policy"):
+        open_mix(data, {"big": 1, "mid": 1}, policy="exact")
+    with pytest.raises(ConfigError, match="per_batch"):
+        open_mix(data, {"big": 1, "mid": 1}, per_batch="rank")
