@@ -92,13 +92,16 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
     import dalistream
 
     pipeline = spec["pipeline"]
+    mix = spec.get("mix")
+    mixed = {"per_batch": spec.get("per_batch", "sample"), "samples_per_epoch": spec.get("samples_per_epoch")} if mix else {}
     stream = dalistream.Stream.open(
-        spec["urls"], fields={"image": IMAGE_EXTS, "label": LABEL_EXTS}, batch_size=spec["batch_size"],
+        {name: (list(urls), weight) for name, (urls, weight) in mix.items()} if mix else spec["urls"],
+        fields={"image": IMAGE_EXTS, "label": LABEL_EXTS}, batch_size=spec["batch_size"],
         workers=spec["workers"], device=spec["device"], seed=spec["seed"], shuffle=spec.get("shuffle"),
         interleave=spec.get("interleave"),
         policy=spec.get("policy", "even"), batches_per_epoch=spec.get("batches_per_epoch"),
         on_error=spec.get("on_error", "raise"), storage_options=spec.get("storage_options") or {},
-        manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"),
+        manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"), **mixed,
     )
     kwargs: Dict[str, Any] = {"num_threads": spec["threads"]}
     if pipeline == "read-only":

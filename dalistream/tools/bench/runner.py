@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ...errors import ConfigError
 from ...stream import default_cache_dir
-from ..args import add_stream_args, storage_options
+from ..args import add_stream_args, storage_options, stream_sources
 from .child import run_child
 from .report import fmt, format_report, format_sweep, plot_sweep
 
@@ -189,8 +189,11 @@ def run(args: argparse.Namespace) -> int:
         from .merge import run_merge_only
 
         return run_merge_only(args, log)
-    if not args.sources:
-        raise ConfigError("dalistream bench needs shard sources (or --merge-only)")
+    mix = stream_sources(args) if args.mix else None
+    if mix is not None and args.shape:
+        raise ConfigError("--mix with --shape is not measured yet: bench a mix on unshaped sources")
+    if not args.sources and mix is None:
+        raise ConfigError("dalistream bench needs shard sources, --mix NAME=WEIGHT:SOURCE, or --merge-only")
     from ...manifest import count_shards
     from ...sources import expand_sources
 
@@ -209,7 +212,11 @@ def run(args: argparse.Namespace) -> int:
         if not value.strip().isdigit():
             raise ConfigError(f"--storage-option {item!r}: write KEY=INTEGER")
         options[key.strip()] = int(value)
-    urls = expand_sources(args.sources, options)
+    if mix is not None:  # dalistream reads the mix; the peers read all its shards as one data set
+        mix = {name: (tuple(expand_sources([source], options)), weight) for name, (source, weight) in mix.items()}
+        urls = [u for source_urls, _ in mix.values() for u in source_urls]
+    else:
+        urls = expand_sources(args.sources, options)
     # skip: a damaged shard is counted up to its problem and warned about, as the loader does
     infos, _ = count_shards(urls, manifest=args.manifest, cache_dir=default_cache_dir(os.environ), options=options,
                             tolerant=args.on_error == "skip")
@@ -226,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
             if len(pipelines) > 1:
                 log(f"bench: pipeline {pipeline}")
             reports[pipeline] = _run_pipeline(args, pipeline, len(pipelines) > 1, urls, counts, shard_bytes, peers,
-                                              options, log)
+                                              options, log, mix)
     report = reports[pipelines[0]] if len(pipelines) == 1 else {"pipelines": reports}
     if args.json:
         print(json.dumps(report), flush=True)
@@ -234,7 +241,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: Sequence[str], counts: Sequence[int],
-                  shard_bytes: Sequence[int], peers: Sequence[str], options: Dict[str, Any], log) -> Dict[str, Any]:
+                  shard_bytes: Sequence[int], peers: Sequence[str], options: Dict[str, Any], log,
+                  mix: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One pipeline's comparison (or sweep): its report (``several``: one of several pipelines)."""
     systems = ["dalistream"] + list(peers) + (["sequential-read"] if pipeline == "read-only" else [])
     base = {"urls": urls, "counts": counts, "batch_size": args.batch_size, "workers": args.workers,
@@ -243,7 +251,8 @@ def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: 
             "epochs": args.epochs, "pipeline": pipeline, "storage_options": options, "manifest": args.manifest,
             # dalistream only (the peers read every shard in order, unshuffled)
             "epoch": args.epoch, "shuffle": args.shuffle, "interleave": args.interleave, "policy": args.policy,
-            "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error}
+            "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error,
+            "mix": mix, "per_batch": args.per_batch, "samples_per_epoch": args.samples_per_epoch}
     sweep = _parse_sweep(args.sweep)
     if sweep is None:
         log(f"bench: {len(urls)} shards, {sum(counts)} samples, batch {args.batch_size}, workers {args.workers}, "
