@@ -14,13 +14,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-from .config import StreamConfig, WORKERS
+from .config import SHUFFLE_BUFFER, StreamConfig, WORKERS
 from .errors import ConfigError, redact, redact_client_logs
 from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
 from .mixing import Mix, concatenated, open_mix
 from .plan import check_layout, resumed_steps, steps_per_epoch
-from .sources import expand_sources
+from .sources import expand_sources, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +245,12 @@ class Stream:
                     offsets = offsets.saved(config.cache_dir)
         else:
             check_layout(len(urls), config.layout)  # whole shards: one per global worker at least
+        if config.interleave and offsets is None and any(is_remote(u) for u in urls):
+            # without sample offsets every column would fetch its shard from byte 0 up to its part
+            log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
+                        "each worker reads one span through a shuffle buffer of %d instead; write a manifest "
+                        "with offsets (`dalistream index SOURCE`) to read interleaved", source, SHUFFLE_BUFFER)
+            config = config.replace(interleave=False, shuffle=config.shuffle or SHUFFLE_BUFFER)
         device, device_id = resolve_device(device, device_id, local_rank)
         check_start_method(start_method)
         sizes = None

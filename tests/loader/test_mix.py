@@ -149,3 +149,4 @@ def test_other_refusals(data, tmp_path):
         open_mix(data, {"big": 1, "mid": 1}, policy="exact")
     with pytest.raises(ConfigError, match="per_batch"):
         open_mix(data, {"big": 1, "mid": 1}, per_batch="rank")
+
