@@ -144,7 +144,7 @@ def _is_int(value: Any) -> bool:
 SHUFFLE_BUFFER = 1000  # a training stream's buffer when it cannot read interleaved (no counts)
 
 
-def mixing(policy: str, interleave: Optional[bool], shuffle: Optional[int], counts_known: bool = True) -> tuple:
+def reading_order(policy: str, interleave: Optional[bool], shuffle: Optional[int], counts_known: bool = True) -> tuple:
     """``(interleave, shuffle)`` resolved: the one default of both for ``StreamConfig``,
     ``Stream.open``, the CLI and the ready pipelines (see :class:`StreamConfig`)."""
     if not isinstance(policy, str) or policy not in POLICIES:
@@ -185,7 +185,7 @@ class StreamConfig:
     ``"fixed"`` (``batches_per_epoch`` batches, workers cycle over their own part of the data).
     Without a manifest, remote shards are counted by a scan only while their total size is at
     most ``scan_limit_bytes`` (``None``: always), so ranks do not each read the data set.
-    How samples are mixed (:func:`mixing`, one rule for every entry point): ``interleave``
+    How samples are ordered (:func:`reading_order`, one rule for every entry point): ``interleave``
     reads each batch position's own span (its *column*, see :mod:`dalistream.plan.ownership`),
     a worker reading the columns of its slot at once, so a rank's batch draws from ``B`` places
     spread over the epoch; ``shuffle`` is a per-worker sample shuffle buffer (0: off), for
@@ -231,7 +231,7 @@ class StreamConfig:
             object.__setattr__(self, "fields", parse_fields(self.fields))
         if not self.sources:
             raise ConfigError("no sources given", hint="pass shard paths, globs, brace patterns or URLs")
-        interleave, shuffle = mixing(self.policy, self.interleave, self.shuffle,
+        interleave, shuffle = reading_order(self.policy, self.interleave, self.shuffle,
                                      counts_known=bool(self.manifest) or self.policy != "fixed")
         object.__setattr__(self, "interleave", interleave)
         object.__setattr__(self, "shuffle", shuffle)

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..config import mixing
+from ..config import reading_order
 from ..errors import ConfigError, StateError, redact
 from ..plan import Layout, Schedule, epoch_layout, epoch_summary, owned_parts, remaining_summary, steps_per_epoch
 from ..plan.quality import shuffle_quality
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
         return 0
     layout = Layout(args.world_size, args.workers, args.batch_size)
     schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
-    interleave, shuffle = mixing(args.policy, args.interleave, args.shuffle, counts_known=counts is not None)
+    interleave, shuffle = reading_order(args.policy, args.interleave, args.shuffle, counts_known=counts is not None)
     epochs = range(args.epoch, args.epoch + args.epochs)
     summaries = [_summary(counts, layout, schedule, e, interleave) for e in epochs] if counts is not None else []
     detail = args.detail if args.detail is not None else (layout.global_workers <= 16 or args.rank is not None)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dalistream.config import mixing
+from dalistream.config import reading_order
 from dalistream.plan import Layout, Schedule, epoch_layout, worker_columns
 from dalistream.plan.quality import rank_batches, shuffle_quality
 
@@ -91,7 +91,7 @@ def test_a_change_of_workers_alone_keeps_the_columns():
 ])
 @pytest.mark.parametrize("policy", ["even", "fixed"])
 def test_training_defaults_meet_the_targets(counts, classes, layout, policy):
-    interleave, shuffle = mixing(policy, None, None)
+    interleave, shuffle = reading_order(policy, None, None)
     assert (interleave, shuffle) == (True, 0)
     schedule = Schedule(0, "even")  # fixed reads exact spans re-read: its first pass is what the measure covers
     q = shuffle_quality(counts, layout, schedule, 1, shuffle, classes, columns=interleave)
