@@ -187,6 +187,9 @@ class Stream:
 
         ``options`` are :class:`~dalistream.config.StreamConfig` fields (``seed``, ``shuffle``,
         ``policy``, ``batches_per_epoch``, ``missing``, ``on_error``, ``manifest``, …).
+        ``sources`` may be a mix: a mapping ``{name: (source, weight)}`` or ``{name: {"source": …,
+        "weight": …, "manifest": …, "storage_options": …}}``, with the options ``per_batch``
+        (``"sample"`` or ``"source"``) and ``samples_per_epoch`` (:mod:`dalistream.mixing`).
         ``start_method`` (``auto``, ``fork``, ``spawn``) is how DALI starts its worker processes:
         ``auto`` forks CPU pipelines while CUDA is untouched, and spawns otherwise.
         """
@@ -249,7 +252,8 @@ class Stream:
             # without sample offsets every column would fetch its shard from byte 0 up to its part
             log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
                         "each worker reads one span through a shuffle buffer of %d instead; write a manifest "
-                        "with offsets (`dalistream index SOURCE`) to read interleaved", source, SHUFFLE_BUFFER)
+                        "with offsets (`dalistream index SOURCE`) to read interleaved", source or "the manifest",
+                        SHUFFLE_BUFFER)
             config = config.replace(interleave=False, shuffle=config.shuffle or SHUFFLE_BUFFER)
         device, device_id = resolve_device(device, device_id, local_rank)
         check_start_method(start_method)
