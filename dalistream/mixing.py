@@ -7,7 +7,8 @@ lists and counts each source like a single data set (its own ``manifest`` and ``
 when given), then checks the mix before any worker starts: weights, a source with no samples, a
 share that rounds to nothing (each a :class:`~dalistream.errors.ConfigError` naming the source).
 A mix reads each source's span per worker through the shuffle buffer (not interleaved): the
-composition is the mix's own, stratified per batch.
+composition is the mix's own, stratified per batch. On another layout mid-epoch it goes on by
+:mod:`dalistream.plan.mixresume` (default epochs, ``per_batch="sample"``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .errors import ConfigError
 from .manifest import SampleOffsets, count_samples
 from .plan import Layout, MixEpoch, Schedule, parse_mix
 from .plan.mix import PER_BATCH
+from .plan.mixresume import MixResume
 from .sources import expand_sources
 
 
@@ -54,6 +56,11 @@ class Mix:
         """The plan of ``epoch`` for every worker of ``layout``."""
         return MixEpoch([s.counts for s in self.sources], [s.weight for s in self.sources], layout, schedule, epoch,
                         self.names, self.per_batch, self.samples_per_epoch)
+
+    def resumed(self, layout: Layout, schedule: Schedule, epoch: int, segments: Sequence, shuffle: int) -> MixResume:
+        """The rest of ``epoch`` after ``segments`` ran under other layouts (elastic resume)."""
+        return MixResume([s.counts for s in self.sources], [s.weight for s in self.sources], self.names,
+                         self.per_batch, self.samples_per_epoch, layout, schedule, epoch, segments, shuffle)
 
     def identity(self, of: Any) -> dict:
         """What the sources are, for a loader state: ``of(urls, counts, sizes)`` per source name,

@@ -267,6 +267,8 @@ class Stream:
         """Batches this rank yields in ``epoch`` (its rest after the segments ``resume``)."""
         c = self.config
         if self.mix is not None:
+            if resume:
+                return self.mix.resumed(c.layout, c.schedule, epoch, resume, c.shuffle).steps
             return self.mix.epoch(c.layout, c.schedule, epoch).steps
         if resume and self.counts is not None:
             return resumed_steps(self.counts, c.plan_layout, c.schedule, epoch, resume, c.shuffle)

@@ -265,9 +265,6 @@ class Loader:
         if problems:
             raise StateError("saved state does not fit this loader: " + "; ".join(problems),
                              hint="resume with the same data set, seed, policy and shuffle settings")
-        if saved_layout != layout and self.stream.mix is not None:
-            raise StateError(f"a mix resumes on its saved layout only: saved {saved_layout}, this loader {layout} "
-                             "(ranks, workers, batch size)", hint="resume on the saved layout, or start the epoch again")
         if saved_layout != layout:
             if self.stream.counts is None:
                 log.warning("policy 'fixed' without counts cannot continue epoch %d on another layout: it restarts "

@@ -31,7 +31,7 @@ from ..errors import StateError
 from . import seeds
 from .layout import Layout, Schedule
 from .shuffle import emitted_indices
-from .ownership import WorkerPlan, epoch_layout, epoch_steps, span_bounds
+from .ownership import EpochLayout, Part, WorkerPlan, epoch_layout, epoch_steps, span_bounds
 
 Segment = Tuple[int, int, int, int]  # (world_size, workers, batch_size, steps run)
 
@@ -109,22 +109,40 @@ class Remaining:
             raise StateError(f"segment {self.level - 1} ran {steps} steps of a plan of {planned} under "
                              f"{layout.world_size} ranks x {layout.workers} workers x batch {layout.batch_size}",
                              hint="the state does not come from this data set")
-        self.bounds = span_bounds(n_prev, layout, schedule)
+        bounds = span_bounds(n_prev, layout, schedule)
         slots = np.tile(np.asarray(layout.slots, dtype=np.int64), layout.world_size)
-        sizes = np.diff(self.bounds)
-        self.done = np.minimum(sizes, steps * slots)
-        left = list((sizes - self.done).tolist()) + [n_prev - int(self.bounds[-1])]  # last: no one's (even)
+        self._split(bounds, np.minimum(np.diff(bounds), steps * slots))
+
+    @classmethod
+    def after(cls, prev: "Remaining", bounds: np.ndarray, done: np.ndarray, seed_of) -> "Remaining":
+        """The sequence left after one more segment whose global worker ``g`` owned
+        ``[bounds[g], bounds[g+1])`` of ``prev`` and delivered the first ``done[g]`` outputs of its
+        shuffle buffer, seeded ``seed_of(g)`` (a mix's source: its spans are sized by the takes)."""
+        out = cls.__new__(cls)
+        out.schedule, out.epoch, out.shuffle = prev.schedule, prev.epoch, prev.shuffle
+        out.level, out.prev, out.seed_of = prev.level + 1, prev, seed_of
+        out._split(np.asarray(bounds, dtype=np.int64), np.asarray(done, dtype=np.int64))
+        return out
+
+    def _split(self, bounds: np.ndarray, done: np.ndarray) -> None:
+        n_prev = self.prev.total
+        self.bounds, self.done = bounds, np.minimum(np.diff(bounds), done)
+        left = list((np.diff(bounds) - self.done).tolist()) + [n_prev - int(bounds[-1])]  # last: no one's (even)
         self.cum = np.zeros(len(left) + 1, dtype=np.int64)
         np.cumsum(left, out=self.cum[1:])
         self.total = int(self.cum[-1])
         self._window: dict = {}
+
+    def seed_of(self, g: int) -> int:
+        """Global worker ``g``'s shuffle seed in this level's segment."""
+        return shuffle_seed(self.schedule.seed, self.epoch, self.level - 1, g)
 
     def window(self, g: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], int]:
         """Global worker ``g`` of the last segment: (undelivered ordinals of its window, the
         window's delivered ordinals, where its untouched rest starts), ordinals in its span."""
         if g not in self._window:
             n, c = int(self.bounds[g + 1] - self.bounds[g]), int(self.done[g])
-            gone = delivered_ordinals(c, n, self.shuffle, shuffle_seed(self.schedule.seed, self.epoch, self.level - 1, g))
+            gone = delivered_ordinals(c, n, self.shuffle, self.seed_of(g))
             rest = gone[-1] + 1 if gone else 0
             prefix = next((i for i, o in enumerate(gone) if o != i), len(gone))
             kept = tuple(sorted(set(range(prefix, rest)) - set(gone)))
@@ -244,22 +262,30 @@ class ResumePlan:
             plan = worker_plan(self.counts, len(self.counts), layout, schedule, self.epoch, rank, worker)
             return WorkerPlan(rank, worker, self.epoch, plan.parts, self.steps, plan.slot, plan.offset, plan.samples,
                               g, 0, (), seed)
-        ep = self.epoch_layout
         lo, hi = int(self.bounds[g]), int(self.bounds[g + 1])
-        parts, drop, raw = [], [], 0
-        for run in self.rest.runs(lo, hi):
-            i = int(np.searchsorted(ep.starts, run.start, side="right")) - 1
-            drop += (np.asarray(run.drop, dtype=np.int64) - run.start + raw).tolist()
-            while i < len(ep.order) and int(ep.starts[i]) < run.stop:
-                a, b = int(ep.starts[i]), int(ep.starts[i + 1])
-                first, stop = max(run.start, a) - a, min(run.stop, b) - a
-                if stop > first:
-                    parts.append((int(ep.order[i]), first, stop))
-                i += 1
-            raw += run.stop - run.start
+        parts, drop = runs_to_parts(self.epoch_layout, self.rest.runs(lo, hi))
         left_out = self.rest.total - int(self.bounds[-1]) if g == layout.global_workers - 1 else 0
         return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
                           layout.slot_offsets[worker], hi - lo, g, left_out, tuple(drop), seed)
+
+
+def runs_to_parts(ep: EpochLayout, runs: Sequence[Run]) -> Tuple[List[Part], List[int]]:
+    """The shard parts of ``runs`` (epoch positions of ``ep``'s sequence) in reading order, and
+    the raw ordinals over those parts' samples to drop."""
+    parts: List[Part] = []
+    drop: List[int] = []
+    raw = 0
+    for run in runs:
+        i = int(np.searchsorted(ep.starts, run.start, side="right")) - 1
+        drop += (np.asarray(run.drop, dtype=np.int64) - run.start + raw).tolist()
+        while i < len(ep.order) and int(ep.starts[i]) < run.stop:
+            a, b = int(ep.starts[i]), int(ep.starts[i + 1])
+            first, stop = max(run.start, a) - a, min(run.stop, b) - a
+            if stop > first:
+                parts.append((int(ep.order[i]), first, stop))
+            i += 1
+        raw += run.stop - run.start
+    return parts, drop
 
 
 def resumed_worker_plan(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int, rank: int,

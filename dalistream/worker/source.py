@@ -169,12 +169,16 @@ class WorkerSource:
         policy = ErrorPolicy(c.on_error, c.max_skip_fraction, rank=c.rank, worker=self.worker)
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
         if self.mix is not None:  # one stream per source, each step taking the source's share of the slot
-            mixed = self.mix.epoch(c.layout, c.schedule, epoch).worker(c.rank, self.worker)
-            plans = tuple(WorkerPlan(c.rank, self.worker, epoch, s.parts, mixed.steps, mixed.slot, mixed.offset,
-                                     s.samples, mixed.global_worker, 0, (), s.shuffle_seed) for s in mixed.sources)
-            takes = [s.take for s in mixed.sources]
-            streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader), take, s.name)
-                       for plan, take, s, reader in zip(plans, takes, mixed.sources, self.mix_readers)]
+            if self.resume and epoch == self.start_epoch:  # the rest of an epoch begun on other layouts
+                pairs = self.mix.resumed(c.layout, c.schedule, epoch, self.resume, c.shuffle).worker(c.rank, self.worker)
+            else:
+                mixed = self.mix.epoch(c.layout, c.schedule, epoch).worker(c.rank, self.worker)
+                pairs = [(WorkerPlan(c.rank, self.worker, epoch, s.parts, mixed.steps, mixed.slot, mixed.offset,
+                                     s.samples, mixed.global_worker, 0, (), s.shuffle_seed), s.take)
+                         for s in mixed.sources]
+            plans = tuple(plan for plan, _ in pairs)
+            streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader), take, name)
+                       for (plan, take), name, reader in zip(pairs, self.mix.names, self.mix_readers)]
         else:
             plans = self.plans(epoch)
             share = len(plans)  # streams open at once share the read-ahead budget

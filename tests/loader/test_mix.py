@@ -1,18 +1,20 @@
 """Mixing data sets by weight, through real DALI pipelines (CPU): every rank batch holds exactly
 the plan's count of each source (``__source__`` counted per batch), no sample is read twice
 within a pass, every rank runs the same steps, resume mid-epoch on the saved layout equals the
-uninterrupted run (another layout is refused by name), one source on S3 (moto) beside a local
-one, and every bad mix is a ConfigError naming the source before any worker starts."""
+uninterrupted run and on another layout continues the epoch (no sample twice, the rule's counts
+go on), one source on S3 (moto) beside a local one, and every bad mix is a ConfigError naming
+the source before any worker starts."""
 
 import collections
 import math
 import os
 
+import numpy as np
 import pytest
 
 from dalistream import Loader, Stream
 from dalistream.errors import ConfigError, StateError
-from dalistream.plan import batch_sources
+from dalistream.plan import batch_sources, cumulative
 
 from helpers import key_shards
 
@@ -99,12 +101,43 @@ def test_resume_mid_epoch_on_the_saved_layout(data):
         b.load_state_dict(state)
         rest = [list(zip(x["src"], x["key"])) for x in b]
     assert rest == full[k:]
-    with Loader(open_mix(data, weights, workers=1)) as c:
-        with pytest.raises(StateError, match="saved layout"):
-            c.load_state_dict(state)
     with Loader(open_mix(data, {"big": 0.6, "mid": 0.4})) as d:
         with pytest.raises(StateError, match="another mix"):
             d.load_state_dict(state)
+
+
+@pytest.mark.parametrize("world,workers,batch", [(3, 1, 8), (1, 3, 12)])
+def test_resume_mid_epoch_on_another_layout(data, world, workers, batch):
+    """Preempted after k steps on 2 ranks x 2 workers x batch 10, the epoch goes on on another
+    allocation: no sample of either source twice, every continued batch holds the continued
+    rule's counts, the epoch's proportions stay those of the weights."""
+    weights = {"big": 0.7, "mid": 0.3}
+    k, first = 1, []
+    for rank in range(R):
+        with Loader(open_mix(data, weights, rank=rank)) as a:
+            it = iter(a)
+            for _ in range(k):
+                batch_ = next(it)
+                first += list(zip(batch_["src"], batch_["key"]))
+            state = a.state_dict()  # (the same on every rank)
+    rest, steps = [], set()
+    n0 = k * B  # slots per rank dealt before the preemption
+    for rank in range(world):
+        with Loader(open_mix(data, weights, rank=rank, world=world, workers=workers, batch=batch)) as b:
+            b.load_state_dict(state)
+            assert b.resume == ((R, W, B, k),)
+            batches = [list(zip(x["src"], x["key"])) for x in b]
+        steps.add(len(batches))
+        want = np.diff(cumulative([0.7, 0.3], n0 + np.arange(len(batches) + 1) * batch), axis=0)
+        for got, counts in zip(batches, want):
+            c = collections.Counter(src for src, _ in got)
+            assert [c["big"], c["mid"]] == counts.tolist()
+        rest += [x for b_ in batches for x in b_]
+    assert len(steps) == 1 and steps.pop() > 0  # every rank the same number of steps
+    everything = first + rest
+    assert len(everything) == len(set(everything))  # no sample twice, across both allocations
+    c = collections.Counter(src for src, _ in everything)
+    assert abs(c["big"] - 0.7 * len(everything)) <= max(R, world)
 
 
 @pytest.mark.s3

@@ -1,0 +1,108 @@
+"""Elastic resume of a mix: the rest of an epoch after *segments* that ran under other layouts
+(``(world_size, workers, batch_size, steps)`` each, as for one data set), for default epochs
+composed per sample. Pure functions of (counts, weights, layouts, schedule, epoch, shuffle).
+
+Per source the rule of :mod:`.resume`: a global worker of a past segment delivered the first
+``d`` outputs of its shuffle buffer over its span of the source, ``d`` the samples of the source
+its slot took in the steps it ran, so each source's remaining sequence is a
+:class:`~.resume.Remaining` built from those counts. The composition goes on where it stood:
+the slot rule (:func:`~.mix.cumulative`) continues after the ``n0 = Σ steps × B`` slots per rank
+already dealt, in batches of the new size, so every prefix of the epoch stays within one sample
+of the weights; the rest of the epoch is the largest number of steps for which no source runs
+past its remaining samples. Each new worker's span of each source's remaining sequence is sized
+by what its slot takes of it, and read as parts minus the few positions already delivered.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import StateError
+from . import seeds
+from .layout import Layout, Schedule
+from .mix import MixEpoch, cumulative, worker_take
+from .ownership import WorkerPlan
+from .resume import Remaining, runs_to_parts, segment_layout
+
+
+def source_seed(seed: int, epoch: int, level: int, source: int, global_worker: int) -> int:
+    """Seed of a global worker's shuffle buffer over ``source`` in segment ``level`` of ``epoch``
+    (level 0: the unresumed epoch's, :func:`~.seeds.source_shuffle`)."""
+    base = seeds.source_shuffle(seed, epoch, source, global_worker)
+    return base if level == 0 else (base * 1_000_037 + level) & 0x7FFFFFFFFFFF
+
+
+def continued_steps(weights: Sequence[float], n0: int, layout: Layout, totals: Sequence[int]) -> int:
+    """The largest t with ``R × (U_s(n0 + t·B) − U_s(n0)) ≤ totals[s]`` for every source."""
+    r, b = layout.world_size, layout.batch_size
+    base = cumulative(weights, n0)
+    lo, hi = 0, (int(sum(totals)) // (r * b)) + 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        used = r * (cumulative(weights, n0 + mid * b) - base)
+        if np.all(used <= np.asarray(totals, dtype=np.int64)):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class MixResume:
+    """The rest of ``epoch`` of a mix after ``segments``, planned over ``layout`` (computed once,
+    then :meth:`worker` per (rank, worker)); ``steps`` every rank runs."""
+
+    def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], names: Sequence[str],
+                 per_batch: str, samples_per_epoch, layout: Layout, schedule: Schedule, epoch: int,
+                 segments: Sequence[Sequence[int]], shuffle: int) -> None:
+        if per_batch != "sample" or samples_per_epoch is not None:
+            raise StateError("a mix resumes on another layout only with per_batch='sample' and default epochs",
+                             hint="resume on the saved layout")
+        self.weights, self.names, self.layout, self.schedule, self.epoch = list(weights), list(names), layout, schedule, epoch
+        first = MixEpoch(counts, weights, segment_layout(segments[0]), schedule, epoch, names)
+        self._passes = first  # each source's shard order in this epoch (pass = epoch)
+        rem: List[Remaining] = [Remaining(int(np.sum(c)), schedule, epoch, (), shuffle) for c in counts]
+        n0 = 0
+        for level, segment in enumerate(segments):
+            past, ran = segment_layout(segment), int(segment[3])
+            if level == 0:
+                bounds, take, planned = first.bounds, first.take, first.steps
+            else:
+                bounds, take, planned = self._plan(rem, n0, past)
+            if ran > planned:
+                raise StateError(f"segment {level} ran {ran} steps of a plan of {planned} under {past.world_size} ranks "
+                                 f"x {past.workers} workers x batch {past.batch_size}",
+                                 hint="the state does not come from this mix")
+            done = np.tile(take[:ran].sum(axis=0), (past.world_size, 1))  # (R·W, S): delivered per global worker
+            rem = [Remaining.after(rem[s], bounds[s], done[:, s],
+                                   lambda g, s=s, level=level: source_seed(schedule.seed, epoch, level, s, g))
+                   for s in range(len(rem))]
+            n0 += ran * past.batch_size
+        self.rest, self.level = rem, len(segments)
+        self.bounds, self.take, self.steps = self._plan(rem, n0, layout)
+
+    def _plan(self, rem: Sequence[Remaining], n0: int, layout: Layout) -> Tuple[np.ndarray, np.ndarray, int]:
+        """``(bounds (S, R·W+1), take (steps, W, S), steps)`` of ``layout`` over ``rem`` from slot ``n0``."""
+        steps = continued_steps(self.weights, n0, layout, [r.total for r in rem])
+        t = n0 + np.arange(steps + 1, dtype=np.int64) * layout.batch_size
+        take = worker_take(np.diff(cumulative(self.weights, t), axis=0), layout)
+        per_worker = np.tile(take.sum(axis=0), (layout.world_size, 1))  # (R·W, S)
+        bounds = np.zeros((len(rem), layout.global_workers + 1), dtype=np.int64)
+        np.cumsum(per_worker.T, axis=1, out=bounds[:, 1:])
+        return bounds, take, steps
+
+    def worker(self, rank: int, worker: int) -> List[Tuple[WorkerPlan, np.ndarray]]:
+        """Per source: the :class:`WorkerPlan` of (``rank``, ``worker``) (parts, drops, its seed)
+        and what its slot takes of the source at each step."""
+        layout = self.layout
+        g = layout.global_worker(rank, worker)
+        out = []
+        for s in range(len(self.rest)):
+            lo, hi = int(self.bounds[s, g]), int(self.bounds[s, g + 1])
+            parts, drop = runs_to_parts(self._passes.pass_layout(s, self.epoch), self.rest[s].runs(lo, hi))
+            plan = WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
+                              layout.slot_offsets[worker], hi - lo, g, 0, tuple(drop),
+                              source_seed(self.schedule.seed, self.epoch, self.level, s, g))
+            out.append((plan, self.take[:, worker, s]))
+        return out
