@@ -1,14 +1,15 @@
 """Elastic resume of a mix: the rest of an epoch after *segments* that ran under other layouts
 (``(world_size, workers, batch_size, steps)`` each, as for one data set), for default epochs
-composed per sample. Pure functions of (counts, weights, layouts, schedule, epoch, shuffle).
+(``samples_per_epoch`` resumes on its saved layout). Pure functions of (counts, weights,
+layouts, schedule, epoch, shuffle).
 
 Per source the rule of :mod:`.resume`: a global worker of a past segment delivered the first
 ``d`` outputs of its shuffle buffer over its span of the source, ``d`` the samples of the source
 its slot took in the steps it ran, so each source's remaining sequence is a
 :class:`~.resume.Remaining` built from those counts. The composition goes on where it stood:
-the slot rule (:func:`~.mix.cumulative`) continues after the ``n0 = Σ steps × B`` slots per rank
-already dealt, in batches of the new size, so every prefix of the epoch stays within one sample
-of the weights; the rest of the epoch is the largest number of steps for which no source runs
+the rule (:func:`~.mix.cumulative`) continues after the units already dealt — ``n0 = Σ steps ×
+B`` sample slots per rank, or ``Σ steps`` whole batches for ``per_batch="source"`` — in batches
+of the new size, so every prefix of the epoch stays within one unit of the weights; the rest of the epoch is the largest number of steps for which no source runs
 past its remaining samples. Each new worker's span of each source's remaining sequence is sized
 by what its slot takes of it, and read as parts minus the few positions already delivered.
 """
@@ -34,14 +35,24 @@ def source_seed(seed: int, epoch: int, level: int, source: int, global_worker: i
     return base if level == 0 else (base * 1_000_037 + level) & 0x7FFFFFFFFFFF
 
 
-def continued_steps(weights: Sequence[float], n0: int, layout: Layout, totals: Sequence[int]) -> int:
-    """The largest t with ``R × (U_s(n0 + t·B) − U_s(n0)) ≤ totals[s]`` for every source."""
+def continued_counts(weights: Sequence[float], n0: int, layout: Layout, steps: int, per_batch: str) -> np.ndarray:
+    """``(steps, S)``: samples of each source in each rank batch of the continued rule, which has
+    dealt ``n0`` units (sample slots, or whole batches for ``per_batch="source"``) so far."""
+    b = layout.batch_size
+    if per_batch == "sample":
+        return np.diff(cumulative(weights, n0 + np.arange(steps + 1, dtype=np.int64) * b), axis=0)
+    return np.diff(cumulative(weights, n0 + np.arange(steps + 1, dtype=np.int64)), axis=0) * b
+
+
+def continued_steps(weights: Sequence[float], n0: int, layout: Layout, totals: Sequence[int],
+                    per_batch: str = "sample") -> int:
+    """The largest t for which no source's samples in the next t steps (on all ranks) exceed
+    ``totals[s]``."""
     r, b = layout.world_size, layout.batch_size
-    base = cumulative(weights, n0)
     lo, hi = 0, (int(sum(totals)) // (r * b)) + 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        used = r * (cumulative(weights, n0 + mid * b) - base)
+        used = r * continued_counts(weights, n0, layout, mid, per_batch).sum(axis=0)
         if np.all(used <= np.asarray(totals, dtype=np.int64)):
             lo = mid
         else:
@@ -56,11 +67,12 @@ class MixResume:
     def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], names: Sequence[str],
                  per_batch: str, samples_per_epoch, layout: Layout, schedule: Schedule, epoch: int,
                  segments: Sequence[Sequence[int]], shuffle: int) -> None:
-        if per_batch != "sample" or samples_per_epoch is not None:
-            raise StateError("a mix resumes on another layout only with per_batch='sample' and default epochs",
+        if samples_per_epoch is not None:
+            raise StateError("a mix with samples_per_epoch resumes on its saved layout only",
                              hint="resume on the saved layout")
         self.weights, self.names, self.layout, self.schedule, self.epoch = list(weights), list(names), layout, schedule, epoch
-        first = MixEpoch(counts, weights, segment_layout(segments[0]), schedule, epoch, names)
+        self.per_batch = per_batch
+        first = MixEpoch(counts, weights, segment_layout(segments[0]), schedule, epoch, names, per_batch)
         self._passes = first  # each source's shard order in this epoch (pass = epoch)
         rem: List[Remaining] = [Remaining(int(np.sum(c)), schedule, epoch, (), shuffle) for c in counts]
         n0 = 0
@@ -78,15 +90,14 @@ class MixResume:
             rem = [Remaining.after(rem[s], bounds[s], done[:, s],
                                    lambda g, s=s, level=level: source_seed(schedule.seed, epoch, level, s, g))
                    for s in range(len(rem))]
-            n0 += ran * past.batch_size
+            n0 += ran * past.batch_size if per_batch == "sample" else ran  # units dealt: slots, or batches
         self.rest, self.level = rem, len(segments)
         self.bounds, self.take, self.steps = self._plan(rem, n0, layout)
 
     def _plan(self, rem: Sequence[Remaining], n0: int, layout: Layout) -> Tuple[np.ndarray, np.ndarray, int]:
         """``(bounds (S, R·W+1), take (steps, W, S), steps)`` of ``layout`` over ``rem`` from slot ``n0``."""
-        steps = continued_steps(self.weights, n0, layout, [r.total for r in rem])
-        t = n0 + np.arange(steps + 1, dtype=np.int64) * layout.batch_size
-        take = worker_take(np.diff(cumulative(self.weights, t), axis=0), layout)
+        steps = continued_steps(self.weights, n0, layout, [r.total for r in rem], self.per_batch)
+        take = worker_take(continued_counts(self.weights, n0, layout, steps, self.per_batch), layout)
         per_worker = np.tile(take.sum(axis=0), (layout.world_size, 1))  # (R·W, S)
         bounds = np.zeros((len(rem), layout.global_workers + 1), dtype=np.int64)
         np.cumsum(per_worker.T, axis=1, out=bounds[:, 1:])

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 from dalistream.errors import ConfigError, StateError
 from dalistream.plan import Layout, MixEpoch, Schedule
-from dalistream.plan.mix import cumulative
-from dalistream.plan.mixresume import MixResume
+from dalistream.plan.mixresume import MixResume, continued_counts
 from dalistream.plan.shuffle import shuffled
 
 
@@ -27,25 +26,25 @@ def positions(plan, ep):
     return [p for i, p in enumerate(raw) if i not in drop]
 
 
-def run(counts, weights, layouts, steps_run, shuffle, seed=3, epoch=1):
+def run(counts, weights, layouts, steps_run, shuffle, seed=3, epoch=1, per_batch="sample"):
     schedule = Schedule(seed, "even")
     names = [f"s{i}" for i in range(len(counts))]
     delivered = [[] for _ in counts]
     segments, n0 = [], 0
     for k, layout in enumerate(layouts):
         if not segments:
-            mix = MixEpoch(counts, weights, layout, schedule, epoch, names)
+            mix = MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch)
             steps = mix.steps if k == len(layouts) - 1 else min(steps_run[k], mix.steps)
             per_worker = {(r, w): [(plan_of(mix, r, w, s), mix.take[:, w, s]) for s in range(len(counts))]
                           for r, w in itertools.product(range(layout.world_size), range(layout.workers))}
             passes = mix
         else:
-            res = MixResume(counts, weights, names, "sample", None, layout, schedule, epoch, segments, shuffle)
+            res = MixResume(counts, weights, names, per_batch, None, layout, schedule, epoch, segments, shuffle)
             steps = res.steps if k == len(layouts) - 1 else min(steps_run[k], res.steps)
             per_worker = {(r, w): res.worker(r, w)
                           for r, w in itertools.product(range(layout.world_size), range(layout.workers))}
             passes = res._passes
-            want = np.diff(cumulative(weights, n0 + np.arange(steps + 1) * layout.batch_size), axis=0)
+            want = continued_counts(weights, n0, layout, steps, per_batch)
             got = np.stack([sum(np.asarray(per_worker[(0, w)][s][1][:steps], dtype=np.int64)
                                 for w in range(layout.workers)) for s in range(len(counts))], axis=1)
             assert (got == want).all()  # every rank batch: the continued rule's count of each source
@@ -56,7 +55,7 @@ def run(counts, weights, layouts, steps_run, shuffle, seed=3, epoch=1):
                 out = list(shuffled(seq, shuffle, plan.shuffle_seed))
                 delivered[s] += out[:int(take[:steps].sum())]
         segments.append((layout.world_size, layout.workers, layout.batch_size, steps))
-        n0 += steps * layout.batch_size
+        n0 += steps * layout.batch_size if per_batch == "sample" else steps
     return delivered, n0
 
 
@@ -77,25 +76,26 @@ def small_layout():
 @given(counts=st.lists(st.lists(st.integers(5, 30), min_size=1, max_size=5), min_size=2, max_size=3),
        weights=st.lists(st.integers(1, 5), min_size=3, max_size=3),
        layouts=st.lists(small_layout(), min_size=2, max_size=3), steps=st.lists(st.integers(0, 6), min_size=3, max_size=3),
-       shuffle=st.sampled_from([0, 1, 4, 16]))
-def test_segments_deliver_no_sample_twice_in_proportion(counts, weights, layouts, steps, shuffle):
+       shuffle=st.sampled_from([0, 1, 4, 16]), per_batch=st.sampled_from(["sample", "source"]))
+def test_segments_deliver_no_sample_twice_in_proportion(counts, weights, layouts, steps, shuffle, per_batch):
     weights = weights[:len(counts)]
     totals = [sum(c) for c in counts]
     for layout in layouts:  # a mix that cannot plan a step on some layout is refused at open: not this test's case
         try:
-            MixEpoch(counts, weights, layout, Schedule(3, "even"), 1)
+            MixEpoch(counts, weights, layout, Schedule(3, "even"), 1, per_batch=per_batch)
         except ConfigError:
             assume(False)
-    delivered, n0 = run(counts, weights, layouts, steps, shuffle)
+    delivered, n0 = run(counts, weights, layouts, steps, shuffle, per_batch=per_batch)
     for s, got in enumerate(delivered):
         assert len(got) == len(set(got))  # no sample twice
         assert all(0 <= p < totals[s] for p in got)
     total = sum(len(d) for d in delivered)
-    for s, got in enumerate(delivered):  # the whole epoch's proportion: within one sample per source per rank
+    unit = 1 if per_batch == "sample" else max(layout.batch_size for layout in layouts)
+    for s, got in enumerate(delivered):  # the whole epoch's proportion: within one unit per source per rank
         share = weights[s] / sum(weights)
-        assert abs(len(got) - share * total) <= max(layout.world_size for layout in layouts) * 1 + 1
+        assert abs(len(got) - share * total) <= max(layout.world_size for layout in layouts) * unit + unit
 
 
-def test_a_state_of_another_mix_shape_is_refused():
-    with pytest.raises(StateError, match="per_batch='sample'"):
-        MixResume([[10], [10]], [1, 1], ["a", "b"], "source", None, Layout(1, 1, 4), Schedule(), 0, [(1, 1, 4, 1)], 0)
+def test_samples_per_epoch_resumes_on_its_saved_layout_only():
+    with pytest.raises(StateError, match="samples_per_epoch"):
+        MixResume([[10], [10]], [1, 1], ["a", "b"], "sample", 8, Layout(1, 1, 4), Schedule(), 0, [(1, 1, 4, 1)], 0)
