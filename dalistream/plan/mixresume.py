@@ -1,7 +1,6 @@
 """Elastic resume of a mix: the rest of an epoch after *segments* that ran under other layouts
-(``(world_size, workers, batch_size, steps)`` each, as for one data set), for default epochs
-(``samples_per_epoch`` resumes on its saved layout). Pure functions of (counts, weights,
-layouts, schedule, epoch, shuffle).
+(``(world_size, workers, batch_size, steps)`` each, as for one data set). Pure functions of
+(counts, weights, layouts, schedule, epoch, shuffle).
 
 Per source the rule of :mod:`.resume`: a global worker of a past segment delivered the first
 ``d`` outputs of its shuffle buffer over its span of the source, ``d`` the samples of the source
@@ -10,7 +9,9 @@ its slot took in the steps it ran, so each source's remaining sequence is a
 the rule (:func:`~.mix.cumulative`) continues after the units already dealt — ``n0 = Σ steps ×
 B`` sample slots per rank, or ``Σ steps`` whole batches for ``per_batch="source"`` — in batches
 of the new size, so every prefix of the epoch stays within one unit of the weights; the rest of the epoch is the largest number of steps for which no source runs
-past its remaining samples. Each new worker's span of each source's remaining sequence is sized
+past its remaining samples. With ``samples_per_epoch`` the rule and the passes run on across
+epochs, so level 0 is the epoch's range of each source's passes from its cursor, and a span may
+cross a pass's end (its parts then come from two passes). Each new worker's span of each source's remaining sequence is sized
 by what its slot takes of it, and read as parts minus the few positions already delivered.
 """
 
@@ -24,8 +25,8 @@ from ..errors import StateError
 from . import seeds
 from .layout import Layout, Schedule
 from .mix import MixEpoch, cumulative, worker_take
-from .ownership import WorkerPlan
-from .resume import Remaining, runs_to_parts, segment_layout
+from .ownership import Part, WorkerPlan
+from .resume import Remaining, Run, runs_to_parts, segment_layout
 
 
 def source_seed(seed: int, epoch: int, level: int, source: int, global_worker: int) -> int:
@@ -67,19 +68,24 @@ class MixResume:
     def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], names: Sequence[str],
                  per_batch: str, samples_per_epoch, layout: Layout, schedule: Schedule, epoch: int,
                  segments: Sequence[Sequence[int]], shuffle: int) -> None:
-        if samples_per_epoch is not None:
-            raise StateError("a mix with samples_per_epoch resumes on its saved layout only",
-                             hint="resume on the saved layout")
         self.weights, self.names, self.layout, self.schedule, self.epoch = list(weights), list(names), layout, schedule, epoch
         self.per_batch = per_batch
-        first = MixEpoch(counts, weights, segment_layout(segments[0]), schedule, epoch, names, per_batch)
-        self._passes = first  # each source's shard order in this epoch (pass = epoch)
-        rem: List[Remaining] = [Remaining(int(np.sum(c)), schedule, epoch, (), shuffle) for c in counts]
-        n0 = 0
+        first = MixEpoch(counts, weights, segment_layout(segments[0]), schedule, epoch, names, per_batch,
+                         samples_per_epoch)
+        self._passes = first  # each source's shard order per pass
+        # level 0, per source: the epoch's positions from its cursor (default epochs: the whole pass
+        # from 0, its tail no one owned included; samples_per_epoch: the epoch's range of the passes)
+        self.base = first.bounds[:, 0].copy()
+        lengths = ([int(np.sum(c)) for c in counts] if samples_per_epoch is None
+                   else (first.bounds[:, -1] - first.bounds[:, 0]).tolist())
+        rem: List[Remaining] = [Remaining(int(n), schedule, epoch, (), shuffle) for n in lengths]
+        # the rule's units dealt before this epoch: it runs on across epochs with samples_per_epoch
+        dealt_steps = epoch * first.steps if samples_per_epoch is not None else 0
+        n0 = dealt_steps * first.layout.batch_size if per_batch == "sample" else dealt_steps
         for level, segment in enumerate(segments):
             past, ran = segment_layout(segment), int(segment[3])
             if level == 0:
-                bounds, take, planned = first.bounds, first.take, first.steps
+                bounds, take, planned = first.bounds - self.base[:, None], first.take, first.steps
             else:
                 bounds, take, planned = self._plan(rem, n0, past)
             if ran > planned:
@@ -103,6 +109,27 @@ class MixResume:
         np.cumsum(per_worker.T, axis=1, out=bounds[:, 1:])
         return bounds, take, steps
 
+    def _parts(self, s: int, runs: Sequence[Run]) -> Tuple[List[Part], List[int]]:
+        """Parts and drops of ``runs`` (level-0 positions of source ``s``), over its passes: a run
+        crossing the end of a pass reads the pass's last parts, then the next pass's first."""
+        mix, total = self._passes, int(self._passes.totals[s])
+        parts: List[Part] = []
+        drop: List[int] = []
+        raw = 0
+        for run in runs:
+            start, stop = run.start + int(self.base[s]), run.stop + int(self.base[s])
+            holes = np.asarray(run.drop, dtype=np.int64) + int(self.base[s])
+            while start < stop:
+                n_pass, at = divmod(start, total)
+                end = min(stop, start - at + total)
+                piece = Run(at, at + end - start, tuple((holes[(holes >= start) & (holes < end)] - start + at).tolist()))
+                got, dropped = runs_to_parts(mix.pass_layout(s, mix.first_pass(s) + n_pass), [piece])
+                parts += got
+                drop += [raw + d for d in dropped]
+                raw += end - start
+                start = end
+        return parts, drop
+
     def worker(self, rank: int, worker: int) -> List[Tuple[WorkerPlan, np.ndarray]]:
         """Per source: the :class:`WorkerPlan` of (``rank``, ``worker``) (parts, drops, its seed)
         and what its slot takes of the source at each step."""
@@ -111,7 +138,7 @@ class MixResume:
         out = []
         for s in range(len(self.rest)):
             lo, hi = int(self.bounds[s, g]), int(self.bounds[s, g + 1])
-            parts, drop = runs_to_parts(self._passes.pass_layout(s, self.epoch), self.rest[s].runs(lo, hi))
+            parts, drop = self._parts(s, self.rest[s].runs(lo, hi))
             plan = WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
                               layout.slot_offsets[worker], hi - lo, g, 0, tuple(drop),
                               source_seed(self.schedule.seed, self.epoch, self.level, s, g))

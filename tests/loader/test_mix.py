@@ -142,6 +142,39 @@ def test_resume_mid_epoch_on_another_layout(data, world, workers, batch, per_bat
     assert abs(c["big"] - 0.7 * len(everything)) <= max(R, world) * (1 if per_batch == "sample" else max(B, batch))
 
 
+def test_resume_with_samples_per_epoch_on_another_layout(data):
+    """samples_per_epoch, the tiny source wrapping into new passes within the epoch: resumed on
+    another layout, every continued batch holds the rule's counts, the big source no sample twice,
+    the tiny one every sample as often as the others, give or take one pass."""
+    weights, spe = {"big": 0.5, "tiny": 0.5}, 40
+    k, first = 1, []
+    for rank in range(R):
+        with Loader(open_mix(data, weights, rank=rank, samples_per_epoch=spe)) as a:
+            it = iter(a)
+            for _ in range(k):
+                b_ = next(it)
+                first += list(zip(b_["src"], b_["key"]))
+            state = a.state_dict()
+    epoch_steps = spe // (R * B)
+    n0 = 0 * epoch_steps * B + k * B  # epoch 0: the rule starts at 0
+    rest = []
+    for rank in range(3):
+        with Loader(open_mix(data, weights, rank=rank, world=3, workers=1, batch=6, samples_per_epoch=spe)) as b:
+            b.load_state_dict(state)
+            batches = [list(zip(x["src"], x["key"])) for x in b]
+        want = continued_counts([0.5, 0.5], n0, Layout(3, 1, 6), len(batches), "sample")
+        for got, counts in zip(batches, want):
+            c = collections.Counter(src for src, _ in got)
+            assert [c["big"], c["tiny"]] == counts.tolist()
+        rest += [x for b_ in batches for x in b_]
+    everything = first + rest
+    big = [key for src, key in everything if src == "big"]
+    assert len(big) == len(set(big))
+    tiny = collections.Counter(key for src, key in everything if src == "tiny")
+    assert sum(tiny.values()) >= 8, tiny  # it wrapped: several passes in one epoch
+    assert len(tiny) == 4 and max(tiny.values()) - min(tiny.values()) <= 1  # whole passes, give or take one
+
+
 @pytest.mark.s3
 def test_a_source_on_s3_beside_a_local_one(data, moto_endpoint):
     import boto3
