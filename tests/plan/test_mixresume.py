@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dalistream.errors import ConfigError, StateError
+from dalistream.errors import ConfigError
 from dalistream.plan import Layout, MixEpoch, Schedule
 from dalistream.plan.mixresume import MixResume, continued_counts
 from dalistream.plan.shuffle import shuffled
@@ -96,6 +96,20 @@ def test_segments_deliver_no_sample_twice_in_proportion(counts, weights, layouts
         assert abs(len(got) - share * total) <= max(layout.world_size for layout in layouts) * unit + unit
 
 
-def test_samples_per_epoch_resumes_on_its_saved_layout_only():
-    with pytest.raises(StateError, match="samples_per_epoch"):
-        MixResume([[10], [10]], [1, 1], ["a", "b"], "sample", 8, Layout(1, 1, 4), Schedule(), 0, [(1, 1, 4, 1)], 0)
+@pytest.mark.parametrize("epoch", [0, 3])
+def test_samples_per_epoch_goes_on_from_the_epochs_cursor(epoch):
+    """With samples_per_epoch the rule runs on across epochs: the continued counts start after
+    the units dealt in earlier epochs plus the segment's, and the rest fits the epoch's range."""
+    counts, weights, spe = [[30, 20], [5]], [1, 1], 40
+    past, new = Layout(2, 1, 10), Layout(1, 2, 6)
+    mix = MixEpoch(counts, weights, past, Schedule(3), epoch, per_batch="sample", samples_per_epoch=spe)
+    res = MixResume(counts, weights, ["a", "b"], "sample", spe, new, Schedule(3), epoch, [(2, 1, 10, 1)], 0)
+    n0 = epoch * mix.steps * 10 + 1 * 10
+    assert res.steps > 0
+    got = res.take.sum(axis=1)  # (steps, S): the rank batch's counts
+    assert (got == continued_counts(weights, n0, new, res.steps, "sample")).all()
+    used = mix.bounds[:, -1] - mix.bounds[:, 0]  # the epoch's range per source
+    delivered = np.tile(mix.take[:1].sum(axis=0), (2, 1)).sum(axis=0)
+    assert (res.take.sum(axis=(0, 1)) * new.world_size <= used - delivered).all()
+    plans = [res.worker(0, w) for w in range(2)]
+    assert sum(p.samples for w in plans for p, _ in w) == int(res.take.sum())
