@@ -106,36 +106,48 @@ def test_resume_mid_epoch_on_the_saved_layout(data):
             d.load_state_dict(state)
 
 
+def preempted(data, weights, k, **kw):
+    """Every rank of 2 x 2 x batch 10 runs ``k`` steps: what they delivered, and the state."""
+    first = []
+    for rank in range(R):
+        with Loader(open_mix(data, weights, rank=rank, **kw)) as a:
+            it = iter(a)
+            for _ in range(k):
+                batch = next(it)
+                first += list(zip(batch["src"], batch["key"]))
+            state = a.state_dict()  # (the same on every rank)
+    return first, state
+
+
+def continued(data, weights, state, n0, layout, per_batch="sample", **kw):
+    """Every rank of ``layout`` resumes ``state``: what they delivered, after checking that every
+    batch holds the continued rule's counts and that every rank ran the same steps."""
+    rest, steps = [], set()
+    for rank in range(layout.world_size):
+        with Loader(open_mix(data, weights, rank=rank, world=layout.world_size, workers=layout.workers,
+                             batch=layout.batch_size, per_batch=per_batch, **kw)) as b:
+            b.load_state_dict(state)
+            batches = [list(zip(x["src"], x["key"])) for x in b]
+        steps.add(len(batches))
+        want = continued_counts(list(weights.values()), n0, layout, len(batches), per_batch)
+        for got, counts in zip(batches, want):
+            c = collections.Counter(src for src, _ in got)
+            assert [c[name] for name in weights] == counts.tolist()
+        rest += [x for batch in batches for x in batch]
+    assert len(steps) == 1 and steps.pop() > 0  # every rank the same number of steps
+    return rest
+
+
 @pytest.mark.parametrize("world,workers,batch,per_batch", [(3, 1, 8, "sample"), (1, 3, 12, "sample"),
                                                           (3, 1, 8, "source")])
 def test_resume_mid_epoch_on_another_layout(data, world, workers, batch, per_batch):
     """Preempted after k steps on 2 ranks x 2 workers x batch 10, the epoch goes on on another
     allocation: no sample of either source twice, every continued batch holds the continued
     rule's counts, the epoch's proportions stay those of the weights."""
-    weights = {"big": 0.7, "mid": 0.3}
-    k, first = 1, []
-    for rank in range(R):
-        with Loader(open_mix(data, weights, rank=rank, per_batch=per_batch)) as a:
-            it = iter(a)
-            for _ in range(k):
-                batch_ = next(it)
-                first += list(zip(batch_["src"], batch_["key"]))
-            state = a.state_dict()  # (the same on every rank)
-    rest, steps = [], set()
+    weights, k = {"big": 0.7, "mid": 0.3}, 1
+    first, state = preempted(data, weights, k, per_batch=per_batch)
     n0 = k * B if per_batch == "sample" else k  # units dealt before the preemption: slots, or batches
-    for rank in range(world):
-        with Loader(open_mix(data, weights, rank=rank, world=world, workers=workers, batch=batch,
-                             per_batch=per_batch)) as b:
-            b.load_state_dict(state)
-            assert b.resume == ((R, W, B, k),)
-            batches = [list(zip(x["src"], x["key"])) for x in b]
-        steps.add(len(batches))
-        want = continued_counts([0.7, 0.3], n0, Layout(world, workers, batch), len(batches), per_batch)
-        for got, counts in zip(batches, want):
-            c = collections.Counter(src for src, _ in got)
-            assert [c["big"], c["mid"]] == counts.tolist()
-        rest += [x for b_ in batches for x in b_]
-    assert len(steps) == 1 and steps.pop() > 0  # every rank the same number of steps
+    rest = continued(data, weights, state, n0, Layout(world, workers, batch), per_batch)
     everything = first + rest
     assert len(everything) == len(set(everything))  # no sample twice, across both allocations
     c = collections.Counter(src for src, _ in everything)
@@ -146,27 +158,9 @@ def test_resume_with_samples_per_epoch_on_another_layout(data):
     """samples_per_epoch, the tiny source wrapping into new passes within the epoch: resumed on
     another layout, every continued batch holds the rule's counts, the big source no sample twice,
     the tiny one every sample as often as the others, give or take one pass."""
-    weights, spe = {"big": 0.5, "tiny": 0.5}, 40
-    k, first = 1, []
-    for rank in range(R):
-        with Loader(open_mix(data, weights, rank=rank, samples_per_epoch=spe)) as a:
-            it = iter(a)
-            for _ in range(k):
-                b_ = next(it)
-                first += list(zip(b_["src"], b_["key"]))
-            state = a.state_dict()
-    epoch_steps = spe // (R * B)
-    n0 = 0 * epoch_steps * B + k * B  # epoch 0: the rule starts at 0
-    rest = []
-    for rank in range(3):
-        with Loader(open_mix(data, weights, rank=rank, world=3, workers=1, batch=6, samples_per_epoch=spe)) as b:
-            b.load_state_dict(state)
-            batches = [list(zip(x["src"], x["key"])) for x in b]
-        want = continued_counts([0.5, 0.5], n0, Layout(3, 1, 6), len(batches), "sample")
-        for got, counts in zip(batches, want):
-            c = collections.Counter(src for src, _ in got)
-            assert [c["big"], c["tiny"]] == counts.tolist()
-        rest += [x for b_ in batches for x in b_]
+    weights, k = {"big": 0.5, "tiny": 0.5}, 1
+    first, state = preempted(data, weights, k, samples_per_epoch=40)
+    rest = continued(data, weights, state, k * B, Layout(3, 1, 6), samples_per_epoch=40)  # epoch 0: from 0
     everything = first + rest
     big = [key for src, key in everything if src == "big"]
     assert len(big) == len(set(big))
