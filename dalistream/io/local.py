@@ -177,9 +177,7 @@ def open_file(url: str, offset: int = 0, buffering: int = CHUNK) -> BinaryIO:
     bytes at a time."""
     path = local_path(url)
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):  # (opening a FIFO would block until a writer comes)
-            check_regular(url, st)
+        check_regular(url, os.stat(path))  # (opening a FIFO would block until a writer comes)
         f = open(path, "rb", buffering=buffering)
     except FileNotFoundError:
         raise SourceError("shard file does not exist", url=url, reason="missing",

@@ -24,6 +24,12 @@ from .readahead import ReadAhead
 from .remote import is_fetched, open_remote
 
 
+def chunk_bytes(options: Optional[Mapping[str, Any]]) -> int:
+    """Bytes per read of a local file and of the tar parser's buffer (``chunk_bytes``; a worker
+    reading many columns at once gets a share of it, :func:`~.options.shared_budget`)."""
+    return int((options or {}).get("chunk_bytes", CHUNK))
+
+
 def open_raw(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None) -> BinaryIO:
     """Open ``url`` as a buffered binary stream positioned at byte ``offset`` (not decompressed;
     one GET for remote data)."""
@@ -33,7 +39,7 @@ def open_raw(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = N
         if offset:
             raise SourceError("pipe: sources cannot be opened at an offset", url=url)
         return open_pipe(url)
-    return open_file(url, offset, int((options or {}).get("chunk_bytes", CHUNK)))
+    return open_file(url, offset, chunk_bytes(options))
 
 
 def is_gzip_name(url: str) -> bool:
@@ -118,20 +124,18 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
         stream = decompressed(open_raw(url, 0, options), url, offset)
     elif is_fetched(url):
         return _Owned(ReadAhead([url], options, None, [(offset, end)]))
-    elif end is not None and not url.startswith("pipe:"):  # a local part: positional reads, no buffers
-        part = open_range(url, offset, end)
-        if not file_is_gzip(part):
-            return part
-        part.close()
-        return _limited(decompressed(open_raw(url, 0, options), url, offset), offset, end,
-                        int((options or {}).get("chunk_bytes", CHUNK)))
     else:
+        if end is not None and not url.startswith("pipe:"):  # a local part: positional reads, no buffers
+            part = open_range(url, offset, end)
+            if not file_is_gzip(part):
+                return part
+            part.close()  # gzip content under a .tar name: read through the decompressor below
         stream = open_raw(url, 0, options)
         if offset and not file_is_gzip(stream):  # (gzip content under a .tar name: positions are in the tar)
             stream.seek(offset)
         else:
             stream = decompressed(stream, url, offset)
-    return _limited(stream, offset, end, int((options or {}).get("chunk_bytes", CHUNK)))
+    return _limited(stream, offset, end, chunk_bytes(options))
 
 
 class ShardSequence:
@@ -157,7 +161,7 @@ class ShardSequence:
         if ranges is not None and len(ranges) != len(self.urls):
             raise ValueError(f"{len(ranges)} ranges for {len(self.urls)} shards")
         self.ranges = [(int(s), None if e is None else int(e)) for s, e in ranges] if ranges is not None else None
-        self.chunk = int(self.options.get("chunk_bytes", CHUNK))  # bytes per read of a local file, and of its parser
+        self.chunk = chunk_bytes(self.options)
         self._ahead: Optional[ReadAhead] = None
 
     def open(self, i: int) -> BinaryIO:
