@@ -14,11 +14,13 @@ composition is the mix's own, stratified per batch. On another layout mid-epoch 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .errors import ConfigError
 from .manifest import SampleOffsets, count_samples
-from .plan import Layout, MixEpoch, Schedule, parse_mix
+from .plan import Layout, MixEpoch, Schedule, WorkerPlan, parse_mix
 from .plan.mix import PER_BATCH
 from .plan.mixresume import MixResume
 from .sources import expand_sources
@@ -61,6 +63,17 @@ class Mix:
         """The rest of ``epoch`` after ``segments`` ran under other layouts (elastic resume)."""
         return MixResume([s.counts for s in self.sources], [s.weight for s in self.sources], self.names,
                          self.per_batch, self.samples_per_epoch, layout, schedule, epoch, segments, shuffle)
+
+    def worker_plans(self, layout: Layout, schedule: Schedule, epoch: int, rank: int, worker: int,
+                     resume: Sequence = (), shuffle: int = 0) -> List[Tuple[WorkerPlan, np.ndarray]]:
+        """Per source, what (``rank``, ``worker``) reads of it in ``epoch`` and what its slot takes
+        of it at each step: the epoch's plan, or after ``resume`` (segments run under other
+        layouts) the rest of it."""
+        if resume:
+            return self.resumed(layout, schedule, epoch, resume, shuffle).worker(rank, worker)
+        mixed = self.epoch(layout, schedule, epoch).worker(rank, worker)
+        return [(WorkerPlan(rank, worker, epoch, s.parts, mixed.steps, mixed.slot, mixed.offset, s.samples,
+                            mixed.global_worker, 0, (), s.shuffle_seed), s.take) for s in mixed.sources]
 
     def identity(self, of: Any) -> dict:
         """What the sources are, for a loader state: ``of(urls, counts, sizes)`` per source name,

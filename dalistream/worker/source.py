@@ -169,25 +169,20 @@ class WorkerSource:
         policy = ErrorPolicy(c.on_error, c.max_skip_fraction, rank=c.rank, worker=self.worker)
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
         if self.mix is not None:  # one stream per source, each step taking the source's share of the slot
-            if self.resume and epoch == self.start_epoch:  # the rest of an epoch begun on other layouts
-                pairs = self.mix.resumed(c.layout, c.schedule, epoch, self.resume, c.shuffle).worker(c.rank, self.worker)
-            else:
-                mixed = self.mix.epoch(c.layout, c.schedule, epoch).worker(c.rank, self.worker)
-                pairs = [(WorkerPlan(c.rank, self.worker, epoch, s.parts, mixed.steps, mixed.slot, mixed.offset,
-                                     s.samples, mixed.global_worker, 0, (), s.shuffle_seed), s.take)
-                         for s in mixed.sources]
-            plans = tuple(plan for plan, _ in pairs)
+            resume = self.resume if epoch == self.start_epoch else ()
+            pairs = self.mix.worker_plans(c.layout, c.schedule, epoch, c.rank, self.worker, resume, c.shuffle)
             streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader), take, name)
                        for (plan, take), name, reader in zip(pairs, self.mix.names, self.mix_readers)]
+            steps = pairs[0][0].steps
         else:
             plans = self.plans(epoch)
             share = len(plans)  # streams open at once share the read-ahead budget
             streams = [(self._stream(plan, start_step * plan.slot, policy, stats, share, self.reader),
-                        _Constant(plan.slot), None)
-                       for plan in plans]
+                        np.full(plan.steps, plan.slot), None) for plan in plans]
+            steps = plans[0].steps
         empty = batch.templates(c.fields, c.batch_size)
         lo, slot = self._slot[0], self._slot[1] - self._slot[0]
-        for step in range(start_step, plans[0].steps):
+        for step in range(start_step, steps):
             t0 = time.perf_counter()
             chunk = []
             for stream, take, name in streams:
@@ -204,7 +199,7 @@ class WorkerSource:
             stats.batch_s += time.perf_counter() - t1
             stats.maybe_write()
             yield outputs
-        if c.policy == "even":  # a worker's span is exactly its steps x slot: only the job's tail is left out
+        if c.policy == "even" and self.mix is None:  # a span is exactly steps x slot: only the job's tail is left out
             stats.add(dropped=sum(plan.left_out for plan in plans))
         stats.write()
 
@@ -223,12 +218,3 @@ class WorkerSource:
         stream = shuffled(policy.watched(reader.decoded(plan, keep, policy, stats, share)), c.shuffle, seed)
         return itertools.islice(stream, skip_count, None)
 
-
-class _Constant:
-    """``take[step]`` of a plan that takes its whole slot every step."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __getitem__(self, step: int) -> int:
-        return self.n
