@@ -28,7 +28,7 @@ from ..io.local import write_atomic
 from .policy import skip_totals
 
 WORKER_FIELDS = ("rank", "worker", "epoch", "step", "samples", "padded", "bytes", "dropped", "io_wait_s", "read_s",
-                 "batch_s", "wall_s", "skipped", "io", "skipped_by_epoch", "totals_by_epoch", "sources")
+                 "batch_s", "wall_s", "skipped", "io", "skipped_by_epoch", "totals_by_epoch")
 TOTALS = ("samples", "padded", "bytes", "dropped")
 WRITE_INTERVAL_S = 0.5  # counters are written at most this often while batches flow
 SKIP_FLUSH_S = 0.05     # and soon after a skip, so the loader sees the skips of delivered batches
@@ -46,7 +46,6 @@ class WorkerStats:
         self.io = IOCounters()  # remote requests, retries, resumes of this worker
         self.skipped_by_epoch: Dict[int, Counter] = {}
         self.totals_by_epoch: Dict[int, Counter] = {}
-        self.sources: Counter = Counter()  # a mix: samples delivered per source name
         self._last = 0.0
         self._unwritten_skip = False
         self._t0 = time.perf_counter()
@@ -67,8 +66,7 @@ class WorkerStats:
             epoch[name] += value
 
     def add_source(self, name: str, n: int) -> None:
-        """Count ``n`` samples of a mix's source ``name`` delivered, in all and in the current epoch."""
-        self.sources[name] += n
+        """Count ``n`` samples of a mix's source ``name`` delivered in the current epoch."""
         self.totals_by_epoch.setdefault(self.epoch, Counter())[f"source:{name}"] += n
 
     def as_dict(self) -> Dict[str, Any]:
@@ -81,7 +79,6 @@ class WorkerStats:
             "skipped": dict(self.skipped), "io": self.io.as_dict(),
             "skipped_by_epoch": {str(e): dict(c) for e, c in self.skipped_by_epoch.items() if c},
             "totals_by_epoch": {str(e): dict(c) for e, c in self.totals_by_epoch.items() if c},
-            "sources": dict(self.sources),
         }
 
     def maybe_write(self) -> None:
@@ -126,35 +123,23 @@ def read_workers(directory: str) -> List[Dict[str, Any]]:
     return sorted(workers, key=lambda w: w.get("worker", 0))
 
 
-def summarize(workers: List[Dict[str, Any]], through: Optional[int] = None) -> Dict[str, Any]:
-    """Sums over workers: :data:`TOTALS`, skips (``skipped_samples``, ``skipped_shards``,
-    ``skipped`` by kind and reason), of the epochs up to ``through`` (all when None: the workers'
-    read-ahead into an epoch not yet delivered included), and a mix's samples per source
-    (``sources``); ``by_epoch[e]`` holds every epoch's alone; ``workers`` keeps each worker's own
-    counters."""
+def summarize(workers: List[Dict[str, Any]], through: int) -> Dict[str, Any]:
+    """Sums over workers of the epochs up to ``through`` (the workers' read-ahead into later
+    epochs left out): :data:`TOTALS`, skips (``skipped_samples``, ``skipped_shards``, ``skipped``
+    by kind and reason) and a mix's samples per source (``sources``); ``by_epoch[e]`` holds the
+    same for every epoch alone; ``workers`` keeps each worker's own counters."""
     by_epoch: Dict[int, Counter] = {}
     for w in workers:
         for key in ("skipped_by_epoch", "totals_by_epoch"):
             for epoch, counts in w.get(key, {}).items():
                 by_epoch.setdefault(int(epoch), Counter()).update(counts)
-    if through is None:
-        skipped: Counter = Counter()
-        for w in workers:
-            skipped.update(w.get("skipped", {}))
-        totals = {k: sum(w.get(k, 0) for w in workers) for k in TOTALS}
-    else:
-        skipped = Counter()
-        for epoch, counts in by_epoch.items():
-            if epoch <= through:
-                skipped.update(counts)
-        totals = {k: skipped.pop(k, 0) for k in TOTALS}
-    sources: Counter = Counter()
-    if through is None:
-        for w in workers:
-            sources.update(w.get("sources", {}))
-    else:
-        sources.update({k.partition(":")[2]: v for k, v in skipped.items() if k.startswith("source:")})
-    return {"workers": workers, **totals, **skip_totals(skipped), "sources": dict(sources),
-            "by_epoch": {e: {**{k: c.get(k, 0) for k in TOTALS}, **skip_totals(c),
-                             "sources": {k.partition(":")[2]: v for k, v in c.items() if k.startswith("source:")}}
-                         for e, c in sorted(by_epoch.items())}}
+
+    def sums(counts: Counter) -> Dict[str, Any]:
+        return {**{k: counts.get(k, 0) for k in TOTALS}, **skip_totals(counts),
+                "sources": {k.partition(":")[2]: v for k, v in counts.items() if k.startswith("source:")}}
+
+    delivered: Counter = Counter()
+    for epoch, counts in by_epoch.items():
+        if epoch <= through:
+            delivered.update(counts)
+    return {"workers": workers, **sums(delivered), "by_epoch": {e: sums(c) for e, c in sorted(by_epoch.items())}}
