@@ -65,7 +65,8 @@ class StreamBuffer:
             losing(error, self.member)
         return error
 
-    def _read_into(self, view: memoryview) -> int:
+    def read_into(self, view: memoryview) -> int:
+        """One read of the stream into ``view`` (past the buffer: the caller keeps ``base`` right)."""
         if self.readinto is not None:
             return self._timed(self.readinto, view) or 0
         data = self._timed(self.stream.read, len(view))
@@ -86,7 +87,7 @@ class StreamBuffer:
             raise ValueError(n)  # (callers ask for at most one chunk)
         while self.end < n:
             try:
-                got = self._read_into(self.view[self.end:])
+                got = self.read_into(self.view[self.end:])
             except DalistreamError as e:
                 if self.end == avail:
                     raise
@@ -137,7 +138,7 @@ class StreamBuffer:
             return avail + left  # (for other streams, a short file shows up as a short read of the next header)
         got = 0
         while got < left:
-            k = self._read_into(self.view[:min(left - got, len(self.view))])
+            k = self.read_into(self.view[:min(left - got, len(self.view))])
             if not k:
                 break
             got += k
@@ -172,7 +173,7 @@ class StreamBuffer:
                                f"{after} (a lone zero block: part of the shard was zeroed or lost)", self.url, member)
             self.base += self.end
             self.pos = self.end = 0
-            got = self._read_into(self.view)
+            got = self.read_into(self.view)
             if not got:
                 return
             self.end = got

@@ -41,13 +41,13 @@ def templates(fields: Sequence[Any], batch_size: int) -> List[Any]:
             for f in fields] + [np.zeros(batch_size, np.uint8)]
 
 
-def assemble(empty: Sequence[Any], chunk: Sequence[Tuple[np.ndarray, ...]], lo: int) -> Tuple[Any, ...]:
-    """The plain batch: ``empty`` (from :func:`templates`, left untouched) with ``chunk``'s
-    samples (tuples of field values) at positions ``lo, lo + 1, …`` and ``valid`` set there."""
+def assemble(empty: Sequence[Any], columns: Sequence[Sequence[Any]], lo: int, n: int) -> Tuple[Any, ...]:
+    """The plain batch: ``empty`` (from :func:`templates`, left untouched) with ``n`` samples at
+    positions ``lo, lo + 1, …`` and ``valid`` set there; ``columns``: one per field, its ``n``
+    values (arrays or byte rows: anything with the buffer protocol; an array for a scalar field)."""
     outputs = tuple(t.copy() for t in empty)
-    n = len(chunk)
     if n:
-        for out, column in zip(outputs, zip(*chunk)):
+        for out, column in zip(outputs, columns):
             out[lo:lo + n] = column
         outputs[-1][lo:lo + n] = 1
     return outputs
@@ -62,8 +62,8 @@ def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int) -> Tuple
     for i in packed:
         own = plain[i][lo:hi]
         lengths = np.zeros(batch_size, np.int32)
-        lengths[lo:hi] = [a.size for a in own]
-        out[i] = np.concatenate([lengths.view(np.uint8), *own])
+        lengths[lo:hi] = [len(a) for a in own]  # (1-D bytes: len is the size, for arrays and views alike)
+        out[i] = np.frombuffer(bytearray().join([lengths.tobytes(), *own]), np.uint8)  # one copy, writable
     return tuple(out)
 
 

@@ -130,7 +130,7 @@ class _BadImage(ValueError):
     pass
 
 
-_JPEG, _PNG, _PNG_END = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
+JPEG_START, PNG_START, PNG_END = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
 _SIGNATURES = (  # formats DALI's image decoders read, besides JPEG and PNG
     (b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\0", "TIFF"), (b"MM\0*", "TIFF"),
     (b"\0\0\0\x0cjP  \r\n\x87\n", "JPEG 2000"), (b"\xff\x4f\xff\x51", "JPEG 2000"),
@@ -175,15 +175,15 @@ def image_problem(data: bytes) -> Optional[str]:
     n = len(data)
     if n == 0:
         return "0 bytes"
-    if data.startswith(_JPEG):
+    if data.startswith(JPEG_START):
         scan = _jpeg_scan(data)
         if scan < 0:
             return f"JPEG of {n} bytes without image data (no start-of-scan marker): cut short?"
         if data.rfind(b"\xff\xd9", scan) < 0:  # from the end, where it is: not a scan of the whole image
             return f"JPEG of {n} bytes without its end-of-image marker: cut short?"
         return None
-    if data.startswith(_PNG):
-        if data.rfind(_PNG_END, 8) < 0:
+    if data.startswith(PNG_START):
+        if data.rfind(PNG_END, 8) < 0:
             return f"PNG of {n} bytes without its IEND chunk: cut short?"
         return None
     if data.startswith(b"RIFF") and data[8:12] == b"WEBP":

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Dict, Iterator, Optional
 
 from ..errors import DalistreamError, SampleError
+from .rows import Rows
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +90,11 @@ class ErrorPolicy:
             self.check()
 
     def watched(self, samples: Iterator) -> Iterator:
-        """``samples`` passed through, the real ones (not ``None``) counted as passed, judged at
-        the end."""
+        """``samples`` passed through, the real ones (not ``None``; a block of them by its number)
+        counted as passed, judged at the end."""
         for sample in samples:
             if sample is not None:
-                self.passed += 1
+                self.passed += len(sample) if type(sample) is Rows else 1
             yield sample
         self.check(final=True)
 

@@ -23,9 +23,11 @@ from ..manifest.offsets import SampleOffsets
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
 from ..tar.parts import open_part
+from ..tar.runs import Run, sliced_runs
 from ..tar.sliced import sliced_samples
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
+from .rows import RowDecoder, Rows
 from .stats import WorkerStats
 
 PASS_END = object()  # marks the end of one pass over a worker's shards
@@ -48,10 +50,12 @@ class PlanReader:
         self.worker = worker
         self.count_source = count_source  # where the counts came from, for a stale count's error
         self.decoder = FieldDecoder(config.fields, config.missing)
+        self.rows = RowDecoder(config.fields, config.lowercase_ext)
         self.source_name = source_name  # a mix's source name: the ``__source__`` field
         self._source_field = any("__source__" in f.exts for f in config.fields)
 
-    def decoded(self, plan: WorkerPlan, keep: Keep, policy: ErrorPolicy, stats: WorkerStats, share: int = 1) -> Iterator:
+    def decoded(self, plan: WorkerPlan, keep: Keep, policy: ErrorPolicy, stats: WorkerStats, share: int = 1,
+                blocks: bool = False) -> Iterator:
         """Decoded samples of this worker's shards (endless, re-ordered per pass, for ``fixed``),
         ``None`` for samples skipped on resume.
 
@@ -62,16 +66,14 @@ class PlanReader:
         :func:`problem_first`), so a worker that stops after its last planned sample has still
         met, counted and reported the damage right after it, and the unreadable shards after it.
         ``share``: how many plans this worker reads at once (their remote read-ahead budget is
-        shared, :func:`~dalistream.io.options.shared_budget`).
+        shared, :func:`~dalistream.io.options.shared_budget`). ``blocks``: samples a member layout
+        cuts out are read a run at a time and come decoded as :class:`~.rows.Rows` blocks (for
+        a reader whose ``keep`` passes all but a first few: no shuffle buffer); the others one by
+        one, as tuples.
         """
         c = self.config
         good = 0
-
-        def skip(error: DalistreamError, kind: str) -> None:
-            policy.handle(error.at(rank=c.rank, worker=self.worker), kind)
-            stats.flush_skips()
-
-        for item in problem_first(self.raw(plan, keep, stats, share)):
+        for item in problem_first(self.raw(plan, keep, stats, share, blocks)):
             if item is PASS_END:
                 if c.policy == "fixed" and not good:  # cycling over nothing would never end
                     raise SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
@@ -84,29 +86,63 @@ class PlanReader:
                 yield None
                 continue
             if isinstance(item, DalistreamError):  # per shard
-                skip(item, "shards")
+                policy.handle(item.at(rank=c.rank, worker=self.worker), "shards")
+                stats.flush_skips()
                 continue
-            error = item.get("__error__")  # per sample, found by the tar reader
-            if error is not None:
-                skip(error, "samples")
+            if type(item) is Run:
+                stats.add(bytes=item.nbytes)
+                if self._source_field:
+                    item.source = self.source_name
+                block = self.block(item, policy, stats)
+                if block.n:
+                    good += block.n
+                    yield block
                 continue
             stats.add(bytes=sum(len(v) for k, v in item.items() if v is not None and not k.startswith("__")))
             if self._source_field:
                 item["__source__"] = self.source_name
-            try:
-                value = self.decoder.decode(item)
-            except SampleError as e:
-                skip(e, "samples")
-                continue
-            if value is None:
-                policy.count("samples", "missing_field", example=self.decoder.describe_missing(item))
-                stats.flush_skips()
-                continue
-            good += 1
-            yield value
+            value = self.settle(item, policy, stats)
+            if value is not None:
+                good += 1
+                yield value
 
-    def raw(self, plan: WorkerPlan, keep: Keep, stats: WorkerStats, share: int = 1) -> Iterator:
-        """This worker's raw samples (``ext -> bytes`` dicts, numbered in plan order; ``None`` when
+    def block(self, run: Run, policy: ErrorPolicy, stats: WorkerStats) -> Rows:
+        """A run's samples decoded together (:class:`~.rows.RowDecoder`); those that do not pass
+        settled one by one (:meth:`settle`), in order, the skipped ones left out."""
+        columns, bad = self.rows.decode(run)
+        n = len(run)
+        if bad:
+            lowercase, wants = self.config.lowercase_ext, self.decoder.wants
+            settled = {i: self.settle(run.sample(i, lowercase, wants), policy, stats) for i in bad}
+            kept = [i for i in range(n) if settled.get(i, True) is not None]
+            columns = [[settled[i][f] if i in settled else column[i] for i in kept] for f, column in enumerate(columns)]
+            n = len(kept)
+        return Rows(columns, n)
+
+    def settle(self, sample: dict, policy: ErrorPolicy, stats: WorkerStats) -> Optional[tuple]:
+        """One raw sample decoded, or ``None`` when the error policy skipped it (counted; raised
+        under ``on_error="raise"``): its tar reader's error, a field that does not decode, a
+        missing field."""
+        c = self.config
+        error = sample.get("__error__")  # found by the tar reader
+        if error is None:
+            try:
+                value = self.decoder.decode(sample)
+            except SampleError as e:
+                error = e
+            else:
+                if value is not None:
+                    return value
+                policy.count("samples", "missing_field", example=self.decoder.describe_missing(sample))
+                stats.flush_skips()
+                return None
+        policy.handle(error.at(rank=c.rank, worker=self.worker), "samples")
+        stats.flush_skips()
+        return None
+
+    def raw(self, plan: WorkerPlan, keep: Keep, stats: WorkerStats, share: int = 1, blocks: bool = False) -> Iterator:
+        """This worker's raw samples (``ext -> bytes`` dicts; with ``blocks``, runs of those a member
+        layout cuts out, :class:`~dalistream.tar.runs.Run`; numbered in plan order; ``None`` when
         ``keep`` rejects one), a shard's error in place of what follows its damage, and
         :data:`PASS_END` after each pass over the parts."""
         c = self.config
@@ -145,9 +181,23 @@ class PlanReader:
                 if position == len(reads) or reads[position][0] != k:
                     continue
                 first, (start, end) = first + done[k], ranges[position]
-                for sample in self._part(shards, position, index, first, stop, start, end, stats):
+                for sample in self._part(shards, position, index, first, stop, start, end, stats, blocks):
                     if isinstance(sample, DalistreamError):
                         yield sample
+                        continue
+                    if type(sample) is Run:
+                        n = len(sample)
+                        if not drop and all(keep(o) for o in range(ordinal, ordinal + n)):
+                            ordinal += n
+                            yield sample
+                            continue
+                        # an elastic resume's drops, or a reader that keeps only some: one by one
+                        lowercase, wants = c.lowercase_ext, self.decoder.wants
+                        for i in range(n):
+                            if drop and heads[k] + sample.first + i in drop:
+                                continue
+                            ordinal += 1
+                            yield sample.sample(i, lowercase, wants) if keep(ordinal - 1) else None
                         continue
                     if drop and heads[k] + sample["__index__"] in drop:
                         continue  # delivered before an elastic resume
@@ -168,7 +218,7 @@ class PlanReader:
         return start, end
 
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
-              start: Optional[int], end: Optional[int], stats: WorkerStats) -> Iterator:
+              start: Optional[int], end: Optional[int], stats: WorkerStats, blocks: bool = False) -> Iterator:
         """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None), from
         ``shards.open(position)``: the bytes from ``start`` (``first``'s offset, a seek or a ranged
         GET) to ``end`` (``stop``'s, closed by an end-of-archive marker) when the offsets are known,
@@ -190,16 +240,16 @@ class PlanReader:
                 if layout is not None:  # a regular shard: samples cut out by the manifest's member layout
                     patterns, kinds, sizes, offset = layout
                     found = first
-                    samples = sliced_samples(f, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=self.decoder.wants,
-                                             lowercase=c.lowercase_ext, last=stop == count, clock=stats.io_clock,
-                                             chunk=shards.chunk)
+                    samples = (sliced_runs if blocks else sliced_samples)(
+                        f, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=self.decoder.wants,
+                        lowercase=c.lowercase_ext, last=stop == count, clock=stats.io_clock, chunk=shards.chunk)
                 else:
                     samples = iter_samples(
                         f, url, keep=lambda i: first <= i and (stop is None or i < stop), want_ext=self.decoder.wants,
                         lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
                         first_index=first if at_offset else 0, clock=stats.io_clock, chunk=shards.chunk)
                 for sample in samples:
-                    found = sample["__index__"] + 1
+                    found = sample.first + len(sample) if type(sample) is Run else sample["__index__"] + 1
                     if found <= first:
                         continue  # another worker's sample, passed over by header
                     if stop is not None and found > stop:

@@ -43,8 +43,14 @@ from . import batch
 from .policy import ErrorPolicy
 from ..mixing import Mix
 from .reader import PlanReader
+from .rows import Taker
 from ..plan.shuffle import emitted_indices, shuffled
 from .stats import WorkerStats
+
+#: A worker reading more streams at once than this (interleaved columns) reads them sample by
+#: sample: each stream's runs, a share of the read buffer, hold too few samples for array
+#: operations to pay (a run of ~6 samples decoded in bulk costs 3.5x what decoding them one by one does).
+BLOCK_STREAMS = 4
 
 #: Environment variable: a directory where each worker writes a cProfile of its ``next()`` calls.
 PROFILE_ENV = "DALISTREAM_PROFILE"
@@ -70,6 +76,9 @@ class WorkerSource:
         lo = layout.slot_offsets[worker]
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
         self._byte_fields = batch.byte_fields(config.fields)
+        # samples a member layout cuts out are read and decoded a run at a time, unless a shuffle
+        # buffer is to take them one by one
+        self.blocks = config.shuffle <= 1
         self.start_epoch = start_epoch
         self.start_step = start_step
         self.resume = tuple(resume)  # segments of start_epoch run under other layouts (plan.resume)
@@ -171,29 +180,32 @@ class WorkerSource:
         if self.mix is not None:  # one stream per source, each step taking the source's share of the slot
             resume = self.resume if epoch == self.start_epoch else ()
             pairs = self.mix.worker_plans(c.layout, c.schedule, epoch, c.rank, self.worker, resume, c.shuffle)
-            streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader), take, name)
+            blocks = self.blocks and len(pairs) <= BLOCK_STREAMS
+            streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader, blocks), take, name)
                        for (plan, take), name, reader in zip(pairs, self.mix.names, self.mix_readers)]
             steps = pairs[0][0].steps
         else:
             plans = self.plans(epoch)
             share = len(plans)  # streams open at once share the read-ahead budget
-            streams = [(self._stream(plan, start_step * plan.slot, policy, stats, share, self.reader),
+            blocks = self.blocks and share <= BLOCK_STREAMS
+            streams = [(self._stream(plan, start_step * plan.slot, policy, stats, share, self.reader, blocks),
                         np.full(plan.steps, plan.slot), None) for plan in plans]
             steps = plans[0].steps
         empty = batch.templates(c.fields, c.batch_size)
         lo, slot = self._slot[0], self._slot[1] - self._slot[0]
+        takers = [(Taker(stream, blocks), take, name) for stream, take, name in streams]
         for step in range(start_step, steps):
             t0 = time.perf_counter()
-            chunk = []
-            for stream, take, name in streams:
-                before = len(chunk)
-                chunk.extend(itertools.islice(stream, int(take[step])))
+            columns: List[list] = [[] for _ in c.fields]
+            n = 0
+            for taker, take, name in takers:
+                k = taker.take(int(take[step]), columns)
+                n += k
                 if name is not None:
-                    stats.add_source(name, len(chunk) - before)
+                    stats.add_source(name, k)
             t1 = time.perf_counter()
             stats.read_s += t1 - t0
-            n = len(chunk)
-            outputs = batch.assemble(empty, chunk, lo)
+            outputs = batch.assemble(empty, columns, lo, n)
             stats.step = step + 1
             stats.add(samples=n, padded=slot - n)
             stats.batch_s += time.perf_counter() - t1
@@ -204,7 +216,7 @@ class WorkerSource:
         stats.write()
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
-                share: int, reader: PlanReader) -> Iterator:
+                share: int, reader: PlanReader, blocks: bool) -> Iterator:
         """One plan's decoded samples (read by ``reader``) in delivery order after the first
         ``skip_count``: read, shuffled through the buffer (if any), those skipped passed over unread."""
         c = self.config
@@ -215,6 +227,6 @@ class WorkerSource:
             keep = lambda o: o not in gone  # noqa: E731
         else:
             keep = lambda o: o >= skip_count  # noqa: E731
-        stream = shuffled(policy.watched(reader.decoded(plan, keep, policy, stats, share)), c.shuffle, seed)
+        stream = shuffled(policy.watched(reader.decoded(plan, keep, policy, stats, share, blocks)), c.shuffle, seed)
         return itertools.islice(stream, skip_count, None)
 

@@ -1,0 +1,172 @@
+"""Samples of a regular shard read a *run* at a time: one large read, the tar checked in bulk.
+
+Where the manifest knows a shard's member layout, every member of a part lies at a known offset
+with a known size (:mod:`dalistream.manifest.members`). :func:`sliced_runs` reads the part's
+samples in runs of whole samples (at least one, about ``chunk`` bytes), each into a buffer of its
+own, and checks each run's member headers with array operations: the ``ustar`` magic and the size
+field of every header at once, as :func:`~dalistream.tar.sliced.sliced_samples` checks them one by
+one. A :class:`Run` is the run's bytes with its samples' member positions; its members are views
+of those bytes (:mod:`dalistream.worker.rows` decodes them in bulk). A run whose check fails, or
+whose bytes end early, is handed to ``sliced_samples``, which yields its samples up to the damage
+and raises the same error, naming the same offsets, as for a part read sample by sample.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import BinaryIO, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ..errors import DalistreamError
+from ..io.counters import ReadClock
+from .buffer import CHUNK, StreamBuffer
+from .headers import BLOCK, header_name, no_end_marker
+from .samples import Sample, split_name
+from .sliced import sliced_samples
+
+_USTAR = np.frombuffer(b"ustar", np.uint8)
+_OCTAL_SHIFTS = 3 * np.arange(10, -1, -1, dtype=np.int64)  # the 11 digits of "%011o"
+
+
+class Run:
+    """Consecutive samples of one regular shard, in one buffer (see the module doc)."""
+
+    __slots__ = ("url", "first", "data", "offsets", "kinds", "names", "member_base", "member_at", "member_size",
+                 "nbytes", "source")
+
+    def __init__(self, url: str, first: int, data: bytearray, offsets: np.ndarray, kinds: np.ndarray,
+                 names: Sequence[Tuple[str, ...]], member_base: np.ndarray, member_at: np.ndarray,
+                 member_size: np.ndarray, nbytes: int) -> None:
+        self.url = url
+        self.first = first  # the number of its first sample in its shard
+        self.data = data  # the run's bytes, from its first sample's first header
+        self.offsets = offsets  # each sample's tar offset
+        self.kinds = kinds  # each sample's pattern
+        self.names = names  # each pattern's member extensions (lowercased if asked)
+        self.member_base = member_base  # where each sample's members start in member_at/member_size (n + 1)
+        self.member_at = member_at  # each member's data, in ``data``; its header is the block before
+        self.member_size = member_size
+        self.nbytes = nbytes  # bytes of the members wanted
+        self.source: Optional[str] = None  # a mix's source name, for the ``__source__`` field
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def key(self, i: int, lowercase: bool = False) -> str:
+        """Sample ``i``'s key (from its first member's name)."""
+        at = int(self.member_at[self.member_base[i]]) - BLOCK
+        return split_name(header_name(self.data, at), lowercase)[0]
+
+    def sample(self, i: int, lowercase: bool = False, wanted: Callable[[str], bool] = lambda ext: True) -> Sample:
+        """Sample ``i`` as :func:`~dalistream.tar.samples.iter_samples` yields it (members not
+        ``wanted`` as ``None``)."""
+        out: Sample = {"__url__": self.url, "__index__": self.first + i, "__offset__": int(self.offsets[i]),
+                       "__key__": self.key(i, lowercase)}
+        base = int(self.member_base[i])
+        for j, name in enumerate(self.names[int(self.kinds[i])]):
+            at, size = int(self.member_at[base + j]), int(self.member_size[base + j])
+            out[name] = bytes(self.data[at:at + size]) if wanted(name) else None
+        if self.source is not None:
+            out["__source__"] = self.source
+        return out
+
+
+def sliced_runs(
+    stream: BinaryIO, url: str, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray,
+    sizes: np.ndarray, *, first: int, offset: int, want_ext: Callable[[str], bool] = lambda ext: True,
+    lowercase: bool = False, last: bool = False, clock: Optional[ReadClock] = None, chunk: int = CHUNK,
+) -> Iterator[Union[Run, Sample]]:
+    """Samples ``first, first + 1, …`` of a regular shard as :class:`Run` s; the arguments are
+    :func:`~dalistream.tar.sliced.sliced_samples`' (whose sample dicts stand in for a run that
+    does not pass its check, up to its damage). ``last``: as there, the end-of-archive marker
+    is checked after the last sample."""
+    names = [tuple(e.lower() if lowercase else e for e in exts) for exts, _ in patterns]
+    kinds = np.asarray(kinds, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    per_sample = np.array([len(e) for e, _ in patterns], dtype=np.int64)[kinds]
+    member_base = np.zeros(len(kinds) + 1, dtype=np.int64)
+    np.cumsum(per_sample, out=member_base[1:])
+    headers = np.concatenate([np.asarray(h, dtype=np.int64) for _, h in patterns] or [np.zeros(0, np.int64)])
+    pattern_base = np.concatenate([[0], np.cumsum([len(h) for _, h in patterns])]).astype(np.int64)
+    # each member's header blocks: its pattern's, member by member
+    member_kind = np.repeat(kinds, per_sample)
+    within = np.arange(len(sizes), dtype=np.int64) - np.repeat(member_base[:-1], per_sample)
+    blocks = headers[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, np.int64)
+    span = BLOCK * blocks + ((sizes + BLOCK - 1) & -BLOCK)
+    member_start = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(span, out=member_start[1:])
+    member_at = member_start[:-1] + BLOCK * blocks  # data, from the part's start
+    sample_start = member_start[member_base]  # n + 1 entries: the last is the part's end
+    want = np.array([want_ext(e) for exts in names for e in exts], dtype=bool)
+    want_member = want[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, bool)
+    digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
+    r = StreamBuffer(stream, url, clock, chunk)
+    n = len(kinds)
+    i = 0
+    while i < n:
+        limit = sample_start[i] + max(r.chunk, int(sample_start[i + 1] - sample_start[i]))
+        k = max(i + 1, int(np.searchsorted(sample_start, limit, "right")) - 1)
+        k = min(k, n)
+        size = int(sample_start[k] - sample_start[i])
+        data = bytearray(size)
+        got, error = _read(r, memoryview(data))
+        a, b = int(member_base[i]), int(member_base[k])
+        at = member_at[a:b] - sample_start[i]
+        if got < size or not _headers_ok(data, at, digits[a:b]):
+            # sample by sample from the bytes read: its samples up to the damage, then the same error
+            whole = 0
+            for sample in sliced_samples(io.BytesIO(bytes(data[:got])), url, patterns, kinds[i:k], sizes[a:b],
+                                         first=first + i, offset=offset + int(sample_start[i]), want_ext=want_ext,
+                                         lowercase=lowercase, last=False, chunk=chunk):
+                whole += 1
+                yield sample
+            if whole < k - i:  # an end-of-archive marker where a sample should be: the caller reports it
+                return
+            if error is not None:
+                raise error
+            i = k
+            continue
+        nbytes = int(sizes[a:b][want_member[a:b]].sum())
+        yield Run(url, first + i, data, offset + sample_start[i:k], kinds[i:k], names, member_base[i:k + 1] - a,
+                  at, sizes[a:b], nbytes)
+        i = k
+    if last:
+        got = min(r.fill(BLOCK), BLOCK)
+        header = bytes(r.view[r.pos:r.pos + got])
+        if got < BLOCK and not header.strip(b"\0"):
+            raise no_end_marker(url)
+        if header.strip(b"\0"):
+            yield {"__url__": url, "__index__": first + n, "__offset__": offset + int(sample_start[n])}
+
+
+def _read(r: StreamBuffer, view: memoryview) -> Tuple[int, Optional[DalistreamError]]:
+    """Fill ``view`` from ``r``'s stream (what ``r`` holds first): how many bytes came, and the
+    read error that stopped it, if one did (raised after the bytes before it are parsed)."""
+    got = min(r.end - r.pos, len(view))
+    view[:got] = r.view[r.pos:r.pos + got]
+    r.pos += got
+    while got < len(view):
+        try:
+            k = r.read_into(view[got:])
+        except DalistreamError as e:
+            if not got:
+                raise
+            return got, e
+        if not k:
+            break
+        got += k
+        r.base += k
+    return got, None
+
+
+def _headers_ok(data: bytearray, at: np.ndarray, digits: np.ndarray) -> bool:
+    """Every member header (the block before each data offset ``at``) has the ``ustar`` magic and
+    the size ``digits`` (``%011o``) the layout says."""
+    if not len(at):
+        return True
+    arr = np.frombuffer(data, np.uint8)
+    head = at - BLOCK
+    magic = arr[head[:, None] + 257 + np.arange(5)]
+    size = arr[head[:, None] + 124 + np.arange(11)]
+    return bool((magic == _USTAR).all() and (size == digits).all())
