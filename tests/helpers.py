@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dalistream.plan import Layout, ResumePlan, epoch_layout
 from dalistream.plan.shuffle import shuffled
+from dalistream.tar import iter_samples
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 # real shards written by the webdataset project (copied into the repository: tests read nothing outside it)
@@ -172,3 +173,45 @@ def run_epoch(counts, schedule, epoch, layouts, steps_run, shuffle):
 def small_layout():
     return st.tuples(st.integers(1, 6), st.integers(1, 4), st.integers(1, 24)).map(
         lambda t: Layout(t[0], t[1], max(t[1], t[2])))
+
+
+# -- shards of every tar writer, with mixed sample patterns (tests/tar) ------------------------------
+
+FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+
+
+def write_tarfile(path, samples, fmt):
+    """``samples`` (dicts with ``__key__``) as a tar of the given format (:func:`helpers.write_tar`)."""
+    return write_tar(path, [(f"{s['__key__']}.{ext}", data) for s in samples for ext, data in s.items()
+                            if ext != "__key__"], FORMATS[fmt])
+
+
+def random_samples(seed, n):
+    """Samples of mixed patterns (``jpg`` or ``PNG``, a ``txt`` now and then), sizes 0 to 3 blocks,
+    now and then one larger than half a read chunk (read past the buffer)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        sample = {"__key__": f"d{seed}/k{i:04d}"}
+        size = int(rng.choice([0, 1, 511, 512, 513, 1500]))
+        if rng.random() < 0.03:
+            size = (1 << 20) // 2 + int(rng.integers(1, 5000))
+        sample["jpg" if rng.random() < 0.7 else "PNG"] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        sample["cls"] = str(i % 10).encode()
+        if rng.random() < 0.4:
+            sample["txt"] = b"t" * int(rng.integers(0, 700))
+        out.append(sample)
+    return out
+
+
+def shard(tmp_path, writer, seed, n=40):
+    samples = random_samples(seed, n)
+    path = str(tmp_path / f"{writer}-{seed}.tar")
+    if writer == "webdataset":
+        return write_wds(path, samples)
+    return write_tarfile(path, samples, writer)
+
+
+def by_headers(path, first, stop, **kw):
+    with open(path, "rb") as f:
+        return [s for s in iter_samples(f, path, **kw) if first <= s["__index__"] < stop]

@@ -18,12 +18,18 @@ from typing import BinaryIO, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import DalistreamError
+from ..errors import DalistreamError, ShardFormatError
 from ..io.counters import ReadClock
 from .buffer import CHUNK, StreamBuffer
 from .headers import BLOCK, header_name, no_end_marker
 from .samples import Sample, split_name
 from .sliced import sliced_samples
+
+#: A run is at least this long (a worker reading many columns at once reads each with a small
+#: share of the buffer: runs of a few samples would cost more than they save)
+MIN_RUN_BYTES = 256 << 10
+#: A part whose samples are larger on average than a run of this many is read sample by sample
+MIN_RUN_SAMPLES = 8
 
 _USTAR = np.frombuffer(b"ustar", np.uint8)
 _OCTAL_SHIFTS = 3 * np.arange(10, -1, -1, dtype=np.int64)  # the 11 digits of "%011o"
@@ -77,10 +83,11 @@ def sliced_runs(
     sizes: np.ndarray, *, first: int, offset: int, want_ext: Callable[[str], bool] = lambda ext: True,
     lowercase: bool = False, last: bool = False, clock: Optional[ReadClock] = None, chunk: int = CHUNK,
 ) -> Iterator[Union[Run, Sample]]:
-    """Samples ``first, first + 1, …`` of a regular shard as :class:`Run` s; the arguments are
-    :func:`~dalistream.tar.sliced.sliced_samples`' (whose sample dicts stand in for a run that
-    does not pass its check, up to its damage). ``last``: as there, the end-of-archive marker
-    is checked after the last sample."""
+    """Samples ``first, first + 1, …`` of a regular shard as :class:`Run` s of about
+    ``max(chunk, MIN_RUN_BYTES)`` bytes; the arguments are :func:`~dalistream.tar.sliced.sliced_samples`'
+    (whose sample dicts stand in for a run that does not pass its check, up to its damage, and
+    for a part whose samples are too large for runs of :data:`MIN_RUN_SAMPLES`). ``last``: as
+    there, the end-of-archive marker is checked after the last sample."""
     names = [tuple(e.lower() if lowercase else e for e in exts) for exts, _ in patterns]
     kinds = np.asarray(kinds, dtype=np.int64)
     sizes = np.asarray(sizes, dtype=np.int64)
@@ -100,12 +107,17 @@ def sliced_runs(
     sample_start = member_start[member_base]  # n + 1 entries: the last is the part's end
     want = np.array([want_ext(e) for exts in names for e in exts], dtype=bool)
     want_member = want[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, bool)
+    n = len(kinds)
+    run_bytes = max(chunk, MIN_RUN_BYTES)
+    if n and int(sample_start[n] - sample_start[0]) * MIN_RUN_SAMPLES > n * run_bytes:
+        yield from sliced_samples(stream, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=want_ext,
+                                  lowercase=lowercase, last=last, clock=clock, chunk=chunk)
+        return
     digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
     r = StreamBuffer(stream, url, clock, chunk)
-    n = len(kinds)
     i = 0
     while i < n:
-        limit = sample_start[i] + max(r.chunk, int(sample_start[i + 1] - sample_start[i]))
+        limit = sample_start[i] + max(run_bytes, int(sample_start[i + 1] - sample_start[i]))
         k = max(i + 1, int(np.searchsorted(sample_start, limit, "right")) - 1)
         k = min(k, n)
         size = int(sample_start[k] - sample_start[i])
@@ -116,11 +128,16 @@ def sliced_runs(
         if got < size or not _headers_ok(data, at, digits[a:b]):
             # sample by sample from the bytes read: its samples up to the damage, then the same error
             whole = 0
-            for sample in sliced_samples(io.BytesIO(bytes(data[:got])), url, patterns, kinds[i:k], sizes[a:b],
-                                         first=first + i, offset=offset + int(sample_start[i]), want_ext=want_ext,
-                                         lowercase=lowercase, last=False, chunk=chunk):
-                whole += 1
-                yield sample
+            try:
+                for sample in sliced_samples(io.BytesIO(bytes(data[:got])), url, patterns, kinds[i:k], sizes[a:b],
+                                             first=first + i, offset=offset + int(sample_start[i]), want_ext=want_ext,
+                                             lowercase=lowercase, last=False, chunk=chunk):
+                    whole += 1
+                    yield sample
+            except ShardFormatError as e:
+                if error is not None and e.reason == "truncated":  # the bytes ended where the read failed
+                    raise error from None
+                raise
             if whole < k - i:  # an end-of-archive marker where a sample should be: the caller reports it
                 return
             if error is not None:

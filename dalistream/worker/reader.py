@@ -93,9 +93,8 @@ class PlanReader:
                 stats.add(bytes=item.nbytes)
                 if self._source_field:
                     item.source = self.source_name
-                block = self.block(item, policy, stats)
-                if block.n:
-                    good += block.n
+                for block in self.blocks(item, policy, stats):
+                    good += len(block)
                     yield block
                 continue
             stats.add(bytes=sum(len(v) for k, v in item.items() if v is not None and not k.startswith("__")))
@@ -106,18 +105,22 @@ class PlanReader:
                 good += 1
                 yield value
 
-    def block(self, run: Run, policy: ErrorPolicy, stats: WorkerStats) -> Rows:
-        """A run's samples decoded together (:class:`~.rows.RowDecoder`); those that do not pass
-        settled one by one (:meth:`settle`), in order, the skipped ones left out."""
+    def blocks(self, run: Run, policy: ErrorPolicy, stats: WorkerStats) -> Iterator:
+        """A run's samples decoded together (:class:`~.rows.RowDecoder`), as :class:`~.rows.Rows`
+        between the samples that do not pass, which are settled one by one (:meth:`settle`) in
+        their place: the error policy meets them in the order, and at the moment, it would meet
+        them read one by one."""
         columns, bad = self.rows.decode(run)
-        n = len(run)
-        if bad:
-            lowercase, wants = self.config.lowercase_ext, self.decoder.wants
-            settled = {i: self.settle(run.sample(i, lowercase, wants), policy, stats) for i in bad}
-            kept = [i for i in range(n) if settled.get(i, True) is not None]
-            columns = [[settled[i][f] if i in settled else column[i] for i in kept] for f, column in enumerate(columns)]
-            n = len(kept)
-        return Rows(columns, n)
+        lowercase, wants = self.config.lowercase_ext, self.decoder.wants
+        start = 0
+        for i in bad + [len(run)]:
+            if i > start:
+                yield Rows([column[start:i] for column in columns], i - start)
+            if i < len(run):
+                value = self.settle(run.sample(i, lowercase, wants), policy, stats)
+                if value is not None:
+                    yield value
+            start = i + 1
 
     def settle(self, sample: dict, policy: ErrorPolicy, stats: WorkerStats) -> Optional[tuple]:
         """One raw sample decoded, or ``None`` when the error policy skipped it (counted; raised

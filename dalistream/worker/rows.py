@@ -28,6 +28,7 @@ _MAX_DIGITS = 18  # a longer label is parsed alone (int64 holds every 18-digit d
 _WHITESPACE = np.zeros(256, bool)
 _WHITESPACE[list(b" \t\n\r\x0b\x0c")] = True  # what bytes.strip() strips
 _JPEG_STEPS = 64  # segments walked in bulk before a row is checked alone
+BULK_ROWS = 32  # fewer rows are checked one by one: array operations cost more than they save there
 
 
 class Rows:
@@ -96,7 +97,7 @@ class RowDecoder:
             index = run.member_base[:-1] + np.maximum(j, 0)
             starts, lengths = run.member_at[index], run.member_size[index]
             if mode == _INT:
-                values, wrong = parse_ints(data, starts, lengths)
+                values, wrong = parse_ints(data, starts, lengths) if n >= BULK_ROWS else (np.zeros(n, np.int64), np.ones(n, bool))
                 column = values.tolist()
                 for i in np.flatnonzero(wrong & ~bad).tolist():  # not plain decimal: as read alone, if it can be
                     try:
@@ -109,7 +110,7 @@ class RowDecoder:
             if mode == _BYTES:
                 check = images[f][kinds] & ~bad
                 if check.any():
-                    bad[images_bad(data, starts, lengths, check)] = True
+                    bad[images_bad(data, starts, lengths, check, bulk=n >= BULK_ROWS)] = True
                 if field.ndim != 1 or np.dtype(field.dtype) != np.uint8:  # not a blob: arrays, as decoded alone
                     rows = [np.frombuffer(r, np.uint8) for r in rows]
                 columns.append(rows)
@@ -154,11 +155,15 @@ def parse_ints(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> Tup
     return np.where(good, value, 0), ~good
 
 
-def images_bad(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, check: np.ndarray) -> List[int]:
+def images_bad(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, check: np.ndarray,
+               bulk: bool = True) -> List[int]:
     """Of the rows ``check`` marks (encoded images at ``data[starts[i]:][:lengths[i]]``), those
-    :func:`image_problem` refuses: JPEG and PNG settled in bulk where they surely pass, the rest
-    checked one by one."""
+    :func:`image_problem` refuses: with ``bulk``, JPEG and PNG settled together where they surely
+    pass, the rest checked one by one."""
     ok = ~check
+    if not bulk:
+        return [i for i in np.flatnonzero(check).tolist()
+                if image_problem(data[starts[i]:starts[i] + lengths[i]].tobytes()) is not None]
     head = _bytes_at(data, starts, lengths, 8)
     is_jpeg = check & (lengths >= 4) & (head[:, :3] == np.frombuffer(JPEG_START, np.uint8)).all(axis=1)
     is_png = check & (lengths >= 16) & (head == np.frombuffer(PNG_START, np.uint8)).all(axis=1)

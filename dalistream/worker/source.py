@@ -47,11 +47,6 @@ from .rows import Taker
 from ..plan.shuffle import emitted_indices, shuffled
 from .stats import WorkerStats
 
-#: A worker reading more streams at once than this (interleaved columns) reads them sample by
-#: sample: each stream's runs, a share of the read buffer, hold too few samples for array
-#: operations to pay (a run of ~6 samples decoded in bulk costs 3.5x what decoding them one by one does).
-BLOCK_STREAMS = 4
-
 #: Environment variable: a directory where each worker writes a cProfile of its ``next()`` calls.
 PROFILE_ENV = "DALISTREAM_PROFILE"
 
@@ -180,14 +175,14 @@ class WorkerSource:
         if self.mix is not None:  # one stream per source, each step taking the source's share of the slot
             resume = self.resume if epoch == self.start_epoch else ()
             pairs = self.mix.worker_plans(c.layout, c.schedule, epoch, c.rank, self.worker, resume, c.shuffle)
-            blocks = self.blocks and len(pairs) <= BLOCK_STREAMS
+            blocks = self.blocks
             streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader, blocks), take, name)
                        for (plan, take), name, reader in zip(pairs, self.mix.names, self.mix_readers)]
             steps = pairs[0][0].steps
         else:
             plans = self.plans(epoch)
             share = len(plans)  # streams open at once share the read-ahead budget
-            blocks = self.blocks and share <= BLOCK_STREAMS
+            blocks = self.blocks
             streams = [(self._stream(plan, start_step * plan.slot, policy, stats, share, self.reader, blocks),
                         np.full(plan.steps, plan.slot), None) for plan in plans]
             steps = plans[0].steps

@@ -13,51 +13,9 @@ import pytest
 from dalistream.errors import ShardFormatError
 from dalistream.manifest import scan_shard
 from dalistream.manifest.rows import ShardRows
-from dalistream.tar import iter_samples
-from dalistream.tar.buffer import CHUNK
 from dalistream.tar.sliced import sliced_samples
 
-from helpers import write_tar, write_wds
-
-FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
-
-
-def write_tarfile(path, samples, fmt):
-    """``samples`` (dicts with ``__key__``) as a tar of the given format (:func:`helpers.write_tar`)."""
-    return write_tar(path, [(f"{s['__key__']}.{ext}", data) for s in samples for ext, data in s.items()
-                            if ext != "__key__"], FORMATS[fmt])
-
-
-def random_samples(seed, n):
-    """Samples of mixed patterns (``jpg`` or ``PNG``, a ``txt`` now and then), sizes 0 to 3 blocks,
-    now and then one larger than half a read chunk (read past the buffer)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        sample = {"__key__": f"d{seed}/k{i:04d}"}
-        size = int(rng.choice([0, 1, 511, 512, 513, 1500]))
-        if rng.random() < 0.03:
-            size = CHUNK // 2 + int(rng.integers(1, 5000))
-        sample["jpg" if rng.random() < 0.7 else "PNG"] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-        sample["cls"] = str(i % 10).encode()
-        if rng.random() < 0.4:
-            sample["txt"] = b"t" * int(rng.integers(0, 700))
-        out.append(sample)
-    return out
-
-
-def shard(tmp_path, writer, seed, n=40):
-    samples = random_samples(seed, n)
-    path = str(tmp_path / f"{writer}-{seed}.tar")
-    if writer == "webdataset":
-        return write_wds(path, samples)
-    return write_tarfile(path, samples, writer)
-
-
-def by_headers(path, first, stop, **kw):
-    with open(path, "rb") as f:
-        return [s for s in iter_samples(f, path, **kw) if first <= s["__index__"] < stop]
-
+from helpers import by_headers, random_samples, shard, write_tarfile
 
 def by_layout(path, info, first, stop, **kw):
     rows = ShardRows.from_infos([info])

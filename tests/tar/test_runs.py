@@ -1,0 +1,169 @@
+"""Samples read a run at a time are exactly the samples cut out one by one, which are exactly
+the samples the header walk reads: for every tar writer, mixed patterns, runs of every length,
+any part of a shard, any extensions wanted; and a damaged shard gives the same samples up to
+the damage and the same error, at the same offsets."""
+
+import io
+
+import numpy as np
+import pytest
+
+from dalistream.errors import DalistreamError, ShardFormatError
+from dalistream.manifest import scan_shard
+from dalistream.manifest.rows import ShardRows
+from dalistream.tar import runs
+from dalistream.tar.runs import Run, sliced_runs
+from dalistream.tar.sliced import sliced_samples
+
+from helpers import by_headers, random_samples, shard, write_tarfile
+
+
+def layout(info):
+    return ShardRows.from_infos([info]).members.at(0)
+
+
+def read(reader, path, info, first, stop, stream=None, **kw):
+    """``reader``'s samples ``first`` to ``stop`` as dicts, then the error that ended them
+    (``None``), and how many runs came."""
+    patterns, kinds, sizes, starts = layout(info)
+    offset = info.offsets[first]
+    out, error, n_runs = [], None, 0
+    with (stream or open(path, "rb")) as f:
+        f.seek(offset)
+        try:
+            for item in reader(f, path, patterns, kinds[first:stop], sizes[starts[first]:starts[stop]], first=first,
+                               offset=offset, last=stop == info.samples, **kw):
+                if isinstance(item, Run):
+                    n_runs += 1
+                    want = kw.get("want_ext", lambda e: True)
+                    out += [item.sample(i, kw.get("lowercase", False), want) for i in range(len(item))]
+                else:
+                    out.append(item)
+        except DalistreamError as e:
+            error = (type(e), str(e), e.reason, e.member)
+    return out, error, n_runs
+
+
+@pytest.fixture(params=[0, 3000, 20000])
+def small_runs(request, monkeypatch):
+    """Runs of one sample (0), a few, many: the run length is the larger of chunk and MIN_RUN_BYTES."""
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", request.param)
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)  # no part is too large for runs here
+    return request.param
+
+
+@pytest.mark.parametrize("writer", ["ustar", "gnu", "pax", "webdataset"])
+@pytest.mark.parametrize("seed", range(3))
+def test_runs_deliver_what_the_header_walk_reads(tmp_path, writer, seed, small_runs):
+    path = shard(tmp_path, writer, seed)
+    info = scan_shard(path, offsets=True)
+    rng = np.random.default_rng(200 + seed)
+    parts = [(0, info.samples)] + [tuple(sorted(rng.integers(0, info.samples + 1, 2))) for _ in range(5)]
+    for first, stop in parts:
+        for want, lowercase in ((None, False), ({"jpg", "cls"}, False), ({"png"}, True)):
+            kw = dict(lowercase=lowercase, chunk=4096, **({"want_ext": want.__contains__} if want else {}))
+            got, error, n_runs = read(sliced_runs, path, info, first, stop, **kw)
+            assert error is None
+            assert got == by_headers(path, first, stop, lowercase=lowercase, **({"want_ext": want.__contains__} if want else {}))
+            if stop > first and small_runs == 0:
+                assert n_runs >= (stop - first) // 3  # (a sample over a chunk is a run of its own)
+
+
+def damaged_copies(tmp_path, path, info):
+    """The shard with one kind of damage each, after sample 5: cut mid-member, a header's magic
+    gone, another size in a header, an end-of-archive marker early, one sample more."""
+    data = bytearray(open(path, "rb").read())
+    at = info.offsets[5]
+    out = {}
+
+    def save(name, blob):
+        out[name] = str(tmp_path / f"{name}.tar")
+        with open(out[name], "wb") as f:
+            f.write(bytes(blob))
+
+    save("cut", data[:at + 700])
+    bad_magic = bytearray(data)
+    bad_magic[at + 257:at + 262] = b"xxxxx"
+    save("magic", bad_magic)
+    other_size = bytearray(data)
+    other_size[at + 124:at + 135] = b"%011o" % 3
+    save("size", other_size)
+    save("short", data[:at] + bytes(1024))
+    longer = str(tmp_path / "longer.tar")
+    write_tarfile(longer, random_samples(1, 10) + [{"__key__": "extra", "cls": b"1"}], "ustar")
+    out["longer"] = longer
+    return out
+
+
+def test_a_damaged_shard_gives_the_same_samples_and_error_run_by_run(tmp_path, small_runs):
+    path = shard(tmp_path, "ustar", 1, n=10)
+    info = scan_shard(path, offsets=True)
+    for name, copy in damaged_copies(tmp_path, path, info).items():
+        for first in (0, 3, 5):
+            # (as the reader opens a part: a stream of unknown size, which a seek past the end does
+            # not tell; a plain file's known size names a cut one member earlier)
+            expected = read(sliced_samples, copy, info, first, 10, stream=io.BytesIO(open(copy, "rb").read()), chunk=4096)
+            got = read(sliced_runs, copy, info, first, 10, stream=io.BytesIO(open(copy, "rb").read()), chunk=4096)
+            assert got[:2] == expected[:2], name
+            assert expected[1] is not None or name in ("short", "longer"), name
+    assert expected[0][-1]["__index__"] == 10  # one more than counted: the caller reports it
+
+
+class Failing(io.RawIOBase):
+    """A file whose reads fail after ``limit`` bytes (a network drop mid-run)."""
+
+    def __init__(self, path, limit):
+        self.f = open(path, "rb")
+        self.limit = limit
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=0):
+        return self.f.seek(offset, whence)
+
+    def tell(self):
+        return self.f.tell()
+
+    def readinto(self, buffer):
+        if self.f.tell() >= self.limit:
+            raise ConnectionResetError("connection reset by peer")
+        view = memoryview(buffer)[:max(0, min(len(buffer), self.limit - self.f.tell()))]
+        return self.f.readinto(view)
+
+    def close(self):
+        self.f.close()
+        super().close()
+
+
+def test_a_read_error_mid_run_comes_after_the_samples_before_it(tmp_path, small_runs):
+    path = shard(tmp_path, "ustar", 2, n=12)
+    info = scan_shard(path, offsets=True)
+    limit = info.offsets[7] + 100
+    expected = read(sliced_samples, path, info, 0, 12, stream=Failing(path, limit), chunk=4096)
+    got = read(sliced_runs, path, info, 0, 12, stream=Failing(path, limit), chunk=4096)
+    assert [s["__key__"] for s in got[0]] == [s["__key__"] for s in expected[0]]
+    assert len(got[0]) == 7 and got[1][0] is expected[1][0] and got[1][2] == expected[1][2]
+
+
+def test_parts_of_large_samples_are_read_sample_by_sample(tmp_path):
+    path = shard(tmp_path, "ustar", 3, n=6)
+    info = scan_shard(path, offsets=True)
+    got, error, n_runs = read(sliced_runs, path, info, 0, 6, chunk=4096)  # samples of ~1.5 kB: runs of 8 do not fit 4 kB
+    assert n_runs == 0 or runs.MIN_RUN_BYTES >= 8 * 1500
+    assert error is None and got == by_headers(path, 0, 6)
+
+
+def test_a_run_holds_views_of_its_own_buffer(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 0)
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    path = shard(tmp_path, "pax", 0, n=30)
+    info = scan_shard(path, offsets=True)
+    patterns, kinds, sizes, starts = layout(info)
+    with open(path, "rb") as f:
+        got = list(sliced_runs(f, path, patterns, kinds, sizes, first=0, offset=0, last=True, chunk=4096))
+    assert all(isinstance(r, Run) for r in got) and len({id(r.data) for r in got}) == len(got)
+    assert [r.sample(i) for r in got for i in range(len(r))] == by_headers(path, 0, 30)  # still intact after all reads
