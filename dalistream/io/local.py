@@ -113,17 +113,16 @@ def copy_tail(view: memoryview, tail: memoryview) -> "tuple[int, memoryview]":
 
 
 class FileRange(io.RawIOBase):
-    """Bytes ``[start, end)`` of a local file, read by positional reads straight into the
-    caller's buffer: no buffer of its own and no copy, so a worker reading many parts at once
-    (interleaved columns) holds a file descriptor per part and nothing more. With ``marker``, an
-    end-of-archive marker follows the range when all of it came (a part read as a tar of its
-    own, :func:`dalistream.tar.parts.open_part`)."""
+    """A part of a local shard as a tar of its own: bytes ``[start, end)`` of the file, read by
+    positional reads straight into the caller's buffer (no buffer of its own and no copy, so a
+    worker reading many parts at once, interleaved columns, holds a file descriptor per part and
+    nothing more), then an end-of-archive marker when all of them came: a file shorter than the
+    range stays a truncated tar."""
 
     def __init__(self, f: io.FileIO, start: int, end: int) -> None:
         self._f = f
         self._pos, self._end = start, max(start, end)
         self._tail = memoryview(b"")
-        self.marker = False
 
     def readable(self) -> bool:
         return True
@@ -153,7 +152,7 @@ class FileRange(io.RawIOBase):
         if n > 0:
             got = os.preadv(self._f.fileno(), [view[:n]], self._pos)
             self._pos += got
-            if got and self._pos == self._end and self.marker:
+            if got and self._pos == self._end:
                 self._tail = memoryview(END_OF_ARCHIVE)
             return got  # 0: the file ended before the range did (a cut shard: no marker)
         n, self._tail = copy_tail(view, self._tail)

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, List, Mapping, Optional, Sequence, Tuple
 from ..errors import SourceError
 from .counters import IOCounters
 from .gunzip import decompressed, file_is_gzip
-from .local import CHUNK, open_file, open_pipe, open_range
+from .local import CHUNK, END_OF_ARCHIVE, copy_tail, open_file, open_pipe, open_range
 from .readahead import ReadAhead
 from .remote import is_fetched, open_remote
 
@@ -48,13 +48,15 @@ def is_gzip_name(url: str) -> bool:
 
 
 class _Limited(io.RawIOBase):
-    """The bytes of ``stream`` up to absolute position ``end`` (seekable if ``stream`` is);
-    closing it closes ``stream``."""
+    """A part as a tar of its own: the bytes of ``stream`` up to absolute position ``end``
+    (seekable if ``stream`` is), then an end-of-archive marker when all of them came (a stream
+    that ends before ``end`` stays a truncated tar); closing it closes ``stream``."""
 
     def __init__(self, stream: BinaryIO, end: int, pos: int) -> None:
         self._stream = stream
         self._end = end
         self._pos = pos
+        self._tail = memoryview(END_OF_ARCHIVE)
 
     def readable(self) -> bool:
         return True
@@ -71,11 +73,15 @@ class _Limited(io.RawIOBase):
         return self._pos
 
     def readinto(self, buffer: Any) -> int:
-        n = min(len(buffer), self._end - self._pos)
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), self._end - self._pos)
         if n <= 0:
-            return 0
+            n, self._tail = copy_tail(view, self._tail)
+            return n
         data = self._stream.read(n)
-        buffer[:len(data)] = data
+        if not data:  # the shard ended before the part did: no marker, the parser reports it
+            self._tail = self._tail[:0]
+        view[:len(data)] = data
         self._pos += len(data)
         return len(data)
 
@@ -111,7 +117,9 @@ class _Owned(io.BufferedReader):
 
 def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None,
                end: Optional[int] = None) -> BinaryIO:
-    """Open a shard for tar parsing: bytes ``[offset, end)`` of the tar, decompressed if gzip.
+    """Open a shard, or a part of it, for tar parsing: bytes ``[offset, end)`` of the tar,
+    decompressed if gzip; with ``end``, a part as a tar of its own: an end-of-archive marker
+    follows its bytes when all of them came. The one way a worker opens what it reads.
 
     Offsets are positions in the *uncompressed* tar. A shard named ``.tar`` is opened directly
     at the offset (a seek, or parallel ranged GETs for remote data, none past ``end``); a gzip
@@ -123,7 +131,7 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
     if is_gzip_name(url):
         stream = decompressed(open_raw(url, 0, options), url, offset)
     elif is_fetched(url):
-        return _Owned(ReadAhead([url], options, None, [(offset, end)]))
+        return _limited(_Owned(ReadAhead([url], options, None, [(offset, end)])), offset, end)
     else:
         if end is not None and not url.startswith("pipe:"):  # a local part: positional reads, no buffers
             part = open_range(url, offset, end)
@@ -178,7 +186,7 @@ class ShardSequence:
         raw = self._ahead.open(i)
         if is_gzip_name(url):
             return _limited(decompressed(raw, url, start), start, end)
-        return decompressed(raw, url)
+        return _limited(decompressed(raw, url), start, end)
 
     def close(self) -> None:
         """Stop any background fetches."""

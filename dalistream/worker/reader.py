@@ -22,7 +22,6 @@ from ..manifest.scan import forget
 from ..manifest.offsets import SampleOffsets
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
-from ..tar.parts import open_part
 from ..tar.runs import Run, sliced_runs
 from ..tar.sliced import sliced_samples
 from .fields import FieldDecoder
@@ -236,9 +235,7 @@ class PlanReader:
         layout = self.layout(index, first, stop, start)
         try:
             with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too
-                opened = shards.open(position)
-            if end is not None:
-                opened = open_part(opened, end - (start or 0), shards.chunk)
+                opened = shards.open(position)  # (a part with an end: a tar of its own)
             with opened as f:
                 if layout is not None:  # a regular shard: samples cut out by the manifest's member layout
                     patterns, kinds, sizes, offset = layout

@@ -1,7 +1,7 @@
 """Local shard parts read by positional reads (``dalistream.io.local.FileRange``): exactly the
-bytes of the range, seekable within it, an end-of-archive marker only after all of them came (a
-cut shard stays a truncated tar), gzip content under a ``.tar`` name read through the
-decompressor; and the read budget a worker's columns share (``shared_budget``)."""
+bytes of the range, seekable within it, then an end-of-archive marker, only after all of them
+came (a cut shard stays a truncated tar); gzip content under a ``.tar`` name read through the
+decompressor, a part of it a tar too; and the read budget a worker's columns share (``shared_budget``)."""
 
 import gzip
 
@@ -12,7 +12,6 @@ from dalistream.io.local import END_OF_ARCHIVE, FileRange
 from dalistream.io.options import MIN_SHARED_CHUNK, MIN_SHARED_PART, remote_options, shared_budget
 from dalistream.io.streams import open_shard
 from dalistream.tar import iter_samples
-from dalistream.tar.parts import open_part
 from dalistream.manifest import build_manifest
 
 from helpers import key_shards
@@ -33,8 +32,8 @@ def test_a_local_part_is_its_bytes_then_the_marker(tmp_path):
     data = open(path, "rb").read()
     part = open_shard(path, 1536, None, 4096)
     assert isinstance(part, FileRange) and part.tell() == 1536 and part.remaining == 2560
-    assert read_all(part, 700) == data[1536:4096]  # no marker unless read as a part
-    part = open_part(open_shard(path, 1536, None, 4096), 2560)
+    assert read_all(part, 700) == data[1536:4096] + END_OF_ARCHIVE
+    part = open_shard(path, 1536, None, 4096)
     assert read_all(part, 333) == data[1536:4096] + END_OF_ARCHIVE
     part.seek(2000)
     assert part.tell() == 2000 and part.seek(99999) == 4096
@@ -46,7 +45,7 @@ def test_a_part_cut_short_has_no_marker_and_reads_as_truncated(tmp_path):
     end = offsets[6]
     with open(path, "r+b") as f:
         f.truncate(offsets[4] + 700)  # the shard lost its end after it was indexed
-    part = open_part(open_shard(path, offsets[2], None, end), end - offsets[2])
+    part = open_shard(path, offsets[2], None, end)
     with pytest.raises(ShardFormatError):
         list(iter_samples(part, path, first_index=2))
 
@@ -58,7 +57,7 @@ def test_gzip_content_under_a_tar_name_is_decompressed(tmp_path):
         f.write(gzip.compress(data))
     part = open_shard(path, 1024, None, 2048)
     assert not isinstance(part, FileRange)
-    assert read_all(part) == data[1024:2048]
+    assert read_all(part) == data[1024:2048] + END_OF_ARCHIVE
 
 
 def test_columns_share_one_streams_budget():

@@ -14,6 +14,7 @@ import pytest
 
 from dalistream.errors import ConfigError, SourceError
 from dalistream.io import IOCounters, ShardSequence, open_shard
+from dalistream.io.local import END_OF_ARCHIVE
 from dalistream.io.options import remote_options
 from dalistream.tools.proxy import ShapingProxy, parse_shape
 from helpers import sequence_keys, write_wds
@@ -188,7 +189,7 @@ def test_http_ranges_give_parts_else_one_stream(shards, tmp_path):
 def test_ranges_of_plain_gzip_and_local_shards(shards):
     tars = [tar_bytes(p) for p in shards["paths"]]
     ranges = [(1000, 250_000), (512, None), (0, None), (300_000, None)]
-    want = [t[s:e] for t, (s, e) in zip(tars, ranges)]
+    want = [t[s:e] + (END_OF_ARCHIVE if e is not None else b"") for t, (s, e) in zip(tars, ranges)]  # a part is a tar
     counters = IOCounters()
     options = {"endpoint_url": shards["endpoint"], "part_bytes": 48 * KiB, "parts_in_flight": 3}
     assert bytes_of(shards["s3"], options, counters, ranges) == want
@@ -205,7 +206,7 @@ def test_ranges_of_plain_gzip_and_local_shards(shards):
         with open_shard(path, start, None, end) as f:
             assert f.read() == expected
     empty = [(5000, 5000), (10, 10), (0, 0), (raw_sizes[3], None)]
-    assert bytes_of(shards["s3"], options, None, empty) == [b""] * 4
+    assert bytes_of(shards["s3"], options, None, empty) == [END_OF_ARCHIVE] * 3 + [b""]
     with pytest.raises(ValueError, match="ranges"):
         ShardSequence(shards["s3"], options, None, ranges[:2])
 
