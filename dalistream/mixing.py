@@ -18,6 +18,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .dataset import DataSet
 from .errors import ConfigError
 from .manifest import SampleOffsets, count_samples
 from .plan import Layout, MixEpoch, Schedule, WorkerPlan, parse_mix
@@ -28,16 +29,13 @@ from .sources import expand_sources
 
 @dataclass(frozen=True)
 class MixedSource:
-    """One source of a mix, listed and counted."""
+    """One source of a mix, listed and counted: its name, weight, resolved data set (always
+    counted) and the storage options its shards are read with."""
 
     name: str
     weight: float
-    urls: Tuple[str, ...]
-    counts: Tuple[int, ...]
-    offsets: Optional[SampleOffsets]
-    count_source: Optional[str]
+    data: DataSet
     storage_options: Mapping[str, Any]
-    sizes: Optional[Tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -56,12 +54,12 @@ class Mix:
 
     def epoch(self, layout: Layout, schedule: Schedule, epoch: int) -> MixEpoch:
         """The plan of ``epoch`` for every worker of ``layout``."""
-        return MixEpoch([s.counts for s in self.sources], [s.weight for s in self.sources], layout, schedule, epoch,
+        return MixEpoch([s.data.counts for s in self.sources], [s.weight for s in self.sources], layout, schedule, epoch,
                         self.names, self.per_batch, self.samples_per_epoch)
 
     def resumed(self, layout: Layout, schedule: Schedule, epoch: int, segments: Sequence, shuffle: int) -> MixResume:
         """The rest of ``epoch`` after ``segments`` ran under other layouts (elastic resume)."""
-        return MixResume([s.counts for s in self.sources], [s.weight for s in self.sources], self.names,
+        return MixResume([s.data.counts for s in self.sources], [s.weight for s in self.sources], self.names,
                          self.per_batch, self.samples_per_epoch, layout, schedule, epoch, segments, shuffle)
 
     def worker_plans(self, layout: Layout, schedule: Schedule, epoch: int, rank: int, worker: int,
@@ -78,7 +76,7 @@ class Mix:
     def identity(self, of: Any) -> dict:
         """What the sources are, for a loader state: ``of(urls, counts, sizes)`` per source name,
         with the weights and choices (a state resumes only the same mix)."""
-        return {"mix": {s.name: {**of(s.urls, s.counts, s.sizes), "weight": s.weight} for s in self.sources},
+        return {"mix": {s.name: {**of(s.data.urls, s.data.counts, s.data.sizes), "weight": s.weight} for s in self.sources},
                 "per_batch": self.per_batch, "samples_per_epoch": self.samples_per_epoch}
 
 
@@ -112,8 +110,8 @@ def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
         if rows.offsets is not None:
             offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
         sizes = tuple(rows.sizes.tolist()) if bool((rows.sizes >= 0).all()) else None
-        out.append(MixedSource(item.name, item.weight, tuple(urls), tuple(rows.samples.tolist()), offsets,
-                               counted.source, options, sizes))
+        data = DataSet(tuple(urls), tuple(rows.samples.tolist()), offsets, count_source=counted.source, sizes=sizes)
+        out.append(MixedSource(item.name, item.weight, data, options))
     mix = Mix(tuple(out), per_batch, samples_per_epoch)
     mix.epoch(config.layout, config.schedule, 0)  # every share, the epoch's steps: checked before any worker starts
     return mix
@@ -121,4 +119,4 @@ def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
 
 def concatenated(sources: Sequence[MixedSource]) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
     """All sources' shard URLs and counts end to end (the stream's own view, for sizing and messages)."""
-    return (tuple(u for s in sources for u in s.urls), tuple(c for s in sources for c in s.counts))
+    return (tuple(u for s in sources for u in s.data.urls), tuple(c for s in sources for c in s.data.counts))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from .config import SHUFFLE_BUFFER, StreamConfig, WORKERS
+from .dataset import DataSet
 from .errors import ConfigError, redact, redact_client_logs
 from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
@@ -149,32 +150,38 @@ def sources_identity(urls: Sequence[str], counts: Optional[Sequence[int]], sizes
 
 @dataclass(frozen=True)
 class Stream:
-    """What a pipeline reads: config, shard URLs, per-shard counts, device, start (epoch, step).
+    """What a pipeline reads: config, the resolved data set (shard URLs, per-shard counts, offsets),
+    device, start (epoch, step).
 
     Build it with :meth:`Stream.open`; pipelines receive it as their first argument.
     """
 
     config: StreamConfig
-    urls: Tuple[str, ...]
-    counts: Optional[Tuple[int, ...]]
+    data: DataSet  # the shards, counts, offsets (a mix: all sources' shards and counts end to end)
     device: str = "cpu"
     device_id: Optional[int] = None
     start_epoch: int = 0
     start_step: int = 0
     stats_dir: Optional[str] = None
-    offsets: Optional[SampleOffsets] = None  # every sample's tar offset, where known
     start_method: str = "auto"  # how DALI starts its workers: auto, fork or spawn (see device.start_method)
-    count_source: Optional[str] = None  # where the counts came from (a manifest, a scan), for messages
-    bytes_per_sample: Optional[float] = None  # stored shard bytes per sample (sizes the workers' shared memory)
     local_processes: int = 1  # training processes on this node (LOCAL_WORLD_SIZE), sharing its cores
     resume: Tuple[Tuple[int, int, int, int], ...] = ()  # start_epoch's segments under other layouts (plan.resume)
-    sizes: Optional[Tuple[int, ...]] = None  # stored bytes per shard (-1 unknown): the sources' identity
-    mix: Optional[Mix] = None  # several named data sets by weight (dalistream.mixing); urls/counts: all of them
+    mix: Optional[Mix] = None  # several named data sets by weight (dalistream.mixing)
+
+    @property
+    def urls(self) -> Tuple[str, ...]:
+        """The shard URLs (``data.urls``)."""
+        return self.data.urls
+
+    @property
+    def counts(self) -> Optional[Tuple[int, ...]]:
+        """Samples per shard (``data.counts``; ``None`` when not counted)."""
+        return self.data.counts
 
     def __repr__(self) -> str:  # URLs redacted: no credentials in logs
-        shards = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
-        return (f"Stream(config={self.config!r}, urls=[{shards}] ({len(self.urls)} shards), "
-                f"samples={sum(self.counts) if self.counts is not None else None}, device={self.device!r}, "
+        shards = ", ".join(redact(u) for u in self.data.urls[:3]) + (", …" if len(self.data.urls) > 3 else "")
+        return (f"Stream(config={self.config!r}, urls=[{shards}] ({len(self.data.urls)} shards), "
+                f"samples={sum(self.data.counts) if self.data.counts is not None else None}, device={self.device!r}, "
                 f"device_id={self.device_id!r}, start_method={self.start_method!r}, start_epoch={self.start_epoch}, start_step={self.start_step})")
 
     @classmethod
@@ -213,12 +220,13 @@ class Stream:
         if mixed:
             mix = open_mix(mapping, config, **mix_options)
             urls, counts = concatenated(mix.sources)
-            known = [s for s in mix.sources if s.sizes is not None]
-            per_sample = (sum(sum(s.sizes) for s in known) / max(1, sum(sum(s.counts) for s in known))) if known else None
+            known = [s.data for s in mix.sources if s.data.sizes is not None]
+            per_sample = (sum(sum(d.sizes) for d in known) / max(1, sum(sum(d.counts) for d in known))) if known else None
             device, device_id = resolve_device(device, device_id, local_rank)
             check_start_method(start_method)
-            return cls(config, urls, counts, device, device_id, start_method=start_method, count_source="mix",
-                       bytes_per_sample=per_sample, local_processes=local_processes(env), mix=mix)
+            data = DataSet(urls, counts, count_source="mix", bytes_per_sample=per_sample)
+            return cls(config, data, device, device_id, start_method=start_method,
+                       local_processes=local_processes(env), mix=mix)
         return cls.from_config(config, device=device, device_id=device_id, local_rank=local_rank,
                                start_method=start_method, local_processes=local_processes(env))
 
@@ -260,8 +268,8 @@ class Stream:
         sizes = None
         if counts is not None and bool((counted.rows.sizes >= 0).all()):
             sizes = tuple(counted.rows.sizes.tolist())
-        return cls(config, tuple(urls), counts, device, device_id, offsets=offsets, start_method=start_method,
-                   count_source=source, bytes_per_sample=per_sample, local_processes=local_processes, sizes=sizes)
+        data = DataSet(tuple(urls), counts, offsets, count_source=source, bytes_per_sample=per_sample, sizes=sizes)
+        return cls(config, data, device, device_id, start_method=start_method, local_processes=local_processes)
 
     def steps(self, epoch: int, resume: Sequence = ()) -> int:
         """Batches this rank yields in ``epoch`` (its rest after the segments ``resume``)."""
@@ -270,9 +278,9 @@ class Stream:
             if resume:
                 return self.mix.resumed(c.layout, c.schedule, epoch, resume, c.shuffle).steps
             return self.mix.epoch(c.layout, c.schedule, epoch).steps
-        if resume and self.counts is not None:
-            return resumed_steps(self.counts, c.plan_layout, c.schedule, epoch, resume, c.shuffle)
-        return steps_per_epoch(self.counts, c.plan_layout, c.schedule, epoch, c.rank)
+        if resume and self.data.counts is not None:
+            return resumed_steps(self.data.counts, c.plan_layout, c.schedule, epoch, resume, c.shuffle)
+        return steps_per_epoch(self.data.counts, c.plan_layout, c.schedule, epoch, c.rank)
 
     def at(self, epoch: int, step: int = 0, stats_dir: Optional[str] = None, resume: Sequence = ()) -> "Stream":
         """The same stream starting at (``epoch``, ``step``), after the segments ``resume`` of
@@ -288,11 +296,11 @@ class Stream:
 
     @property
     def digest(self) -> str:
-        return sources_digest(self.urls)
+        return sources_digest(self.data.urls)
 
     @property
     def identity(self) -> dict:
         """:func:`sources_identity` of this stream's shards (of each source's, for a mix)."""
         if self.mix is not None:
             return self.mix.identity(sources_identity)
-        return sources_identity(self.urls, self.counts, self.sizes)
+        return sources_identity(self.data.urls, self.data.counts, self.data.sizes)

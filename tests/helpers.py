@@ -7,11 +7,13 @@ import io
 import itertools
 import os
 import tarfile
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 from hypothesis import strategies as st
 
+from dalistream.dataset import DataSet
+from dalistream.manifest.offsets import SampleOffsets
 from dalistream.plan import Layout, ResumePlan, epoch_layout
 from dalistream.plan.shuffle import shuffled
 from dalistream.tar import iter_samples
@@ -29,6 +31,16 @@ def write_tar(path: str, members: Sequence[tuple], fmt=tarfile.USTAR_FORMAT) -> 
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return path
+
+
+def data_set(urls: Sequence[str], counts: Optional[Sequence[int]] = None, offsets=None,
+             count_source: Optional[str] = None) -> DataSet:
+    """A :class:`DataSet` of ``urls`` and ``counts``; ``offsets`` a :class:`SampleOffsets` or
+    per-shard offset rows as a manifest lists them (``None`` where a shard has none)."""
+    counts = None if counts is None else tuple(int(c) for c in counts)
+    if offsets is not None and not isinstance(offsets, SampleOffsets):
+        offsets = SampleOffsets(counts or [len(r or ()) for r in offsets], offsets)
+    return DataSet(tuple(urls), counts, offsets, count_source=count_source)
 
 
 def write_wds(path: str, samples: Sequence[Dict[str, object]]) -> str:

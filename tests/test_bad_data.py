@@ -27,7 +27,7 @@ from dalistream.worker import WorkerSource
 from dalistream.io import open_shard
 from dalistream.tar import iter_members, iter_samples
 
-from helpers import PEER_DATA, write_tar, write_wds
+from helpers import PEER_DATA, data_set, write_tar, write_wds
 
 FIELDS = {"image": "png;jpg", "label": "cls", "key": "__key__"}
 MAX_MEMBER = 100_000
@@ -175,7 +175,7 @@ def worker_run(paths, counts, **kw):
     options = dict(sources=tuple(paths), fields=FIELDS, batch_size=1, workers=1, policy="exact",
                    max_member_bytes=MAX_MEMBER, shuffle_shards=False)
     options.update(kw)
-    source = WorkerSource(StreamConfig(**options), paths, counts, 0)
+    source = WorkerSource(StreamConfig(**options), data_set(paths, counts), 0)
     keys = []
     for image, label, key, valid in source.epoch_batches(0):
         if int(valid[0]):

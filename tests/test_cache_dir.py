@@ -108,8 +108,7 @@ def test_a_count_a_worker_finds_wrong_is_dropped_so_a_restart_rescans(tmp_path):
         json.dump(row, f)
     stale = open_keys(paths, cache, policy="exact")
     assert stale.counts == (3,)  # believed: it describes the shard well enough to pass the checks
-    source = WorkerSource(stale.config, stale.urls, stale.counts, 0, offsets=stale.offsets,
-                          count_source=stale.count_source)
+    source = WorkerSource(stale.config, stale.data, 0)
     with pytest.raises(ManifestError, match="restart to rescan"):
         list(source.epoch_batches(0))
     assert entries(cache) == []

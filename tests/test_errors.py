@@ -15,7 +15,7 @@ from dalistream.errors import (ConfigError, DalistreamError, ManifestError, Samp
 from dalistream.worker import ErrorPolicy, skip_totals
 from dalistream.worker import WorkerSource
 
-from helpers import key_shards, write_tar
+from helpers import data_set, key_shards, write_tar
 
 from dalistream.dali import diagnose
 SECRET = "SECRETVALUE"
@@ -76,8 +76,8 @@ def test_config_stream_and_state_never_show_credentials(tmp_path):
         loader.close()
     config = StreamConfig(sources=(f"https://me:{SECRET}@host/a.tar", f"s3://b/a.tar?X-Amz-Signature={SECRET}"),
                           fields={"key": "__key__"}, batch_size=2)
-    stream = dalistream.Stream(config, config.sources, (1, 1))
-    assert SECRET not in repr(config) + repr(stream)
+    stream = dalistream.Stream(config, data_set(config.sources, (1, 1)))
+    assert SECRET not in repr(config) + repr(stream) + repr(stream.data)
     assert config.sources[0].endswith("@host/a.tar")  # the real URL is kept for reading
 
 
@@ -86,11 +86,11 @@ def test_errors_and_warnings_from_bad_data_carry_no_credentials(tmp_path, caplog
     config = StreamConfig(sources=(good,), fields={"label": "cls"}, batch_size=1, workers=1, on_error="skip",
                           storage_options=SECRET_OPTIONS)
     with caplog.at_level(logging.WARNING, logger="dalistream"):
-        batches = list(WorkerSource(config, [good], [3], 0).epoch_batches(0))
+        batches = list(WorkerSource(config, data_set([good], [3]), 0).epoch_batches(0))
     assert len(batches) == 3 and "not an integer" in caplog.text and SECRET not in caplog.text
     config = config.replace(on_error="raise")
     with pytest.raises(SampleError) as info:
-        list(WorkerSource(config, [good], [3], 0).epoch_batches(0))
+        list(WorkerSource(config, data_set([good], [3]), 0).epoch_batches(0))
     assert SECRET not in str(info.value) + repr(info.value.fields())
 
 
@@ -134,7 +134,7 @@ def test_sample_keys_are_strings_never_paths(tmp_path, monkeypatch):
     path = write_tar(str(tmp_path / "k.tar"), [(f"{n}.cls", b"1") for n in names])
     before = set(os.listdir(tmp_path)) | set(os.listdir(tmp_path.parent))
     config = StreamConfig(sources=(path,), fields={"key": "__key__"}, batch_size=4, workers=1)
-    (batch,) = list(WorkerSource(config, [path], [4], 0).epoch_batches(0))
+    (batch,) = list(WorkerSource(config, data_set([path], [4]), 0).epoch_batches(0))
     assert sorted(bytes(k).decode() for k in batch[0]) == sorted(names)
     assert set(os.listdir(tmp_path)) | set(os.listdir(tmp_path.parent)) == before
     assert not os.path.exists("/abs")
@@ -247,11 +247,11 @@ def test_a_failing_pipe_command_with_a_credential_is_reported_redacted(tmp_path,
     config = StreamConfig(sources=(good, failing), fields={"label": "cls"}, batch_size=1, workers=1, on_error="skip",
                           policy="exact", shuffle_shards=False)
     with caplog.at_level(logging.WARNING, logger="dalistream"):
-        batches = list(WorkerSource(config, [good, failing], [2, 2], 0).epoch_batches(0))
+        batches = list(WorkerSource(config, data_set([good, failing], [2, 2]), 0).epoch_batches(0))
     assert sum(int(b[-1][0]) for b in batches) == 2 and "exited with status 3" in caplog.text and SECRET not in caplog.text
     assert SECRET not in repr(config)
     with pytest.raises(SourceError) as info:
-        list(WorkerSource(config.replace(on_error="raise"), [good, failing], [2, 2], 0).epoch_batches(0))
+        list(WorkerSource(config.replace(on_error="raise"), data_set([good, failing], [2, 2]), 0).epoch_batches(0))
     assert "status 3" in str(info.value) and SECRET not in str(info.value) + repr(info.value.fields())
     translated = diagnose.translate(Exception(_dali_worker_text(f"OSError: cannot run {failing}")), rank=0)
     assert SECRET not in str(translated) + translated.worker_traceback + "".join(translated.__notes__)

@@ -65,7 +65,7 @@ def test_an_image_folder_becomes_shuffled_shards_with_a_manifest(photos, tmp_pat
     assert all("offsets" in r and "members" in r for r in manifest["shards"])  # counts, offsets, layouts
     stream = dalistream.Stream.open(out, fields={"image": "jpg;png", "label": "cls"}, batch_size=4, workers=2,
                                     cache_dir=str(tmp_path / "c"))
-    assert "manifest" in stream.count_source and sum(stream.counts) == 60
+    assert "manifest" in stream.data.count_source and sum(stream.counts) == 60
 
 
 def test_no_shuffle_keeps_the_input_order_and_the_same_seed_the_same_shards(photos, tmp_path):

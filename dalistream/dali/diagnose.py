@@ -150,8 +150,7 @@ def _locate_bad_images(stream: "Stream", epoch: int, step: int, depth: int = 2):
     found, keys = [], []
     last = min(stream.steps(epoch, stream.resume), step + depth + 1)
     for w in range(c.workers):
-        source = WorkerSource(config, stream.urls, stream.counts, w, start_epoch=epoch, start_step=step,
-                              offsets=stream.offsets, count_source=stream.count_source, resume=stream.resume)
+        source = WorkerSource(config, stream.data, w, start_epoch=epoch, start_step=step, resume=stream.resume)
         batches = source.epoch_batches(epoch, step)
         try:
             for s, batch in zip(range(step, last), batches):

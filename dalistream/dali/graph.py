@@ -22,7 +22,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..config import StreamConfig
-from ..manifest.offsets import SampleOffsets
+from ..dataset import DataSet
 from ..plan import Layout
 from ..worker import WorkerSource, stats_path
 from ..worker.batch import byte_fields, rows, shm_hint
@@ -58,15 +58,13 @@ def merge(owner, branches: Sequence[Sequence]) -> list:
 
 @do_not_convert
 def sharded_sources(
-    config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], *, start_epoch: int = 0,
-    start_step: int = 0, stats_dir: Optional[str] = None, offsets: Optional[SampleOffsets] = None,
-    count_source: Optional[str] = None, bytes_per_sample: Optional[float] = None, resume: Sequence = (),
-    mix: Optional[Any] = None,
+    config: StreamConfig, data: DataSet, *, start_epoch: int = 0, start_step: int = 0,
+    stats_dir: Optional[str] = None, resume: Sequence = (), mix: Optional[Any] = None,
 ) -> Tuple[Optional[object], List[Sequence]]:
-    """Create the W parallel sources; return ``(owner, branches)``: the owner index node (``None``
-    with one worker, or when :func:`merge_by_concat` can merge the fields) and, per worker, its
-    output nodes (the fields, then ``valid``). ``bytes_per_sample``
-    (shard bytes / samples, when known) sizes the shared memory once for the whole run.
+    """Create the W parallel sources of ``data``; return ``(owner, branches)``: the owner index
+    node (``None`` with one worker, or when :func:`merge_by_concat` can merge the fields) and, per
+    worker, its output nodes (the fields, then ``valid``). ``data.bytes_per_sample`` (shard bytes
+    / samples, when known) sizes the shared memory once for the whole run.
 
     Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.dali.pipeline`),
     whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge`, or with
@@ -81,12 +79,11 @@ def sharded_sources(
     branches = []
     for w in range(config.workers):
         source = WorkerSource(
-            config, urls, counts, w, start_epoch=start_epoch, start_step=start_step, offsets=offsets,
-            count_source=count_source, stats_path=stats_path(stats_dir, w) if stats_dir else None, resume=resume,
-            mix=mix,
+            config, data, w, start_epoch=start_epoch, start_step=start_step,
+            stats_path=stats_path(stats_dir, w) if stats_dir else None, resume=resume, mix=mix,
         ).for_dali()
         on_receive(source, receive)  # byte fields travel as blobs, cut into rows here (see worker.batch)
-        hint = shm_hint(config.batch_size, config.layout.slots[w], bytes_per_sample or 0, n_out)
+        hint = shm_hint(config.batch_size, config.layout.slots[w], data.bytes_per_sample or 0, n_out)
         nodes = fn.external_source(
             source=source, num_outputs=n_out, batch=True, parallel=True, cycle="quiet",
             prefetch_queue_depth=config.prefetch, bytes_per_sample_hint=hint,

@@ -118,10 +118,8 @@ def read(stream: "Stream") -> Dict[str, Any]:
     config = stream.config
     if ctx["unread"]:
         config = config.replace(fields=tuple(f for f in config.fields if f.name not in ctx["unread"]))
-    owner, branches = sharded_sources(config, stream.urls, stream.counts, start_epoch=stream.start_epoch,
-                                      start_step=stream.start_step, stats_dir=stream.stats_dir, offsets=stream.offsets,
-                                      count_source=stream.count_source, bytes_per_sample=stream.bytes_per_sample,
-                                      resume=stream.resume, mix=stream.mix)
+    owner, branches = sharded_sources(config, stream.data, start_epoch=stream.start_epoch, start_step=stream.start_step,
+                                      stats_dir=stream.stats_dir, resume=stream.resume, mix=stream.mix)
     if owner is None:  # no conditionals needed (one worker, or fields that a sum/concatenation merges)
         merged = merge_by_concat(config, branches)
     else:

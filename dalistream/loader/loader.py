@@ -266,7 +266,7 @@ class Loader:
             raise StateError("saved state does not fit this loader: " + "; ".join(problems),
                              hint="resume with the same data set, seed, policy and shuffle settings")
         if saved_layout != layout:
-            if self.stream.counts is None:
+            if self.stream.data.counts is None:
                 log.warning("policy 'fixed' without counts cannot continue epoch %d on another layout: it restarts "
                             "from its first batch (samples of its first %d steps are seen again)", epoch, step)
                 segments, step = (), 0
@@ -365,5 +365,5 @@ class Loader:
 
     def __repr__(self) -> str:
         c = self.stream.config
-        return (f"Loader(shards={len(self.stream.urls)}, batch_size={c.batch_size}, workers={c.workers}, "
+        return (f"Loader(shards={len(self.stream.data.urls)}, batch_size={c.batch_size}, workers={c.workers}, "
                 f"rank={c.rank}/{c.world_size}, device={self.stream.device}, epoch={self.epoch}, step={self.step})")

@@ -186,7 +186,7 @@ def train(args: argparse.Namespace, sources: List[str], storage: Dict[str, Any],
         loss_fn = torch.nn.CrossEntropyLoss()
         if not args.json:
             c = loader.stream.config
-            print(f"demo: {len(loader.stream.urls)} shards, {sum(loader.stream.counts or ())} samples, "
+            print(f"demo: {len(loader.stream.data.urls)} shards, {sum(loader.stream.data.counts or ())} samples, "
                   f"device {loader.stream.device}, {c.workers} workers, batch {c.batch_size}, {args.size} px, "
                   f"{args.steps} steps", flush=True)
         bar = tqdm(total=args.steps, unit="step", file=sys.stderr, disable=not show_bar, dynamic_ncols=True,

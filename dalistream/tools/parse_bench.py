@@ -15,6 +15,7 @@ import time
 from typing import Callable, Dict, List, Sequence
 
 from ..config import StreamConfig
+from ..dataset import DataSet
 from ..io import open_shard
 from ..manifest import scan_shard
 from ..manifest.offsets import SampleOffsets
@@ -60,7 +61,7 @@ def decoded(paths: Sequence[str], fields: Dict[str, str], counts: Sequence[int],
     if infos:
         rows = ShardRows.from_infos(infos)
         offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
-    source = WorkerSource(config, list(paths), list(counts), 0, offsets=offsets)
+    source = WorkerSource(config, DataSet(tuple(paths), tuple(counts), offsets), 0)
     return sum(1 for _ in source.reader.decoded(source.plans(0)[0], lambda o: True, ErrorPolicy("raise"),
                                                 WorkerStats(None, 0, 0)))
 

@@ -121,7 +121,7 @@ def mix_view(args: argparse.Namespace, cache_dir: str) -> int:
                          on_error=args.on_error, storage_options=storage_options(args), cache_dir=cache_dir,
                          **mix_options(args))
     c, mix = stream.config, stream.mix
-    counts, weights = [s.counts for s in mix.sources], [s.weight for s in mix.sources]
+    counts, weights = [s.data.counts for s in mix.sources], [s.weight for s in mix.sources]
     views = [mix_summary(counts, weights, c.layout, c.schedule, e, mix.names, mix.per_batch, mix.samples_per_epoch)
              for e in range(args.epoch, args.epoch + args.epochs)]
     lines = []

@@ -1,8 +1,8 @@
 """One worker's samples in plan order: its shards opened in sequence, tar members grouped into
 samples, fields decoded, the error policy applied.
 
-:class:`PlanReader` knows the shard list, counts and offsets; :meth:`~PlanReader.decoded` yields
-a worker's decoded samples (tuples of arrays, one per field) for one :class:`~dalistream.plan.WorkerPlan`,
+:class:`PlanReader` knows the data set (:class:`~dalistream.dataset.DataSet`); :meth:`~PlanReader.decoded`
+yields a worker's decoded samples (tuples of arrays, one per field) for one :class:`~dalistream.plan.WorkerPlan`,
 ``None`` in place of samples skipped on resume (still numbered, never read or decoded).
 """
 
@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
 from ..config import StreamConfig
+from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
 from ..io.options import shared_budget
 from ..io.streams import ShardSequence, is_gzip_name
 from ..manifest.scan import forget
-from ..manifest.offsets import SampleOffsets
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
 from ..tar.runs import Run, sliced_runs
@@ -37,17 +37,10 @@ Keep = Callable[[int], bool]
 class PlanReader:
     """Reads the samples a :class:`WorkerPlan` names (see module doc); picklable."""
 
-    def __init__(self, config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]],
-                 offsets: Optional[Union[SampleOffsets, Sequence]], worker: int, count_source: Optional[str] = None,
-                 source_name: str = "") -> None:
+    def __init__(self, config: StreamConfig, data: DataSet, worker: int, source_name: str = "") -> None:
         self.config = config
-        self.urls = list(urls)
-        self.counts = list(counts) if counts is not None else None
-        if offsets is not None and not isinstance(offsets, SampleOffsets):  # per-shard rows, as a manifest has them
-            offsets = SampleOffsets(self.counts or [len(r or ()) for r in offsets], offsets)
-        self.offsets = offsets  # every sample's tar offset: a part opens where it starts
+        self.data = data  # the shards, their counts, offsets (a part opens where it starts) and count source
         self.worker = worker
-        self.count_source = count_source  # where the counts came from, for a stale count's error
         self.decoder = FieldDecoder(config.fields, config.missing)
         self.rows = RowDecoder(config.fields, config.lowercase_ext)
         self.source_name = source_name  # a mix's source name: the ``__source__`` field
@@ -76,7 +69,7 @@ class PlanReader:
             if item is PASS_END:
                 if c.policy == "fixed" and not good:  # cycling over nothing would never end
                     raise SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
-                                      url=self.urls[plan.shards[0]] if plan.parts else None, rank=c.rank, worker=self.worker,
+                                      url=self.data.urls[plan.shards[0]] if plan.parts else None, rank=c.rank, worker=self.worker,
                                       reason="no_samples", hint="check the shards (see the warnings), or use fewer workers")
                 good = 0
                 continue
@@ -174,7 +167,7 @@ class PlanReader:
             reads = [(k, index, first + d, stop) for k, ((index, first, stop), d) in enumerate(zip(parts, done))
                      if not (stop is not None and stop > first and d == stop - first)]
             ranges = [self.byte_range(index, first, stop) for _, index, first, stop in reads]
-            shards = ShardSequence([self.urls[index] for _, index, _, _ in reads], options, stats.io,
+            shards = ShardSequence([self.data.urls[index] for _, index, _, _ in reads], options, stats.io,
                                    ranges=[(start or 0, end) for start, end in ranges])
             position = 0
             for k, (index, first, stop) in enumerate(parts):
@@ -212,11 +205,11 @@ class PlanReader:
     def byte_range(self, index: int, first: int, stop: Optional[int]) -> "tuple[Optional[int], Optional[int]]":
         """Where samples ``first`` to ``stop`` of shard ``index`` lie in its tar, as far as the
         offsets say: ``(start, end)``, ``None`` where unknown (from 0 / to the end)."""
-        if self.offsets is None:
+        if self.data.offsets is None:
             return None, None
-        count = self.counts[index] if self.counts is not None else None
-        start = self.offsets.at(index, first) if first else None
-        end = self.offsets.at(index, stop) if stop is not None and count is not None and stop < count else None
+        count = self.data.counts[index] if self.data.counts is not None else None
+        start = self.data.offsets.at(index, first) if first else None
+        end = self.data.offsets.at(index, stop) if stop is not None and count is not None and stop < count else None
         return start, end
 
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
@@ -228,8 +221,8 @@ class PlanReader:
         stale count is found where it shows: a shard ending before ``stop``, or holding more
         samples than its count after its last part."""
         c = self.config
-        url = self.urls[index]
-        count = self.counts[index] if self.counts is not None else None
+        url = self.data.urls[index]
+        count = self.data.counts[index] if self.data.counts is not None else None
         at_offset = start is not None
         found = first if at_offset else 0
         layout = self.layout(index, first, stop, start)
@@ -273,12 +266,12 @@ class PlanReader:
         to ``stop`` of shard ``index`` when they can be cut out by its member layout (a regular
         shard, its part opened at ``first``'s offset, no member over ``max_member_bytes``: that one
         the header path refuses by name, nor two extensions equal once lowercased); else ``None``."""
-        members = getattr(self.offsets, "members", None)
-        if members is None or stop is None or self.counts is None or is_gzip_name(self.urls[index]):
+        members = getattr(self.data.offsets, "members", None)
+        if members is None or stop is None or self.data.counts is None or is_gzip_name(self.data.urls[index]):
             return None
         found = members.at(index)
-        offset = self.offsets.at(index, first)
-        if found is None or offset is None or offset != (start or 0) or len(found[1]) != self.counts[index]:
+        offset = self.data.offsets.at(index, first)
+        if found is None or offset is None or offset != (start or 0) or len(found[1]) != self.data.counts[index]:
             return None
         patterns, kinds, sizes, member_starts = found
         if self.config.lowercase_ext and any(len({e.lower() for e in exts}) < len(exts) for exts, _ in patterns):
@@ -290,7 +283,7 @@ class PlanReader:
 
     def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
         """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""
-        source = self.count_source or ""
+        source = self.data.count_source or ""
         if source.startswith("header scan"):  # our own count: its cache entry is dropped, so a restart rescans
             forget(url, self.config.cache_dir, self.config.storage_options, self.config.lowercase_ext)
             said, hint = ("it changed after it was counted", "its cached count was dropped: restart to rescan")

@@ -36,8 +36,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..config import StreamConfig
+from ..dataset import DataSet
 from ..errors import redact_client_logs
-from ..manifest.offsets import SampleOffsets
 from ..plan import ResumePlan, WorkerPlan, seeds, worker_columns, worker_plan
 from . import batch
 from .policy import ErrorPolicy
@@ -55,18 +55,17 @@ class WorkerSource:
     """Iterable of padded mini-batches for one worker; picklable, generators created lazily."""
 
     def __init__(
-        self, config: StreamConfig, urls: Sequence[str], counts: Optional[Sequence[int]], worker: int, *,
-        start_epoch: int = 0, start_step: int = 0, stats_path: Optional[str] = None,
-        offsets: Optional[SampleOffsets] = None, count_source: Optional[str] = None, resume: Sequence = (),
-        mix: Optional[Mix] = None,
+        self, config: StreamConfig, data: DataSet, worker: int, *, start_epoch: int = 0, start_step: int = 0,
+        stats_path: Optional[str] = None, resume: Sequence = (), mix: Optional[Mix] = None,
     ) -> None:
         self.config = config
         self.worker = worker
-        self.reader = PlanReader(config, urls, counts, offsets, worker, count_source)
+        self.data = data
+        self.reader = PlanReader(config, data, worker)
         self.mix = mix  # several named data sets: one reader each (dalistream.mixing)
         self.mix_readers = tuple(
-            PlanReader(config.replace(storage_options=s.storage_options), s.urls, s.counts, s.offsets, worker,
-                       s.count_source, source_name=s.name) for s in mix.sources) if mix is not None else ()
+            PlanReader(config.replace(storage_options=s.storage_options), s.data, worker, source_name=s.name)
+            for s in mix.sources) if mix is not None else ()
         layout = config.layout
         lo = layout.slot_offsets[worker]
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
@@ -152,14 +151,14 @@ class WorkerSource:
         """What this worker reads in ``epoch``: its span, or its slot's columns when reading
         interleaved (each of slot 1, in slot order)."""
         c = self.config
-        counts, layout = self.reader.counts, c.plan_layout
+        counts, shards, layout = self.data.counts, len(self.data.urls), c.plan_layout
         owners = c.layout.columns(c.rank, self.worker) if c.interleave else ()
         if self.resume and epoch == self.start_epoch and counts is not None:
             resumed = ResumePlan(counts, layout, c.schedule, epoch, self.resume, c.shuffle)
             return tuple(resumed.worker(q, 0) for q in owners) if c.interleave else (resumed.worker(c.rank, self.worker),)
         if c.interleave:
-            return worker_columns(counts, len(self.reader.urls), c.layout, c.schedule, epoch, c.rank, self.worker)
-        return (worker_plan(counts, len(self.reader.urls), layout, c.schedule, epoch, c.rank, self.worker),)
+            return worker_columns(counts, shards, c.layout, c.schedule, epoch, c.rank, self.worker)
+        return (worker_plan(counts, shards, layout, c.schedule, epoch, c.rank, self.worker),)
 
     def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are skipped by

@@ -182,7 +182,7 @@ def test_the_shards_above_are_read_both_by_layout_and_by_header(shards):
     case) parses every header."""
     directory, truth = shards
     stream = dalistream.Stream.open(directory, fields=BASE, batch_size=5, workers=3, device="cpu", missing="empty")
-    members = stream.offsets.members
+    members = stream.data.offsets.members
     assert all(members.at(i) is not None for i in range(len(stream.urls)))
     kinds = {p for i in range(len(stream.urls)) for p in members.at(i)[1].tolist()}
     assert len(kinds) >= 2  # with and without txt

@@ -33,7 +33,7 @@ from dalistream.io import IOCounters, ShardSequence
 from dalistream.tools.proxy import ShapingProxy
 from dalistream.tools.synth import SynthSpec, write_dataset
 from dalistream.tar import iter_samples
-from helpers import PEER_DATA, REPO, free_port, sequence_keys, served_folder
+from helpers import PEER_DATA, REPO, data_set, free_port, sequence_keys, served_folder
 
 
 PEER_SHARD = os.path.join(PEER_DATA, "sample.tgz")
@@ -108,7 +108,8 @@ def reference_batches(stream, epoch: int) -> list:
     from dalistream.worker import WorkerSource
 
     c = stream.config
-    per_worker = [list(WorkerSource(c, stream.urls, stream.counts, w).epoch_batches(epoch)) for w in range(c.workers)]
+    data = data_set(stream.urls, stream.counts)
+    per_worker = [list(WorkerSource(c, data, w).epoch_batches(epoch)) for w in range(c.workers)]
     batches = []
     for step in range(stream.steps(epoch)):
         keys = []

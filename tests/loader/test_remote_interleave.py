@@ -53,4 +53,4 @@ def test_remote_shards_without_offsets_are_not_read_interleaved(data, moto_endpo
     write_manifest([type(i)(u, i.samples, i.bytes, i.offsets, i.members) for i, u in zip(infos, urls)], with_offsets)
     stream = Stream.open(urls, fields={"key": "__key__"}, batch_size=B, device="cpu", manifest=with_offsets,
                          storage_options=options, cache_dir=str(tmp_path / "c"))
-    assert stream.config.interleave and stream.offsets is not None
+    assert stream.config.interleave and stream.data.offsets is not None

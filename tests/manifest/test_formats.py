@@ -33,7 +33,7 @@ def test_wids_index_with_relative_urls(tmp_path):
         {"url": f"train/{os.path.basename(p)}", "nsamples": n, "filesize": os.path.getsize(p)}
         for p, n in zip(paths, [3, 5])]}))
     stream = open_keys(paths, manifest=str(index), cache_dir=str(tmp_path / "c"))
-    assert stream.counts == (3, 5) and stream.offsets is None and "manifest" in stream.count_source
+    assert stream.counts == (3, 5) and stream.data.offsets is None and "manifest" in stream.data.count_source
 
 
 @pytest.mark.skipif(shutil.which("tar") is None, reason="wds2idx uses GNU tar when present; tarfile otherwise")
@@ -139,11 +139,11 @@ def test_index_writes_where_the_loader_looks_and_the_loader_finds_it(tmp_path):
     written = json.load(open(tmp_path / "d" / DEFAULT_NAME))
     assert [r["url"] for r in written["shards"]] == ["s-0000.tar", "s-0001.tar"] and written["shards"][0]["offsets"]
     stream = open_keys(paths, cache_dir=str(tmp_path / "c"))
-    assert stream.counts == (3, 4) and stream.count_source == f"manifest {tmp_path / 'd' / DEFAULT_NAME}"
+    assert stream.counts == (3, 4) and stream.data.count_source == f"manifest {tmp_path / 'd' / DEFAULT_NAME}"
     assert not os.path.exists(tmp_path / "c" / "manifests")  # no scan, nothing cached
     # the shards' stored bytes per sample size the workers' shared memory from the start
-    assert stream.bytes_per_sample == sum(os.path.getsize(p) for p in paths) / 7
-    assert open_keys(paths, cache_dir=None, manifest=None).bytes_per_sample == stream.bytes_per_sample
+    assert stream.data.bytes_per_sample == sum(os.path.getsize(p) for p in paths) / 7
+    assert open_keys(paths, cache_dir=None, manifest=None).data.bytes_per_sample == stream.data.bytes_per_sample
 
 
 def test_index_dash_writes_nothing(tmp_path):

@@ -67,6 +67,6 @@ def test_stream_takes_offsets_from_the_manifest(tmp_path):
     stream = Stream.open(paths, manifest=with_offsets, cache_dir=str(tmp_path / "cache"), **kw)
     rows = build_manifest(paths, offsets=True)
     assert stream.counts == (3, 4)
-    assert [[stream.offsets.at(s, i) for i in range(n)] for s, n in enumerate((3, 4))] == [list(r.offsets) for r in rows]
-    assert stream.offsets.path and stream.offsets.path.startswith(str(tmp_path / "cache"))  # mapped by workers
-    assert Stream.open(paths, manifest=without, **kw).offsets is None
+    assert [[stream.data.offsets.at(s, i) for i in range(n)] for s, n in enumerate((3, 4))] == [list(r.offsets) for r in rows]
+    assert stream.data.offsets.path and stream.data.offsets.path.startswith(str(tmp_path / "cache"))  # mapped by workers
+    assert Stream.open(paths, manifest=without, **kw).data.offsets is None

@@ -15,7 +15,7 @@ from dalistream.manifest import scan_shard, scan_tolerant
 from dalistream.tar import iter_samples
 from dalistream.worker import WorkerSource
 
-from helpers import write_tar
+from helpers import data_set, write_tar
 
 FIELDS = {"image": "jpg", "label": "cls", "key": "__key__"}
 
@@ -41,7 +41,7 @@ def worker_run(paths, counts, fields=FIELDS, **kw):
     """Every sample of one worker without DALI: keys delivered, skips counted."""
     options = dict(sources=tuple(paths), fields=fields, batch_size=1, workers=1, policy="exact", shuffle_shards=False)
     options.update(kw)
-    source = WorkerSource(StreamConfig(**options), paths, counts, 0)
+    source = WorkerSource(StreamConfig(**options), data_set(paths, counts), 0)
     keys = []
     for *values, valid in source.epoch_batches(0):
         if int(valid[0]):

@@ -187,8 +187,7 @@ def by_workers(stream):
     config = stream.config
     out = []
     for w in range(config.workers):
-        source = WorkerSource(config, stream.urls, stream.counts, w, offsets=stream.offsets,
-                              count_source=stream.count_source)
+        source = WorkerSource(config, stream.data, w)
         lo = config.layout.slot_offsets[w]
         hi = lo + config.layout.slots[w]
         for *values, valid in source.epoch_batches(0):

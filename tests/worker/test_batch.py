@@ -9,7 +9,7 @@ from dalistream.config import StreamConfig
 from dalistream.worker import WorkerSource
 from dalistream.worker import batch
 
-from helpers import write_wds
+from helpers import data_set, write_wds
 
 
 def npy(value):
@@ -82,7 +82,7 @@ def test_blobs_deliver_the_same_samples(shards, workers, batch_size, start_step)
     for w in range(workers):
         lo = c.layout.slot_offsets[w]
         hi = lo + c.layout.slots[w]
-        for plain in WorkerSource(c, paths, counts, w).epoch_batches(0, start_step):
+        for plain in WorkerSource(c, data_set(paths, counts), w).epoch_batches(0, start_step):
             out = batch.pack(plain, packed, lo, hi)
             assert len(out) == n
             assert all(out[i] is plain[i] for i in range(n) if i not in packed)
@@ -114,7 +114,7 @@ def test_rows_are_views_and_must_add_up():
 def test_pack_leaves_the_plain_batch_alone(shards):
     paths, counts = shards
     c = config(paths)
-    plain = next(WorkerSource(c, paths, counts, 1).epoch_batches(0))
+    plain = next(WorkerSource(c, data_set(paths, counts), 1).epoch_batches(0))
     before = [list(x) if isinstance(x, list) else x.copy() for x in plain]
     lo = c.layout.slot_offsets[1]
     out = batch.pack(plain, batch.byte_fields(c.fields), lo, lo + c.layout.slots[1])
@@ -127,8 +127,8 @@ def test_transfer_form_from_iter_matches_epoch_batches(shards):
     paths, counts = shards
     c = config(paths)
     packed = batch.byte_fields(c.fields)
-    plain = list(WorkerSource(c, paths, counts, 0).epoch_batches(0))
-    sent = list(iter(WorkerSource(c, paths, counts, 0)))
+    plain = list(WorkerSource(c, data_set(paths, counts), 0).epoch_batches(0))
+    sent = list(iter(WorkerSource(c, data_set(paths, counts), 0)))
     assert len(sent) == len(plain)
     for p, s in zip(plain, sent):
         same(unpacked(s, packed), p)

@@ -12,7 +12,7 @@ from dalistream.errors import SampleError
 from dalistream.worker import ErrorPolicy, WorkerSource
 from dalistream.worker.policy import MIN_JUDGED
 
-from helpers import write_tar
+from helpers import data_set, write_tar
 
 
 def image(ext: str) -> bytes:
@@ -45,7 +45,7 @@ def run(paths, per_shard, **kw):
                                                  "label": "cls"},
                    batch_size=4, workers=1, policy="exact", missing="skip", shuffle_shards=False)
     options.update(kw)
-    source = WorkerSource(StreamConfig(**options), paths, [per_shard] * len(paths), 0)
+    source = WorkerSource(StreamConfig(**options), data_set(paths, [per_shard] * len(paths)), 0)
     batches = list(source.epoch_batches(0))
     return sum(int(b[-1].sum()) for b in batches), dict(source._stats.skipped), batches
 

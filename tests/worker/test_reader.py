@@ -22,11 +22,11 @@ from dalistream.worker.policy import ErrorPolicy
 from dalistream.worker.reader import PlanReader
 from dalistream.worker.stats import WorkerStats
 
-from helpers import key_shards, uneven_sizes, write_tar
+from helpers import data_set, key_shards, uneven_sizes, write_tar
 
 
 def source_keys(config, paths, counts, rank, w, epoch, offsets=None, start_step=0, source=None):
-    src = WorkerSource(config.replace(rank=rank), paths, counts, w, offsets=offsets, count_source=source,
+    src = WorkerSource(config.replace(rank=rank), data_set(paths, counts, offsets, count_source=source), w,
                        start_epoch=epoch, start_step=start_step)
     out = []
     for keys, valid in src.epoch_batches(epoch, start_step):
@@ -98,7 +98,7 @@ def test_a_part_with_offsets_never_reads_outside_itself(tmp_path, reading):
     with open(paths[0], "wb") as f:
         f.write(bytes(data))
     config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=1, workers=1)
-    reader = PlanReader(config, paths, sizes, index, 0)
+    reader = PlanReader(config, data_set(paths, sizes, index), 0)
     stats = WorkerStats(None, 0, 0)
     start, end = reader.byte_range(0, 4, 9)
     assert (start, end) == (lo, hi)
@@ -133,8 +133,8 @@ def test_a_stale_count_under_skip_is_counted_never_silent(tmp_path):
     _rewrite(paths[0], 9)  # longer: three samples no one owns
     config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=3, workers=1,
                           policy="exact", shuffle_shards=False, on_error="skip")
-    reader = PlanReader(config, paths, [6, 6], None, 0)
-    plan = WorkerSource(config, paths, [6, 6], 0).plans(0)[0]
+    reader = PlanReader(config, data_set(paths, [6, 6]), 0)
+    plan = WorkerSource(config, data_set(paths, [6, 6]), 0).plans(0)[0]
     policy = ErrorPolicy("skip")
     got = [s for s in reader.decoded(plan, lambda o: True, policy, WorkerStats(None, 0, 0))]
     assert len(got) == 12
@@ -188,7 +188,7 @@ def test_a_shard_rewritten_with_other_member_sizes_is_named_not_misread(tmp_path
         write_tar(paths[1], [m for i in range(10) for m in ((f"s001/{i:05d}.cls", b"1"), (f"s001/{i:05d}.bin", b"x" * size))])
         config = StreamConfig(sources=tuple(paths), fields={"key": "__key__", "data": "bin"}, batch_size=4, workers=1,
                               policy="exact", shuffle_shards=False)
-        src = WorkerSource(config, paths, [10, 10], 0, offsets=index)
+        src = WorkerSource(config, data_set(paths, [10, 10], index), 0)
         delivered = []
         with pytest.raises(ShardFormatError) as e:
             for keys, data, valid in src.epoch_batches(0):
@@ -199,7 +199,7 @@ def test_a_shard_rewritten_with_other_member_sizes_is_named_not_misread(tmp_path
 
 
 def resumed_keys(config, paths, sizes, resume, r, w, off, start_step=0):
-    src = WorkerSource(config.replace(rank=r), paths, sizes, w, offsets=off, start_epoch=1, start_step=start_step,
+    src = WorkerSource(config.replace(rank=r), data_set(paths, sizes, off), w, start_epoch=1, start_step=start_step,
                        resume=resume)
     return [[bytes(k).decode() for k, v in zip(keys, valid) if int(v)] for keys, valid in src.epoch_batches(1, start_step)]
 
