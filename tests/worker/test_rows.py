@@ -22,7 +22,7 @@ from dalistream.worker import WorkerSource
 from dalistream.worker.fields import FieldDecoder
 from dalistream.worker.rows import BULK_ROWS, RowDecoder, Rows
 
-from helpers import write_tar
+from helpers import data_set, write_tar
 
 
 def image(fmt, seed):
@@ -123,7 +123,7 @@ def test_a_run_decodes_to_what_each_sample_decodes_to(tmp_path, monkeypatch, see
 
 def reader_output(config, paths, counts, offsets, blocks, worker=0, start_step=0):
     """Everything one worker's source gives for an epoch: its padded batches, or its error; and its skips."""
-    src = WorkerSource(config, paths, counts, worker, offsets=offsets, start_step=start_step)
+    src = WorkerSource(config, data_set(paths, counts, offsets), worker, start_step=start_step)
     src.blocks = blocks
     out = []
     try:
@@ -210,7 +210,7 @@ def test_an_elastic_resume_s_dropped_positions_read_the_same_either_way(tmp_path
     plan = dataclasses.replace(plan, drop=(3, 4, 5, 17, 41, 79))
     out = []
     for blocks in (False, True):
-        reader = PlanReader(config, paths, counts, offsets, 0)
+        reader = PlanReader(config, data_set(paths, counts, offsets), 0)
         items = reader.decoded(plan, lambda o: True, ErrorPolicy("raise"), WorkerStats(None, 0, 0), 1, blocks)
         keys = []
         for item in items:
