@@ -114,10 +114,11 @@ def sliced_runs(
                                   lowercase=lowercase, last=last, clock=clock, chunk=chunk)
         return
     digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
-    r = StreamBuffer(stream, url, clock, chunk)
+    r = StreamBuffer(stream, url, clock, 16 * BLOCK)  # (runs are read into their own buffers: this one reads the end)
     i = 0
     while i < n:
-        limit = sample_start[i] + max(run_bytes, int(sample_start[i + 1] - sample_start[i]))
+        # a part's first run is one chunk: many columns opened at once each read little before the first batch
+        limit = sample_start[i] + max(run_bytes if i else chunk, int(sample_start[i + 1] - sample_start[i]))
         k = max(i + 1, int(np.searchsorted(sample_start, limit, "right")) - 1)
         k = min(k, n)
         size = int(sample_start[k] - sample_start[i])

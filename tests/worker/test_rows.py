@@ -162,6 +162,7 @@ def test_blocks_and_single_samples_give_the_same_batches_skips_and_errors(tmp_pa
         singles = reader_output(config, paths, counts, offsets, False, w)
         blocks = reader_output(config, paths, counts, offsets, True, w)
         assert blocks == singles
+        assert reader_output(config, paths, counts, None, True, w) == singles  # the header walk: no layouts
         assert singles[0], "the worker delivered something"
         if on_error == "skip":
             assert sum(singles[1].values()) > 0, "some samples were skipped"
