@@ -32,6 +32,9 @@ _POLL_S = 0.05      # how often the waiting thread looks at the worker processes
 _GRACE_S = 0.5      # after a worker died: time DALI gets to report it itself
 _STOP_WAIT_S = 2.0  # at shutdown: time an interrupted run() gets to finish
 _SHUTDOWN_S = 10.0  # time DALI's own shutdown gets before the workers are killed
+# ... after a worker died: a worker killed holding a lock the others share (DALI's queues) can
+# leave them blocked, and DALI's shutdown waits for them; the caller waits for the error meanwhile
+_SHUTDOWN_AFTER_DEATH_S = 2.0
 
 
 class _Runner:
@@ -137,8 +140,8 @@ def stop_pipe(pipe) -> None:
     """Shut a pipeline and its workers down, in bounded time even when a worker died."""
     processes = worker_processes(pipe)
     runner = _runners.pop(pipe, None)
+    dead = any(p.exitcode is not None for p in processes)
     if runner is not None:
-        dead = any(p.exitcode is not None for p in processes)
         if not runner.stop(0.0 if dead else _STOP_WAIT_S):
             log.debug("a pipeline run is still blocked in DALI; shutting down around it")
 
@@ -159,9 +162,10 @@ def stop_pipe(pipe) -> None:
         except RuntimeError:  # no new threads at interpreter exit: shut down in this one
             stop()
         else:
-            thread.join(_SHUTDOWN_S)
+            thread.join(_SHUTDOWN_AFTER_DEATH_S if dead else _SHUTDOWN_S)
     if thread.is_alive():
-        log.warning("DALI did not shut down within %.0f s; killing its worker processes", _SHUTDOWN_S)
+        log.warning("DALI did not shut down within %.0f s; killing its worker processes",
+                    _SHUTDOWN_AFTER_DEATH_S if dead else _SHUTDOWN_S)
         forget_observer(pipe)
     for p in processes:  # normally all gone by now
         if p.exitcode is None:

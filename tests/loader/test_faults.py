@@ -105,6 +105,40 @@ def test_killed_worker_is_a_worker_error_within_seconds(shards, start_method):
     assert dali_workers() - before == set()
 
 
+def test_a_shutdown_blocked_after_a_worker_died_is_cut_short(shards, monkeypatch):
+    """A worker killed while holding a lock the others share can leave DALI's own shutdown
+    waiting for them: the error still comes within seconds, and no worker is left."""
+    import dalistream.dali.watchdog as watchdog
+
+    real = watchdog.shutdown
+    release = threading.Event()
+
+    def blocked(pipe):  # DALI's shutdown, stuck behind a lock a killed worker held
+        release.wait(60)
+        real(pipe)
+
+    monkeypatch.setattr(watchdog, "shutdown", blocked)
+    stream = Stream.open(shards, fields={"key": "__key__"}, batch_size=4, workers=2, device="cpu", policy="fixed",
+                         batches_per_epoch=10**6, start_method="fork")
+    before = dali_workers()
+    loader = Loader(stream)
+    try:
+        batches = iter(loader)
+        next(batches)
+        workers = sorted(dali_workers() - before)
+        killed_at = time.monotonic()
+        os.kill(workers[0], signal.SIGKILL)
+        with pytest.raises(WorkerError, match="killed by signal SIGKILL"):
+            for _ in batches:
+                pass
+        assert time.monotonic() - killed_at < watchdog._SHUTDOWN_S  # cut short: the workers were killed instead
+        assert dali_workers() - before == set()
+    finally:
+        release.set()
+        monkeypatch.undo()
+        loader.close()
+
+
 SCRIPT = textwrap.dedent("""
     import faulthandler, signal, sys
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for every thread's stack if it hangs
