@@ -14,16 +14,16 @@ and raises the same error, naming the same offsets, as for a part read sample by
 from __future__ import annotations
 
 import io
-from typing import BinaryIO, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..errors import DalistreamError, ShardFormatError
 from ..io.counters import ReadClock
 from .buffer import CHUNK, StreamBuffer
-from .headers import BLOCK, header_name, no_end_marker
+from .headers import BLOCK, header_name
 from .samples import Sample, split_name
-from .sliced import sliced_samples
+from .sliced import after_last, sliced_samples
 
 #: A run is at least this long (a worker reading many columns at once reads each with a small
 #: share of the buffer: runs of a few samples would cost more than they save)
@@ -150,12 +150,7 @@ def sliced_runs(
                   at, sizes[a:b], nbytes)
         i = k
     if last:
-        got = min(r.fill(BLOCK), BLOCK)
-        header = bytes(r.view[r.pos:r.pos + got])
-        if got < BLOCK and not header.strip(b"\0"):
-            raise no_end_marker(url)
-        if header.strip(b"\0"):
-            yield {"__url__": url, "__index__": first + n, "__offset__": offset + int(sample_start[n])}
+        yield from after_last(r, url, first + n, offset + int(sample_start[n]))
 
 
 def _read(r: StreamBuffer, view: memoryview) -> Tuple[int, Optional[DalistreamError]]:

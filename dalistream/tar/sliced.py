@@ -103,9 +103,16 @@ def sliced_samples(
             position += skip + BLOCK + padded
         yield sample
     if last:
-        n = min(r.fill(BLOCK), BLOCK)
-        header = bytes(r.view[r.pos:r.pos + n])
-        if n < BLOCK and not header.strip(b"\0"):
-            raise no_end_marker(url)
-        if header.strip(b"\0"):
-            yield {"__url__": url, "__index__": first + len(kinds), "__offset__": position}
+        yield from after_last(r, url, first + len(kinds), position)
+
+
+def after_last(r: StreamBuffer, url: str, index: int, offset: int) -> Iterator[Sample]:
+    """What follows a shard's last counted sample (at ``offset``, read by ``r``): the
+    end-of-archive marker (nothing), or another header: one more (empty) sample numbered
+    ``index``, for the caller to report; bytes ending there instead are a truncated shard."""
+    n = min(r.fill(BLOCK), BLOCK)
+    header = bytes(r.view[r.pos:r.pos + n])
+    if n < BLOCK and not header.strip(b"\0"):
+        raise no_end_marker(url)
+    if header.strip(b"\0"):
+        yield {"__url__": url, "__index__": index, "__offset__": offset}

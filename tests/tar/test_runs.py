@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pytest
 
-from dalistream.errors import DalistreamError, ShardFormatError
+from dalistream.errors import DalistreamError
 from dalistream.manifest import scan_shard
 from dalistream.manifest.rows import ShardRows
 from dalistream.tar import runs

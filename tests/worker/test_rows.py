@@ -223,6 +223,37 @@ def test_an_elastic_resume_s_dropped_positions_read_the_same_either_way(tmp_path
     assert out[0] == [k for q, k in enumerate(raw) if q not in plan.drop]
 
 
+def test_a_mix_of_indexed_sources_reads_the_same_either_way(tmp_path, monkeypatch):
+    """Each source of a mix read run by run (its ``__source__`` on every row) gives the batches
+    of the sample-by-sample path."""
+    from dalistream import Stream
+    from dalistream.manifest import default_location, write_manifest
+
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 6000)
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    mix = {}
+    for name, counts, weight in (("a", [30, 25], 0.6), ("b", [12, 9], 0.4)):
+        d = tmp_path / name
+        d.mkdir()
+        paths, _, _ = shards_with_problems(d, len(name), counts)
+        write_manifest(build_manifest(paths, offsets=True), default_location(paths))
+        mix[name] = (str(d), weight)
+    stream = Stream.open(mix, fields={"key": "__key__", "src": "__source__", "label": FIELDS["label"]}, batch_size=8,
+                         workers=2, device="cpu", shuffle=0, on_error="skip", seed=3)
+    assert all(s.data.offsets is not None and s.data.offsets.members is not None for s in stream.mix.sources)
+    sources = set()
+    for w in range(2):
+        out = []
+        for blocks in (False, True):
+            src = WorkerSource(stream.config, stream.data, w, mix=stream.mix)
+            src.blocks = blocks
+            out.append([[bytes(np.asarray(v)) for v in b[0]] + [bytes(np.asarray(v)) for v in b[1]]
+                        for b in src.epoch_batches(0)])
+        assert out[0] == out[1] and out[0]
+        sources |= {v for b in out[1] for v in b}
+    assert sources >= {b"a", b"b"}
+
+
 def test_rows_count_as_samples_passed(tmp_path, monkeypatch):
     items, decoder = runs_of(tmp_path, 9, 40, monkeypatch, 1 << 20)
     from dalistream.worker.policy import ErrorPolicy
