@@ -88,7 +88,7 @@ def sliced_runs(
     (whose sample dicts stand in for a run that does not pass its check, up to its damage, and
     for a part whose samples are too large for runs of :data:`MIN_RUN_SAMPLES`). ``last``: as
     there, the end-of-archive marker is checked after the last sample."""
-    names = [tuple(e.lower() if lowercase else e for e in exts) for exts, _ in patterns]
+    names = pattern_names(patterns, lowercase)
     kinds = np.asarray(kinds, dtype=np.int64)
     sizes = np.asarray(sizes, dtype=np.int64)
     per_sample = np.array([len(e) for e, _ in patterns], dtype=np.int64)[kinds]
@@ -151,6 +151,21 @@ def sliced_runs(
         i = k
     if last:
         yield from after_last(r, url, first + n, offset + int(sample_start[n]))
+
+
+_NAMES: dict = {}
+
+
+def pattern_names(patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], lowercase: bool) -> Tuple[Tuple[str, ...], ...]:
+    """Each pattern's member extensions (lowercased if asked): one tuple for one pattern table,
+    whatever part is read (the decoder keeps what it worked out for it)."""
+    key = (id(patterns), lowercase)
+    found = _NAMES.get(key)
+    if found is None or found[0] is not patterns:
+        if len(_NAMES) > 16:
+            _NAMES.clear()
+        found = _NAMES[key] = (patterns, tuple(tuple(e.lower() if lowercase else e for e in exts) for exts, _ in patterns))
+    return found[1]
 
 
 def _read(r: StreamBuffer, view: memoryview) -> Tuple[int, Optional[DalistreamError]]:

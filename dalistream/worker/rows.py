@@ -52,15 +52,14 @@ class RowDecoder:
         self.lowercase = lowercase
         self._modes = tuple(_META if f.kind == "meta" else _INT if f.kind == "int" else
                             _BYTES if f.kind == "bytes" else _OTHER for f in self.fields)
-        self._maps: Dict[tuple, Tuple[np.ndarray, np.ndarray]] = {}
+        self._maps: Dict[int, tuple] = {}  # id of a pattern table's names: (names, members, images)
 
     def member_maps(self, names: Sequence[Tuple[str, ...]]) -> Tuple[np.ndarray, np.ndarray]:
         """For a pattern table, per field and pattern: the member the field is read from (-1: the
         per-sample path reads it: a member missing or gzipped; 0 for metadata), and whether it
         is an image to check."""
-        key = tuple(names)
-        found = self._maps.get(key)
-        if found is None:
+        found = self._maps.get(id(names))
+        if found is None or found[0] is not names:
             member = np.zeros((len(self.fields), len(names)), np.int64)
             image = np.zeros((len(self.fields), len(names)), bool)
             for f, field in enumerate(self.fields):
@@ -75,8 +74,10 @@ class RowDecoder:
                             break
                         if ext + ".gz" in exts:
                             break
-            self._maps[key] = found = (member, image)
-        return found
+            if len(self._maps) > 16:
+                self._maps.clear()
+            self._maps[id(names)] = found = (names, member, image)
+        return found[1], found[2]
 
     def decode(self, run: Run) -> Tuple[List[list], List[int]]:
         """One column per field of ``run``'s samples, and the samples the per-sample path must
