@@ -24,6 +24,7 @@ from ..tar.runs import Run
 from .fields import JPEG_START, PNG_END, PNG_START, convert, image_problem
 
 _BYTES, _INT, _META, _OTHER = range(4)
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_DIGITS = 18  # a longer label is parsed alone (int64 holds every 18-digit decimal)
 _WHITESPACE = np.zeros(256, bool)
 _WHITESPACE[list(b" \t\n\r\x0b\x0c")] = True  # what bytes.strip() strips
@@ -100,11 +101,16 @@ class RowDecoder:
             if mode == _INT:
                 values, wrong = parse_ints(data, starts, lengths) if n >= BULK_ROWS else (np.zeros(n, np.int64), np.ones(n, bool))
                 column = values.tolist()
-                for i in np.flatnonzero(wrong & ~bad).tolist():  # not plain decimal: as read alone, if it can be
+                where, size = starts.tolist(), lengths.tolist()
+                for i in np.flatnonzero(wrong & ~bad).tolist():  # not plain decimal: int() as read alone, if it can
                     try:
-                        column[i] = int(convert(field, bytes(view[starts[i]:starts[i] + lengths[i]])))
-                    except Exception:
-                        bad[i] = True
+                        value = int(bytes(view[where[i]:where[i] + size[i]]))
+                    except ValueError:
+                        value = None
+                    if value is None or not _INT64_MIN <= value <= _INT64_MAX:
+                        bad[i] = True  # (read alone, it is named)
+                    else:
+                        column[i] = value
                 columns.append(column)
                 continue
             rows = [view[a:a + m] for a, m in zip(starts.tolist(), lengths.tolist())]
