@@ -131,7 +131,7 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
     if is_gzip_name(url):
         stream = decompressed(open_raw(url, 0, options), url, offset)
     elif is_fetched(url):
-        return _limited(_Owned(ReadAhead([url], options, None, [(offset, end)])), offset, end)
+        return _limited(_Owned(ReadAhead([url], options, None, [(offset, end)])), offset, end, chunk_bytes(options))
     else:
         if end is not None and not url.startswith("pipe:"):  # a local part: positional reads, no buffers
             part = open_range(url, offset, end)
@@ -184,9 +184,9 @@ class ShardSequence:
                                                         for u, r in zip(self.urls, self.ranges)]
             self._ahead = ReadAhead(self.urls, self.options, self.counters, fetched)
         raw = self._ahead.open(i)
-        if is_gzip_name(url):
-            return _limited(decompressed(raw, url, start), start, end)
-        return _limited(decompressed(raw, url), start, end)
+        # (a worker's many columns share ``chunk_bytes``: each part's buffer is its share)
+        return _limited(decompressed(raw, url, start) if is_gzip_name(url) else decompressed(raw, url), start, end,
+                        self.chunk)
 
     def close(self) -> None:
         """Stop any background fetches."""
