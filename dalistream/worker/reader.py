@@ -86,7 +86,7 @@ class PlanReader:
                 if self._source_field:
                     item.source = self.source_name
                 for block in self.blocks(item, policy, stats):
-                    good += len(block)
+                    good += len(block) if type(block) is Rows else 1  # (a sample settled alone: a tuple)
                     yield block
                 continue
             stats.add(bytes=sum(len(v) for k, v in item.items() if v is not None and not k.startswith("__")))
@@ -180,6 +180,7 @@ class PlanReader:
                     if isinstance(sample, DalistreamError):
                         yield sample
                         continue
+                    singles = (sample,)
                     if type(sample) is Run:
                         n = len(sample)
                         if not drop and all(keep(o) for o in range(ordinal, ordinal + n)):
@@ -187,17 +188,12 @@ class PlanReader:
                             yield sample
                             continue
                         # an elastic resume's drops, or a reader that keeps only some: one by one
-                        lowercase, wants = c.lowercase_ext, self.decoder.wants
-                        for i in range(n):
-                            if drop and heads[k] + sample.first + i in drop:
-                                continue
-                            ordinal += 1
-                            yield sample.sample(i, lowercase, wants) if keep(ordinal - 1) else None
-                        continue
-                    if drop and heads[k] + sample["__index__"] in drop:
-                        continue  # delivered before an elastic resume
-                    ordinal += 1
-                    yield sample if keep(ordinal - 1) else None
+                        singles = (sample.sample(i, c.lowercase_ext, self.decoder.wants) for i in range(n))
+                    for one in singles:
+                        if drop and heads[k] + one["__index__"] in drop:
+                            continue  # delivered before an elastic resume
+                        ordinal += 1
+                        yield one if keep(ordinal - 1) else None
                 position += 1
             shards.close()
             yield PASS_END

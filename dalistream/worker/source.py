@@ -174,20 +174,18 @@ class WorkerSource:
         if self.mix is not None:  # one stream per source, each step taking the source's share of the slot
             resume = self.resume if epoch == self.start_epoch else ()
             pairs = self.mix.worker_plans(c.layout, c.schedule, epoch, c.rank, self.worker, resume, c.shuffle)
-            blocks = self.blocks
-            streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader, blocks), take, name)
+            streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader), take, name)
                        for (plan, take), name, reader in zip(pairs, self.mix.names, self.mix_readers)]
             steps = pairs[0][0].steps
         else:
             plans = self.plans(epoch)
             share = len(plans)  # streams open at once share the read-ahead budget
-            blocks = self.blocks
-            streams = [(self._stream(plan, start_step * plan.slot, policy, stats, share, self.reader, blocks),
+            streams = [(self._stream(plan, start_step * plan.slot, policy, stats, share, self.reader),
                         np.full(plan.steps, plan.slot), None) for plan in plans]
             steps = plans[0].steps
         empty = batch.templates(c.fields, c.batch_size)
         lo, slot = self._slot[0], self._slot[1] - self._slot[0]
-        takers = [(Taker(stream, blocks), take, name) for stream, take, name in streams]
+        takers = [(Taker(stream, self.blocks), take, name) for stream, take, name in streams]
         for step in range(start_step, steps):
             t0 = time.perf_counter()
             columns: List[list] = [[] for _ in c.fields]
@@ -210,7 +208,7 @@ class WorkerSource:
         stats.write()
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
-                share: int, reader: PlanReader, blocks: bool) -> Iterator:
+                share: int, reader: PlanReader) -> Iterator:
         """One plan's decoded samples (read by ``reader``) in delivery order after the first
         ``skip_count``: read, shuffled through the buffer (if any), those skipped passed over unread."""
         c = self.config
@@ -221,6 +219,6 @@ class WorkerSource:
             keep = lambda o: o not in gone  # noqa: E731
         else:
             keep = lambda o: o >= skip_count  # noqa: E731
-        stream = shuffled(policy.watched(reader.decoded(plan, keep, policy, stats, share, blocks)), c.shuffle, seed)
+        stream = shuffled(policy.watched(reader.decoded(plan, keep, policy, stats, share, self.blocks)), c.shuffle, seed)
         return itertools.islice(stream, skip_count, None)
 
