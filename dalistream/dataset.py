@@ -52,8 +52,12 @@ class DataSet:
             if self.counts is not None and not np.array_equal(np.diff(self.offsets.starts), self.counts):
                 raise ConfigError("data set: the offsets' per-shard sample counts disagree with counts")
 
-    def __repr__(self) -> str:  # URLs redacted (no credentials in logs), and not all of them
-        shards = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
+    def shown(self) -> str:
+        """The first shard URLs, redacted (no credentials in logs), and how many there are."""
+        listed = ", ".join(redact(u) for u in self.urls[:3]) + (", …" if len(self.urls) > 3 else "")
+        return f"[{listed}] ({len(self.urls)} shards)"
+
+    def __repr__(self) -> str:
         samples = None if self.counts is None else sum(self.counts)
-        return (f"DataSet(urls=[{shards}] ({len(self.urls)} shards), samples={samples}, "
+        return (f"DataSet(urls={self.shown()}, samples={samples}, "
                 f"offsets={'yes' if self.offsets is not None else None}, count_source={self.count_source!r})")

@@ -179,8 +179,7 @@ class Stream:
         return self.data.counts
 
     def __repr__(self) -> str:  # URLs redacted: no credentials in logs
-        shards = ", ".join(redact(u) for u in self.data.urls[:3]) + (", …" if len(self.data.urls) > 3 else "")
-        return (f"Stream(config={self.config!r}, urls=[{shards}] ({len(self.data.urls)} shards), "
+        return (f"Stream(config={self.config!r}, urls={self.data.shown()}, "
                 f"samples={sum(self.data.counts) if self.data.counts is not None else None}, device={self.device!r}, "
                 f"device_id={self.device_id!r}, start_method={self.start_method!r}, start_epoch={self.start_epoch}, start_step={self.start_step})")
 
