@@ -141,6 +141,7 @@ def stop_pipe(pipe) -> None:
     processes = worker_processes(pipe)
     runner = _runners.pop(pipe, None)
     dead = any(p.exitcode is not None for p in processes)
+    allowed = _SHUTDOWN_AFTER_DEATH_S if dead else _SHUTDOWN_S  # DALI's own shutdown, before the workers are killed
     if runner is not None:
         if not runner.stop(0.0 if dead else _STOP_WAIT_S):
             log.debug("a pipeline run is still blocked in DALI; shutting down around it")
@@ -162,10 +163,9 @@ def stop_pipe(pipe) -> None:
         except RuntimeError:  # no new threads at interpreter exit: shut down in this one
             stop()
         else:
-            thread.join(_SHUTDOWN_AFTER_DEATH_S if dead else _SHUTDOWN_S)
+            thread.join(allowed)
     if thread.is_alive():
-        log.warning("DALI did not shut down within %.0f s; killing its worker processes",
-                    _SHUTDOWN_AFTER_DEATH_S if dead else _SHUTDOWN_S)
+        log.warning("DALI did not shut down within %.0f s; killing its worker processes", allowed)
         forget_observer(pipe)
     for p in processes:  # normally all gone by now
         if p.exitcode is None:

@@ -2,8 +2,8 @@
 
 Where the manifest knows a shard's member layout, every member of a part lies at a known offset
 with a known size (:mod:`dalistream.manifest.members`). :func:`sliced_runs` reads the part's
-samples in runs of whole samples (at least one, about ``chunk`` bytes), each into a buffer of its
-own, and checks each run's member headers with array operations: the ``ustar`` magic and the size
+samples in runs of whole samples (at least one; about ``max(chunk, MIN_RUN_BYTES)`` bytes, a
+part's first run one ``chunk``), each into a buffer of its own, and checks each run's member headers with array operations: the ``ustar`` magic and the size
 field of every header at once, as :func:`~dalistream.tar.sliced.sliced_samples` checks them one by
 one. A :class:`Run` is the run's bytes with its samples' member positions; its members are views
 of those bytes (:mod:`dalistream.worker.rows` decodes them in bulk). A run whose check fails, or
@@ -169,11 +169,10 @@ def pattern_names(patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], lower
 
 
 def _read(r: StreamBuffer, view: memoryview) -> Tuple[int, Optional[DalistreamError]]:
-    """Fill ``view`` from ``r``'s stream (what ``r`` holds first): how many bytes came, and the
-    read error that stopped it, if one did (raised after the bytes before it are parsed)."""
-    got = min(r.end - r.pos, len(view))
-    view[:got] = r.view[r.pos:r.pos + got]
-    r.pos += got
+    """Fill ``view`` from ``r``'s stream (``r`` reads past its own buffer, which holds nothing until
+    the end check): how many bytes came, and the read error that stopped it, if one did (raised
+    after the bytes before it are parsed)."""
+    got = 0
     while got < len(view):
         try:
             k = r.read_into(view[got:])
