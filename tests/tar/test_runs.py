@@ -149,12 +149,16 @@ def test_a_read_error_mid_run_comes_after_the_samples_before_it(tmp_path, small_
     assert len(got[0]) == 7 and got[1][0] is expected[1][0] and got[1][2] == expected[1][2]
 
 
-def test_parts_of_large_samples_are_read_sample_by_sample(tmp_path):
+def test_parts_of_large_samples_are_read_sample_by_sample(tmp_path, monkeypatch):
     path = shard(tmp_path, "ustar", 3, n=6)
     info = scan_shard(path, offsets=True)
-    got, error, n_runs = read(sliced_runs, path, info, 0, 6, chunk=4096)  # samples of ~1.5 kB: runs of 8 do not fit 4 kB
-    assert n_runs == 0 or runs.MIN_RUN_BYTES >= 8 * 1500
-    assert error is None and got == by_headers(path, 0, 6)
+    total = int(ShardRows.from_infos([info]).members.spans().sum())  # the part's bytes in the tar: 6 samples
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 0)  # runs of one chunk
+    fits = -(-total * runs.MIN_RUN_SAMPLES // 6)  # the smallest chunk a run of MIN_RUN_SAMPLES mean samples fits
+    got, error, n_runs = read(sliced_runs, path, info, 0, 6, chunk=fits - 1)  # it does not: one by one
+    assert n_runs == 0 and error is None and got == by_headers(path, 0, 6)
+    got, error, n_runs = read(sliced_runs, path, info, 0, 6, chunk=fits)  # it does: runs
+    assert n_runs >= 1 and error is None and got == by_headers(path, 0, 6)
 
 
 def test_a_run_holds_views_of_its_own_buffer(tmp_path, monkeypatch):
