@@ -1,5 +1,7 @@
 """Which device decodes — the GPU when DALI sees one (``mixed`` decoders, GPU ops), else the CPU —
-and how DALI starts its worker processes for it (``fork`` or ``spawn``).
+how DALI starts its worker processes for it (``fork`` or ``spawn``), how many threads it gets
+(:func:`process_cores`, :func:`dali_threads`), and the torch device of its batches
+(:func:`torch_device`).
 
 GPU detection asks DALI's backend (no torch import, ~0.4 ms), and only when a pipeline may use a
 GPU: importing the package never touches CUDA. Which GPU: :func:`local_gpu`.
@@ -8,10 +10,14 @@ GPU: importing the package never touches CUDA. Which GPU: :func:`local_gpu`.
 from __future__ import annotations
 
 import logging
-from typing import Optional, Tuple
+import os
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterator, Optional, Tuple
 
 from .dali import compat
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only: torch is imported when a function needs it
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +44,12 @@ def resolve_device(device: str = "auto", device_id: Optional[int] = None,
         return "cpu", None
     count = gpu_count()
     if count == 0:
+        problem = compat.cuda_count_problem()
         if device == "gpu":
-            raise ConfigError("device='gpu' but no CUDA device is visible", hint="use device='auto' or 'cpu'")
+            raise ConfigError("device='gpu' but no CUDA device is visible" + (f": {problem}" if problem else ""),
+                              hint="use device='auto' or 'cpu'")
+        if problem:
+            log.warning("device='auto' decodes on the CPU: %s", problem)
         return "cpu", None
     if device_id is None:
         return "gpu", local_gpu(local_rank, count)
@@ -68,24 +78,169 @@ def local_gpu(local_rank: Optional[int], visible: int) -> int:
     return local_rank % visible
 
 
-def dali_threads(cores: int, local_processes: int = 1, workers: int = 0) -> int:
-    """DALI's ``num_threads`` by default: this process's share of the node's cores (``cores`` usable
-    by it, split among the ``local_processes`` training processes of its node), less one core per
-    DALI worker process, between 2 and 16. On a GPU these threads run the decoder's host stages,
-    the PNG and CMYK fallbacks and the merge; on the CPU, the whole decode. A 2-core box keeps 2;
-    a 16-core node with one process and 4 workers gets 12; 128 cores, 8 processes, 4 workers: 12."""
-    share = max(1, int(cores)) // max(1, int(local_processes))
-    return max(2, min(16, share - max(0, int(workers))))
+def dali_threads(cores: int, workers: int = 0) -> int:
+    """DALI's ``num_threads`` by default: this process's ``cores`` (:func:`process_cores`) less one
+    per DALI worker process, between 2 and 16. On a GPU these threads run the decoder's host
+    stages (nvJPEG's Huffman decoding of most JPEGs), the PNG and CMYK fallbacks and the merge; on
+    the CPU, the whole decode. A 2-core box keeps 2; 16 cores and 4 workers give 12."""
+    return max(2, min(16, max(1, int(cores)) - max(0, int(workers))))
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, which container limits often set)."""
-    import os
+CGROUP_ROOT = "/sys/fs/cgroup"
+MEMBERSHIP = "/proc/self/cgroup"
 
+
+def process_cores(local_processes: int = 1, cgroup_root: str = CGROUP_ROOT, membership: str = MEMBERSHIP) -> int:
+    """The cores this process's DALI threads can count on: its CPU affinity and its cgroup's CPU
+    quota and cpuset (:func:`cgroup_limits`, read under ``cgroup_root`` for the cgroup named in
+    ``membership``), shared with the node's other ``local_processes`` (:func:`cpu_share`)."""
     try:
-        return len(os.sched_getaffinity(0))
+        affinity = frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        affinity = frozenset(range(os.cpu_count() or 1))
+    allowed, quota = cgroup_limits(cgroup_root, membership)
+    return cpu_share(affinity, allowed if allowed is not None else frozenset(range(os.cpu_count() or 1)), quota,
+                     local_processes)
+
+
+def cpu_share(affinity: FrozenSet[int], allowed: FrozenSet[int], quota: Optional[float], local_processes: int) -> int:
+    """This process's share of the CPUs, at least 1.
+
+    An ``affinity`` narrower than the CPUs its cgroup ``allowed`` means a launcher bound this
+    process to its own cores (``srun --cpu-bind``, ``taskset``, ``numactl`` per rank): they are all
+    its own. Otherwise the node's ``local_processes`` training processes share them. A CPU
+    ``quota`` (cores' worth of time: ``docker --cpus``, a Kubernetes CPU limit) belongs to the
+    cgroup, which the node's processes share, so each gets ``quota / local_processes``."""
+    processes = max(1, int(local_processes))
+    bound = bool(affinity) and affinity < allowed
+    share = float(len(affinity)) if bound else len(affinity) / processes
+    if quota is not None:
+        share = min(share, quota / processes)
+    return max(1, int(share))
+
+
+def cgroup_limits(cgroup_root: str = CGROUP_ROOT, membership: str = MEMBERSHIP) -> Tuple[Optional[FrozenSet[int]], Optional[float]]:
+    """``(cpuset, quota)`` of this process's cgroup, each ``None`` where none is set or readable.
+
+    ``membership`` (``/proc/self/cgroup``) names the cgroup under each hierarchy; its folders are
+    looked for under ``cgroup_root`` (v2: ``cpu.max``, ``cpuset.cpus.effective``; v1: the ``cpu``
+    hierarchy's ``cpu.cfs_quota_us``/``cpu.cfs_period_us`` and the ``cpuset`` one's
+    ``cpuset.effective_cpus``). Inside a container the root is often the container's own cgroup,
+    and the named path is absent there: the root's files count then. The smallest quota on the way
+    up to the root is the one that binds."""
+    paths = _memberships(membership)
+    quotas = []
+    cpuset = None
+    for hierarchy, name in (("", ""), ("cpu", "cpu"), ("cpu", "cpu,cpuacct"), ("cpuset", "cpuset")):
+        path = paths.get(hierarchy)
+        if path is None:
+            continue
+        for folder in _up_to_root(os.path.join(cgroup_root, name) if name else cgroup_root, path):
+            if hierarchy in ("", "cpu"):
+                quotas.append(_quota(folder))
+            if hierarchy in ("", "cpuset") and cpuset is None:
+                cpuset = _cpuset(folder)
+    quotas = [q for q in quotas if q is not None]
+    return cpuset, (min(quotas) if quotas else None)
+
+
+def _memberships(membership: str) -> Dict[str, str]:
+    """``{hierarchy: path}`` from ``/proc/self/cgroup`` lines ``id:controllers:path`` (``""`` for v2)."""
+    try:
+        with open(membership) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    out: Dict[str, str] = {}
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        for controller in controllers.split(",") if controllers else [""]:
+            out.setdefault(controller, path)
+    return out
+
+
+def _up_to_root(mount: str, path: str) -> Iterator[str]:
+    """The folders from this process's cgroup up to the hierarchy's root (or the root alone when
+    the cgroup's own folder is not there: a container whose root is its own cgroup)."""
+    if not os.path.isdir(mount):
+        return
+    folder = os.path.normpath(os.path.join(mount, path.strip("/")))
+    if not os.path.isdir(folder) or not folder.startswith(os.path.normpath(mount)):
+        folder = os.path.normpath(mount)
+    while True:
+        yield folder
+        if folder == os.path.normpath(mount):
+            return
+        folder = os.path.dirname(folder)
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _quota(folder: str) -> Optional[float]:
+    """Cores' worth of CPU time a cgroup folder grants: v2 ``cpu.max`` (``"max 100000"`` or
+    ``"150000 100000"``), v1 ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` (-1: none)."""
+    text = _read(os.path.join(folder, "cpu.max"))
+    if text:
+        quota, _, period = text.partition(" ")
+    else:
+        quota, period = _read(os.path.join(folder, "cpu.cfs_quota_us")), _read(os.path.join(folder, "cpu.cfs_period_us"))
+    try:
+        q, p = int(quota), int(period or 100000)  # "max" and missing files raise: no quota
+    except (TypeError, ValueError):
+        return None
+    return q / p if q > 0 and p > 0 else None
+
+
+def _cpuset(folder: str) -> Optional[FrozenSet[int]]:
+    """The CPUs a cgroup folder allows (``"0-3,8-11"``), or None."""
+    for name in ("cpuset.cpus.effective", "cpuset.effective_cpus", "cpuset.cpus"):
+        text = _read(os.path.join(folder, name))
+        if text:
+            try:
+                cpus = set()
+                for part in text.split(","):
+                    low, _, high = part.partition("-")
+                    cpus.update(range(int(low), int(high or low) + 1))
+                return frozenset(cpus)
+            except ValueError:
+                return None
+    return None
+
+
+def torch_device(stream: Any) -> "torch.device":
+    """The torch device ``stream``'s batches come out on, made torch's current device: ``cuda:N``
+    for a GPU stream (N = ``stream.device_id``, the GPU of this process's local rank), ``cpu``
+    otherwise. Call it before building the model and before ``init_process_group("nccl")``, then
+    ``model.to(device)``: ``model.cuda()``, new CUDA tensors and NCCL then use that GPU too (a
+    torchrun rank on a node of 8 GPUs otherwise puts its model, and NCCL, on GPU 0)."""
+    import torch
+
+    if stream.device != "gpu":
+        return torch.device("cpu")
+    check_torch_cuda(stream.device_id)
+    torch.cuda.set_device(stream.device_id)
+    return torch.device("cuda", stream.device_id)
+
+
+def check_torch_cuda(device_id: Optional[int]) -> None:
+    """Raise :class:`ConfigError` when this torch build has no CUDA while DALI decodes on GPU
+    ``device_id``: a GPU stream's batches are CUDA tensors. Touches no CUDA state."""
+    import torch
+
+    if torch.version.cuda is None or not torch.backends.cuda.is_built():
+        raise ConfigError(f"DALI decodes on GPU {device_id}, but this torch ({torch.__version__}) is built without "
+                          "CUDA: its batches could not be CUDA tensors",
+                          hint="install a CUDA build of torch (see the GPU install guide), or open the stream "
+                               "with device='cpu'")
 
 
 START_METHODS = ("auto", "fork", "spawn")
@@ -111,3 +266,16 @@ def start_method(requested: str, device: str) -> str:
     if device != "cpu":
         return "spawn"
     return "spawn" if compat.cuda_initialized() else "fork"  # unknown counts as initialized: spawn
+
+
+def check_current_device(device_id: int) -> None:
+    """Warn when torch's current CUDA device (this thread's) is not GPU ``device_id``, where a GPU
+    stream's batches come out: a model put there by ``model.cuda()`` or ``.to("cuda")``, and NCCL,
+    would be on another GPU than the batches."""
+    import torch
+
+    current = torch.cuda.current_device()
+    if current != device_id:
+        log.warning("torch's current CUDA device is %d, but this stream's batches come out on cuda:%d: a model moved "
+                    "with .cuda() or .to('cuda'), and NCCL, use GPU %d. Call device = dalistream.torch_device(stream) "
+                    "first (it sets the current device), then model.to(device)", current, device_id, current)

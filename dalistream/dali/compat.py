@@ -11,6 +11,8 @@ warns once when another version is found, naming the shims that may need a look.
   this one's CUDA stays uninitialized and workers may fork; ``IsDriverInitialized``).
 - DALI's torch helpers (``nvidia.dali.plugin.pytorch.torch_utils``) and torch's reference counts
   of a tensor and its storage (``Tensor._use_count``, ``torch._C._storage_Use_Count``).
+- The consumer's CUDA stream given to ``Pipeline.run(stream)`` (dynamic executor only in DALI 2.4),
+  and the device DALI reads for the legacy default stream (the calling thread's current one).
 - The graph behind a pipeline's outputs (``DataNode.source``, ``_OperatorInstance.inputs``): which
   nodes the outputs depend on, so that fields nobody uses are not read.
 - What a parallel source's worker shipped, rewritten in the main process before DALI feeds it
@@ -135,8 +137,11 @@ DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
 # How often this process asked CUDA anything that may initialize it ("in_process") or had a child
 # process ask ("child"): the test that nothing at import or collection touches CUDA reads these.
 CUDA_QUERIES = {"in_process": 0, "child": 0}
-_COUNT_SCRIPT = "from nvidia.dali.backend import GetCUDADeviceCount as c; print(int(c()))"
+# The child that counts the GPUs, and how long it may take (CUDA's start-up on 8 GPUs takes seconds).
+COUNT_COMMAND = (sys.executable, "-c", "from nvidia.dali.backend import GetCUDADeviceCount as c; print(int(c()))")
+COUNT_TIMEOUT_S = 120.0
 _device_count: Any = None
+_count_problem: Any = None
 
 
 def cuda_device_count() -> int:
@@ -146,35 +151,56 @@ def cuda_device_count() -> int:
     workers from a process whose CUDA is initialized ("Cannot fork a process when the CUDA has been
     initialized"). So the count is asked in a short-lived child process (once per process, about
     half a second, cached), unless CUDA is already initialized here; without an NVIDIA driver
-    (:data:`DRIVER_PATHS`) it is 0 at once."""
-    global _device_count
+    (:data:`DRIVER_PATHS`) it is 0 at once. When a driver is there but the child fails, times out
+    or prints no number, the count is 0 and :func:`cuda_count_problem` says what went wrong."""
+    global _device_count, _count_problem
     if _device_count is None:
-        _device_count = _count_devices()
+        _device_count, _count_problem = _count_devices()
     return _device_count
 
 
-def _count_devices() -> int:
+def cuda_count_problem() -> Any:
+    """Why the last count was 0 although an NVIDIA driver is installed (the child's exit status or
+    time-out, and the end of its stderr), or ``None``: no driver, or the count was asked cleanly."""
+    return _count_problem
+
+
+def _count_devices() -> tuple:
     import os
     import subprocess
 
     try:
         from nvidia.dali.backend import GetCUDADeviceCount, IsDriverInitialized
     except ImportError:
-        return 0
+        return 0, None
     try:
         if IsDriverInitialized():  # already started here: asking costs nothing more
             CUDA_QUERIES["in_process"] += 1
-            return int(GetCUDADeviceCount())
+            return int(GetCUDADeviceCount()), None
     except Exception:  # no driver, no libcuda: CPU only
-        return 0
-    if not any(os.path.exists(p) for p in DRIVER_PATHS):
-        return 0
+        return 0, None
+    driver = [p for p in DRIVER_PATHS if os.path.exists(p)]
+    if not driver:
+        return 0, None
     CUDA_QUERIES["child"] += 1
+    where = f"an NVIDIA driver is installed ({driver[0]}) but counting the GPUs in a child process"
     try:
-        done = subprocess.run([sys.executable, "-c", _COUNT_SCRIPT], capture_output=True, text=True, timeout=120)
-        return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return 0
+        done = subprocess.run(list(COUNT_COMMAND), capture_output=True, text=True, timeout=COUNT_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode("utf-8", "replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return 0, f"{where} did not answer within {COUNT_TIMEOUT_S:g} s{_tail(err)}"
+    except OSError as e:
+        return 0, f"{where} could not start: {e}"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines or not lines[-1].strip().isdigit():
+        status = f"exit status {done.returncode}" if done.returncode != 0 else f"printed {done.stdout.strip()[-200:]!r}"
+        return 0, f"{where} failed ({status}){_tail(done.stderr)}"
+    return int(lines[-1]), None
+
+
+def _tail(stderr: str, lines: int = 12) -> str:
+    text = "\n".join(stderr.strip().splitlines()[-lines:])
+    return f"; its stderr:\n{text}" if text else "; it wrote nothing on stderr"
 
 
 def cuda_initialized() -> bool:
@@ -194,6 +220,34 @@ def exec_dynamic(pipe: Any) -> bool:
     """Whether ``pipe`` runs on DALI's dynamic executor (``Pipeline.exec_dynamic``), whose outputs
     stay valid while referenced, so torch may take them without a copy (DALI's own iterator does)."""
     return bool(getattr(pipe, "exec_dynamic", False))
+
+
+def consumer_stream(pipe: Any) -> Any:
+    """The CUDA stream a batch is handed over on: torch's current stream on the pipeline's GPU, for
+    :func:`run_batch`. DALI then orders its outputs on that stream (the consumer's kernels wait for
+    DALI's work on the GPU, the host does not) and frees their buffers in that order; without it
+    ``pipe.run()`` waits on the host for every batch's GPU work. ``None`` for a CPU pipeline, and
+    for one off DALI's dynamic executor (DALI 2.4 takes a stream only under that executor). Asked
+    on the consuming thread: torch's current stream is per thread."""
+    device_id = getattr(pipe, "device_id", None)
+    if device_id is None or int(device_id) < 0 or not exec_dynamic(pipe):
+        return None
+    import torch
+
+    return torch.cuda.current_stream(int(device_id))
+
+
+def run_batch(pipe: Any, stream: Any = None) -> Any:
+    """``pipe.run(stream)``: the next batch's outputs, ordered on ``stream`` (from
+    :func:`consumer_stream`), or host-synchronous (``pipe.run()``) when it is ``None``. The
+    pipeline's GPU is made this thread's current device meanwhile: DALI takes the device of the
+    legacy default stream (handle 0, torch's default) from the calling thread's current device."""
+    if stream is None:
+        return pipe.run()
+    import torch
+
+    with torch.cuda.device(int(pipe.device_id)):
+        return pipe.run(stream)
 
 
 def torch_utils() -> Any:

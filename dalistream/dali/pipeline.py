@@ -35,7 +35,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from ..device import dali_threads, start_method, usable_cores
+from ..device import dali_threads, process_cores, start_method
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
 from .compat import check_versions, converted, do_not_convert, upstream
@@ -143,7 +143,8 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
     ``enable_conditionals`` when the graph needs them (:func:`needs_conditionals`, or an ``if`` on
     data; ``conditionals=True`` or ``False`` decides instead). Other keyword
     arguments go to DALI's ``pipeline_def`` (``num_threads``: by default this process's share of the
-    node's cores less one per worker, 2 to 16, :func:`dalistream.device.dali_threads`;
+    node's cores less one per worker, 2 to 16, :func:`dalistream.device.process_cores` and
+    :func:`dalistream.device.dali_threads`;
     ``prefetch_queue_depth``, ``seed``, …),
     given here or when calling the decorated function; the remaining call arguments are the
     pipeline's own (``train(stream, size=160)``).
@@ -168,7 +169,7 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
 
         c = stream.config
         seed = seeds.pipeline(c.seed, c.rank, stream.start_epoch, stream.start_step)
-        threads = dali_threads(usable_cores(), stream.local_processes, c.workers)
+        threads = dali_threads(process_cores(stream.local_processes), c.workers)
         options = dict(num_threads=threads, prefetch_queue_depth=2, exec_dynamic=True, seed=seed)
         options.update(dali_kwargs)
         for key in list(options):

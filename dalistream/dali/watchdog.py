@@ -23,7 +23,7 @@ import weakref
 from typing import Any, Iterator, Optional, Tuple
 
 from ..errors import WorkerError
-from .compat import forget_observer, main_hidden_from_spawn, shutdown, worker_processes
+from .compat import forget_observer, main_hidden_from_spawn, run_batch, shutdown, worker_processes
 
 log = logging.getLogger(__name__)
 
@@ -55,20 +55,21 @@ class _Runner:
 
     def _loop(self) -> None:
         while True:
-            pipe = self._requests.get()
-            if pipe is None:
+            request = self._requests.get()
+            if request is None:
                 return
+            pipe, stream = request
             try:
-                self._result = (True, pipe.run())
+                self._result = (True, run_batch(pipe, stream))
             except BaseException as e:  # handed to the waiting thread
                 self._result = (False, e)
-            pipe = None
+            pipe = stream = request = None
             self._done.set()
 
-    def run(self, pipe, processes: list):
+    def run(self, pipe, processes: list, stream: Any = None):
         self._done.clear()
         self.busy = True
-        self._requests.put(pipe)
+        self._requests.put((pipe, stream))
         dead_since = None
         while not self._done.wait(_POLL_S):
             dead = [(i, p) for i, p in enumerate(processes) if p.exitcode is not None]
@@ -99,16 +100,17 @@ class _Runner:
 _runners: "weakref.WeakKeyDictionary[Any, _Runner]" = weakref.WeakKeyDictionary()
 
 
-def watched_run(pipe):
-    """``pipe.run()``, but a dead DALI worker process is a :class:`WorkerError` within about a
-    second instead of a hang."""
+def watched_run(pipe, stream: Any = None):
+    """``pipe.run()`` (``pipe.run(stream)`` with a consumer's CUDA stream, see
+    :func:`dalistream.dali.compat.run_batch`), but a dead DALI worker process is a
+    :class:`WorkerError` within about a second instead of a hang."""
     processes = worker_processes(pipe)
     if not processes:
-        return pipe.run()
+        return run_batch(pipe, stream)
     runner = _runners.get(pipe)
     if runner is None:
         runner = _runners[pipe] = _Runner()
-    return runner.run(pipe, processes)
+    return runner.run(pipe, processes, stream)
 
 
 def _exit_text(code: Optional[int]) -> str:

@@ -23,10 +23,11 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, Optional
 
-from ..dali.compat import exec_dynamic
+from ..dali.compat import consumer_stream, exec_dynamic
 from ..dali.diagnose import translate
 from ..dali.pipeline import built, raw_pipeline
 from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
+from ..device import check_current_device, check_torch_cuda
 from ..errors import StateError
 from ..plan import Layout, check_segments, continued
 from ..stream import Stream
@@ -133,6 +134,8 @@ class Loader:
 
     def __init__(self, stream: Stream, pipeline: Optional[Callable] = None, *,
                  transform: Optional[Callable[[Dict[str, Any]], Any]] = None, **pipeline_kwargs: Any) -> None:
+        if stream.device == "gpu":  # before the first batch: its tensors are CUDA tensors
+            check_torch_cuda(stream.device_id)
         self.stream = stream
         self.pipeline_fn = pipeline or raw_pipeline
         self.pipeline_kwargs = pipeline_kwargs
@@ -146,6 +149,7 @@ class Loader:
         self._stats_dir = tempfile.mkdtemp(prefix="dalistream-stats-")
         self._timing = {"batches": 0, "wait_s": 0.0, "step_s": 0.0}  # see stats()
         self._closed = False
+        self._device_checked = stream.device != "gpu"
         _track(self)
 
     # -- iteration ---------------------------------------------------------------------------
@@ -173,6 +177,9 @@ class Loader:
         if self.step >= steps:  # a finished epoch: the next one
             self.epoch, self.step, self.resume = self.epoch + 1, 0, ()
             steps = self._steps()
+        if not self._device_checked:  # once, when the model is usually on its device already
+            self._device_checked = True
+            check_current_device(self.stream.device_id)
         if self._pipe is None or self._pipe_at != (self.epoch, self.step, self.resume):
             self._build()
         timing = self._timing
@@ -216,7 +223,7 @@ class Loader:
 
     def _run(self) -> Optional[Dict[str, Any]]:
         try:
-            outputs = watched_run(self._pipe)
+            outputs = watched_run(self._pipe, consumer_stream(self._pipe))
         except BaseException as e:  # after a failure (or Ctrl-C) the pipeline is dead: never run it again
             self._shutdown_pipe()
             if not isinstance(e, Exception):

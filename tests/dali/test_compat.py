@@ -273,3 +273,111 @@ def test_a_receiver_registered_under_conditionals_runs_as_plain_python():
     assert [np.asarray(out[1][0][k]).tolist() for k in range(3)] == [[2, 2], [], [2] * 5]
     assert any(f.endswith("graph.py") and name == "received_rows" for f, name in seen)  # the receiver ran
     assert not [(f, name) for f, name in seen if "autograph" in f.lower()], "AutoGraph code ran per batch"
+
+
+# -- the consumer's CUDA stream in run(stream) ----------------------------------------------------
+
+class FakeStream:
+    """What torch.cuda.current_stream returns, as DALI reads it (``cuda_stream``: the handle)."""
+
+    def __init__(self, device: int, handle: int) -> None:
+        self.device, self.cuda_stream = device, handle
+
+
+def fake_cuda_context(monkeypatch) -> dict:
+    """torch.cuda's current device and streams on this CPU-only torch: ``current_stream(d)`` is a
+    stream of device d, ``torch.cuda.device(d)`` makes d current for the block."""
+    import contextlib
+
+    state = {"current": 0, "asked": []}
+
+    def current_stream(device=None):
+        state["asked"].append(device)
+        return FakeStream(device, 0x5000 + int(device))
+
+    @contextlib.contextmanager
+    def device(index):
+        before, state["current"] = state["current"], int(index)
+        try:
+            yield
+        finally:
+            state["current"] = before
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "device", device)
+    return state
+
+
+class GpuPipeStandIn:
+    """A stand-in for a built GPU pipeline on DALI's dynamic executor: ``run`` records what it was
+    given, the current CUDA device meanwhile and the thread it ran on; ``_py_pool`` lists one live
+    worker process, as a pipeline with parallel sources has, so ``watched_run`` uses its thread."""
+
+    def __init__(self, state: dict, device_id: int = 1, dynamic: bool = True, workers: bool = True) -> None:
+        import types
+
+        self.device_id, self.exec_dynamic, self.state, self.calls = device_id, dynamic, state, []
+        live = types.SimpleNamespace(exitcode=None, pid=0)
+        self._py_pool = types.SimpleNamespace(pool=types.SimpleNamespace(_processes=[live] if workers else []))
+
+    def run(self, *args):
+        import threading
+
+        self.calls.append((args, self.state["current"], threading.current_thread().name))
+        return ("outputs",)
+
+
+def test_consumer_stream_is_torch_current_stream_of_the_pipeline_gpu(monkeypatch):
+    from nvidia.dali import types
+
+    state = fake_cuda_context(monkeypatch)
+    stream = compat.consumer_stream(GpuPipeStandIn(state, device_id=1))
+    assert state["asked"] == [1] and stream.device == 1
+    assert types._raw_cuda_stream_ptr(stream).value == 0x5001  # the handle DALI's run(stream) takes
+    assert compat.consumer_stream(GpuPipeStandIn(state, dynamic=False)) is None  # DALI 2.4: dynamic executor only
+    assert state["asked"] == [1]
+
+
+def test_a_cpu_pipeline_gets_no_stream_and_runs_as_before():
+    """Without a GPU nothing changes: no stream, ``pipe.run()`` host-synchronous, torch's CUDA untouched."""
+    from nvidia.dali import fn, pipeline_def
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, exec_dynamic=True)
+    def graph():
+        return fn.random.uniform(range=[0.0, 1.0], shape=[3])
+
+    pipe = graph()
+    pipe.build()
+    assert compat.exec_dynamic(pipe) and compat.consumer_stream(pipe) is None
+    (out,) = compat.run_batch(pipe, None)
+    assert out.as_array().shape == (2, 3)
+    assert not torch.cuda.is_initialized()
+
+
+def test_run_batch_gives_the_stream_with_the_pipeline_gpu_current(monkeypatch):
+    """DALI reads the device of the legacy default stream (handle 0, torch's default) from the calling
+    thread's current device: the pipeline's GPU is made current for the call, and restored."""
+    state = fake_cuda_context(monkeypatch)
+    pipe = GpuPipeStandIn(state, device_id=3, workers=False)
+    stream = FakeStream(3, 0)
+    assert compat.run_batch(pipe, stream) == ("outputs",)
+    assert compat.run_batch(pipe, None) == ("outputs",)
+    assert [(args, device) for args, device, _ in pipe.calls] == [((stream,), 3), ((), 0)]
+    assert state["current"] == 0
+
+
+def test_watched_run_hands_the_stream_to_its_run_thread(monkeypatch):
+    """The stream is taken on the consumer's thread (torch's current stream is per thread) and given
+    to DALI on the watchdog's run thread, with the pipeline's GPU current there."""
+    from dalistream.dali import watchdog
+
+    state = fake_cuda_context(monkeypatch)
+    pipe = GpuPipeStandIn(state, device_id=1)
+    stream = compat.consumer_stream(pipe)
+    try:
+        assert watchdog.watched_run(pipe, stream) == ("outputs",)
+        assert watchdog.watched_run(pipe) == ("outputs",)
+    finally:
+        assert watchdog._runners.pop(pipe).stop(5.0)
+    assert [(args, device, thread) for args, device, thread in pipe.calls] == [
+        ((stream,), 1, "dalistream-run"), ((), 0, "dalistream-run")]
