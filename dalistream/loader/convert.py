@@ -62,9 +62,9 @@ def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPo
     """One batch dict from the pipeline's outputs; rows whose ``valid`` is 0 are dropped.
 
     ``zero_copy`` (a pipeline run by DALI's dynamic executor, whose outputs stay valid while
-    referenced): dense GPU outputs become torch tensors without a copy (DLPack, ordered after
-    DALI's work on torch's current stream), as DALI's own PyTorch iterator does; otherwise they
-    are copied on torch's current stream."""
+    referenced): GPU outputs become torch tensors without a copy (DLPack, ordered after DALI's
+    work on torch's current stream), as DALI's own PyTorch iterator does; otherwise they are
+    copied on torch's current stream. Ragged GPU outputs stay on the GPU, one tensor per sample."""
     import torch
     from nvidia.dali.backend import TensorListCPU
 
@@ -92,20 +92,37 @@ def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPo
                     batch[name] = to_torch_tensor(tensor, copy=False)
             else:
                 batch[name] = to_torch_tensor(tensor, copy=True)
+        elif cpu is None:  # ragged on the GPU: one CUDA tensor per sample, never through the host
+            with torch.cuda.device(tl.device_id()):
+                batch[name] = [to_torch_tensor(tl[i], copy=not zero_copy) for i in range(len(tl))]
+            _say_ragged(name, batch[name])
         else:
-            tl = cpu or tl.as_cpu()
             batch[name] = [torch.from_numpy(np.array(tl.at(i))) for i in range(len(tl))]
             _say_ragged(name, batch[name])
     if mask is not None and not mask.all():
-        keep = np.flatnonzero(mask)
-        index = torch.from_numpy(keep)
-        on_device = {}  # one copy of the index per device, queued without waiting for it
-        for name, value in batch.items():
-            if isinstance(value, list):
-                batch[name] = [value[i] for i in keep]
-                continue
+        batch = trimmed(batch, np.flatnonzero(mask))
+    return batch
+
+
+def trimmed(batch: Dict[str, Any], keep: np.ndarray) -> Dict[str, Any]:
+    """``batch`` with only the rows ``keep`` (increasing indices). Rows in one run (padding at the
+    end or the start of the batch, the usual place) are a view, no copy; scattered rows are
+    gathered, with one copy of the index per device, queued without waiting for it."""
+    import torch
+
+    run = len(keep) == 0 or keep[-1] - keep[0] + 1 == len(keep)
+    first, last = (int(keep[0]), int(keep[-1]) + 1) if len(keep) else (0, 0)
+    index = None if run else torch.from_numpy(keep)
+    on_device: Dict[Any, Any] = {}
+    out = {}
+    for name, value in batch.items():
+        if isinstance(value, list):
+            out[name] = value[first:last] if run else [value[i] for i in keep]
+        elif run:
+            out[name] = value[first:last]
+        else:
             if value.device not in on_device:
                 on_device[value.device] = (index.pin_memory().to(value.device, non_blocking=True) if value.is_cuda
                                            else index)
-            batch[name] = value.index_select(0, on_device[value.device])
-    return batch
+            out[name] = value.index_select(0, on_device[value.device])
+    return out

@@ -76,3 +76,34 @@ def test_images_of_different_sizes_come_as_a_list_and_it_is_said_once(tmp_path, 
         batches = [b["image"] for b in loader]
     assert isinstance(batches[0], list) and [tuple(t.shape) for t in batches[0]] == [(6, 8, 3), (9, 5, 3)]
     assert caplog.text.count("differ in shape") == 1 and "(6, 8, 3)" in caplog.text
+
+
+@pytest.mark.parametrize("mask, run", [
+    ([1, 1, 1, 0, 0], True),     # padding at the end (the usual place): a view
+    ([0, 0, 1, 1, 1], True),     # at the start
+    ([1, 1, 1, 1, 0], True),
+    ([1, 0, 1, 0, 1], False),    # scattered: gathered
+    ([0, 1, 1, 0, 1], False),
+    ([0, 0, 0, 0, 0], True),     # nothing left
+])
+def test_padding_is_trimmed_by_a_view_when_the_real_rows_are_one_run(mask, run):
+    """Trimming the padding of a batch copies nothing when the real rows lie in one run (a slice of
+    the batch, sharing its memory: on a GPU no copy of the whole batch); scattered rows are
+    gathered. Every kind of value keeps the same rows."""
+    from dalistream.loader.convert import trimmed
+
+    keep = np.flatnonzero(np.array(mask, bool))
+    images = torch.arange(5 * 2 * 3, dtype=torch.float32).reshape(5, 2, 3)
+    labels = torch.arange(5, dtype=torch.int64) * 10
+    keys = [f"k{i}" for i in range(5)]
+    ragged = [torch.zeros(i + 1) for i in range(5)]
+    out = trimmed({"image": images, "label": labels, "key": keys, "ragged": ragged}, keep)
+    assert out["label"].tolist() == [10 * int(i) for i in keep]
+    assert out["key"] == [f"k{i}" for i in keep]
+    assert [t.shape[0] for t in out["ragged"]] == [int(i) + 1 for i in keep]
+    assert torch.equal(out["image"], images[torch.from_numpy(keep)])
+    if len(keep) == 0:
+        assert out["image"].shape == (0, 2, 3)
+    else:
+        shares = out["image"].untyped_storage().data_ptr() == images.untyped_storage().data_ptr()
+        assert shares is run and out["image"].is_contiguous()
