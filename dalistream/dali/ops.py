@@ -5,8 +5,8 @@ every op: the decoders run ``"mixed"`` (nvImageCodec, host bytes in, GPU images 
 augmentations ``"gpu"``, or all of them ``"cpu"``. The graph is never written twice.
 
 Padding positions (``valid == 0``, empty bytes) never reach a decoder as they are: each gets a
-tiny black JPEG instead (appended by a length mask, no conditional: AutoGraph's rewrite of the
-pipeline is spared), which decodes to a 1×1 black image that later ops resize like any other and
+small black JPEG instead (appended by a length mask, no conditional: AutoGraph's rewrite of the
+pipeline is spared), which decodes to a 16×16 black image that later ops resize like any other and
 the torch side removes.
 """
 
@@ -34,12 +34,24 @@ DECODER_OPTIONS = GPU_DECODER_OPTIONS | {"jpeg_fancy_upsampling", "use_fast_idct
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
-#: What a padding position decodes: a 1×1 black grayscale JPEG (PIL, quality 50; decoded to RGB).
+#: What a padding position decodes: a 16×16 black JPEG, three channels, 4:2:0, baseline with the
+#: standard Huffman tables (PIL, quality 50): what every decoder engine takes, the A100/H100
+#: hardware decoder included (one MCU of the most common layout; a 1×1 grayscale one is not
+#: known to be accepted by it).
 PLACEHOLDER_JPEG = bytes.fromhex(
-    "ffd8ffe000104a46494600010100000100010000ffdb004300100b0c0e0c0a100e0d0e1211101318281a181616183123251d28"
-    "3a333d3c3933383740485c4e404457453738506d51575f626768673e4d71797064785c656763ffc0000b08000100010101110"
-    "0ffc40014000100000000000000000000000000000007ffc40014100100000000000000000000000000000000ffda00080101"
-    "00003f003f7fffd9")
+    "ffd8ffe000104a46494600010100000100010000ffdb004300100b0c0e0c0a100e0d0e1211101318281a181616183123251d283a"
+    "333d3c3933383740485c4e404457453738506d51575f626768673e4d71797064785c656763ffdb0043011112121815182f1a1a2f"
+    "63423842636363636363636363636363636363636363636363636363636363636363636363636363636363636363636363636363"
+    "6363ffc00011080010001003012200021101031101ffc4001f000001050101010101010000000000000000010203040506070809"
+    "0a0bffc400b5100002010303020403050504040000017d01020300041105122131410613516107227114328191a1082342b1c115"
+    "52d1f02433627282090a161718191a25262728292a3435363738393a434445464748494a535455565758595a636465666768696a"
+    "737475767778797a838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9bac2c3c4c5c6c7c8c9ca"
+    "d2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9eaf1f2f3f4f5f6f7f8f9faffc4001f01000301010101010101010100000000000001"
+    "02030405060708090a0bffc400b51100020102040403040705040400010277000102031104052131061241510761711322328108"
+    "144291a1b1c109233352f0156272d10a162434e125f11718191a262728292a35363738393a434445464748494a53545556575859"
+    "5a636465666768696a737475767778797a82838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9"
+    "bac2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae2e3e4e5e6e7e8e9eaf2f3f4f5f6f7f8f9faffda000c03010002110311003f00f3"
+    "fa28a2803fffd9")
 
 
 @do_not_convert

@@ -42,7 +42,7 @@ def test_library_ops_are_kept_out_of_autograph():
 
 @pytest.mark.parametrize("random_crop", [False, True])
 def test_padding_decodes_the_placeholder_without_conditionals(random_crop):
-    """Empty padding rows would fail the decoder: each gets the 1x1 black JPEG, by a length mask;
+    """Empty padding rows would fail the decoder: each gets the 16x16 black JPEG, by a length mask;
     real rows pass unchanged. No conditionals in the pipeline."""
     import io
 
@@ -69,8 +69,43 @@ def test_padding_decodes_the_placeholder_without_conditionals(random_crop):
     shapes = [np.array(images[i]).shape for i in range(3)]
     if not random_crop:
         assert shapes[0] == (3, 5, 3) and np.array(images[0])[0, 0].tolist() == [200, 10, 10]
-    assert shapes[1:] == [(1, 1, 3), (1, 1, 3)]
+    if not random_crop:  # the whole placeholder decoded (a random crop window may be smaller)
+        assert shapes[1:] == [(16, 16, 3), (16, 16, 3)]
+    assert all(s[2] == 3 for s in shapes[1:])
     assert int(np.array(images[1]).max()) <= 1  # black
+
+
+def test_the_placeholder_is_a_16x16_baseline_420_colour_jpeg():
+    """What every decoder engine takes, the A100/H100 hardware one included: a baseline (SOF0)
+    frame of 16x16 pixels, three components, luma sampled 2x2 and chroma 1x1 (4:2:0), 8 bits;
+    DALI's CPU decoder makes a 16x16x3 black image of it."""
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def, types
+
+    data = ops.PLACEHOLDER_JPEG
+    assert data[:2] == b"\xff\xd8" and data[-2:] == b"\xff\xd9"
+    frames, at = {}, 2
+    while data[at + 1] != 0xDA:  # the segments before the scan
+        marker, length = data[at + 1], int.from_bytes(data[at + 2:at + 4], "big")
+        frames.setdefault(marker, data[at + 4:at + 2 + length])
+        at += 2 + length
+    assert 0xC0 in frames and not {0xC1, 0xC2, 0xC3} & set(frames)  # baseline, not extended or progressive
+    sof = frames[0xC0]
+    precision, height, width, components = sof[0], int.from_bytes(sof[1:3], "big"), int.from_bytes(sof[3:5], "big"), sof[5]
+    sampling = [sof[6 + 3 * i + 1] for i in range(components)]
+    assert (precision, height, width, components) == (8, 16, 16, 3)
+    assert sampling == [0x22, 0x11, 0x11]  # 4:2:0
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def decode():
+        raw = types.Constant(np.frombuffer(data, np.uint8), device="cpu")
+        return fn.decoders.image(raw, device="cpu", output_type=types.RGB)
+
+    pipe = decode()
+    pipe.build()
+    (image,) = pipe.run()
+    pixels = np.array(image[0])
+    assert pixels.shape == (16, 16, 3) and int(pixels.max()) <= 1
 
 
 def test_decoder_options_are_checked_and_gpu_only_ones_left_out_on_the_cpu():
