@@ -341,3 +341,23 @@ def test_ctrl_c_on_bench_stops_and_waits_for_its_child_and_workers(shards, tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+@pytest.mark.parametrize("visible, pipeline, pinned", [(0, "classification_train", False), (1, "classification_train", True),
+                                                       (1, "feed", False)])
+def test_the_webdataset_peer_copies_to_the_gpu_from_pinned_memory(monkeypatch, shards, visible, pipeline, pinned):
+    """Where its batches go on to a GPU, the webdataset peer's DataLoader pins them, as a GPU user
+    sets it (a copy from pageable memory is slower and would flatter dalistream); the report says so."""
+    import glob
+
+    from dalistream.dali import compat
+    from dalistream.tools.bench import peers
+
+    monkeypatch.setattr(compat, "cuda_device_count", lambda: visible)
+    spec = {"urls": sorted(glob.glob(os.path.join(shards, "*.tar"))), "pipeline": pipeline, "size": 32, "seed": 0,
+            "workers": 0, "batch_size": 8, "epochs": 1, "device": "auto"}
+    opened = peers.open_webdataset(spec)
+    try:
+        assert opened.extra() == {"device": "gpu" if visible else "cpu", "pin_memory": pinned}
+    finally:
+        opened.close()

@@ -272,6 +272,18 @@ def _raw_collate(batch):
     return [x[0] for x in batch], torch.tensor([x[1] for x in batch])
 
 
+def webdataset_loader(dataset: Any, spec: Dict[str, Any], read_only: bool, pin_memory: bool) -> Any:
+    """The torch ``DataLoader`` of the webdataset peer: ``workers`` processes (persistent), and
+    batches in pinned memory when they go on to a GPU (``pin_memory``), as a GPU user sets it: a
+    copy from pageable memory is slower and would flatter dalistream."""
+    import torch
+
+    workers = spec["workers"]
+    return torch.utils.data.DataLoader(dataset, batch_size=spec["batch_size"], num_workers=workers,
+                                       persistent_workers=workers > 0, pin_memory=pin_memory,
+                                       collate_fn=_raw_collate if read_only else None)
+
+
 def open_webdataset(spec: Dict[str, Any]) -> Opened:
     """``webdataset.WebDataset`` in a ``DataLoader`` with ``workers`` processes (fork, persistent)."""
     import torch
@@ -282,20 +294,21 @@ def open_webdataset(spec: Dict[str, Any]) -> Opened:
     _register_s3_gopen(spec.get("storage_options") or {})
     dataset = wds.WebDataset(list(spec["urls"]), shardshuffle=False, empty_check=False).to_tuple(IMAGE_EXTS, LABEL_EXTS)
     dataset = dataset.map(_raw if read_only else _feed if pipeline == "feed" else Augment(spec["size"], spec["seed"]))
-    workers = spec["workers"]
-    loader = torch.utils.data.DataLoader(dataset, batch_size=spec["batch_size"], num_workers=workers,
-                                         persistent_workers=workers > 0, collate_fn=_raw_collate if read_only else None)
-    use_gpu = resolve_device(spec["device"])[0] == "gpu"  # decoding stays on the CPU, as usual with PIL
+    device, device_id = resolve_device(spec["device"])  # decoding stays on the CPU, as usual with PIL
+    use_gpu = device == "gpu"
+    to_gpu = use_gpu and pipeline == "classification_train"
+    loader = webdataset_loader(dataset, spec, read_only, pin_memory=to_gpu)
 
     def batches():
+        target = torch.device("cuda", device_id) if to_gpu else None
         for _ in range(spec["epochs"]):
             for images, labels in loader:
-                if use_gpu and pipeline == "classification_train":
-                    images = images.cuda(non_blocking=True)
+                if target is not None:  # from pinned memory: a copy the GPU runs while the host goes on
+                    images, labels = images.to(target, non_blocking=True), labels.to(target, non_blocking=True)
                 yield images, labels
 
     count = (lambda b: (len(b[1]), _byte_count(b[0]))) if read_only else (lambda b: (len(b[1]), 0))
-    return Opened(batches(), count, extra=lambda: {"device": "gpu" if use_gpu else "cpu"})
+    return Opened(batches(), count, extra=lambda: {"device": "gpu" if use_gpu else "cpu", "pin_memory": loader.pin_memory})
 
 
 # -- plain sequential read (the I/O limit) ------------------------------------------------------
