@@ -21,6 +21,7 @@ from collections import deque
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..config import WORKERS
+from ..device import torch_device
 from ..errors import ConfigError
 from .args import show_progress, storage_options
 
@@ -177,10 +178,7 @@ def train(args: argparse.Namespace, sources: List[str], storage: Dict[str, Any],
         shuffle=args.shuffle, seed=args.seed, random_area=(0.25, 1.0), storage_options=storage,
         on_error=getattr(args, "on_error", "raise"))
     with loader:
-        device = "cuda" if loader.stream.device == "gpu" else "cpu"
-        if device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("DALI sees a GPU but this torch build has no CUDA",
-                              hint="install a CUDA build of torch, or pass --device cpu")
+        device = torch_device(loader.stream)  # the batches' GPU (this rank's), made torch's current device
         model = tiny_cnn(args.classes).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
         loss_fn = torch.nn.CrossEntropyLoss()
