@@ -128,6 +128,22 @@ def arg_defaults(instructions: List[Instruction]) -> Dict[str, str]:
     return args
 
 
+def env_values(instructions: List[Instruction]) -> Dict[str, str]:
+    """The image's environment from ``ENV`` (``NAME=value ...`` and the legacy ``NAME value``)."""
+    env = {}
+    for ins in instructions:
+        if ins.keyword != "ENV":
+            continue
+        words = shlex.split(ins.value)
+        if words and "=" not in words[0]:
+            env[words[0]] = " ".join(words[1:])
+            continue
+        for word in words:
+            name, _, value = word.partition("=")
+            env[name] = value
+    return env
+
+
 def substitute(text: str, args: Dict[str, str]) -> str:
     """Expand ``$NAME`` / ``${NAME}`` with build-argument defaults (others left as they are)."""
     return re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), text)
@@ -276,6 +292,21 @@ def test_healthcheck_is_cheap_and_checks_package_and_gpu(dockerfile):
     assert re.search(r"\bimport dalistream\b", code) and "GetCUDADeviceCount() > 0" in code
     assert 30 <= options["interval"] <= 600 and options["timeout"] <= 60 and options["timeout"] < options["interval"]
     assert options.get("retries", 3) >= 2  # one slow answer under load is not "unhealthy"
+
+
+def test_env_parser_reads_both_forms():
+    parsed = parse_dockerfile('FROM x\nENV A=1 B="two words" \\\n    C=3\nENV D four five\n')
+    assert env_values(parsed) == {"A": "1", "B": "two words", "C": "3", "D": "four five"}
+
+
+def test_driver_capabilities_include_video_for_the_hardware_jpeg_decoder(dockerfile):
+    """The CUDA base image grants the container "compute,utility"; nvImageCodec's A100/H100
+    hardware JPEG decoder needs the driver's video libraries too, else it falls back in silence."""
+    capabilities = env_values(dockerfile).get("NVIDIA_DRIVER_CAPABILITIES", "")
+    assert {"compute", "utility", "video"} <= set(capabilities.split(",")) or capabilities == "all", capabilities
+    with open(DOCKER_README, encoding="utf-8") as f:
+        text = f.read()
+    assert "NVIDIA_DRIVER_CAPABILITIES" in text and "video" in text and "hardware" in text
 
 
 def test_user_is_created_non_root(dockerfile):
