@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -32,6 +33,7 @@ WORKER_FIELDS = ("rank", "worker", "epoch", "step", "samples", "padded", "bytes"
 TOTALS = ("samples", "padded", "bytes", "dropped")
 WRITE_INTERVAL_S = 0.5  # counters are written at most this often while batches flow
 SKIP_FLUSH_S = 0.05     # and soon after a skip, so the loader sees the skips of delivered batches
+log = logging.getLogger(__name__)
 
 
 class WorkerStats:
@@ -48,6 +50,7 @@ class WorkerStats:
         self.totals_by_epoch: Dict[int, Counter] = {}
         self._last = 0.0
         self._unwritten_skip = False
+        self._write_failed = False
         self._t0 = time.perf_counter()
 
     @property
@@ -99,11 +102,20 @@ class WorkerStats:
             self.write()
 
     def write(self) -> None:
-        """Write the counters now (atomically: readers never see half a file)."""
+        """Write the counters now (atomically: readers never see half a file). Counters never
+        stop a job: a write that fails (the folder removed, a full disk) is one warning per
+        worker, and the worker goes on, trying again at its next write."""
         if not self.path:
             return
         self._unwritten_skip = False
-        write_atomic(self.path, lambda f: f.write(json.dumps(self.as_dict()).encode()))
+        try:
+            write_atomic(self.path, lambda f: f.write(json.dumps(self.as_dict()).encode()))
+        except OSError as e:
+            if not self._write_failed:
+                self._write_failed = True
+                log.warning("rank %d worker %d: counters not written to %s (%s); the worker goes on, "
+                            "Loader.stats() lacks its figures until a write succeeds", self.rank, self.worker,
+                            self.path, e.strerror or e)
 
 
 def stats_path(directory: str, worker: int) -> str:
