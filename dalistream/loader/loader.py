@@ -126,17 +126,21 @@ def differences(saved: Dict[str, Any], current: Dict[str, Any], digest: str) -> 
 class Loader:
     """Iterate a dalistream pipeline as dicts of torch tensors (CUDA tensors on GPU).
 
-    ``pipeline`` is a function decorated with :func:`dalistream.pipeline_def`; by default the
-    raw fields. ``transform``, if given, is applied to each batch dict (after padding is trimmed)
-    and its result yielded, e.g. to turn caption bytes into ``str``.
-    Use as ``with Loader(...) as loader: for batch in loader: ...``.
+    Use as ``with Loader(...) as loader: for batch in loader: ...``. What it shows of itself is in
+    :mod:`dalistream.loader.progress`: none of it stops a job.
 
-    What it shows of itself (:mod:`dalistream.loader.progress`): ``progress=True`` draws a bar
-    per epoch on rank 0 (``"all"``: on every rank) with samples/s and the share of time the
-    training loop waited for data; :meth:`summary` is one line of figures; when the loop waits
-    more than ``wait_warning`` of its time (``None``: never), one warning names the likely
-    stage; ``stats_dir=RUN_DIR`` writes this rank's figures into that folder, for
-    ``dalistream stats RUN_DIR`` to show every rank side by side. None of them stops a job.
+    Args:
+        stream: what to read, from :meth:`dalistream.Stream.open`.
+        pipeline: a function decorated with :func:`dalistream.pipeline_def`; ``None``: the raw fields.
+        transform: a function applied to each batch dict (after padding is removed), whose result
+            is yielded, e.g. to turn caption bytes into ``str``.
+        progress: ``True`` draws a bar per epoch on rank 0 with samples/s and the share of time
+            the training loop waited for data; ``"all"`` on every rank.
+        stats_dir: a run folder (shared by the ranks) where this rank writes its figures every few
+            seconds and at the end of each epoch, for ``dalistream stats RUN_DIR``.
+        wait_warning: when the training loop waits for data more than this share of its time over
+            a window of batches, one warning names the likely stage; ``None``: never.
+        pipeline_kwargs: the pipeline function's own arguments (``size=224``, …).
     """
 
     def __init__(self, stream: Stream, pipeline: Optional[Callable] = None, *,
