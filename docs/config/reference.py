@@ -20,7 +20,7 @@ import sys
 import textwrap
 from typing import Callable, Dict, List, Tuple
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))  # docs/config/ -> the repository
 if ROOT not in sys.path:  # the build reads this checkout's code, installed or not
     sys.path.insert(0, ROOT)
 
