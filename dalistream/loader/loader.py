@@ -207,9 +207,8 @@ class Loader:
                     continue
                 yield batch
                 watch.stepped(time.perf_counter() - t1)
+        finally:  # the epoch ended, or the loop broke off: the bar closes, the run folder is written
             watch.ended()
-        finally:
-            watch.pause()
         # the sources go straight on with the next epoch: the pipeline stays valid
         self.epoch, self.step, self.resume = self.epoch + 1, 0, ()
         self._pipe_at = (self.epoch, 0, ())
@@ -309,9 +308,8 @@ class Loader:
         """Per-worker counters (bytes read, samples, padding, skips, where the time went) and their
         sums, and the training loop's side under ``loader``: ``wait_s``, the time it waited for
         batches (the input pipeline was the limit; the first includes the workers' start),
-        ``step_s``, the time it spent between batches (its own step), over ``batches`` batches
-        of ``samples`` samples, ``samples_per_s`` and ``wait_share`` (see
-        :meth:`dalistream.loader.progress.Watch.figures`).
+        ``step_s``, the time it spent between batches (its own step), and more
+        (:meth:`dalistream.loader.progress.Watch.figures`).
         The totals and skips cover the epochs up to :meth:`delivered_epoch`: what a worker read
         ahead into the next epoch is counted in that epoch, under ``by_epoch`` only.
         See :mod:`dalistream.worker.stats` for the workers' counters.

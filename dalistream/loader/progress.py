@@ -172,7 +172,7 @@ class Watch:
             self.publish()
 
     def ended(self) -> None:
-        """The epoch's last batch was taken."""
+        """The epoch's iteration ended (its last batch taken, or the loop broke off)."""
         self.pause()
         if self.run_dir:
             self.publish()
