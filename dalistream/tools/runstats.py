@@ -5,7 +5,6 @@ a rank slower than the others is seen."""
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import statistics
@@ -13,6 +12,7 @@ import time
 from typing import Any, Dict, List
 
 from ..errors import ConfigError
+from ..worker.stats import read_json_files
 
 #: A rank whose samples/s is below this share of the median of all ranks is marked slow.
 SLOW = 0.8
@@ -23,14 +23,7 @@ def read_ranks(run_dir: str) -> List[Dict[str, Any]]:
     cannot be read (being replaced, damaged) is left out."""
     if not os.path.isdir(run_dir):
         raise ConfigError(f"{run_dir!r} is not a folder", hint="give the folder passed as Loader(stats_dir=...)")
-    ranks = []
-    for path in glob.glob(os.path.join(run_dir, "rank-*.json")):
-        try:
-            with open(path) as f:
-                ranks.append(json.load(f))
-        except (OSError, ValueError):
-            continue
-    return sorted(ranks, key=lambda r: r.get("rank", 0))
+    return sorted(read_json_files(os.path.join(run_dir, "rank-*.json")), key=lambda r: r.get("rank", 0))
 
 
 def rows(ranks: List[Dict[str, Any]], now: float) -> List[Dict[str, Any]]:

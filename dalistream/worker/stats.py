@@ -123,16 +123,22 @@ def stats_path(directory: str, worker: int) -> str:
     return os.path.join(directory, f"worker-{worker}.json")
 
 
-def read_workers(directory: str) -> List[Dict[str, Any]]:
-    """The counters every worker has written to ``directory`` so far (sorted by worker)."""
-    workers = []
-    for path in sorted(glob.glob(os.path.join(directory, "worker-*.json"))):
+def read_json_files(pattern: str) -> List[Dict[str, Any]]:
+    """Every JSON file matching ``pattern``, by name; one that cannot be read (being replaced,
+    removed, damaged) is left out."""
+    found = []
+    for path in sorted(glob.glob(pattern)):
         try:
             with open(path) as f:
-                workers.append(json.load(f))
+                found.append(json.load(f))
         except (OSError, ValueError):
             continue
-    return sorted(workers, key=lambda w: w.get("worker", 0))
+    return found
+
+
+def read_workers(directory: str) -> List[Dict[str, Any]]:
+    """The counters every worker has written to ``directory`` so far (sorted by worker)."""
+    return sorted(read_json_files(os.path.join(directory, "worker-*.json")), key=lambda w: w.get("worker", 0))
 
 
 def summarize(workers: List[Dict[str, Any]], through: int) -> Dict[str, Any]:
