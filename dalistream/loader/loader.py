@@ -158,10 +158,10 @@ class Loader:
         self._pipe_at: Optional[tuple] = None
         self._built_resume: tuple = (self.epoch, self.resume)
         self._stats_dir = tempfile.mkdtemp(prefix="dalistream-stats-")
-        self._watch = Watch(progress=progress, wait_warning=wait_warning, run_dir=stats_dir, counters=self.stats,
-                            decodes=lambda: self._pipe is not None and decodes_images(self._pipe))
-        self._samples = 0  # samples of the last batch taken (for the figures)
-        self._closed = False
+        me = weakref.ref(self)  # no cycle: a loader dropped without close() is closed by __del__ at once
+        self._watch = Watch(progress=progress, wait_warning=wait_warning, run_dir=stats_dir,
+                            counters=lambda: me().stats(), decodes=lambda: decodes_images(me()._pipe))
+        self._samples, self._closed = 0, False  # _samples: of the last batch taken (for the figures)
         _track(self)
 
     # -- iteration ---------------------------------------------------------------------------

@@ -228,6 +228,36 @@ def test_progress_bar_on_rank_zero_only_by_default(shards, capsys):
 
 
 @pytest.mark.dali
+@pytest.mark.slow
+def test_a_loader_dropped_without_close_is_freed_at_once(shards, tmp_path):
+    """The loader's figures refer back to it without a reference cycle: dropped, it is closed by
+    ``__del__`` at once, not at the next garbage collection (a script of its own: pytest's log
+    capture keeps tracebacks, and with them the loader's frames)."""
+    script = tmp_path / "drop.py"
+    script.write_text(textwrap.dedent(f"""
+        import gc, weakref
+        import dalistream
+        gc.disable()
+        # the first: a warm-up (the first pipeline built in a process imports modules whose import
+        # machinery's frames stay referenced, and with them that first loader)
+        for progress, stats_dir in ((False, None), (False, None), (True, None), (True, {str(tmp_path / "run")!r})):
+            stream = dalistream.Stream.open({shards!r}, fields={{"key": "__key__"}}, batch_size=8, workers=2,
+                                            device="cpu", rank=0, world_size=1)
+            loader = dalistream.Loader(stream, progress=progress, stats_dir=stats_dir)
+            batches = iter(loader)
+            next(batches)
+            del batches
+            ref = weakref.ref(loader)
+            del loader
+            print(ref() is None)
+    """))
+    env = dict(os.environ, DALISTREAM_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[1:] == ["True", "True", "True"]
+
+
+@pytest.mark.dali
 def test_summary_counts_what_the_loop_took(shards):
     with Loader(open_stream(shards)) as loader:
         samples = sum(len(batch["key"]) for _ in range(2) for batch in loader)
