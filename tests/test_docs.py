@@ -81,7 +81,7 @@ def test_every_cli_flag_of_every_command_is_in_the_reference():
     for name, parser in commands.items():
         if name:
             assert f"## `dalistream {name}`" in text, f"dalistream {name} is missing"
-        section = text.split(f"## `dalistream {name}`".replace("  ", " ") if name else "## `dalistream`", 1)[1]
+        section = text.split(f"## `dalistream {name}`" if name else "## `dalistream`", 1)[1]
         section = section.split("\n## ", 1)[0]
         for action in parser._actions:
             if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
@@ -281,3 +281,11 @@ def test_no_internal_history_outside_the_changelog(path):
 def test_readme_is_short():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         assert len(f.read().splitlines()) <= 250
+
+
+def test_readme_links_point_to_files_that_exist():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", f.read())
+    assert len(links) >= 10
+    missing = [link for link in links if not os.path.exists(os.path.join(ROOT, link))]
+    assert not missing, missing
