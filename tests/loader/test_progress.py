@@ -359,3 +359,21 @@ def test_a_stats_folder_removed_mid_epoch_does_not_stop_the_epoch(shards, tmp_pa
     assert done.stdout.split() == ["60", "240", "240", "epoch", "0", "step", "60/60"]
     warned = [line for line in done.stderr.splitlines() if "counters not written" in line]
     assert 1 <= len(warned) <= 2 and "Traceback" not in done.stderr
+
+
+@pytest.mark.dali
+def test_the_graph_says_whether_it_decodes_images(tmp_path):
+    """What tells ``decode`` from ``merge/feed``: a ready image pipeline decodes, the raw fields do not."""
+    from dalistream.dali.compat import decodes_images
+    from dalistream.pipelines import classification_train
+    from dalistream.tools.synth import SynthSpec, write_shards
+
+    write_shards(str(tmp_path / "img"), SynthSpec(shards=2, samples_per_shard=16))
+    with classification_train.loader(str(tmp_path / "img"), batch_size=8, size=32, workers=1, device="cpu") as images:
+        next(iter(images))
+        assert decodes_images(images._pipe)
+    with Loader(Stream.open(str(tmp_path / "img"), fields={"label": "cls"}, batch_size=8, workers=1,
+                            device="cpu")) as raw:
+        next(iter(raw))
+        assert not decodes_images(raw._pipe)
+    assert not decodes_images(None)
