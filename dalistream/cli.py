@@ -1,4 +1,4 @@
-"""Command line: ``dalistream synth|plan|index|keys|bench|demo``.
+"""Command line: ``dalistream synth|write|plan|index|keys|stats|bench|demo``.
 
 Environment variables are read here (and in :meth:`Stream.open`), never inside library stages.
 With ``--json`` a command prints only JSON on stdout; progress bars go to stderr on a terminal.
@@ -17,7 +17,7 @@ from typing import List, Optional
 
 from .errors import DalistreamError, redact
 from .stream import default_cache_dir
-from .tools import demo, planview
+from .tools import demo, planview, runstats
 from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, emit, mix_options, progress_bar,
                          storage_options, stream_sources)
 from .tools.bench import runner as bench
@@ -234,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "and the counters on stderr)")
     p.set_defaults(func=cmd_keys)
 
+    runstats.add_parser(sub)
     bench.add_parser(sub)
     demo.add_parser(sub)
     for command in sub.choices.values():  # every subcommand: defaults in --help, --log-level after it too

@@ -201,27 +201,67 @@ class StreamConfig:
     """
 
     sources: tuple
+    """Shard paths, folders, globs, ``{a..b}`` brace patterns, ``file://``, ``s3://``, ``http(s)://`` URLs or
+    ``pipe:CMD`` commands (one, or a sequence); ``Stream.open`` also takes a mix ``{name: (source, weight)}``."""
     fields: tuple
+    """Output names mapped to member extensions: ``{"image": "jpg;png", "label": "cls"}`` (alternatives
+    separated by ``;``), a dict spec (``{"exts": "npy", "kind": "npy", "dtype": "float32", "ndim": 2}``, or a
+    ``decoder``) or a :class:`Field`; ``__key__``, ``__url__`` and ``__source__`` give the sample key, its shard
+    URL and a mix's source name."""
     batch_size: int
+    """Samples per batch on each rank."""
     workers: int = WORKERS
+    """DALI worker processes per rank, each the one reader of its share of every batch."""
     rank: int = 0
+    """This rank (``Stream.open``: from ``torch.distributed``, ``RANK`` or ``SLURM_PROCID`` when not given)."""
     world_size: int = 1
+    """Number of ranks (``Stream.open``: from ``torch.distributed``, ``WORLD_SIZE`` or ``SLURM_NTASKS`` when not
+    given)."""
     seed: int = 0
+    """Seed of the shard order, the spans and the shuffle; with the epoch it decides every batch."""
     shuffle: Optional[int] = None
+    """Per-worker sample shuffle buffer (0: off), for streams that read one span per worker; ``None``: 1000 for
+    a training stream that cannot read interleaved, else none."""
     interleave: Optional[bool] = None
+    """Read each batch position's own span (a worker reads its slot's spans at once), so a batch draws from
+    ``batch_size`` places of the epoch; ``None``: on for ``even`` and ``fixed`` when per-shard counts are known,
+    off for ``exact`` and for mixes."""
     shuffle_shards: bool = True
+    """Permute the shards each epoch (by seed and epoch) before they are laid end to end."""
     policy: str = "even"
+    """Batches per epoch: ``"even"`` (the same full batches on every rank, fewer than one batch per rank left
+    out), ``"exact"`` (every sample once, padding removed) or ``"fixed"`` (``batches_per_epoch``)."""
     batches_per_epoch: Optional[int] = None
+    """Batches per epoch under ``policy="fixed"``; a worker that runs out starts over on its own part."""
     missing: str = "error"
+    """A sample without a requested member: ``"error"`` (a bad sample), ``"skip"`` (skipped, counted as
+    ``missing_field``) or ``"empty"`` (the field's empty value)."""
     on_error: str = "raise"
+    """A bad sample or shard: ``"raise"`` stops with its error, ``"skip"`` counts and skips it, a function
+    ``f(error)`` runs in the worker and raises to stop or returns to skip (it must pickle with dill)."""
     lowercase_ext: bool = False
+    """Lowercase member extensions before matching fields (webdataset always does)."""
     max_member_bytes: int = 256 << 20
+    """A larger member is refused from its tar header, before it is read (``too_large``)."""
     manifest: Optional[str] = None
+    """A manifest with per-shard counts: dalistream's (``dalistream index``), a wids shard index, or ``wds2idx``
+    ``.idx`` files (a pattern); ``None``: ``dalistream-manifest.json`` or ``.idx`` files beside the shards, else
+    a scan."""
     cache_dir: Optional[str] = None
+    """Where scanned counts and parsed manifests are cached (``Stream.open``: ``$DALISTREAM_CACHE``, else
+    ``~/.cache/dalistream``; ``None``: no cache)."""
     scan_limit_bytes: Optional[int] = 1 << 30
+    """Remote shards without a manifest are scanned for counts only while their total size is below this
+    (``None``: always); beyond it ``Stream.open`` names the ``dalistream index`` command to run."""
     prefetch: int = 2
+    """Batches each DALI worker prepares ahead."""
     max_skip_fraction: float = 0.95
+    """When more than this share of the samples a worker read were skipped for one reason, it stops with a
+    ``SampleError`` (``too_many_skips``); judged after 100 samples and at the end of its epoch; 1 turns it off."""
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    """Options of remote stores: ``endpoint_url``, ``profile``, ``region``, ``anon``, keys, and reading options
+    (``parts_in_flight``, ``part_bytes``, ``read_ahead_bytes``, timeouts, retries); secret values are never
+    printed."""
 
     def __post_init__(self) -> None:
         if isinstance(self.sources, (str, bytes)):

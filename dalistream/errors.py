@@ -16,7 +16,7 @@ policy counts skips. Catch by class::
     └── WorkerError            a DALI worker process died, or DALI failed outside dalistream's code
 
 An error raised inside a DALI worker reaches the training loop as the same class with the same
-fields (see :func:`dalistream.diagnose.translate`); the worker's traceback is kept in
+fields (see :func:`dalistream.dali.diagnose.translate`); the worker's traceback is kept in
 ``worker_traceback`` and shown as a note under the error. URLs are redacted everywhere: user
 info (``https://user:password@host``), secret-looking query parameters and, inside ``pipe:``
 commands, ``-u``/``--user``/``--password`` values, ``Authorization``/token headers,

@@ -192,12 +192,24 @@ class Stream:
         """Resolve layout and device, list the shards and count their samples.
 
         ``options`` are :class:`~dalistream.config.StreamConfig` fields (``seed``, ``shuffle``,
-        ``policy``, ``batches_per_epoch``, ``missing``, ``on_error``, ``manifest``, …).
-        ``sources`` may be a mix: a mapping ``{name: (source, weight)}`` or ``{name: {"source": …,
-        "weight": …, "manifest": …, "storage_options": …}}``, with the options ``per_batch``
-        (``"sample"`` or ``"source"``) and ``samples_per_epoch`` (:mod:`dalistream.mixing`).
-        ``start_method`` (``auto``, ``fork``, ``spawn``) is how DALI starts its worker processes:
-        ``auto`` forks CPU pipelines while CUDA is untouched, and spawns otherwise.
+        ``policy``, ``batches_per_epoch``, ``missing``, ``on_error``, ``manifest``, …), and for a mix
+        ``per_batch`` and ``samples_per_epoch``. The arguments of its own:
+
+        Args:
+            sources: shard paths, folders, globs, brace patterns, URLs, ``pipe:`` commands; or a mix,
+                ``{name: (source, weight)}`` or ``{name: {"source": …, "weight": …, "manifest": …,
+                "storage_options": …}}`` (:mod:`dalistream.mixing`).
+            device: ``"auto"`` (the GPU when DALI sees one, else the CPU), ``"gpu"`` or ``"cpu"``: where
+                images are decoded and augmented.
+            device_id: the GPU to use; ``None``: the one this process sees, or its ``LOCAL_RANK``'s
+                (``SLURM_LOCALID``'s) when it sees several.
+            start_method: how DALI starts its worker processes: ``"auto"`` forks CPU pipelines while
+                CUDA is untouched and spawns otherwise; ``"fork"``, ``"spawn"``.
+            env: the environment to read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``SLURM_*`` and
+                ``DALISTREAM_CACHE`` from; ``None``: ``os.environ``.
+            per_batch: a mix's composition: ``"sample"`` (every batch holds each source's share) or
+                ``"source"`` (each batch comes whole from one source, in the weighted proportion).
+            samples_per_epoch: a mix's epoch; ``None``: the longest in which no source repeats a sample.
         """
         env = os.environ if env is None else env
         redact_client_logs()  # the S3/HTTP libraries' own DEBUG lines carry signed URLs and key ids

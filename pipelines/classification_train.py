@@ -36,7 +36,7 @@ import dalistream
 from dalistream.config import WORKERS
 from dalistream import ops
 
-from .fields import merged_fields, with_read_fields
+from .fields import loader_options, merged_fields, with_read_fields
 
 #: The fields read from each sample (override with ``image_exts``/``label_exts``).
 FIELDS = {"image": "jpg;jpeg;png;webp", "label": "cls"}
@@ -74,7 +74,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
 
     ``shuffle`` and ``interleave`` (in ``stream_options``) mix the samples as
     :class:`dalistream.StreamConfig` says (default: interleaved reading, no buffer, when counts are
-    known). ``stream_options`` go to
+    known). ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``) go to
     :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``,
     ``storage_options``, ``manifest``, …; policy ``even`` by default). ``dali_options`` go to the
     DALI pipeline (``num_threads``, ``prefetch_queue_depth``).
@@ -85,10 +85,11 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     replaces that field's spec (as ``image_exts``/``label_exts`` do), any other entry is read too
     and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
     """
+    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning: the Loader's own
     fields = merged_fields({"image": image_exts, "label": label_exts}, stream_options.pop("fields", None))
     stream = dalistream.Stream.open(sources, fields=fields,
                                     batch_size=batch_size, workers=workers, device=device, shuffle=shuffle,
                                     **stream_options)
-    return dalistream.Loader(stream, pipeline, size=size, flip=flip, color_jitter=color_jitter, fp16=fp16,
+    return dalistream.Loader(stream, pipeline, **shown, size=size, flip=flip, color_jitter=color_jitter, fp16=fp16,
                              random_area=tuple(random_area), decoder_options=dict(decoder_options or {}),
                              **dict(dali_options or {}))

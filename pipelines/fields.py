@@ -16,3 +16,12 @@ def merged_fields(defaults: Mapping[str, Any], user: Any) -> Dict[str, Any]:
     fields = dict(defaults)
     fields.update(user if isinstance(user, Mapping) else {f.name: f for f in user or ()})
     return fields
+
+
+#: Keywords of :class:`dalistream.Loader` itself that a ready pipeline's ``loader()`` passes on to it.
+LOADER_OPTIONS = ("progress", "stats_dir", "wait_warning")
+
+
+def loader_options(options: Dict[str, Any]) -> Dict[str, Any]:
+    """Take :data:`LOADER_OPTIONS` out of a ready pipeline's ``stream_options``, for the Loader."""
+    return {name: options.pop(name) for name in LOADER_OPTIONS if name in options}

@@ -36,7 +36,7 @@ import dalistream
 from dalistream.config import WORKERS
 from dalistream import ops
 
-from .fields import merged_fields, with_read_fields
+from .fields import loader_options, merged_fields, with_read_fields
 
 #: OpenAI CLIP's normalization, on the 0–255 scale.
 CLIP_MEAN = (0.48145466 * 255, 0.4578275 * 255, 0.40821073 * 255)
@@ -101,7 +101,8 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
 
     ``shuffle`` and ``interleave`` mix the samples as :class:`dalistream.StreamConfig` says when
     training, and are off otherwise (``train=False``); ``keys=True`` adds each sample's
-    ``__key__``. ``stream_options`` go to :meth:`dalistream.Stream.open`, ``dali_options`` to
+    ``__key__``. ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``) go
+    to :meth:`dalistream.Stream.open`, ``dali_options`` to
     the DALI pipeline.
     ``decoder_options`` go to DALI's image decoder (``dalistream.ops.DECODER_OPTIONS``: e.g.
     ``hw_decoder_load``, ``device_memory_padding``, ``preallocate_width_hint``; GPU-only ones are
@@ -110,6 +111,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     replaces that field's spec (as ``image_exts``/``text_exts`` do), any other entry is read too
     and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
     """
+    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning: the Loader's own
     fields = merged_fields({"image": image_exts, "text": text_exts}, stream_options.pop("fields", None))
     if keys:
         fields["key"] = "__key__"
@@ -119,5 +121,5 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     stream = dalistream.Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device,
                                     shuffle=shuffle, **stream_options)
     transform = functools.partial(captions_to_str, keys=tuple(caption_keys))
-    return dalistream.Loader(stream, pipeline, transform=transform, size=size, train=train, fp16=fp16,
+    return dalistream.Loader(stream, pipeline, **shown, transform=transform, size=size, train=train, fp16=fp16,
                              decoder_options=dict(decoder_options or {}), **dict(dali_options or {}))

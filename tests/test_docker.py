@@ -9,6 +9,7 @@ must exist; and no file of the container setup or the notebooks may hold a crede
 from __future__ import annotations
 
 import json
+import glob
 import os
 import re
 import shlex
@@ -564,6 +565,8 @@ def scanned_files() -> List[str]:
     notebooks = os.path.join(ROOT, "notebooks")
     if os.path.isdir(notebooks):
         files += [os.path.join(notebooks, n) for n in sorted(os.listdir(notebooks)) if n.endswith((".ipynb", ".py", ".md"))]
+    docs = os.path.join(ROOT, "docs")
+    files += sorted(glob.glob(os.path.join(docs, "**", "*.md"), recursive=True) + glob.glob(os.path.join(docs, "recipes", "*.py")))
     return files + [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "pyproject.toml")]
 
 
@@ -592,13 +595,23 @@ def test_no_secrets_in_files(path):
 
 
 def test_main_readme_links_to_the_container_and_notebooks():
+    """The README links to the docs' pages on the container, the notebooks and the GPU install,
+    and those pages name files that exist (the docs site cannot link outside docs/)."""
     with open(os.path.join(ROOT, "README.md")) as f:
         text = f.read()
-    links = set(re.findall(r"\]\(((?:docker|notebooks)/[^)#]+)", text))
-    assert {"docker/README.md", "notebooks/quickstart.ipynb", "notebooks/s3_streaming.ipynb"} <= links
+    links = set(re.findall(r"\]\((docs/[^)#]+)", text))
+    assert {"docs/guide/container.md", "docs/guide/notebooks.md", "docs/guide/gpu.md"} <= links
+    named = set()
     for link in links:
         assert os.path.exists(os.path.join(ROOT, link)), link
-    assert "### GPU install" in text and '".[gpu]"' in text
+        with open(os.path.join(ROOT, link)) as f:
+            named |= set(re.findall(r"`((?:docker|notebooks)/[\w./-]+)`", f.read()))
+    assert {"docker/README.md", "notebooks/quickstart.ipynb", "notebooks/s3_streaming.ipynb"} <= named
+    for path in named:
+        assert os.path.exists(os.path.join(ROOT, path.rstrip("/"))), path
+    with open(os.path.join(ROOT, "docs", "guide", "gpu.md")) as f:
+        gpu = f.read()
+    assert "## Install" in gpu and '".[gpu]"' in gpu
 
 
 # the minimum driver of each CUDA 12 minor release (NVIDIA's CUDA release notes, table 3: Linux x86_64)
@@ -608,12 +621,13 @@ DRIVER_FOR_CUDA = {"12.0": 525.60, "12.1": 530.30, "12.2": 535.54, "12.3": 545.2
 
 def test_driver_statements_agree_with_the_base_image(dockerfile):
     """The container's driver minimum follows from its base image's CUDA version, and every place
-    that states it (docker/README.md, README.md, the Dockerfile's own header, pyproject's ``gpu``
-    extra) says the same."""
+    that states it (docker/README.md, the docs' container and GPU pages, the Dockerfile's own header,
+    pyproject's ``gpu`` extra) says the same."""
     base = [ins for ins in dockerfile if ins.keyword == "FROM"][0].value
     cuda = re.search(r"nvidia/cuda:(\d+\.\d+)", base).group(1)
     need = int(DRIVER_FOR_CUDA[cuda])
-    for path in (os.path.join(DOCKER, "README.md"), os.path.join(ROOT, "README.md"), os.path.join(DOCKER, "Dockerfile"),
+    for path in (os.path.join(DOCKER, "README.md"), os.path.join(ROOT, "docs", "guide", "container.md"),
+                 os.path.join(ROOT, "docs", "guide", "gpu.md"), os.path.join(DOCKER, "Dockerfile"),
                  os.path.join(ROOT, "pyproject.toml")):
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -624,7 +638,7 @@ def test_driver_statements_agree_with_the_base_image(dockerfile):
 
 def test_readme_describes_the_health_check_as_it_is(dockerfile):
     _, command = healthcheck(dockerfile)
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        container = f.read().split("## Container", 1)[1][:1500]
+    with open(os.path.join(ROOT, "docs", "guide", "container.md"), encoding="utf-8") as f:
+        container = f.read()
     assert "health check" in container and "demo --steps" not in container
     assert "GetCUDADeviceCount" in " ".join(command) and "sees a GPU" in container

@@ -1,20 +1,29 @@
-"""The README's code runs as written, and its instructions name things that exist.
+"""The code of the README and of the docs (``docs/**/*.md``, ``docs/recipes/*.py``) runs as
+written, and their instructions name things that exist.
 
-Every Python block of README.md is marked on the line before its fence: ``<!-- runnable -->``
-blocks are run here, each as a script of its own, in a folder holding the data set the README
-names (``dalistream synth data --prefix train``), on the CPU; ``<!-- not runnable: reason -->``
-blocks say why not (S3, GPUs, torchrun).
+Every Python block of README.md and of the docs' pages is marked on the line before its fence:
+``<!-- runnable -->`` blocks are run here, each as a script of its own, in a folder holding the
+data set the docs name (``dalistream synth data --prefix train --samples-per-shard 32``), on the
+CPU; ``<!-- not runnable: reason -->`` blocks say why not (S3, GPUs, a trained model). Every
+recipe under ``docs/recipes/`` runs too, as its ``# run: COMMAND`` line says (``{recipe}`` is
+its path; ``python``, ``torchrun`` and ``accelerate`` are this interpreter's), in the same
+folder; a recipe that prints ``rank R: N steps`` lines must print one per rank, all with the
+same N (equal steps on every rank).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
+import shlex
 import subprocess
 import sys
 from typing import List, NamedTuple, Optional
 
 import pytest
+
+from helpers import free_port
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,6 +32,9 @@ else:  # pragma: no cover
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
+PAGES = [README] + sorted(glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))
+RECIPES = sorted(glob.glob(os.path.join(DOCS, "recipes", "*.py")))
 FENCE = re.compile(r"^```(\w*)\s*$")
 MARK = re.compile(r"^<!--\s*(runnable|not runnable:\s*(?P<why>.*?))\s*-->$")
 SNIPPET_TIMEOUT_S = 420
@@ -30,13 +42,14 @@ SNIPPET_TIMEOUT_S = 420
 
 class Block(NamedTuple):
     line: int             # 1-based line of the opening fence
+    page: str             # the file, relative to the repository
     lang: str
     code: str
     mark: Optional[str]   # "runnable", "not runnable: …", or None
     why: Optional[str]
 
 
-def blocks(text: str) -> List[Block]:
+def blocks(text: str, page: str = "") -> List[Block]:
     """The fenced code blocks of a Markdown text, with the marker comment on the line before each."""
     lines = text.splitlines()
     out, i = [], 0
@@ -48,36 +61,50 @@ def blocks(text: str) -> List[Block]:
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         before = lines[i - 1].strip() if i else ""
         mark = MARK.match(before)
-        out.append(Block(i + 1, m.group(1), "\n".join(lines[i + 1:end]) + "\n", mark.group(1) if mark else None,
+        out.append(Block(i + 1, page, m.group(1), "\n".join(lines[i + 1:end]) + "\n", mark.group(1) if mark else None,
                          mark.group("why") if mark else None))
         i = end + 1
     return out
 
 
-def readme_blocks() -> List[Block]:
-    with open(README, encoding="utf-8") as f:
-        return blocks(f.read())
+def page_blocks(path: str) -> List[Block]:
+    with open(path, encoding="utf-8") as f:
+        return blocks(f.read(), os.path.relpath(path, ROOT))
 
 
-RUNNABLE = [b for b in readme_blocks() if b.mark == "runnable"]
+def all_blocks() -> List[Block]:
+    return [b for page in PAGES for b in page_blocks(page)]
+
+
+RUNNABLE = [b for b in all_blocks() if b.mark == "runnable"]
 
 
 def test_block_parser_finds_marks_and_code():
     text = ("x\n<!-- runnable -->\n```python\nprint(1)\n```\n\n```bash\nls\n```\n"
             "<!-- not runnable: needs S3 -->\n```python\nimport boto3\n```\n")
-    found = blocks(text)
+    found = blocks(text, "x.md")
     assert [(b.line, b.lang, b.code, b.mark, b.why) for b in found] == [
         (3, "python", "print(1)\n", "runnable", None), (7, "bash", "ls\n", None, None),
         (11, "python", "import boto3\n", "not runnable: needs S3", "needs S3")]
 
 
+SNIPPET = re.compile(r"^--8<-- ")  # a recipe included whole (pymdownx.snippets): runs as a recipe
+
+
 def test_every_python_block_is_marked_runnable_or_says_why_not():
-    python = [b for b in readme_blocks() if b.lang == "python"]
-    assert python, "README.md has no Python block"
-    unmarked = [b.line for b in python if b.mark is None]
-    assert not unmarked, f"README.md lines {unmarked}: mark the block <!-- runnable --> or <!-- not runnable: why -->"
+    python = [b for b in all_blocks() if b.lang == "python" and not SNIPPET.match(b.code)]
+    assert [b for b in python if b.page == "README.md" and b.mark == "runnable"], "README.md has no runnable block"
+    unmarked = [f"{b.page}:{b.line}" for b in python if b.mark is None]
+    assert not unmarked, f"{unmarked}: mark the block <!-- runnable --> or <!-- not runnable: why -->"
     assert all(b.why for b in python if b.mark != "runnable"), "a not-runnable block must say why"
-    assert len(RUNNABLE) >= 3
+    assert len({b.page for b in RUNNABLE}) >= 4, "the docs' runnable blocks are found"
+
+
+def test_included_recipes_exist():
+    included = [(b.page, b.code.split('"')[1]) for b in all_blocks() if SNIPPET.match(b.code)]
+    assert included, "the docs include their recipes"
+    for page, name in included:
+        assert os.path.isfile(os.path.join(DOCS, name)), f"{page} includes {name}, which does not exist"
 
 
 def test_runnable_blocks_define_what_they_use():
@@ -87,11 +114,11 @@ def test_runnable_blocks_define_what_they_use():
     import symtable
 
     for block in RUNNABLE:
-        table = symtable.symtable(block.code, f"README.md:{block.line}", "exec")
+        table = symtable.symtable(block.code, f"{block.page}:{block.line}", "exec")
         defined = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
         free = {s.get_name() for s in table.get_symbols() if s.is_referenced() and not (s.is_assigned() or s.is_imported())}
         missing = free - defined - set(dir(builtins)) - {"__name__"}
-        assert not missing, f"README.md:{block.line} uses undefined {sorted(missing)}"
+        assert not missing, f"{block.page}:{block.line} uses undefined {sorted(missing)}"
 
 
 @pytest.fixture(scope="module")
@@ -107,17 +134,61 @@ def data_folder(tmp_path_factory):
 
 @pytest.mark.dali
 @pytest.mark.slow
-@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line{b.line}" for b in RUNNABLE])
+@pytest.mark.parametrize("block", RUNNABLE, ids=[f"{b.page}:{b.line}" for b in RUNNABLE])
 def test_runnable_block_runs_as_written(block, data_folder, tmp_path):
-    script = tmp_path / f"readme_line{block.line}.py"
+    script = tmp_path / f"snippet_line{block.line}.py"
     script.write_text(block.code, encoding="utf-8")
-    env = dict(os.environ, DALISTREAM_CACHE=str(tmp_path / "cache"))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    done = subprocess.run([sys.executable, str(script)], cwd=str(data_folder), env=env, capture_output=True,
-                          text=True, timeout=SNIPPET_TIMEOUT_S)
-    assert done.returncode == 0, f"README.md:{block.line} failed:\n{done.stderr[-4000:]}"
+    done = subprocess.run([sys.executable, str(script)], cwd=str(data_folder), env=clean_env(tmp_path),
+                          capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
+    assert done.returncode == 0, f"{block.page}:{block.line} failed:\n{done.stderr[-4000:]}"
     assert "Traceback" not in done.stderr, done.stderr[-4000:]
+
+
+def clean_env(tmp_path) -> dict:
+    env = dict(os.environ, DALISTREAM_CACHE=str(tmp_path / "cache"), PYTHONPATH=ROOT)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return env
+
+
+RUN_LINE = re.compile(r"^# run: (.+)$", re.M)
+LAUNCHERS = {"python": [sys.executable], "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+             "accelerate": [sys.executable, "-m", "accelerate.commands.launch"]}
+STEPS = re.compile(r"^rank (\d+): (\d+) steps$", re.M)
+
+
+def recipe_command(path: str) -> List[str]:
+    """The command a recipe's ``# run:`` line gives (``python {recipe}`` without one)."""
+    with open(path, encoding="utf-8") as f:
+        found = RUN_LINE.search(f.read())
+    words = shlex.split(found.group(1) if found else "python {recipe}")
+    if words[0] == "torchrun":
+        words[1:1] = ["--master-port", str(free_port())]
+    assert words[0] in LAUNCHERS, f"{path}: run it with one of {sorted(LAUNCHERS)}"
+    return LAUNCHERS[words[0]] + [w.replace("{recipe}", path) for w in words[1:]]
+
+
+def test_recipe_commands_and_the_steps_check():
+    assert recipe_command(os.path.join(DOCS, "recipes", "accelerate_train.py"))[:3] == LAUNCHERS["torchrun"]
+    assert STEPS.findall("x\nrank 1: 16 steps\nrank 0: 16 steps\n") == [("1", "16"), ("0", "16")]
+
+
+@pytest.mark.dali
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", RECIPES, ids=[os.path.basename(r) for r in RECIPES])
+def test_recipe_runs_as_written(recipe, data_folder, tmp_path):
+    command = recipe_command(recipe)
+    done = subprocess.run(command, cwd=str(data_folder), env=clean_env(tmp_path), capture_output=True, text=True,
+                          timeout=SNIPPET_TIMEOUT_S)
+    where = os.path.relpath(recipe, ROOT)
+    assert done.returncode == 0, f"{where} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-4000:]
+    steps = dict(STEPS.findall(done.stdout))
+    processes = int(command[command.index("--nproc-per-node") + 1]) if "--nproc-per-node" in command else \
+        int(command[command.index("--devices") + 1]) if "--devices" in command else None
+    if steps or processes:
+        assert processes is None or sorted(map(int, steps)) == list(range(processes)), (where, done.stdout[-2000:])
+        assert len(set(steps.values())) == 1 and int(next(iter(steps.values()))) > 0, (where, steps)
 
 
 # -- instructions that name other things ------------------------------------------------------------

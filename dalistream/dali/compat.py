@@ -214,6 +214,16 @@ def cuda_initialized() -> bool:
         return True
 
 
+def decodes_images(pipe: Any) -> bool:
+    """Whether a built pipeline's graph holds an image decoder (``fn.decoders.*``): the loader's
+    data-wait warning then names decode, not the merge, when the workers sit idle (DALI's
+    operator list is private: ``Pipeline._ops``, each instance's ``_op`` class)."""
+    try:
+        return any(type(op._op).__module__.endswith(".decoders") for op in getattr(pipe, "_ops", None) or ())
+    except Exception:  # an unknown DALI layout: no opinion
+        return False
+
+
 # -- torch ----------------------------------------------------------------------------------------
 
 def exec_dynamic(pipe: Any) -> bool:

@@ -24,7 +24,7 @@ node's truth value, and the graph is then defined again with conditionals. An ``
 Python value (an option of the pipeline) costs nothing.
 
 DALI's workers are forked for CPU pipelines while CUDA is untouched, and spawned otherwise
-(``Stream.open(..., start_method=...)``, see :func:`dalistream.watchdog.start_method`): a script
+(``Stream.open(..., start_method=...)``, see :func:`dalistream.device.start_method`): a script
 that builds a pipeline at top level needs the usual ``if __name__ == "__main__":`` guard.
 """
 

@@ -23,7 +23,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, Optional
 
-from ..dali.compat import consumer_stream, exec_dynamic
+from ..dali.compat import consumer_stream, decodes_images, exec_dynamic
 from ..dali.diagnose import translate
 from ..dali.pipeline import built, raw_pipeline
 from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
@@ -33,6 +33,7 @@ from ..plan import Layout, check_segments, continued
 from ..stream import Stream
 from ..worker import read_workers, summarize
 from .convert import BufferPool, to_torch
+from .progress import WAIT_WARNING, Watch
 
 STATE_VERSION = 4  # 4: interleave; 3: segments of an epoch under other layouts, sources by identity; 2: spans; 1: whole shards
 log = logging.getLogger(__name__)
@@ -126,14 +127,27 @@ def differences(saved: Dict[str, Any], current: Dict[str, Any], digest: str) -> 
 class Loader:
     """Iterate a dalistream pipeline as dicts of torch tensors (CUDA tensors on GPU).
 
-    ``pipeline`` is a function decorated with :func:`dalistream.pipeline_def`; by default the
-    raw fields. ``transform``, if given, is applied to each batch dict (after padding is trimmed)
-    and its result yielded, e.g. to turn caption bytes into ``str``.
-    Use as ``with Loader(...) as loader: for batch in loader: ...``.
+    Use as ``with Loader(...) as loader: for batch in loader: ...``. What it shows of itself is in
+    :mod:`dalistream.loader.progress`: none of it stops a job.
+
+    Args:
+        stream: what to read, from :meth:`dalistream.Stream.open`.
+        pipeline: a function decorated with :func:`dalistream.pipeline_def`; ``None``: the raw fields.
+        transform: a function applied to each batch dict (after padding is removed), whose result
+            is yielded, e.g. to turn caption bytes into ``str``.
+        progress: ``True`` draws a bar per epoch on rank 0 with samples/s and the share of time
+            the training loop waited for data; ``"all"`` on every rank.
+        stats_dir: a run folder (shared by the ranks) where this rank writes its figures every few
+            seconds and at the end of each epoch, for ``dalistream stats RUN_DIR``.
+        wait_warning: when the training loop waits for data more than this share of its time over
+            a window of batches, one warning names the likely stage; ``None``: never.
+        pipeline_kwargs: the pipeline function's own arguments (``size=224``, …).
     """
 
     def __init__(self, stream: Stream, pipeline: Optional[Callable] = None, *,
-                 transform: Optional[Callable[[Dict[str, Any]], Any]] = None, **pipeline_kwargs: Any) -> None:
+                 transform: Optional[Callable[[Dict[str, Any]], Any]] = None, progress: Any = False,
+                 stats_dir: Optional[str] = None, wait_warning: Optional[float] = WAIT_WARNING,
+                 **pipeline_kwargs: Any) -> None:
         if stream.device == "gpu":  # before the first batch: its tensors are CUDA tensors
             check_torch_cuda(stream.device_id)
         self.stream = stream
@@ -147,8 +161,10 @@ class Loader:
         self._pipe_at: Optional[tuple] = None
         self._built_resume: tuple = (self.epoch, self.resume)
         self._stats_dir = tempfile.mkdtemp(prefix="dalistream-stats-")
-        self._timing = {"batches": 0, "wait_s": 0.0, "step_s": 0.0}  # see stats()
-        self._closed = False
+        me = weakref.ref(self)  # no cycle: a loader dropped without close() is closed by __del__ at once
+        self._watch = Watch(progress=progress, wait_warning=wait_warning, run_dir=stats_dir,
+                            counters=lambda: me().stats(), decodes=lambda: decodes_images(me()._pipe))
+        self._samples, self._closed = 0, False  # _samples: of the last batch taken (for the figures)
         self._device_checked = stream.device != "gpu"
         _track(self)
 
@@ -182,21 +198,24 @@ class Loader:
             check_current_device(self.stream.device_id)
         if self._pipe is None or self._pipe_at != (self.epoch, self.step, self.resume):
             self._build()
-        timing = self._timing
-        while self.step < steps:
-            t0 = time.perf_counter()
-            batch = self._run()
-            t1 = time.perf_counter()
-            timing["batches"] += 1
-            timing["wait_s"] += t1 - t0
-            self.step += 1
-            self._pipe_at = (self.epoch, self.step, self.resume)
-            if batch is None:  # every sample of it was skipped: a batch of nothing is never trained on
-                log.warning("batch %d of epoch %d holds no sample (all skipped, see Loader.stats()): not yielded",
-                            self.step - 1, self.epoch)
-                continue
-            yield batch
-            timing["step_s"] += time.perf_counter() - t1
+        watch = self._watch
+        watch.epoch(self.stream.config.rank, self.stream.config.world_size, self.epoch, self.step, steps)
+        try:
+            while self.step < steps:
+                t0 = time.perf_counter()
+                batch = self._run()
+                t1 = time.perf_counter()
+                self.step += 1
+                watch.took(t1 - t0, self._samples, self.step)
+                self._pipe_at = (self.epoch, self.step, self.resume)
+                if batch is None:  # every sample of it was skipped: a batch of nothing is never trained on
+                    log.warning("batch %d of epoch %d holds no sample (all skipped, see Loader.stats()): not yielded",
+                                self.step - 1, self.epoch)
+                    continue
+                yield batch
+                watch.stepped(time.perf_counter() - t1)
+        finally:  # the epoch ended, or the loop broke off: the bar closes, the run folder is written
+            watch.ended()
         # the sources go straight on with the next epoch: the pipeline stays valid
         self.epoch, self.step, self.resume = self.epoch + 1, 0, ()
         self._pipe_at = (self.epoch, 0, ())
@@ -220,6 +239,7 @@ class Loader:
         self._buffers = BufferPool()
         self._pipe_at = (self.epoch, self.step, self.resume)
         self._built_resume = (self.epoch, self.resume)  # the workers' step counts within the resumed segment
+        self._watch.started()
 
     def _run(self) -> Optional[Dict[str, Any]]:
         try:
@@ -231,6 +251,7 @@ class Loader:
             raise translate(e, self.stream.config.rank,
                             (self.stream.at(self.epoch, self.step, resume=self.resume), self.epoch, self.step)) from None
         batch = to_torch(self._outputs, outputs, self._buffers, zero_copy=exec_dynamic(self._pipe))
+        self._samples = len(next(iter(batch.values()), ()))
         if batch and all(len(value) == 0 for value in batch.values()):
             return None
         return self.transform(batch) if self.transform is not None else batch
@@ -293,8 +314,9 @@ class Loader:
     def stats(self, wait_s: float = 0.0) -> Dict[str, Any]:
         """Per-worker counters (bytes read, samples, padding, skips, where the time went) and their
         sums, and the training loop's side under ``loader``: ``wait_s``, the time it waited for
-        batches (the input pipeline was the limit; the first includes the workers' start), and
-        ``step_s``, the time it spent between batches (its own step), over ``batches`` batches.
+        batches (the input pipeline was the limit; the first includes the workers' start),
+        ``step_s``, the time it spent between batches (its own step), and more
+        (:meth:`dalistream.loader.progress.Watch.figures`).
         The totals and skips cover the epochs up to :meth:`delivered_epoch`: what a worker read
         ahead into the next epoch is counted in that epoch, under ``by_epoch`` only.
         See :mod:`dalistream.worker.stats` for the workers' counters.
@@ -313,7 +335,14 @@ class Loader:
             if time.monotonic() >= deadline or self._workers_reached(workers):
                 break
             time.sleep(0.05)
-        return {**summarize(workers, through=self.delivered_epoch()), "loader": dict(self._timing)}
+        return {**summarize(workers, through=self.delivered_epoch()), "loader": self._watch.figures()}
+
+    def summary(self) -> str:
+        """One line: samples taken and samples/s, the share of the loop's time spent waiting for
+        data, samples and shards skipped, bytes read from remote stores (and cache hits where a
+        cache counts them). Figures of the training loop cover every epoch since the loader was
+        made; the workers' counters, those since its pipeline last started."""
+        return self._watch.summary(self.stats())
 
     def delivered_epoch(self) -> int:
         """The last epoch this loader has entered: its current one once a batch of it was taken (or
@@ -354,6 +383,8 @@ class Loader:
         self._closed = True
         _open_loaders.discard(self)
         try:
+            self._watch.pause()
+            self._watch.publish()  # the rank's last figures, into the run folder if there is one
             self._shutdown_pipe()
         finally:
             shutil.rmtree(self._stats_dir, ignore_errors=True)

@@ -5,7 +5,7 @@ labels a batch holds can be computed for a labelling of the samples (class-sorte
 with a random order of the same samples.
 
 The worker's order is reproduced from its parts: global worker ``g`` reads its span of the
-epoch's sample sequence (:mod:`.ownership`) and shuffles it through :func:`.buffer.shuffled`,
+epoch's sample sequence (:mod:`.ownership`) and shuffles it through :func:`.shuffle.shuffled`,
 the same function the worker runs, fed indices instead of samples; ``columns=True`` reproduces
 interleaved reading (the default of training streams: :attr:`.layout.Layout.column_layout`).
 ``interleave=k > 1`` and ``spread`` are the design study's candidates that led to it (see

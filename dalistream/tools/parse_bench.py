@@ -1,5 +1,5 @@
 """CPU cost of a worker's feed on one core: the tar parse alone, and the parse with field decoding
-and the error policy (:meth:`PlanReader.decoded`), over local shards; each by header and, for
+and the error policy (:meth:`dalistream.worker.reader.PlanReader.decoded`), over local shards; each by header and, for
 shards whose member layout the scan records (:mod:`dalistream.manifest.members`), sliced by it.
 
 ``python -m dalistream.tools.parse_bench SHARD… [--repeats N] [--fields image=jpg;png,label=cls]``
@@ -53,7 +53,7 @@ def sliced_only(paths: Sequence[str], exts: frozenset, infos: Sequence[ShardInfo
 
 
 def decoded(paths: Sequence[str], fields: Dict[str, str], counts: Sequence[int], infos: Sequence[ShardInfo] = ()) -> int:
-    """Every sample of ``paths`` decoded by one worker's :class:`PlanReader` (``infos``: with
+    """Every sample of ``paths`` decoded by one worker's :class:`~dalistream.worker.reader.PlanReader` (``infos``: with
     their offsets and member layouts); how many."""
     config = StreamConfig(sources=tuple(paths), fields=fields, batch_size=1, workers=1, policy="exact", shuffle=0,
                           shuffle_shards=False)

@@ -1,7 +1,7 @@
 """The worker: the DALI parallel-source iterable of one worker, from its plan to padded batches.
 
 Reads its shards (:mod:`.reader`), decodes fields (:mod:`.fields`) under the error policy
-(:mod:`.policy`), shuffles (:mod:`.shuffle`), assembles batches (:mod:`.source`) and counts
+(:mod:`.policy`), shuffles (:mod:`dalistream.plan.shuffle`), assembles batches (:mod:`.source`) and counts
 (:mod:`.stats`). Runs without DALI."""
 
 from .fields import FieldDecoder, image_problem

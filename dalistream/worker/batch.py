@@ -15,7 +15,7 @@ B positions, its dummies included. A blob is one array in the worker, and in the
 view per row (the dummies one shared empty row). The padded dense block it replaced (B rows of
 the slot's longest sample from every worker, trimmed in the graph) was faster only for rows of
 tens of bytes at B=256 (by 0.3–0.7 ms a batch); from 1 kB rows on it cost more CPU, and 2–4.5×
-the blob's time for rows of 100–200 kB (README, "The transfer: one form").
+the blob's time for rows of 100–200 kB (``dalistream bench --merge-only``, W = 1, 2, 4, B = 64 and 256).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ draws from as many places of the epoch as it has positions (:mod:`dalistream.pla
 Epochs: the loader builds sources with ``cycle="quiet"``; DALI's worker calls ``__iter__`` again
 right after our ``StopIteration``, so the worker's epoch is ``start_epoch`` plus the number of
 ``__iter__`` calls it has seen. Every source of a rank yields exactly the plan's number of
-steps per epoch, so all sources end together by construction (see DESIGN.md).
+steps per epoch, so all sources end together by construction (DALI silently desynchronises
+parallel sources that end on different iterations: docs/internals.md, Invariants).
 
 Profiling: with ``DALISTREAM_PROFILE=DIR`` in the environment when the sources are created, each
 worker profiles its own ``next()`` calls (cProfile: reading, batching, packing; not DALI's

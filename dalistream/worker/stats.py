@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import time
 from collections import Counter
@@ -32,6 +33,7 @@ WORKER_FIELDS = ("rank", "worker", "epoch", "step", "samples", "padded", "bytes"
 TOTALS = ("samples", "padded", "bytes", "dropped")
 WRITE_INTERVAL_S = 0.5  # counters are written at most this often while batches flow
 SKIP_FLUSH_S = 0.05     # and soon after a skip, so the loader sees the skips of delivered batches
+log = logging.getLogger(__name__)
 
 
 class WorkerStats:
@@ -48,6 +50,7 @@ class WorkerStats:
         self.totals_by_epoch: Dict[int, Counter] = {}
         self._last = 0.0
         self._unwritten_skip = False
+        self._write_failed = False
         self._t0 = time.perf_counter()
 
     @property
@@ -99,11 +102,20 @@ class WorkerStats:
             self.write()
 
     def write(self) -> None:
-        """Write the counters now (atomically: readers never see half a file)."""
+        """Write the counters now (atomically: readers never see half a file). Counters never
+        stop a job: a write that fails (the folder removed, a full disk) is one warning per
+        worker, and the worker goes on, trying again at its next write."""
         if not self.path:
             return
         self._unwritten_skip = False
-        write_atomic(self.path, lambda f: f.write(json.dumps(self.as_dict()).encode()))
+        try:
+            write_atomic(self.path, lambda f: f.write(json.dumps(self.as_dict()).encode()))
+        except OSError as e:
+            if not self._write_failed:
+                self._write_failed = True
+                log.warning("rank %d worker %d: counters not written to %s (%s); the worker goes on, "
+                            "Loader.stats() lacks its figures until a write succeeds", self.rank, self.worker,
+                            self.path, e.strerror or e)
 
 
 def stats_path(directory: str, worker: int) -> str:
@@ -111,16 +123,22 @@ def stats_path(directory: str, worker: int) -> str:
     return os.path.join(directory, f"worker-{worker}.json")
 
 
-def read_workers(directory: str) -> List[Dict[str, Any]]:
-    """The counters every worker has written to ``directory`` so far (sorted by worker)."""
-    workers = []
-    for path in sorted(glob.glob(os.path.join(directory, "worker-*.json"))):
+def read_json_files(pattern: str) -> List[Dict[str, Any]]:
+    """Every JSON file matching ``pattern``, by name; one that cannot be read (being replaced,
+    removed, damaged) is left out."""
+    found = []
+    for path in sorted(glob.glob(pattern)):
         try:
             with open(path) as f:
-                workers.append(json.load(f))
+                found.append(json.load(f))
         except (OSError, ValueError):
             continue
-    return sorted(workers, key=lambda w: w.get("worker", 0))
+    return found
+
+
+def read_workers(directory: str) -> List[Dict[str, Any]]:
+    """The counters every worker has written to ``directory`` so far (sorted by worker)."""
+    return sorted(read_json_files(os.path.join(directory, "worker-*.json")), key=lambda w: w.get("worker", 0))
 
 
 def summarize(workers: List[Dict[str, Any]], through: int) -> Dict[str, Any]:

@@ -146,7 +146,7 @@ def test_decoder_options_are_arguments_of_both_decoders(schema):
 
 
 def test_documented_decoder_defaults_are_dalis():
-    """The defaults README and ``dali/ops.py`` quote are DALI's (a wrong one misleads tuning)."""
+    """The defaults the docs and ``dali/ops.py`` quote are DALI's (a wrong one misleads tuning)."""
     import os
     import re
 
@@ -156,7 +156,7 @@ def test_documented_decoder_defaults_are_dalis():
     fancy = backend.GetSchema("decoders__Image").GetArgumentDefaultValueString("jpeg_fancy_upsampling")
     assert fancy == "False"  # why the GPU test asks for it: the CPU decoder upsamples smoothly
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for path in ("README.md", os.path.join("dalistream", "dali", "ops.py")):
+    for path in (os.path.join("docs", "guide", "gpu.md"), os.path.join("dalistream", "dali", "ops.py")):
         with open(os.path.join(root, path), encoding="utf-8") as f:
             text = " ".join(f.read().replace("#:", " ").split())
         quoted = re.findall(r"hw_decoder_load[^;)]*?default (\d+(?:\.\d+)?)", text)

@@ -5,7 +5,7 @@
     dalistream bench /data/train-{0000..0015}.tar --workers 2 --batch-size 64 \\
         --compare dali-native,webdataset --repeats 3
     dalistream bench /data/*.tar --pipeline read-only --compare dali-native,webdataset
-    dalistream bench /data/*.tar --sweep workers=1,2,4 --plot notebooks/bench_workers.png
+    dalistream bench /data/*.tar --sweep workers=1,2,4 --plot docs/assets/bench_workers.png
     dalistream bench --merge-only --merge-workers 1,2,4,8 --batch-size 64
 
 Every measurement runs in a fresh process (:mod:`.child`, :mod:`.peers`) whose whole process

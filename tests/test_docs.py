@@ -1,0 +1,291 @@
+"""The docs site: its reference cannot drift from the code (every ``StreamConfig`` option, every
+``Stream.open`` and ``Loader`` argument, every CLI flag, every counter of ``stats()``), every page
+is in the navigation, it builds strictly, and no page a user reads talks of internal history."""
+
+import argparse
+import dataclasses
+import glob
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
+DOCS = os.path.join(ROOT, "docs")
+
+
+def load_hook():
+    spec = importlib.util.spec_from_file_location("docs_reference_hook", os.path.join(DOCS, "config", "reference.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+reference = load_hook()
+
+
+def page(name: str) -> str:
+    with open(os.path.join(DOCS, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def rendered(name: str) -> str:
+    return reference.render(page(name))
+
+
+# -- the reference is generated from the code, and complete -----------------------------------------
+
+def test_every_stream_option_is_in_the_reference_with_its_default():
+    import inspect
+
+    from dalistream.config import StreamConfig
+    from dalistream.stream import Stream
+
+    text = rendered("reference/options.md")
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
+    names = {f.name for f in dataclasses.fields(StreamConfig)}
+    names |= set(inspect.signature(Stream.open).parameters) - {"cls", "options"}
+    names |= {"per_batch", "samples_per_epoch"}
+    for name in names:
+        assert f"`{name}`" in rows, f"{name} is missing from the options reference"
+    assert "| `max_member_bytes` | `int` | `256 << 20` (256 MiB) |" in rows["`max_member_bytes`"]
+    assert "| `policy` | `str` | `'even'` |" in rows["`policy`"]
+    assert "| `workers` | `int` | `2` |" in rows["`workers`"]
+    for name in ("progress", "stats_dir", "wait_warning", "transform"):
+        assert f"| `{name}` |" in text, f"Loader's {name} is missing"
+
+
+def test_an_option_without_a_description_stops_the_build(monkeypatch):
+    docs = reference.field_docs
+
+    def without(name):
+        return lambda cls: {k: v for k, v in docs(cls).items() if k != name}
+
+    for name in ("seed", "storage_options"):
+        monkeypatch.setattr(reference, "field_docs", without(name))
+        with pytest.raises(reference.Undocumented, match=name):
+            rendered("reference/options.md")
+    monkeypatch.setattr(reference, "field_docs", docs)
+    monkeypatch.setattr(reference, "args_section", lambda doc: {})  # Stream.open's and Loader's Args gone
+    with pytest.raises(reference.Undocumented, match="Args"):
+        rendered("reference/options.md")
+
+
+def test_every_cli_flag_of_every_command_is_in_the_reference():
+    text = rendered("reference/cli.md")
+    commands = reference.commands()
+    assert {"synth", "write", "plan", "index", "keys", "stats", "bench", "demo"} <= set(commands)
+    for name, parser in commands.items():
+        if name:
+            assert f"## `dalistream {name}`" in text, f"dalistream {name} is missing"
+        section = text.split(f"## `dalistream {name}`" if name else "## `dalistream`", 1)[1]
+        section = section.split("\n## ", 1)[0]
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            shown = action.option_strings or [action.metavar or action.dest]
+            for flag in shown:
+                assert f"`{flag}`" in section, f"dalistream {name}: {flag} is missing from its reference"
+
+
+def test_a_flag_without_help_stops_the_build(monkeypatch):
+    import dalistream.cli as cli
+
+    build = cli.build_parser
+
+    def with_a_silent_flag():
+        parser = build()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices["keys"].add_argument("--quietly-added")
+        return parser
+
+    monkeypatch.setattr(cli, "build_parser", with_a_silent_flag)
+    with pytest.raises(reference.Undocumented, match="--quietly-added"):
+        rendered("reference/cli.md")
+
+
+def test_every_error_class_is_in_the_catalogue():
+    from dalistream import errors
+
+    text = rendered("reference/errors.md")
+    for cls in errors._CLASSES.values():
+        assert f"| `{cls.__name__}` |" in text and f"`{cls.reason}`" in text
+
+
+def test_every_loader_method_is_in_the_reference():
+    from dalistream.loader import Loader
+
+    text = rendered("reference/loader.md")
+    public = sorted(n for n, v in vars(Loader).items() if callable(v) and not n.startswith("_"))
+    for name in public:
+        assert f"loader.{name}(" in text, f"Loader.{name} is missing"
+
+
+def test_reference_pages_are_generated():
+    for name, markers in {"reference/options.md": ("stream-options", "loader-arguments"),
+                          "reference/cli.md": ("cli",), "reference/loader.md": ("loader-methods",),
+                          "reference/errors.md": ("errors",)}.items():
+        for marker in markers:
+            assert f"<!-- generated: {marker} -->" in page(name)
+    with pytest.raises(reference.Undocumented, match="unknown"):
+        reference.render("<!-- generated: no-such-table -->")
+
+
+def test_markdown_of_docstrings():
+    assert reference.markdown(":class:`~dalistream.errors.SampleError` and ``x | y``\n  and more") == \
+        "`SampleError` and `x \\| y` and more"
+    assert reference.markdown(":mod:`dalistream.plan.resume`") == "`dalistream.plan.resume`"
+    assert reference.args_section("Doc.\n\nArgs:\n    a: one\n        two\n    b: three\n\nAfter.") == \
+        {"a": "one two", "b": "three"}
+
+
+# -- the stats() schema covers every key the code writes ---------------------------------------------
+
+def test_stats_schema_names_every_counter(tmp_path):
+    from dalistream.io.counters import IOCounters
+    from dalistream.loader.progress import Watch, worker_sums
+    from dalistream.worker.stats import WORKER_FIELDS, WorkerStats, summarize
+
+    text = page("reference/stats.md")
+    documented = set(re.findall(r"`([a-z_]+)`", text))
+    worker = WorkerStats(None, 0, 0).as_dict()
+    assert set(worker) == set(WORKER_FIELDS)
+    keys = set(worker) | set(IOCounters.FIELDS) | set(summarize([worker], through=0)) | {"loader"}
+    watch = Watch(run_dir=str(tmp_path), counters=lambda: {"workers": [worker]})
+    keys |= set(watch.figures())
+    watch.publish()
+    import json
+
+    (written,) = glob.glob(str(tmp_path / "rank-*.json"))
+    with open(written) as f:
+        doc = json.load(f)
+    keys |= set(doc) | set(worker_sums([{**worker, "io": {"cache_hits": 1, "cache_bytes": 1}}]))
+    missing = sorted(keys - documented)
+    assert not missing, f"reference/stats.md does not describe {missing}"
+
+
+# -- the site: every page in the navigation, a strict build --------------------------------------
+
+def nav_pages():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)  # !relative and other MkDocs tags
+    with open(os.path.join(DOCS, "config", "mkdocs.yml"), encoding="utf-8") as f:
+        config = yaml.load(f, Loader=Loader)
+
+    def walk(items):
+        for item in items:
+            for value in item.values() if isinstance(item, dict) else [item]:
+                yield from walk(value) if isinstance(value, list) else [value]
+
+    return config, list(walk(config["nav"]))
+
+
+RESERVED = ["guide/evaluation.md", "guide/state.md", "guide/writing.md", "guide/preemption.md", "guide/stores.md",
+            "internals.md", "guide/gpu.md", "guide/cache.md", "guide/buckets.md"]
+
+
+def test_every_page_is_in_the_navigation_and_every_entry_exists():
+    config, nav = nav_pages()
+    pages = {os.path.relpath(p, DOCS) for p in glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)}
+    assert sorted(pages - set(nav)) == [], "pages missing from the nav"
+    assert sorted(set(nav) - pages) == [], "nav entries without a page"
+    assert set(RESERVED) <= set(nav)
+    assert config["docs_dir"] == ".." and config["strict"] is True
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs", reason="the docs extra (pip install -e '.[docs]'); .ci/run builds the site")
+    pytest.importorskip("material", reason="the docs extra")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", os.path.join(DOCS, "config", "mkdocs.yml"),
+                           "-d", str(tmp_path / "site")], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    with open(tmp_path / "site" / "reference" / "options" / "index.html", encoding="utf-8") as f:
+        assert "max_skip_fraction" in f.read()
+    assert (tmp_path / "site" / "recipes" / "lightning_train.py").is_file()
+    assert not (tmp_path / "site" / "config").exists()
+
+
+# -- no internal history where a user reads -------------------------------------------------------
+
+INTERNAL = [
+    (re.compile(r"(?i)\bissues?\s*#?\d+"), "an issue number"),
+    (re.compile(r"(?<![\w/&])#\d{1,4}\b"), "an issue number"),
+    (re.compile(r"(?i)\bcommit\s+`?[0-9a-f]{7,40}\b"), "a commit hash"),
+    (re.compile(r"(?<![\w/.-])`?[0-9a-f]{7,12}`?(?![\w.-])(?=.*\b(?:before|after|commit|at)\b)", re.I), "a commit hash"),
+    (re.compile(r"(?i)\bthis (?:2-core )?box\b|\bthis workplace\b"), "the machine of the day"),
+    (re.compile(r"(?i)\b(?:sessions?|engineers?|integrator)\b"), "who worked on it"),
+    (re.compile(r"(?i)\bwas lent\b|\bno GPU was lent\b|\bthe stop\b"), "work-day talk"),
+    (re.compile(r"/tmp script"), "a private script"),
+]
+
+
+def internal_talk(text: str) -> list:
+    """``(line number, what, line)`` for every line that talks of internal history."""
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        for pattern, what in INTERNAL:
+            if pattern.search(line):
+                found.append((number, what, line.strip()))
+                break
+    return found
+
+
+@pytest.mark.parametrize("line,what", [
+    ("Measured in issue #26 on the box.", "an issue number"), ("see #25", "an issue number"),
+    ("Before is the code at commit `fe79bbf`.", "a commit hash"), ("(commit ab18dc0)", "a commit hash"),
+    ("on this 2-core box a parse costs", "the machine of the day"), ("two other engineers' work", "who worked on it"),
+    ("Checking the GPU path in one session", "who worked on it"), ("no GPU was lent to this task", "work-day talk"),
+    ("the `/tmp` script", None), ("(`/tmp script in the note`)", "a private script"),
+])
+def test_internal_talk_is_found(line, what):
+    found = internal_talk(line)
+    assert (found[0][1] if found else None) == what
+
+
+@pytest.mark.parametrize("line", [
+    "[Shuffle quality](#shuffle-quality) and `dalistream plan --counts 8:32`", "rank 0: 16 steps",
+    "a sha256 digest such as 3f2a... of the shard list", "color #fff", "shards `train-00000.tar`",
+    "`b'<html>…'` at offset 1024", "the 16 shards × 200 samples, W=2 #workers",
+])
+def test_ordinary_text_is_not_internal_talk(line):
+    assert internal_talk(line) == []
+
+
+def user_pages():
+    pages = [os.path.join(ROOT, "README.md")]
+    pages += [p for p in glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)
+              if os.path.basename(p) != "changelog.md"]
+    return pages + sorted(glob.glob(os.path.join(DOCS, "recipes", "*.py")))
+
+
+@pytest.mark.parametrize("path", user_pages(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_no_internal_history_outside_the_changelog(path):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if path.endswith(".md") and "<!-- generated:" in text:
+        text = reference.render(text)  # the generated tables are what the user reads too
+    found = internal_talk(text)
+    assert not found, f"{os.path.relpath(path, ROOT)}: " + "; ".join(f"line {n}: {what}: {line[:100]}"
+                                                                  for n, what, line in found)
+
+
+def test_readme_is_short():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        assert len(f.read().splitlines()) <= 250
+
+
+def test_readme_links_point_to_files_that_exist():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", f.read())
+    assert len(links) >= 10
+    missing = [link for link in links if not os.path.exists(os.path.join(ROOT, link))]
+    assert not missing, missing
