@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .errors import ConfigError, redact
+from .io.cache import parse_size
 from .plan.layout import POLICIES, Layout, Schedule
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm", "jp2"})
@@ -197,7 +198,10 @@ class StreamConfig:
     :class:`~dalistream.errors.SampleError` naming the reason instead of training on what is
     left (judged after 100 samples, and at the end of the worker's epoch; 1 turns it off). ``storage_options``
     configure remote byte streams (S3 endpoint and profile, read-ahead, retries); they are
-    never printed in full (see ``__repr__``).
+    never printed in full (see ``__repr__``). ``cache``: a folder on a local disk where remote
+    bytes are kept for later epochs, shared by the node's processes (:mod:`dalistream.io.cache`;
+    None: off); ``cache_limit``: its size, bytes or a text like ``"800GB"`` (None: what the
+    disk has free, less a tenth of it).
     """
 
     sources: tuple
@@ -222,6 +226,8 @@ class StreamConfig:
     prefetch: int = 2
     max_skip_fraction: float = 0.95
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    cache: Optional[str] = None
+    cache_limit: Optional[Union[int, str]] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.sources, (str, bytes)):
@@ -235,6 +241,8 @@ class StreamConfig:
                                      counts_known=bool(self.manifest) or self.policy != "fixed")
         object.__setattr__(self, "interleave", interleave)
         object.__setattr__(self, "shuffle", shuffle)
+        if self.cache_limit is not None:
+            object.__setattr__(self, "cache_limit", parse_size(self.cache_limit, "cache_limit"))
         self._check()
 
     def _check(self) -> None:
@@ -274,7 +282,7 @@ class StreamConfig:
         fraction = self.max_skip_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
             raise bad("max_skip_fraction", "a number in (0, 1] (1 turns the check off)")
-        for name in ("manifest", "cache_dir"):
+        for name in ("manifest", "cache_dir", "cache"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), (str, os.PathLike)):
                 raise bad(name, "a path or None")
         if not isinstance(self.storage_options, Mapping):
