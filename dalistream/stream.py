@@ -22,6 +22,7 @@ from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
 from .mixing import Mix, concatenated, open_mix
 from .plan import check_layout, resumed_steps, steps_per_epoch
+from .plan.affinity import ranks_per_node
 from .sources import expand_sources, is_remote
 
 log = logging.getLogger(__name__)
@@ -73,11 +74,7 @@ def local_device(env: Mapping[str, str]) -> Optional[int]:
 def local_processes(env: Mapping[str, str]) -> int:
     """Training processes on this node: ``LOCAL_WORLD_SIZE`` (torchrun), else
     ``SLURM_NTASKS_PER_NODE`` (srun; its first number), else 1."""
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        text = env.get(name, "").split("(", 1)[0].split(",", 1)[0]
-        if text.strip().isdigit() and int(text) > 0:
-            return int(text)
-    return 1
+    return ranks_per_node(env) or 1
 
 
 def default_cache_dir(env: Mapping[str, str]) -> str:
