@@ -51,7 +51,7 @@ class Piece(NamedTuple):
     hit: bool
 
 
-BLOCK_BYTES = 8 << 20
+BLOCK_BYTES = 4 << 20  # measured: hits as fast as at 8-16 MiB, half the over-fetch of 8 MiB without affinity
 COUNTERS = ("hits", "misses", "remote_bytes", "cache_bytes", "written_bytes", "uncached_bytes", "evictions",
             "evicted_bytes")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,

@@ -94,9 +94,11 @@ def write_block(path: str, digest: bytes, data: bytes) -> int:
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
     try:
         try:
-            view = memoryview(HEADER.pack(MAGIC, digest, len(data), zlib.crc32(data), BOOT) + data)
-            while view:
-                view = view[os.write(fd, view):]
+            head = HEADER.pack(MAGIC, digest, len(data), zlib.crc32(data), BOOT)
+            done = os.writev(fd, [head, data])  # (no copy of the block into one buffer)
+            while done < HEADER.size + len(data):
+                done += os.pwrite(fd, (head + data)[done:] if done < HEADER.size else
+                                  memoryview(data)[done - HEADER.size:], done)
             now = time.time_ns()
             os.utime(fd, ns=(now, now))
         finally:
