@@ -198,10 +198,7 @@ class StreamConfig:
     :class:`~dalistream.errors.SampleError` naming the reason instead of training on what is
     left (judged after 100 samples, and at the end of the worker's epoch; 1 turns it off). ``storage_options``
     configure remote byte streams (S3 endpoint and profile, read-ahead, retries); they are
-    never printed in full (see ``__repr__``). ``cache``: a folder on a local disk where remote
-    bytes are kept for later epochs, shared by the node's processes (:mod:`dalistream.io.cache`;
-    None: off); ``cache_limit``: its size, bytes or a text like ``"800GB"`` (None: what the
-    disk has free, less a tenth of it).
+    never printed in full (see ``__repr__``).
     """
 
     sources: tuple
@@ -227,7 +224,11 @@ class StreamConfig:
     max_skip_fraction: float = 0.95
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     cache: Optional[str] = None
+    """A folder on a local disk where remote bytes are kept for later epochs, shared by the node's processes
+    (:mod:`dalistream.io.cache`); ``None``: no cache."""
     cache_limit: Optional[Union[int, str]] = None
+    """The most the cache may hold: bytes, or a size like ``"800GB"`` or ``"512GiB"`` (parsed when the config is
+    made); ``None``: what its disk has free, less a tenth of the disk."""
 
     def __post_init__(self) -> None:
         if isinstance(self.sources, (str, bytes)):
