@@ -19,6 +19,8 @@ from dalistream.io import cachefiles
 from dalistream.io.cache import ByteCache, parse_size
 from dalistream.io.cachesim import LRUModel, blocks, eviction_slack
 
+from helpers import small_disk
+
 CHILD = os.path.join(os.path.dirname(__file__), "cache_child.py")
 KB = 1 << 10
 
@@ -283,12 +285,7 @@ def test_a_bad_size_is_an_error_naming_the_option(bad):
 
 def test_a_full_disk_turns_the_cache_off_with_one_warning(tmp_path, origin, caplog):
     """A real full file system: a 1 MiB tmpfs (where this machine lets a test mount one)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(disk)], capture_output=True,
-                      timeout=30).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
-    try:
+    with small_disk(tmp_path / "disk", "1m") as disk:
         data = {u: origin.put(u, os.urandom(1 << 20)) for u in ("a.tar", "b.tar")}
         cache = ByteCache(disk / "c", "1GB", block_bytes=128 * KB)
         with caplog.at_level(logging.WARNING, logger="dalistream"):
@@ -300,8 +297,6 @@ def test_a_full_disk_turns_the_cache_off_with_one_warning(tmp_path, origin, capl
         assert caplog.text.count("turned off") == 1 and "No space left on device" in caplog.text
         assert cache.counters()["hits"] >= written // (128 * KB)  # what it holds is still read
         assert not [p for p in os.listdir(disk / "c" / cachefiles.NAMESPACE) if p.endswith(".partial")]
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
 
 
 # -- processes sharing one folder ----------------------------------------------------------------
