@@ -13,7 +13,9 @@ to LOG (one line, O_APPEND) and then sleeps DELAY seconds. The child builds its 
 - ``fetched``: as ``read``, but each fetch prints ``fetched`` before returning its bytes (a test
   kills the process then, while it writes the block);
 - ``fsize``: as ``read``, with the largest file it may write set to half a block (the kernel
-  kills it with SIGXFSZ in the middle of writing a block).
+  kills it with SIGXFSZ in the middle of writing a block);
+- ``stall``: as ``fsize``, but SIGXFSZ is caught: the process prints ``writing`` and waits there,
+  half a block written, for the test's ``kill -9``.
 """
 
 import hashlib
@@ -27,6 +29,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from dalistream.io.cache import ByteCache  # noqa: E402
+
+
+def stalled(signum, frame):
+    print("writing", flush=True)
+    while True:
+        time.sleep(60)
 
 
 def main() -> None:
@@ -47,8 +55,8 @@ def main() -> None:
         return data
 
     cache = ByteCache(folder, int(limit), block_bytes=block)
-    if mode == "fsize":
-        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    if mode in ("fsize", "stall"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL if mode == "fsize" else stalled)
         resource.setrlimit(resource.RLIMIT_FSIZE, (block // 2, block // 2))
     print("ready", flush=True)
     sys.stdin.readline()
