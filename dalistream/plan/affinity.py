@@ -50,7 +50,7 @@ from ..errors import ConfigError, StateError
 from . import seeds
 from .layout import Layout, Schedule
 from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, span_bounds
-from .resume import Remaining, Run, _kth, _merged, runs_to_parts, shuffle_seed
+from .resume import Remaining, Run, kth_positions, merged_runs, runs_to_parts, shuffle_seed
 
 
 @dataclass(frozen=True)
@@ -192,9 +192,9 @@ class Regrouped:
             if not drop:
                 out.append(Run(start + a, start + b))
                 continue
-            x, y = _kth([Run(start, int(self.stop[k]), drop)], [a, b - 1])
+            x, y = kth_positions([Run(start, int(self.stop[k]), drop)], [a, b - 1])
             out.append(Run(x, y + 1, tuple(d for d in drop if x < d < y)))
-        return _merged(out)
+        return merged_runs(out)
 
 
 Segment = Tuple[int, ...]  # (R, W, B, steps) without affinity; (R, W, B, steps, nodes, columns) with it
