@@ -35,7 +35,7 @@ from .folder import folder_problem
 
 log = logging.getLogger(__name__)
 
-Fetch = Callable[[str, str, int, int], bytes]  # (url, version, start, end) -> bytes [start, end)
+Fetch = Callable[[str, Optional[str], int, int], bytes]  # (url, version, start, end) -> bytes [start, end)
 
 
 class Piece(NamedTuple):
@@ -196,7 +196,7 @@ class ByteCache:
         index = pos // self.block_bytes
         if version is None:
             self._warn("unversioned", "a store gave no version for an object: it is read without caching")
-            return self._uncached(url, "", pos, end, fetch)
+            return self._uncached(url, None, pos, end, fetch)
         try:
             path, digest = self._paths(url, version, index)
         except OSError as e:
@@ -258,14 +258,14 @@ class ByteCache:
         got = self._hit(path, digest, index, False)  # read from the file: the fetched bytes need not stay in memory
         return got if got is not None else Piece(start, len(data), short, None, data, False)
 
-    def _fetch(self, url: str, version: str, start: int, stop: int, fetch: Fetch) -> bytes:
+    def _fetch(self, url: str, version: Optional[str], start: int, stop: int, fetch: Fetch) -> bytes:
         data = fetch(url, version, start, stop)
         if len(data) > stop - start:
             raise ValueError(f"the store returned {len(data)} bytes for a range of {stop - start}: {redact(url)}")
         self._add(remote_bytes=len(data))
         return data if isinstance(data, bytes) else bytes(data)
 
-    def _uncached(self, url: str, version: str, pos: int, end: Optional[int], fetch: Fetch) -> Piece:
+    def _uncached(self, url: str, version: Optional[str], pos: int, end: Optional[int], fetch: Fetch) -> Piece:
         """Bytes from ``pos`` to the end of its block (or ``end``), fetched and not kept."""
         stop = (pos // self.block_bytes + 1) * self.block_bytes
         stop = stop if end is None else min(stop, end)
