@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .errors import ConfigError, redact
+from .io.cache import parse_size
 from .plan.layout import POLICIES, Layout, Schedule
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm", "jp2"})
@@ -262,6 +263,12 @@ class StreamConfig:
     """Options of remote stores: ``endpoint_url``, ``profile``, ``region``, ``anon``, keys, and reading options
     (``parts_in_flight``, ``part_bytes``, ``read_ahead_bytes``, timeouts, retries); secret values are never
     printed."""
+    cache: Optional[str] = None
+    """A folder on a local disk where remote bytes are kept for later epochs, shared by the node's processes
+    (:mod:`dalistream.io.cache`); ``None``: no cache."""
+    cache_limit: Optional[Union[int, str]] = None
+    """The most the cache may hold: bytes, or a size like ``"800GB"`` or ``"512GiB"`` (parsed when the config is
+    made); ``None``: what its disk has free, less a tenth of the disk."""
 
     def __post_init__(self) -> None:
         if isinstance(self.sources, (str, bytes)):
@@ -275,6 +282,8 @@ class StreamConfig:
                                      counts_known=bool(self.manifest) or self.policy != "fixed")
         object.__setattr__(self, "interleave", interleave)
         object.__setattr__(self, "shuffle", shuffle)
+        if self.cache_limit is not None:
+            object.__setattr__(self, "cache_limit", parse_size(self.cache_limit, "cache_limit"))
         self._check()
 
     def _check(self) -> None:
@@ -314,7 +323,7 @@ class StreamConfig:
         fraction = self.max_skip_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
             raise bad("max_skip_fraction", "a number in (0, 1] (1 turns the check off)")
-        for name in ("manifest", "cache_dir"):
+        for name in ("manifest", "cache_dir", "cache"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), (str, os.PathLike)):
                 raise bad(name, "a path or None")
         if not isinstance(self.storage_options, Mapping):

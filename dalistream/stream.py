@@ -17,10 +17,12 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 from .config import SHUFFLE_BUFFER, StreamConfig, WORKERS
 from .dataset import DataSet
 from .errors import ConfigError, redact, redact_client_logs
+from .io.folder import folder_problem
 from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
 from .mixing import Mix, concatenated, open_mix
 from .plan import check_layout, resumed_steps, steps_per_epoch
+from .plan.affinity import ranks_per_node
 from .sources import expand_sources, is_remote
 
 log = logging.getLogger(__name__)
@@ -72,11 +74,7 @@ def local_device(env: Mapping[str, str]) -> Optional[int]:
 def local_processes(env: Mapping[str, str]) -> int:
     """Training processes on this node: ``LOCAL_WORLD_SIZE`` (torchrun), else
     ``SLURM_NTASKS_PER_NODE`` (srun; its first number), else 1."""
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        text = env.get(name, "").split("(", 1)[0].split(",", 1)[0]
-        if text.strip().isdigit() and int(text) > 0:
-            return int(text)
-    return 1
+    return ranks_per_node(env) or 1
 
 
 def default_cache_dir(env: Mapping[str, str]) -> str:
@@ -91,16 +89,7 @@ def usable_cache_dir(path: str, *, given: bool) -> Optional[str]:
     owned by this user and not writable by others (whose planted entries would be believed).
     Otherwise a :class:`ConfigError` naming ``cache_dir`` when the user ``given`` it, else a
     warning and ``None`` (shards are then scanned without caching)."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        problem = None if os.access(path, os.W_OK | os.X_OK) else "not writable"
-        st = os.stat(path)
-        if problem is None and st.st_uid != os.getuid():
-            problem = f"owned by another user (uid {st.st_uid}): its entries could be planted"
-        elif problem is None and st.st_mode & 0o002:
-            problem = f"writable by every user (mode {oct(st.st_mode & 0o7777)}): its entries could be planted"
-    except OSError as e:
-        problem = e.strerror or str(e)
+    problem = folder_problem(path)
     if problem is None:
         return path
     if given:

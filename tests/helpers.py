@@ -6,6 +6,7 @@ import contextlib
 import io
 import itertools
 import os
+import subprocess
 import tarfile
 from typing import Dict, List, Optional, Sequence
 
@@ -227,3 +228,19 @@ def shard(tmp_path, writer, seed, n=40):
 def by_headers(path, first, stop, **kw):
     with open(path, "rb") as f:
         return [s for s in iter_samples(f, path, **kw) if first <= s["__index__"] < stop]
+
+
+@contextlib.contextmanager
+def small_disk(folder, size: str):
+    """A real file system of ``size`` (a tmpfs, e.g. ``"64k"``) mounted at ``folder`` for the block;
+    the test is skipped where this machine does not let it mount one."""
+    import pytest
+
+    os.makedirs(folder, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(folder)],
+                      capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)

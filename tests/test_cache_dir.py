@@ -7,7 +7,6 @@ import glob
 import json
 import logging
 import os
-import subprocess
 
 import pytest
 
@@ -16,7 +15,7 @@ from dalistream.errors import ConfigError, ManifestError
 from dalistream.manifest import build_manifest
 from dalistream.stream import usable_cache_dir
 
-from helpers import key_shards
+from helpers import key_shards, small_disk
 
 
 def open_keys(paths, cache, **kw):
@@ -129,12 +128,7 @@ def test_a_failing_cache_write_is_a_warning_and_no_cache(tmp_path, caplog, monke
 
 def test_a_full_disk_is_a_warning_and_no_cache(tmp_path, caplog):
     """A real full file system (a 64 kB tmpfs, where this machine lets a test mount one)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
-                      timeout=30).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (not root, or no mount permission)")
-    try:
+    with small_disk(tmp_path / "disk", "64k") as disk:
         with open(disk / "filler", "wb") as f:
             try:
                 f.write(bytes(1 << 20))
@@ -144,5 +138,3 @@ def test_a_full_disk_is_a_warning_and_no_cache(tmp_path, caplog):
         with caplog.at_level(logging.WARNING, logger="dalistream"):
             stream = open_keys(paths, str(disk / "cache"))
         assert stream.counts == (200, 300) and "No space left on device" in caplog.text
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)

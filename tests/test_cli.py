@@ -74,6 +74,19 @@ def test_plan_at_scale_without_data():
     assert "plan" not in json.loads(out)  # 8,192 workers: summary only unless --detail
 
 
+def test_plan_with_node_affinity_reports_its_mixing_and_the_cache_kept():
+    out = json.loads(cli("plan", "--counts", "64:100", "--world-size", 8, "-B", 16, "--affinity", "node", "--nodes", 4,
+                         "--shuffle-quality", "--classes", 64, "--from-nodes", 2, "--json").stdout)
+    (summary,) = out["affinity"]
+    assert summary["nodes"] == 4 and summary["shards_per_node"] == {"min": 16, "max": 16}
+    (quality,) = out["shuffle_quality"]
+    assert quality["affinity"]["nodes"] == 4 and quality["plain"]["order"]["global_batch"]["distinct"] == 64
+    assert out["cache_kept"]["per_node"] == [1.0, 1.0, 0.0, 0.0]  # nodes 2 and 3 start cold
+    bad = cli("plan", "--counts", "64:100", "--world-size", 8, "-B", 16, "--affinity", "node", "--nodes", 3,
+              check=False)
+    assert bad.returncode != 0 and "dividing the world size 8" in bad.stderr
+
+
 @pytest.mark.dali
 @pytest.mark.slow
 def test_keys_per_rank_exact_covers_everything_once(shards):

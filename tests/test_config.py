@@ -30,7 +30,9 @@ BAD = [  # (option, bad value, words the message holds)
     ("shuffle_shards", "no", "shuffle_shards"), ("lowercase_ext", 1, "lowercase_ext"),
     ("max_skip_fraction", 0, "max_skip_fraction"), ("max_skip_fraction", 1.5, "max_skip_fraction"),
     ("max_skip_fraction", "0.5", "max_skip_fraction"), ("cache_dir", 3, "cache_dir"), ("manifest", 1, "manifest"),
-    ("storage_options", "endpoint", "storage_options"),
+    ("storage_options", "endpoint", "storage_options"), ("cache", 3, "cache"), ("cache", ["/c"], "cache"),
+    ("cache_limit", "lots", "cache_limit"), ("cache_limit", -1, "cache_limit"), ("cache_limit", 2.5, "cache_limit"),
+    ("cache_limit", "800 GiBs", "cache_limit"),
     ("fields", ["png"], "fields"), ("fields", "png", "fields"), ("fields", {}, "fields"),
     ("fields", {"image": 3}, "image"), ("fields", {"image": "png", "valid": "cls"}, "valid"),
     ("fields", {"x": {"exts": "npy", "kind": "npy", "dtype": "float33", "ndim": 2}}, "dtype"),
@@ -59,6 +61,8 @@ def test_good_values_of_other_kinds_pass():
                           batch_size=np.int64(8), seed=np.uint32(7), shuffle=0, max_skip_fraction=1,
                           cache_dir=os.curdir)
     assert config.batch_size == 8 and config.seed == 7
+    sized = StreamConfig(sources=("a.tar",), fields=FIELDS, batch_size=4, cache=os.curdir, cache_limit="1.5TB")
+    assert sized.cache_limit == 1_500_000_000_000 and StreamConfig(("a.tar",), FIELDS, 4).cache is None
 
 
 @pytest.fixture(scope="module")

@@ -144,6 +144,15 @@ def shuffle_quality(counts: Sequence[int], layout: Layout, schedule: Schedule, e
     same shapes (``random``; seeded by ``seed`` and ``epoch``). ``labels[i]`` is sample id
     ``i``'s label (default: :func:`sorted_labels`)."""
     batches = rank_batches(counts, layout, schedule, epoch, buffer, interleave, spread, columns)
+    return batches_quality(batches, counts, layout, schedule, epoch, buffer, classes, labels, interleave=interleave,
+                           spread=spread, columns=columns)
+
+
+def batches_quality(batches: np.ndarray, counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,
+                    buffer: int, classes: int = 100, labels: Optional[np.ndarray] = None, interleave: int = 1,
+                    spread: bool = False, columns: bool = False) -> Dict[str, Any]:
+    """:func:`shuffle_quality` of given ``batches`` (sample ids ``(ranks, steps, batch_size)``,
+    ``-1``: padding), whatever plan made them."""
     total = int(np.sum(np.asarray(counts, dtype=np.int64)))
     labels = sorted_labels(total, classes) if labels is None else np.asarray(labels, dtype=np.int64)
     if len(labels) != total:

@@ -74,7 +74,7 @@ def delivered_ordinals(count: int, total: int, shuffle: int, seed: int) -> Tuple
     return _emitted(count, total, shuffle, seed)
 
 
-def _kth(runs: Sequence[Run], ks: Sequence[int]) -> List[int]:
+def kth_positions(runs: Sequence[Run], ks: Sequence[int]) -> List[int]:
     """Epoch positions of the ``ks``-th (sorted) kept positions of ``runs``."""
     out, base, it = [], 0, iter(ks)
     k = next(it, None)
@@ -170,11 +170,11 @@ class Remaining:
                     x, y = base + take[0], base + take[-1] + 1
                     inner = self.prev.runs(x, y)
                     holes = [o + base - x for o in gone if take[0] < o < take[-1]]
-                    out += _with_drops(inner, _kth(inner, holes))
+                    out += _with_drops(inner, kth_positions(inner, holes))
                 if b > len(kept):
                     out += self.prev.runs(base + rest + max(0, a - len(kept)), base + rest + b - len(kept))
             g += 1
-        return _merged(out)
+        return merged_runs(out)
 
 
 def _with_drops(runs: List[Run], positions: Sequence[int]) -> List[Run]:
@@ -188,7 +188,8 @@ def _with_drops(runs: List[Run], positions: Sequence[int]) -> List[Run]:
     return out
 
 
-def _merged(runs: List[Run]) -> List[Run]:
+def merged_runs(runs: List[Run]) -> List[Run]:
+    """``runs`` without empty ones, each joined to the one before it where they meet."""
     out: List[Run] = []
     for r in runs:
         if r.stop <= r.start:

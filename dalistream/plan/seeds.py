@@ -13,6 +13,12 @@ def shard_order(seed: int, epoch: int) -> List[int]:
     return [int(seed) & 0xFFFFFFFF, int(epoch), 0x5EED]
 
 
+def node_shards(seed: int) -> List[int]:
+    """Seed sequence of the order in which shards of equal counts are given to nodes
+    (:func:`dalistream.plan.affinity.node_owner`; the same in every epoch)."""
+    return [int(seed) & 0xFFFFFFFF, 0xAFF1]
+
+
 def pass_order(seed: int, epoch: int, n_pass: int) -> List[int]:
     """Seed sequence of the order in which a ``fixed``-policy worker re-reads its shards on pass
     ``n_pass`` (1, 2, …) of ``epoch``."""

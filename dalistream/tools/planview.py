@@ -155,6 +155,8 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
     schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
     interleave, shuffle = reading_order(args.policy, args.interleave, args.shuffle, counts_known=counts is not None)
     epochs = range(args.epoch, args.epoch + args.epochs)
+    if args.affinity == "node":
+        return affinity_view(args, counts, layout, schedule, interleave, shuffle, epochs)
     summaries = [_summary(counts, layout, schedule, e, interleave) for e in epochs] if counts is not None else []
     detail = args.detail if args.detail is not None else (layout.global_workers <= 16 or args.rank is not None)
     payload: Dict[str, Any] = {"epochs": summaries}
@@ -195,6 +197,49 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
     return 0
 
 
+def affinity_view(args: argparse.Namespace, counts, layout: Layout, schedule: Schedule, interleave: bool, shuffle: int,
+                  epochs: range) -> int:
+    """``plan --affinity node --nodes N``: per epoch the node-affine plan's numbers (shards and
+    samples per node, steps, left out, padding), with ``--shuffle-quality`` its batch mixing
+    beside the plain order's, with ``--from-nodes M`` what each node's cache keeps after the
+    job moves from M nodes to N."""
+    from ..plan.affinity import resolve_nodes
+    from ..plan.affinityview import affine_shuffle_quality, affine_summary, cache_kept
+
+    if counts is None:
+        raise ConfigError("--affinity node needs sample counts", hint="drop --no-counts, or use --counts N:LO-HI")
+    if schedule.policy == "fixed":
+        raise ConfigError("--affinity node is measured for policies 'even' and 'exact'")
+    nodes = resolve_nodes(0, layout.world_size, {}, args.nodes or 1)
+    payload: Dict[str, Any] = {"affinity": [affine_summary(counts, layout, nodes, schedule, e, interleave) for e in epochs]}
+    lines = [f"epoch {s['epoch']}: {s['samples']} samples in {s['shards']} shards on {s['nodes']} nodes x "
+             f"{s['ranks_per_node']} ranks ({s['policy']}, node affinity): {s['steps']} steps; per node "
+             f"{s['shards_per_node']['min']}-{s['shards_per_node']['max']} shards, {s['samples_per_node']['min']}-"
+             f"{s['samples_per_node']['max']} samples (the largest holds {100 * s['largest_node_share']:.2f}% of the "
+             f"data); {s['left_out']} left out, {s['padding']} padding" for s in payload["affinity"]]
+    if args.shuffle_quality:
+        payload["shuffle_quality"] = []
+        for e in epochs:
+            plain = shuffle_quality(counts, layout, schedule, e, shuffle, args.classes, columns=interleave)
+            ours = affine_shuffle_quality(counts, layout, nodes, schedule, e, shuffle, args.classes, columns=interleave)
+            payload["shuffle_quality"].append({"epoch": e, "affinity": ours, "plain": plain})
+            lines.append(f"shuffle quality, epoch {e} ({'interleaved' if interleave else f'shuffle buffer {shuffle}'}, "
+                         f"{ours['classes']} classes written in order): distinct labels, node affinity / without "
+                         "/ a random order")
+            for scope, n in (("rank_batch", layout.batch_size), ("global_batch", layout.batch_size * layout.world_size)):
+                a, b, r = ours["order"][scope], plain["order"][scope], plain["random"][scope]
+                lines.append(f"    per {scope.replace('_', ' ')} of {n}: {a['distinct']:.1f} / {b['distinct']:.1f} / "
+                             f"{r['distinct']:.1f} ({100 * ours[scope + '_vs_random']:.1f}% of random with affinity, "
+                             f"{100 * plain[scope + '_vs_random']:.1f}% without)")
+    if args.from_nodes:
+        kept = cache_kept(counts, args.from_nodes, nodes.count, schedule.seed)
+        payload["cache_kept"] = {"from_nodes": args.from_nodes, "nodes": nodes.count, "per_node": kept}
+        lines.append(f"from {args.from_nodes} to {nodes.count} nodes: each node's cache keeps {min(kept):.0%} to "
+                     f"{max(kept):.0%} of what it now reads (mean {sum(kept) / len(kept):.0%})")
+    emit(args, payload, "\n".join(lines))
+    return 0
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``plan`` command's own options (beside the shared stream options)."""
     p.add_argument("--counts", default=None, metavar="N:LO-HI",
@@ -207,6 +252,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "one, computed from the plan and --shuffle without reading data (class-sorted labels)")
     p.add_argument("--classes", type=int, default=100,
                    help="with --shuffle-quality: labels, written in order (label = position x classes / samples)")
+    p.add_argument("--affinity", choices=["none", "node"], default="none",
+                   help="node: each node reads a fixed share of the shards every epoch (for a node-local cache); "
+                        "shows shards and samples per node, and with --shuffle-quality what it costs in mixing")
+    p.add_argument("--nodes", type=int, default=None, help="with --affinity node: nodes the world size is split in")
+    p.add_argument("--from-nodes", type=int, default=None, metavar="M",
+                   help="with --affinity node: how much of each node's cache stays useful after moving from M nodes")
     p.add_argument("--detail", action=argparse.BooleanOptionalAction, default=None,
                    help="list every (rank, worker)'s parts (default: for 16 global workers or fewer, or with --rank: "
                         "that rank's workers)")

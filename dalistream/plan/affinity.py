@@ -1,0 +1,316 @@
+"""Node-affine plans (``affinity="node"``): each node of the job owns a fixed set of shards, the
+same every epoch, so that its node-local cache (:mod:`dalistream.io.cache`) holds about 1/N of the
+data and reads it from the local disk from the second epoch on. Pure functions of (counts,
+layout, :class:`Nodes`, schedule, epoch[, segments]).
+
+**Nodes**: ``N`` nodes of ``L`` ranks each; rank ``r`` is on node ``r // L`` (the block placement
+of torchrun and of ``srun``). :func:`resolve_nodes` works the value out at an entry point.
+
+**Ownership** (:func:`node_owner`): the shards, largest count first (equal counts in an order
+drawn from the seed), each to the node holding the fewest samples so far. The nodes' samples
+then differ by at most the largest shard's count; the owner depends on (counts, N, seed) alone,
+never on the epoch.
+
+**An epoch**: node ``n``'s sequence is the epoch's shard permutation (the one every plan uses,
+:func:`~.ownership.epoch_order`) with the shards of other nodes left out, laid end to end; it is
+cut among the node's ranks as a whole epoch is without affinity: one balanced span per worker,
+or per batch position when reading interleaved (a rank's batch then draws from ``B`` places
+spread over its node's sequence). Every node runs the same steps, from counts alone (``T_n``:
+node ``n``'s samples, ``L·B`` the samples its ranks take per step):
+
+- ``even``: ``steps = min_n ⌊T_n / (L·B)⌋``; node ``n`` leaves out its last ``T_n − steps·L·B``
+  samples (fewer than ``L·B`` plus the largest shard; other samples each epoch, as its order
+  changes);
+- ``exact``: ``steps = max_n ⌈T_n / (L·B)⌉``; node ``n``'s samples are split exactly among its
+  ranks, every sample once; a node with fewer samples pads more (its ranks at most
+  ``⌈largest shard / (L·B)⌉ + 1`` steps);
+- ``fixed``: its batches, over the ``exact`` spans.
+
+**Resume onto other layouts**: a segment of an epoch run with affinity is ``(world_size, workers,
+batch_size, steps, nodes, columns)`` (the real layout; ``columns`` 1 when it read interleaved),
+one without it the 4 integers of :mod:`.resume` (its planned layout). What remains after the
+segments is the sequence of :class:`~.resume.Remaining`; an affine segment sees it regrouped node
+by node (:class:`Regrouped`: each node's remaining samples, in their order) and cuts each node's
+part as above, its nodes' unowned tails (``even``) being spans that deliver nothing. So a
+resume onto another node count continues the epoch with every sample once (``exact``) and each
+node's remaining samples are those of the shards it owns under the new count
+(:func:`~.affinityview.cache_kept` says how much of each node's cache that keeps).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import ConfigError, StateError
+from . import seeds
+from .layout import Layout, Schedule
+from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, span_bounds
+from .resume import Remaining, Run, kth_positions, merged_runs, runs_to_parts, shuffle_seed
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """``count`` nodes of ``ranks_per_node`` ranks each; rank ``r`` is on node ``r // ranks_per_node``."""
+
+    count: int
+    ranks_per_node: int
+
+    def __post_init__(self) -> None:
+        for name in ("count", "ranks_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ConfigError(f"nodes: {name} must be a positive integer, got {value!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.count * self.ranks_per_node
+
+    def node_of(self, rank: int) -> int:
+        """The node of ``rank``."""
+        return rank // self.ranks_per_node
+
+
+def ranks_per_node(env: Mapping[str, str]) -> Optional[int]:
+    """Training processes per node as the launcher says: ``LOCAL_WORLD_SIZE`` (torchrun), else
+    ``SLURM_NTASKS_PER_NODE`` (srun; its first number), else None."""
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        text = env.get(name, "").split("(", 1)[0].split(",", 1)[0]
+        if text.strip().isdigit() and int(text) > 0:
+            return int(text)
+    return None
+
+
+def resolve_nodes(rank: int, world_size: int, env: Mapping[str, str], nodes: Optional[int] = None) -> Nodes:
+    """The :class:`Nodes` of a job, at an entry point: ``nodes`` given (the world split in that
+    many), else from the launcher's environment (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``;
+    none: one node). The node the launcher names for this rank (``GROUP_RANK``, ``SLURM_NODEID``)
+    must be the one the block placement gives it, else a :class:`ConfigError`."""
+    if nodes is not None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or world_size % nodes:
+            raise ConfigError(f"nodes must be a positive integer dividing the world size {world_size}, got {nodes!r}")
+        layout = Nodes(nodes, world_size // nodes)
+    else:
+        per = ranks_per_node(env)
+        if per is None:
+            return Nodes(1, world_size)
+        if world_size % per:
+            raise ConfigError(f"{world_size} ranks are not whole nodes of {per} ranks (LOCAL_WORLD_SIZE / "
+                              "SLURM_NTASKS_PER_NODE)", hint="node-affine plans need the same number of ranks on "
+                                                            "every node")
+        layout = Nodes(world_size // per, per)
+    for name in ("GROUP_RANK", "SLURM_NODEID"):
+        if name in env:
+            try:
+                named = int(env[name])
+            except ValueError:
+                raise ConfigError(f"{name} is not an integer: {env[name]!r}") from None
+            if named != layout.node_of(rank):
+                raise ConfigError(f"rank {rank} runs on node {named} ({name}), but node-affine plans place it on node "
+                                  f"{layout.node_of(rank)} (ranks {layout.ranks_per_node} to a node, in blocks)",
+                                  hint="start ranks in blocks per node (torchrun does; srun --distribution=block)")
+            break
+    return layout
+
+
+def node_owner(counts: Sequence[int], nodes: int, seed: int) -> np.ndarray:
+    """``owner[s]``: the node that owns shard ``s`` in every epoch (module doc)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return _owner(counts.tobytes(), int(nodes), int(seed)).copy()
+
+
+@lru_cache(maxsize=16)
+def _owner(key: bytes, nodes: int, seed: int) -> np.ndarray:
+    counts = np.frombuffer(key, dtype=np.int64)
+    if len(counts) < nodes:
+        raise ConfigError(f"{len(counts)} shards cannot give each of {nodes} nodes a shard of its own "
+                          "(affinity='node')", hint="split the data set into more shards, or read without affinity")
+    perm = np.random.default_rng(seeds.node_shards(seed)).permutation(len(counts))
+    order = perm[np.argsort(-counts[perm], kind="stable")]
+    owner = np.empty(len(counts), dtype=np.int64)
+    if counts.min() == counts.max():  # the greedy rule's own result when all counts are equal
+        owner[order] = np.arange(len(counts)) % nodes
+        return owner
+    heap = [(0, 0, n) for n in range(nodes)]
+    for s in order.tolist():
+        load, shards, n = heapq.heappop(heap)
+        owner[s] = n
+        heapq.heappush(heap, (load + int(counts[s]), shards + 1, n))
+    return owner
+
+
+class Regrouped:
+    """The sequence ``prev`` (a :class:`~.resume.Remaining`: runs of epoch positions) regrouped
+    node by node: node 0's samples first, each node's in ``prev``'s order. ``bounds[n]`` is where
+    node ``n``'s part starts; :meth:`runs` maps positions back to epoch positions."""
+
+    def __init__(self, prev: Remaining, ep: EpochLayout, owner: np.ndarray, nodes: int) -> None:
+        self.prev, self.schedule, self.epoch = prev, prev.schedule, prev.epoch
+        self.shuffle, self.level, self.total = prev.shuffle, prev.level, prev.total
+        starts, stops, drops, nodes_of = [], [], [], []
+        for run in prev.runs(0, prev.total):
+            i = np.arange(int(np.searchsorted(ep.starts, run.start, "right")) - 1,
+                          int(np.searchsorted(ep.starts, run.stop - 1, "right")))
+            a, b = np.maximum(ep.starts[i], run.start), np.minimum(ep.starts[i + 1], run.stop)
+            full = b > a
+            i, a, b = i[full], a[full], b[full]
+            starts.append(a)
+            stops.append(b)
+            nodes_of.append(owner[ep.order[i]])
+            if run.drop:
+                d = np.asarray(run.drop, dtype=np.int64)
+                at = np.searchsorted(a, d, "right") - 1
+                drops += [tuple(d[at == k].tolist()) for k in range(len(a))]
+            else:
+                drops += [()] * len(a)
+        empty = [np.zeros(0, np.int64)]
+        start, stop, node = (np.concatenate(x or empty) for x in (starts, stops, nodes_of))
+        sizes = stop - start - np.fromiter((len(d) for d in drops), np.int64, len(drops))
+        order = np.argsort(node, kind="stable")
+        self.start, self.stop, self.drops = start[order], stop[order], [drops[k] for k in order.tolist()]
+        self.cum = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes[order], out=self.cum[1:])
+        self.node_totals = np.bincount(node, weights=sizes, minlength=nodes).astype(np.int64)
+        self.bounds = np.zeros(nodes + 1, dtype=np.int64)
+        np.cumsum(self.node_totals, out=self.bounds[1:])
+
+    def runs(self, lo: int, hi: int) -> List[Run]:
+        """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
+        if hi <= lo:
+            return []
+        out = []
+        for k in range(int(np.searchsorted(self.cum, lo, "right")) - 1, int(np.searchsorted(self.cum, hi, "left"))):
+            base = int(self.cum[k])
+            a, b = max(lo, base) - base, min(hi, int(self.cum[k + 1])) - base
+            if b <= a:
+                continue
+            start, drop = int(self.start[k]), self.drops[k]
+            if not drop:
+                out.append(Run(start + a, start + b))
+                continue
+            x, y = kth_positions([Run(start, int(self.stop[k]), drop)], [a, b - 1])
+            out.append(Run(x, y + 1, tuple(d for d in drop if x < d < y)))
+        return merged_runs(out)
+
+
+Segment = Tuple[int, ...]  # (R, W, B, steps) without affinity; (R, W, B, steps, nodes, columns) with it
+
+
+def _segment_steps(totals: np.ndarray, per_step: int, schedule: Schedule) -> int:
+    if schedule.policy == "even":
+        return int((totals // per_step).min())
+    return int((-(-totals // per_step)).max())
+
+
+def node_spans(grouped: Regrouped, layout: Layout, nodes: Nodes, columns: bool, schedule: Schedule,
+               steps: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Spans of an affine segment over ``grouped``: ``(bounds, owners, slots)``; span ``i`` is
+    ``[bounds[i], bounds[i+1])``, read by global worker ``owners[i]`` (a column when
+    ``columns``) with slot ``slots[i]``; ``-1``/0 for a node's tail that no one reads (``even``)."""
+    planned = layout.planned(columns)
+    g = np.arange(planned.global_workers, dtype=np.int64)
+    rank = g // planned.workers
+    node_of_g = (rank % layout.world_size if columns else rank) // nodes.ranks_per_node
+    slot_of_g = np.tile(np.asarray(planned.slots, dtype=np.int64), planned.world_size)
+    per_step = nodes.ranks_per_node * layout.batch_size
+    bounds, owners, slots = [], [], []
+    for n in range(nodes.count):
+        members = g[node_of_g == n]
+        c = np.zeros(len(members) + 1, dtype=np.int64)
+        np.cumsum(slot_of_g[members], out=c[1:])
+        total = int(grouped.node_totals[n])
+        local = steps * c if schedule.policy == "even" else (total * c) // per_step
+        bounds.append(int(grouped.bounds[n]) + local)
+        owners += [members, np.array([-1])]
+        slots += [slot_of_g[members], np.array([0])]
+    return np.concatenate(bounds + [np.array([grouped.total])]), np.concatenate(owners), np.concatenate(slots)
+
+
+def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch: int,
+                    segments: Sequence[Segment], shuffle: int) -> Remaining:
+    """The sequence left of ``epoch`` after ``segments`` (with or without affinity; module doc)."""
+    level = Remaining(ep.total, schedule, epoch, (), shuffle)
+    for k, seg in enumerate(segments):
+        steps, seed_of = int(seg[3]), partial(shuffle_seed, schedule.seed, epoch, k)
+        if len(seg) == 4:
+            layout = Layout(int(seg[0]), int(seg[1]), int(seg[2]))
+            planned = epoch_steps(level.total, layout, schedule)
+            bounds = span_bounds(level.total, layout, schedule)
+            slots = np.tile(np.asarray(layout.slots, dtype=np.int64), layout.world_size)
+            source = level
+        else:
+            layout, columns = Layout(int(seg[0]), int(seg[1]), int(seg[2])), bool(seg[5])
+            nodes = Nodes(int(seg[4]), layout.world_size // int(seg[4]))
+            source = Regrouped(level, ep, node_owner(counts, nodes.count, schedule.seed), nodes.count)
+            planned = _segment_steps(source.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
+            bounds, owners, slots = node_spans(source, layout, nodes, columns, schedule, planned)
+            seed_of = partial(lambda owners, base, i: base(int(owners[i])), owners, seed_of)
+        if steps > planned:
+            raise StateError(f"segment {k} ran {steps} steps of a plan of {planned} under {seg[0]} ranks x {seg[1]} "
+                             f"workers x batch {seg[2]}", hint="the state does not come from this data set")
+        level = Remaining.after(source, bounds, np.minimum(np.diff(bounds), steps * slots), seed_of)
+    return level
+
+
+class AffinePlan:
+    """The rest of ``epoch`` after ``segments`` (none: the whole epoch) for ``layout``, with node
+    affinity over ``nodes`` (``None``: without it, the spans of :mod:`.resume`), read interleaved
+    (``columns``) or one span per worker through a buffer of ``shuffle``. Computed once per
+    epoch; :meth:`worker` and :meth:`columns` give what a worker reads, as
+    :func:`~.ownership.worker_plan` and :func:`~.ownership.worker_columns` do without affinity."""
+
+    def __init__(self, counts: Sequence[int], layout: Layout, nodes: Optional[Nodes], schedule: Schedule, epoch: int,
+                 *, columns: bool, shuffle: int = 0, segments: Sequence[Segment] = ()) -> None:
+        if nodes is not None and nodes.world_size != layout.world_size:
+            raise ConfigError(f"{nodes.count} nodes of {nodes.ranks_per_node} ranks are not the world size "
+                              f"{layout.world_size}")
+        self.counts, self.layout, self.nodes, self.schedule, self.epoch = counts, layout, nodes, schedule, epoch
+        self.columns, self.shuffle, self.segments = bool(columns), shuffle, tuple(segments)
+        self.ep = epoch_layout(counts, Layout(1, 1, 1), schedule, epoch)
+        fixed = schedule.policy == "fixed"
+        rest = remaining_after(counts, self.ep, schedule, epoch, () if fixed else self.segments, shuffle)
+        planned = layout.planned(self.columns)
+        if nodes is None:
+            self.sequence = rest
+            self.steps = epoch_steps(rest.total, planned, schedule)
+            self.bounds = span_bounds(rest.total, planned, schedule)
+            self.owners = np.arange(planned.global_workers, dtype=np.int64)
+        else:
+            self.sequence = Regrouped(rest, self.ep, node_owner(counts, nodes.count, schedule.seed), nodes.count)
+            self.steps = _segment_steps(self.sequence.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
+            self.bounds, self.owners, _ = node_spans(self.sequence, layout, nodes, self.columns, schedule, self.steps)
+        if fixed:
+            self.steps = max(0, int(schedule.batches_per_epoch) - sum(int(s[3]) for s in self.segments))
+        self.span = np.full(planned.global_workers, -1, dtype=np.int64)
+        real = self.owners >= 0
+        self.span[self.owners[real]] = np.flatnonzero(real)
+        self.left_out = 0 if fixed else int(rest.total - np.diff(self.bounds)[real].sum())
+        self.last = planned.global_workers - 1
+
+    def _plan(self, g: int, rank: int, worker: int, slot: int, offset: int, seed: Optional[int]) -> WorkerPlan:
+        i = int(self.span[g])
+        lo, hi = int(self.bounds[i]), int(self.bounds[i + 1])
+        parts, drop = runs_to_parts(self.ep, self.sequence.runs(lo, hi))
+        if self.schedule.policy == "fixed" and hi == lo:
+            raise ConfigError(f"global worker {g} owns no sample: its node's samples cannot fill a slot of every "
+                              "one of its workers", hint="use fewer workers or a smaller batch")
+        return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, slot, offset, hi - lo, g,
+                          self.left_out if g == self.last else 0, tuple(drop), seed)
+
+    def worker(self, rank: int, worker: int) -> WorkerPlan:
+        """The plan of (``rank``, ``worker``) reading one span through its buffer."""
+        if self.columns:
+            raise ValueError("an interleaved plan gives columns(rank, worker)")
+        layout, g = self.layout, self.layout.global_worker(rank, worker)
+        seed = shuffle_seed(self.schedule.seed, self.epoch, len(self.segments), g)
+        return self._plan(g, rank, worker, layout.slots[worker], layout.slot_offsets[worker], seed)
+
+    def columns_of(self, rank: int, worker: int) -> Tuple[WorkerPlan, ...]:
+        """The plans of (``rank``, ``worker``)'s columns, in slot order (interleaved reading)."""
+        if not self.columns:
+            raise ValueError("a plan of spans gives worker(rank, worker)")
+        return tuple(self._plan(q, q, 0, 1, 0, None) for q in self.layout.columns(rank, worker))

@@ -1,0 +1,450 @@
+"""The node-local byte cache (dalistream.io.cache): real files, real processes sharing one folder,
+a real full file system. The "remote store" is a local origin file read by a fetch function that
+counts its calls."""
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from dalistream.errors import ConfigError
+from dalistream.io import cachefiles
+from dalistream.io.cache import ByteCache, parse_size
+from dalistream.io.cachesim import LRUModel, blocks, eviction_slack
+
+from helpers import small_disk
+
+CHILD = os.path.join(os.path.dirname(__file__), "cache_child.py")
+KB = 1 << 10
+
+
+class Origin:
+    """Objects in a folder standing in for a store; ``fetch`` counts calls per (url, version, start)."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+        os.makedirs(self.folder, exist_ok=True)
+        self.calls = []
+
+    def put(self, url, data):
+        with open(os.path.join(self.folder, url), "wb") as f:
+            f.write(data)
+        return data
+
+    def fetch(self, url, version, start, end):
+        self.calls.append((url, version, start, end))
+        with open(os.path.join(self.folder, url), "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+
+def block_files(folder):
+    out = []
+    for root, _, names in os.walk(folder):
+        out += [os.path.join(root, n) for n in names if n.endswith(".blk")]
+    return sorted(out)
+
+
+@pytest.fixture
+def origin(tmp_path):
+    return Origin(tmp_path / "origin")
+
+
+# -- reads, versions, bad entries ---------------------------------------------------------------
+
+@pytest.mark.parametrize("start,end", [(0, 1), (0, 64 * KB), (5, 64 * KB + 7), (64 * KB - 1, 64 * KB + 1),
+                                       (100, 300 * KB), (290 * KB, 400 * KB), (300 * KB, 300 * KB)])
+def test_a_range_reads_the_same_bytes_from_the_store_and_from_the_cache(tmp_path, origin, start, end):
+    data = origin.put("a.tar", os.urandom(300 * KB))  # 4.7 blocks of 64 KiB
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=64 * KB)
+    assert cache.read("a.tar", "v1", start, end, origin.fetch) == data[start:end]
+    fetched = len(origin.calls)
+    assert cache.read("a.tar", "v1", start, end, origin.fetch) == data[start:end]
+    assert len(origin.calls) == fetched  # the second read fetched nothing
+    assert all(b - a == 64 * KB and a % (64 * KB) == 0 for _, _, a, b in origin.calls)  # aligned whole blocks
+    with cache.open("a.tar", "v1", start, None, origin.fetch) as stream:
+        assert stream.read() == data[start:]
+
+
+def test_a_changed_version_is_fetched_again_never_served_stale(tmp_path, origin):
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=64 * KB)
+    old = origin.put("a.tar", os.urandom(200 * KB))
+    assert cache.read("a.tar", "etag-1", 0, 200 * KB, origin.fetch) == old
+    new = origin.put("a.tar", os.urandom(150 * KB))  # replaced, shorter
+    origin.calls.clear()
+    assert cache.read("a.tar", "etag-2", 0, 200 * KB, origin.fetch) == new
+    assert {c[1] for c in origin.calls} == {"etag-2"} and len(origin.calls) == 3
+    origin.calls.clear()
+    assert cache.read("a.tar", "etag-2", 0, 200 * KB, origin.fetch) == new and origin.calls == []
+    # another URL with the same version shares nothing
+    origin.put("b.tar", os.urandom(10))
+    assert cache.read("b.tar", "etag-2", 0, 10, origin.fetch) != new[:10] and origin.calls
+
+
+def test_an_object_without_a_version_is_never_cached(tmp_path, origin, caplog):
+    data = origin.put("a.tar", os.urandom(100 * KB))
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=64 * KB)
+    with caplog.at_level(logging.WARNING, logger="dalistream"):
+        for _ in range(3):
+            assert cache.read("a.tar", None, 10, 100 * KB, origin.fetch) == data[10:]
+    assert block_files(tmp_path / "c") == [] and cache.counters()["hits"] == 0
+    assert caplog.text.count("no version") == 1
+    assert origin.calls[0][1:] == (None, 10, 64 * KB)  # not cached: no byte before the range is fetched
+
+
+@pytest.mark.parametrize("damage", ["truncated", "longer", "other block", "flipped byte of an earlier boot",
+                                    "empty", "not a block"])
+def test_a_damaged_block_is_not_trusted_and_is_fetched_again(tmp_path, origin, caplog, damage):
+    data = origin.put("a.tar", os.urandom(128 * KB))
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=64 * KB)
+    assert cache.read("a.tar", "v", 0, 128 * KB, origin.fetch) == data
+    first, second = block_files(tmp_path / "c")
+    name = [p for p in (first, second) if p.endswith("-00000000.blk")][0]
+    other = second if name == first else first
+    with open(name, "r+b") as f:
+        if damage == "truncated":
+            f.truncate(cachefiles.HEADER.size + 1000)
+        elif damage == "longer":
+            f.seek(0, 2)
+            f.write(b"x")
+        elif damage == "empty":
+            f.truncate(0)
+        elif damage == "not a block":
+            f.write(b"\0" * 64)
+        elif damage == "other block":
+            f.write(open(other, "rb").read())
+        else:  # bytes that never reached the disk before a crash: caught by the CRC after a reboot
+            f.seek(cachefiles.BOOT_AT)
+            f.write(bytes(range(16)))
+            f.seek(cachefiles.HEADER.size + 5)
+            f.write(bytes([data[5] ^ 0xFF]))
+    origin.calls.clear()
+    with caplog.at_level(logging.WARNING, logger="dalistream"):
+        assert cache.read("a.tar", "v", 0, 128 * KB, origin.fetch) == data
+    assert [c[2] for c in origin.calls] == [0] and "not trusted" in caplog.text
+
+
+def test_a_block_of_an_earlier_boot_is_checked_once(tmp_path, origin):
+    data = origin.put("a.tar", os.urandom(64 * KB))
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=64 * KB)
+    cache.read("a.tar", "v", 0, 64 * KB, origin.fetch)
+    (path,) = block_files(tmp_path / "c")
+    with open(path, "r+b") as f:
+        f.seek(cachefiles.BOOT_AT)
+        f.write(bytes(range(16)))
+    assert cache.read("a.tar", "v", 0, 64 * KB, origin.fetch) == data and len(origin.calls) == 1
+    with open(path, "rb") as f:
+        f.seek(cachefiles.BOOT_AT)
+        assert f.read(16) == cachefiles.BOOT  # checked: marked as of this boot
+
+
+# -- limits, eviction, LRU ---------------------------------------------------------------------
+
+def test_a_limit_below_one_block_streams_and_says_so_once(tmp_path, origin, caplog):
+    data = origin.put("a.tar", os.urandom(200 * KB))
+    with caplog.at_level(logging.WARNING, logger="dalistream"):
+        cache = ByteCache(tmp_path / "c", 64 * KB, block_bytes=64 * KB)  # header + block > limit
+        for start in (0, 1000, 70 * KB, 0):
+            assert cache.read("a.tar", "v", start, 200 * KB, origin.fetch) == data[start:]
+    assert caplog.text.count("below one block") == 1
+    assert block_files(tmp_path / "c") == [] and cache.usage() == 0
+    c = cache.counters()
+    assert c["hits"] == 0 and c["uncached_bytes"] == c["remote_bytes"] == sum(200 * KB - s for s in (0, 1000, 70 * KB, 0))
+
+
+def test_a_full_limit_of_blocks_being_read_streams_instead_of_waiting(tmp_path, origin, caplog):
+    """Room for one block, held open by a reader: another block is read without caching (no
+    deadlock, no eviction of the block being read), said once."""
+    a, b = origin.put("a.tar", os.urandom(64 * KB)), origin.put("b.tar", os.urandom(128 * KB))
+    cache = ByteCache(tmp_path / "c", 64 * KB + cachefiles.HEADER.size, block_bytes=64 * KB)
+    with caplog.at_level(logging.WARNING, logger="dalistream"):
+        with cache.open("a.tar", "v", 0, 64 * KB, origin.fetch) as held:
+            assert held.read(10) == a[:10]
+            for _ in range(2):
+                assert cache.read("b.tar", "v", 0, 128 * KB, origin.fetch) == b
+            assert held.read() == a[10:]
+    assert caplog.text.count("read without caching") == 1
+    assert [os.path.basename(p)[-12:] for p in block_files(tmp_path / "c")] == ["00000000.blk"]
+    assert cache.counters()["evictions"] == 0
+    cache.read("b.tar", "v", 0, 64 * KB, origin.fetch)  # nothing held now: a.tar's block goes
+    assert cache.counters()["evictions"] == 1
+
+
+def epoch_orders(objects, blocks_per_object, epochs, seed):
+    rng = random.Random(seed)
+    for _ in range(epochs):
+        order = list(range(objects))
+        rng.shuffle(order)
+        yield [(f"s{i:03d}.tar", b) for i in order for b in range(blocks_per_object)]
+
+
+@pytest.mark.parametrize("objects,blocks_per_object,fraction", [(16, 4, 0.5), (24, 3, 0.5), (10, 8, 0.3)])
+def test_lru_under_a_limit_refetches_what_the_model_predicts(tmp_path, origin, objects, blocks_per_object, fraction):
+    block = 16 * KB
+    for i in range(objects):
+        origin.put(f"s{i:03d}.tar", os.urandom(block * blocks_per_object))
+    size = block + cachefiles.HEADER.size
+    limit = int(objects * blocks_per_object * size * fraction)
+    cache = ByteCache(tmp_path / "c", limit, block_bytes=block)
+    model = LRUModel(limit, eviction_slack(limit, block))
+    for order in epoch_orders(objects, blocks_per_object, 6, seed=objects):
+        before = cache.counters()
+        for url, b in order:
+            assert cache.read(url, "v", b * block, (b + 1) * block, origin.fetch) == \
+                open(os.path.join(origin.folder, url), "rb").read()[b * block:(b + 1) * block]
+        real = cache.counters()["remote_bytes"] - before["remote_bytes"]
+        predicted = model.run(((url, b), size) for url, b in order)["misses"] * block
+        assert abs(real - predicted) <= 0.1 * predicted, (real, predicted)
+        assert cache.usage() <= limit
+    assert cache.counters()["evictions"] > 0
+
+
+def test_the_model_is_lru_by_size():
+    m = LRUModel(30)
+    assert [m.access(k, 10) for k in "abcab"] == [False, False, False, True, True]
+    assert not m.access("d", 10)  # evicts c, the least recently used
+    assert m.access("a", 10) and m.access("b", 10) and not m.access("c", 10)
+    assert not m.access("big", 31) and m.counters["uncached_bytes"] == 31
+    assert list(blocks(0, 1, 8)) == [0] and list(blocks(7, 9, 8)) == [0, 1] and list(blocks(8, 8, 8)) == []
+    assert eviction_slack(32 * 8, 8) == 8 and eviction_slack(31 * 8, 8) == 0
+
+
+# -- the folder ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o703])
+def test_a_folder_writable_by_others_is_refused(tmp_path, mode):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, mode)
+    with pytest.raises(ConfigError, match="writable by every user"):
+        ByteCache(folder, "1GB")
+
+
+def test_a_folder_of_another_user_is_refused(tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("needs root to give a folder to another user")
+    for folder in (tmp_path / "theirs", tmp_path / "mine"):
+        folder.mkdir(mode=0o755)
+    os.chown(tmp_path / "theirs", 12345, 12345)
+    with pytest.raises(ConfigError, match="owned by another user"):
+        ByteCache(tmp_path / "theirs", "1GB")
+    (tmp_path / "mine" / cachefiles.NAMESPACE).mkdir(mode=0o700)
+    os.chown(tmp_path / "mine" / cachefiles.NAMESPACE, 12345, 12345)  # its own folder inside: the same check
+    with pytest.raises(ConfigError, match="owned by another user"):
+        ByteCache(tmp_path / "mine", "1GB")
+
+
+def test_links_are_never_followed_and_nothing_else_is_removed(tmp_path, origin, caplog):
+    folder, elsewhere = tmp_path / "c", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious").write_bytes(b"keep")
+    data = {u: origin.put(u, os.urandom(64 * KB)) for u in ("a.tar", "b.tar", "c.tar", "d.tar")}
+    cache = ByteCache(folder, 2 * (64 * KB + cachefiles.HEADER.size), block_bytes=64 * KB)
+    root = folder / cachefiles.NAMESPACE
+    # a planted link where a.tar's blocks go, a link named like a block, files of the user
+    key = cachefiles.key_name("a.tar", "v", 64 * KB)
+    os.symlink(elsewhere, root / key[:2])
+    bkey = cachefiles.key_name("b.tar", "v", 64 * KB)
+    (root / bkey[:2]).mkdir()
+    os.symlink(elsewhere / "precious", root / bkey[:2] / f"{'0' * 40}-00000000.blk")
+    (root / bkey[:2] / "notes.blk").write_bytes(b"mine")
+    (folder / "notes.txt").write_bytes(b"mine")
+    with caplog.at_level(logging.WARNING, logger="dalistream"):
+        for _ in range(3):
+            for url in data:
+                assert cache.read(url, "v", 0, 64 * KB, origin.fetch) == data[url]
+    assert os.listdir(elsewhere) == ["precious"] and (elsewhere / "precious").read_bytes() == b"keep"
+    assert (root / bkey[:2] / "notes.blk").read_bytes() == b"mine" and (folder / "notes.txt").read_bytes() == b"mine"
+    assert os.path.islink(root / bkey[:2] / f"{'0' * 40}-00000000.blk")
+    assert cache.counters()["evictions"] > 0 and "symbolic link" in caplog.text
+    ns_link = tmp_path / "c2"
+    ns_link.mkdir(mode=0o700)
+    os.symlink(elsewhere, ns_link / cachefiles.NAMESPACE)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        ByteCache(ns_link, "1GB")
+
+
+@pytest.mark.parametrize("text,expected", [("800GB", 800 * 10**9), ("1.5 TB", 1_500_000_000_000),
+                                           ("512MiB", 512 << 20), ("10kb", 10_000), (4096, 4096), ("7", 7)])
+def test_sizes_are_parsed(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["800 parsecs", "-1GB", "", "GB", -5, 1.5, True, None])
+def test_a_bad_size_is_an_error_naming_the_option(bad):
+    with pytest.raises(ConfigError, match="cache_limit"):
+        parse_size(bad)
+
+
+def test_a_full_disk_turns_the_cache_off_with_one_warning(tmp_path, origin, caplog):
+    """A real full file system: a 1 MiB tmpfs (where this machine lets a test mount one)."""
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        data = {u: origin.put(u, os.urandom(1 << 20)) for u in ("a.tar", "b.tar")}
+        cache = ByteCache(disk / "c", "1GB", block_bytes=128 * KB)
+        with caplog.at_level(logging.WARNING, logger="dalistream"):
+            assert cache.read("a.tar", "v", 0, 1 << 20, origin.fetch) == data["a.tar"]
+            written = cache.counters()["written_bytes"]
+            for url in ("b.tar", "a.tar", "b.tar"):
+                assert cache.read(url, "v", 0, 1 << 20, origin.fetch) == data[url]
+        assert 0 < written < 1 << 20 and cache.counters()["written_bytes"] == written  # stopped writing
+        assert caplog.text.count("turned off") == 1 and "No space left on device" in caplog.text
+        assert cache.counters()["hits"] >= written // (128 * KB)  # what it holds is still read
+        assert not [p for p in os.listdir(disk / "c" / cachefiles.NAMESPACE) if p.endswith(".partial")]
+
+
+# -- processes sharing one folder ----------------------------------------------------------------
+
+class Child:
+    def __init__(self, mode, folder, limit, block, origin, log, url, version, start, end, delay=0.0):
+        args = [sys.executable, CHILD, mode, str(folder), str(limit), str(block), origin.folder, str(log), url,
+                version, str(start), str(end), str(delay)]
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.expect("ready")
+
+    def expect(self, word):
+        line = self.proc.stdout.readline().strip()
+        assert line == word, (word, line, self.proc.poll())
+
+    def go(self):
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def result(self):
+        out, _ = self.proc.communicate(timeout=120)
+        assert self.proc.returncode == 0, out
+        lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+        return lines["sha256"], json.loads(lines["counters"])
+
+
+def fetch_log(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [tuple(line.split()) for line in f]
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("readers,ranges", [
+    (2, [(0, 256 * KB), (0, 256 * KB)]),
+    (4, [(0, 256 * KB), (10, 200 * KB), (64 * KB, 256 * KB), (100 * KB, 101 * KB)]),
+    (3, [(0, 256 * KB), (0, 256 * KB), (0, 256 * KB)]),
+])
+def test_processes_racing_for_a_block_fetch_it_once(tmp_path, origin, readers, ranges):
+    data = origin.put("a.tar", os.urandom(256 * KB))
+    log = tmp_path / "fetches"
+    children = [Child("read", tmp_path / "c", 10**9, 64 * KB, origin, log, "a.tar", "v", a, b, delay=0.2)
+                for a, b in ranges]
+    for c in children:
+        c.go()  # all at once: the first to lock a block fetches it, the others wait and read it
+    results = [c.result() for c in children]
+    for (a, b), (digest, _) in zip(ranges, results):
+        assert digest == sha(data[a:b])
+    starts = [int(row[3]) for row in fetch_log(log)]
+    assert sorted(starts) == sorted(set(starts))  # no block fetched twice
+    assert set(starts) == {i * 64 * KB for i in {k for a, b in ranges for k in blocks(a, b, 64 * KB)}}
+    assert sum(counters["hits"] for _, counters in results) > 0
+
+
+@pytest.mark.slow
+def test_two_jobs_of_other_block_sizes_share_a_folder(tmp_path, origin):
+    data = origin.put("a.tar", os.urandom(512 * KB))
+    log = tmp_path / "fetches"
+    jobs = [Child("read", tmp_path / "c", 300 * KB, block, origin, log, "a.tar", "v", 0, 512 * KB, delay=0.01)
+            for block in (16 * KB, 64 * KB, 16 * KB, 64 * KB)]
+    for job in jobs:
+        job.go()
+    assert {job.result()[0] for job in jobs} == {sha(data)}
+    held = sum(os.path.getsize(p) for p in block_files(tmp_path / "c"))
+    assert held <= 300 * KB + 4 * (64 * KB + cachefiles.HEADER.size)  # at most a block per writer beyond the limit
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["stall", "fsize", "fetched"])
+def test_a_writer_killed_mid_write_leaves_nothing_trusted(tmp_path, origin, mode):
+    """``stall``: kill -9 of a writer stopped with half a block written; ``fsize``: the kernel kills
+    it there (SIGXFSZ); ``fetched``: kill -9 right after its fetch, wherever that lands."""
+    block = 8 << 20
+    data = origin.put("a.tar", os.urandom(2 * block))
+    folder, log = tmp_path / "c", tmp_path / "fetches"
+    partials = set()
+    for trial in range(5):
+        writer = Child(mode, folder, 10**10, block, origin, log, "a.tar", f"v{trial}", 0, 2 * block)
+        writer.go()
+        if mode != "fsize":
+            writer.expect("writing" if mode == "stall" else "fetched")
+            writer.proc.send_signal(signal.SIGKILL)
+        writer.proc.wait(timeout=60)
+        assert writer.proc.returncode in (-signal.SIGKILL, -signal.SIGXFSZ)
+        root = folder / cachefiles.NAMESPACE
+        partials |= {n for _, _, names in os.walk(root) for n in names if n.endswith(".partial")}
+        reader = Child("read", folder, 10**10, block, origin, log, "a.tar", f"v{trial}", 0, 2 * block)
+        reader.go()
+        assert reader.result()[0] == sha(data)
+        for path in block_files(folder):  # every block trusted holds the bytes it names
+            with open(path, "rb") as f:
+                raw = f.read()
+            index = int(path[-12:-4], 16)
+            assert raw[cachefiles.HEADER.size:] == data[index * block:(index + 1) * block]
+    if mode != "fetched":
+        assert len(partials) == 5  # each kill landed inside a write
+    cachefiles.scan(str(folder / cachefiles.NAMESPACE), block)  # a scan clears what dead writers left
+    assert not [n for _, _, names in os.walk(folder) for n in names if cachefiles.is_ours(n) and not n.endswith(".blk")]
+
+
+@pytest.mark.slow
+def test_eviction_never_removes_a_block_another_process_reads(tmp_path, origin):
+    block = 64 * KB
+    a = origin.put("a.tar", os.urandom(2 * block))
+    for u in "bcdef":
+        origin.put(f"{u}.tar", os.urandom(block))
+    folder = tmp_path / "c"
+    limit = 3 * (block + cachefiles.HEADER.size)
+    holder = Child("hold", folder, limit, block, origin, tmp_path / "log", "a.tar", "v", 0, 2 * block)
+    holder.go()
+    holder.expect("holding")  # block 0 of a.tar open, locked shared, the oldest in the folder
+    cache = ByteCache(folder, limit, block_bytes=block)
+    (held_path,) = block_files(folder)
+    for _ in range(2):
+        for u in "bcdef":
+            cache.read(f"{u}.tar", "v", 0, block, origin.fetch)
+            assert os.path.exists(held_path)
+    assert cache.counters()["evictions"] >= 4
+    holder.go()
+    assert holder.result()[0] == sha(a)
+    for u in "bcdef":
+        cache.read(f"{u}.tar", "v", 0, block, origin.fetch)
+    assert not os.path.exists(held_path)  # let go of: evicted as any other
+
+
+def test_the_cache_pickles_as_its_settings(tmp_path, origin):
+    import pickle
+
+    data = origin.put("a.tar", os.urandom(100))
+    cache = ByteCache(tmp_path / "c", "1MB", block_bytes=64 * KB)
+    cache.read("a.tar", "v", 0, 100, origin.fetch)
+    again = pickle.loads(pickle.dumps(cache))
+    assert (again.folder, again.limit_bytes, again.block_bytes) == (cache.folder, 10**6, 64 * KB)
+    assert again.read("a.tar", "v", 0, 100, origin.fetch) == data and again.counters()["hits"] == 1
+
+
+def test_a_failing_store_leaves_the_ledger_as_it_was(tmp_path, origin):
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=64 * KB)
+
+    def broken(url, version, start, end):
+        raise OSError(errno.ECONNRESET, "connection reset")
+
+    with pytest.raises(OSError):
+        cache.read("a.tar", "v", 0, 10, broken)
+    assert cache.usage() == 0 and block_files(tmp_path / "c") == []
+    assert not [n for _, _, names in os.walk(tmp_path / "c") for n in names if cachefiles.is_ours(n)]

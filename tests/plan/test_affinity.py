@@ -1,0 +1,249 @@
+"""Node-affine plans (dalistream.plan.affinity): each node reads a fixed, balanced set of shards
+every epoch; every sample once (exact); equal steps; elastic resume onto another node count (or
+onto no affinity, or from it) continues the epoch exactly. What each worker delivers is simulated
+independently of the plan's arithmetic: its parts and drops become epoch positions through the
+shard order, then run through the real shuffle buffer (or a column's steps), as in test_resume."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dalistream.errors import ConfigError, StateError
+from dalistream.plan import Layout, ResumePlan, Schedule
+from dalistream.plan.affinity import AffinePlan, Nodes, node_owner, ranks_per_node, resolve_nodes
+from dalistream.plan.affinityview import affine_rank_batches, affine_shuffle_quality, affine_summary, cache_kept
+from dalistream.plan.quality import rank_batches, shuffle_quality
+from dalistream.plan.shuffle import shuffled
+
+from helpers import positions
+
+
+def plans_of(plan, layout):
+    """Every (plan, slot) of a segment's workers (columns when reading interleaved)."""
+    for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
+        if plan.columns:
+            yield from ((wp, 1) for wp in plan.columns_of(r, w))
+        else:
+            yield plan.worker(r, w), layout.slots[w]
+
+
+def run_segments(counts, schedule, epoch, segments_spec, shuffle):
+    """``segments_spec``: (layout, nodes or None, columns, steps run or None for the rest). Returns
+    the delivered epoch positions and the segments recorded."""
+    segments, delivered = [], []
+    for k, (layout, nodes, columns, steps_run) in enumerate(segments_spec):
+        plan = AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns, shuffle=0 if columns else shuffle,
+                          segments=segments)
+        last = k == len(segments_spec) - 1
+        steps = plan.steps if last else min(steps_run, plan.steps)
+        for wp, slot in plans_of(plan, layout):
+            assert wp.steps == plan.steps  # equal steps on every rank
+            seq = positions(wp, counts, layout, schedule, epoch)
+            assert len(seq) == wp.samples <= plan.steps * slot or schedule.policy == "fixed"
+            out = seq if columns else list(shuffled(seq, shuffle, wp.shuffle_seed))
+            delivered += out[:steps * slot]
+        if nodes is None:
+            planned = layout.planned(columns)
+            segments.append((planned.world_size, planned.workers, planned.batch_size, steps))
+        else:
+            segments.append((layout.world_size, layout.workers, layout.batch_size, steps, nodes.count, int(columns)))
+    return delivered, segments
+
+
+def shards_read(plan, layout):
+    return {s for wp, _ in plans_of(plan, layout) for s, a, b in wp.parts if b > a}
+
+
+def node_layouts(max_nodes=6, max_per_node=4):
+    return st.tuples(st.integers(1, max_nodes), st.integers(1, max_per_node), st.integers(1, 3),
+                     st.integers(1, 12)).map(lambda t: (Layout(t[0] * t[1], t[2], max(t[2], t[3])), Nodes(t[0], t[1])))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 40), min_size=6, max_size=30), spec=node_layouts(),
+       policy=st.sampled_from(["exact", "even"]), columns=st.booleans(), shuffle=st.sampled_from([0, 4]),
+       seed=st.integers(0, 99))
+def test_each_node_reads_its_own_balanced_shards_every_epoch(counts, spec, policy, columns, shuffle, seed):
+    layout, nodes = spec
+    if len(counts) < nodes.count or sum(counts) == 0:
+        return
+    schedule = Schedule(seed, policy)
+    owner = node_owner(counts, nodes.count, seed)
+    per_node = np.bincount(owner, weights=counts, minlength=nodes.count)
+    assert per_node.max() - per_node.min() <= max(counts)  # balanced within one shard of count
+    for epoch in range(3):
+        plan = AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns, shuffle=0 if columns else shuffle)
+        for r in range(layout.world_size):
+            node_plan = [wp for w in range(layout.workers)
+                         for wp in (plan.columns_of(r, w) if columns else [plan.worker(r, w)])]
+            read = {s for wp in node_plan for s, a, b in wp.parts if b > a}
+            assert {int(owner[s]) for s in read} <= {nodes.node_of(r)}  # the same shards, every epoch
+        delivered, _ = run_segments(counts, schedule, epoch, [(layout, nodes, columns, None)], shuffle)
+        total = sum(counts)
+        assert len(delivered) == len(set(delivered))
+        if policy == "exact":
+            assert sorted(delivered) == list(range(total))
+            assert shards_read(plan, layout) == {s for s, c in enumerate(counts) if c}
+        else:
+            per_step = nodes.ranks_per_node * layout.batch_size
+            assert len(delivered) == plan.steps * layout.world_size * layout.batch_size
+            assert total - len(delivered) < nodes.count * (per_step + max(counts))
+
+
+def resume_specs():
+    """2 to 4 segments, each with or without affinity, on its own node count."""
+    seg = st.tuples(node_layouts(5, 3), st.booleans(), st.booleans(), st.integers(0, 12))
+    return st.lists(seg, min_size=2, max_size=4)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 40), min_size=5, max_size=30), specs=resume_specs(),
+       policy=st.sampled_from(["exact", "even"]), shuffle=st.sampled_from([0, 3, 16]), seed=st.integers(0, 99),
+       epoch=st.integers(0, 3))
+def test_elastic_resume_onto_other_node_counts_delivers_the_epoch(counts, specs, policy, shuffle, seed, epoch):
+    total = sum(counts)
+    if total == 0 or any(affine and len(counts) < n.count for (_, n), affine, _, _ in specs):
+        return
+    columns = specs[0][2]  # a run reads one way: interleaved or not, in every segment
+    chain = [(layout, nodes if affine else None, columns, steps) for (layout, nodes), affine, _, steps in specs]
+    delivered, segments = run_segments(counts, Schedule(seed, policy), epoch, chain, shuffle)
+    assert len(delivered) == len(set(delivered))  # no sample twice, in any policy
+    if policy == "exact":
+        assert sorted(delivered) == list(range(total))
+    else:
+        layout, nodes = specs[-1][0]
+        slack = nodes.count * (nodes.ranks_per_node * layout.batch_size + max(counts)) if specs[-1][1] else \
+            layout.world_size * layout.batch_size
+        assert set(delivered) <= set(range(total)) and total - len(delivered) < slack
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(1, 300), min_size=128, max_size=300),
+       nodes=st.lists(st.tuples(st.integers(1, 128), st.integers(1, 8)), min_size=2, max_size=3),
+       fraction=st.floats(0, 1), policy=st.sampled_from(["exact", "even"]), columns=st.booleans())
+def test_large_layouts(counts, nodes, fraction, policy, columns):
+    """R up to 1,024 (nodes 1 to 128 of 1 to 8 ranks), with the node count changed mid-epoch."""
+    schedule, total = Schedule(3, policy), sum(counts)
+    chain = []
+    for k, (n, per) in enumerate(nodes):
+        layout, layout_nodes = Layout(n * per, 1, 2), Nodes(n, per)
+        if policy == "even" and AffinePlan(counts, layout, layout_nodes, schedule, 0, columns=columns,
+                                           segments=[]).steps == 0:
+            return
+        chain.append((layout, layout_nodes, columns, None))
+    plan = AffinePlan(counts, chain[0][0], chain[0][1], schedule, 0, columns=columns)
+    chain[0] = chain[0][:3] + (int(fraction * plan.steps),)
+    chain[1:-1] = [c[:3] + (plan.steps // 3,) for c in chain[1:-1]]
+    owner = node_owner(counts, chain[0][1].count, 3)
+    sums = np.bincount(owner, weights=counts)
+    assert sums.max() - sums.min() <= max(counts)
+    delivered, _ = run_segments(counts, schedule, 0, chain, 0)
+    assert len(delivered) == len(set(delivered))
+    if policy == "exact":
+        assert len(delivered) == total
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 40), min_size=1, max_size=20),
+       layouts=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3), st.integers(1, 10)), min_size=1, max_size=3),
+       steps=st.lists(st.integers(0, 10), min_size=3, max_size=3), policy=st.sampled_from(["exact", "even"]),
+       shuffle=st.sampled_from([0, 5]))
+def test_without_nodes_it_is_the_plain_resume_plan(counts, layouts, steps, policy, shuffle):
+    layouts = [Layout(r, w, max(w, b)) for r, w, b in layouts]
+    schedule, segments = Schedule(2, policy), []
+    for k, layout in enumerate(layouts):
+        ours = AffinePlan(counts, layout, None, schedule, 1, columns=False, shuffle=shuffle, segments=segments)
+        theirs = ResumePlan(counts, layout, schedule, 1, segments, shuffle)
+        assert ours.steps == theirs.steps
+        for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
+            a, b = ours.worker(r, w), theirs.worker(r, w)
+            assert (a.parts, a.drop, a.samples, a.shuffle_seed) == (tuple(p for p in b.parts if p[2] > p[1]), b.drop,
+                                                                    b.samples, b.shuffle_seed)
+        segments.append((layout.world_size, layout.workers, layout.batch_size, min(steps[k], theirs.steps)))
+
+
+@pytest.mark.parametrize("columns", [False, True])
+@pytest.mark.parametrize("policy", ["exact", "even"])
+def test_one_node_is_the_plain_order(columns, policy):
+    counts, layout, schedule = [30, 17, 25, 0, 41, 12, 9], Layout(3, 2, 6), Schedule(4, policy)
+    ours = affine_rank_batches(counts, layout, Nodes(1, 3), schedule, 2, 8, columns)
+    assert np.array_equal(ours, rank_batches(counts, layout, schedule, 2, 8, columns=columns))
+
+
+def test_equal_steps_pad_or_leave_out_per_node():
+    """Nodes of 100 and 60 samples, 2 ranks x batch 10 each: even runs 3 steps (60 // 20), leaving
+    out 40 + 0; exact runs 5 (100 / 20), the smaller node padding 40 slots."""
+    counts = [50, 50, 30, 30]
+    nodes, layout = Nodes(2, 2), Layout(4, 1, 10)
+    assert sorted(np.bincount(node_owner(counts, 2, 0), weights=counts)) == [80, 80]
+    counts = [50, 50, 60]
+    owner = node_owner(counts, 2, 0)
+    assert sorted(np.bincount(owner, weights=counts)) == [60, 100]
+    even = affine_summary(counts, layout, nodes, Schedule(0, "even"), 0, True)
+    exact = affine_summary(counts, layout, nodes, Schedule(0, "exact"), 0, True)
+    assert (even["steps"], even["left_out"]) == (3, 40) and (exact["steps"], exact["padding"]) == (5, 40)
+    assert exact["samples_per_node"] == {"min": 60, "max": 100} and exact["shards_per_node"] == {"min": 1, "max": 2}
+
+
+def test_owners_are_balanced_round_robin_for_equal_counts_and_stable():
+    owner = node_owner([1251] * 1024, 128, 7)
+    assert (np.bincount(owner) == 8).all()
+    assert np.array_equal(owner, node_owner([1251] * 1024, 128, 7)) and not np.array_equal(owner, node_owner(
+        [1251] * 1024, 128, 8))
+    with pytest.raises(ConfigError, match="3 shards cannot give each of 4 nodes"):
+        node_owner([5, 5, 5], 4, 0)
+
+
+def test_cache_kept_after_a_node_count_change():
+    counts = [100] * 64
+    assert cache_kept(counts, 8, 8, 0) == [1.0] * 8
+    # equal counts are dealt round robin over one seeded order: a node keeps its shards' share
+    assert cache_kept(counts, 8, 16, 0) == [1.0] * 8 + [0.0] * 8  # nodes 8-15 start cold
+    assert cache_kept(counts, 16, 8, 0) == [0.5] * 8
+    kept = cache_kept(counts, 8, 12, 0)
+    assert kept[8:] == [0.0] * 4 and 0 < min(kept[:8]) and max(kept[:8]) < 1
+
+
+@pytest.mark.parametrize("env,rank,world,expected", [
+    ({}, 0, 8, Nodes(1, 8)),
+    ({"LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}, 5, 8, Nodes(2, 4)),
+    ({"SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "3"}, 7, 8, Nodes(4, 2)),
+    ({"SLURM_NTASKS_PER_NODE": "4(x2)"}, 0, 8, Nodes(2, 4)),
+])
+def test_nodes_come_from_the_launcher(env, rank, world, expected):
+    assert resolve_nodes(rank, world, env) == expected
+
+
+@pytest.mark.parametrize("env,rank,world,nodes,words", [
+    ({"LOCAL_WORLD_SIZE": "3"}, 0, 8, None, "not whole nodes"),
+    ({"LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0"}, 5, 8, None, "runs on node 0"),
+    ({"SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "x"}, 0, 8, None, "SLURM_NODEID"),
+    ({}, 0, 8, 3, "dividing"),
+])
+def test_a_node_layout_that_does_not_fit_is_named(env, rank, world, nodes, words):
+    with pytest.raises(ConfigError, match=words):
+        resolve_nodes(rank, world, env, nodes)
+
+
+def test_explicit_nodes_and_ranks_per_node():
+    assert resolve_nodes(3, 8, {"LOCAL_WORLD_SIZE": "8"}, nodes=4) == Nodes(4, 2)
+    assert ranks_per_node({"LOCAL_WORLD_SIZE": "0"}) is None and ranks_per_node({}) is None
+
+
+def test_a_segment_past_its_plan_is_a_state_error():
+    with pytest.raises(StateError, match="ran 99 steps"):
+        AffinePlan([10, 10, 10], Layout(2, 1, 2), Nodes(2, 1), Schedule(0, "exact"), 0, columns=False,
+                   segments=[(2, 1, 2, 99, 2, 0)])
+
+
+def test_affinity_costs_mixing_on_class_sorted_shards():
+    """Data written in class order, 16 shards of one class each, 4 nodes: a rank's batches draw from
+    its node's 4 classes, while a global batch still spans them all."""
+    counts, layout = [64] * 16, Layout(4, 1, 16)
+    plain = shuffle_quality(counts, layout, Schedule(0, "even"), 0, 0, classes=16, columns=True)
+    ours = affine_shuffle_quality(counts, layout, Nodes(4, 1), Schedule(0, "even"), 0, 0, classes=16, columns=True)
+    assert ours["order"]["rank_batch"]["distinct"] <= 4 < plain["order"]["rank_batch"]["distinct"]
+    assert ours["order"]["global_batch"]["distinct"] >= 12 and ours["nodes"] == 4
