@@ -1,0 +1,178 @@
+"""Bucket plans, checked by executing them: every worker's plan (parts, drops, what it emits at
+each step and where) is run against the epoch's shard order the way a worker reads — front to
+back, holding what it has read and not yet emitted — and the batches it builds are checked,
+independently of how the plan computed them: every batch one bucket (per rank, or the same on
+every rank for ``per="global"``), ``exact``: every sample once with padding only in the last
+batch of each bucket on a rank (and at most one step of padding alone); ``even``: no sample
+twice, no padding, less than one batch per rank of each bucket left out; equal steps on every
+rank; what a worker holds never above the bound (``per="rank"``) nor above what it reports."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dalistream.errors import ConfigError
+from dalistream.plan import Layout, Schedule
+from dalistream.plan.buckets import BucketEpoch, bucket_steps, bucket_totals
+from dalistream.plan.ownership import epoch_order
+
+
+def execute(plan, counts, schedule, epoch):
+    """Run every worker's plan: ``(batches (R, S, B) of written-order sample ids, -1 padding,
+    the most any worker held)``."""
+    layout = plan.layout
+    order = epoch_order(len(counts), schedule.seed, epoch, schedule.shuffle_shards)
+    written = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=written[1:])
+    out = np.full((layout.world_size, plan.steps, layout.batch_size), -1, dtype=np.int64)
+    held_most = 0
+    for r in range(layout.world_size):
+        for w in range(layout.workers):
+            wp = plan.worker(r, w)
+            assert wp.steps == plan.steps and len(wp.take) == plan.steps
+            raw = [int(written[s]) + k for s, a, b in wp.parts for k in range(a, b)]  # sample ids read, in order
+            drop = set(wp.drop)
+            kept = [x for i, x in enumerate(raw) if i not in drop]
+            assert sorted(wp.emit.tolist()) == list(range(len(kept)))  # every kept sample emitted once
+            at, read = 0, 0
+            for t in range(plan.steps):
+                mine = wp.emit[at:at + wp.take[t]]
+                at += wp.take[t]
+                if len(mine):
+                    read = max(read, int(mine.max()) + 1)  # read front to back up to what it needs
+                    assert (out[r, t, wp.offset[t]:wp.offset[t] + len(mine)] == -1).all()  # no position twice
+                    out[r, t, wp.offset[t]:wp.offset[t] + len(mine)] = [kept[i] for i in mine]
+                held = read - (at - wp.take[t])  # read, not emitted before this step
+                held_most = max(held_most, held)
+                assert held <= wp.lookahead
+    return out, held_most
+
+
+def check(counts, ids, buckets, layout, schedule, epoch, per):
+    plan = BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per)
+    batches, held = execute(plan, counts, schedule, epoch)
+    assert np.array_equal(np.where(batches >= 0, plan.sample_ids[np.searchsorted(plan.positions, np.maximum(
+        plan.rank_batches(), 0))], -1), batches)  # the plan's own table says the same
+    total = int(np.sum(counts))
+    n = bucket_totals(ids, buckets)
+    r_count, b = layout.world_size, layout.batch_size
+    assert plan.steps == bucket_steps(n, layout, schedule, per)  # from the counts of each bucket alone
+    real = batches[batches >= 0]
+    assert len(real) == len(set(real.tolist()))  # no sample twice
+    of = np.where(batches >= 0, np.asarray(ids)[np.maximum(batches, 0)], -1)
+    for r in range(r_count):
+        for t in range(plan.steps):
+            got = set(of[r, t][of[r, t] >= 0].tolist())
+            assert got <= {int(plan.step_bucket[r, t])}  # one bucket per batch
+    if per == "global":
+        assert (plan.step_bucket == plan.step_bucket[0]).all()
+    left = n - np.bincount(np.asarray(ids)[real], minlength=buckets)[:buckets]
+    if schedule.policy == "exact":
+        assert sorted(real.tolist()) == list(range(total))
+        for r in range(r_count):
+            padded = (batches[r] < 0).any(axis=1)
+            alone = (batches[r] < 0).all(axis=1)
+            assert alone.sum() <= (1 if per == "rank" else buckets)
+            for k in range(buckets):  # at most the last batch of each bucket padded
+                assert (padded & ~alone & (plan.step_bucket[r] == k)).sum() + (
+                    (alone & (plan.step_bucket[r] == k)).sum() if per == "global" else 0) <= 1
+    else:
+        assert (batches >= 0).all()  # even: full batches only
+        assert (left < r_count * b).all() and (left >= 0).all()  # less than one batch per rank of each bucket
+    if per == "rank":
+        assert held <= plan.bound() and plan.lookahead.max(initial=0) <= plan.bound()
+    return plan
+
+
+def skewed(draw, total, buckets):
+    weights = np.asarray(draw(st.lists(st.floats(0.01, 1.0), min_size=buckets, max_size=buckets))) ** 3
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    return rng.choice(buckets, total, p=weights / weights.sum()).astype(np.int16)
+
+
+@st.composite
+def case(draw, max_r=1024, max_w=8, max_b=256, max_total=6000):
+    r = draw(st.integers(1, max_r))
+    w = draw(st.integers(1, max_w))
+    b = draw(st.integers(w, max(w, max_b)))
+    shards = draw(st.integers(1, 30))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    counts = rng.integers(0, max(2, draw(st.integers(1, max_total)) // shards), shards)
+    buckets = draw(st.integers(1, 16))
+    ids = skewed(draw, int(counts.sum()), buckets)
+    schedule = Schedule(draw(st.integers(0, 99)), draw(st.sampled_from(["exact", "even"])))
+    return counts, ids, buckets, Layout(r, w, b), schedule, draw(st.integers(0, 3)), draw(st.sampled_from(["rank", "global"]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=case(max_r=6, max_w=4, max_b=24, max_total=800))
+def test_small_layouts(c):
+    check(*c)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=case(max_total=40000))
+def test_large_layouts(c):
+    """R up to 1,024, W up to 8, B up to 256, 1 to 16 buckets of skewed sizes."""
+    check(*c)
+
+
+def test_steps_and_lookahead_at_scale():
+    """200,000 samples over 64 ranks x 8 workers x 64, eight buckets from 40% down to 1%: the
+    rank bound holds, and a worker holds far less (about 1/W of a rank's)."""
+    rng = np.random.default_rng(3)
+    counts = rng.integers(300, 500, 500)
+    p = np.array([40, 20, 15, 10, 8, 4, 2, 1], dtype=float)
+    ids = rng.choice(8, int(counts.sum()), p=p / p.sum()).astype(np.int16)
+    layout = Layout(64, 8, 64)
+    plan = BucketEpoch(counts, ids, 8, layout, Schedule(0, "even"), 0)
+    assert plan.lookahead.max() <= plan.bound() // 2
+    assert plan.summary()["left_out"] < 8 * 64 * 64
+
+
+def test_new_order_each_epoch():
+    rng = np.random.default_rng(0)
+    counts = np.full(20, 50)
+    ids = rng.integers(0, 4, 1000).astype(np.int16)
+    layout = Layout(2, 2, 8)
+    orders = [BucketEpoch(counts, ids, 4, layout, Schedule(0, "exact"), e).step_bucket.tolist() for e in range(3)]
+    assert orders[0] != orders[1] != orders[2]
+    again = BucketEpoch(counts, ids, 4, layout, Schedule(0, "exact"), 1).step_bucket.tolist()
+    assert again == orders[1]  # a pure function of (seed, epoch)
+
+
+def test_rank_stretches_barely_overlap():
+    """A rank reads its stretch of the sequence; neighbours overlap by less than a unit per bucket."""
+    rng = np.random.default_rng(1)
+    counts = np.full(100, 200)
+    ids = rng.choice(3, 20000, p=[0.6, 0.3, 0.1]).astype(np.int16)
+    layout = Layout(8, 1, 32)
+    plan = BucketEpoch(counts, ids, 3, layout, Schedule(0, "exact"), 0)
+    read = sum(sum(b - a for _, a, b in plan.worker(r, 0).parts) for r in range(8))
+    assert read <= 20000 + 8 * 2 * 3 * 32 / 0.1  # each cut: under one unit of each bucket, spread by its share
+
+
+@pytest.mark.parametrize("bad", [dict(policy="fixed"), dict(per="node")])
+def test_refused(bad):
+    schedule = Schedule(0, "fixed", 3) if "policy" in bad else Schedule(0, "even")
+    with pytest.raises(ConfigError):
+        BucketEpoch([4], np.zeros(4, dtype=np.int16), 1, Layout(1, 1, 2), schedule, 0, bad.get("per", "rank"))
+
+
+def test_bad_ids():
+    with pytest.raises(ConfigError, match="3 sample buckets for 4"):
+        BucketEpoch([4], np.zeros(3, dtype=np.int16), 1, Layout(1, 1, 2), Schedule(), 0)
+    with pytest.raises(ConfigError, match="must be 0"):
+        BucketEpoch([2], np.array([0, 2]), 2, Layout(1, 1, 2), Schedule(), 0)
+
+
+def test_lookahead_limit_refuses():
+    rng = np.random.default_rng(0)
+    counts = np.full(10, 100)
+    ids = rng.integers(0, 6, 1000).astype(np.int16)
+    plan = BucketEpoch(counts, ids, 6, Layout(2, 2, 16), Schedule(), 0)
+    most = int(plan.lookahead.max())
+    BucketEpoch(counts, ids, 6, Layout(2, 2, 16), Schedule(), 0, lookahead=most)
+    with pytest.raises(ConfigError, match=f"hold {most} samples at once.*lookahead={most - 1}"):
+        BucketEpoch(counts, ids, 6, Layout(2, 2, 16), Schedule(), 0, lookahead=most - 1)
