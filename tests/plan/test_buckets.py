@@ -176,3 +176,109 @@ def test_lookahead_limit_refuses():
     BucketEpoch(counts, ids, 6, Layout(2, 2, 16), Schedule(), 0, lookahead=most)
     with pytest.raises(ConfigError, match=f"hold {most} samples at once.*lookahead={most - 1}"):
         BucketEpoch(counts, ids, 6, Layout(2, 2, 16), Schedule(), 0, lookahead=most - 1)
+
+
+# -- elastic resume ------------------------------------------------------------------------------
+
+from dalistream.plan.bucketresume import resumed_bucket_plan  # noqa: E402
+from dalistream.errors import StateError  # noqa: E402
+
+
+def run_segments(counts, ids, buckets, layouts, fractions, schedule, epoch, per):
+    """Each layout runs a fraction of its plan's steps (the last one to the end), executed worker
+    by worker; returns every sample delivered and the last plan."""
+    segments, delivered = [], []
+    for k, layout in enumerate(layouts):
+        plan = resumed_bucket_plan(counts, ids, buckets, layout, schedule, epoch, per, segments)
+        steps = plan.steps if k == len(layouts) - 1 else int(fractions[k] * plan.steps)
+        batches, _ = execute(plan, counts, schedule, epoch)
+        of = np.where(batches >= 0, np.asarray(ids)[np.maximum(batches, 0)], -1)
+        for r in range(layout.world_size):  # every batch of every segment one bucket
+            for t in range(steps):
+                assert set(of[r, t][of[r, t] >= 0].tolist()) <= {int(plan.step_bucket[r, t])}
+        done = batches[:, :steps]
+        delivered += done[done >= 0].tolist()
+        segments.append((layout.world_size, layout.workers, layout.batch_size, steps))
+    return delivered, plan
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=case(max_r=64, max_w=8, max_b=64, max_total=4000),
+       more=st.lists(st.tuples(st.integers(1, 64), st.integers(1, 8), st.integers(1, 64)), min_size=1, max_size=3),
+       fractions=st.lists(st.floats(0, 1), min_size=3, max_size=3))
+def test_elastic_resume_is_exact(c, more, fractions):
+    counts, ids, buckets, layout, schedule, epoch, per = c
+    layouts = [layout] + [Layout(r, w, max(w, b)) for r, w, b in more]
+    delivered, last = run_segments(counts, ids, buckets, layouts, fractions, schedule, epoch, per)
+    total = int(np.sum(counts))
+    assert len(delivered) == len(set(delivered))
+    if schedule.policy == "exact":
+        assert sorted(delivered) == list(range(total))
+    else:
+        left = bucket_totals(ids, buckets) - np.bincount(np.asarray(ids)[delivered], minlength=buckets)[:buckets]
+        final = layouts[-1]
+        assert (left < final.world_size * final.batch_size).all()
+
+
+def test_resume_on_the_same_layout_continues_the_plan():
+    rng = np.random.default_rng(2)
+    counts = rng.integers(20, 80, 12)
+    ids = rng.integers(0, 3, int(counts.sum())).astype(np.int16)
+    layout, schedule = Layout(2, 2, 8), Schedule(4, "exact")
+    whole = BucketEpoch(counts, ids, 3, layout, schedule, 1).rank_batches()
+    rest = resumed_bucket_plan(counts, ids, 3, Layout(1, 1, 5), schedule, 1, "rank", [(2, 2, 8, 5)]).rank_batches()
+    delivered = set(whole[:, :5][whole[:, :5] >= 0].tolist()) | set(rest[rest >= 0].tolist())
+    assert delivered == set(range(int(counts.sum())))
+
+
+def test_resume_state_from_elsewhere_is_refused():
+    counts = [10]
+    ids = np.zeros(10, dtype=np.int16)
+    with pytest.raises(StateError, match="ran 99 steps of a bucket plan of"):
+        resumed_bucket_plan(counts, ids, 1, Layout(1, 1, 2), Schedule(), 0, "rank", [(1, 1, 2, 99)])
+
+
+# -- mixing ---------------------------------------------------------------------------------------
+
+from dalistream.plan.bucketmix import BucketMix  # noqa: E402
+
+
+def test_stratified_mix_with_buckets_is_refused():
+    with pytest.raises(ConfigError, match="stratified mix.*per_batch='source'"):
+        BucketMix([[10], [10]], [np.zeros(10), np.zeros(10)], 1, [0.5, 0.5], Layout(1, 1, 2), Schedule(), 0,
+                  per_batch="sample")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=case(max_r=8, max_w=4, max_b=32, max_total=3000), other=st.integers(200, 3000),
+       weight=st.floats(0.1, 0.9), seed=st.integers(0, 99))
+def test_mix_by_source_keeps_both(c, other, weight, seed):
+    """Every batch one source and one bucket; after every step each source within one batch of its
+    weight; no sample twice; equal steps on every rank."""
+    counts, ids, buckets, layout, schedule, epoch, per = c
+    rng = np.random.default_rng(seed)
+    counts2 = rng.integers(0, 100, max(1, other // 50))
+    ids2 = rng.integers(0, buckets, int(counts2.sum())).astype(np.int16)
+    try:
+        mix = BucketMix([counts, counts2], [ids, ids2], buckets, [weight, 1 - weight], layout, schedule, epoch, per)
+    except ConfigError as e:
+        assert "no batch of its own" in str(e) or "rounds to 0" in str(e) or "is empty" in str(e)
+        return
+    batches = mix.rank_batches()
+    source = np.where(batches >= 0, batches >> 48, -1)
+    position = batches & ((1 << 48) - 1)
+    for t in range(mix.steps):
+        assert set(source[:, t][source[:, t] >= 0].tolist()) <= {int(mix.source[t])}
+    dealt = np.cumsum(np.eye(2, dtype=np.int64)[mix.source], axis=0)
+    share = np.arange(1, mix.steps + 1)[:, None] * np.array([weight, 1 - weight])[None, :]
+    assert (np.abs(dealt - share) < 1 + 1e-9).all()
+    for s, (plan, sid) in enumerate(zip(mix.plans, [ids, ids2])):
+        mine = position[source == s]
+        assert len(mine) == len(set(mine.tolist()))
+        written = plan.sample_ids[np.searchsorted(plan.positions, mine)]
+        for r in range(layout.world_size):
+            for t in np.flatnonzero(mix.source == s):
+                row = batches[r, t][batches[r, t] >= 0] & ((1 << 48) - 1)
+                got = set(np.asarray(sid)[plan.sample_ids[np.searchsorted(plan.positions, row)]].tolist())
+                assert got <= {int(mix.bucket(r)[t])}
+        assert len(written) <= len(sid)
