@@ -218,3 +218,24 @@ class LengthBuckets:
         """What a batch of ``bucket`` carries: its ``length`` (the bucket's upper edge; ``-1`` for
         the last, open bucket: pad to the batch's longest)."""
         return {"length": self.edges[bucket] if bucket < len(self.edges) else -1}
+
+
+def parse_buckets(text: str, per: str = "rank", lookahead: Optional[int] = None):
+    """Buckets from a command line's ``--buckets``: ``aspect:1024x1024,1152x896,896x1152``,
+    ``auto:8`` (:meth:`AspectBuckets.auto`) or ``length:txt:32,64,128,256``."""
+    usage = "expected aspect:WxH,WxH,…, auto:N or length:FIELD:EDGE,EDGE,…"
+    kind, _, rest = str(text).partition(":")
+    try:
+        if kind == "aspect":
+            sizes = [tuple(int(v) for v in item.lower().split("x")) for item in rest.split(",") if item.strip()]
+            return AspectBuckets(tuple(sizes), per, lookahead=lookahead)  # type: ignore[arg-type]
+        if kind == "auto":
+            return AspectBuckets.auto(int(rest or 8), per=per, lookahead=lookahead)
+        if kind == "length":
+            field, _, edges = rest.rpartition(":")
+            return LengthBuckets(field, tuple(int(e) for e in edges.split(",") if e.strip()), per, lookahead)
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"--buckets {text!r}: {e}", hint=usage) from None
+    raise ConfigError(f"--buckets {text!r}: unknown kind {kind!r}", hint=usage)

@@ -140,6 +140,10 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
     """The ``plan`` command."""
     if getattr(args, "mix", None):
         return mix_view(args, cache_dir)
+    if args.buckets or args.bucket_cost:
+        from . import bucketview
+
+        return bucketview.run(args, cache_dir)
     urls, counts, problems = _counts(args, cache_dir)
     if args.resume_from:
         view = resume_view(args, urls, counts)
@@ -207,6 +211,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "one, computed from the plan and --shuffle without reading data (class-sorted labels)")
     p.add_argument("--classes", type=int, default=100,
                    help="with --shuffle-quality: labels, written in order (label = position x classes / samples)")
+    from .bucketview import add_arguments as bucket_arguments
+
+    bucket_arguments(p)
     p.add_argument("--detail", action=argparse.BooleanOptionalAction, default=None,
                    help="list every (rank, worker)'s parts (default: for 16 global workers or fewer, or with --rank: "
                         "that rank's workers)")
