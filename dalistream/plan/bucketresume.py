@@ -34,7 +34,7 @@ def remaining_positions(counts: Sequence[int], ids: np.ndarray, buckets: int, sc
                              f"ranks x {layout.workers} workers x batch {layout.batch_size}",
                              hint="the state does not come from this data set and these buckets")
         done = plan.rank_batches()[:, :ran]
-        positions = np.setdiff1d(plan.positions, done[done >= 0], assume_unique=True)
+        positions = np.setdiff1d(plan.positions, done[done >= 0])  # sorted
     return positions
 
 

@@ -4,8 +4,11 @@ still to plan after a resume]); no I/O.
 
 **Sequence.** As in :mod:`.ownership`, the epoch's shards are permuted (``seeds.shard_order``)
 and laid end to end; what is planned is that sequence (or, after a resume, the part of it not yet
-delivered: :mod:`.bucketresume`). Bucket ``b``'s samples, in sequence order, are its
-*b-sequence* (``n_b`` samples).
+delivered: :mod:`.bucketresume`). It is read in *columns*, as interleaved reading does
+(:attr:`~.layout.Layout.column_layout`): cut into ``R·C`` balanced stretches (``C`` per rank,
+default ``B``), column ``q = p·R + r`` read by rank ``r``, so a rank's columns lie spread over
+the whole epoch. The plan works on the *reading order*: rank 0's columns, then rank 1's, … .
+Bucket ``b``'s samples, in reading order, are its *b-sequence* (``n_b`` samples).
 
 **per="rank"** (each rank's batch one bucket). Units of ``B`` samples of one bucket are a rank
 batch. ``exact``: bucket b has ``V_b = ⌈n_b/B⌉`` units (its last one partial, padded), ``N = Σ
@@ -18,17 +21,18 @@ are reached, each bucket's count of samples before it is rounded to whole units 
 remainders, so the units add up). Ranks so read nearly disjoint stretches of the sequence; a
 rank's stretch overlaps its neighbour's by less than one unit of each bucket (samples it skips).
 
-Within a rank, its owned samples (in sequence order) are split among its ``W`` workers by their
-slots; each worker reads its stretch front to back (``parts``), skipping samples that are not
-its own (``drop``). The workers advance in lockstep — worker w's i-th sample at time
-``(i+1)/q_w`` — and the rank's batches form in *completion order* over that merged reading: a
-bucket's next B samples make a batch when its B-th arrives. A batch's samples come from whichever
-workers read them (``take``: how many each contributes at a step, laid out worker by worker in
-the batch, ``offset``), so no worker ever waits for samples another holds. Bound: at any step a
-rank's workers hold together at most ``B + (k − 1)(B − 1)`` samples (``k`` the buckets it
-has): the batch being assembled and less than one batch of every other bucket; a worker holds
-its share, about ``1/W`` of that. This *look-ahead* (the most read and not yet emitted) is
-computed exactly per worker (:attr:`BucketWorkerPlan.lookahead`, ``plan --buckets``).
+Within a rank, its owned samples (in reading order) are split among its ``W`` workers by their
+slots; a worker's share is a few of the rank's columns, each a *reader* it reads front to back
+(its shard ``parts``), skipping samples that are not its own (``drop``). All the rank's readers
+advance in lockstep — reader j's i-th sample at time ``(i+1)/len_j`` — and the rank's batches
+form in *completion order* over that merged reading: a bucket's next B samples make a batch when
+its B-th arrives. A batch's samples come from whichever workers read them (``take``: how many
+each contributes at a step, laid out worker by worker in the batch, ``offset``), so no worker
+waits for samples another holds. Bound: at any step a rank's workers hold together at most
+``B + (k − 1)(B − 1)`` samples (``k`` the buckets it has): the batch being assembled and less
+than one batch of every other bucket; a worker holds its share, about ``1/W`` of that. This
+*look-ahead* (the most read and not yet emitted) is computed exactly per worker
+(:mod:`.bucketworker`, ``plan --buckets``).
 
 **per="global"** (the whole global batch one bucket). ``exact``: ``V_b = ⌈n_b/(R·B)⌉`` global
 steps of bucket b, each rank the balanced share ``⌊n_b(r+1)/R⌋ − ⌊n_b·r/R⌋`` of its b-sequence
@@ -45,16 +49,16 @@ alone (:func:`bucket_steps`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import ConfigError
 from .layout import Layout, Schedule
-from .ownership import Part, epoch_order
-from .resume import Run, runs_to_parts
+from .bucketworker import BucketWorkerPlan, holdings
 from .mix import span_layout
+from .ownership import epoch_order
+from .resume import Run, runs_to_parts
 
 PER = ("rank", "global")
 
@@ -148,56 +152,18 @@ def rank_cuts(pos: List[np.ndarray], units: np.ndarray, layout: Layout, policy: 
     return cuts
 
 
-@dataclass(frozen=True, eq=False)
-class BucketWorkerPlan:
-    """What one worker does in one epoch of a bucket plan: read ``parts`` in order, skipping the
-    raw ordinals ``drop`` (over the parts' samples; never decoded, never held); of the samples
-    kept, numbered 0, 1, … in reading order, emit ``emit[c[t]:c[t+1]]`` (``c`` the running sum of
-    ``take``) at step t into batch positions ``offset[t] … offset[t] + take[t] − 1``; the step's
-    bucket is ``bucket[t]`` (``-1``: a step of padding only). ``lookahead``: the most samples it
-    holds at once (kept, read, not yet emitted; a step's own included)."""
-
-    rank: int
-    worker: int
-    epoch: int
-    steps: int
-    global_worker: int
-    parts: Tuple[Part, ...]
-    drop: Tuple[int, ...]
-    emit: np.ndarray
-    take: np.ndarray
-    offset: np.ndarray
-    bucket: np.ndarray
-    lookahead: int
-
-    @property
-    def samples(self) -> int:
-        """Samples it emits in the epoch."""
-        return int(self.take.sum())
-
-
-def holdings(index: np.ndarray, step: np.ndarray, steps: int) -> np.ndarray:
-    """Samples a worker holds at each step: it has read its kept samples up to the last one
-    emitted so far, and emitted those of earlier steps. ``index[i]``, ``step[i]``: kept ordinal
-    and step of each sample it emits."""
-    last = np.full(steps, -1, dtype=np.int64)
-    np.maximum.at(last, step, index)
-    read = np.maximum.accumulate(last) + 1
-    emitted = np.bincount(step, minlength=steps)[:steps]
-    return read - (np.cumsum(emitted) - emitted)
-
-
 class BucketEpoch:
     """One epoch's bucket plan for every rank and worker (see the module doc), computed once.
 
     ``counts``: samples per shard; ``ids``: every sample's bucket in written order (shard 0's
     samples, then shard 1's, …), ``0 … buckets-1``; ``positions``: the epoch positions to plan
-    (sorted; default all: the unresumed epoch); ``lookahead``: the most samples a worker may
-    hold, a :class:`ConfigError` when the plan needs more (``None``: no limit)."""
+    (sorted; default all: the unresumed epoch); ``columns``: stretches each rank reads (default
+    its batch size: one per batch position, as interleaved reading); ``lookahead``: the most
+    samples a worker may hold, a :class:`ConfigError` when the plan needs more (``None``: no limit)."""
 
     def __init__(self, counts: Sequence[int], ids: np.ndarray, buckets: int, layout: Layout, schedule: Schedule,
                  epoch: int, per: str = "rank", positions: Optional[np.ndarray] = None,
-                 lookahead: Optional[int] = None) -> None:
+                 lookahead: Optional[int] = None, columns: Optional[int] = None) -> None:
         check_bucket_schedule(schedule, per)
         self.counts = np.asarray(counts, dtype=np.int64)
         ids = np.asarray(ids)
@@ -206,14 +172,24 @@ class BucketEpoch:
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= buckets):
             raise ConfigError(f"sample buckets must be 0 … {buckets - 1}, found {int(ids.min())} … {int(ids.max())}")
         self.layout, self.schedule, self.epoch, self.per, self.buckets = layout, schedule, int(epoch), per, buckets
+        self.columns = layout.batch_size if columns is None else columns
+        if isinstance(self.columns, bool) or not isinstance(self.columns, int) or self.columns < 1:
+            raise ConfigError(f"buckets: columns must be a positive integer, got {columns!r}")
         order = epoch_order(len(self.counts), schedule.seed, epoch, schedule.shuffle_shards)
         self.shards = span_layout(self.counts, order, np.zeros(2, dtype=np.int64), 0)
         written = np.zeros(len(self.counts) + 1, dtype=np.int64)
         np.cumsum(self.counts, out=written[1:])
         shift = np.repeat(written[order] - self.shards.starts[:-1], self.counts[order])
         total = int(self.counts.sum())
-        self.positions = np.arange(total, dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
-        self.sample_ids = shift[self.positions] + self.positions  # written-order id of each planned position
+        planned = np.arange(total, dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
+        # reading order: the planned sequence cut into R·C column stretches, column q = p·R + r read
+        # by rank r (its C columns spread over the whole sequence), ranks one after the other
+        n_cols = layout.world_size * self.columns
+        column = (np.arange(len(planned), dtype=np.int64) * n_cols) // max(len(planned), 1)
+        reading = np.argsort((column % layout.world_size) * self.columns + column // layout.world_size, kind="stable")
+        self.positions = planned[reading]  # epoch position of each sequence index, in reading order
+        self.column = column[reading]
+        self.sample_ids = shift[self.positions] + self.positions  # written-order id of each
         seq = np.asarray(ids, dtype=np.int64)[self.sample_ids]
         by_bucket = np.argsort(seq, kind="stable")
         edges = np.searchsorted(seq[by_bucket], np.arange(buckets + 1))
@@ -257,25 +233,35 @@ class BucketEpoch:
         edges = np.searchsorted(owner[by_rank], np.arange(-1, layout.world_size + 1))
         self.left_out = by_rank[edges[0]:edges[1]]
         slot_starts = np.asarray(layout.slot_offsets + (b,), dtype=np.int64)
-        self.step_of = np.full(len(self.seq), -1, dtype=np.int64)
-        self.place = np.full(len(self.seq), -1, dtype=np.int64)  # position in its batch
-        self.worker_of = np.full(len(self.seq), -1, dtype=np.int64)
-        self.kept_index = np.full(len(self.seq), -1, dtype=np.int64)  # ordinal among its worker's own
+        n = len(self.seq)
+        self.step_of = np.full(n, -1, dtype=np.int64)
+        self.place = np.full(n, -1, dtype=np.int64)  # position in its batch
+        self.worker_of = np.full(n, -1, dtype=np.int64)
+        self.reader_of = np.full(n, -1, dtype=np.int64)  # the worker's reader (stretch) it is read by
+        self.index_of = np.full(n, -1, dtype=np.int64)  # its ordinal among that reader's samples
         self.step_bucket = np.full((layout.world_size, self.steps), -1, dtype=np.int64)
         self.lookahead = np.zeros((layout.world_size, layout.workers), dtype=np.int64)
         merged: List[tuple] = []
         for r in range(layout.world_size):
-            own = by_rank[edges[r + 1]:edges[r + 2]]  # sorted sequence indices (a stable sort of sorted ones)
-            q = len(own)
-            cut = (q * slot_starts) // b
+            own = by_rank[edges[r + 1]:edges[r + 2]]  # sequence indices in reading order
+            cut = (len(own) * slot_starts) // b  # its workers' shares, by their slots
             worker = np.repeat(np.arange(layout.workers), np.diff(cut))
-            index = np.arange(q) - cut[worker]
-            self.worker_of[own], self.kept_index[own] = worker, index
-            time = (index + 1) / np.maximum(np.diff(cut)[worker], 1)
-            order = np.lexsort((worker, time))
-            merged.append((own[order], time[order], q))
+            if not len(own):
+                merged.append((own, np.zeros(0)))
+                continue
+            # a worker's readers: its samples of one column each (a stretch of the epoch), in order
+            change = np.r_[True, (worker[1:] != worker[:-1]) | (self.column[own][1:] != self.column[own][:-1])]
+            reader_global = np.cumsum(change) - 1
+            first_of = np.flatnonzero(change)
+            index = np.arange(len(own)) - first_of[reader_global]
+            size = np.diff(np.r_[first_of, len(own)])[reader_global]
+            self.worker_of[own], self.index_of[own] = worker, index
+            self.reader_of[own] = reader_global - reader_global[cut[worker]]  # numbered from 0 per worker
+            time = (index + 1) / size  # the readers advance in lockstep
+            order = np.lexsort((reader_global, time))
+            merged.append((own[order], time[order]))
         if self.per == "rank":
-            for r, (m, _, _) in enumerate(merged):
+            for r, (m, _) in enumerate(merged):
                 self._rank_steps(r, m)
         else:
             self._global_steps(merged)
@@ -320,7 +306,7 @@ class BucketEpoch:
         np.cumsum(units, out=base[1:])
         ready = np.zeros(int(base[-1]), dtype=np.float64)  # (b, j): when the last rank completes it
         per_rank = []
-        for m, time, q in merged:
+        for m, time in merged:
             if not len(m):
                 per_rank.append(None)
                 continue
@@ -339,18 +325,18 @@ class BucketEpoch:
                 self.step_of[m] = step_of_unit[g]
 
     def _layout_batches(self, r: int, own: np.ndarray) -> None:
-        """Batch positions worker by worker, and each worker's look-ahead."""
+        """Batch positions worker by worker (each one's samples in reading order), and each
+        worker's look-ahead."""
         if not len(own):
             return
-        step, worker, index = self.step_of[own], self.worker_of[own], self.kept_index[own]
-        order = np.lexsort((index, worker, step))
+        step, worker, reader, index = self.step_of[own], self.worker_of[own], self.reader_of[own], self.index_of[own]
+        order = np.lexsort((index, reader, worker, step))
         s = step[order]
-        first = np.searchsorted(s, s, side="left")
-        self.place[own[order]] = np.arange(len(own)) - first
+        self.place[own[order]] = np.arange(len(own)) - np.searchsorted(s, s, side="left")
         for w in range(self.layout.workers):
             mine = worker == w
             if mine.any():
-                self.lookahead[r, w] = int(holdings(index[mine], step[mine], self.steps).max())
+                self.lookahead[r, w] = int(holdings(reader[mine], index[mine], step[mine], self.steps).max())
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -361,31 +347,34 @@ class BucketEpoch:
         out[self.owner[held], self.step_of[held], self.place[held]] = self.positions[held]
         return out
 
+    def written(self, positions: np.ndarray) -> np.ndarray:
+        """Written-order sample ids of planned epoch ``positions`` (``-1`` stays ``-1``)."""
+        if not hasattr(self, "_written"):
+            self._written = np.full(int(self.counts.sum()) + 1, -1, dtype=np.int64)  # the last: for -1
+            self._written[self.positions] = self.sample_ids
+        return self._written[np.asarray(positions, dtype=np.int64)]
+
     def worker(self, rank: int, worker: int) -> BucketWorkerPlan:
-        """The :class:`BucketWorkerPlan` of (``rank``, ``worker``)."""
-        layout = self.layout
-        mine = np.flatnonzero((self.owner == rank) & (self.worker_of == worker))
-        steps = self.steps
-        if not len(mine):
-            zero = np.zeros(steps, dtype=np.int64)
-            return BucketWorkerPlan(rank, worker, self.epoch, steps, layout.global_worker(rank, worker), (), (),
-                                    np.zeros(0, dtype=np.int64), zero, zero, self.step_bucket[rank].copy(), 0)
-        first, last = int(mine[0]), int(mine[-1])
-        span = self.positions[first:last + 1]  # the planned positions its stretch covers
-        lo, hi = int(span[0]), int(span[-1]) + 1
-        keep = np.zeros(hi - lo, dtype=bool)
-        keep[self.positions[mine] - lo] = True
-        parts, _ = runs_to_parts(self.shards, [Run(lo, hi)])
-        drop = np.flatnonzero(~keep)
-        order = np.lexsort((self.kept_index[mine], self.step_of[mine]))
-        emit = self.kept_index[mine][order]
-        take = np.bincount(self.step_of[mine], minlength=steps)[:steps]
+        """The :class:`~.bucketworker.BucketWorkerPlan` of (``rank``, ``worker``)."""
+        layout, steps = self.layout, self.steps
+        mine = np.flatnonzero((self.owner == rank) & (self.worker_of == worker))  # in reading order
+        readers = []
+        reader = self.reader_of[mine]
+        for j in range(int(reader.max()) + 1 if len(mine) else 0):
+            at = self.positions[mine[reader == j]]  # increasing: a reader is a stretch of one column
+            lo, hi = int(at[0]), int(at[-1]) + 1
+            keep = np.zeros(hi - lo, dtype=bool)
+            keep[at - lo] = True
+            parts, _ = runs_to_parts(self.shards, [Run(lo, hi)])
+            readers.append((tuple(parts), tuple(np.flatnonzero(~keep).tolist())))
+        step = self.step_of[mine]
+        order = np.lexsort((self.place[mine], step))
+        take = np.bincount(step, minlength=steps)[:steps]
         starts = np.full(steps, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(starts, self.step_of[mine], self.place[mine])
-        offset = np.where(take > 0, starts, 0)
-        return BucketWorkerPlan(rank, worker, self.epoch, steps, layout.global_worker(rank, worker), tuple(parts),
-                                tuple(drop.tolist()), emit, take, offset, self.step_bucket[rank].copy(),
-                                int(self.lookahead[rank, worker]))
+        np.minimum.at(starts, step, self.place[mine])
+        return BucketWorkerPlan(rank, worker, self.epoch, steps, layout.global_worker(rank, worker), tuple(readers),
+                                reader[order], self.index_of[mine][order], take, np.where(take > 0, starts, 0),
+                                self.step_bucket[rank].copy(), int(self.lookahead[rank, worker]))
 
     def bound(self) -> int:
         """The look-ahead bound of ``per="rank"``: ``B + (k − 1)(B − 1)``, ``k`` the buckets with samples."""

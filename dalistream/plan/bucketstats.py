@@ -22,7 +22,7 @@ def bucket_quality(plan: BucketEpoch, classes: int = 100, labels: Optional[np.nd
     total = int(plan.counts.sum())
     labels = sorted_labels(total, classes) if labels is None else np.asarray(labels, dtype=np.int64)
     table = plan.rank_batches()
-    ids = np.where(table >= 0, plan.sample_ids[np.searchsorted(plan.positions, np.maximum(table, 0))], -1)
+    ids = plan.written(table)
     rng = np.random.default_rng(seeds.shard_order(plan.schedule.seed, plan.epoch) + [0xB0C4E7])
     out = []
     for k in range(plan.buckets):

@@ -122,7 +122,7 @@ def cost_figures(samples: int, layout: Layout, seed: int) -> Dict[str, Any]:
     lb = LengthBuckets("txt", LENGTH_EDGES)
     plan = BucketEpoch(counts, lb.assign({"length:txt": tokens}), len(lb), layout, schedule, 0)
     table = plan.rank_batches().reshape(-1, layout.batch_size)
-    bucketed = np.where(table >= 0, plan.sample_ids[np.searchsorted(plan.positions, np.maximum(table, 0))], -1)
+    bucketed = plan.written(table)
     fixed = np.minimum(tokens, 77)
     captions = {"median": float(np.median(tokens)), "p90": float(np.percentile(tokens, 90)), "max": int(tokens.max()),
                 "unbucketed": token_padding(tokens, plain), "length buckets": token_padding(tokens, bucketed),

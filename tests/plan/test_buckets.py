@@ -31,19 +31,23 @@ def execute(plan, counts, schedule, epoch):
         for w in range(layout.workers):
             wp = plan.worker(r, w)
             assert wp.steps == plan.steps and len(wp.take) == plan.steps
-            raw = [int(written[s]) + k for s, a, b in wp.parts for k in range(a, b)]  # sample ids read, in order
-            drop = set(wp.drop)
-            kept = [x for i, x in enumerate(raw) if i not in drop]
-            assert sorted(wp.emit.tolist()) == list(range(len(kept)))  # every kept sample emitted once
-            at, read = 0, 0
+            kept = []
+            for parts, drop in wp.readers:  # each reader: its parts front to back, its drops skipped
+                raw = [int(written[s]) + k for s, a, b in parts for k in range(a, b)]
+                kept.append([x for i, x in enumerate(raw) if i not in set(drop)])
+            pairs = sorted(zip(wp.emit_reader.tolist(), wp.emit_index.tolist()))
+            assert pairs == [(j, i) for j, k in enumerate(kept) for i in range(len(k))]  # each kept sample once
+            at, read = 0, [0] * len(kept)
             for t in range(plan.steps):
-                mine = wp.emit[at:at + wp.take[t]]
-                at += wp.take[t]
-                if len(mine):
-                    read = max(read, int(mine.max()) + 1)  # read front to back up to what it needs
-                    assert (out[r, t, wp.offset[t]:wp.offset[t] + len(mine)] == -1).all()  # no position twice
-                    out[r, t, wp.offset[t]:wp.offset[t] + len(mine)] = [kept[i] for i in mine]
-                held = read - (at - wp.take[t])  # read, not emitted before this step
+                n = int(wp.take[t])
+                readers, index = wp.emit_reader[at:at + n], wp.emit_index[at:at + n]
+                at += n
+                for j, i in zip(readers.tolist(), index.tolist()):
+                    read[j] = max(read[j], i + 1)  # each reader read front to back up to what it needs
+                if n:
+                    assert (out[r, t, wp.offset[t]:wp.offset[t] + n] == -1).all()  # no position twice
+                    out[r, t, wp.offset[t]:wp.offset[t] + n] = [kept[j][i] for j, i in zip(readers, index)]
+                held = sum(read) - (at - n)  # read, not emitted before this step
                 held_most = max(held_most, held)
                 assert held <= wp.lookahead
     return out, held_most
@@ -52,8 +56,7 @@ def execute(plan, counts, schedule, epoch):
 def check(counts, ids, buckets, layout, schedule, epoch, per):
     plan = BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per)
     batches, held = execute(plan, counts, schedule, epoch)
-    assert np.array_equal(np.where(batches >= 0, plan.sample_ids[np.searchsorted(plan.positions, np.maximum(
-        plan.rank_batches(), 0))], -1), batches)  # the plan's own table says the same
+    assert np.array_equal(plan.written(plan.rank_batches()), batches)  # the plan's own table says the same
     total = int(np.sum(counts))
     n = bucket_totals(ids, buckets)
     r_count, b = layout.world_size, layout.batch_size
@@ -149,7 +152,7 @@ def test_rank_stretches_barely_overlap():
     ids = rng.choice(3, 20000, p=[0.6, 0.3, 0.1]).astype(np.int16)
     layout = Layout(8, 1, 32)
     plan = BucketEpoch(counts, ids, 3, layout, Schedule(0, "exact"), 0)
-    read = sum(sum(b - a for _, a, b in plan.worker(r, 0).parts) for r in range(8))
+    read = sum(b - a for r in range(8) for parts, _ in plan.worker(r, 0).readers for _, a, b in parts)
     assert read <= 20000 + 8 * 2 * 3 * 32 / 0.1  # each cut: under one unit of each bucket, spread by its share
 
 
@@ -275,10 +278,10 @@ def test_mix_by_source_keeps_both(c, other, weight, seed):
     for s, (plan, sid) in enumerate(zip(mix.plans, [ids, ids2])):
         mine = position[source == s]
         assert len(mine) == len(set(mine.tolist()))
-        written = plan.sample_ids[np.searchsorted(plan.positions, mine)]
+        written = plan.written(mine)
         for r in range(layout.world_size):
             for t in np.flatnonzero(mix.source == s):
                 row = batches[r, t][batches[r, t] >= 0] & ((1 << 48) - 1)
-                got = set(np.asarray(sid)[plan.sample_ids[np.searchsorted(plan.positions, row)]].tolist())
+                got = set(np.asarray(sid)[plan.written(row)].tolist())
                 assert got <= {int(mix.bucket(r)[t])}
         assert len(written) <= len(sid)
