@@ -73,6 +73,48 @@ def _unknown(mask: np.ndarray, what: str, columns: Sequence[str], urls: Optional
                         reason="no_keys", hint="give every sample the member, or leave those samples out of the set")
 
 
+def _kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
+    """Centres of the ``k`` runs of sorted ``values`` (with ``weights``) of least total weighted
+    squared distance to their means (dynamic programming, O(k·n²))."""
+    n = len(values)
+    sw = np.r_[0, np.cumsum(weights)]
+    sx = np.r_[0, np.cumsum(weights * values)]
+    sxx = np.r_[0, np.cumsum(weights * values ** 2)]
+
+    def cost(i: np.ndarray, j: int) -> np.ndarray:  # runs values[i..j], for every i at once
+        w, x = sw[j + 1] - sw[i], sx[j + 1] - sx[i]
+        return (sxx[j + 1] - sxx[i]) - x * x / w
+
+    best = np.full((k, n), np.inf)
+    start = np.zeros((k, n), dtype=np.int64)
+    best[0] = cost(np.zeros(n, dtype=np.int64), 0) if n == 1 else np.array([cost(np.array([0]), j)[0] for j in range(n)])
+    for c in range(1, k):
+        for j in range(c, n):
+            i = np.arange(c, j + 1)
+            total = best[c - 1, i - 1] + cost(i, j)
+            pick = int(np.argmin(total))
+            best[c, j], start[c, j] = total[pick], i[pick]
+    centres, j = [], n - 1
+    for c in range(k - 1, -1, -1):
+        i = int(start[c, j]) if c else 0
+        centres.append((sx[j + 1] - sx[i]) / (sw[j + 1] - sw[i]))
+        j = i - 1
+    return np.array(centres[::-1])
+
+
+def _size(ratio: float, area: int, multiple: int) -> Tuple[int, int]:
+    """Sides, multiples of ``multiple``, of about ``area`` pixels whose ratio is nearest ``ratio``."""
+    h0 = math.sqrt(area / ratio) / multiple
+    best = None
+    for h in range(max(1, int(h0) - 2), int(h0) + 4):
+        for w in (math.floor(h * ratio), math.ceil(h * ratio)):
+            w = max(w, 1)
+            score = abs(math.log(w / h / ratio)) + 0.1 * abs(math.log(w * h * multiple * multiple / area))
+            if best is None or score < best[0]:
+                best = (score, w * multiple, h * multiple)
+    return best[1], best[2]  # type: ignore[index]
+
+
 @dataclass(frozen=True)
 class AspectBuckets:
     """Target image sizes ``(width, height)``; each sample goes to the size of nearest aspect
@@ -116,9 +158,10 @@ class AspectBuckets:
     @classmethod
     def auto(cls, n: int = 8, *, area: int = 1024 * 1024, multiple: int = 64, per: str = "rank",
              lookahead: Optional[int] = None) -> "AspectBuckets":
-        """``n`` sizes computed from the data set's aspect ratios (:meth:`resolve`): its samples
-        cut into ``n`` groups of equal count by aspect ratio, each group's size of about ``area``
-        pixels at the group's median ratio, sides rounded to ``multiple``."""
+        """``n`` sizes computed from the data set's aspect ratios (:meth:`resolve`): the ``n``
+        groups of its log aspect ratios (in steps of 1%) of least squared spread (1-D k-means,
+        solved exactly), each group's size of about ``area`` pixels at the group's mean ratio,
+        sides multiples of ``multiple``."""
         return cls(None, per, n, area, multiple, lookahead)
 
     columns = ("width", "height")
@@ -131,13 +174,10 @@ class AspectBuckets:
         known = (width > 0) & (height > 0)
         if not known.any():
             raise ManifestError("AspectBuckets.auto: no sample has a known width and height", reason="no_keys")
-        logs = np.sort(np.log(width[known] / height[known]))
-        groups = np.array_split(logs, min(self.n, len(logs)))  # type: ignore[arg-type]
+        values, weights = np.unique(np.round(np.log(width[known] / height[known]), 2), return_counts=True)
         sizes: Dict[float, Tuple[int, int]] = {}
-        for g in groups:
-            ratio = math.exp(float(np.median(g)))
-            w = max(self.multiple, int(round(math.sqrt(self.area * ratio) / self.multiple)) * self.multiple)
-            h = max(self.multiple, int(round(math.sqrt(self.area / ratio) / self.multiple)) * self.multiple)
+        for c in _kmeans_1d(values, weights.astype(np.float64), min(int(self.n), len(values))):  # type: ignore[arg-type]
+            w, h = _size(math.exp(float(c)), self.area, self.multiple)
             sizes.setdefault(w / h, (w, h))  # groups that round to one ratio share its bucket
         return AspectBuckets(tuple(sorted(sizes.values(), key=lambda s: s[0] / s[1])), self.per, None, self.area,
                              self.multiple, self.lookahead)
