@@ -168,3 +168,18 @@ def test_plan_bucket_cost(capsys):
     images, captions = figures["images"], figures["captions"]
     assert images["7 aspect buckets"]["lost"] < images["one square 1024x1024"]["lost"] / 4
     assert captions["length buckets"]["padding"] < captions["unbucketed"]["padding"] / 4
+
+
+def test_guide_snippets_run():
+    """docs/guide/buckets.md: every Python block is marked, and the runnable ones run."""
+    import os
+
+    from tests.test_readme import blocks
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "guide", "buckets.md")
+    with open(path, encoding="utf-8") as f:
+        found = [b for b in blocks(f.read()) if b.lang == "python"]
+    assert found and all(b.mark for b in found)
+    for block in found:
+        if block.mark == "runnable":
+            exec(compile(block.code, f"{path}:{block.line}", "exec"), {})

@@ -285,3 +285,31 @@ def test_mix_by_source_keeps_both(c, other, weight, seed):
                 got = set(np.asarray(sid)[plan.written(row)].tolist())
                 assert got <= {int(mix.bucket(r)[t])}
         assert len(written) <= len(sid)
+
+
+# -- figures ---------------------------------------------------------------------------------------
+
+from dalistream.plan.bucketstats import bucket_quality, pixel_cost, token_padding  # noqa: E402
+
+
+def test_bucket_quality_on_class_sorted_data():
+    """Columns spread over the epoch: each bucket's batches mix classes nearly as a random order
+    of the bucket's samples does (one stretch per rank would give a few classes per batch)."""
+    rng = np.random.default_rng(4)
+    counts = np.full(100, 400)
+    ids = rng.choice(4, 40000, p=[0.4, 0.3, 0.2, 0.1]).astype(np.int16)
+    plan = BucketEpoch(counts, ids, 4, Layout(4, 4, 64), Schedule(0, "even"), 0)
+    q = bucket_quality(plan, classes=100)
+    assert len(q["buckets"]) == 4 and all(b["vs_random"] > 0.7 for b in q["buckets"])
+    one_column = BucketEpoch(counts, ids, 4, Layout(4, 4, 64), Schedule(0, "even"), 0, columns=1)
+    assert all(b["vs_random"] < 0.4 for b in bucket_quality(one_column, classes=100)["buckets"])
+    assert q["repeat_rate"] < q["repeat_rate_random"]
+
+
+def test_pixel_cost_and_token_padding():
+    same = pixel_cost(np.array([400, 300]), np.array([300, 400]), np.array([0, 1]), np.array([4, 3]), np.array([3, 4]))
+    assert same == {"lost": 0.0, "stretch": 1.0, "stretched_10": 0.0}
+    square = pixel_cost(np.array([400]), np.array([200]), np.array([0]), np.array([1]), np.array([1]))
+    assert square["lost"] == pytest.approx(0.5) and square["stretch"] == pytest.approx(2.0)
+    padded = token_padding(np.array([1, 5, 2, 2]), np.array([[0, 1], [2, 3], [3, -1]]))
+    assert padded == {"tokens": 12, "padding": 4, "padding_share": 4 / 16}
