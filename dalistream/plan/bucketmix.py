@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ConfigError
 from .buckets import BucketEpoch, BucketWorkerPlan
 from .layout import Layout, Schedule
-from .mix import _names, check_share, cumulative
+from .mix import check_share, cumulative
 
 
 def check_bucket_mix(per_batch: str, samples_per_epoch: Optional[int] = None) -> None:
@@ -53,7 +53,8 @@ class BucketMix:
         check_bucket_mix(per_batch, samples_per_epoch)
         if not (len(counts) == len(ids) == len(weights)):
             raise ConfigError(f"mix: {len(counts)} sources' counts, {len(ids)} sources' buckets, {len(weights)} weights")
-        self.names, self.layout = _names(names, len(weights)), layout
+        self.names = [f"source {i}" for i in range(len(weights))] if names is None else [str(n) for n in names]
+        self.layout = layout
         totals = [int(np.sum(c)) for c in counts]
         check_share(weights, totals, layout.batch_size, "source", None, self.names)
         self.plans: List[BucketEpoch] = [BucketEpoch(c, i, buckets, layout, schedule, epoch, per)

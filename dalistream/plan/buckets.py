@@ -49,7 +49,7 @@ alone (:func:`bucket_steps`).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -380,28 +380,3 @@ class BucketEpoch:
         """The look-ahead bound of ``per="rank"``: ``B + (k − 1)(B − 1)``, ``k`` the buckets with samples."""
         b, k = self.layout.batch_size, int((self.totals > 0).sum())
         return b + max(k - 1, 0) * (b - 1)
-
-    def summary(self) -> Dict[str, object]:
-        """Figures of the plan: steps, per bucket its samples, batches per rank, padding and left
-        out, and the look-ahead used (most held by one worker) against the bound."""
-        batches = self.rank_batches()
-        bucket = self.step_bucket
-        padding = np.zeros(self.buckets, dtype=np.int64)
-        steps_of = np.zeros(self.buckets, dtype=np.int64)
-        real = batches >= 0
-        for k in range(self.buckets):
-            at = bucket == k
-            steps_of[k] = int(at.sum())
-            padding[k] = int((~real[at]).sum())
-        left = np.bincount(self.seq[self.left_out], minlength=self.buckets)[:self.buckets]
-        empty = int((bucket < 0).sum())
-        return {"per": self.per, "policy": self.schedule.policy, "epoch": self.epoch, "steps": self.steps,
-                "world_size": self.layout.world_size, "workers": self.layout.workers,
-                "batch_size": self.layout.batch_size, "samples": int(len(self.seq)),
-                "buckets": [{"bucket": k, "samples": int(self.totals[k]), "batches": int(steps_of[k]),
-                             "padding": int(padding[k]), "left_out": int(left[k])} for k in range(self.buckets)],
-                "padding_steps": empty, "padding": int(padding.sum()) + empty * self.layout.batch_size,
-                "left_out": int(len(self.left_out)),
-                "lookahead": {"max": int(self.lookahead.max(initial=0)),
-                              "mean": float(self.lookahead.mean()) if self.lookahead.size else 0.0,
-                              "rank_bound": self.bound() if self.per == "rank" else None}}

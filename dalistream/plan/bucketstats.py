@@ -14,6 +14,32 @@ from .buckets import BucketEpoch
 from .quality import batch_label_stats, sorted_labels
 
 
+def bucket_summary(plan: BucketEpoch) -> Dict[str, Any]:
+    """Figures of the plan: steps, per bucket its samples, batches per rank, padding and left
+    out, and the look-ahead used (most held by one worker) against the bound."""
+    batches = plan.rank_batches()
+    bucket = plan.step_bucket
+    padding = np.zeros(plan.buckets, dtype=np.int64)
+    steps_of = np.zeros(plan.buckets, dtype=np.int64)
+    real = batches >= 0
+    for k in range(plan.buckets):
+        at = bucket == k
+        steps_of[k] = int(at.sum())
+        padding[k] = int((~real[at]).sum())
+    left = np.bincount(plan.seq[plan.left_out], minlength=plan.buckets)[:plan.buckets]
+    empty = int((bucket < 0).sum())
+    return {"per": plan.per, "policy": plan.schedule.policy, "epoch": plan.epoch, "steps": plan.steps,
+            "world_size": plan.layout.world_size, "workers": plan.layout.workers,
+            "batch_size": plan.layout.batch_size, "samples": int(len(plan.seq)),
+            "buckets": [{"bucket": k, "samples": int(plan.totals[k]), "batches": int(steps_of[k]),
+                         "padding": int(padding[k]), "left_out": int(left[k])} for k in range(plan.buckets)],
+            "padding_steps": empty, "padding": int(padding.sum()) + empty * plan.layout.batch_size,
+            "left_out": int(len(plan.left_out)),
+            "lookahead": {"max": int(plan.lookahead.max(initial=0)),
+                          "mean": float(plan.lookahead.mean()) if plan.lookahead.size else 0.0,
+                          "rank_bound": plan.bound() if plan.per == "rank" else None}}
+
+
 def bucket_quality(plan: BucketEpoch, classes: int = 100, labels: Optional[np.ndarray] = None) -> Dict[str, Any]:
     """Per bucket: mean distinct labels per rank batch of that bucket, for the plan and for a
     random order of the same bucket's samples in batches of the same shapes (labels class-sorted

@@ -5,14 +5,14 @@ padding and left out, the look-ahead used), ``--shuffle-quality`` per bucket, an
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..buckets import AspectBuckets, LengthBuckets, parse_buckets
 from ..errors import ConfigError
 from ..plan import Layout, Schedule
-from ..plan.bucketstats import (PHOTO_MIX, bucket_quality, caption_tokens, photo_sizes, pixel_cost,
+from ..plan.bucketstats import (PHOTO_MIX, bucket_quality, bucket_summary, caption_tokens, photo_sizes, pixel_cost,
                                 token_padding)
 from ..plan.buckets import BucketEpoch
 from .args import emit, storage_options
@@ -25,15 +25,13 @@ def _name(buckets: Any, k: int) -> str:
     return f"<= {d['length']}" if d["length"] >= 0 else f"> {buckets.edges[-1]}"
 
 
-def _keys(args: argparse.Namespace, cache_dir: str, buckets: Any) -> Tuple[np.ndarray, np.ndarray, Any]:
+def _keys(args: argparse.Namespace, cache_dir: str, buckets: Any,
+          counts: Optional[np.ndarray]) -> Tuple[np.ndarray, np.ndarray, Any]:
     """Counts, every sample's bucket and the resolved buckets: from the shards' manifest, or
-    synthetic (``--counts`` with ``--bucket-shares``)."""
-    if args.counts:
-        from .planview import synthetic_counts
-
+    synthetic (``counts`` of ``--counts``, buckets drawn by ``--bucket-shares``)."""
+    if counts is not None:
         if isinstance(buckets, AspectBuckets) and buckets.sizes is None:
             raise ConfigError("--buckets auto:N needs the data set's keys", hint="give SOURCEs, or sizes: aspect:WxH,…")
-        counts = synthetic_counts(args.counts, args.seed)
         shares = np.array([float(s) for s in args.bucket_shares.split(",")]) if args.bucket_shares else \
             np.ones(len(buckets))
         if len(shares) != len(buckets) or (shares < 0).any() or shares.sum() <= 0:
@@ -52,19 +50,19 @@ def _keys(args: argparse.Namespace, cache_dir: str, buckets: Any) -> Tuple[np.nd
     return rows.samples.copy(), buckets.assign(rows.keys, rows.urls, rows.starts), buckets
 
 
-def run(args: argparse.Namespace, cache_dir: str) -> int:
-    """``plan --buckets`` and ``plan --bucket-cost``."""
+def run(args: argparse.Namespace, cache_dir: str, synthetic: Optional[np.ndarray] = None) -> int:
+    """``plan --buckets`` and ``plan --bucket-cost``; ``synthetic``: the counts of ``--counts``."""
     if args.bucket_cost:
         return cost_view(args)
     layout = Layout(args.world_size, args.workers, args.batch_size)
     schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
     buckets = parse_buckets(args.buckets, args.bucket_per, args.lookahead)
-    counts, ids, buckets = _keys(args, cache_dir, buckets)
+    counts, ids, buckets = _keys(args, cache_dir, buckets, synthetic)
     views: List[Dict[str, Any]] = []
     lines = []
     for epoch in range(args.epoch, args.epoch + args.epochs):
         plan = BucketEpoch(counts, ids, len(buckets), layout, schedule, epoch, buckets.per, lookahead=args.lookahead)
-        view = plan.summary()
+        view = bucket_summary(plan)
         for b in view["buckets"]:
             b["size"] = _name(buckets, b["bucket"])
         if args.shuffle_quality:

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
     if args.buckets or args.bucket_cost:
         from . import bucketview
 
-        return bucketview.run(args, cache_dir)
+        return bucketview.run(args, cache_dir, synthetic_counts(args.counts, args.seed) if args.counts else None)
     urls, counts, problems = _counts(args, cache_dir)
     if args.resume_from:
         view = resume_view(args, urls, counts)

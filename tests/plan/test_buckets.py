@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from dalistream.errors import ConfigError
 from dalistream.plan import Layout, Schedule
 from dalistream.plan.buckets import BucketEpoch, bucket_steps, bucket_totals
+from dalistream.plan.bucketstats import bucket_quality, bucket_summary, pixel_cost, token_padding
 from dalistream.plan.ownership import epoch_order
 
 
@@ -131,7 +132,7 @@ def test_steps_and_lookahead_at_scale():
     layout = Layout(64, 8, 64)
     plan = BucketEpoch(counts, ids, 8, layout, Schedule(0, "even"), 0)
     assert plan.lookahead.max() <= plan.bound() // 2
-    assert plan.summary()["left_out"] < 8 * 64 * 64
+    assert bucket_summary(plan)["left_out"] < 8 * 64 * 64
 
 
 def test_new_order_each_epoch():
@@ -289,7 +290,6 @@ def test_mix_by_source_keeps_both(c, other, weight, seed):
 
 # -- figures ---------------------------------------------------------------------------------------
 
-from dalistream.plan.bucketstats import bucket_quality, pixel_cost, token_padding  # noqa: E402
 
 
 def test_bucket_quality_on_class_sorted_data():
