@@ -5,6 +5,7 @@ Light to import: DALI and torch are loaded only when a pipeline is built or run.
 
 from __future__ import annotations
 
+from .buckets import AspectBuckets, LengthBuckets
 from .config import WORKERS, Field, StreamConfig
 from .errors import (ConfigError, DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError,
                      StateError, WorkerError)
@@ -19,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Field", "StreamConfig", "Stream", "Loader", "pipeline_def", "read", "raw_pipeline",
     "DalistreamError", "ConfigError", "SourceError", "ShardFormatError", "SampleError", "ManifestError",
-    "StateError", "WorkerError", "open_loader", "torch_device", "write_shards",
+    "StateError", "WorkerError", "open_loader", "torch_device", "write_shards", "AspectBuckets", "LengthBuckets",
 ]
 
 

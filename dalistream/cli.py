@@ -81,6 +81,13 @@ def cmd_index(args: argparse.Namespace) -> int:
                                        discover=False)
     if args.no_members:
         infos = [dataclasses.replace(i, members=None) for i in infos]
+    if args.keys:  # per-sample keys for buckets: reads the chosen members' data
+        from .manifest.keys import KeySpec, with_keys
+
+        spec = KeySpec.parse(args.keys)
+        with progress_bar(args, total=len(urls), unit="shard") as bar:
+            infos, key_problems = with_keys(infos, spec, storage_options(args), tolerant=args.on_error == "skip",
+                                            progress=lambda info: bar.update(1))
     if args.output is None:  # next to the shards, where Stream.open looks without being told
         args.output = default_location(urls)
     if args.output == "-":
@@ -94,6 +101,13 @@ def cmd_index(args: argparse.Namespace) -> int:
     if problems:
         text += f"\n{len(problems)} shards could not be read to their end (counted up to the problem):"
         text += "".join(f"\n    {p}" for p in problems)
+    if args.keys:
+        found = {name: sum(sum(v >= 0 for v in i.keys.get(name, ())) for i in infos if i.keys) for name in spec.columns}
+        text += "\nkeys: " + ", ".join(f"{name} of {n} samples" for name, n in found.items())
+        payload["key_errors"] = [p.fields() for p in key_problems]
+        if key_problems:  # on_error="skip": those samples' keys are -1 (unknown)
+            text += f"\n{len(key_problems)} samples' keys could not be read (left unknown):"
+            text += "".join(f"\n    {p}" for p in key_problems)
     if args.output:
         text += f"\nwrote manifest {redact(args.output)} ({len(infos)} shards, {payload['samples']} samples)"
     emit(args, payload, text)
@@ -219,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-members", action="store_true",
                    help="omit the member layouts of regular shards (a smaller manifest; workers then parse every "
                         "tar header instead of cutting samples out by the layout)")
+    p.add_argument("--keys", default=None, metavar="SPEC",
+                   help="record per-sample keys for buckets (reads those members' data): 'image' = width and height "
+                        "from each sample's JPEG/PNG/WebP header ('image:EXT' for member EXT), any other EXT = the byte "
+                        "length of member EXT; e.g. --keys image,txt")
     p.add_argument("--json", action="store_true", help="print one JSON object (shards, samples, errors) instead of a table")
     p.set_defaults(func=cmd_index)
 

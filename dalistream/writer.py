@@ -128,6 +128,7 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
     (``shards``, ``samples``, ``classes``, ``manifest``). ``on_listed(total)`` is called once the
     source is listed, ``progress(n)`` as shards are written, with their sample counts."""
     from .manifest import build_manifest, write_manifest
+    from .manifest.keys import written_keys
 
     if samples_per_shard < 1:
         raise ConfigError(f"samples_per_shard must be >= 1, got {samples_per_shard}")
@@ -160,6 +161,7 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
                     if progress:
                         progress(n)
         infos = build_manifest(paths, offsets=True)
+        infos = written_keys(infos)  # per-sample keys for buckets (image size, caption length)
         if remote:
             from .io.remote import put_bytes
 

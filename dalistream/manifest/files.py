@@ -76,6 +76,8 @@ def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapp
             patterns, kinds, sizes = info.members
             row["members"] = {"patterns": [{"exts": list(e), "headers": list(h)} for e, h in patterns],
                               **({"kinds": list(kinds)} if len(patterns) > 1 else {}), "sizes": list(sizes)}
+        if info.keys:
+            row["keys"] = {name: list(values) for name, values in info.keys.items()}
         rows.append(row)
     payload = json.dumps({"format": FORMAT, "version": 1, "shards": rows}, separators=(",", ":"))
     if is_remote(path):
@@ -110,7 +112,7 @@ def read_manifest(path: str, options: Optional[Mapping[str, Any]] = None) -> Sha
 
 
 # the column layout of a parsed manifest kept in the cache directory: bump when it changes
-PARSED_LAYOUT = "rows-2"  # rows-2: member layouts
+PARSED_LAYOUT = "rows-3"  # rows-2: member layouts; rows-3: key columns
 
 
 def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None) -> ShardRows:
@@ -134,7 +136,8 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
             if "member_exts" in z:
                 members = MemberLayout.from_arrays(z, z["samples"], np.load(base + ".kinds.npy", mmap_mode="r"),
                                                    np.load(base + ".members.npy", mmap_mode="r"))
-            return ShardRows(z["urls"].tolist(), z["samples"], z["sizes"], offsets, members)
+            keys = {name: np.load(f"{base}.key{i}.npy", mmap_mode="r") for i, name in enumerate(z["key_names"].tolist())}
+            return ShardRows(z["urls"].tolist(), z["samples"], z["sizes"], offsets, members, keys)
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
         pass  # not there yet (or unreadable): parse, then keep
     rows = read_manifest(path, options)
@@ -144,10 +147,13 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
         written = (cache_write(base + ".kinds.npy", lambda f: np.save(f, np.asarray(rows.members.kind)))
                    and cache_write(base + ".members.npy", lambda f: np.save(f, np.asarray(rows.members.sizes))))
         layout = rows.members.pattern_arrays()
+    names = sorted(rows.keys or {})
+    for i, name in enumerate(names):
+        written = written and cache_write(f"{base}.key{i}.npy", lambda f, name=name: np.save(f, np.asarray(rows.keys[name])))
     if written:
         cache_write(base + ".npz", lambda f: np.savez(f, urls=np.array(rows.urls, dtype=str), samples=rows.samples,
                                                         sizes=rows.sizes, has_offsets=np.array(rows.offsets is not None),
-                                                        **layout))
+                                                        key_names=np.array(names, dtype=str), **layout))
     return rows
 
 

@@ -11,7 +11,10 @@
   (``members``, for a regular shard only: its sample patterns (member extensions in tar order and
   the 512-byte header blocks before each one's data, 1 each if left out), each sample's pattern
   (``kinds``; left out when there is one pattern) and every member's size, which let a worker cut
-  samples out of the bytes without parsing headers: :mod:`.members`);
+  samples out of the bytes without parsing headers: :mod:`.members`; ``keys``, written by
+  ``dalistream index --keys``: per-sample key columns for buckets, one integer per sample each,
+  ``-1`` where unknown, e.g. ``{"width": [640, …], "height": [480, …], "length:txt": [31, …]}``:
+  :mod:`.keys`);
 
 - webdataset's ``wids`` shard index: ``{"__kind__": "wids-shard-index-v1", "wids_version": 1,
   "shardlist": [{"url": …, "nsamples": …, "filesize": …}, …]}`` (no offsets);
@@ -106,7 +109,50 @@ def _checked_row(raw: Any, manifest: str, row: int, url_key: str, samples_key: s
         members = _row_members(members, samples)
         if isinstance(members, str):
             raise _bad(f"'members': {members}", manifest, row, url)
-    return ShardInfo(url, samples, size, tuple(offsets) if offsets is not None else None, members)
+    keys = raw.get("keys")
+    if keys is not None:
+        problem = key_problem(keys, samples)
+        if problem:
+            raise _bad(f"'keys': {problem}", manifest, row, url)
+    return ShardInfo(url, samples, size, tuple(offsets) if offsets is not None else None, members, keys)
+
+
+def key_problem(keys: Any, samples: int) -> Optional[str]:
+    """What is wrong with a row's ``keys`` (``None``: nothing): an object of named lists, one
+    integer from -1 (unknown) up per sample."""
+    if not isinstance(keys, dict) or not all(isinstance(k, str) and k for k in keys):
+        return "must be an object of named lists"
+    for name, values in keys.items():
+        if not isinstance(values, list) or len(values) != samples:
+            return f"{name!r} must list one value per sample ({samples})"
+        if not all(type(v) is int and -1 <= v < 1 << 62 for v in values):
+            return f"{name!r} must hold integers >= -1 (-1: unknown)"
+    return None
+
+
+def _key_columns(rows: list, samples: list, starts: np.ndarray) -> Any:
+    """The rows' keys as flat columns (``None``: no row has keys), or ``False`` when one row's are
+    not plainly valid (the row-by-row check then names it)."""
+    raw = [r.get("keys") for r in rows]
+    if all(k is None for k in raw):
+        return None
+    if not all(k is None or (type(k) is dict and all(type(v) is list and len(v) == n for v in k.values()))
+               for k, n in zip(raw, samples)):
+        return False
+    names = sorted({name for k in raw if k for name in k})
+    if not all(type(name) is str and name for name in names):
+        return False
+    out = {}
+    for name in names:
+        column = np.full(int(starts[-1]), -1, dtype=np.int64)
+        for s, k in enumerate(raw):
+            values = k.get(name) if k else None
+            if values:
+                column[starts[s]:starts[s + 1]] = values if all(type(v) is int for v in values) else -2
+        if (column < -1).any():
+            return False
+        out[name] = column
+    return out
 
 
 def _row_members(raw: Any, samples: int) -> Any:
@@ -203,11 +249,17 @@ def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str])
     members = _member_columns(rows, samples, offsets, running_starts(counts))
     if members is False:
         return None
+    try:
+        keys = _key_columns(rows, samples, running_starts(counts))
+    except (OverflowError, TypeError, ValueError):
+        return None
+    if keys is False:
+        return None
     prefix = resolve("x", manifest, folder)[:-1]  # what a plain relative name is joined to, worked out once
     resolved = [prefix + u if _simple(u) else resolve(u, manifest, folder) for u in urls]
     if len(set(resolved)) != len(resolved):
         return None
-    return ShardRows(resolved, counts, size_col, offsets, members)
+    return ShardRows(resolved, counts, size_col, offsets, members, keys)
 
 
 def _member_columns(rows: list, samples: list, offsets: Optional[np.ndarray], starts: np.ndarray) -> Any:

@@ -11,6 +11,10 @@ from .mix import (PER_BATCH, MixEpoch, MixPlan, SourcePlan, batch_sources, check
 from .mixinput import MixSource, check_fields, check_weight, check_weights, parse_mix, parse_mix_arg
 from .resume import Remaining, ResumePlan, Run, check_segments, continued, remaining_summary, resumed_steps, resumed_worker_plan
 from .summary import epoch_summary
+from .buckets import BucketEpoch, bucket_steps
+from .bucketmix import BucketMix, check_bucket_mix
+from .bucketresume import resumed_bucket_plan
+from .bucketworker import BucketWorkerPlan
 
 __all__ = ["POLICIES", "EpochLayout", "Remaining", "ResumePlan", "Run", "check_segments", "continued", "remaining_summary", "resumed_steps",
            "resumed_worker_plan", "Layout", "Part", "Schedule", "WorkerPlan", "check_layout", "epoch_layout",
@@ -18,4 +22,5 @@ __all__ = ["POLICIES", "EpochLayout", "Remaining", "ResumePlan", "Run", "check_s
            "span_bounds", "steps_per_epoch", "worker_columns", "worker_plan",
            "PER_BATCH", "MixEpoch", "MixPlan", "MixSource", "SourcePlan", "batch_sources", "check_fields", "check_share",
            "check_weight", "check_weights", "cumulative", "integer_weights", "mix_plan", "mix_steps", "mix_summary",
-           "parse_mix", "parse_mix_arg", "pass_order", "span_layout", "worker_take"]
+           "parse_mix", "parse_mix_arg", "pass_order", "span_layout", "worker_take",
+           "BucketEpoch", "BucketMix", "BucketWorkerPlan", "bucket_steps", "check_bucket_mix", "resumed_bucket_plan"]

@@ -140,6 +140,10 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
     """The ``plan`` command."""
     if getattr(args, "mix", None):
         return mix_view(args, cache_dir)
+    if args.buckets or args.bucket_cost:
+        from . import bucketview
+
+        return bucketview.run(args, cache_dir, synthetic_counts(args.counts, args.seed) if args.counts else None)
     urls, counts, problems = _counts(args, cache_dir)
     if args.resume_from:
         view = resume_view(args, urls, counts)
@@ -258,6 +262,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=None, help="with --affinity node: nodes the world size is split in")
     p.add_argument("--from-nodes", type=int, default=None, metavar="M",
                    help="with --affinity node: how much of each node's cache stays useful after moving from M nodes")
+    from .bucketview import add_arguments as bucket_arguments
+
+    bucket_arguments(p)
     p.add_argument("--detail", action=argparse.BooleanOptionalAction, default=None,
                    help="list every (rank, worker)'s parts (default: for 16 global workers or fewer, or with --rank: "
                         "that rank's workers)")

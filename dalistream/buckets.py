@@ -1,0 +1,281 @@
+"""Buckets: batches by shape. Every batch holds samples of one bucket, so a pipeline resizes each
+batch to its bucket's size (images) or pads it to its bucket's length (text) instead of
+squashing or padding everything to one shape. A bucket is chosen per sample from its keys
+(recorded before the epoch by ``dalistream index --keys``: :mod:`dalistream.manifest.keys`);
+which samples form which batch is the pure plan's (:mod:`dalistream.plan.buckets`).
+
+- :class:`AspectBuckets`: target sizes ``(width, height)``; a sample goes to the size whose
+  aspect ratio is nearest its own on a log scale (``|log(w/h) − log(W/H)|``, ties to the first).
+  :meth:`AspectBuckets.auto` computes ``n`` sizes from the data set's own distribution.
+- :class:`LengthBuckets`: a member's byte length against ``edges``: bucket ``i`` holds lengths
+  up to ``edges[i]`` (and above ``edges[i-1]``), the last one those above ``edges[-1]``.
+
+``per="rank"`` (default): each rank's batch is one bucket (ranks may hold different buckets at
+the same step); ``per="global"``: the whole global batch is one bucket. All values are frozen,
+picklable and checked when made (:class:`~dalistream.errors.ConfigError`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import ConfigError, ManifestError
+
+PER = ("rank", "global")
+MAX_BUCKETS = 1 << 15
+
+
+def _check_per(per: Any) -> None:
+    if per not in PER:
+        raise ConfigError(f"buckets: per must be one of {PER}, got {per!r}")
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"buckets: {what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _lookahead(value: Any) -> Optional[int]:
+    return None if value is None else _positive_int(value, "lookahead")
+
+
+def missing_keys(columns: Sequence[str], keys: Optional[Mapping[str, np.ndarray]], what: str) -> ManifestError:
+    """The error for buckets asked of a data set whose manifest lacks their keys."""
+    spec = "image" if "width" in columns else ",".join(c.split(":", 1)[1] for c in columns)
+    have = f"it has {sorted(keys)}" if keys else "it has none (a counts-only or older manifest)"
+    return ManifestError(f"{what} need the per-sample keys {list(columns)} in the manifest; {have}",
+                         reason="no_keys", hint=f"run `dalistream index SOURCES --keys {spec}` (writes the manifest "
+                                                f"beside the shards), or give that manifest")
+
+
+def _columns(keys: Optional[Mapping[str, np.ndarray]], columns: Sequence[str], what: str) -> list:
+    if not keys or any(c not in keys for c in columns):
+        raise missing_keys(columns, keys, what)
+    return [np.asarray(keys[c], dtype=np.int64) for c in columns]
+
+
+def _unknown(mask: np.ndarray, what: str, columns: Sequence[str], urls: Optional[Sequence[str]],
+             starts: Optional[np.ndarray]) -> None:
+    if not mask.any():
+        return
+    i = int(np.argmax(mask))
+    url, where = None, f"sample {i}"
+    if urls is not None and starts is not None:
+        s = int(np.searchsorted(starts, i, side="right")) - 1
+        url, where = urls[s], f"sample {i - int(starts[s])} of its shard"
+    raise ManifestError(f"{what}: {where} has no {'/'.join(columns)} ({int(mask.sum())} samples have none: no such "
+                        "member, an image of another format, or a header that could not be read)", url=url,
+                        reason="no_keys", hint="give every sample the member, or leave those samples out of the set")
+
+
+def _kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
+    """Centres of the ``k`` runs of sorted ``values`` (with ``weights``) of least total weighted
+    squared distance to their means (dynamic programming, O(k·n²))."""
+    n = len(values)
+    sw = np.r_[0, np.cumsum(weights)]
+    sx = np.r_[0, np.cumsum(weights * values)]
+    sxx = np.r_[0, np.cumsum(weights * values ** 2)]
+
+    def cost(i: np.ndarray, j: int) -> np.ndarray:  # runs values[i..j], for every i at once
+        w, x = sw[j + 1] - sw[i], sx[j + 1] - sx[i]
+        return (sxx[j + 1] - sxx[i]) - x * x / w
+
+    best = np.full((k, n), np.inf)
+    start = np.zeros((k, n), dtype=np.int64)
+    best[0] = cost(np.zeros(n, dtype=np.int64), 0) if n == 1 else np.array([cost(np.array([0]), j)[0] for j in range(n)])
+    for c in range(1, k):
+        for j in range(c, n):
+            i = np.arange(c, j + 1)
+            total = best[c - 1, i - 1] + cost(i, j)
+            pick = int(np.argmin(total))
+            best[c, j], start[c, j] = total[pick], i[pick]
+    centres, j = [], n - 1
+    for c in range(k - 1, -1, -1):
+        i = int(start[c, j]) if c else 0
+        centres.append((sx[j + 1] - sx[i]) / (sw[j + 1] - sw[i]))
+        j = i - 1
+    return np.array(centres[::-1])
+
+
+def _size(ratio: float, area: int, multiple: int) -> Tuple[int, int]:
+    """Sides, multiples of ``multiple``, of about ``area`` pixels whose ratio is nearest ``ratio``."""
+    h0 = math.sqrt(area / ratio) / multiple
+    best = None
+    for h in range(max(1, int(h0) - 2), int(h0) + 4):
+        for w in (math.floor(h * ratio), math.ceil(h * ratio)):
+            w = max(w, 1)
+            score = abs(math.log(w / h / ratio)) + 0.1 * abs(math.log(w * h * multiple * multiple / area))
+            if best is None or score < best[0]:
+                best = (score, w * multiple, h * multiple)
+    return best[1], best[2]  # type: ignore[index]
+
+
+@dataclass(frozen=True)
+class AspectBuckets:
+    """Target image sizes ``(width, height)``; each sample goes to the size of nearest aspect
+    ratio (log scale). ``sizes=None`` with ``n``: :meth:`auto`, resolved from the data set's keys
+    by :meth:`resolve`. ``lookahead``: the most samples a worker may hold (read, not yet emitted);
+    the plan refuses a layout that would need more (``None``: its bound, see the plan)."""
+
+    sizes: Optional[Tuple[Tuple[int, int], ...]] = None
+    per: str = "rank"
+    n: Optional[int] = None
+    area: int = 1024 * 1024
+    multiple: int = 64
+    lookahead: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check_per(self.per)
+        _positive_int(self.area, "area")
+        _positive_int(self.multiple, "multiple")
+        _lookahead(self.lookahead)
+        if self.sizes is None:
+            if self.n is None:
+                raise ConfigError("AspectBuckets needs sizes [(width, height), …], or use AspectBuckets.auto(n=8)")
+            if _positive_int(self.n, "n") > MAX_BUCKETS:
+                raise ConfigError(f"AspectBuckets.auto: n must be at most {MAX_BUCKETS}, got {self.n}")
+            return
+        if isinstance(self.sizes, (str, bytes)) or not isinstance(self.sizes, (list, tuple)) or not self.sizes:
+            raise ConfigError(f"AspectBuckets: sizes must be a non-empty list of (width, height), got {self.sizes!r}")
+        sizes = []
+        for s in self.sizes:
+            if not isinstance(s, (list, tuple)) or len(s) != 2:
+                raise ConfigError(f"AspectBuckets: each size must be (width, height), got {s!r}")
+            sizes.append((_positive_int(s[0], "a width"), _positive_int(s[1], "a height")))
+        ratios = [w / h for w, h in sizes]
+        if len(set(ratios)) != len(ratios):
+            twin = next(s for s, r in zip(sizes, ratios) if ratios.count(r) > 1)
+            raise ConfigError(f"AspectBuckets: two sizes have the aspect ratio of {twin}: a sample could not choose")
+        if len(sizes) > MAX_BUCKETS:
+            raise ConfigError(f"AspectBuckets: at most {MAX_BUCKETS} sizes, got {len(sizes)}")
+        object.__setattr__(self, "sizes", tuple(sizes))
+
+    @classmethod
+    def auto(cls, n: int = 8, *, area: int = 1024 * 1024, multiple: int = 64, per: str = "rank",
+             lookahead: Optional[int] = None) -> "AspectBuckets":
+        """``n`` sizes computed from the data set's aspect ratios (:meth:`resolve`): the ``n``
+        groups of its log aspect ratios (in steps of 1%) of least squared spread (1-D k-means,
+        solved exactly), each group's size of about ``area`` pixels at the group's mean ratio,
+        sides multiples of ``multiple``."""
+        return cls(None, per, n, area, multiple, lookahead)
+
+    columns = ("width", "height")
+
+    def resolve(self, keys: Optional[Mapping[str, np.ndarray]]) -> "AspectBuckets":
+        """These buckets with their sizes known: itself, or :meth:`auto`'s computed from ``keys``."""
+        if self.sizes is not None:
+            return self
+        width, height = _columns(keys, self.columns, "AspectBuckets.auto")
+        known = (width > 0) & (height > 0)
+        if not known.any():
+            raise ManifestError("AspectBuckets.auto: no sample has a known width and height", reason="no_keys")
+        values, weights = np.unique(np.round(np.log(width[known] / height[known]), 2), return_counts=True)
+        sizes: Dict[float, Tuple[int, int]] = {}
+        for c in _kmeans_1d(values, weights.astype(np.float64), min(int(self.n), len(values))):  # type: ignore[arg-type]
+            w, h = _size(math.exp(float(c)), self.area, self.multiple)
+            sizes.setdefault(w / h, (w, h))  # groups that round to one ratio share its bucket
+        return AspectBuckets(tuple(sorted(sizes.values(), key=lambda s: s[0] / s[1])), self.per, None, self.area,
+                             self.multiple, self.lookahead)
+
+    def assign(self, keys: Optional[Mapping[str, np.ndarray]], urls: Optional[Sequence[str]] = None,
+               starts: Optional[np.ndarray] = None) -> np.ndarray:
+        """Every sample's bucket (``int16``), from the ``width``/``height`` key columns; a sample
+        without them raises, naming its shard when ``urls``/``starts`` (its rows) are given."""
+        if self.sizes is None:
+            return self.resolve(keys).assign(keys, urls, starts)
+        width, height = _columns(keys, self.columns, "AspectBuckets")
+        _unknown((width <= 0) | (height <= 0), "AspectBuckets", self.columns, urls, starts)
+        targets = np.log(np.array([w / h for w, h in self.sizes]))
+        order = np.argsort(targets, kind="stable")
+        sorted_t = targets[order]
+        x = np.log(width / height)
+        j = np.clip(np.searchsorted(sorted_t, x), 1, max(1, len(sorted_t) - 1))
+        if len(sorted_t) == 1:
+            return np.zeros(len(x), dtype=np.int16)
+        left, right = sorted_t[j - 1], sorted_t[j]
+        pick = np.where(np.abs(x - left) <= np.abs(right - x), j - 1, j)
+        return order[pick].astype(np.int16)
+
+    def __len__(self) -> int:
+        if self.sizes is None:
+            raise ConfigError("AspectBuckets.auto: the number of buckets is known once resolved from the keys")
+        return len(self.sizes)
+
+    def describe(self, bucket: int) -> Dict[str, int]:
+        """What a batch of ``bucket`` carries: its target ``width`` and ``height``."""
+        w, h = self.sizes[bucket]  # type: ignore[index]
+        return {"width": w, "height": h}
+
+
+@dataclass(frozen=True)
+class LengthBuckets:
+    """Buckets by the byte length of member ``field`` (key ``length:FIELD``): bucket ``i`` holds
+    lengths in ``(edges[i-1], edges[i]]`` (bucket 0 from 0), the last bucket those above
+    ``edges[-1]``. ``lookahead`` as for :class:`AspectBuckets`."""
+
+    field: str
+    edges: Tuple[int, ...]
+    per: str = "rank"
+    lookahead: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check_per(self.per)
+        _lookahead(self.lookahead)
+        if not isinstance(self.field, str) or not self.field or self.field.startswith("."):
+            raise ConfigError(f"LengthBuckets: field must be a member extension such as 'txt', got {self.field!r}")
+        if isinstance(self.edges, (str, bytes)) or not isinstance(self.edges, (list, tuple)) or not self.edges:
+            raise ConfigError(f"LengthBuckets: edges must be a non-empty list of lengths, got {self.edges!r}")
+        edges = tuple(_positive_int(e, "an edge") for e in self.edges)
+        if any(b <= a for a, b in zip(edges, edges[1:])):
+            raise ConfigError(f"LengthBuckets: edges must increase, got {list(edges)}")
+        if len(edges) >= MAX_BUCKETS:
+            raise ConfigError(f"LengthBuckets: at most {MAX_BUCKETS - 1} edges, got {len(edges)}")
+        object.__setattr__(self, "edges", edges)
+
+    @property
+    def columns(self) -> Tuple[str, ...]:
+        return (f"length:{self.field}",)
+
+    def resolve(self, keys: Optional[Mapping[str, np.ndarray]]) -> "LengthBuckets":
+        return self
+
+    def assign(self, keys: Optional[Mapping[str, np.ndarray]], urls: Optional[Sequence[str]] = None,
+               starts: Optional[np.ndarray] = None) -> np.ndarray:
+        """Every sample's bucket (``int16``) from its length; a sample without the member raises."""
+        (length,) = _columns(keys, self.columns, "LengthBuckets")
+        _unknown(length < 0, "LengthBuckets", self.columns, urls, starts)
+        return np.searchsorted(np.asarray(self.edges), length, side="left").astype(np.int16)
+
+    def __len__(self) -> int:
+        return len(self.edges) + 1
+
+    def describe(self, bucket: int) -> Dict[str, int]:
+        """What a batch of ``bucket`` carries: its ``length`` (the bucket's upper edge; ``-1`` for
+        the last, open bucket: pad to the batch's longest)."""
+        return {"length": self.edges[bucket] if bucket < len(self.edges) else -1}
+
+
+def parse_buckets(text: str, per: str = "rank", lookahead: Optional[int] = None):
+    """Buckets from a command line's ``--buckets``: ``aspect:1024x1024,1152x896,896x1152``,
+    ``auto:8`` (:meth:`AspectBuckets.auto`) or ``length:txt:32,64,128,256``."""
+    usage = "expected aspect:WxH,WxH,…, auto:N or length:FIELD:EDGE,EDGE,…"
+    kind, _, rest = str(text).partition(":")
+    try:
+        if kind == "aspect":
+            sizes = [tuple(int(v) for v in item.lower().split("x")) for item in rest.split(",") if item.strip()]
+            return AspectBuckets(tuple(sizes), per, lookahead=lookahead)  # type: ignore[arg-type]
+        if kind == "auto":
+            return AspectBuckets.auto(int(rest or 8), per=per, lookahead=lookahead)
+        if kind == "length":
+            field, _, edges = rest.rpartition(":")
+            return LengthBuckets(field, tuple(int(e) for e in edges.split(",") if e.strip()), per, lookahead)
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"--buckets {text!r}: {e}", hint=usage) from None
+    raise ConfigError(f"--buckets {text!r}: unknown kind {kind!r}", hint=usage)

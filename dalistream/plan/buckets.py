@@ -1,0 +1,382 @@
+"""Bucket plans: which samples form which batch when every batch must hold one bucket. Pure
+functions of (counts, every sample's bucket, layout, schedule, epoch, ``per``[, the positions
+still to plan after a resume]); no I/O.
+
+**Sequence.** As in :mod:`.ownership`, the epoch's shards are permuted (``seeds.shard_order``)
+and laid end to end; what is planned is that sequence (or, after a resume, the part of it not yet
+delivered: :mod:`.bucketresume`). It is read in *columns*, as interleaved reading does
+(:attr:`~.layout.Layout.column_layout`): cut into ``R·C`` balanced stretches (``C`` per rank,
+default ``B``), column ``q = p·R + r`` read by rank ``r``, so a rank's columns lie spread over
+the whole epoch. The plan works on the *reading order*: rank 0's columns, then rank 1's, … .
+Bucket ``b``'s samples, in reading order, are its *b-sequence* (``n_b`` samples).
+
+**per="rank"** (each rank's batch one bucket). Units of ``B`` samples of one bucket are a rank
+batch. ``exact``: bucket b has ``V_b = ⌈n_b/B⌉`` units (its last one partial, padded), ``N = Σ
+V_b``, ``S = ⌈N/R⌉`` steps; ranks get ``S`` or ``S − 1`` units (then one all-padding step at the
+end). ``even``: ``V_b ≤ ⌊n_b/B⌋`` full units with ``Σ V_b = R·S``, ``S = ⌊Σ⌊n_b/B⌋ / R⌋``; what
+is past ``V_b·B`` in each b-sequence (its tail: different samples each epoch) is left out, less
+than one batch per rank of each bucket. Rank ``r`` owns, of every bucket, a run of whole units
+of its b-sequence, cut *where the sequence is*: at the position where the units before rank r
+are reached, each bucket's count of samples before it is rounded to whole units (largest
+remainders, so the units add up). Ranks so read nearly disjoint stretches of the sequence; a
+rank's stretch overlaps its neighbour's by less than one unit of each bucket (samples it skips).
+
+Within a rank, its owned samples (in reading order) are split among its ``W`` workers by their
+slots; a worker's share is a few of the rank's columns, each a *reader* it reads front to back
+(its shard ``parts``), skipping samples that are not its own (``drop``). All the rank's readers
+advance in lockstep — reader j's i-th sample at time ``(i+1)/len_j`` — and the rank's batches
+form in *completion order* over that merged reading: a bucket's next B samples make a batch when
+its B-th arrives. A batch's samples come from whichever workers read them (``take``: how many
+each contributes at a step, laid out worker by worker in the batch, ``offset``), so no worker
+waits for samples another holds. Bound: at any step a rank's workers hold together at most
+``B + (k − 1)(B − 1)`` samples (``k`` the buckets it has): the batch being assembled and less
+than one batch of every other bucket; a worker holds its share, about ``1/W`` of that. This
+*look-ahead* (the most read and not yet emitted) is computed exactly per worker
+(:mod:`.bucketworker`, ``plan --buckets``).
+
+**per="global"** (the whole global batch one bucket). ``exact``: ``V_b = ⌈n_b/(R·B)⌉`` global
+steps of bucket b, each rank the balanced share ``⌊n_b(r+1)/R⌋ − ⌊n_b·r/R⌋`` of its b-sequence
+(at most ``V_b·B``; its last b-batch padded); ``even``: ``V_b = ⌊n_b/(R·B)⌋``, each rank
+``V_b·B``. Within each rank batches form as above; the common order of the ``(b, j)`` batches
+is the order in which the last rank completes them. Ranks' shares are cut by the whole data
+set's proportions, so their stretches drift apart by about √(samples) of the sequence and the
+look-ahead grows with it: it is data-dependent, reported and checked against ``lookahead``.
+
+The order of a rank's buckets across steps is that of the (seeded) epoch sequence: a new shard
+order every epoch, so a new bucket order. Every rank computes ``S`` from the per-bucket counts
+alone (:func:`bucket_steps`).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import ConfigError
+from .layout import Layout, Schedule
+from .bucketworker import BucketWorkerPlan, holdings
+from .mix import span_layout
+from .ownership import epoch_order
+from .resume import Run, runs_to_parts
+
+PER = ("rank", "global")
+
+
+def check_bucket_schedule(schedule: Schedule, per: str) -> None:
+    """Buckets plan ``even`` and ``exact`` epochs, ``per`` rank or global."""
+    if schedule.policy == "fixed":
+        raise ConfigError("buckets need policy 'even' or 'exact' (a 'fixed' number of batches has no bucket plan)",
+                          hint="use policy='even'")
+    if per not in PER:
+        raise ConfigError(f"buckets: per must be one of {PER}, got {per!r}")
+
+
+def bucket_units(n: np.ndarray, layout: Layout, policy: str, per: str) -> Tuple[np.ndarray, int]:
+    """``(V, S)``: units (rank batches for ``per="rank"``, global batches for ``"global"``) of
+    each bucket of ``n`` samples, and the steps every rank runs."""
+    n = np.asarray(n, dtype=np.int64)
+    r, b = layout.world_size, layout.batch_size
+    if per == "global":
+        v = -(-n // (r * b)) if policy == "exact" else n // (r * b)
+        return v, int(v.sum())
+    if policy == "exact":
+        v = -(-n // b)
+        return v, -(-int(v.sum()) // r)
+    full = n // b
+    steps = int(full.sum()) // r
+    drop = int(full.sum()) - r * steps  # fewer than R units left out whole: taken from the largest buckets
+    v = full.copy()
+    if drop:
+        share = full * drop / max(int(full.sum()), 1)
+        cut = np.floor(share).astype(np.int64)
+        extra = drop - int(cut.sum())
+        cut[np.argsort(-(share - cut), kind="stable")[:extra]] += 1
+        v -= cut
+    return v, steps
+
+
+def bucket_steps(n: Sequence[int], layout: Layout, schedule: Schedule, per: str = "rank") -> int:
+    """Steps of an epoch whose buckets hold ``n`` samples each, the same on every rank."""
+    check_bucket_schedule(schedule, per)
+    return bucket_units(np.asarray(n, dtype=np.int64), layout, schedule.policy, per)[1]
+
+
+def bucket_totals(ids: np.ndarray, buckets: int) -> np.ndarray:
+    """Samples of each bucket (``ids``: every sample's bucket)."""
+    return np.bincount(np.asarray(ids, dtype=np.int64), minlength=buckets)[:buckets]
+
+
+def _round_units(target: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Integers within ``[lo, hi]`` summing to ``total``, nearest ``target`` (largest remainders)."""
+    v = np.clip(np.floor(target + 0.5).astype(np.int64), lo, hi)
+    while int(v.sum()) < total:
+        room = np.where(v < hi, target - v, -np.inf)
+        v[int(np.argmax(room))] += 1
+    while int(v.sum()) > total:
+        room = np.where(v > lo, target - v, np.inf)
+        v[int(np.argmin(room))] -= 1
+    return v
+
+
+def rank_cuts(pos: List[np.ndarray], units: np.ndarray, layout: Layout, policy: str) -> np.ndarray:
+    """``(R + 1, k)``: units of each bucket before each rank (``per="rank"``; see the module doc).
+    ``pos[b]``: the sequence indices of bucket b's samples."""
+    r_count, b = layout.world_size, layout.batch_size
+    n = np.array([len(p) for p in pos], dtype=np.int64)
+    cap = np.minimum(n, units * b)  # samples of each bucket in units
+    total_units = int(units.sum())
+    cum_units = (np.arange(r_count + 1, dtype=np.int64) * total_units) // r_count if policy == "exact" else \
+        np.arange(r_count + 1, dtype=np.int64) * (total_units // r_count)
+    length = int(sum(len(p) for p in pos))
+    cuts = np.zeros((r_count + 1, len(pos)), dtype=np.int64)
+    cuts[-1] = units
+    if r_count == 1 or total_units == 0:
+        return cuts
+    # a position counts when it is within its bucket's units: the rank boundaries are where the
+    # count reaches each rank's share of them
+    counted = np.zeros(length, dtype=np.int64)
+    for k, p in enumerate(pos):
+        counted[p[:cap[k]]] = 1
+    running = np.cumsum(counted)
+    used = int(cap.sum())
+    thresholds = -(-cum_units[1:-1] * used // total_units)
+    at = np.searchsorted(running, thresholds, side="left") + 1  # sequence lengths reaching each threshold
+    before = np.stack([np.minimum(np.searchsorted(p, at, side="left"), cap[k]) for k, p in enumerate(pos)], axis=1)
+    for i in range(1, r_count):
+        target = before[i - 1] / b
+        s = target.sum()
+        if s > 0:
+            target = target * (cum_units[i] / s)
+        cuts[i] = _round_units(target, int(cum_units[i]), cuts[i - 1], units)
+    return cuts
+
+
+class BucketEpoch:
+    """One epoch's bucket plan for every rank and worker (see the module doc), computed once.
+
+    ``counts``: samples per shard; ``ids``: every sample's bucket in written order (shard 0's
+    samples, then shard 1's, …), ``0 … buckets-1``; ``positions``: the epoch positions to plan
+    (sorted; default all: the unresumed epoch); ``columns``: stretches each rank reads (default
+    its batch size: one per batch position, as interleaved reading); ``lookahead``: the most
+    samples a worker may hold, a :class:`ConfigError` when the plan needs more (``None``: no limit)."""
+
+    def __init__(self, counts: Sequence[int], ids: np.ndarray, buckets: int, layout: Layout, schedule: Schedule,
+                 epoch: int, per: str = "rank", positions: Optional[np.ndarray] = None,
+                 lookahead: Optional[int] = None, columns: Optional[int] = None) -> None:
+        check_bucket_schedule(schedule, per)
+        self.counts = np.asarray(counts, dtype=np.int64)
+        ids = np.asarray(ids)
+        if len(ids) != int(self.counts.sum()):
+            raise ConfigError(f"{len(ids)} sample buckets for {int(self.counts.sum())} samples")
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= buckets):
+            raise ConfigError(f"sample buckets must be 0 … {buckets - 1}, found {int(ids.min())} … {int(ids.max())}")
+        self.layout, self.schedule, self.epoch, self.per, self.buckets = layout, schedule, int(epoch), per, buckets
+        self.columns = layout.batch_size if columns is None else columns
+        if isinstance(self.columns, bool) or not isinstance(self.columns, int) or self.columns < 1:
+            raise ConfigError(f"buckets: columns must be a positive integer, got {columns!r}")
+        order = epoch_order(len(self.counts), schedule.seed, epoch, schedule.shuffle_shards)
+        self.shards = span_layout(self.counts, order, np.zeros(2, dtype=np.int64), 0)
+        written = np.zeros(len(self.counts) + 1, dtype=np.int64)
+        np.cumsum(self.counts, out=written[1:])
+        shift = np.repeat(written[order] - self.shards.starts[:-1], self.counts[order])
+        total = int(self.counts.sum())
+        planned = np.arange(total, dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
+        # reading order: the planned sequence cut into R·C column stretches, column q = p·R + r read
+        # by rank r (its C columns spread over the whole sequence), ranks one after the other
+        n_cols = layout.world_size * self.columns
+        column = (np.arange(len(planned), dtype=np.int64) * n_cols) // max(len(planned), 1)
+        reading = np.argsort((column % layout.world_size) * self.columns + column // layout.world_size, kind="stable")
+        self.positions = planned[reading]  # epoch position of each sequence index, in reading order
+        self.column = column[reading]
+        self.sample_ids = shift[self.positions] + self.positions  # written-order id of each
+        seq = np.asarray(ids, dtype=np.int64)[self.sample_ids]
+        by_bucket = np.argsort(seq, kind="stable")
+        edges = np.searchsorted(seq[by_bucket], np.arange(buckets + 1))
+        self.pos = [by_bucket[edges[k]:edges[k + 1]] for k in range(buckets)]  # sequence indices of each bucket
+        self.seq = seq
+        self.totals = np.diff(edges)
+        self.units, self.steps = bucket_units(self.totals, layout, schedule.policy, per)
+        self._plan()
+        most = int(self.lookahead.max(initial=0))
+        if lookahead is not None and most > lookahead:
+            r, w = (int(x) for x in np.unravel_index(int(np.argmax(self.lookahead)), self.lookahead.shape))
+            raise ConfigError(f"buckets: worker {w} of rank {r} would hold {most} samples at once (read ahead to fill "
+                              f"its batches), more than lookahead={lookahead}",
+                              hint="raise lookahead, use fewer or coarser buckets, more workers, a smaller batch"
+                                   + (", or per='rank' (its bound is B + (buckets - 1)(B - 1) per rank)"
+                                      if per == "global" else ""))
+
+    # -- who owns what ------------------------------------------------------------------------
+
+    def _owner(self) -> np.ndarray:
+        """Rank of every sequence index (``-1``: left out)."""
+        layout, b = self.layout, self.layout.batch_size
+        owner = np.full(len(self.seq), -1, dtype=np.int64)
+        r = np.arange(layout.world_size + 1, dtype=np.int64)
+        if self.per == "rank":
+            self.cuts = rank_cuts(self.pos, self.units, layout, self.schedule.policy)
+            bounds = np.minimum(self.cuts * b, self.totals[None, :])
+        elif self.schedule.policy == "exact":
+            bounds = (self.totals[None, :] * r[:, None]) // layout.world_size
+        else:
+            bounds = r[:, None] * (self.units * b)[None, :]
+        for k, p in enumerate(self.pos):
+            rank = np.searchsorted(bounds[:, k], np.arange(len(p)), side="right") - 1
+            owner[p] = np.where(rank < layout.world_size, rank, -1)
+        return owner
+
+    def _plan(self) -> None:
+        layout, b = self.layout, self.layout.batch_size
+        self.owner = owner = self._owner()
+        by_rank = np.argsort(owner, kind="stable")
+        edges = np.searchsorted(owner[by_rank], np.arange(-1, layout.world_size + 1))
+        self.left_out = by_rank[edges[0]:edges[1]]
+        slot_starts = np.asarray(layout.slot_offsets + (b,), dtype=np.int64)
+        n = len(self.seq)
+        self.step_of = np.full(n, -1, dtype=np.int64)
+        self.place = np.full(n, -1, dtype=np.int64)  # position in its batch
+        self.worker_of = np.full(n, -1, dtype=np.int64)
+        self.reader_of = np.full(n, -1, dtype=np.int64)  # the worker's reader (stretch) it is read by
+        self.index_of = np.full(n, -1, dtype=np.int64)  # its ordinal among that reader's samples
+        self.step_bucket = np.full((layout.world_size, self.steps), -1, dtype=np.int64)
+        self.lookahead = np.zeros((layout.world_size, layout.workers), dtype=np.int64)
+        merged: List[tuple] = []
+        for r in range(layout.world_size):
+            own = by_rank[edges[r + 1]:edges[r + 2]]  # sequence indices in reading order
+            cut = (len(own) * slot_starts) // b  # its workers' shares, by their slots
+            worker = np.repeat(np.arange(layout.workers), np.diff(cut))
+            if not len(own):
+                merged.append((own, np.zeros(0)))
+                continue
+            # a worker's readers: its samples of one column each (a stretch of the epoch), in order
+            change = np.r_[True, (worker[1:] != worker[:-1]) | (self.column[own][1:] != self.column[own][:-1])]
+            reader_global = np.cumsum(change) - 1
+            first_of = np.flatnonzero(change)
+            index = np.arange(len(own)) - first_of[reader_global]
+            size = np.diff(np.r_[first_of, len(own)])[reader_global]
+            self.worker_of[own], self.index_of[own] = worker, index
+            self.reader_of[own] = reader_global - reader_global[cut[worker]]  # numbered from 0 per worker
+            time = (index + 1) / size  # the readers advance in lockstep
+            order = np.lexsort((reader_global, time))
+            merged.append((own[order], time[order]))
+        if self.per == "rank":
+            for r, (m, _) in enumerate(merged):
+                self._rank_steps(r, m)
+        else:
+            self._global_steps(merged)
+        for r in range(layout.world_size):
+            self._layout_batches(r, by_rank[edges[r + 1]:edges[r + 2]])
+
+    def _units_of(self, m: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For a rank's samples in merged order: each one's bucket, its unit within the bucket
+        (k-th B of the bucket's samples) and the merged index at which its unit completes (the
+        unit's last sample)."""
+        b = self.layout.batch_size
+        bucket = self.seq[m]
+        by = np.argsort(bucket, kind="stable")
+        start = np.searchsorted(bucket[by], np.arange(self.buckets + 1))
+        rank_in = np.empty(len(m), dtype=np.int64)
+        rank_in[by] = np.arange(len(m)) - np.repeat(start[:-1], np.diff(start))
+        unit = rank_in // b
+        last = np.zeros(len(m), dtype=np.int64)  # merged index of each sample's unit's last sample
+        key = bucket * (len(m) + 1) + unit
+        order = np.argsort(key, kind="stable")
+        bounds = np.flatnonzero(np.r_[True, key[order][1:] != key[order][:-1], True])
+        ends = order[bounds[1:] - 1]
+        last[order] = np.repeat(ends, np.diff(bounds))
+        return bucket, unit, last
+
+    def _rank_steps(self, r: int, m: np.ndarray) -> None:
+        """``per="rank"``: rank r's steps in completion order of its units (partial ones last)."""
+        if not len(m):
+            return
+        bucket, unit, last = self._units_of(m)
+        _, which, size = np.unique(bucket * (len(m) + 1) + unit, return_inverse=True, return_counts=True)
+        done = np.where(size[which] == self.layout.batch_size, last, len(m) + bucket)  # partial units after full
+        order, step = np.unique(done, return_inverse=True)  # one unit completes at each merged index
+        if len(order) > self.steps:
+            raise RuntimeError(f"rank {r}: {len(order)} batches for {self.steps} steps")  # a defect, never an input
+        self.step_of[m] = step
+        self.step_bucket[r, step] = bucket
+
+    def _global_steps(self, merged: Sequence[tuple]) -> None:
+        b, units = self.layout.batch_size, self.units
+        base = np.zeros(self.buckets + 1, dtype=np.int64)
+        np.cumsum(units, out=base[1:])
+        ready = np.zeros(int(base[-1]), dtype=np.float64)  # (b, j): when the last rank completes it
+        per_rank = []
+        for m, time in merged:
+            if not len(m):
+                per_rank.append(None)
+                continue
+            bucket, unit, last = self._units_of(m)
+            g = base[bucket] + unit
+            np.maximum.at(ready, g, time[last])
+            per_rank.append((m, g))
+        schedule = np.lexsort((np.arange(len(ready)), ready))
+        step_of_unit = np.empty(len(ready), dtype=np.int64)
+        step_of_unit[schedule] = np.arange(len(ready))
+        unit_bucket = np.repeat(np.arange(self.buckets), units)
+        for r, item in enumerate(per_rank):
+            self.step_bucket[r, step_of_unit] = unit_bucket
+            if item is not None:
+                m, g = item
+                self.step_of[m] = step_of_unit[g]
+
+    def _layout_batches(self, r: int, own: np.ndarray) -> None:
+        """Batch positions worker by worker (each one's samples in reading order), and each
+        worker's look-ahead."""
+        if not len(own):
+            return
+        step, worker, reader, index = self.step_of[own], self.worker_of[own], self.reader_of[own], self.index_of[own]
+        order = np.lexsort((index, reader, worker, step))
+        s = step[order]
+        self.place[own[order]] = np.arange(len(own)) - np.searchsorted(s, s, side="left")
+        for w in range(self.layout.workers):
+            mine = worker == w
+            if mine.any():
+                self.lookahead[r, w] = int(holdings(reader[mine], index[mine], step[mine], self.steps).max())
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def rank_batches(self) -> np.ndarray:
+        """Epoch positions of every rank's batches: ``(ranks, steps, batch_size)``, ``-1`` padding."""
+        out = np.full((self.layout.world_size, self.steps, self.layout.batch_size), -1, dtype=np.int64)
+        held = self.step_of >= 0
+        out[self.owner[held], self.step_of[held], self.place[held]] = self.positions[held]
+        return out
+
+    def written(self, positions: np.ndarray) -> np.ndarray:
+        """Written-order sample ids of planned epoch ``positions`` (``-1`` stays ``-1``)."""
+        if not hasattr(self, "_written"):
+            self._written = np.full(int(self.counts.sum()) + 1, -1, dtype=np.int64)  # the last: for -1
+            self._written[self.positions] = self.sample_ids
+        return self._written[np.asarray(positions, dtype=np.int64)]
+
+    def worker(self, rank: int, worker: int) -> BucketWorkerPlan:
+        """The :class:`~.bucketworker.BucketWorkerPlan` of (``rank``, ``worker``)."""
+        layout, steps = self.layout, self.steps
+        mine = np.flatnonzero((self.owner == rank) & (self.worker_of == worker))  # in reading order
+        readers = []
+        reader = self.reader_of[mine]
+        for j in range(int(reader.max()) + 1 if len(mine) else 0):
+            at = self.positions[mine[reader == j]]  # increasing: a reader is a stretch of one column
+            lo, hi = int(at[0]), int(at[-1]) + 1
+            keep = np.zeros(hi - lo, dtype=bool)
+            keep[at - lo] = True
+            parts, _ = runs_to_parts(self.shards, [Run(lo, hi)])
+            readers.append((tuple(parts), tuple(np.flatnonzero(~keep).tolist())))
+        step = self.step_of[mine]
+        order = np.lexsort((self.place[mine], step))
+        take = np.bincount(step, minlength=steps)[:steps]
+        starts = np.full(steps, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(starts, step, self.place[mine])
+        return BucketWorkerPlan(rank, worker, self.epoch, steps, layout.global_worker(rank, worker), tuple(readers),
+                                reader[order], self.index_of[mine][order], take, np.where(take > 0, starts, 0),
+                                self.step_bucket[rank].copy(), int(self.lookahead[rank, worker]))
+
+    def bound(self) -> int:
+        """The look-ahead bound of ``per="rank"``: ``B + (k − 1)(B − 1)``, ``k`` the buckets with samples."""
+        b, k = self.layout.batch_size, int((self.totals > 0).sum())
+        return b + max(k - 1, 0) * (b - 1)
