@@ -18,7 +18,6 @@ import glob
 import logging
 import os
 import shutil
-import tempfile
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, Optional
@@ -28,6 +27,7 @@ from ..dali.diagnose import translate
 from ..dali.pipeline import built, raw_pipeline
 from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
 from ..errors import StateError
+from ..lifetime import temp_folder
 from ..plan import Layout, check_segments, continued
 from ..stream import Stream
 from ..worker import read_workers, summarize
@@ -143,7 +143,7 @@ class Loader:
         self._pipe = None
         self._pipe_at: Optional[tuple] = None
         self._built_resume: tuple = (self.epoch, self.resume)
-        self._stats_dir = tempfile.mkdtemp(prefix="dalistream-stats-")
+        self._stats_dir = temp_folder("stats")  # named by its owner: the next run removes it if this one is killed
         self._timing = {"batches": 0, "wait_s": 0.0, "step_s": 0.0}  # see stats()
         self._closed = False
         _track(self)
