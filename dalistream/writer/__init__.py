@@ -96,24 +96,33 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
     digits = len(str(len(items)))
     jobs = [(path, [items[i] for i in shard], [f"{i:0{digits}d}" for i in shard], on_bad)
             for path, shard in zip(paths, shards)]
+    rows: Dict[str, Any] = {}  # shard path -> its manifest row, scanned as it is finished
+    final = dict(zip(paths, names))
+
+    def finished(shard: Written) -> None:
+        if shard.samples:
+            rows[shard.path] = replace(build_manifest([shard.path], offsets=True)[0], url=target.url_of(final[shard.path]))
+            if target.remote:  # each PUT is atomic: uploaded now, under its final name
+                target.place(final[shard.path], shard.path)
+        else:  # every image of it left out: no empty shard
+            os.remove(shard.path)
+        if progress:
+            progress(len(shard.samples) + len(shard.bad))
+
     try:
-        everything = run(jobs, max(1, min(processes or os.cpu_count() or 1, len(jobs))), progress)
+        everything = run(jobs, max(1, min(processes or os.cpu_count() or 1, len(jobs))), finished)
         bad = [(path, problem) for w in everything for path, problem in w.bad]
-        for w in everything:
-            if not w.samples:  # every image of it left out (on_bad="skip"): no empty shard
-                os.remove(w.path)
-        written = [w for w in everything if w.samples]
         if bad:
             log.warning("%d bad images left out (on_bad='skip'): %s%s", len(bad),
                         "; ".join(f"{path}: {problem}" for path, problem in bad[:5]), " …" if len(bad) > 5 else "")
+        written = [w for w in everything if w.samples]
         if not written:
             raise ConfigError(f"all {len(items)} images are bad, nothing to write (the first: {bad[0][0]}: "
                               f"{bad[0][1]})", url=source)
-        names = [f"{prefix}-{i:0{width}d}.tar" for i in range(len(written))]
-        infos = [replace(info, url=target.url_of(name))
-                 for info, name in zip(build_manifest([w.path for w in written], offsets=True), names)]
-        commit(target, [(name, w.path) for name, w in zip(names, written)],
-               lambda: write_manifest(infos, target.url_of(MANIFEST), storage_options, extra=_record(inputs, written)))
+        commit(target, [] if target.remote else [(final[w.path], w.path) for w in written],
+               lambda: write_manifest([rows[w.path] for w in written], target.url_of(MANIFEST), storage_options,
+                                      extra=_record(inputs, written)))
+        names = [final[w.path] for w in written]
     except BaseException:
         for path in paths:  # what is not placed yet: the marker stays, and a read refuses the output
             if os.path.exists(path):

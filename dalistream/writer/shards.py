@@ -99,18 +99,19 @@ def write_shard(path: str, items: Sequence[Item], keys: Sequence[str], on_bad: s
 Job = Tuple[str, Sequence[Item], Sequence[str], str]  # (path, items, keys, on_bad)
 
 
-def run(jobs: Sequence[Job], processes: int, progress: Optional[Callable[[int], None]] = None) -> List[Written]:
+def run(jobs: Sequence[Job], processes: int, done: Optional[Callable[[Written], None]] = None) -> List[Written]:
     """Write every job's shard, in ``processes`` processes (1: here); the results in job order.
+    ``done(written)`` is called here as each shard is finished, in the order they finish.
 
-    The first failure (a bad image under ``on_bad="error"``, a read error), or an exception here
-    (Ctrl-C, or SIGTERM turned into one), stops the others at their next image; the processes
-    are gone when this returns or raises."""
+    The first failure (a bad image under ``on_bad="error"``, a read error, an error of ``done``),
+    or an exception here (Ctrl-C, or SIGTERM turned into one), stops the others at their next
+    image; the processes are gone when this returns or raises."""
     if processes <= 1:
         out = []
         for job in jobs:
             out.append(write_shard(*job))
-            if progress:
-                progress(len(out[-1].samples) + len(out[-1].bad))
+            if done:
+                done(out[-1])
         return out
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     stop = context.Event()
@@ -122,13 +123,13 @@ def run(jobs: Sequence[Job], processes: int, progress: Optional[Callable[[int], 
         futures = [pool.submit(write_shard, *job) for job in jobs]
         pending = set(futures)
         while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            for future in done:
+            finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for future in finished:
                 error = future.exception()
                 if error is not None:
                     raise error
-                if progress:
-                    progress(len(future.result().samples) + len(future.result().bad))
+                if done:
+                    done(future.result())
         return [f.result() for f in futures]
     except BaseException:
         stop.set()
