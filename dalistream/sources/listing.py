@@ -169,6 +169,7 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
+    _check_named_folders([source for source in map(os.fspath, sources) if not is_remote(source)])
     items = [item for source in map(os.fspath, sources)
              for item in (braceexpand.braceexpand(source) if _is_brace_pattern(source) else [source])]
     known = _known_files([local_path(i) for i in items if not is_remote(i)]) if len(items) >= FOLDER_SCAN_MIN else {}
@@ -186,7 +187,6 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
             listed.extend(_expand_local(item, known))
     if not listed:
         raise SourceError("the source list is empty", hint="pass shard paths, globs, brace patterns or URLs")
-    _check_named_folders([source for source in map(os.fspath, sources) if not is_remote(source)])
     return _first_of_each(listed)
 
 
