@@ -1,0 +1,103 @@
+"""The preemption recipe (docs/recipes/preemption.py), run as a scheduler runs it: SIGTERM
+mid-epoch (to the process, or to its whole process group as SLURM's scancel does), the state
+file written whole, nothing left running, and a second run from that state trains on exactly
+the batches, and ends with exactly the weights, of a run never stopped."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO, key_shards
+
+pytestmark = [pytest.mark.dali, pytest.mark.slow]
+
+RECIPE = os.path.join(REPO, "docs", "recipes", "preemption.py")
+STEPS = 30  # per epoch: 120 samples in batches of 4
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("preempt"))
+    key_shards(d, [30, 30, 30, 30])
+    return d
+
+
+def _run(shards, state, log, *extra, timeout=600):
+    done = subprocess.run([sys.executable, RECIPE, shards, str(state), "--log", str(log), *extra], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ, PYTHONPATH=REPO))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _weights(stdout):
+    return next(line for line in stdout.splitlines() if line.startswith("weights"))
+
+
+@pytest.fixture(scope="module")
+def reference(shards, tmp_path_factory):
+    d = tmp_path_factory.mktemp("reference")
+    out = _run(shards, d / "state.pt", d / "keys.txt")
+    assert not os.path.exists(d / "state.pt")
+    return _weights(out), (d / "keys.txt").read_text().splitlines()
+
+
+def _group(pgid):
+    out = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                out.add(int(name))
+    return out
+
+
+@pytest.mark.parametrize("target,after", [("process", 5), ("group", 5), ("process", STEPS + 7)])
+def test_sigterm_saves_a_whole_state_and_the_next_run_goes_on_exactly(shards, tmp_path, reference, target, after):
+    weights, keys = reference
+    assert len(keys) == 2 * STEPS
+    state, log = tmp_path / "state.pt", tmp_path / "keys.txt"
+    proc = subprocess.Popen([sys.executable, RECIPE, shards, str(state), "--log", str(log), "--step-seconds", "0.05"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        seen = 0
+        for line in proc.stdout:
+            seen += line.startswith("epoch ")
+            if seen == after:
+                break
+        assert seen == after, proc.stderr.read()[-3000:]
+        (os.killpg if target == "group" else os.kill)(proc.pid, signal.SIGTERM)
+        rest = proc.stdout.read()
+        assert proc.wait(60) == 0, proc.stderr.read()[-3000:]
+        deadline = time.monotonic() + 5
+        while _group(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _group(proc.pid)  # its DALI workers too
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    saved_line = next(line for line in rest.splitlines() if line.startswith("SIGTERM: state saved"))
+    epoch, step = int(saved_line.split()[5]), int(saved_line.split()[7])
+    assert (epoch, 0 < step < STEPS) == (after // STEPS, True)  # mid-epoch
+    import torch
+
+    saved = torch.load(state)  # whole: it loads, with every part
+    assert set(saved) == {"model", "optimizer", "loader"}
+    assert (saved["loader"]["loader"]["epoch"], saved["loader"]["loader"]["step"]) == (epoch, step)
+    assert glob.glob(str(tmp_path / ".state-*")) == []  # no temporary file left beside it
+    first = log.read_text().splitlines()
+    assert len(first) == epoch * STEPS + step
+    out = _run(shards, state, log)
+    assert f"resumed at epoch {epoch} step {step}" in out
+    assert log.read_text().splitlines() == keys  # the same batches, in the same order, each once
+    assert _weights(out) == weights
