@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import REPO, key_shards
+from helpers import REPO, end_group, key_shards, process_group
 
 pytestmark = [pytest.mark.dali, pytest.mark.slow]
 
@@ -46,20 +46,6 @@ def reference(shards, tmp_path_factory):
     return _weights(out), (d / "keys.txt").read_text().splitlines()
 
 
-def _group(pgid):
-    out = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) == pgid:
-                out.add(int(name))
-    return out
-
-
 @pytest.mark.parametrize("target,after", [("process", 5), ("group", 5), ("process", STEPS + 7)])
 def test_sigterm_saves_a_whole_state_and_the_next_run_goes_on_exactly(shards, tmp_path, reference, target, after):
     weights, keys = reference
@@ -79,13 +65,11 @@ def test_sigterm_saves_a_whole_state_and_the_next_run_goes_on_exactly(shards, tm
         rest = proc.stdout.read()
         assert proc.wait(60) == 0, proc.stderr.read()[-3000:]
         deadline = time.monotonic() + 5
-        while _group(proc.pid) and time.monotonic() < deadline:
+        while process_group(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _group(proc.pid)  # its DALI workers too
+        assert not process_group(proc.pid)  # its DALI workers too
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_group(proc)
     saved_line = next(line for line in rest.splitlines() if line.startswith("SIGTERM: state saved"))
     epoch, step = int(saved_line.split()[5]), int(saved_line.split()[7])
     assert (epoch, 0 < step < STEPS) == (after // STEPS, True)  # mid-epoch

@@ -9,13 +9,12 @@ import sys
 import tempfile
 import textwrap
 import threading
-import time
 
 import pytest
 
 from dalistream import Loader, Stream
 
-from helpers import REPO, key_shards
+from helpers import REPO, end_group, key_shards, process_group, shm_mapped, wait_until
 
 pytestmark = [pytest.mark.dali, pytest.mark.slow]
 
@@ -42,44 +41,6 @@ def shards(tmp_path_factory):
     return d
 
 
-def _group(pgid):
-    """Live (not zombie) processes of process group ``pgid``, from /proc."""
-    out = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) == pgid:
-                out.add(int(name))
-    return out
-
-
-def _shm_named(pids):
-    """Named /dev/shm entries these processes map (DALI's own chunks are unlinked at once;
-    multiprocessing's named semaphores, with spawn, are not)."""
-    out = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    path = line.split(None, 5)[-1].strip()
-                    if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
-                        out.add(path)
-        except OSError:
-            pass
-    return out
-
-
-def _until(condition, seconds):
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
-
-
 @pytest.mark.parametrize("workers", [2, 3])
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
@@ -94,23 +55,19 @@ def test_killing_the_training_process_leaves_nothing_behind(shards, tmp_path, si
         line = proc.stdout.readline().split()
         assert line[:1] == ["running"], proc.stderr.read()[-3000:]
         stats_dir = line[1]
-        tree = _group(proc.pid)
+        tree = process_group(proc.pid)
         workers_pids = tree - {proc.pid}
         assert len([p for p in workers_pids if "resource_tracker" not in open(f"/proc/{p}/cmdline").read()]) == workers
-        shm = _shm_named(tree)
+        shm = shm_mapped(tree)
         if method == "spawn":
             assert shm, "expected the named semaphores of DALI's spawned pool"
         assert os.path.isdir(stats_dir) and os.path.dirname(stats_dir) == str(tmp)
         os.kill(proc.pid, sig)
         proc.wait(30)
-        assert _until(lambda: not _group(proc.pid), 5), f"left running: {_group(proc.pid)}"
-        assert _until(lambda: not any(os.path.exists(p) for p in shm), 5), [p for p in shm if os.path.exists(p)]
+        assert wait_until(lambda: not process_group(proc.pid), 5), f"left running: {process_group(proc.pid)}"
+        assert wait_until(lambda: not any(os.path.exists(p) for p in shm), 5), [p for p in shm if os.path.exists(p)]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in _group(proc.pid):
-            os.kill(pid, signal.SIGKILL)
+        end_group(proc)
     # the killed process could not remove its stats folder: the next run does
     assert os.path.isdir(stats_dir)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
@@ -140,7 +97,7 @@ def test_a_loader_built_from_a_thread_that_ends_keeps_its_workers(shards, method
         thread = threading.Thread(target=build)
         thread.start()
         thread.join(300)
-        assert _until(lambda: not os.path.exists(f"/proc/self/task/{ids[0]}"), 10)  # the OS thread is gone
+        assert wait_until(lambda: not os.path.exists(f"/proc/self/task/{ids[0]}"), 10)  # the OS thread is gone
         keys = list(first[0]["key"])
         for batch in first[1]:
             keys.extend(batch["key"])

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
@@ -17,7 +16,7 @@ from dalistream.errors import SourceError
 from dalistream.sources.unfinished import MANIFEST, MARKER
 from dalistream.writer import write
 
-from helpers import REPO
+from helpers import REPO, end_group, process_group, shm_mapped, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -33,39 +32,6 @@ def many(tmp_path_factory):
         for i in range(200):
             Image.new("L", (4, 4), (i + c) % 256).save(root / f"c{c}" / f"{i:03d}.png")
     return str(root)
-
-
-def _group(pgid):
-    out = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) == pgid:
-                out.add(int(name))
-    return out
-
-
-def _shm_named(pids):
-    out = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                out.update(p for p in (line.split(None, 5)[-1].strip() for line in f)
-                           if p.startswith("/dev/shm/") and not p.endswith("(deleted)"))
-        except OSError:
-            pass
-    return out
-
-
-def _until(condition, seconds):
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
 
 
 def _in_flight(output, tmp, remote):
@@ -97,13 +63,13 @@ def test_killing_the_writer_leaves_nothing_running_and_a_set_reads_refuse(many, 
                              "--processes", "2", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env, cwd=REPO)
     try:
-        assert _until(lambda: _in_flight(output, str(tmp), where == "s3") or proc.poll() is not None, 120)
-        tree = _group(proc.pid)
+        assert wait_until(lambda: _in_flight(output, str(tmp), where == "s3") or proc.poll() is not None, 120)
+        tree = process_group(proc.pid)
         assert proc.poll() is None and len(tree) >= 3, "the writer and its two processes"  # caught mid-write
-        shm = _shm_named(tree)
+        shm = shm_mapped(tree)
         os.kill(proc.pid, sig)
         proc.wait(60)
-        assert _until(lambda: not _group(proc.pid), 5), f"left running: {_group(proc.pid)}"
+        assert wait_until(lambda: not process_group(proc.pid), 5), f"left running: {process_group(proc.pid)}"
         assert not any(os.path.exists(p) for p in shm)
         stderr = proc.stderr.read()
         if sig == signal.SIGTERM:
@@ -111,11 +77,7 @@ def test_killing_the_writer_leaves_nothing_running_and_a_set_reads_refuse(many, 
         else:
             assert proc.returncode == -signal.SIGKILL
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in _group(proc.pid):
-            os.kill(pid, signal.SIGKILL)
+        end_group(proc)
     with pytest.raises(SourceError, match="did not finish"):
         dalistream.Stream.open(output, fields={"image": "png"}, batch_size=2, workers=1, device="cpu",
                                storage_options=options)

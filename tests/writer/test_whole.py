@@ -4,7 +4,6 @@ folder, glob, brace pattern, file list or S3 prefix; a hand-made set without a m
 still read; writing over another set needs ``overwrite``; a write that did not finish, whose
 process ended, is replaced by the next one."""
 
-import io
 import json
 import os
 import subprocess
