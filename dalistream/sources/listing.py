@@ -193,19 +193,22 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
 def _check_named_folders(sources: Sequence[str]) -> None:
     """The finished-write check (:func:`.unfinished.refuse_unfinished`) for shards named by a glob,
     a brace pattern or their paths, whose folders were not listed entry by entry: one ``stat``
-    per folder for the writer's marker, whatever the number of shards (the folders come from
-    the patterns, not from the shards; ``.part`` files are seen only where a folder is listed)."""
-    folders = set()
+    per folder for the writer's marker, whatever the number of shards (a pattern's folders come
+    from the pattern; ``.part`` files are seen only where a folder is listed)."""
+    named = set()
     for source in sources:
         path = local_path(source)
-        if os.path.isdir(path):
-            continue  # listed entry by entry (_walk)
-        folder = os.path.dirname(os.path.abspath(path))
-        for each in (braceexpand.braceexpand(folder) if _is_brace_pattern(source) else [folder]):
+        if is_shard_name(path) or not os.path.isdir(path):  # (a folder is listed entry by entry: _walk)
+            named.add(path.rpartition("/")[0] if "/" in path else ".")
+    folders = set()
+    for folder in named:
+        expanded = braceexpand.braceexpand(folder) if "{" in folder and not os.path.lexists(folder) else [folder]
+        for each in expanded:
             folders.update(glob.glob(each) if glob.has_magic(each) else [each])
     for folder in folders:
-        if os.path.exists(os.path.join(folder, MARKER)):
-            refuse_unfinished(folder, [n for n in WRITE_NAMES if os.path.exists(os.path.join(folder, n))])
+        if os.path.exists(os.path.join(folder or "/", MARKER)):
+            refuse_unfinished(os.path.abspath(folder or "/"),
+                              [n for n in WRITE_NAMES if os.path.exists(os.path.join(folder or "/", n))])
 
 
 def _first_of_each(listed: Sequence[Tuple[str, Identity]]) -> List[str]:
