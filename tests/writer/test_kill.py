@@ -1,4 +1,4 @@
-"""``dalistream write`` killed by SIGTERM or SIGKILL mid-write: within 5 s no process of it is
+"""``dalistream write`` stopped by Ctrl-C, SIGTERM or SIGKILL mid-write: within 5 s no process of it is
 left and no shared memory it mapped; the output is refused by a read; the next write into it
 replaces it without being asked to, and a local folder of shards to upload (an ``s3://``
 output) is removed by the next run."""
@@ -43,7 +43,7 @@ def _in_flight(output, tmp, remote):
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["Ctrl-C", "SIGTERM", "SIGKILL"])
 def test_killing_the_writer_leaves_nothing_running_and_a_set_reads_refuse(many, tmp_path, sig, where, request):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -67,13 +67,18 @@ def test_killing_the_writer_leaves_nothing_running_and_a_set_reads_refuse(many, 
         tree = process_group(proc.pid)
         assert proc.poll() is None and len(tree) >= 3, "the writer and its two processes"  # caught mid-write
         shm = shm_mapped(tree)
-        os.kill(proc.pid, sig)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # a terminal's Ctrl-C reaches the whole process group
+        else:
+            os.kill(proc.pid, sig)
         proc.wait(60)
         assert wait_until(lambda: not process_group(proc.pid), 5), f"left running: {process_group(proc.pid)}"
         assert not any(os.path.exists(p) for p in shm)
         stderr = proc.stderr.read()
         if sig == signal.SIGTERM:
             assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in stderr, stderr[-3000:]
+        elif sig == signal.SIGINT:
+            assert proc.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr, stderr[-3000:]
         else:
             assert proc.returncode == -signal.SIGKILL
     finally:
@@ -84,7 +89,7 @@ def test_killing_the_writer_leaves_nothing_running_and_a_set_reads_refuse(many, 
     if where == "local":
         names = os.listdir(output)
         assert MARKER in names and MANIFEST not in names
-        # SIGTERM lets the writer remove the shards it had not placed; SIGKILL leaves them to the next write
+        # Ctrl-C and SIGTERM let the writer remove the shards it had not placed; SIGKILL leaves them to the next write
         assert any(n.endswith(".part") for n in names) == (sig == signal.SIGKILL)
         assert os.listdir(tmp) == []
     else:
