@@ -46,12 +46,15 @@ def reference(shards, tmp_path_factory):
     return _weights(out), (d / "keys.txt").read_text().splitlines()
 
 
-@pytest.mark.parametrize("target,after", [("process", 5), ("group", 5), ("process", STEPS + 7)])
+@pytest.mark.parametrize("target,after", [("process", 5), ("group", 5), ("process", STEPS + 7), ("process", STEPS)])
 def test_sigterm_saves_a_whole_state_and_the_next_run_goes_on_exactly(shards, tmp_path, reference, target, after):
+    """``after``: the steps trained before SIGTERM; at ``STEPS`` it comes after an epoch's last batch
+    (while that step lasts, or, on a slow machine, during the next epoch's first)."""
     weights, keys = reference
     assert len(keys) == 2 * STEPS
     state, log = tmp_path / "state.pt", tmp_path / "keys.txt"
-    proc = subprocess.Popen([sys.executable, RECIPE, shards, str(state), "--log", str(log), "--step-seconds", "0.05"],
+    seconds = "0.5" if after == STEPS else "0.05"
+    proc = subprocess.Popen([sys.executable, RECIPE, shards, str(state), "--log", str(log), "--step-seconds", seconds],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=dict(os.environ, PYTHONPATH=REPO))
     try:
@@ -72,7 +75,10 @@ def test_sigterm_saves_a_whole_state_and_the_next_run_goes_on_exactly(shards, tm
         end_group(proc)
     saved_line = next(line for line in rest.splitlines() if line.startswith("SIGTERM: state saved"))
     epoch, step = int(saved_line.split()[5]), int(saved_line.split()[7])
-    assert (epoch, 0 < step < STEPS) == (after // STEPS, True)  # mid-epoch
+    if after == STEPS:  # the state is the next epoch's start (or the step after it)
+        assert (epoch, step) in ((1, 0), (1, 1))
+    else:
+        assert (epoch, 0 < step < STEPS) == (after // STEPS, True)  # mid-epoch
     import torch
 
     saved = torch.load(state)  # whole: it loads, with every part
