@@ -159,10 +159,12 @@ def check_output(target: Target, found: Found, overwrite: bool) -> None:
                         found.marker.get("pid"))  # type: ignore[union-attr]
             return
         if not overwrite:
-            who = found.marker or {}
-            raise ConfigError(f"the folder holds a write that did not finish (started by process {who.get('pid', '?')} "
-                              f"on {who.get('host', 'an unknown host')} at {who.get('started', '?')}), which may still "
-                              "be running", url=where,
+            who = found.marker
+            what = (f"a write that did not finish (started by process {who.get('pid', '?')} on "
+                    f"{who.get('host', 'an unknown host')} at {who.get('started', '?')}), which may still be running"
+                    if who is not None else f"{len(found.parts)} shards under temporary names ({found.parts[0]}, …): "
+                                            "a write or copy that did not finish")
+            raise ConfigError(f"the folder holds {what}", url=where,
                               hint="pass --overwrite (overwrite=True) to replace it, or write into another folder")
         return
     if (found.shards or found.manifest or found.marker is not None) and not overwrite:

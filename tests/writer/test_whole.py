@@ -231,3 +231,13 @@ def test_s3_going_away_mid_write_leaves_a_set_every_read_refuses(photos, tmp_pat
         assert sum(stream.data.counts) == done["samples"] == 24 and len(stream.data.urls) == 5
     finally:
         second.stop()
+
+
+def test_part_files_of_another_tool_are_replaced_only_with_overwrite(photos, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x-0.tar.part").write_bytes(b"an interrupted copy")
+    with pytest.raises(ConfigError, match=r"1 shards under temporary names \(x-0.tar.part"):
+        write(photos, str(out))
+    write(photos, str(out), samples_per_shard=6, overwrite=True)
+    assert "x-0.tar.part" not in os.listdir(out) and sum(_open(str(out)).data.counts) == 24
