@@ -43,21 +43,38 @@ def cmd_synth(args: argparse.Namespace) -> int:
 # -- write ---------------------------------------------------------------------------------------
 
 def cmd_write(args: argparse.Namespace) -> int:
+    import signal
+
     from .writer import write
 
-    options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
-    with progress_bar(args, total=0, unit="sample") as bar:
-        def listed(total: int) -> None:
-            bar.total = total
-            bar.refresh()
+    def terminated(signum: int, frame: object) -> None:  # stop the writer's processes and leave a set a read refuses
+        raise SystemExit(128 + signum)
 
-        done = write(args.source, args.output, samples_per_shard=args.samples_per_shard, shuffle=not args.no_shuffle,
-                     seed=args.seed, prefix=args.prefix, processes=args.processes, storage_options=options,
-                     progress=bar.update, on_listed=listed)
+    signal.signal(signal.SIGTERM, terminated)
+    options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
+    try:
+        with progress_bar(args, total=0, unit="sample") as bar:
+            def listed(total: int) -> None:
+                bar.total = total
+                bar.refresh()
+
+            done = write(args.source, args.output, samples_per_shard=args.samples_per_shard,
+                         shuffle=not args.no_shuffle, seed=args.seed, prefix=args.prefix, processes=args.processes,
+                         on_bad=args.on_bad, overwrite=args.overwrite, storage_options=options, progress=bar.update,
+                         on_listed=listed)
+    except SystemExit as e:
+        if e.code == 128 + signal.SIGTERM:
+            print("dalistream write: stopped by SIGTERM; the write did not finish (a read of the output refuses it)",
+                  file=sys.stderr)
+        raise
     classes = f", {len(done['classes'])} classes" if done["classes"] else ""
+    skipped = ""
+    if done["skipped"]:
+        shown = "; ".join(f"{path}: {problem}" for path, problem in done["bad"][:10])
+        skipped = f"; {done['skipped']} bad images left out ({shown}{' …' if done['skipped'] > 10 else ''})"
     emit(args, {k: v for k, v in done.items() if k != "urls"},
          f"wrote {done['samples']} samples{classes} in {done['shards']} shards to {redact(args.output)} "
-         f"(manifest {redact(done['manifest'])})")
+         f"(manifest {redact(done['manifest'])}){skipped}")
     return 0
 
 
@@ -209,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle")
     p.add_argument("--prefix", default="train", help="shard names: PREFIX-00000.tar, PREFIX-00001.tar, …")
     p.add_argument("--processes", type=int, default=None, help="shards written at once (default: the machine's cores)")
+    p.add_argument("--on-bad", choices=("error", "skip"), default="error",
+                   help="an image the loader would refuse (0 bytes, cut short, not an image): stop naming it (error) "
+                        "or leave it out and count it (skip)")
+    p.add_argument("--overwrite", action="store_true", help="replace the set the output already holds")
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint for an s3:// output")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
     p.set_defaults(func=cmd_write)

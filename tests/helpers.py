@@ -244,3 +244,58 @@ def small_disk(folder, size: str):
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
+
+
+# -- processes and shared memory, for the tests that kill processes -----------------------------
+
+def process_group(pgid: int) -> set:
+    """Live (not zombie) processes of process group ``pgid``, from /proc."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                out.add(int(name))
+    return out
+
+
+def shm_mapped(pids) -> set:
+    """Named /dev/shm entries these processes map (DALI's own chunks are unlinked at once;
+    multiprocessing's named semaphores, with spawn, are not)."""
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    path = line.split(None, 5)[-1].strip()
+                    if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
+                        out.add(path)
+        except OSError:
+            pass
+    return out
+
+
+def wait_until(condition, seconds: float) -> bool:
+    """Poll ``condition()`` until it is true or ``seconds`` have passed; its last value."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return bool(condition())
+
+
+def end_group(proc) -> None:
+    """A test's clean-up after a process started with ``start_new_session``: it and whatever of its
+    process group is left are killed."""
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for pid in process_group(proc.pid):
+        os.kill(pid, signal.SIGKILL)

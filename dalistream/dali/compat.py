@@ -7,6 +7,8 @@ warns once when another version is found, naming the shims that may need a look.
   converter DALI uses for pipeline definitions (``nvidia.dali._conditionals._autograph``).
 - Worker processes of a pipeline (``Pipeline._py_pool.pool._processes``), its shutdown
   (``Pipeline._shutdown``, ``_py_pool.close``) and the pool's observer thread (``_observer``).
+- The entry point DALI's worker pool starts its processes with (``_multiproc.pool.worker``),
+  wrapped so that every worker ends with the process that started it (:func:`workers_die_with_parent`).
 - The CUDA state DALI's backend sees (``GetCUDADeviceCount``, asked in a child process so that
   this one's CUDA stays uninitialized and workers may fork; ``IsDriverInitialized``).
 - DALI's torch helpers (``nvidia.dali.plugin.pytorch.torch_utils``) and torch's reference counts
@@ -27,10 +29,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import multiprocessing
+import os
 import sys
+import threading
 import warnings
 import weakref
-from typing import Any, Callable, Iterator, List, Sequence, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable)
@@ -110,6 +115,48 @@ def forget_observer(pipe: Any) -> None:
     observer = getattr(getattr(getattr(pipe, "_py_pool", None), "pool", None), "_observer", None)
     if observer is not None:
         observer.thread = None
+
+
+class _ParentWatched:
+    """DALI's worker entry point, run after :func:`dalistream.lifetime.die_with_parent`.
+
+    The parent's death signal (Linux) is asked for only when the thread that starts the worker
+    is the parent's main thread, which lives as long as the parent process: the kernel sends it
+    when the starting *thread* ends, and a loader may be built from a thread that ends before
+    the loader does. With ``spawn`` the object is pickled, by that thread, just before it starts
+    the process (:meth:`__reduce__`); with ``fork`` the child's only thread is a copy of it (same
+    thread id)."""
+
+    def __init__(self, target: Callable, main_thread: Optional[int], parent: Optional[int] = None,
+                 from_main: bool = False) -> None:
+        self.target, self.main_thread, self.parent, self.from_main = target, main_thread, parent, from_main
+
+    def __reduce__(self) -> tuple:
+        return (_ParentWatched, (self.target, None, os.getpid(), threading.get_ident() == self.main_thread))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from ..lifetime import die_with_parent
+
+        if self.parent is not None:  # spawned: what the parent said
+            parent, from_main = self.parent, self.from_main
+        else:  # forked: this thread is the copy of the one that forked
+            started_by = multiprocessing.parent_process()
+            parent = started_by.pid if started_by is not None else os.getppid()
+            from_main = threading.get_ident() == self.main_thread
+        die_with_parent(parent, death_signal=from_main)
+        return self.target(*args, **kwargs)
+
+
+def workers_die_with_parent() -> None:
+    """Have every worker process DALI's pools start from now on end when the process that started
+    it dies, SIGKILL included (:func:`dalistream.lifetime.die_with_parent`): DALI's workers
+    otherwise wait for ever on their task queues, orphaned, holding their memory. DALI starts a
+    worker with ``Process(target=worker)``, ``worker`` looked up in ``_multiproc.pool`` at each
+    start: that name is wrapped, once per process."""
+    from nvidia.dali._multiproc import pool
+
+    if not isinstance(pool.worker, _ParentWatched):
+        pool.worker = _ParentWatched(pool.worker, threading.main_thread().ident)
 
 
 # -- the graph ----------------------------------------------------------------------------------

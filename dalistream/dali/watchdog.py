@@ -1,5 +1,6 @@
-"""DALI's worker processes: started without re-running the user's script; watched while a batch
-is awaited (no hang on a dead worker); shut down in bounded time.
+"""DALI's worker processes: started without re-running the user's script, and so that they end
+with the process that started them (:func:`dalistream.lifetime.die_with_parent`); watched while
+a batch is awaited (no hang on a dead worker); shut down in bounded time.
 
 A DALI worker killed by a signal (the out-of-memory killer) can leave ``pipe.run()`` blocked for
 ever on a multiprocessing condition the dead process was waiting on. ``watched_run`` runs it on
@@ -23,7 +24,8 @@ import weakref
 from typing import Any, Iterator, Optional, Tuple
 
 from ..errors import WorkerError
-from .compat import forget_observer, main_hidden_from_spawn, run_batch, shutdown, worker_processes
+from .compat import (forget_observer, main_hidden_from_spawn, run_batch, shutdown, worker_processes,
+                     workers_die_with_parent)
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +229,7 @@ def _starting_workers(method: str, hide: bool) -> Iterator[None]:
         # one line from the worker, not a traceback: the main process's error says it all again
         print(f"dalistream worker: {error.message} (see the error of the main process)", file=sys.stderr, flush=True)
         raise SystemExit(1)
+    workers_die_with_parent()  # a training process killed by any signal takes its workers with it
     reruns = method == "spawn" and not hide
     if reruns:
         unguarded = unguarded_main_line()

@@ -273,3 +273,13 @@ def put_bytes(url: str, data: bytes, options: Optional[Mapping[str, Any]] = None
     call_with_retries(lambda: s3_client(opts).put_object(Bucket=bucket, Key=key, Body=data),
                       url, opts, [TOTALS], random.Random())
 
+
+
+def delete_remote(url: str, options: Optional[Mapping[str, Any]] = None) -> None:
+    """Delete the S3 object ``url`` (none there is no error)."""
+    if not url.startswith("s3://"):
+        raise SourceError("only s3:// URLs (or local paths) can be deleted", url=url)
+    opts = remote_options(options)
+    bucket, key = split_s3(url)
+    call_with_retries(lambda: s3_client(opts).delete_object(Bucket=bucket, Key=key),
+                      url, opts, [TOTALS], random.Random())

@@ -18,7 +18,6 @@ import glob
 import logging
 import os
 import shutil
-import tempfile
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, Optional
@@ -29,6 +28,7 @@ from ..dali.pipeline import built, raw_pipeline
 from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
 from ..device import check_current_device, check_torch_cuda
 from ..errors import StateError
+from ..lifetime import temp_folder
 from ..plan import Layout, check_segments, continued
 from ..stream import Stream
 from ..worker import read_workers, summarize
@@ -160,7 +160,7 @@ class Loader:
         self._pipe = None
         self._pipe_at: Optional[tuple] = None
         self._built_resume: tuple = (self.epoch, self.resume)
-        self._stats_dir = tempfile.mkdtemp(prefix="dalistream-stats-")
+        self._stats_dir = temp_folder("stats")  # named by its owner: the next run removes it if this one is killed
         me = weakref.ref(self)  # no cycle: a loader dropped without close() is closed by __del__ at once
         self._watch = Watch(progress=progress, wait_warning=wait_warning, run_dir=stats_dir,
                             counters=lambda: me().stats(), decodes=lambda: decodes_images(me()._pipe))

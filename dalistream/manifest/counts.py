@@ -25,6 +25,7 @@ from ..errors import ManifestError, SourceError, redact
 from ..io.local import local_path
 from ..io.remote import is_fetched, stat_remote
 from ..sources import is_remote
+from ..sources.unfinished import MARKER, refuse_unfinished
 from .files import default_location, lookup, read_idx, read_manifest_cached
 from .rows import ShardInfo, ShardRows
 from .scan import build_manifest, scan_tolerant
@@ -108,6 +109,10 @@ def count_samples(
     found = default_location(urls)
     if discover and found and _exists(found, options):
         return Counted(lookup(urls, read_manifest_cached(found, cache_dir, options), found), f"manifest {redact(found)}")
+    if found and is_fetched(found):  # remote shards named one by one: their folder was not listed
+        folder = found.rsplit("/", 1)[0]
+        if _exists(f"{folder}/{MARKER}", options) and (discover or not _exists(found, options)):
+            refuse_unfinished(folder + "/", [MARKER])
     idx = _idx_beside(urls, options) if discover else None
     if idx:
         return Counted(ShardRows.from_infos(read_idx(idx, urls, options)), "index files (.idx) beside the shards")

@@ -63,10 +63,12 @@ def _relative(url: str, manifest: str) -> str:
     return os.path.relpath(path, folder) if path.startswith(folder + os.sep) else path
 
 
-def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapping[str, Any]] = None) -> None:
+def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapping[str, Any]] = None,
+                   extra: Optional[Mapping[str, Any]] = None) -> None:
     """Write a manifest file atomically: a local path, or ``s3://bucket/key`` (uploaded with
     ``options``, the storage options). Shard URLs below the manifest's folder are written
-    relative to it, so the folder can be moved or mounted elsewhere."""
+    relative to it, so the folder can be moved or mounted elsewhere. ``extra``: more top-level
+    fields (``dalistream write`` records the class names and each key's source file)."""
     rows = []
     for info in infos:
         row = {"url": _relative(info.url, path), "samples": info.samples, "bytes": info.bytes}
@@ -79,7 +81,7 @@ def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapp
         if info.keys:
             row["keys"] = {name: list(values) for name, values in info.keys.items()}
         rows.append(row)
-    payload = json.dumps({"format": FORMAT, "version": 1, "shards": rows}, separators=(",", ":"))
+    payload = json.dumps({**(extra or {}), "format": FORMAT, "version": 1, "shards": rows}, separators=(",", ":"))
     if is_remote(path):
         put_bytes(path, payload.encode(), options)
         return

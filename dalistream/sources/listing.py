@@ -19,11 +19,13 @@ import braceexpand
 
 from ..errors import SourceError, redact
 from ..io.local import check_regular, local_path
+from .unfinished import MANIFEST, MARKER, PART, refuse_unfinished
 
 log = logging.getLogger(__name__)
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 REMOTE_SCHEMES = ("s3://", "http://", "https://", "pipe:")
+WRITE_NAMES = (MARKER, MANIFEST)
 FOLDER_SCAN_MIN = 64  # listed paths in one folder from which that folder's entries are read instead
 
 
@@ -57,6 +59,7 @@ def _walk(folder: str) -> List[Tuple[str, Identity]]:
     while pending:
         here = pending.pop()
         device = None
+        written: List[str] = []  # the names that say whether a write into this folder finished
         with os.scandir(here) as entries:
             for entry in entries:
                 if entry.is_symlink():  # a linked folder is not entered (as os.walk)
@@ -74,6 +77,9 @@ def _walk(folder: str) -> List[Tuple[str, Identity]]:
                     if device is None:
                         device = os.stat(here).st_dev
                     found.append((entry.path, (device, entry.inode())))
+                elif entry.name in WRITE_NAMES or entry.name.endswith(PART):
+                    written.append(entry.name)
+        refuse_unfinished(here, written)
     found.sort(key=lambda item: item[0])
     return found
 
@@ -135,7 +141,15 @@ def _expand_local(pattern: str, known: Optional[Mapping[str, Identity]] = None) 
 def _list_s3(prefix: str, storage_options: Mapping[str, Any]) -> List[str]:
     from ..io.remote import list_s3_keys  # network clients only when needed
 
-    urls = [url for url in list_s3_keys(prefix, storage_options) if is_shard_name(url)]
+    keys = list_s3_keys(prefix, storage_options)
+    written: Dict[str, List[str]] = {}
+    for url in keys:
+        folder, _, name = url.rpartition("/")
+        if name in WRITE_NAMES or name.endswith(PART):
+            written.setdefault(folder, []).append(name)
+    for folder, names in written.items():
+        refuse_unfinished(folder + "/", names)
+    urls = [url for url in keys if is_shard_name(url)]
     if not urls:
         raise SourceError("S3 prefix holds no .tar/.tar.gz/.tgz objects", url=prefix)
     return urls
@@ -155,6 +169,7 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
+    _check_named_folders([source for source in map(os.fspath, sources) if not is_remote(source)])
     items = [item for source in map(os.fspath, sources)
              for item in (braceexpand.braceexpand(source) if _is_brace_pattern(source) else [source])]
     known = _known_files([local_path(i) for i in items if not is_remote(i)]) if len(items) >= FOLDER_SCAN_MIN else {}
@@ -173,6 +188,27 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     if not listed:
         raise SourceError("the source list is empty", hint="pass shard paths, globs, brace patterns or URLs")
     return _first_of_each(listed)
+
+
+def _check_named_folders(sources: Sequence[str]) -> None:
+    """The finished-write check (:func:`.unfinished.refuse_unfinished`) for shards named by a glob,
+    a brace pattern or their paths, whose folders were not listed entry by entry: one ``stat``
+    per folder for the writer's marker, whatever the number of shards (a pattern's folders come
+    from the pattern; ``.part`` files are seen only where a folder is listed)."""
+    named = set()
+    for source in sources:
+        path = local_path(source)
+        if is_shard_name(path) or not os.path.isdir(path):  # (a folder is listed entry by entry: _walk)
+            named.add(path.rpartition("/")[0] if "/" in path else ".")
+    folders = set()
+    for folder in named:
+        expanded = braceexpand.braceexpand(folder) if "{" in folder and not os.path.lexists(folder) else [folder]
+        for each in expanded:
+            folders.update(glob.glob(each) if glob.has_magic(each) else [each])
+    for folder in folders:
+        if os.path.exists(os.path.join(folder or "/", MARKER)):
+            refuse_unfinished(os.path.abspath(folder or "/"),
+                              [n for n in WRITE_NAMES if os.path.exists(os.path.join(folder or "/", n))])
 
 
 def _first_of_each(listed: Sequence[Tuple[str, Identity]]) -> List[str]:

@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections import deque
 from typing import Any, Dict, List, Mapping, Optional
@@ -111,7 +110,9 @@ def _synthetic(data_dir: Optional[str], seed: int, chatty: bool = False) -> tupl
 
     cleanup = None
     if data_dir is None:
-        data_dir = cleanup = tempfile.mkdtemp(prefix="dalistream-demo-")
+        from ..lifetime import temp_folder
+
+        data_dir = cleanup = temp_folder("demo")  # named by its owner: the next run removes it if this one is killed
     splits = {"train": SynthSpec(shards=8, samples_per_shard=128, seed=seed, prefix="train"),
               "val": SynthSpec(shards=2, samples_per_shard=64, seed=seed + 1, prefix="val")}
     for name, spec in splits.items():

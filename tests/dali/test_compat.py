@@ -381,3 +381,84 @@ def test_watched_run_hands_the_stream_to_its_run_thread(monkeypatch):
         assert watchdog._runners.pop(pipe).stop(5.0)
     assert [(args, device, thread) for args, device, thread in pipe.calls] == [
         ((stream,), 1, "dalistream-run"), ((), 0, "dalistream-run")]
+
+
+def test_workers_die_with_parent_wraps_dali_worker_entry_once():
+    import os
+    import pickle
+    import threading
+
+    from nvidia.dali._multiproc import pool, worker
+
+    compat.workers_die_with_parent()
+    compat.workers_die_with_parent()  # once per process: never wrapped twice
+    assert isinstance(pool.worker, compat._ParentWatched) and pool.worker.target is worker.worker
+    # spawn pickles the target in the thread that starts the process: the parent's pid, and
+    # whether that thread is the main one (the only one the death signal may follow)
+    restored = pickle.loads(pickle.dumps(pool.worker))
+    assert restored.target is worker.worker and restored.parent == os.getpid() and restored.from_main
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append(pickle.loads(pickle.dumps(pool.worker))))
+    thread.start()
+    thread.join()
+    assert elsewhere[0].parent == os.getpid() and not elsewhere[0].from_main
+
+
+DIES_WITH_PARENT = """
+import sys, time
+import numpy as np
+from nvidia.dali import fn, pipeline_def
+from dalistream.dali import compat
+
+class Source:
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return [np.zeros(1, np.uint8)] * 2
+
+@pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=2, py_start_method=sys.argv[1])
+def pipe():
+    return tuple(fn.external_source(source=Source(), batch=True, parallel=True, cycle="quiet") for _ in range(2))
+
+if __name__ == "__main__":
+    compat.workers_die_with_parent()
+    p = pipe()
+    p.build()
+    p.run()
+    print(*[w.pid for w in compat.worker_processes(p)], flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_dali_workers_end_with_a_parent_killed_by_sigkill(tmp_path, method):
+    import os
+    import signal
+    import time
+
+    from dalistream.lifetime import alive
+
+    from helpers import REPO
+
+    script = tmp_path / "pipe.py"
+    script.write_text(DIES_WITH_PARENT)
+    proc = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, "PYTHONPATH": REPO})
+    workers = []
+    try:
+        workers = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) == 2 and all(alive(p) for p in workers), proc.stderr.read()[-3000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        deadline = time.monotonic() + 5
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in workers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in workers:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)

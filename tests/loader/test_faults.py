@@ -13,7 +13,7 @@ import pytest
 
 from dalistream import Loader, Stream, WorkerError
 
-from helpers import REPO as ROOT, key_shards
+from helpers import REPO as ROOT, key_shards, shm_mapped
 
 pytestmark = [pytest.mark.dali, pytest.mark.slow]
 
@@ -158,22 +158,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _shm_mapped(pids):
-    """Named /dev/shm entries mapped by these processes (DALI's chunks are unlinked at once;
-    multiprocessing's named semaphores are not)."""
-    out = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    path = line.split(None, 5)[-1].strip()
-                    if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
-                        out.add(path)
-        except OSError:
-            pass
-    return out
-
-
 @pytest.mark.parametrize("target,start_method", [("process", "spawn"), ("group", "spawn"), ("loop-body", "spawn"),
                                                  ("process", "fork"), ("group", "fork")])
 def test_ctrl_c_leaves_no_processes_and_no_shared_memory(shards, tmp_path, target, start_method):
@@ -189,7 +173,7 @@ def test_ctrl_c_leaves_no_processes_and_no_shared_memory(shards, tmp_path, targe
         assert proc.stdout.readline().strip() == "running", proc.stderr.read()
         tree = _processes(lambda pid, parent, group: group == proc.pid) | {proc.pid}
         assert len(tree) >= 3  # the script and its two DALI workers (and multiprocessing's tracker)
-        shm = _shm_mapped(tree)
+        shm = shm_mapped(tree)
         if start_method == "spawn":  # forked pools unlink their semaphores at once
             assert shm, "expected the multiprocessing semaphores of the DALI worker pool"
         if target == "group":

@@ -165,7 +165,8 @@ def test_index_cli_records_keys(tmp_path):
 
 
 def test_write_records_image_keys(tmp_path):
-    """``dalistream write`` records each sample's image size (a damaged image keeps -1)."""
+    """``dalistream write`` records each sample's image size (a damaged image is left out by the
+    writer's own check, so a written set has every size)."""
     from dalistream.writer import write
 
     sizes = {}
@@ -177,8 +178,10 @@ def test_write_records_image_keys(tmp_path):
             (tmp_path / "in" / cls / f"{i}.{ext}").write_bytes(image(size, fmt))
             sizes[(cls, i)] = size
     (tmp_path / "in" / "dog" / "broken.jpg").write_bytes(image((9, 9), "JPEG")[:30])
-    done = write(str(tmp_path / "in"), str(tmp_path / "out"), samples_per_shard=3, processes=1, shuffle=False)
+    done = write(str(tmp_path / "in"), str(tmp_path / "out"), samples_per_shard=3, processes=1, shuffle=False,
+                 on_bad="skip")
     rows = read_manifest(done["manifest"])
     got = list(zip(rows.keys["width"].tolist(), rows.keys["height"].tolist()))
-    want = [sizes[("cat", i)] for i in range(4)] + [sizes[("dog", i)] for i in range(4)] + [(-1, -1)]
-    assert got == want  # folder order without shuffling: cat 0-3, dog 0-3, dog broken
+    want = [sizes[("cat", i)] for i in range(4)] + [sizes[("dog", i)] for i in range(4)]
+    assert got == want  # folder order without shuffling: cat 0-3, dog 0-3 (broken.jpg left out)
+    assert [os.path.basename(path) for path, _ in done["bad"]] == ["broken.jpg"]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 from typing import Any, Dict
 
 from ...errors import DalistreamError
+from ...lifetime import temp_folder
 from .monitor import watch
 
 CHILD = "import sys; from dalistream.tools.bench.peers import main; sys.exit(main(sys.argv[1:]))"
@@ -27,8 +30,9 @@ if __name__ == "__main__":
 
 def run_child(spec: Dict[str, Any], timeout: float, lean_main: bool = False) -> Dict[str, Any]:
     """Run one measurement in a fresh process; its result with the tree's memory peaks and CPU."""
-    with tempfile.TemporaryDirectory(prefix="dalistream-bench-") as tmp, \
-            tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    tmp = temp_folder("bench")  # named by its owner: the next run removes it if this one is killed
+    with contextlib.ExitStack() as stack, tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        stack.callback(shutil.rmtree, tmp, True)
         spec_path = os.path.join(tmp, "spec.json")  # a file: shard lists can exceed argv limits
         with open(spec_path, "w") as f:
             json.dump(spec, f)

@@ -1,0 +1,207 @@
+"""What ``dalistream write`` accepts: every image checked as the loader checks it (refused naming
+the source file, or left out and counted), every file listed once (links, loops, rows naming it
+again), every bad CSV/JSONL row named before anything is written, and a manifest that records
+each key's source file and the class names."""
+
+import io
+import json
+import os
+import tarfile
+
+import pytest
+
+import dalistream
+from dalistream.errors import ConfigError, SampleError, SourceError
+from dalistream.worker import image_problem
+from dalistream.writer import write
+
+CLASSES = ("cat", "dog")
+
+
+def _jpeg(seed: int) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (16 + seed, 12), (seed * 20 % 255, 90, 30)).save(out, "JPEG")
+    return out.getvalue()
+
+
+def _png(seed: int) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (10, 10 + seed), (30, seed * 20 % 255, 90)).save(out, "PNG")
+    return out.getvalue()
+
+
+@pytest.fixture
+def photos(tmp_path):
+    root = tmp_path / "photos"
+    for c, name in enumerate(CLASSES):
+        (root / name).mkdir(parents=True)
+        for i in range(6):
+            data = _png(i + 10 * c) if i % 3 == 0 else _jpeg(i + 10 * c)
+            (root / name / f"{i:02d}.{'png' if i % 3 == 0 else 'jpg'}").write_bytes(data)
+    return root
+
+
+BAD = {
+    "0-byte": lambda: b"",
+    "truncated JPEG": lambda: _jpeg(1)[: len(_jpeg(1)) // 2],
+    "truncated PNG": lambda: _png(1)[:-20],
+    "text named .jpg": lambda: b"this is not an image, it only has the name of one\n",
+}
+
+
+def _members(folder):
+    """``{key: {ext: bytes}}`` of every shard in ``folder``, read with Python's tarfile."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".tar"):
+            with tarfile.open(os.path.join(folder, name)) as tar:
+                for m in tar:
+                    key, ext = m.name.split(".", 1)
+                    out.setdefault(key, {})[ext] = tar.extractfile(m).read()
+    return out
+
+
+def _manifest(folder):
+    with open(os.path.join(folder, "dalistream-manifest.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_bad_image_stops_the_write_naming_the_file(photos, tmp_path, kind, processes):
+    bad = photos / "dog" / "03.jpg"
+    bad.write_bytes(BAD[kind]())
+    out = tmp_path / "out"
+    with pytest.raises(SampleError) as caught:
+        write(str(photos), str(out), samples_per_shard=3, processes=processes)
+    assert str(bad) in str(caught.value) and caught.value.reason == "bad_image"
+    assert "--on-bad skip" in str(caught.value)
+    assert not [n for n in os.listdir(out) if n.endswith((".tar", ".part"))]  # nothing of it is left to be read
+    with pytest.raises(SourceError, match="did not finish"):
+        dalistream.Stream.open(str(out), fields={"image": "jpg;png"}, batch_size=2, workers=1, device="cpu")
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_bad_images_skipped_are_counted_and_named(photos, tmp_path, processes):
+    bad = {}
+    for (kind, make), where in zip(sorted(BAD.items()), ["cat/01.jpg", "cat/03.png", "dog/02.jpg", "dog/05.jpg"]):
+        (photos / where).write_bytes(make())
+        bad[str(photos / where)] = kind
+    os.symlink(photos / "nowhere.jpg", photos / "dog" / "99.jpg")  # a dangling link: cannot be read
+    bad[str(photos / "dog" / "99.jpg")] = "dangling link"
+    out = tmp_path / "out"
+    done = write(str(photos), str(out), samples_per_shard=4, processes=processes, on_bad="skip")
+    assert done["skipped"] == len(bad) == 5 and {p for p, _ in done["bad"]} == set(bad)
+    assert done["samples"] == 12 - 4
+    members = _members(out)
+    assert len(members) == 8
+    assert all(image_problem(m.get("jpg", m.get("png"))) is None for m in members.values())
+    manifest = _manifest(out)
+    assert set(manifest["source"]["skipped"]) == {os.path.relpath(p, photos) for p in bad}
+    assert "0 bytes" in manifest["source"]["skipped"][os.path.relpath(bad_path(bad, "0-byte"), photos)]
+    assert sum(r["samples"] for r in manifest["shards"]) == 8
+
+
+def bad_path(bad, kind):
+    return next(p for p, k in bad.items() if k == kind)
+
+
+def test_all_images_bad_writes_no_set(photos, tmp_path):
+    for path in photos.glob("*/*"):
+        path.write_bytes(b"")
+    with pytest.raises(ConfigError, match="all 12 images are bad"):
+        write(str(photos), str(tmp_path / "out"), on_bad="skip")
+
+
+def test_links_loops_and_hard_links_are_listed_once(photos, tmp_path):
+    os.symlink(photos, photos / "loop")                 # a class folder that is the tree itself
+    os.symlink(photos.parent, photos / "up")            # ... or a folder above it
+    os.symlink(photos / "cat" / "01.jpg", photos / "cat" / "01-again.jpg")   # a link to a file listed anyway
+    os.link(photos / "dog" / "02.jpg", photos / "dog" / "02-hard.jpg")        # a hard link
+    os.symlink(photos / "cat", photos / "dog" / "sub")  # a linked folder inside a class: not entered
+    out = tmp_path / "out"
+    done = write(str(photos), str(out), samples_per_shard=5)
+    assert done["classes"] == list(CLASSES) and done["samples"] == 12 and done["duplicates"] == 2
+    members = _members(out)
+    assert len(members) == 12
+    images = [m.get("jpg", m.get("png")) for m in members.values()]
+    assert len(set(images)) == 12  # every image once
+    assert sorted(int(m["cls"]) for m in members.values()) == [0] * 6 + [1] * 6
+
+
+def test_an_alias_class_keeps_its_number_and_writes_nothing_twice(photos, tmp_path):
+    os.symlink(photos / "cat", photos / "kitty")  # classes cat, dog, kitty: kitty's files are cat's
+    done = write(str(photos), str(tmp_path / "out"), samples_per_shard=5)
+    assert done["classes"] == ["cat", "dog", "kitty"] and done["samples"] == 12 and done["duplicates"] == 6
+
+
+def test_the_manifest_records_each_keys_source_file_and_the_classes(photos, tmp_path):
+    out = tmp_path / "out"
+    write(str(photos), str(out), samples_per_shard=5, seed=4)
+    manifest = _manifest(out)
+    assert manifest["classes"] == list(CLASSES)
+    assert manifest["source"]["root"] == str(photos)
+    keys = manifest["source"]["keys"]
+    members = _members(out)
+    assert set(keys) == set(members)
+    for key, sample in members.items():
+        source = photos / keys[key]
+        assert sample[source.suffix[1:]] == source.read_bytes()  # the key's bytes are that file's
+        assert int(sample["cls"]) == CLASSES.index(source.parent.name)
+    assert dalistream.Stream.open(str(out), fields={"image": "jpg;png"}, batch_size=2, workers=1,
+                                  device="cpu").data.counts is not None  # still a manifest the loader reads
+
+
+def _listing(tmp_path, photos, rows, form):
+    path = tmp_path / f"list.{form}"
+    with open(path, "w") as f:
+        for row in rows:
+            if isinstance(row, str):
+                f.write(row + "\n")
+            elif form == "jsonl":
+                f.write(json.dumps({"path": row[0], "label": row[1]}) + "\n")
+            else:
+                f.write(f"{row[0]},{row[1]}\n")
+    return path
+
+
+@pytest.mark.parametrize("form", ["csv", "jsonl"])
+def test_every_bad_row_is_named_before_anything_is_written(photos, tmp_path, form):
+    (photos / "folder.jpg").mkdir()
+    rows = [(str(photos / "cat" / "01.jpg"), 0),        # 1: fine
+            (str(photos / "cat" / "02.jpg"), "cat"),    # 2: the label is not a number
+            (str(photos / "cat" / "missing.jpg"), 0),   # 3: no such file
+            (str(photos / "cat" / "04.jpg"), 0),        # 4: fine
+            ("cat/notes.txt", 1),                       # 5: not an image name
+            (str(photos / "folder.jpg"), 1)]            # 6: a folder
+    if form == "jsonl":
+        rows.append("{not json")                        # 7: not JSON
+    listing = _listing(tmp_path, photos, rows, form)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as caught:
+        write(str(listing), str(out))
+    text = str(caught.value)
+    assert f"{4 if form == 'csv' else 5} bad rows, nothing written" in text
+    assert "row 2: " in text and "label 'cat' is not an integer" in text
+    assert f"row 3: {photos / 'cat' / 'missing.jpg'}: No such file" in text
+    assert "row 5: cat/notes.txt: not an image file name" in text
+    assert f"row 6: {photos / 'folder.jpg'}: not a file" in text
+    assert ("row 7: not JSON" in text) == (form == "jsonl")
+    assert "row 1:" not in text and "row 4:" not in text
+    assert str(listing) in text
+    assert not out.exists()  # not even the folder: nothing was written
+
+
+def test_a_row_naming_a_file_again_is_written_once(photos, tmp_path):
+    rows = [(str(photos / "cat" / "01.jpg"), 0), ("photos/cat/01.jpg", 0), (str(photos / "dog" / "01.jpg"), 1)]
+    listing = _listing(tmp_path, photos, rows, "csv")
+    out = tmp_path / "out"
+    done = write(str(listing), str(out))
+    assert done["samples"] == 2 and done["duplicates"] == 1
+    manifest = _manifest(out)
+    assert manifest["classes"] is None
+    assert sorted(manifest["source"]["keys"].values()) == ["photos/cat/01.jpg", "photos/dog/01.jpg"]
