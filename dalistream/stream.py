@@ -21,7 +21,8 @@ from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
 from .mixing import Mix, concatenated, open_mix
 from .plan import check_layout, resumed_steps, steps_per_epoch
-from .sources import expand_sources, is_remote
+from .io.stores import any_ranged
+from .sources import expand_sources
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +256,7 @@ class Stream:
                     offsets = offsets.saved(config.cache_dir)
         else:
             check_layout(len(urls), config.layout)  # whole shards: one per global worker at least
-        if config.interleave and offsets is None and any(is_remote(u) for u in urls):
+        if config.interleave and offsets is None and any_ranged(urls):
             # without sample offsets every column would fetch its shard from byte 0 up to its part
             log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
                         "each worker reads one span through a shuffle buffer of %d instead; write a manifest "

@@ -161,12 +161,11 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
                         progress(n)
         infos = build_manifest(paths, offsets=True)
         if remote:
-            from .io.remote import put_bytes
+            from .io.remote import write_bytes
 
             prefix_url = output.rstrip("/") + "/"
             for path, name in zip(paths, names):
-                with open(path, "rb") as f:
-                    put_bytes(prefix_url + name, f.read(), storage_options)
+                write_bytes(prefix_url + name, path, storage_options)
             infos = [type(info)(prefix_url + name, info.samples, info.bytes, info.offsets, info.members)
                      for info, name in zip(infos, names)]
             manifest = prefix_url + MANIFEST

@@ -1,7 +1,6 @@
 """Manifest files: per-shard counts (and offsets) written once, read by every rank.
 
-Read from a local path, ``s3://`` or ``http(s)://``; written to local disk or uploaded next to
-the shards. The formats read are listed in :mod:`.formats`. Rows are matched to shards by full
+Read from and written to any store (:mod:`dalistream.io.stores`), next to the shards. The formats read are listed in :mod:`.formats`. Rows are matched to shards by full
 URL (relative row URLs resolved against the manifest's location), never by base name: the
 manifest of another split with the same file names is an error, not silently wrong counts.
 """
@@ -18,8 +17,9 @@ from typing import Any, List, Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import ManifestError, SourceError, redact
-from ..io.local import cache_write, local_path, write_atomic
-from ..io.remote import is_fetched, put_bytes, read_bytes
+from ..io.local import cache_write, local_path
+from ..io.remote import read_bytes, write_bytes
+from ..io.stores import schemes_in
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
 from .members import MemberLayout
@@ -32,10 +32,10 @@ DEFAULT_NAME = "dalistream-manifest.json"
 def default_location(urls: Sequence[str]) -> Optional[str]:
     """Where ``dalistream index`` writes and where a manifest is looked for unnamed: the folder
     (or key prefix) holding all the shards. ``None`` for ``pipe:`` sources or mixed places."""
-    remote = [u for u in urls if is_remote(u)]
-    if not urls or any(u.startswith("pipe:") for u in remote):
+    schemes = schemes_in(urls)
+    if not urls or "pipe" in schemes:
         return None
-    if len(remote) == len(urls):
+    if "file" not in schemes:
         folders = {u.rsplit("/", 1)[0] for u in urls}
         if len(folders) != 1:
             common = posixpath.commonpath([f.split("://", 1)[1] for f in folders])
@@ -44,7 +44,7 @@ def default_location(urls: Sequence[str]) -> Optional[str]:
                 return None
             folders = {f"{schemes.pop()}://{common}"}
         return f"{folders.pop()}/{DEFAULT_NAME}"
-    if remote:
+    if len(schemes) > 1:
         return None
     folders = {u.rpartition("/")[0] for u in urls}  # a few folders for many shards: each checked once
     if not all(f.startswith("/") and "/." not in f and "//" not in f for f in folders):
@@ -64,9 +64,9 @@ def _relative(url: str, manifest: str) -> str:
 
 
 def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapping[str, Any]] = None) -> None:
-    """Write a manifest file atomically: a local path, or ``s3://bucket/key`` (uploaded with
-    ``options``, the storage options). Shard URLs below the manifest's folder are written
-    relative to it, so the folder can be moved or mounted elsewhere."""
+    """Write a manifest file whole or not at all, to any store (``options``: the storage
+    options). Shard URLs below the manifest's folder are written relative to it, so the folder
+    can be moved or mounted elsewhere."""
     rows = []
     for info in infos:
         row = {"url": _relative(info.url, path), "samples": info.samples, "bytes": info.bytes}
@@ -78,24 +78,17 @@ def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapp
                               **({"kinds": list(kinds)} if len(patterns) > 1 else {}), "sizes": list(sizes)}
         rows.append(row)
     payload = json.dumps({"format": FORMAT, "version": 1, "shards": rows}, separators=(",", ":"))
-    if is_remote(path):
-        put_bytes(path, payload.encode(), options)
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    write_atomic(path, lambda f: f.write(payload.encode()))
+    write_bytes(path, payload.encode(), options)
 
 
 def _read_text(path: str, options: Optional[Mapping[str, Any]]) -> str:
     try:
-        if is_fetched(path):
-            return read_bytes(path, options).decode("utf-8")
-        with open(local_path(path), encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise SourceError("manifest file does not exist", url=path, reason="missing") from None
+        return read_bytes(path, options).decode("utf-8")
     except UnicodeDecodeError:
         raise ManifestError("manifest is not UTF-8 text", url=path, reason="bad_manifest") from None
     except SourceError as e:
+        if e.reason == "missing":
+            raise SourceError("manifest file does not exist", url=path, reason="missing") from None
         raise SourceError(f"cannot read manifest: {e.message}", url=path, hint=e.hint, reason=e.reason) from None
 
 

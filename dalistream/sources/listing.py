@@ -1,10 +1,12 @@
 """Source listing: turn what the user typed into an ordered list of shard URLs.
 
-Accepted forms: a local path, a directory (its ``.tar``/``.tar.gz``/``.tgz`` files, sorted), a
-glob (``data/*.tar``), a brace pattern (``part-{00000..00127}.tar``), ``file://`` URLs,
-``s3://`` (a key, or a prefix ending in ``/``), ``http(s)://`` and ``pipe:`` URLs, and lists of
-any of these. The order is the order given, each directory or glob sorted, so the same
-arguments always give the same list.
+Accepted forms, on every store (:mod:`dalistream.io.stores`): a shard, a folder (its
+``.tar``/``.tar.gz``/``.tgz`` files, sorted; on an object store a prefix, with or without its
+trailing ``/``), a glob (``data/*.tar``, ``gs://b/train-0000*.tar``; ``**`` crosses folders) and a
+brace pattern (``part-{00000..00127}.tar``); ``http(s)://`` URLs (which cannot be listed) and
+``pipe:`` commands as given; and lists of any of these. The order is the order given, each folder
+or glob sorted, so the same arguments always give the same list. An unknown URL scheme is a
+:class:`~dalistream.errors.ConfigError` listing the supported ones.
 """
 
 from __future__ import annotations
@@ -19,17 +21,18 @@ import braceexpand
 
 from ..errors import SourceError, redact
 from ..io.local import check_regular, local_path
+from ..io.stores import check_schemes, store_class
+from ..io.stores.base import glob_prefix, has_magic, match_glob
 
 log = logging.getLogger(__name__)
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
-REMOTE_SCHEMES = ("s3://", "http://", "https://", "pipe:")
 FOLDER_SCAN_MIN = 64  # listed paths in one folder from which that folder's entries are read instead
 
 
 def is_remote(url: str) -> bool:
-    """True for URLs that are not local files."""
-    return url.startswith(REMOTE_SCHEMES)
+    """True for URLs that are not local files (an object store, a web server, a ``pipe:``)."""
+    return not store_class(url).local
 
 
 def is_shard_name(name: str) -> bool:
@@ -132,12 +135,27 @@ def _expand_local(pattern: str, known: Optional[Mapping[str, Identity]] = None) 
     raise SourceError("no such shard file", url=path, hint="check the path, or quote a glob so the shell does not expand it")
 
 
-def _list_s3(prefix: str, storage_options: Mapping[str, Any]) -> List[str]:
-    from ..io.remote import list_s3_keys  # network clients only when needed
+def _expand_objects(item: str, storage_options: Mapping[str, Any]) -> List[str]:
+    """The shards ``item`` names on a store that is not local: a glob's matches, a folder's (a
+    prefix's) shards, or the object itself; a store that cannot be listed takes it as given."""
+    from ..io.remote import list_objects  # network clients only when needed
 
-    urls = [url for url in list_s3_keys(prefix, storage_options) if is_shard_name(url)]
+    cls = store_class(item)
+    if not getattr(cls, "listable", True):
+        return [item]
+    if has_magic(item):
+        urls = match_glob(item, [o.url for o in list_objects(glob_prefix(item), storage_options)])
+        if not urls:
+            raise SourceError("glob matched no objects", url=item)
+        return urls
+    if is_shard_name(item) and not item.endswith("/"):
+        return [item]  # a shard by name: no request (a missing one is named when it is opened)
+    folder = item if item.endswith("/") else item + "/"
+    urls = [o.url for o in list_objects(folder, storage_options) if is_shard_name(o.url)]
     if not urls:
-        raise SourceError("S3 prefix holds no .tar/.tar.gz/.tgz objects", url=prefix)
+        if not item.endswith("/"):
+            return [item]  # not a folder: an object whose name does not say it is a shard
+        raise SourceError("folder holds no .tar/.tar.gz/.tgz objects", url=item)
     return urls
 
 
@@ -151,25 +169,24 @@ def _is_brace_pattern(source: str) -> bool:
 def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional[Mapping[str, Any]] = None) -> List[str]:
     """Expand sources into the ordered list of shard URLs, each shard once (see :func:`_first_of_each`).
 
-    ``storage_options`` configure remote listing (``s3://bucket/prefix/``): endpoint, profile.
+    ``storage_options`` configure the stores' listing (endpoint, credentials).
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     items = [item for source in map(os.fspath, sources)
              for item in (braceexpand.braceexpand(source) if _is_brace_pattern(source) else [source])]
-    known = _known_files([local_path(i) for i in items if not is_remote(i)]) if len(items) >= FOLDER_SCAN_MIN else {}
+    schemes = check_schemes(items)
+    local = [i for i in items if store_class(i).local] if len(schemes) > 1 else items if "file" in schemes else []
+    known = _known_files([local_path(i) for i in local]) if len(local) >= FOLDER_SCAN_MIN else {}
     listed: List[Tuple[str, Identity]] = []
     for item in items:
         ident = known.get(item)
         if ident is not None:
             listed.append((item, ident))
-        elif is_remote(item):
-            if item.startswith("s3://") and item.endswith("/"):
-                listed.extend((url, url) for url in _list_s3(item, storage_options or {}))
-            else:
-                listed.append((item, item))
-        else:
+        elif store_class(item).local:
             listed.extend(_expand_local(item, known))
+        else:
+            listed.extend((url, url) for url in _expand_objects(item, storage_options or {}))
     if not listed:
         raise SourceError("the source list is empty", hint="pass shard paths, globs, brace patterns or URLs")
     return _first_of_each(listed)
