@@ -47,10 +47,11 @@ class Backend:
 
     def __init__(self, name: str, root: str, options: Dict[str, Any], endpoint: str,
                  put: Callable[[str, bytes], None], through: Callable[[str], Dict[str, Any]],
-                 wrong: Callable[[], Any], env: Optional[Dict[str, str]] = None) -> None:
+                 wrong: Callable[[], Any], env: Optional[Dict[str, str]] = None, secret: str = SECRET) -> None:
         self.name, self.root, self.options, self.endpoint = name, root, options, endpoint
         self._put, self.through, self.wrong = put, through, wrong
         self.env = env or {}
+        self.secret = secret  # the wrong credential's secret part, which nothing may print
 
     def url(self, key: str) -> str:
         return f"{self.root}/{key}"
@@ -226,7 +227,77 @@ def gcs_backend(local_set) -> Iterator[Backend]:
         uninstall()
 
 
-FIXTURES = {"s3": "s3_backend", "gs": "gcs_backend"}
+# -- Azure Blob: Azurite (npm, pinned in tests/emulators/package-lock.json) ---------------------
+
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def azurite_command() -> List[str]:
+    """The Azurite blob server: ``DALISTREAM_AZURITE`` (set by .ci/run after ``npm ci``), else
+    tests/emulators/node_modules' copy."""
+    found = os.environ.get("DALISTREAM_AZURITE") or os.path.join(os.path.dirname(HERE), "emulators", "node_modules",
+                                                                   ".bin", "azurite-blob")
+    if not os.path.exists(found):
+        unavailable(f"Azurite is not installed ({found}): run `npm ci` in tests/emulators")
+    if shutil.which("node") is None:
+        unavailable("Azurite needs node, which is not installed")
+    return [found]
+
+
+def azure_connection(endpoint: str, key: str = AZURITE_KEY) -> str:
+    return (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={key};"
+            f"BlobEndpoint={endpoint}/devstoreaccount1;")
+
+
+@pytest.fixture(scope="module")
+def azure_backend(local_set, tmp_path_factory) -> Iterator[Backend]:
+    import base64
+    import re
+
+    try:
+        from azure.storage.blob import BlobServiceClient
+    except ImportError:
+        unavailable("azure-storage-blob is not installed (pip install -e '.[test]')")
+    command = azurite_command() + ["--blobHost", "127.0.0.1", "--blobPort", "0", "--inMemoryPersistence",
+                                   "--skipApiVersionCheck", "--loose"]
+    log = str(tmp_path_factory.mktemp("azurite") / "azurite.log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline, endpoint = time.monotonic() + 60, None
+        while endpoint is None:
+            text = open(log).read()
+            found = re.search(r"listens on (http://127\.0\.0\.1:\d+)", text)
+            if found:
+                endpoint = found.group(1)
+            elif proc.poll() is not None or time.monotonic() > deadline:
+                unavailable(f"Azurite did not start: {text[-500:]}")
+            else:
+                time.sleep(0.1)
+        connection = azure_connection(endpoint)
+        container = BlobServiceClient.from_connection_string(connection).get_container_client(BUCKET)
+        container.create_container()
+        secret = base64.b64encode(SECRET.encode()).decode()
+
+        @contextlib.contextmanager
+        def wrong() -> Iterator[Dict[str, Any]]:
+            yield {"connection_string": azure_connection(endpoint, secret)}
+
+        backend = Backend("az", f"az://{BUCKET}", {"connection_string": connection}, endpoint,
+                          lambda key, data: container.upload_blob(key, data, overwrite=True),
+                          lambda other: {"connection_string": azure_connection(other)}, wrong,
+                          env={"AZURE_STORAGE_CONNECTION_STRING": connection}, secret=secret)
+        yield _fill(backend, local_set)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+FIXTURES = {"s3": "s3_backend", "gs": "gcs_backend", "az": "azure_backend"}
 
 
 @pytest.fixture(params=list(FIXTURES))

@@ -85,7 +85,9 @@ def test_a_connection_cut_mid_read_is_resumed(backend, local_set):
         options = {**backend.through(proxy.endpoint), "chunk_bytes": 4096}
         with open_remote(backend.url(f"ds/{name}"), 0, options, counters) as f:
             assert f.read() == data
-    assert counters.resumes >= 1 and proxy.injected >= 1
+    assert proxy.injected >= 1
+    if backend.name != "az":  # (Azure's SDK asks again for a cut chunk itself, from the chunk's start)
+        assert counters.resumes >= 1
 
 
 def test_an_object_replaced_mid_read_is_a_named_error(backend):
@@ -131,8 +133,8 @@ def test_a_wrong_credential_is_named_and_never_printed(backend, caplog):
             error = info.value
             assert error.reason in ("denied", "no_credentials"), error
             text = str(error) + repr(error) + repr(error.__reduce__())
-            assert SECRET not in text and "credential" in text.lower()
-    assert SECRET not in caplog.text
+            assert backend.secret not in text and SECRET not in text and "credential" in text.lower()
+    assert backend.secret not in caplog.text and SECRET not in caplog.text
     assert any(r.levelno == logging.DEBUG for r in caplog.records)  # the DEBUG records were there to look at
 
 
