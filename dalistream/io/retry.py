@@ -70,6 +70,8 @@ def classify(error: BaseException, url: str, first: bool, what: str = "object",
             return mapped
     if isinstance(error, u3.MaxRetryError) and error.reason is not None:
         error = error.reason
+    if isinstance(error, u3.LocationValueError):
+        return SourceError("not a usable URL", url=url)
     if isinstance(error, u3.SSLError):
         return SourceError("TLS error talking to the server", url=url, hint="check the endpoint URL and certificates")
     if isinstance(error, u3.NewConnectionError) and first:

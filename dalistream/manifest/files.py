@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import ManifestError, SourceError, redact
 from ..io.local import cache_write, local_path
 from ..io.remote import read_bytes, write_bytes
-from ..io.stores import schemes_in
+from ..io.stores import canonical, schemes_in
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
 from .members import MemberLayout
@@ -56,8 +56,8 @@ def default_location(urls: Sequence[str]) -> Optional[str]:
 def _relative(url: str, manifest: str) -> str:
     """A shard URL as written into a manifest: relative to it when below its folder."""
     if is_remote(manifest) or is_remote(url):
-        folder = manifest.rsplit("/", 1)[0] + "/"
-        return url[len(folder):] if url.startswith(folder) else url
+        folder = canonical(manifest).rsplit("/", 1)[0] + "/"
+        return canonical(url)[len(folder):] if canonical(url).startswith(folder) else url
     folder = os.path.dirname(os.path.abspath(local_path(manifest)))
     path = os.path.abspath(local_path(url))
     return os.path.relpath(path, folder) if path.startswith(folder + os.sep) else path
@@ -156,13 +156,16 @@ def _key(url: str) -> str:
     if url.startswith("/") and "/." not in url and "//" not in url:
         return url  # already absolute and normal (most listed paths)
     if is_remote(url):
-        return redact(url)
+        return canonical(redact(url))
     return os.path.normpath(os.path.abspath(local_path(url)))
 
 
 def lookup(urls: Sequence[str], table: ShardRows, manifest_path: str) -> ShardRows:
     """Rows for ``urls`` from a manifest's rows, matched by full URL (credentials aside)."""
     index = {u if u.startswith("/") else _key(u): i for i, u in enumerate(table.urls)}  # rows: resolved
+    if len(index) < len(table.urls):
+        raise ManifestError(f"manifest {redact(manifest_path)} lists a shard twice (at two revisions?)",
+                            url=redact(manifest_path), reason="bad_manifest")
     found = [index.get(url, -1) for url in urls]  # rows are absolute and normal, as most listed URLs are
     if -1 in found:
         found = [i if i >= 0 else index.get(_key(url), -1) for i, url in zip(found, urls)]

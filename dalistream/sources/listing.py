@@ -135,7 +135,7 @@ def _expand_local(pattern: str, known: Optional[Mapping[str, Identity]] = None) 
     raise SourceError("no such shard file", url=path, hint="check the path, or quote a glob so the shell does not expand it")
 
 
-def _expand_objects(item: str, storage_options: Mapping[str, Any]) -> List[str]:
+def _expand_objects(item: str, storage_options: Mapping[str, Any], pins: Dict[Any, str]) -> List[str]:
     """The shards ``item`` names on a store that is not local: a glob's matches, a folder's (a
     prefix's) shards, or the object itself; a store that cannot be listed takes it as given."""
     from ..io.remote import list_objects  # network clients only when needed
@@ -144,19 +144,34 @@ def _expand_objects(item: str, storage_options: Mapping[str, Any]) -> List[str]:
     if not getattr(cls, "listable", True):
         return [item]
     if has_magic(item):
-        urls = match_glob(item, [o.url for o in list_objects(glob_prefix(item), storage_options)])
+        urls = [o.url for o in list_objects(glob_prefix(item), storage_options)]
+        canon = getattr(cls, "canonical", None)  # listed at a version the pattern does not name (the Hub)
+        if canon is None:
+            urls = match_glob(item, urls)
+        else:
+            named = {canon(u): u for u in urls}
+            urls = [named[u] for u in match_glob(canon(item), list(named))]
         if not urls:
             raise SourceError("glob matched no objects", url=item)
         return urls
     if is_shard_name(item) and not item.endswith("/"):
-        return [item]  # a shard by name: no request (a missing one is named when it is opened)
+        return _pinned(item, storage_options, pins)  # a shard by name: no request (a missing one is named when opened)
     folder = item if item.endswith("/") else item + "/"
     urls = [o.url for o in list_objects(folder, storage_options) if is_shard_name(o.url)]
     if not urls:
         if not item.endswith("/"):
-            return [item]  # not a folder: an object whose name does not say it is a shard
+            return _pinned(item, storage_options, pins)  # not a folder: an object whose name does not say it is a shard
         raise SourceError("folder holds no .tar/.tar.gz/.tgz objects", url=item)
     return urls
+
+
+def _pinned(url: str, storage_options: Mapping[str, Any], pins: Dict[Any, str]) -> List[str]:
+    """``[url]``, named at one version where its store pins reads to one (the Hub: a commit;
+    ``pins`` keeps those found during one listing)."""
+    from ..io.stores import store_for
+
+    store = store_for(url, storage_options)
+    return store.pin([url], pins) if hasattr(store, "pin") else [url]
 
 
 def _is_brace_pattern(source: str) -> bool:
@@ -179,6 +194,7 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     local = [i for i in items if store_class(i).local] if len(schemes) > 1 else items if "file" in schemes else []
     known = _known_files([local_path(i) for i in local]) if len(local) >= FOLDER_SCAN_MIN else {}
     listed: List[Tuple[str, Identity]] = []
+    pins: Dict[Any, str] = {}
     for item in items:
         ident = known.get(item)
         if ident is not None:
@@ -186,7 +202,7 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
         elif store_class(item).local:
             listed.extend(_expand_local(item, known))
         else:
-            listed.extend((url, url) for url in _expand_objects(item, storage_options or {}))
+            listed.extend((url, url) for url in _expand_objects(item, storage_options or {}, pins))
     if not listed:
         raise SourceError("the source list is empty", hint="pass shard paths, globs, brace patterns or URLs")
     return _first_of_each(listed)

@@ -56,6 +56,10 @@ class Backend:
     def url(self, key: str) -> str:
         return f"{self.root}/{key}"
 
+    def listed(self, key: str) -> str:
+        """The URL a listing gives for ``key`` (the Hub's names the commit listed)."""
+        return self.url(key)
+
     def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``root/key`` with the server's own client."""
         self._put(key, data)
@@ -297,7 +301,33 @@ def azure_backend(local_set, tmp_path_factory) -> Iterator[Backend]:
             proc.wait()
 
 
-FIXTURES = {"s3": "s3_backend", "gs": "gcs_backend", "az": "azure_backend"}
+# -- the Hugging Face Hub: a small server speaking its API (hub_server.py) ----------------------
+
+HUB_REPO = "org/shards"
+
+
+@pytest.fixture(scope="module")
+def hub_backend(local_set) -> Iterator[Backend]:
+    from hub_server import HubServer
+
+    with HubServer() as server:
+        hub = server.hub
+        hub.token = "hub-test-token"
+
+        @contextlib.contextmanager
+        def wrong() -> Iterator[Dict[str, Any]]:
+            yield {"endpoint_url": server.endpoint, "token": SECRET}
+
+        backend = Backend("hf", f"hf://datasets/{HUB_REPO}", {"endpoint_url": server.endpoint, "token": hub.token},
+                          server.endpoint, lambda key, data: hub.commit(HUB_REPO, {key: data}),
+                          lambda other: {"endpoint_url": other, "token": hub.token}, wrong,
+                          env={"HF_ENDPOINT": server.endpoint, "HF_TOKEN": hub.token})
+        backend.listed = lambda key: f"hf://datasets/{HUB_REPO}@{hub.branches[(HUB_REPO, 'main')]}/{key}"
+        backend.server = server
+        yield _fill(backend, local_set)
+
+
+FIXTURES = {"s3": "s3_backend", "gs": "gcs_backend", "az": "azure_backend", "hf": "hub_backend"}
 
 
 @pytest.fixture(params=list(FIXTURES))

@@ -126,6 +126,13 @@ def is_local(url: str) -> bool:
     return store_class(url).local
 
 
+def canonical(url: str) -> str:
+    """``url`` as the same object at any version its URL may name (the Hub's ``@revision`` left
+    out); most stores: ``url`` itself."""
+    fn = getattr(store_class(url), "canonical", None)
+    return fn(url) if fn is not None else url
+
+
 def any_ranged(urls: Sequence[str]) -> bool:
     """True when some of ``urls`` are read by ranged requests (without Python per URL)."""
     return any(store_class(u).ranged for u in schemes_in(urls).values())
@@ -143,5 +150,5 @@ def missing_extra(package: str, extra: str) -> ConfigError:
                        hint=f'pip install "dalistream[{extra}]"')
 
 
-__all__ = ["Answer", "ObjectInfo", "any_ranged", "RemoteOptions", "SCHEMES", "Store", "check_schemes", "is_local", "is_ranged",
+__all__ = ["Answer", "ObjectInfo", "any_ranged", "canonical", "RemoteOptions", "SCHEMES", "Store", "check_schemes", "is_local", "is_ranged",
            "missing_extra", "scheme_of", "schemes_in", "store_class", "store_for", "supported"]

@@ -58,13 +58,19 @@ def ranged_get(pool: Any, url: str, headers: Dict[str, str], start: int, end: Op
     """A GET of bytes ``[start, end)`` with ``headers``, pinned to ``version`` (an ETag) by
     ``If-Range``; a server that ignores ranges is read up to ``start``. Errors name ``shown``
     (the URL as the user wrote it; redacted), else ``url``."""
-    shown = shown or url
     wanted = range_header(start, end)
     if wanted:
         headers["Range"] = wanted
         if version:
             headers["If-Range"] = version  # a changed object comes back whole (200), caught below
     answer = pool.request("GET", url, headers=headers, preload_content=False, decode_content=False)
+    return range_answer(answer, shown or url, start, end, version, credentials)
+
+
+def range_answer(answer: Any, shown: str, start: int, end: Optional[int], version: Optional[str],
+                 credentials: str) -> Answer:
+    """The :class:`Answer` of a ranged GET's response (see :func:`ranged_get`)."""
+    wanted = range_header(start, end)
     if answer.status == 416 and wanted:
         answer.release_conn()
         return Answer(Empty(), start, version)
