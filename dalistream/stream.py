@@ -19,6 +19,7 @@ from .dataset import DataSet
 from .errors import ConfigError, redact, redact_client_logs
 from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
+from .manifest.files import manifest_urls
 from .mixing import Mix, concatenated, open_mix
 from .plan import check_layout, resumed_steps, steps_per_epoch
 from .io.stores import any_ranged
@@ -235,7 +236,8 @@ class Stream:
                     local_rank: Optional[int] = None, start_method: str = "auto",
                     local_processes: int = 1) -> "Stream":
         """List shards and count samples for an already built config."""
-        urls = expand_sources(config.sources, config.storage_options)
+        urls = expand_sources(config.sources, config.storage_options,
+                              named=lambda folder: manifest_urls(folder, config.cache_dir, config.storage_options))
         if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
             usable_cache_dir(os.fspath(config.cache_dir), given=True)
         counts = offsets = source = per_sample = None

@@ -55,6 +55,14 @@ def _exists(url: str, options: Optional[Mapping[str, Any]]) -> bool:
         return False
 
 
+def _manifest_at(path: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]]) -> Optional[ShardRows]:
+    """The rows of the manifest at ``path``, or None where none can be read (then counted otherwise)."""
+    try:
+        return read_manifest_cached(path, cache_dir, options)
+    except SourceError:
+        return None
+
+
 def _idx_beside(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> Optional[List[str]]:
     if not all(u.endswith(".tar") for u in urls):
         return None
@@ -106,8 +114,9 @@ def count_samples(
         return Counted(lookup(urls, read_manifest_cached(manifest, cache_dir, options), manifest),
                        f"manifest {redact(manifest)}")
     found = default_location(urls)
-    if discover and found and _exists(found, options):
-        return Counted(lookup(urls, read_manifest_cached(found, cache_dir, options), found), f"manifest {redact(found)}")
+    beside = _manifest_at(found, cache_dir, options) if discover and found else None
+    if beside is not None:
+        return Counted(lookup(urls, beside, found), f"manifest {redact(found)}")
     idx = _idx_beside(urls, options) if discover else None
     if idx:
         return Counted(ShardRows.from_infos(read_idx(idx, urls, options)), "index files (.idx) beside the shards")

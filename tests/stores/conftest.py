@@ -31,7 +31,7 @@ sys.path.insert(0, HERE)  # hub_server.py
 from helpers import PEER_DATA, free_port  # noqa: E402
 
 REQUIRED = os.environ.get("DALISTREAM_EMULATORS") == "required"
-BUCKET = "shards"
+BUCKET = "store-suite"  # (moto keeps one state per process: a bucket of its own)
 SECRET = "wrongSecretDoNotPrint77"
 
 
