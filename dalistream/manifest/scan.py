@@ -19,7 +19,6 @@ from ..errors import DalistreamError, ManifestError, SourceError, redact
 from ..io.gunzip import decompressed
 from ..io.local import cache_write, local_path
 from ..io.remote import stat_object
-from ..io.stores import canonical
 from ..io.streams import is_gzip_name, open_raw
 from ..sources import is_remote
 from ..tar import iter_samples
@@ -71,8 +70,7 @@ def version_of(url: str, options: Optional[Mapping[str, Any]] = None) -> Optiona
         found = stat_object(url, options)
     except SourceError:
         return None
-    # (the same object under another of its names, the Hub's @branch and @commit, is one version)
-    return f"{canonical(url)}|{found.size}|{found.version}" if found.size is not None and found.version else None
+    return f"{url}|{found.size}|{found.version}" if found.size is not None and found.version else None
 
 
 def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None,

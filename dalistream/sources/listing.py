@@ -146,20 +146,15 @@ def _from_manifest(item: str, named: Optional[Named], storage_options: Mapping[s
     listing would ask for every object (500,000 of them, on every rank); None without one."""
     if named is None:
         return None
+    store = store_for(item, storage_options)
+    if hasattr(store, "pin"):  # the manifest read at the commit the listing is pinned to: its rows name it
+        item = store.pin([item], pins)[0]
     glob_item = has_magic(item)
     folder = glob_prefix(item) if glob_item else item if item.endswith("/") else item + "/"
     rows = named(folder[:folder.rfind("/") + 1])
     if not rows:
         return None
-    canon = getattr(store_class(item), "canonical", None)
-    if canon is not None:
-        rows = [canon(u) for u in rows]
-        item, folder = canon(item), canon(folder)
-    urls = match_glob(item if glob_item else folder + "**", rows)
-    if not urls:
-        return None
-    store = store_for(item, storage_options)
-    return store.pin(urls, pins) if hasattr(store, "pin") else urls
+    return match_glob(item if glob_item else folder + "**", rows) or None
 
 
 def _expand_objects(item: str, storage_options: Mapping[str, Any], pins: Dict[Any, str],

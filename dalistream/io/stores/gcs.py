@@ -3,7 +3,7 @@ Credentials (``google-auth``: ``GOOGLE_APPLICATION_CREDENTIALS``, ``gcloud auth
 application-default login``, the metadata server of a Google Cloud machine).
 
 Like Google's own client, ``STORAGE_EMULATOR_HOST`` points it at an emulator (and then sends no
-credentials); ``storage_options`` may name ``endpoint_url``, ``anon`` (public buckets, no
+credentials unless a ``token`` is given); ``storage_options`` may name ``endpoint_url``, ``anon`` (public buckets, no
 credentials) and ``token``: a credentials JSON file (service account or authorized user) or an
 OAuth2 access token. The version of an object is its generation, pinned by
 ``ifGenerationMatch`` (a rewritten object is a ``changed`` error, never spliced). Only
@@ -65,7 +65,7 @@ class GCSStore:
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")  # read where Google's client reads it
         endpoint = opts.endpoint_url or emulator or "https://storage.googleapis.com"
         self.endpoint = (endpoint if "://" in endpoint else "http://" + endpoint).rstrip("/")
-        self.anonymous = opts.anon or (bool(emulator) and not opts.endpoint_url and not opts.get("token"))
+        self.anonymous = opts.anon or (bool(emulator) and not opts.get("token"))  # an emulator checks no credentials
         self._http: Any = None
         self._lock = threading.Lock()
 
