@@ -202,8 +202,11 @@ def _pinned(url: str, storage_options: Mapping[str, Any], pins: Dict[Any, str]) 
 
 def _is_brace_pattern(source: str) -> bool:
     """``{a..b}``/``{x,y}`` to expand, unless it names an existing local file (braces in a name)."""
-    if "{" not in source or source.startswith("pipe:"):
+    if "{" not in source:
         return False
+    store = store_class(source)
+    if not (store.local or store.ranged):
+        return False  # a command (pipe:), whose braces are its shell's
     return is_remote(source) or not os.path.lexists(local_path(source))
 
 
