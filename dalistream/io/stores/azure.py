@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...errors import SourceError
 from ..options import RemoteOptions
 from ..retry import Retry, changed, status_error
-from .base import Answer, Data, Empty, ObjectInfo, data_file, total_size
+from .base import ObjectStore, Answer, Data, Empty, ObjectInfo, data_file, total_size
 
 CREDENTIALS = ("storage_options connection_string / account_key / sas_token, AZURE_STORAGE_CONNECTION_STRING, "
                "or DefaultAzureCredential (environment, managed identity, Azure CLI login)")
@@ -58,17 +58,14 @@ class _Chunks:
         self._view = memoryview(b"")
 
 
-class AzureStore:
+class AzureStore(ObjectStore):
     """``az://`` and ``abfs://`` (see module doc)."""
 
     scheme = "az"
-    local = False
-    ranged = True
-    listable = True
     credential_source = CREDENTIALS
 
     def __init__(self, opts: RemoteOptions) -> None:
-        self.opts = opts
+        super().__init__(opts)
         # read where the SDK's users set them
         self._connection_string = opts.get("connection_string") or os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
         self._account = opts.get("account_name") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")

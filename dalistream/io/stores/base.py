@@ -88,6 +88,32 @@ class Store(Protocol):
         this client's (the common mapping of connection errors applies)."""
 
 
+class ObjectStore:
+    """What most stores share: remote, read by ranged requests, listable, their options kept,
+    no client exceptions of their own to map. A store module subclasses it and says what differs."""
+
+    scheme = ""
+    local = False
+    ranged = True
+    listable = True
+    credential_source = ""
+
+    def __init__(self, opts: Any) -> None:
+        self.opts = opts
+
+    def classify(self, error: BaseException, url: str, first: bool, what: str) -> Optional[Exception]:
+        return None
+
+
+def split_bucket(url: str) -> "tuple[str, str]":
+    """``("bucket", "key")`` of ``SCHEME://bucket/key``."""
+    scheme, _, rest = url.partition("://")
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise SourceError(f"{scheme}:// URL has no bucket", url=url, hint=f"write {scheme}://bucket/key")
+    return bucket, key
+
+
 def read_all(body: Any) -> bytes:
     """Everything left in ``body``."""
     chunks = []

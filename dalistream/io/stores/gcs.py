@@ -22,7 +22,7 @@ from urllib.parse import quote
 from ...errors import SourceError
 from ..options import RemoteOptions
 from ..retry import changed, status_error
-from .base import Answer, Data, Empty, ObjectInfo, data_bytes, range_header, total_size
+from .base import ObjectStore, split_bucket, Answer, Data, Empty, ObjectInfo, data_bytes, range_header, total_size
 from .http import http_pool
 
 CREDENTIALS = ("Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud auth application-default "
@@ -30,12 +30,7 @@ CREDENTIALS = ("Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS,
 SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 
 
-def split_gs(url: str) -> Tuple[str, str]:
-    """``("bucket", "name")`` of ``gs://bucket/name``."""
-    bucket, _, name = url[len("gs://"):].partition("/")
-    if not bucket:
-        raise SourceError("gs:// URL has no bucket", url=url, hint="write gs://bucket/name")
-    return bucket, name
+split_gs = split_bucket  # ``("bucket", "name")`` of ``gs://bucket/name``
 
 
 def _file_credentials(path: str) -> Any:
@@ -51,17 +46,14 @@ def _file_credentials(path: str) -> Any:
     return Credentials.from_authorized_user_info(info, scopes=[SCOPE])
 
 
-class GCSStore:
+class GCSStore(ObjectStore):
     """``gs://`` (see module doc)."""
 
     scheme = "gs"
-    local = False
-    ranged = True
-    listable = True
     credential_source = CREDENTIALS
 
     def __init__(self, opts: RemoteOptions) -> None:
-        self.opts = opts
+        super().__init__(opts)
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")  # read where Google's client reads it
         endpoint = opts.endpoint_url or emulator or "https://storage.googleapis.com"
         self.endpoint = (endpoint if "://" in endpoint else "http://" + endpoint).rstrip("/")

@@ -24,7 +24,7 @@ from urllib.parse import quote, unquote, urlsplit
 from ...errors import SourceError
 from ..options import RemoteOptions
 from ..retry import status_error
-from .base import Answer, Data, ObjectInfo, data_file, range_header
+from .base import ObjectStore, Answer, Data, ObjectInfo, data_file, range_header
 from .http import http_pool, range_answer
 
 CREDENTIALS = "storage_options token, HF_TOKEN, or the token saved by `hf auth login`"
@@ -48,17 +48,14 @@ class HubPath:
         return f"hf://datasets/{self.repo}@{quote(revision, safe='')}/{path}"
 
 
-class HubStore:
+class HubStore(ObjectStore):
     """``hf://`` (see module doc)."""
 
     scheme = "hf"
-    local = False
-    ranged = True
-    listable = True
     credential_source = CREDENTIALS
 
     def __init__(self, opts: RemoteOptions) -> None:
-        self.opts = opts
+        super().__init__(opts)
         self.endpoint = (opts.endpoint_url or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
         self._token = opts.get("token") or os.environ.get("HF_TOKEN")
 

@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from ...errors import SourceError
 from ..options import RemoteOptions
 from ..retry import Retry, changed, status_error
-from .base import Answer, Data, Empty, ObjectInfo, no_write, range_header, total_size
+from .base import ObjectStore, Answer, Data, Empty, ObjectInfo, no_write, range_header, total_size
 
 _pools: Dict[tuple, Any] = {}
 _pools_lock = threading.Lock()
@@ -93,17 +93,12 @@ def range_answer(answer: Any, shown: str, start: int, end: Optional[int], versio
     return Answer(answer, size, new_version or version, ranged=answer.status == 206 or not wanted)
 
 
-class HTTPStore:
+class HTTPStore(ObjectStore):
     """``http://`` and ``https://`` (see module doc)."""
 
     scheme = "http"
-    local = False
-    ranged = True
     listable = False
     credential_source = "the URL's user info (https://USER:PASSWORD@host/…)"
-
-    def __init__(self, opts: RemoteOptions) -> None:
-        self.opts = opts
 
     def list(self, prefix: str) -> List[ObjectInfo]:
         raise SourceError("web servers cannot be listed", url=prefix,
@@ -126,5 +121,3 @@ class HTTPStore:
     def write(self, url: str, data: Data) -> None:
         raise no_write("http(s)://", url)
 
-    def classify(self, error: BaseException, url: str, first: bool, what: str) -> Optional[Exception]:
-        return None

@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 from ...errors import SourceError
 from ..local import FileRange, local_path, open_file, write_atomic
 from ..options import RemoteOptions
-from .base import Answer, Data, ObjectInfo, data_bytes
+from .base import ObjectStore, Answer, Data, ObjectInfo, data_bytes
 
 
 def file_version(st: os.stat_result) -> str:
@@ -20,16 +20,13 @@ def file_version(st: os.stat_result) -> str:
     return f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}"
 
 
-class LocalStore:
+class LocalStore(ObjectStore):
     """Local files (see module doc)."""
 
     scheme = "file"
     local = True
     ranged = False
     credential_source = "the file system's permissions"
-
-    def __init__(self, opts: RemoteOptions) -> None:
-        self.opts = opts
 
     def list(self, prefix: str) -> List[ObjectInfo]:
         path = local_path(prefix)

@@ -8,20 +8,16 @@ from typing import List, Optional
 from ...errors import SourceError
 from ..local import PipeStream
 from ..options import RemoteOptions
-from .base import Answer, Data, ObjectInfo, no_write
+from .base import ObjectStore, Answer, Data, ObjectInfo, no_write
 
 
-class PipeStore:
+class PipeStore(ObjectStore):
     """``pipe:`` sources (see module doc)."""
 
     scheme = "pipe"
-    local = False
     ranged = False
     listable = False
     credential_source = "the command's own"
-
-    def __init__(self, opts: RemoteOptions) -> None:
-        self.opts = opts
 
     def list(self, prefix: str) -> List[ObjectInfo]:
         raise SourceError("pipe: sources cannot be listed", url=prefix, hint="name each command's output as a source")
@@ -37,5 +33,3 @@ class PipeStore:
     def write(self, url: str, data: Data) -> None:
         raise no_write("pipe:", url)
 
-    def classify(self, error: BaseException, url: str, first: bool, what: str) -> Optional[Exception]:
-        return None

@@ -12,29 +12,22 @@ from typing import Any, List, Optional, Tuple
 from ...errors import ConfigError, SourceError
 from ..options import RemoteOptions
 from ..retry import status_error
-from .base import Answer, Data, Empty, ObjectInfo, data_file, range_header, total_size
+from .base import ObjectStore, split_bucket, Answer, Data, Empty, ObjectInfo, data_file, range_header, total_size
 
 CREDENTIALS = "boto3's credential chain: storage_options, AWS_* variables, profile, instance role"
 
 
-def split_s3(url: str) -> Tuple[str, str]:
-    """``("bucket", "key")`` of ``s3://bucket/key``."""
-    bucket, _, key = url[len("s3://"):].partition("/")
-    if not bucket:
-        raise SourceError("S3 URL has no bucket", url=url, hint="write s3://bucket/key")
-    return bucket, key
+split_s3 = split_bucket  # ``("bucket", "key")`` of ``s3://bucket/key``
 
 
-class S3Store:
+class S3Store(ObjectStore):
     """``s3://`` (see module doc)."""
 
     scheme = "s3"
-    local = False
-    ranged = True
     credential_source = CREDENTIALS
 
     def __init__(self, opts: RemoteOptions) -> None:
-        self.opts = opts
+        super().__init__(opts)
         self._client: Any = None
         self._lock = threading.Lock()
 
