@@ -7,7 +7,7 @@ roles); ``storage_options`` may name ``endpoint_url``, ``profile``, ``region``, 
 from __future__ import annotations
 
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional
 
 from ...errors import ConfigError, SourceError
 from ..options import RemoteOptions
