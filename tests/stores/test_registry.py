@@ -84,6 +84,16 @@ def test_store_options_reach_only_stores_and_secrets_stay_hidden():
     assert store_for("s3://b/x", {"profile": "lab"}) is store_for("s3://b/y", {"profile": "lab"})  # one per options
 
 
+@pytest.mark.parametrize("url, variable", [("s3://b/x", "AWS_ENDPOINT_URL"), ("gs://b/x", "STORAGE_EMULATOR_HOST"),
+                                           ("az://c/x", "AZURE_STORAGE_CONNECTION_STRING"), ("hf://datasets/o/n/x", "HF_ENDPOINT")])
+def test_a_store_follows_the_variables_its_client_reads(url, variable, monkeypatch):
+    monkeypatch.setenv(variable, "http://127.0.0.1:1")
+    first = store_for(url)
+    assert store_for(url) is first
+    monkeypatch.setenv(variable, "http://127.0.0.1:2")  # (a test's next emulator, a notebook's new setting)
+    assert store_for(url) is not first
+
+
 @settings(max_examples=200, deadline=None)
 @given(low=st.integers(0, 1200), span=st.integers(-30, 30), pad=st.integers(0, 5), head=st.sampled_from(["a-", "", "x/%d"]))
 def test_a_numeric_brace_range_is_written_out_as_braceexpand_does(low, span, pad, head):

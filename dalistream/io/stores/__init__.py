@@ -119,7 +119,8 @@ def store_for(url: str, options: Optional[Mapping[str, Any]] = None) -> Store:
     """The store serving ``url`` with ``options`` (one per process, scheme and options)."""
     cls = store_class(url)
     opts = remote_options(options)
-    key = (cls, os.getpid(), opts)
+    # (a client reads its variables when it is made: another value is another store)
+    key = (cls, os.getpid(), opts, tuple(os.environ.get(name) for name in cls.environment))
     with _lock:
         store = _stores.get(key)
         if store is None:

@@ -63,6 +63,7 @@ class AzureStore(ObjectStore):
 
     scheme = "az"
     credential_source = CREDENTIALS
+    environment = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME")
 
     def __init__(self, opts: RemoteOptions) -> None:
         super().__init__(opts)

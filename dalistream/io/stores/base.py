@@ -69,6 +69,7 @@ class Store(Protocol):
     local: bool
     ranged: bool
     credential_source: str
+    environment: "tuple[str, ...]"
 
     def list(self, prefix: str) -> List[ObjectInfo]:
         """Every object whose URL starts with ``prefix`` (recursively), sorted by URL."""
@@ -97,6 +98,7 @@ class ObjectStore:
     ranged = True
     listable = True
     credential_source = ""
+    environment: "tuple[str, ...]" = ()  # the variables its client reads when it is made
 
     def __init__(self, opts: Any) -> None:
         self.opts = opts

@@ -51,6 +51,7 @@ class GCSStore(ObjectStore):
 
     scheme = "gs"
     credential_source = CREDENTIALS
+    environment = ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS")
 
     def __init__(self, opts: RemoteOptions) -> None:
         super().__init__(opts)

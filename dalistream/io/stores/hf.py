@@ -53,6 +53,7 @@ class HubStore(ObjectStore):
 
     scheme = "hf"
     credential_source = CREDENTIALS
+    environment = ("HF_ENDPOINT", "HF_TOKEN")
 
     def __init__(self, opts: RemoteOptions) -> None:
         super().__init__(opts)

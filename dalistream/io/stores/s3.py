@@ -25,6 +25,8 @@ class S3Store(ObjectStore):
 
     scheme = "s3"
     credential_source = CREDENTIALS
+    environment = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_REGION",
+                   "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
 
     def __init__(self, opts: RemoteOptions) -> None:
         super().__init__(opts)
