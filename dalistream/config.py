@@ -174,7 +174,8 @@ MAX_BATCH_SIZE = 1 << 20  # beyond this, per-batch buffers alone outgrow any wor
 
 
 def _secret(key: str) -> bool:
-    return any(word in key.lower() for word in ("secret", "token", "password", "key_id", "credential"))
+    return any(word in key.lower() for word in ("secret", "token", "password", "key_id", "credential", "account_key",
+                                                  "connection_string", "sas"))
 
 
 @dataclass(frozen=True, repr=False)

@@ -228,7 +228,8 @@ _CLASSES = {cls.__name__: cls for cls in (DalistreamError, ConfigError, SourceEr
 
 #: Loggers of the HTTP and S3 client libraries dalistream reads through: at DEBUG they print request
 #: lines with presigned query strings and headers with the access key id.
-CLIENT_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3", "requests", "aiobotocore", "fsspec", "s3fs")
+CLIENT_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3", "requests", "aiobotocore", "fsspec", "s3fs", "azure",
+                  "google", "huggingface_hub", "httpx", "httpcore")
 
 
 def redact_client_logs() -> None:

@@ -18,12 +18,14 @@ from .config import SHUFFLE_BUFFER, StreamConfig, WORKERS
 from .dataset import DataSet
 from .errors import ConfigError, redact, redact_client_logs
 from .io.folder import folder_problem
+from .io.stores import any_ranged
 from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
+from .manifest.files import manifest_urls
 from .mixing import Mix, concatenated, open_mix
 from .plan import check_layout, resumed_steps, steps_per_epoch
 from .plan.affinity import ranks_per_node
-from .sources import expand_sources, is_remote
+from .sources import expand_sources
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +237,8 @@ class Stream:
                     local_rank: Optional[int] = None, start_method: str = "auto",
                     local_processes: int = 1) -> "Stream":
         """List shards and count samples for an already built config."""
-        urls = expand_sources(config.sources, config.storage_options)
+        urls = expand_sources(config.sources, config.storage_options,
+                              named=lambda folder: manifest_urls(folder, config.cache_dir, config.storage_options))
         if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
             usable_cache_dir(os.fspath(config.cache_dir), given=True)
         counts = offsets = source = per_sample = None
@@ -256,7 +259,7 @@ class Stream:
                     offsets = offsets.saved(config.cache_dir)
         else:
             check_layout(len(urls), config.layout)  # whole shards: one per global worker at least
-        if config.interleave and offsets is None and any(is_remote(u) for u in urls):
+        if config.interleave and offsets is None and any_ranged(urls):
             # without sample offsets every column would fetch its shard from byte 0 up to its part
             log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
                         "each worker reads one span through a shuffle buffer of %d instead; write a manifest "

@@ -87,11 +87,6 @@ class PipeStream(io.RawIOBase):
         super().close()
 
 
-def open_pipe(url: str) -> BinaryIO:
-    """The stdout of ``pipe:CMD`` as a buffered stream."""
-    return io.BufferedReader(PipeStream(url), CHUNK)
-
-
 def check_regular(path: str, st: os.stat_result) -> None:
     """Raise unless ``st`` is a regular file's: reading a FIFO, a socket or a device as a shard
     would block for ever or never end."""
@@ -117,12 +112,13 @@ class FileRange(io.RawIOBase):
     positional reads straight into the caller's buffer (no buffer of its own and no copy, so a
     worker reading many parts at once, interleaved columns, holds a file descriptor per part and
     nothing more), then an end-of-archive marker when all of them came: a file shorter than the
-    range stays a truncated tar."""
+    range stays a truncated tar. ``marker=False``: the bytes alone (a store's plain range)."""
 
-    def __init__(self, f: io.FileIO, start: int, end: int) -> None:
+    def __init__(self, f: io.FileIO, start: int, end: int, marker: bool = True) -> None:
         self._f = f
         self._pos, self._end = start, max(start, end)
         self._tail = memoryview(b"")
+        self._marker = marker
 
     def readable(self) -> bool:
         return True
@@ -152,7 +148,7 @@ class FileRange(io.RawIOBase):
         if n > 0:
             got = os.preadv(self._f.fileno(), [view[:n]], self._pos)
             self._pos += got
-            if got and self._pos == self._end:
+            if got and self._pos == self._end and self._marker:
                 self._tail = memoryview(END_OF_ARCHIVE)
             return got  # 0: the file ended before the range did (a cut shard: no marker)
         n, self._tail = copy_tail(view, self._tail)

@@ -1,8 +1,10 @@
-"""``storage_options`` for remote shards: what they are, their defaults, and validation.
+"""``storage_options``: what they are, their defaults, and validation.
 
-S3 uses boto3's normal credential chain and configuration (profiles, ``AWS_ENDPOINT_URL``,
-``AWS_REGION``, instance roles); ``storage_options`` may name ``endpoint_url``, ``profile``,
-``region``, ``anon`` (unsigned requests) or explicit keys, and tune reading and retries.
+Two kinds of keys. The reading options (read-ahead, parts, retries, timeouts, stall and give-up
+bounds) and ``endpoint_url``/``anon`` mean the same for every store. A store's own keys (S3's
+``profile``, ``region`` and explicit keys; Azure's ``account_key`` or ``connection_string``; a
+GCS or Hub ``token``) are declared by the store in :data:`STORE_OPTIONS` and reach only it.
+Every store otherwise uses its own client's credential chain (see ``docs/guide/stores.md``).
 Secret values never appear in ``repr()``.
 """
 
@@ -10,24 +12,29 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
 
-SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+#: Keys each store understands beyond the common ones (by registry scheme family).
+STORE_OPTIONS: Dict[str, Tuple[str, ...]] = {
+    "s3": ("profile", "region", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"),
+    "gs": ("project", "token"),
+    "az": ("account_name", "account_key", "connection_string", "sas_token"),
+    "hf": ("token",),
+}
+SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "token", "account_key",
+                  "connection_string", "sas_token")
 
 
 @dataclass(frozen=True, repr=False)
 class RemoteOptions:
-    """The ``storage_options`` understood here, with their defaults."""
+    """The ``storage_options`` understood here, with their defaults; ``store`` holds the
+    store-specific keys as sorted ``(name, value)`` pairs (:meth:`get` reads one)."""
 
     endpoint_url: Optional[str] = None
-    profile: Optional[str] = None
-    region: Optional[str] = None
     anon: bool = False
-    aws_access_key_id: Optional[str] = None
-    aws_secret_access_key: Optional[str] = None
-    aws_session_token: Optional[str] = None
+    store: Tuple[Tuple[str, Any], ...] = ()
     read_ahead_bytes: int = 64 << 20
     chunk_bytes: int = 1 << 20
     parts_in_flight: int = 8
@@ -40,8 +47,13 @@ class RemoteOptions:
     stall_warning_s: float = 5.0  # a request unanswered this long is reported in the log
     give_up_s: float = 300.0  # no retry starts once a request has gone unanswered this long in all
 
+    def get(self, name: str, default: Any = None) -> Any:
+        """A store-specific option (``profile``, ``account_key``, …), ``default`` if not given."""
+        return dict(self.store).get(name, default)
+
     def __repr__(self) -> str:
-        shown = [f"{f.name}={'***' if f.name in SECRET_OPTIONS else getattr(self, f.name)!r}" for f in fields(self)]
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "store"]
+        shown += [f"{k}={'***' if k in SECRET_OPTIONS else v!r}" for k, v in self.store]
         return "RemoteOptions(" + ", ".join(shown) + ")"
 
     def backoff(self, attempt: int, rng: random.Random) -> float:
@@ -54,11 +66,13 @@ def remote_options(options: Optional[Mapping[str, Any]]) -> RemoteOptions:
     if isinstance(options, RemoteOptions):
         return options
     options = dict(options or {})
-    known = {f.name for f in fields(RemoteOptions)}
-    unknown = sorted(set(options) - known)
+    common = {f.name for f in fields(RemoteOptions)} - {"store"}
+    specific = {name for names in STORE_OPTIONS.values() for name in names}
+    unknown = sorted(set(options) - common - specific)
     if unknown:
-        raise ConfigError(f"unknown storage_options {unknown}; known: {sorted(known)}")
-    opts = RemoteOptions(**options)
+        raise ConfigError(f"unknown storage_options {unknown}; known: {sorted(common | specific)}")
+    store = tuple(sorted((k, options.pop(k)) for k in list(options) if k in specific))
+    opts = RemoteOptions(store=store, **options)
     if opts.stall_warning_s <= 0 or opts.give_up_s <= 0 or opts.read_timeout_s <= 0 or opts.connect_timeout_s <= 0:
         raise ConfigError("storage_options: stall_warning_s, give_up_s and the timeouts must be > 0")
     if (opts.max_attempts < 1 or opts.chunk_bytes < 1 or opts.read_ahead_bytes < 0 or opts.parts_in_flight < 1

@@ -26,67 +26,68 @@ class Retry(Exception):
 _THROTTLE = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "RequestThrottled",
              "TooManyRequests", "ServiceUnavailable", "InternalError", "RequestTimeout", "503", "500"}
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
-_DENIED_HINT = "check the credentials in use (profile, environment, instance role) and the bucket policy"
+_DENIED_HINT = "check the credentials in use ({}) and the bucket's access policy"
 
 
-def status_error(status: int, code: str, url: str, what: str) -> Exception:
-    """The exception for an HTTP status (and S3 error code) answered to a request for ``url``."""
+def status_error(status: int, code: str, url: str, what: str, credentials: str = "") -> Exception:
+    """The exception for an HTTP status (and a store's error code) answered to a request for
+    ``url``; ``credentials`` names where the credentials came from (for 401/403)."""
     label = f"{status} {code}".strip()
     if status in _RETRY_STATUS or code in _THROTTLE:
         return Retry(f"{label} answered")
     if code == "NoSuchBucket":
         return SourceError(f"bucket does not exist ({label})", url=url, hint="check the bucket name and endpoint")
     if status in (404, 410) or code in ("NoSuchKey", "NotFound"):
-        return SourceError(f"{what} does not exist ({label})", url=url)
+        return SourceError(f"{what} does not exist ({label})", url=url, reason="missing")
     if status in (401, 403):
-        return SourceError(f"access denied ({label})", url=url, hint=_DENIED_HINT)
+        return SourceError(f"access denied ({label})", url=url, reason="denied",
+                           hint=_DENIED_HINT.format(credentials or "the store's credential chain"))
     if status == 301 or code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException"):
         return SourceError(f"bucket lives in another region ({label})", url=url,
                            hint="set storage_options region (or AWS_REGION) to the bucket's region")
     if status == 412:
-        return SourceError("object changed while it was being read (ETag mismatch)", url=url,
-                           hint="do not overwrite shards while a job reads them")
+        return changed(url)
     return SourceError(f"request failed ({label})", url=url)
 
 
-def classify(error: BaseException, url: str, first: bool, what: str = "object") -> Exception:
-    """Map a client library exception to a :class:`SourceError` (fatal) or :class:`Retry`."""
+def changed(url: str) -> SourceError:
+    """The error of an object whose version changed while it was being read."""
+    return SourceError("object changed while it was being read (its version is not the one the read began with)",
+                       url=url, reason="changed", hint="do not overwrite shards while a job reads them")
+
+
+def classify(error: BaseException, url: str, first: bool, what: str = "object",
+             store: Any = None) -> Exception:
+    """Map an exception to a :class:`SourceError` (fatal) or :class:`Retry`: the store's own
+    client exceptions by ``store.classify``, then connection failures and cut transfers."""
     import urllib3.exceptions as u3
-    from botocore import exceptions as bc
 
     if isinstance(error, (SourceError, ConfigError, Retry)):
         return error
-    if isinstance(error, bc.ClientError):
-        meta = error.response.get("ResponseMetadata", {})
-        code = str(error.response.get("Error", {}).get("Code", ""))
-        return status_error(int(meta.get("HTTPStatusCode") or 0), code, url, what)
-    if isinstance(error, (bc.NoCredentialsError, bc.PartialCredentialsError)):
-        return SourceError("no usable AWS credentials found", url=url,
-                           hint="configure a profile, environment variables or an instance role; anon=True for public buckets")
-    if isinstance(error, bc.FlexibleChecksumError):
-        return SourceError("checksum mismatch: the object arrived corrupted", url=url)
-    if isinstance(error, bc.ParamValidationError):
-        return SourceError("invalid S3 bucket or key", url=url)
+    if store is not None:
+        mapped = store.classify(error, url, first, what)
+        if mapped is not None:
+            return mapped
     if isinstance(error, u3.MaxRetryError) and error.reason is not None:
         error = error.reason
-    if isinstance(error, (bc.SSLError, u3.SSLError)):
+    if isinstance(error, u3.LocationValueError):
+        return SourceError("not a usable URL", url=url)
+    if isinstance(error, u3.SSLError):
         return SourceError("TLS error talking to the server", url=url, hint="check the endpoint URL and certificates")
-    # urllib3's NewConnectionError subclasses its ConnectTimeoutError; botocore's is the other way round
-    connect_failed = (isinstance(error, u3.NewConnectionError)
-                      or (isinstance(error, bc.EndpointConnectionError) and not isinstance(error, bc.ConnectTimeoutError)))
-    if connect_failed and first:
-        inner = getattr(error, "kwargs", {}).get("error", error)
-        dns = isinstance(inner, u3.NameResolutionError) or "resolve" in str(inner).lower()
+    if isinstance(error, u3.NewConnectionError) and first:
+        dns = isinstance(error, u3.NameResolutionError) or "resolve" in str(error).lower()
         kind = "name resolution failed" if dns else "connection refused"
-        return SourceError(f"cannot connect to the server ({kind})", url=url,
-                           hint="check the endpoint URL (storage_options endpoint_url / AWS_ENDPOINT_URL) and network")
-    if isinstance(error, (bc.BotoCoreError, u3.HTTPError, OSError, EOFError)) or type(error).__module__ == "http.client":
+        return SourceError(f"cannot connect to the server ({kind})", url=url, hint=CONNECT_HINT)
+    if isinstance(error, (u3.HTTPError, OSError, EOFError)) or type(error).__module__ == "http.client":
         return Retry(f"{type(error).__name__}")
     return error if isinstance(error, Exception) else SourceError(repr(error), url=url)
 
 
+CONNECT_HINT = "check the endpoint URL (storage_options endpoint_url, or the store's endpoint variable) and network"
+
+
 def call_with_retries(fn: Callable[[], Any], url: str, opts: RemoteOptions, counters: List[IOCounters],
-                      rng: random.Random, *, first: bool = True, what: str = "object") -> Any:
+                      rng: random.Random, *, first: bool = True, what: str = "object", store: Any = None) -> Any:
     """``fn()`` with retries of :class:`Retry` failures: backoff with jitter, bounded attempts.
 
     Bounded in time too: an attempt unanswered for ``stall_warning_s`` is reported in the log
@@ -110,7 +111,7 @@ def call_with_retries(fn: Callable[[], Any], url: str, opts: RemoteOptions, coun
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - classified below
-            mapped = classify(e, url, first, what)
+            mapped = classify(e, url, first, what, store)
             if not isinstance(mapped, Retry):
                 raise mapped from None
             attempt += 1

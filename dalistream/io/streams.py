@@ -2,8 +2,9 @@
 
 Local files are opened with a large buffer; ``.tar.gz``/``.tgz`` (any stream starting with the
 gzip magic) are decompressed on the fly; ``pipe:CMD`` runs a shell command and reads its
-stdout; ``s3://`` and ``http(s)://`` are served by :mod:`.remote`, as parallel ranged parts
-(:mod:`.parts`, :mod:`.readahead`).
+stdout; objects of the stores read by ranged requests (``s3://``, ``gs://``, ``az://``, ``hf://``,
+``http(s)://``) are served by :mod:`.remote`, as parallel ranged parts (:mod:`.parts`,
+:mod:`.readahead`).
 
 A shard may be opened as a byte range ``[start, end)`` (``end`` None: to the end). Positions are
 in the *tar*: for gzip shards, in the decompressed bytes (read from the start, decompressed,
@@ -16,12 +17,12 @@ from __future__ import annotations
 import io
 from typing import Any, BinaryIO, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import SourceError
 from .counters import IOCounters
 from .gunzip import decompressed, file_is_gzip
-from .local import CHUNK, END_OF_ARCHIVE, copy_tail, open_file, open_pipe, open_range
+from .local import CHUNK, END_OF_ARCHIVE, copy_tail, open_file, open_range
 from .readahead import ReadAhead
 from .remote import is_fetched, open_remote
+from .stores import store_class, store_for
 
 
 def chunk_bytes(options: Optional[Mapping[str, Any]]) -> int:
@@ -33,13 +34,13 @@ def chunk_bytes(options: Optional[Mapping[str, Any]]) -> int:
 def open_raw(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None) -> BinaryIO:
     """Open ``url`` as a buffered binary stream positioned at byte ``offset`` (not decompressed;
     one GET for remote data)."""
-    if is_fetched(url):
+    store = store_class(url)
+    if store.ranged:
         return open_remote(url, offset, options or {})
-    if url.startswith("pipe:"):
-        if offset:
-            raise SourceError("pipe: sources cannot be opened at an offset", url=url)
-        return open_pipe(url)
-    return open_file(url, offset, chunk_bytes(options))
+    if store.local:
+        return open_file(url, offset, chunk_bytes(options))
+    answer = store_for(url, options).open_range(url, offset, None, None)  # a stream store (pipe:)
+    return io.BufferedReader(answer.body, CHUNK)
 
 
 def is_gzip_name(url: str) -> bool:
@@ -133,7 +134,7 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
     elif is_fetched(url):
         return _limited(_Owned(ReadAhead([url], options, None, [(offset, end)])), offset, end, chunk_bytes(options))
     else:
-        if end is not None and not url.startswith("pipe:"):  # a local part: positional reads, no buffers
+        if end is not None and store_class(url).local:  # a local part: positional reads, no buffers
             part = open_range(url, offset, end)
             if not file_is_gzip(part):
                 return part

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import glob
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
@@ -23,8 +22,9 @@ import braceexpand
 
 from ..errors import ManifestError, SourceError, redact
 from ..io.local import local_path
-from ..io.remote import is_fetched, stat_remote
-from ..sources import is_remote
+from ..io.remote import list_objects, stat_object
+from ..io.stores import any_ranged, is_local, is_ranged
+from ..io.stores.base import glob_prefix, has_magic, match_glob
 from ..sources.unfinished import MARKER, refuse_unfinished
 from .files import default_location, lookup, read_idx, read_manifest_cached
 from .rows import ShardInfo, ShardRows
@@ -49,13 +49,19 @@ class Counted:
 
 
 def _exists(url: str, options: Optional[Mapping[str, Any]]) -> bool:
-    if not is_fetched(url):
-        return os.path.isfile(local_path(url))
     try:
-        stat_remote(url, options)
+        stat_object(url, options)
         return True
     except SourceError:
         return False
+
+
+def _manifest_at(path: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]]) -> Optional[ShardRows]:
+    """The rows of the manifest at ``path``, or None where none can be read (then counted otherwise)."""
+    try:
+        return read_manifest_cached(path, cache_dir, options)
+    except SourceError:
+        return None
 
 
 def _idx_beside(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> Optional[List[str]]:
@@ -67,24 +73,26 @@ def _idx_beside(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> Op
     return paths
 
 
-def _expand_idx(pattern: str) -> List[str]:
+def _expand_idx(pattern: str, options: Optional[Mapping[str, Any]]) -> List[str]:
     out: List[str] = []
     for p in braceexpand.braceexpand(pattern):
-        if not is_remote(p) and glob.has_magic(p):
+        if not has_magic(p):
+            out.append(p)
+        elif is_local(p):
             out.extend(sorted(glob.glob(local_path(p))))
         else:
-            out.append(p)
+            out.extend(match_glob(p, [o.url for o in list_objects(glob_prefix(p), options)]))
     return out
 
 
 def _remote_bytes(urls: Sequence[str], options: Optional[Mapping[str, Any]], limit: int) -> int:
     """Total size of the remote shards by HEAD requests, 32 at a time, stopping once past ``limit``
     (a large data set costs a few requests per rank, not one per shard)."""
-    remote = [u for u in urls if is_fetched(u)]
+    remote = [u for u in urls if is_ranged(u)]
     total = 0
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(remote)))) as pool:
         for i in range(0, len(remote), 32):
-            total += sum(size or 0 for size, _tag in pool.map(lambda u: stat_remote(u, options), remote[i:i + 32]))
+            total += sum(o.size or 0 for o in pool.map(lambda u: stat_object(u, options), remote[i:i + 32]))
             if total > limit:
                 break
     return total
@@ -102,24 +110,25 @@ def count_samples(
     None: always scan; ``progress`` is called with each scanned row; ``discover=False`` skips step 2
     (``dalistream index`` scans even where a manifest already lies)."""
     if manifest and manifest.endswith(".idx"):
-        return Counted(ShardRows.from_infos(read_idx(_expand_idx(manifest), urls, options)), f"index files {redact(manifest)}")
+        return Counted(ShardRows.from_infos(read_idx(_expand_idx(manifest, options), urls, options)), f"index files {redact(manifest)}")
     if manifest:
         return Counted(lookup(urls, read_manifest_cached(manifest, cache_dir, options), manifest),
                        f"manifest {redact(manifest)}")
     found = default_location(urls)
-    if discover and found and _exists(found, options):
-        return Counted(lookup(urls, read_manifest_cached(found, cache_dir, options), found), f"manifest {redact(found)}")
-    if found and is_fetched(found):  # remote shards named one by one: their folder was not listed
+    beside = _manifest_at(found, cache_dir, options) if discover and found else None
+    if beside is not None:
+        return Counted(lookup(urls, beside, found), f"manifest {redact(found)}")
+    if found and is_ranged(found):  # remote shards named one by one: their folder was not listed
         folder = found.rsplit("/", 1)[0]
         if _exists(f"{folder}/{MARKER}", options) and (discover or not _exists(found, options)):
             refuse_unfinished(folder + "/", [MARKER])
     idx = _idx_beside(urls, options) if discover else None
     if idx:
         return Counted(ShardRows.from_infos(read_idx(idx, urls, options)), "index files (.idx) beside the shards")
-    if scan_limit_bytes is not None and any(is_fetched(u) for u in urls):
+    if scan_limit_bytes is not None and any_ranged(urls):
         total = _remote_bytes(urls, options, scan_limit_bytes)
         if total > scan_limit_bytes:
-            target = found or "s3://BUCKET/PREFIX/" + "dalistream-manifest.json"
+            target = found or "FOLDER/dalistream-manifest.json"
             raise ManifestError(
                 f"{len(urls)} remote shards (more than {scan_limit_bytes / 2**30:.2f} GiB: scan_limit_bytes) and no "
                 f"manifest: counting them would read the whole data set on every rank", url=redact(urls[0]), reason="no_manifest",

@@ -56,7 +56,7 @@ def resolve(url: str, manifest: str, folder: Optional[str] = None) -> str:
     """A row's URL as a shard URL: relative ones joined to the manifest's folder; local paths absolute."""
     if is_remote(url):
         return url
-    if url.startswith("file://"):
+    if url.startswith("file://"):  # (URL syntax: the path of a file:// row)
         url = local_path(url)
     if is_remote(manifest):
         scheme, rest = manifest.split("://", 1)

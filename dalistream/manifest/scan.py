@@ -18,7 +18,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 from ..errors import DalistreamError, ManifestError, SourceError, redact
 from ..io.gunzip import decompressed
 from ..io.local import cache_write, local_path
-from ..io.remote import is_fetched, stat_remote
+from ..io.remote import stat_object
 from ..io.streams import is_gzip_name, open_raw
 from ..sources import is_remote
 from ..tar import iter_samples
@@ -44,7 +44,7 @@ def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase:
     starts: List[int] = []
     tap: Optional[list] = [] if offsets else None
     raw = open_raw(url, 0, options)
-    size = getattr(getattr(raw, "raw", None), "size", None) if is_fetched(url) else None
+    size = getattr(getattr(raw, "raw", None), "size", None)  # a ranged read's object size
     with decompressed(raw, url) as stream:
         gzipped = stream is not raw
         for sample in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase, tap=tap):
@@ -62,21 +62,15 @@ def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase:
 
 
 def version_of(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
-    """What changes when a file or object is rewritten: a local file's path, size, mtime and inode,
-    a remote object's URL, size and ETag (one HEAD). ``None`` when it cannot be told (no ETag, a
-    presigned URL valid for GET only, a missing file): callers then read it again."""
-    if is_fetched(url):
-        try:
-            size, tag = stat_remote(url, options)
-        except SourceError:
-            return None
-        return f"{url}|{size}|{tag}" if size is not None and tag else None
+    """What changes when a file or object is rewritten: its URL, size and version token (a local
+    file's device, inode and mtime; an object's ETag or generation: one request). ``None`` when
+    it cannot be told (no version, a presigned URL valid for GET only, a missing file, a
+    ``pipe:``): callers then read it again."""
     try:
-        path = os.path.abspath(local_path(url))
-        st = os.stat(path)
-    except OSError:
+        found = stat_object(url, options)
+    except SourceError:
         return None
-    return f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    return f"{url}|{found.size}|{found.version}" if found.size is not None and found.version else None
 
 
 def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None,
@@ -89,7 +83,7 @@ def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] =
 
 
 def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool, offsets: bool = False) -> ShardInfo:
-    path = _cache_path(cache_dir, url, options, lowercase) if cache_dir and not url.startswith("pipe:") else None
+    path = _cache_path(cache_dir, url, options, lowercase) if cache_dir else None
     if path and os.path.exists(path):
         try:
             with open(path) as f:
@@ -131,7 +125,7 @@ def _describes(info: ShardInfo, url: str) -> bool:
 def forget(url: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None,
            lowercase: bool = False) -> None:
     """Drop ``url``'s cached scan (a count a worker found wrong): the next run scans it again."""
-    path = _cache_path(cache_dir, url, options, lowercase) if cache_dir and not url.startswith("pipe:") else None
+    path = _cache_path(cache_dir, url, options, lowercase) if cache_dir else None
     if path:
         try:
             os.unlink(path)

@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ConfigError
+from ..io.stores import is_ranged, scheme_of
 
 _PIECE = 16 << 10  # bytes sent between rate checks
 _SLOWDOWN = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
@@ -177,7 +178,8 @@ class ShapingProxy:
 @contextlib.contextmanager
 def shaped(urls: Sequence[str], options: Dict[str, Any], shape: str) -> Iterator[Tuple[List[str], Dict[str, Any]]]:
     """``(urls, options)`` that reach the same data through shaping proxies (``shape`` as in
-    :func:`parse_shape`): ``s3://`` through one in front of ``options["endpoint_url"]``, each
+    :func:`parse_shape`): an object store (``s3://``, ``gs://``, ``hf://``) through one in front of
+    ``options["endpoint_url"]``, each
     ``http://`` host through its own. Local shards are left alone; ``https://`` and S3 without a
     plain-http endpoint (real AWS) cannot be shaped here."""
     latency, rate = parse_shape(shape)
@@ -190,10 +192,11 @@ def shaped(urls: Sequence[str], options: Dict[str, Any], shape: str) -> Iterator
             return proxies[upstream].endpoint
 
         options = dict(options)
-        if any(u.startswith("s3://") for u in urls):
+        if any(is_ranged(u) and scheme_of(u) not in ("http", "https") for u in urls):  # an object store's endpoint
             if not str(options.get("endpoint_url") or "").startswith("http://"):
-                raise ConfigError("--shape with s3:// sources needs a plain http:// endpoint (--endpoint-url)",
-                                  hint="shape a MinIO or moto endpoint; TLS endpoints cannot be proxied here")
+                raise ConfigError("--shape with object store sources needs a plain http:// endpoint (--endpoint-url)",
+                                  hint="shape an emulator's endpoint (moto, MinIO, a GCS emulator, a Hub mirror); "
+                                       "TLS endpoints cannot be proxied here")
             options["endpoint_url"] = through(options["endpoint_url"])
         out = []
         for url in urls:

@@ -5,8 +5,8 @@ into the output and removing the set it replaces; shards are written under tempo
 (``NAME.tar.part``, or a local folder for an ``s3://`` output) and put under their final names
 once all are written; the manifest comes last. At every moment a read of the output finds
 either a whole set or a marker without its manifest, which it refuses
-(:func:`dalistream.sources.unfinished.refuse_unfinished`). On S3 each PUT is atomic, so shards
-are uploaded under their final names; the manifest is still last.
+(:func:`dalistream.sources.unfinished.refuse_unfinished`). On an object store each PUT is
+atomic, so shards are uploaded under their final names; the manifest is still last.
 
 :func:`begin` and :func:`commit` are the only steps that write into the output, through a
 :class:`Target` (the output's own listing, put, place and delete).
@@ -23,21 +23,25 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from ..io.local import write_atomic
+from ..io.local import local_path
+from ..io.remote import delete_object, list_objects, read_bytes, write_bytes
+from ..io.stores import is_local
 from ..lifetime import alive, host_tag, owner_tag
-from ..sources import is_remote, is_shard_name
+from ..sources import is_shard_name
 from ..sources.unfinished import MANIFEST, MARKER, is_part
 
 log = logging.getLogger(__name__)
 
 
 class Target:
-    """A local folder or an ``s3://`` prefix that a set is written into."""
+    """A local folder, or a folder of any object store (``s3://``, ``gs://``, ``az://``, ``hf://``),
+    that a set is written into. A local output is written by renames; an object store's through
+    the store protocol (:mod:`dalistream.io.remote`), where each object's write is atomic."""
 
     def __init__(self, output: str, options: Optional[Mapping[str, Any]] = None) -> None:
-        self.remote = is_remote(output)
+        self.remote = not is_local(output)
         self.options = options
-        self.url = output.rstrip("/") + "/" if self.remote else os.path.abspath(output)
+        self.url = output.rstrip("/") + "/" if self.remote else os.path.abspath(local_path(output))
 
     def url_of(self, name: str) -> str:
         return self.url + name if self.remote else os.path.join(self.url, name)
@@ -45,9 +49,7 @@ class Target:
     def names(self) -> List[str]:
         """What the output holds: names relative to it (those in sub-folders with their ``/``)."""
         if self.remote:
-            from ..io.remote import list_s3_keys
-
-            return [url[len(self.url):] for url in list_s3_keys(self.url, self.options)]
+            return [o.url[len(self.url):] for o in list_objects(self.url, self.options)]
         out: List[str] = []
         for folder, dirs, files in os.walk(self.url):
             rel = os.path.relpath(folder, self.url)
@@ -56,46 +58,26 @@ class Target:
 
     def read(self, name: str) -> Optional[bytes]:
         try:
-            if self.remote:
-                from ..io.remote import read_bytes
-
-                return read_bytes(self.url_of(name), self.options)
-            with open(self.url_of(name), "rb") as f:
-                return f.read()
+            return read_bytes(self.url_of(name), self.options)
         except Exception:  # noqa: BLE001 - an unreadable marker is an unknown owner
             return None
 
     def put(self, name: str, data: bytes) -> None:
         """A whole small object (the marker), atomically."""
-        if self.remote:
-            from ..io.remote import put_bytes
-
-            put_bytes(self.url_of(name), data, self.options)
-        else:
+        if not self.remote:
             os.makedirs(self.url, exist_ok=True)
-            write_atomic(self.url_of(name), lambda f: f.write(data))
+        write_bytes(self.url_of(name), data, self.options)
 
     def place(self, name: str, path: str) -> None:
         """A shard written at ``path`` (a temporary name), under its final ``name``."""
         if self.remote:
-            from ..io.remote import put_bytes
-
-            with open(path, "rb") as f:
-                put_bytes(self.url_of(name), f.read(), self.options)
+            write_bytes(self.url_of(name), path, self.options)
             os.remove(path)
         else:
             os.replace(path, self.url_of(name))
 
     def delete(self, name: str) -> None:
-        if self.remote:
-            from ..io.remote import delete_remote
-
-            delete_remote(self.url_of(name), self.options)
-        else:
-            try:
-                os.remove(self.url_of(name))
-            except FileNotFoundError:
-                pass
+        delete_object(self.url_of(name), self.options)
 
 
 @dataclass

@@ -458,7 +458,7 @@ def test_index_writes_manifest_next_to_shards(dataset, capsys):
     remote = open_stream(f"s3://{BUCKET}/ds/", dataset, manifest=target, storage_options=dataset["opts"],
                          cache_dir=None, **kw)
     assert remote.counts == local.counts and remote.steps(0) == local.steps(0)
-    with pytest.raises(SourceError, match="cannot read manifest"):
+    with pytest.raises(SourceError, match="manifest file does not exist"):
         read_manifest(f"s3://{BUCKET}/ds/none.json", dataset["opts"])
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from dalistream.errors import SourceError
 from dalistream.io.options import remote_options
-from dalistream.io.remote import open_remote, stat_remote
+from dalistream.io.remote import open_remote, stat_object
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_a_silent_server_is_reported_then_given_up_on(silent_server, caplog, mon
     else:
         url = f"http://{silent_server}/shard-0000.tar?token=secret123"
     opts = remote_options(options)
-    run = (lambda: open_remote(url, 0, opts).read(10)) if call == "open" else (lambda: stat_remote(url, opts))
+    run = (lambda: open_remote(url, 0, opts).read(10)) if call == "open" else (lambda: stat_object(url, opts))
     with caplog.at_level(logging.WARNING, logger="dalistream"):
         error = _bounded(run)  # (the hang guard: never a wait of minutes)
     assert isinstance(error, SourceError), error

@@ -199,5 +199,5 @@ def test_a_remote_manifest_is_cached_by_its_etag(moto_endpoint, tmp_path):
     s3.put_object(Bucket="etag", Key="ds/" + DEFAULT_NAME,
                   Body=json.dumps({"format": "dalistream-manifest", "version": 1, "shards": rows}).encode())
     assert [i.samples for i in read_manifest_cached(url, cache, options).infos()] == [2, 5]
-    with pytest.raises(SourceError, match="cannot read manifest"):
+    with pytest.raises(SourceError, match="manifest file does not exist"):
         read_manifest_cached("s3://etag/ds/none.json", cache, options)

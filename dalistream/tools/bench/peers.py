@@ -254,14 +254,15 @@ def _register_s3_gopen(options: Dict[str, Any]) -> None:
     the plain thing a webdataset user writes."""
     import webdataset.gopen  # noqa: F401  (the module; the package's ``gopen`` attribute is the function)
 
-    from ...io.clients import s3_client, split_s3
+    from ...io.stores import store_for
+    from ...io.stores.s3 import split_s3
     from ...io.options import remote_options
 
     opts = remote_options(options)
 
     def gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any):
         bucket, key = split_s3(url)
-        return s3_client(opts).get_object(Bucket=bucket, Key=key)["Body"]  # a client per (forked) worker
+        return store_for(url, opts).client.get_object(Bucket=bucket, Key=key)["Body"]  # a client per (forked) worker
 
     sys.modules["webdataset.gopen"].gopen_schemes["s3"] = gopen_s3
 

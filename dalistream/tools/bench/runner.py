@@ -87,11 +87,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _local_size(url: str) -> Optional[int]:
-    path = url[len("file://"):] if url.startswith("file://") else url
-    if "://" in path or path.startswith("pipe:"):
+    from ...io.local import local_path
+    from ...io.stores import is_local
+
+    if not is_local(url):
         return None
     try:
-        return os.path.getsize(path)
+        return os.path.getsize(local_path(url))
     except OSError:
         return None
 
@@ -101,7 +103,9 @@ def _warm(urls: Sequence[str]) -> None:
     for url in urls:
         if _local_size(url) is None:
             continue
-        with open(url[len("file://"):] if url.startswith("file://") else url, "rb") as f:
+        from ...io.local import local_path
+
+        with open(local_path(url), "rb") as f:
             while f.read(1 << 20):
                 pass
 
