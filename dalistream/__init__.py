@@ -9,7 +9,7 @@ from .config import WORKERS, Field, StreamConfig
 from .errors import (ConfigError, DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError,
                      StateError, WorkerError)
 from .dali.pipeline import pipeline_def, raw_pipeline, read
-from .loader import Loader
+from .loader import Loader, read_state_file, write_state_file
 from .stream import Stream
 from .writer import write as write_shards
 
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Field", "StreamConfig", "Stream", "Loader", "pipeline_def", "read", "raw_pipeline",
     "DalistreamError", "ConfigError", "SourceError", "ShardFormatError", "SampleError", "ManifestError",
-    "StateError", "WorkerError", "open_loader", "write_shards",
+    "StateError", "WorkerError", "open_loader", "write_shards", "read_state_file", "write_state_file",
 ]
 
 

@@ -103,7 +103,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 # -- keys ----------------------------------------------------------------------------------------
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from .loader import Loader
+    from .loader import Loader, read_state_file, write_state_file
+    from .loader.state import naming
     from .stream import Stream
 
     mixed = bool(args.mix)
@@ -118,8 +119,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
     )
     with Loader(stream) as loader:
         if args.state_in:
-            with open(args.state_in) as f:
-                loader.load_state_dict(json.load(f))
+            with naming(args.state_in):
+                loader.load_state_dict(read_state_file(args.state_in))
         else:
             loader.set_epoch(args.epoch)
         done = delivered = 0
@@ -139,8 +140,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 break
         bar.close()
         if args.state_out:
-            with open(args.state_out, "w") as f:
-                json.dump(loader.state_dict(), f)
+            write_state_file(args.state_out, loader.state_dict())
         # counters: exact at the end of an epoch (the workers' last write is awaited briefly), of
         # the epochs printed (the workers' read-ahead into the next is counted there)
         stats = loader.stats(wait_s=2.0 if loader.step == 0 else 0.0)

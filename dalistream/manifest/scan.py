@@ -61,22 +61,30 @@ def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase:
                      tuple(starts) if offsets and seekable else None, members)
 
 
-def version_of(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
-    """What changes when a file or object is rewritten: a local file's path, size, mtime and inode,
-    a remote object's URL, size and ETag (one HEAD). ``None`` when it cannot be told (no ETag, a
-    presigned URL valid for GET only, a missing file): callers then read it again."""
+def content_version(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    """What changes when a file or object is rewritten, its name aside: a local file's size, mtime
+    (ns) and inode (one ``stat``), a remote object's size and ETag (one HEAD). ``None`` when it
+    cannot be told (no ETag, a presigned URL valid for GET only, a missing file, ``pipe:``)."""
     if is_fetched(url):
         try:
             size, tag = stat_remote(url, options)
         except SourceError:
             return None
-        return f"{url}|{size}|{tag}" if size is not None and tag else None
+        return f"{size}|{tag}" if size is not None and tag else None
     try:
-        path = os.path.abspath(local_path(url))
-        st = os.stat(path)
+        st = os.stat(local_path(url))
     except OSError:
         return None
-    return f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    return f"{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+
+
+def version_of(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    """:func:`content_version` with the file's absolute path or the object's URL: the key of a
+    scanned or parsed shard in the cache. ``None`` when it cannot be told: callers then read it again."""
+    version = content_version(url, options)
+    if version is None:
+        return None
+    return f"{url if is_fetched(url) else os.path.abspath(local_path(url))}|{version}"
 
 
 def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None,

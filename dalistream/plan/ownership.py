@@ -12,11 +12,19 @@ before ``g`` (``rank × B + slot offset of w``):
 - ``even``: ``steps = ⌊T / (R·B)⌋``; ``g`` owns ``[steps·C(g), steps·C(g+1))``. The tail of the
   sequence after ``steps·R·B`` (fewer than ``R·B`` samples: at most one batch per rank) is left
   out of this epoch; the permutation changes which samples that is from epoch to epoch.
-- ``exact``: ``steps = ⌈T / (R·B)⌉``; ``g`` owns ``[⌊T·C(g)/(R·B)⌋, ⌊T·C(g+1)/(R·B)⌋)``, at most
-  ``steps × slot`` samples, so every sample is read once and padding costs at most one step per
-  rank. Every rank runs the same number of steps.
-- ``fixed`` with counts: the ``exact`` spans, re-read in a new order each pass until the fixed
-  number of batches is filled.
+- ``exact``: ``steps = ⌈T / (R·B)⌉``. Every step but the last is full; the last holds the
+  ``k = T − (steps−1)·R·B`` samples left (``0 < k ≤ R·B``), dealt *position by position*: one to
+  the first position of every rank's batch, then one to every rank's second position, and so on
+  (rank ``r`` gets ``E_r = ⌈(k − r)/R⌉`` of them, at positions ``0 … E_r − 1`` of its batch, so
+  in the slots of its first workers). ``g`` owns ``(steps−1)·slot`` samples plus those of the last
+  step's positions that fall in its slot, as one contiguous span. So every sample is read once,
+  padding costs at most one step per rank, and no rank's last batch is only padding unless
+  ``k < R`` (fewer samples than ranks are left for the last step: ranks ``k … R−1`` then get an
+  empty last batch, which the loader yields, so that every rank still yields ``steps`` batches).
+  Interleaved, the same rule over the columns (``q = position·R + rank``) gives the last step's
+  samples to columns ``0 … k−1``: ranks first, again.
+- ``fixed`` with counts: spans ``[⌊T·C(g)/(R·B)⌋, ⌊T·C(g+1)/(R·B)⌋)``, re-read in a new order
+  each pass until the fixed number of batches is filled.
 
 **Interleaved reading** (counts known): the spans are planned over the layout's *columns*
 (:attr:`~.layout.Layout.column_layout`), one per batch position of every rank; a worker reads the
@@ -90,7 +98,20 @@ def span_bounds(total: int, layout: Layout, schedule: Schedule) -> np.ndarray:
     c = slot_starts(layout)
     if schedule.policy == "even":
         return epoch_steps(total, layout, schedule) * c
-    return (int(total) * c) // (layout.world_size * layout.batch_size)
+    per_step = layout.world_size * layout.batch_size
+    if schedule.policy == "fixed":
+        return (int(total) * c) // per_step
+    steps = epoch_steps(total, layout, schedule)
+    if steps == 0:
+        return np.zeros_like(c)
+    last = int(total) - (steps - 1) * per_step  # the last step's samples: 0 < last <= R·B
+    r = np.arange(layout.world_size, dtype=np.int64)
+    ranks = np.maximum(0, (last - r + layout.world_size - 1) // layout.world_size)  # E_r: dealt position by position
+    offsets = np.asarray(layout.slot_offsets, dtype=np.int64)
+    extra = np.clip(ranks[:, None] - offsets[None, :], 0, np.asarray(layout.slots, dtype=np.int64)[None, :])
+    bounds = (steps - 1) * c
+    bounds[1:] += np.cumsum(extra.ravel())
+    return bounds
 
 
 @dataclass(frozen=True)

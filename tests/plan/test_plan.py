@@ -99,7 +99,9 @@ def test_a_worked_example_cuts_shards_where_spans_meet():
     summary = epoch_summary([10, 10, 10], L(1, 2, 4), s, 0)
     assert summary["left_out"] == 2 and summary["steps"] == 7 and summary["shards_cut"] == 1
     exact = Schedule(0, "exact", shuffle_shards=False)
-    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), exact, 0, 0, 0) == [(0, 0, 10), (1, 0, 5)]
+    # exact: 8 steps, the last one's 2 samples at positions 0 and 1 (worker 0's slot): [0, 16), [16, 30)
+    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), exact, 0, 0, 0) == [(0, 0, 10), (1, 0, 6)]
+    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), exact, 0, 0, 1) == [(1, 6, 10), (2, 0, 10)]
     assert epoch_summary([10, 10, 10], L(1, 2, 4), exact, 0)["padding"] == 2
 
 
