@@ -123,8 +123,9 @@ def check_data_size(config: StreamConfig, counts: Sequence[int]) -> None:
         raise ConfigError(f"batch_size {config.batch_size} gives no full batch: {total} samples over "
                           f"{ranks} ranks x {workers} workers", url=redact(config.sources[0]),
                           hint=(f"use {fits(per_rank)}, or policy='exact'" if per_rank else
-                                f"use policy='exact' with {fits(total)} (fewer samples than ranks: under 'even' no "
-                                "rank gets a full batch)") if total else "the data set holds no samples")
+                                "use policy='exact'" + (f" with {fits(total)}" if config.batch_size > total else "")
+                                + " (fewer samples than ranks: under 'even' no rank gets a full batch)")
+                          if total else "the data set holds no samples")
     if config.policy == "exact" and config.batch_size > total:
         raise ConfigError(f"batch_size {config.batch_size} is larger than the whole data set ({total} samples)",
                           url=redact(config.sources[0]),

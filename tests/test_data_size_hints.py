@@ -17,11 +17,12 @@ def config(policy, R, W, B):
                         policy=policy)
 
 
-def followed(hint, policy, R, W):
+def followed(hint, policy, R, W, B):
     """The layout the hint asks for (its workers=, batch size and policy)."""
-    most = int(re.search(r"batch_size of at most (\d+)", hint).group(1))
+    most = re.search(r"batch_size of at most (\d+)", hint)
     workers = re.search(r"workers=(\d+)", hint)
-    return ("exact" if "policy='exact'" in hint else policy), R, int(workers.group(1)) if workers else W, most
+    return (("exact" if "policy='exact'" in hint else policy), R, int(workers.group(1)) if workers else W,
+            int(most.group(1)) if most else B)
 
 
 def test_the_issue_case():
@@ -43,7 +44,7 @@ def test_every_refusal_names_a_layout_that_works(policy):
         except ConfigError as e:
             hint = e.hint
         refused += 1
-        policy2, R2, W2, B2 = followed(hint, policy, R, W)
+        policy2, R2, W2, B2 = followed(hint, policy, R, W, B)
         assert (policy2, W2, B2) != (policy, W, B), f"R={R} W={W} B={B} T={T}: the hint names what it refuses: {hint}"
         assert W2 <= B2 <= B
         check_data_size(config(policy2, R2, W2, B2), [T])  # the hint, followed: accepted
