@@ -78,7 +78,7 @@ def integer_weights(weights: Sequence[float]) -> Tuple[int, ...]:
         raise ConfigError(f"mix: weights must be finite numbers greater than 0, got {list(weights)!r}")
     p = p / p.sum()
     fractions = [Fraction(float(x)).limit_denominator(1000) for x in p]
-    if sum(fractions) == 1 and all(abs(float(f) - x) <= 1e-9 for f, x in zip(fractions, p)):
+    if sum(fractions) == 1 and all(f > 0 and abs(float(f) - x) <= 1e-9 for f, x in zip(fractions, p)):
         d = reduce(lambda a, b: a * b // math.gcd(a, b), (f.denominator for f in fractions), 1)
         if d <= MAX_DENOMINATOR:
             return tuple(int(f * d) for f in fractions)
@@ -182,14 +182,32 @@ def check_share(weights: Sequence[float], totals: Sequence[int], batch_size: int
             raise ConfigError(f"mix: source {names[s]!r} is empty (0 samples)",
                               hint="check its shards and manifest, or leave it out of the mix")
         if per_batch == "sample" and 2 * w[s] * batch_size < d:
-            raise ConfigError(f"mix: source {names[s]!r}: weight {w[s] / d:.4g} is {w[s] * batch_size / d:.3g} samples "
-                              f"per batch of {batch_size}, which rounds to 0",
-                              hint=f"give it a weight of at least {1 / (2 * batch_size):.4g}, a larger batch, "
-                                   "or per_batch='source'")
+            factor = raised_by(weights, s, batch_size)
+            raise ConfigError(f"mix: source {names[s]!r}: weight {w[s] / d:.4g} of the mix is {w[s] * batch_size / d:.3g} "
+                              f"samples per batch of {batch_size}, which rounds to 0",
+                              hint=(f"raise its weight at least {factor:.3g}-fold (to 1/{2 * batch_size - 1} of the "
+                                    "other sources' weights together: half a sample per batch), " if factor else "")
+                              + f"use batch_size={-(-d // (2 * min(w)))} or more, or per_batch='source'")
         if per_batch == "source" and steps is not None and 2 * w[s] * steps < d:
             raise ConfigError(f"mix: source {names[s]!r}: weight {w[s] / d:.4g} is {w[s] * steps / d:.3g} batches "
                               f"per epoch of {steps} steps, which rounds to 0",
                               hint="give it a larger weight or make the epoch longer (samples_per_epoch)")
+
+
+def raised_by(weights: Sequence[float], source: int, batch_size: int) -> Optional[float]:
+    """By how much source ``source``'s weight must be multiplied (the others kept) for half a
+    sample per batch (:func:`check_share`) after :func:`integer_weights`' rounding (3 digits, up);
+    ``None`` when the others would then fall short (more sources than a batch holds halves of)."""
+    p = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
+    factor = (1.0 - p[source]) / ((2 * batch_size - 1) * p[source])  # x / (x + others) = 1 / (2B)
+    for _ in range(100):  # the rounding to 1/65,536 may cost a unit: the next 3-digit value until it passes
+        step = 10.0 ** (math.floor(math.log10(factor)) - 2)
+        factor = float(f"{math.ceil(factor / step - 1e-9) * step:.3g}")
+        w = integer_weights(np.where(np.arange(len(p)) == source, p * factor, p))
+        if 2 * w[source] * batch_size >= sum(w):
+            return factor if all(2 * x * batch_size >= sum(w) for x in w) else None
+        factor += step
+    return None
 
 
 def _used(weights: Sequence[float], t: int, batch_size: int, per_batch: str) -> np.ndarray:
