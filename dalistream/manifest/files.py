@@ -18,7 +18,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import ManifestError, SourceError, redact
-from ..io.local import cache_write, local_path, write_atomic
+from ..io.local import cache_write, local_path, new_file_mode, write_atomic
 from ..io.remote import is_fetched, put_bytes, read_bytes
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
@@ -82,7 +82,19 @@ def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapp
         put_bytes(path, payload.encode(), options)
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    write_atomic(path, lambda f: f.write(payload.encode()))
+    write_atomic(path, lambda f: f.write(payload.encode()), mode=shard_mode(infos))
+
+
+def shard_mode(infos: Sequence[ShardInfo]) -> int:
+    """The read and write permissions of the first local shard of ``infos`` (a manifest beside
+    them can be read by whoever can read them), else those of any new file of this process."""
+    for info in infos:
+        if not is_remote(info.url):
+            try:
+                return os.stat(local_path(info.url)).st_mode & 0o666
+            except OSError:
+                continue
+    return new_file_mode()
 
 
 def _read_text(path: str, options: Optional[Mapping[str, Any]]) -> str:
