@@ -141,10 +141,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
         bar.close()
         if args.state_out:
             write_state_file(args.state_out, loader.state_dict())
-        # counters: exact at the end of an epoch (the workers' last write is awaited briefly), of
-        # the epochs printed (the workers' read-ahead into the next is counted there)
-        stats = loader.stats(wait_s=2.0 if loader.step == 0 else 0.0)
-        stats.update(delivered=delivered, batches=done)  # what was printed above, exactly
+        # counters of the epochs printed (the workers' read-ahead into the next is counted there),
+        # once every worker has written them up to the batches taken (awaited briefly)
+        stats = loader.stats(wait_s=2.0)
+        stats.update(delivered=delivered, batches=done, rank=stream.config.rank,  # what was printed above, exactly
+                     world_size=stream.config.world_size, read_ahead=max(0, stats.get("samples", 0) - delivered))
         if not args.json:
             print(stats_text(stats), file=sys.stderr)
         else:  # the counters close the JSON lines, in every mode
@@ -153,11 +154,13 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def stats_text(stats: dict) -> str:
-    """The counters of ``dalistream keys`` for people: samples delivered (the keys printed), read by
-    the workers (who read ahead, so more when stopped early), padding, skips by reason."""
-    text = (f"stats: {stats.get('delivered', 0)} samples delivered in {stats.get('batches', 0)} batches; "
-            f"{stats.get('samples', 0)} samples read, {stats.get('padded', 0)} padding positions, "
-            f"{stats.get('dropped', 0)} dropped (workers read ahead of the batches taken)")
+    """The counters of ``dalistream keys`` for people, of this rank: samples delivered (the keys
+    printed), samples the workers read (delivered, and read ahead of the batches taken when
+    stopped early), padding, samples the plan left out, skips by reason."""
+    text = (f"stats (rank {stats.get('rank', 0)} of {stats.get('world_size', 1)}): {stats.get('delivered', 0)} "
+            f"samples delivered in {stats.get('batches', 0)} batches; {stats.get('samples', 0)} samples read, "
+            f"{stats.get('read_ahead', 0)} of them ahead of the batches taken; {stats.get('padded', 0)} padding "
+            f"positions, {stats.get('dropped', 0)} samples left out by the plan")
     skipped = stats.get("skipped") or {}
     for kind in ("shards", "samples"):
         reasons = skipped.get(kind) or {}
