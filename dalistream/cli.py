@@ -18,8 +18,8 @@ from typing import List, Optional
 from .errors import DalistreamError, redact
 from .stream import default_cache_dir
 from .tools import demo, planview
-from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, emit, mix_options, progress_bar,
-                         storage_options, stream_sources)
+from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, emit, flag_spelling, mix_options,
+                         progress_bar, storage_options, stream_sources)
 from .tools.bench import runner as bench
 
 log = logging.getLogger("dalistream")
@@ -257,7 +257,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except DalistreamError as e:
         if logging.getLogger().isEnabledFor(logging.DEBUG):  # the whole story only when asked for
             traceback.print_exc()
-        print(f"dalistream {args.command}: error: {e}", file=sys.stderr)
+        print(f"dalistream {args.command}: error: {flag_spelling(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"dalistream {args.command}: interrupted", file=sys.stderr)

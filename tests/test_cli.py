@@ -364,3 +364,30 @@ def test_an_error_prints_once_and_its_traceback_only_at_debug(tmp_path):
     debug = cli("--log-level", "DEBUG", "keys", missing, check=False)
     assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].startswith("dalistream keys: error: ")
+
+
+def test_hints_are_spelled_as_flags(tmp_path):
+    """The command line's errors name its flags (``--on-error skip``), not the library's keywords
+    (``on_error='skip'``), and a hint names values that work."""
+    one = str(tmp_path / "one")
+    key_shards(one, [1])
+    proc = cli("keys", one, "-W", 3, "-B", 3, "--policy", "exact", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "use --workers 1 and a --batch-size of at most 1" in proc.stderr
+    assert "batch_size" not in proc.stderr and "workers=" not in proc.stderr
+    proc = cli("keys", one, "-B", 4, "--world-size", 3, "--rank", 0, check=False)
+    assert proc.returncode == 2 and "--policy exact" in proc.stderr and "policy=" not in proc.stderr
+
+
+@pytest.mark.parametrize("text,flags", [
+    ("or use on_error='skip'", "or use --on-error skip"),
+    ("use policy='fixed' with batches_per_epoch", "use --policy fixed with --batches-per-epoch"),
+    ("pass interleave=False to read one span", "pass --no-interleave to read one span"),
+    ('give samples_per_epoch="1000"', "give --samples-per-epoch 1000"),
+    ("shard s3://bucket/a.tar?policy=x&seed=1", "shard s3://bucket/a.tar?policy=x&seed=1"),  # a URL is left alone
+    ("raise max_skip_fraction (1 turns it off)", "raise max_skip_fraction (1 turns it off)"),  # no such flag
+])
+def test_flag_spelling(text, flags):
+    from dalistream.tools.args import flag_spelling
+
+    assert flag_spelling(text) == flags
