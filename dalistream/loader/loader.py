@@ -212,7 +212,8 @@ class Loader:
         self._check_group()
         return self.stream
 
-    def load_state_dict(self, state: Dict[str, Any], *, allow_layout_change: bool = True) -> None:
+    def load_state_dict(self, state: Dict[str, Any], *, allow_layout_change: bool = True,
+                        allow_content_change: bool = False) -> None:
         """Continue the saved epoch where the state stands. Under the saved layout the batches are
         those the saved run would have yielded; under another (ranks, workers, batch size) the
         rest of the epoch is planned over this layout (:mod:`dalistream.plan.resume`): ``exact``
@@ -220,17 +221,22 @@ class Loader:
         the remaining batches. ``fixed`` without counts restarts the saved epoch (with a warning).
         A state edited or damaged (its digest), or of other sources (names, counts, sizes, or
         content rewritten since: :mod:`.state`), seed, policy or shuffle is a :class:`StateError`
-        saying what differs; ``allow_layout_change=False`` refuses a layout change too."""
+        saying what differs; ``allow_layout_change=False`` refuses a layout change too, and
+        ``allow_content_change=True`` resumes shards whose content versions changed (the same bytes
+        copied back into place) with a warning."""
         current = self.state_dict()["plan"]
         epoch, step, saved, segments, version = read_state(state, current)
-        problems, doubts = differences(saved, current, self.stream.digest)
+        problems, doubts = differences(saved, current, self.stream.digest, allow_content_change)
         saved_layout = (saved["world_size"], saved["workers"], saved["batch_size"])
         layout = (current["world_size"], current["workers"], current["batch_size"])
         if saved_layout != layout and not allow_layout_change:
             problems.append(f"layout: saved {saved_layout}, this loader {layout} (ranks, workers, batch size)")
         if problems:
+            rewritten = any("rewritten" in p for p in problems)
             raise StateError("saved state does not fit this loader: " + "; ".join(problems),
-                             hint="resume with the same data set, seed, policy and shuffle settings")
+                             hint="resume with the same data set, seed, policy and shuffle settings"
+                             + ("; if the shards hold the same bytes as then (copied back into place), pass "
+                                "allow_content_change=True" if rewritten else ""))
         if version < STATE_VERSION:
             log.warning("a loader state of version %d (an older dalistream) carries no digest of itself and no "
                         "content versions of its shards: it cannot prove it is unedited, nor that the shards are "

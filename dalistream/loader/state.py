@@ -49,7 +49,8 @@ STATE_VERSION = 5
 VERSIONS = (2, 3, 4, STATE_VERSION)  # those that load
 INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards")  # a resume cannot change these
 CONTENT = ("root", "versions")  # the identity's content part (version 5)
-HEADS = 32  # remote shards' versions asked for at once
+THREADS = 32  # shards' versions asked for at once (stat on a network file system, HEAD)
+LOCAL_CHUNK = 4096  # local shards per task (a stat on a local disk takes microseconds)
 
 
 class SavedState(NamedTuple):
@@ -125,7 +126,8 @@ def read_state(state: Any, current: Mapping[str, Any]) -> SavedState:
     return SavedState(position["epoch"], position["step"], saved, segments, version)
 
 
-def _compare(was: Mapping[str, Any], now: Mapping[str, Any], label: str) -> Tuple[List[str], List[str]]:
+def _compare(was: Mapping[str, Any], now: Mapping[str, Any], label: str,
+             allow_content_change: bool = False) -> Tuple[List[str], List[str]]:
     """(problems, doubts) of one data set's identity saved (``was``) against ``now``."""
     out: List[str] = []
     if was.get("shards") != now["shards"]:
@@ -148,9 +150,12 @@ def _compare(was: Mapping[str, Any], now: Mapping[str, Any], label: str) -> Tupl
                      "saved (a copy or a move): their content versions cannot be compared; they resume on names, "
                      "counts and sizes"]
     if was["versions"] != now["versions"]:
-        out.append(f"{label}: the shards were rewritten since the state was saved (the same names, sample counts and "
-                   "sizes, but other content versions: a local file's modification time or inode, a remote "
-                   "object's ETag); the epoch's rest would deliver some samples twice and others never")
+        said = (f"{label}: the shards were rewritten since the state was saved (the same names, sample counts and "
+                "sizes, but other content versions: a local file's modification time or inode, a remote object's "
+                "ETag)")
+        if allow_content_change:
+            return out, [said + "; resumed as asked (allow_content_change=True)"]
+        out.append(said + "; the epoch's rest would deliver some samples twice and others never")
     return out, []
 
 
@@ -161,10 +166,12 @@ def _without_content(identity: Any) -> Any:
             for k, v in identity.items() if k not in CONTENT}
 
 
-def differences(saved: Mapping[str, Any], current: Mapping[str, Any], url_digest: str) -> Tuple[List[str], List[str]]:
+def differences(saved: Mapping[str, Any], current: Mapping[str, Any], url_digest: str,
+                allow_content_change: bool = False) -> Tuple[List[str], List[str]]:
     """What keeps a saved plan from resuming this loader (``problems``, in words; empty: it fits),
     and what it cannot prove (``doubts``: warnings). ``url_digest``: the shard URLs' digest, what
-    a version 2 state names its shards by."""
+    a version 2 state names its shards by; ``allow_content_change``: shards rewritten since are a
+    doubt, not a problem (the same content copied back in place, which changes its versions)."""
     problems = [f"{name}: saved {saved[name]!r}, this loader {current[name]!r}"
                 for name in INVARIANT if saved.get(name) != current.get(name)]
     was, now = saved.get("sources"), current["sources"]
@@ -175,7 +182,7 @@ def differences(saved: Mapping[str, Any], current: Mapping[str, Any], url_digest
                                "and choices)"], []
         doubts: List[str] = []
         for name, one in was["mix"].items():
-            more, unsure = _compare(one, now["mix"][name], f"sources: mix source {name!r}")
+            more, unsure = _compare(one, now["mix"][name], f"sources: mix source {name!r}", allow_content_change)
             problems += more
             doubts += unsure
         return problems, doubts
@@ -184,7 +191,7 @@ def differences(saved: Mapping[str, Any], current: Mapping[str, Any], url_digest
                                                          "its shards by URL; save again with this version to move them)"]), []
     if not isinstance(was, dict):
         return problems + [f"sources: not a description of shards: {was!r}"], []
-    more, doubts = _compare(was, now, "sources")
+    more, doubts = _compare(was, now, "sources", allow_content_change)
     return problems + more, doubts
 
 
@@ -198,14 +205,19 @@ def listing_root(urls: Sequence[str]) -> str:
     return root if is_remote(first) or "://" in first else os.path.abspath(root or ".")
 
 
+def _versions(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> List[Optional[str]]:
+    return [content_version(u, options) for u in urls]
+
+
 def content_identity(urls: Sequence[str], options: Optional[Mapping[str, Any]] = None) -> Dict[str, Optional[str]]:
     """``root`` (a digest of :func:`listing_root`) and ``versions`` (a digest of every shard's
-    :func:`~dalistream.manifest.scan.content_version` in order; ``None`` when one cannot be told)."""
-    remote = [u for u in urls if is_remote(u)]
-    if remote:
-        with ThreadPoolExecutor(min(HEADS, len(remote))) as pool:
-            asked = dict(zip(remote, pool.map(lambda u: content_version(u, options), remote)))
-    versions = [asked[u] if is_remote(u) else content_version(u) for u in urls]
+    :func:`~dalistream.manifest.scan.content_version` in order; ``None`` when one cannot be told).
+    Asked in chunks from :data:`THREADS` threads: a ``stat`` on a network file system, or a HEAD,
+    waits for a round trip, and the waits overlap."""
+    chunk = LOCAL_CHUNK if not any(is_remote(u) for u in urls[:1]) else 1
+    pieces = [urls[i:i + chunk] for i in range(0, len(urls), chunk)]
+    with ThreadPoolExecutor(max(1, min(THREADS, len(pieces)))) as pool:
+        versions = [v for piece in pool.map(lambda p: _versions(p, options), pieces) for v in piece]
     digest = None
     if None not in versions:
         digest = hashlib.sha256("\n".join(versions).encode()).hexdigest()[:32]  # type: ignore[arg-type]

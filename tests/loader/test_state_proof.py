@@ -118,6 +118,20 @@ def test_one_changed_shard_is_enough(folder, how):
         loader.load_state_dict(state)
 
 
+def test_the_same_bytes_copied_back_resume_when_asked(folder, caplog):
+    state = saved_at(folder)
+    for path in folder.glob("*.tar"):  # a restore from a backup: the same bytes, new files
+        shutil.copyfile(path, str(path) + ".bak")
+        os.replace(str(path) + ".bak", path)
+    with open_loader(folder) as loader:
+        with pytest.raises(StateError, match="allow_content_change|rewritten"):
+            loader.load_state_dict(state)
+        with caplog.at_level(logging.WARNING, logger="dalistream"):
+            loader.load_state_dict(state, allow_content_change=True)
+        assert (loader.epoch, loader.step) == (0, 2)
+    assert "resumed as asked" in caplog.text
+
+
 def test_shards_copied_elsewhere_resume_with_a_warning(folder, tmp_path, caplog):
     state = saved_at(folder)
     shutil.copytree(folder, tmp_path / "copy")
