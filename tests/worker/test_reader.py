@@ -15,7 +15,7 @@ from dalistream.io.streams import ShardSequence
 from dalistream.manifest import build_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
-from dalistream.plan import owned_parts, worker_plan
+from dalistream.plan import worker_plan
 from dalistream.plan.quality import rank_batches
 from dalistream.worker import WorkerSource
 from dalistream.worker.policy import ErrorPolicy
