@@ -276,8 +276,9 @@ class Loader:
         ahead into the next epoch is counted in that epoch, under ``by_epoch`` only.
         See :mod:`dalistream.worker.stats` for the workers' counters.
 
-        Workers write their counters every ~0.5 s, soon after every skip, and when they finish an
-        epoch. ``wait_s`` > 0 waits up to that long for every worker to have written counters up to
+        Workers write their counters every ~0.5 s (and within ~0.5 s of the last batch they made,
+        so a loader stopped early reads them whole), soon after every skip, and when they finish
+        an epoch. ``wait_s`` > 0 waits up to that long for every worker to have written counters up to
         the loader's position (exact at the end of an epoch). Skips are summed as
         ``skipped_samples`` and ``skipped_shards`` and broken down by reason in
         ``skipped = {"samples": {reason: n}, "shards": {reason: n}}``, since the pipeline started;

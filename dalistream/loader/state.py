@@ -214,7 +214,7 @@ def content_identity(urls: Sequence[str], options: Optional[Mapping[str, Any]] =
     :func:`~dalistream.manifest.scan.content_version` in order; ``None`` when one cannot be told).
     Asked in chunks from :data:`THREADS` threads: a ``stat`` on a network file system, or a HEAD,
     waits for a round trip, and the waits overlap."""
-    chunk = LOCAL_CHUNK if not any(is_remote(u) for u in urls[:1]) else 1
+    chunk = 1 if urls and is_remote(urls[0]) else LOCAL_CHUNK
     pieces = [urls[i:i + chunk] for i in range(0, len(urls), chunk)]
     with ThreadPoolExecutor(max(1, min(THREADS, len(pieces)))) as pool:
         versions = [v for piece in pool.map(lambda p: _versions(p, options), pieces) for v in piece]
