@@ -226,3 +226,35 @@ def test_the_cli_says_which_state_file_and_exits_2(folder, tmp_path):
         assert str(path) in out.stderr and words in out.stderr and "Traceback" not in out.stderr
         out = run_cli("plan", str(folder), "-B", "4", "--resume-from", str(path))
         assert out.returncode == 2 and str(path) in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.s3
+def test_remote_objects_rewritten_under_the_same_name_and_size_are_refused(tmp_path, moto_endpoint):
+    """The identity of an S3 object's content is its ETag: rewritten with other samples of the same
+    size, under the same key, it is refused; left as it was, it resumes."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.create_bucket(Bucket="proof")
+    local, other = tmp_path / "a", tmp_path / "b"
+    key_shards(str(local), SIZES)
+    key_shards(str(other), SIZES, prefix="t")
+    names = sorted(os.listdir(local))
+    for name in names:
+        s3.upload_file(str(local / name), "proof", f"ds/{name}")
+    options = {"endpoint_url": moto_endpoint}
+
+    def remote_loader():
+        stream = Stream.open("s3://proof/ds/", fields={"key": "__key__"}, batch_size=4, workers=1, device="cpu",
+                             seed=3, storage_options=options, cache_dir=str(tmp_path / "cache"), env={})
+        return Loader(stream)
+
+    with remote_loader() as loader:
+        state = sealed({**loader.state_dict(), "loader": {"epoch": 0, "step": 2}})
+        assert state["plan"]["sources"]["versions"] is not None
+    with remote_loader() as loader:
+        loader.load_state_dict(state)  # the same objects: resumes
+        assert loader.step == 2
+    s3.upload_file(str(other / sorted(os.listdir(other))[1]), "proof", f"ds/{names[1]}")  # same size, other samples
+    with remote_loader() as loader, pytest.raises(StateError, match="rewritten"):
+        loader.load_state_dict(state)
