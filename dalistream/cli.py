@@ -143,7 +143,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
             write_state_file(args.state_out, loader.state_dict())
         # counters of the epochs printed (the workers' read-ahead into the next is counted there),
         # once every worker has written them up to the batches taken (awaited briefly)
-        stats = loader.stats(wait_s=2.0)
+        stats = loader.stats(wait_s=10.0)  # returns as soon as they have: seconds only on a stalled machine
         stats.update(delivered=delivered, batches=done, rank=stream.config.rank,  # what was printed above, exactly
                      world_size=stream.config.world_size, read_ahead=max(0, stats.get("samples", 0) - delivered))
         if not args.json:
