@@ -11,7 +11,7 @@ from .errors import (ConfigError, DalistreamError, ManifestError, SampleError, S
                      StateError, WorkerError)
 from .dali.pipeline import pipeline_def, raw_pipeline, read
 from .device import torch_device
-from .loader import Loader
+from .loader import Loader, read_state_file, write_state_file
 from .stream import Stream
 from .writer import write as write_shards
 
@@ -20,7 +20,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Field", "StreamConfig", "Stream", "Loader", "pipeline_def", "read", "raw_pipeline",
     "DalistreamError", "ConfigError", "SourceError", "ShardFormatError", "SampleError", "ManifestError",
-    "StateError", "WorkerError", "open_loader", "torch_device", "write_shards", "AspectBuckets", "LengthBuckets",
+    "StateError", "WorkerError", "open_loader", "torch_device", "write_shards", "read_state_file", "write_state_file",
+    "AspectBuckets", "LengthBuckets",
 ]
 
 

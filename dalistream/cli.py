@@ -18,8 +18,8 @@ from typing import List, Optional
 from .errors import DalistreamError, redact
 from .stream import default_cache_dir
 from .tools import demo, planview, runstats
-from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, emit, mix_options, progress_bar,
-                         storage_options, stream_sources)
+from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, emit, flag_spelling, mix_options,
+                         progress_bar, storage_options, stream_sources)
 from .tools.bench import runner as bench
 
 log = logging.getLogger("dalistream")
@@ -134,7 +134,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 # -- keys ----------------------------------------------------------------------------------------
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from .loader import Loader
+    from .loader import Loader, read_state_file, write_state_file
+    from .loader.state import naming
     from .stream import Stream
 
     mixed = bool(args.mix)
@@ -149,8 +150,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
     )
     with Loader(stream) as loader:
         if args.state_in:
-            with open(args.state_in) as f:
-                loader.load_state_dict(json.load(f))
+            with naming(args.state_in):
+                loader.load_state_dict(read_state_file(args.state_in))
         else:
             loader.set_epoch(args.epoch)
         done = delivered = 0
@@ -170,12 +171,12 @@ def cmd_keys(args: argparse.Namespace) -> int:
                 break
         bar.close()
         if args.state_out:
-            with open(args.state_out, "w") as f:
-                json.dump(loader.state_dict(), f)
-        # counters: exact at the end of an epoch (the workers' last write is awaited briefly), of
-        # the epochs printed (the workers' read-ahead into the next is counted there)
-        stats = loader.stats(wait_s=2.0 if loader.step == 0 else 0.0)
-        stats.update(delivered=delivered, batches=done)  # what was printed above, exactly
+            write_state_file(args.state_out, loader.state_dict())
+        # counters of the epochs printed (the workers' read-ahead into the next is counted there),
+        # once every worker has written them up to the batches taken (awaited briefly)
+        stats = loader.stats(wait_s=10.0)  # returns as soon as they have: seconds only on a stalled machine
+        stats.update(delivered=delivered, batches=done, rank=stream.config.rank,  # what was printed above, exactly
+                     world_size=stream.config.world_size, read_ahead=max(0, stats.get("samples", 0) - delivered))
         if not args.json:
             print(stats_text(stats), file=sys.stderr)
         else:  # the counters close the JSON lines, in every mode
@@ -184,11 +185,13 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def stats_text(stats: dict) -> str:
-    """The counters of ``dalistream keys`` for people: samples delivered (the keys printed), read by
-    the workers (who read ahead, so more when stopped early), padding, skips by reason."""
-    text = (f"stats: {stats.get('delivered', 0)} samples delivered in {stats.get('batches', 0)} batches; "
-            f"{stats.get('samples', 0)} samples read, {stats.get('padded', 0)} padding positions, "
-            f"{stats.get('dropped', 0)} dropped (workers read ahead of the batches taken)")
+    """The counters of ``dalistream keys`` for people, of this rank: samples delivered (the keys
+    printed), samples the workers read (delivered, and read ahead of the batches taken when
+    stopped early), padding, samples the plan left out, skips by reason."""
+    text = (f"stats (rank {stats.get('rank', 0)} of {stats.get('world_size', 1)}): {stats.get('delivered', 0)} "
+            f"samples delivered in {stats.get('batches', 0)} batches; {stats.get('samples', 0)} samples read, "
+            f"{stats.get('read_ahead', 0)} of them ahead of the batches taken; {stats.get('padded', 0)} padding "
+            f"positions, {stats.get('dropped', 0)} samples left out by the plan")
     skipped = stats.get("skipped") or {}
     for kind in ("shards", "samples"):
         reasons = skipped.get(kind) or {}
@@ -294,7 +297,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except DalistreamError as e:
         if logging.getLogger().isEnabledFor(logging.DEBUG):  # the whole story only when asked for
             traceback.print_exc()
-        print(f"dalistream {args.command}: error: {e}", file=sys.stderr)
+        print(f"dalistream {args.command}: error: {flag_spelling(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"dalistream {args.command}: interrupted", file=sys.stderr)

@@ -6,13 +6,14 @@ it; each DALI worker reads every source's share of its slot).
 lists and counts each source like a single data set (its own ``manifest`` and ``storage_options``
 when given), then checks the mix before any worker starts: weights, a source with no samples, a
 share that rounds to nothing (each a :class:`~dalistream.errors.ConfigError` naming the source).
-A mix reads each source's span per worker through the shuffle buffer (not interleaved): the
+A shard listed by two sources is refused (:func:`check_disjoint`). A mix reads each source's span per worker through the shuffle buffer (not interleaved): the
 composition is the mix's own, stratified per batch. On another layout mid-epoch it goes on by
 :mod:`dalistream.plan.mixresume` (default epochs, ``per_batch="sample"``).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
@@ -24,7 +25,8 @@ from .manifest import SampleOffsets, count_samples
 from .plan import Layout, MixEpoch, Schedule, WorkerPlan, parse_mix
 from .plan.mix import PER_BATCH
 from .plan.mixresume import MixResume
-from .sources import expand_sources
+from .io.local import local_path
+from .sources import expand_sources, is_remote
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,12 @@ def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
         raise ConfigError("a mix reads each source's span through the shuffle buffer: interleave=True is not "
                           "available for a mix", hint="leave interleave unset")
     out = []
+    owners: dict = {}  # shard -> the source that lists it
     for item in parse_mix(mapping):
         options = dict(item.storage_options if item.storage_options is not None else config.storage_options)
         sources = [item.source] if isinstance(item.source, str) else list(item.source)
         urls = expand_sources(sources, options)
+        check_disjoint(item.name, urls, owners)
         counted = count_samples(urls, manifest=item.manifest, cache_dir=config.cache_dir, options=options,
                                 lowercase=config.lowercase_ext, tolerant=config.on_error != "raise",
                                 scan_limit_bytes=config.scan_limit_bytes)
@@ -115,6 +119,25 @@ def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
     mix = Mix(tuple(out), per_batch, samples_per_epoch)
     mix.epoch(config.layout, config.schedule, 0)  # every share, the epoch's steps: checked before any worker starts
     return mix
+
+
+def shard_key(url: str) -> str:
+    """One name per shard: a local file's absolute normal path, a remote URL without its query."""
+    return url.split("?", 1)[0] if is_remote(url) else os.path.normpath(os.path.abspath(local_path(url)))
+
+
+def check_disjoint(name: str, urls: Sequence[str], owners: dict) -> None:
+    """Refuse a shard that an earlier source of the mix lists too (``owners``: shard -> source,
+    updated). Each source is planned as a sequence of its own: a shard in two is read twice an
+    epoch, under two names, and the weights no longer say what a batch holds."""
+    for url in urls:
+        key = shard_key(url)
+        first = owners.setdefault(key, name)
+        if first != name:
+            raise ConfigError(f"mix: sources {first!r} and {name!r} both list this shard: its samples would be read "
+                              "twice every epoch, and the weights would not say what a batch holds", url=url,
+                              hint="list each shard in one source only; to read some shards more often, give them a "
+                                   "source of their own with a larger weight")
 
 
 def concatenated(sources: Sequence[MixedSource]) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:

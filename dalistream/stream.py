@@ -102,16 +102,25 @@ def usable_cache_dir(path: str, *, given: bool) -> Optional[str]:
 
 
 def check_data_size(config: StreamConfig, counts: Sequence[int]) -> None:
-    """Raise :class:`ConfigError` (naming ``batch_size``) when a batch is larger than the data:
-    ``even`` would yield no batch at all, ``exact`` batches of mostly padding."""
-    total = sum(counts)
+    """Raise :class:`ConfigError` (naming ``batch_size``, and what would work) when a batch is
+    larger than the data: ``even`` would yield no batch at all, ``exact`` batches of mostly padding."""
+    total, ranks, workers = sum(counts), config.world_size, config.workers
+
+    def fits(most: int) -> str:  # a batch size of at most `most` samples (every worker needs one)
+        return f"a batch_size of at most {most}" if most >= workers else f"workers={most} and a batch_size of at most {most}"
+
     if config.policy == "even" and steps_per_epoch(counts, config.layout, config.schedule, 0, config.rank) == 0:
+        per_rank = total // ranks
         raise ConfigError(f"batch_size {config.batch_size} gives no full batch: {total} samples over "
-                          f"{config.world_size} ranks x {config.workers} workers", url=redact(config.sources[0]),
-                          hint="lower batch_size (or workers), or use policy='exact'")
+                          f"{ranks} ranks x {workers} workers", url=redact(config.sources[0]),
+                          hint=(f"use {fits(per_rank)}, or policy='exact'" if per_rank else
+                                "use policy='exact'" + (f" with {fits(total)}" if config.batch_size > total else "")
+                                + " (fewer samples than ranks: under 'even' no rank gets a full batch)")
+                          if total else "the data set holds no samples")
     if config.policy == "exact" and config.batch_size > total:
         raise ConfigError(f"batch_size {config.batch_size} is larger than the whole data set ({total} samples)",
-                          url=redact(config.sources[0]), hint=f"use batch_size <= {max(total, config.workers)}")
+                          url=redact(config.sources[0]),
+                          hint=f"use {fits(total)}" if total else "the data set holds no samples")
 
 
 def sources_digest(urls: Sequence[str]) -> str:
@@ -158,6 +167,7 @@ class Stream:
     local_processes: int = 1  # training processes on this node (LOCAL_WORLD_SIZE), sharing its cores
     resume: Tuple[Tuple[int, int, int, int], ...] = ()  # start_epoch's segments under other layouts (plan.resume)
     mix: Optional[Mix] = None  # several named data sets by weight (dalistream.mixing)
+    given: Optional[Tuple[Optional[int], Optional[int]]] = None  # (rank, world_size) as given to open; None: the config's
 
     @property
     def urls(self) -> Tuple[str, ...]:
@@ -204,6 +214,7 @@ class Stream:
         """
         env = os.environ if env is None else env
         redact_client_logs()  # the S3/HTTP libraries' own DEBUG lines carry signed URLs and key ids
+        given = (rank, world_size)
         rank, world_size = resolve_layout(rank, world_size, env)
         local_rank = local_device(env) if device_id is None else None
         if "cache_dir" not in options:
@@ -228,9 +239,10 @@ class Stream:
             check_start_method(start_method)
             data = DataSet(urls, counts, count_source="mix", bytes_per_sample=per_sample)
             return cls(config, data, device, device_id, start_method=start_method,
-                       local_processes=local_processes(env), mix=mix)
-        return cls.from_config(config, device=device, device_id=device_id, local_rank=local_rank,
-                               start_method=start_method, local_processes=local_processes(env))
+                       local_processes=local_processes(env), mix=mix, given=given)
+        return dataclasses.replace(cls.from_config(config, device=device, device_id=device_id, local_rank=local_rank,
+                                                   start_method=start_method, local_processes=local_processes(env)),
+                                   given=given)
 
     @classmethod
     def from_config(cls, config: StreamConfig, *, device: str = "auto", device_id: Optional[int] = None,

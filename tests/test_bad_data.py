@@ -445,8 +445,9 @@ def corrupt_inside_jpeg(seed: int = 3) -> bytes:
 
 
 @pytest.mark.dali
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
 @pytest.mark.parametrize("interleave,first", [(False, [0, 1, 2, 3]), (True, [0, 2, 4, 6])])
-def test_loader_undecodable_image_in_dali_is_located(tmp_path, interleave, first):
+def test_loader_undecodable_image_in_dali_is_located(tmp_path, interleave, first, on_error):
     """An image only DALI's decoder rejects kills the whole pipeline, and DALI does not say which
     sample it was: the loader re-reads the failed batch and names shard and key."""
     bad = corrupt_inside_jpeg()
@@ -456,7 +457,7 @@ def test_loader_undecodable_image_in_dali_is_located(tmp_path, interleave, first
         mem += [(f"d/{i:03d}.jpg", bad if i == 5 else jpeg(i)), (f"d/{i:03d}.cls", b"1")]
     path = write_tar(str(tmp_path / "dec.tar"), mem)
     stream = Stream.open(path, fields=FIELDS, batch_size=4, workers=1, device="cpu", cache_dir=str(tmp_path),
-                         interleave=interleave, shuffle=0)
+                         interleave=interleave, shuffle=0, on_error=on_error)
     keys = []
     with Loader(stream, decoded) as loader:
         with pytest.raises(SampleError) as info:
@@ -467,6 +468,8 @@ def test_loader_undecodable_image_in_dali_is_located(tmp_path, interleave, first
     assert (e.url, e.member, e.reason, e.rank) == (path, "d/005", "bad_image", 0)
     assert "DALI's image decoder (fn.decoders.image) failed" in str(e) and "PIL" in str(e)
     assert "step 1" in str(e)
+    # the hint says what skip does here, and never suggests it when it is on
+    assert ("on_error='skip' is on" if on_error == "skip" else "on_error='skip' would not help") in e.hint
 
 
 # -- the command line ------------------------------------------------------------------------------------

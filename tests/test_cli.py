@@ -291,8 +291,9 @@ def test_keys_prints_people_text_without_json(shards):
     assert [int(m.group(1)) for m in matches] == [line["step"] for line in as_json]
     assert [m.group(2).split(" ") for m in matches] == [line["keys"] for line in as_json]
     assert sorted(k for m in matches for k in m.group(2).split(" ")) == all_keys()
-    assert re.search(rf"^stats: {len(all_keys())} samples delivered in {len(lines)} batches; \d+ samples read, "
-                     r"\d+ padding positions, \d+ dropped", text.stderr, re.M)
+    assert re.search(rf"^stats \(rank 0 of 1\): {len(all_keys())} samples delivered in {len(lines)} batches; "
+                     rf"{len(all_keys())} samples read, 0 of them ahead of the batches taken; \d+ padding positions, "
+                     r"0 samples left out by the plan", text.stderr, re.M)
 
 
 def test_index_writes_member_layouts_unless_told_not_to(shards, tmp_path):
@@ -337,9 +338,33 @@ def test_keys_stats_add_up_to_the_keys_printed(shards, stop_after):
     text = cli("keys", *base)
     printed = sum(len(line.split(": ", 1)[1].split(" ")) for line in text.stdout.splitlines())
     assert printed == 4 * stop_after
-    assert f"stats: {printed} samples delivered in {stop_after} batches" in text.stderr
+    assert f"stats (rank 0 of 1): {printed} samples delivered in {stop_after} batches" in text.stderr
     *batches, closing = json_lines(cli("keys", *base, "--json"), stats=True)
     assert len(batches) == stop_after and closing["stats"]["delivered"] == sum(len(b["keys"]) for b in batches)
+
+
+@pytest.mark.parametrize("rank,stop_after", [(1, 2), (0, 2), (1, 1), (1, None)])
+def test_keys_stats_add_up_per_rank(shards, rank, stop_after):
+    """``RANK=1 WORLD_SIZE=2 dalistream keys … --stop-after 2`` printed "32 samples delivered in 2
+    batches; 16 samples read": the counters were read before the workers wrote them. Read =
+    delivered + read ahead, for the rank that ran."""
+    import re
+
+    env = {"RANK": str(rank), "WORLD_SIZE": "2"}
+    base = [shards, "-W", 2, "-B", 4] + ([] if stop_after is None else ["--stop-after", stop_after])
+    text = cli("keys", *base, env=env)
+    printed = sum(len(line.split(": ", 1)[1].split(" ")) for line in text.stdout.splitlines())
+    found = re.search(r"stats \(rank (\d) of 2\): (\d+) samples delivered in (\d+) batches; (\d+) samples read, (\d+) of "
+                      r"them ahead", text.stderr)
+    assert found, text.stderr
+    shown_rank, delivered, batches, read, ahead = map(int, found.groups())
+    assert (shown_rank, delivered) == (rank, printed) and batches == len(text.stdout.splitlines())
+    assert read == delivered + ahead and read >= delivered
+    if stop_after is None:
+        assert ahead == 0
+    *_, closing = json_lines(cli("keys", *base, "--json", env=env), stats=True)
+    stats = closing["stats"]
+    assert stats["rank"] == rank and stats["samples"] == stats["delivered"] + stats["read_ahead"]
 
 
 def test_an_error_prints_once_and_its_traceback_only_at_debug(tmp_path):
@@ -352,3 +377,30 @@ def test_an_error_prints_once_and_its_traceback_only_at_debug(tmp_path):
     debug = cli("--log-level", "DEBUG", "keys", missing, check=False)
     assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].startswith("dalistream keys: error: ")
+
+
+def test_hints_are_spelled_as_flags(tmp_path):
+    """The command line's errors name its flags (``--on-error skip``), not the library's keywords
+    (``on_error='skip'``), and a hint names values that work."""
+    one = str(tmp_path / "one")
+    key_shards(one, [1])
+    proc = cli("keys", one, "-W", 3, "-B", 3, "--policy", "exact", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "use --workers 1 and a --batch-size of at most 1" in proc.stderr
+    assert "batch_size" not in proc.stderr and "workers=" not in proc.stderr
+    proc = cli("keys", one, "-B", 4, "--world-size", 3, "--rank", 0, check=False)
+    assert proc.returncode == 2 and "--policy exact" in proc.stderr and "policy=" not in proc.stderr
+
+
+@pytest.mark.parametrize("text,flags", [
+    ("or use on_error='skip'", "or use --on-error skip"),
+    ("use policy='fixed' with batches_per_epoch", "use --policy fixed with --batches-per-epoch"),
+    ("pass interleave=False to read one span", "pass --no-interleave to read one span"),
+    ('give samples_per_epoch="1000"', "give --samples-per-epoch 1000"),
+    ("shard s3://bucket/a.tar?policy=x&seed=1", "shard s3://bucket/a.tar?policy=x&seed=1"),  # a URL is left alone
+    ("raise max_skip_fraction (1 turns it off)", "raise max_skip_fraction (1 turns it off)"),  # no such flag
+])
+def test_flag_spelling(text, flags):
+    from dalistream.tools.args import flag_spelling
+
+    assert flag_spelling(text) == flags

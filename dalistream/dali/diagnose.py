@@ -114,12 +114,15 @@ def _decoder_error(text: str, rank: int, where: Optional[tuple]) -> errors.Dalis
             log.debug("could not locate the undecodable image: %s", e)
     if found:
         url, key, field, problem, bad_step = found[0]
+        skipping = where[0].config.on_error == "skip"
         more = f" ({len(found) - 1} more in the same batches)" if len(found) > 1 else ""
         return errors.SampleError(
             f"DALI's image decoder ({op}) failed ({what}); the undecodable image is field {field!r} of the batch at "
             f"epoch {epoch}, step {bad_step}: {problem}{more}", url=url, member=key, rank=rank, reason="bad_image",
-            hint="re-encode or remove the image; on_error='skip' skips only images that fail the workers' cheap "
-                 "check (signature and end marker), not images that only DALI's decoder rejects")
+            hint="re-encode or remove the image: " + ("on_error='skip' is on, but it" if skipping else
+                                                       "on_error='skip' would not help, it") +
+                 " skips only images that fail the workers' cheap check (signature and end marker), not images "
+                 "that only DALI's decoder rejects")
     shown = ", ".join(keys[:8]) + (", …" if len(keys) > 8 else "")
     near = f" of the batch at epoch {where[1]}, step {where[2]} (keys: {shown})" if where is not None and keys else ""
     return errors.SampleError(

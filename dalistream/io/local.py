@@ -9,7 +9,7 @@ import os
 import stat
 import subprocess
 import tempfile
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Optional
 
 from ..errors import SourceError
 
@@ -24,11 +24,24 @@ def local_path(url: str) -> str:
     return os.path.expanduser(path) if path.startswith("~") else path
 
 
-def write_atomic(path: str, write: Callable[[BinaryIO], object]) -> None:
+def new_file_mode() -> int:
+    """The permissions ``open()`` gives a new file of this process (0666 less the umask)."""
+    try:
+        with open("/proc/self/status") as f:  # the umask without setting it (a set-and-restore races threads)
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = 0o022
+    return 0o666 & ~umask
+
+
+def write_atomic(path: str, write: Callable[[BinaryIO], object], mode: Optional[int] = None) -> None:
     """Write a file through ``write(f)`` into a temporary file beside it, then rename it into
-    place: readers (other ranks, other workers) see the old file or the whole new one."""
+    place: readers (other ranks, other workers) see the old file or the whole new one. ``mode``:
+    its permissions (default: a temporary file's, 0600)."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)

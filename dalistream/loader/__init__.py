@@ -3,5 +3,6 @@
 
 from .convert import BufferPool, to_torch
 from .loader import Loader
+from .state import read_state_file, write_state_file
 
-__all__ = ["BufferPool", "Loader", "to_torch"]
+__all__ = ["BufferPool", "Loader", "read_state_file", "to_torch", "write_state_file"]

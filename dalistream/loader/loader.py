@@ -4,9 +4,15 @@
 epoch starts), ``set_epoch(e)`` selects the epoch (the one a loaded state stands in goes on),
 ``state_dict()``/``load_state_dict()`` save and restore the position mid-epoch, on the same layout
 or another (elastic resume, :mod:`dalistream.plan.resume`). Padding (``valid == 0``) is removed
-here, so users only ever see real samples; a batch whose samples were all skipped
-(``on_error``/``missing="skip"``) is not yielded at all (a warning says so), so such an epoch
-yields fewer than ``len()`` batches. The DALI pipeline runs on across epoch boundaries;
+here, so users only ever see real samples.
+
+Every rank yields exactly ``len()`` batches, under every policy: a DDP loop runs a collective per
+batch (an ``all_reduce`` of a metric, of gradients), and one batch fewer on one rank hangs the
+others. A batch without a sample is yielded *empty* (every tensor's first dimension 0, every list
+empty): under ``exact`` the last step of a rank that no sample is left for (fewer samples than
+ranks remain for that step, :mod:`dalistream.plan.ownership`), and under any policy a batch
+whose samples were all skipped (``on_error``/``missing="skip"``). ``stats()["loader"]`` counts
+them (``empty_batches``). The DALI pipeline runs on across epoch boundaries;
 it is rebuilt only when the position asked for is not where it stands (``set_epoch`` to
 another epoch, ``load_state_dict``).
 """
@@ -29,13 +35,14 @@ from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
 from ..device import check_current_device, check_torch_cuda
 from ..errors import StateError
 from ..lifetime import temp_folder
-from ..plan import Layout, check_segments, continued
+from ..plan import Layout, continued
 from ..stream import Stream
 from ..worker import read_workers, summarize
 from .convert import BufferPool, to_torch
 from .progress import WAIT_WARNING, Watch
+from .ranks import distributed_layout, relaid
+from .state import STATE_VERSION, differences, identity_of, read_state, sealed
 
-STATE_VERSION = 4  # 4: interleave; 3: segments of an epoch under other layouts, sources by identity; 2: spans; 1: whole shards
 log = logging.getLogger(__name__)
 
 _open_loaders: "weakref.WeakSet[Loader]" = weakref.WeakSet()
@@ -59,69 +66,6 @@ def _track(loader: "Loader") -> None:
         atexit.register(_close_open_loaders)  # registered on first use, not at import
         _atexit_registered = True
     _open_loaders.add(loader)
-
-
-INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards")  # a resume cannot change these
-
-
-def read_state(state: Any, current: Dict[str, Any]) -> tuple:
-    """``(epoch, step, saved plan, segments)`` of a state from :meth:`Loader.state_dict`; a
-    :class:`StateError` naming what is missing or wrong, never a KeyError or TypeError."""
-    def integer(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    if not isinstance(state, dict):
-        raise StateError(f"a loader state is a dict from Loader.state_dict(), got {type(state).__name__}")
-    if state.get("version") not in (2, 3, STATE_VERSION):
-        raise StateError(f"unknown loader state version {state.get('version')!r} (expected {STATE_VERSION})")
-    for part in ("loader", "plan"):
-        if not isinstance(state.get(part), dict):
-            raise StateError(f"loader state has no {part!r} dict: got {state.get(part)!r}")
-    position, saved = state["loader"], dict(state["plan"])
-    for name in ("epoch", "step"):
-        if not integer(position.get(name)) or position[name] < 0:
-            raise StateError(f"loader state: {name} must be an integer >= 0, got {position.get(name)!r}")
-    if state["version"] == 2:  # before elastic resume: no segments, sources a digest of the URLs
-        saved.setdefault("shuffle_shards", current.get("shuffle_shards"))
-    if state["version"] < 4:  # before interleaved reading
-        saved.setdefault("interleave", False)
-    missing = sorted(set(current) - set(saved))
-    if missing:
-        raise StateError(f"loader state: plan lacks {missing}")
-    for name in ("world_size", "workers", "batch_size"):
-        if not integer(saved[name]) or saved[name] < 1:
-            raise StateError(f"loader state: {name} must be an integer >= 1, got {saved[name]!r}")
-    segments = state.get("segments", [])
-    if not isinstance(segments, list):
-        raise StateError(f"loader state: segments must be a list, got {segments!r}")
-    return position["epoch"], position["step"], saved, check_segments(segments)
-
-
-def differences(saved: Dict[str, Any], current: Dict[str, Any], digest: str) -> list:
-    """What keeps a saved state from resuming this loader, in words (empty: it fits)."""
-    out = [f"{name}: saved {saved[name]!r}, this loader {current[name]!r}"
-           for name in INVARIANT if saved.get(name) != current.get(name)]
-    was, now = saved.get("sources"), current["sources"]
-    if isinstance(now, dict) and "mix" in now or isinstance(was, dict) and "mix" in was:
-        return out + ([] if was == now else [f"sources: another mix (saved {sorted((was or {}).get('mix', {}))}, "
-                                             f"this loader {sorted(now.get('mix', {}))}; a mix resumes only with the "
-                                             "same sources, counts, weights and choices)"])
-    if isinstance(was, str):  # version 2: a digest of the URLs themselves
-        return out + ([] if was == digest else ["sources: the shard URLs differ (a state of version 2 names its "
-                                                "shards by URL; save again with this version to move them)"])
-    if not isinstance(was, dict):
-        return out + [f"sources: not a description of shards: {was!r}"]
-    if was.get("shards") != now["shards"]:
-        out.append(f"sources: {was.get('shards')} shards saved, {now['shards']} now")
-    elif was.get("names") != now["names"]:
-        out.append("sources: the shard names (relative to their folder or bucket prefix) differ")
-    if was.get("samples") != now["samples"]:
-        out.append(f"sources: {was.get('samples')} samples saved, {now['samples']} now")
-    elif was.get("counts") != now["counts"]:
-        out.append("sources: the per-shard sample counts differ")
-    if None not in (was.get("sizes"), now["sizes"]) and was.get("sizes") != now["sizes"]:
-        out.append("sources: the shard sizes in bytes differ")
-    return out
 
 
 class Loader:
@@ -164,6 +108,8 @@ class Loader:
         me = weakref.ref(self)  # no cycle: a loader dropped without close() is closed by __del__ at once
         self._watch = Watch(progress=progress, wait_warning=wait_warning, run_dir=stats_dir,
                             counters=lambda: me().stats(), decodes=lambda: decodes_images(me()._pipe))
+        self._identity: Optional[Dict[str, Any]] = None  # the sources' identity, read at the first state taken
+        self._group_seen = False  # rank and world size checked against an initialised torch.distributed
         self._samples, self._closed = 0, False  # _samples: of the last batch taken (for the figures)
         self._device_checked = stream.device != "gpu"
         _track(self)
@@ -171,13 +117,27 @@ class Loader:
     # -- iteration ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches the next ``iter()`` yields: the rest of the epoch after a resume (less any batch
-        whose samples were all skipped)."""
+        """Batches the next ``iter()`` yields, on every rank the same: the rest of the epoch after
+        a resume (empty batches included, see the module doc)."""
+        self._check_group()
         steps = self._steps()
         return steps - self.step if self.step < steps else self.stream.steps(self.epoch + 1)
 
     def _steps(self) -> int:
         return self.stream.steps(self.epoch, self.resume)
+
+    def _check_group(self) -> None:
+        """Rank and world size again, once ``torch.distributed`` is initialised (:mod:`.ranks`)."""
+        if self._group_seen:
+            return
+        group = distributed_layout()
+        if group is None:
+            return
+        stream = relaid(self.stream, group)
+        self._group_seen = True
+        if stream is not self.stream:
+            self._shutdown_pipe()
+            self.stream = stream
 
     def set_epoch(self, epoch: int, *, restart: bool = False) -> None:
         """Iterate ``epoch`` at the next ``iter()``. The epoch the loader stands in (a loaded
@@ -189,6 +149,7 @@ class Loader:
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         if self._closed:
             raise RuntimeError("loader is closed")
+        self._check_group()
         steps = self._steps()
         if self.step >= steps:  # a finished epoch: the next one
             self.epoch, self.step, self.resume = self.epoch + 1, 0, ()
@@ -208,10 +169,6 @@ class Loader:
                 self.step += 1
                 watch.took(t1 - t0, self._samples, self.step)
                 self._pipe_at = (self.epoch, self.step, self.resume)
-                if batch is None:  # every sample of it was skipped: a batch of nothing is never trained on
-                    log.warning("batch %d of epoch %d holds no sample (all skipped, see Loader.stats()): not yielded",
-                                self.step - 1, self.epoch)
-                    continue
                 yield batch
                 watch.stepped(time.perf_counter() - t1)
         finally:  # the epoch ended, or the loop broke off: the bar closes, the run folder is written
@@ -241,7 +198,7 @@ class Loader:
         self._built_resume = (self.epoch, self.resume)  # the workers' step counts within the resumed segment
         self._watch.started()
 
-    def _run(self) -> Optional[Dict[str, Any]]:
+    def _run(self) -> Any:
         try:
             outputs = watched_run(self._pipe, consumer_stream(self._pipe))
         except BaseException as e:  # after a failure (or Ctrl-C) the pipeline is dead: never run it again
@@ -253,46 +210,72 @@ class Loader:
         batch = to_torch(self._outputs, outputs, self._buffers, zero_copy=exec_dynamic(self._pipe))
         self._samples = len(next(iter(batch.values()), ()))
         if batch and all(len(value) == 0 for value in batch.values()):
-            return None
+            self._watch.timing["empty_batches"] += 1  # yielded all the same: every rank yields len() batches
         return self.transform(batch) if self.transform is not None else batch
 
     # -- state -------------------------------------------------------------------------------
 
     def state_dict(self) -> Dict[str, Any]:
-        """Plain data to resume from, on this layout or any other: the position (epoch, step), the
-        layout it stands in, the ``segments`` of this epoch that ran under earlier layouts
-        (``[world_size, workers, batch_size, steps]`` each, of the layout the plan split: its
-        columns ``[R·B, 1, 1, steps]`` when reading interleaved), and what must not change (seed,
-        policy, shuffle, interleave, the sources' identity). Rank 0's state resumes every rank."""
-        c = self.stream.config
-        return {
+        """Plain data to resume from, on this layout or any other (:mod:`.state`): the position
+        (epoch, step), the layout it stands in, the ``segments`` of this epoch that ran under
+        earlier layouts (``[world_size, workers, batch_size, steps]`` each, of the layout the plan
+        split: its columns ``[R·B, 1, 1, steps]`` when reading interleaved), what must not change
+        (seed, policy, shuffle, interleave, the sources' identity and content versions), and a
+        digest of it all. Rank 0's state resumes every rank. The sources' content versions are
+        read the first time (a ``stat`` per local shard, a HEAD per remote one), then kept."""
+        c = self._current().config
+        if self._identity is None:
+            self._identity = identity_of(self.stream)
+        return sealed({
             "version": STATE_VERSION,
             "loader": {"epoch": self.epoch, "step": self.step},
             "plan": {"seed": c.seed, "rank": c.rank, "world_size": c.world_size, "workers": c.workers,
                      "batch_size": c.batch_size, "policy": c.policy, "shuffle": c.shuffle, "interleave": c.interleave,
                      "batches_per_epoch": c.batches_per_epoch, "shuffle_shards": c.shuffle_shards,
-                     "sources": self.stream.identity},
+                     "sources": self._identity},
             "segments": [list(s) for s in self.resume],
-        }
+        })
 
-    def load_state_dict(self, state: Dict[str, Any], *, allow_layout_change: bool = True) -> None:
+    def _current(self) -> Stream:
+        self._check_group()
+        return self.stream
+
+    def load_state_dict(self, state: Dict[str, Any], *, allow_layout_change: bool = True,
+                        allow_content_change: bool = False) -> None:
         """Continue the saved epoch where the state stands. Under the saved layout the batches are
         those the saved run would have yielded; under another (ranks, workers, batch size) the
         rest of the epoch is planned over this layout (:mod:`dalistream.plan.resume`): ``exact``
         delivers every sample of the epoch once over all runs, ``even`` none twice, ``fixed``
         the remaining batches. ``fixed`` without counts restarts the saved epoch (with a warning).
-        A state of other sources, seed, policy or shuffle is a :class:`StateError` saying what
-        differs; ``allow_layout_change=False`` refuses a layout change too."""
+        A state edited or damaged (its digest), or of other sources (names, counts, sizes, or
+        content rewritten since: :mod:`.state`), seed, policy or shuffle is a :class:`StateError`
+        saying what differs; ``allow_layout_change=False`` refuses a layout change too, and
+        ``allow_content_change=True`` resumes shards whose content versions changed (the same bytes
+        copied back into place) with a warning."""
         current = self.state_dict()["plan"]
-        epoch, step, saved, segments = read_state(state, current)
-        problems = differences(saved, current, self.stream.digest)
+        epoch, step, saved, segments, version = read_state(state, current)
+        problems, doubts = differences(saved, current, self.stream.digest, allow_content_change)
         saved_layout = (saved["world_size"], saved["workers"], saved["batch_size"])
         layout = (current["world_size"], current["workers"], current["batch_size"])
         if saved_layout != layout and not allow_layout_change:
             problems.append(f"layout: saved {saved_layout}, this loader {layout} (ranks, workers, batch size)")
         if problems:
+            rewritten = any("rewritten" in p for p in problems)
             raise StateError("saved state does not fit this loader: " + "; ".join(problems),
-                             hint="resume with the same data set, seed, policy and shuffle settings")
+                             hint="resume with the same data set, seed, policy and shuffle settings"
+                             + ("; if the shards hold the same bytes as then (copied back into place), pass "
+                                "allow_content_change=True" if rewritten else ""))
+        if version < STATE_VERSION:
+            log.warning("a loader state of version %d (an older dalistream) carries no digest of itself and no "
+                        "content versions of its shards: it cannot prove it is unedited, nor that the shards are "
+                        "the same content; resumed on their names, counts and sizes", version)
+        for doubt in doubts:
+            log.warning("resuming a loader state: %s", doubt)
+        if version < 5 and saved["policy"] == "exact" and (step or segments):
+            log.warning("policy 'exact' deals the last step's samples otherwise since state version 5: a state of "
+                        "version %d taken inside epoch %d cannot say which samples it delivered; the epoch restarts "
+                        "from its first batch (samples of its first %d steps are seen again)", version, epoch, step)
+            segments, step = (), 0
         if saved_layout != layout:
             if self.stream.data.counts is None:
                 log.warning("policy 'fixed' without counts cannot continue epoch %d on another layout: it restarts "
@@ -315,14 +298,16 @@ class Loader:
         """Per-worker counters (bytes read, samples, padding, skips, where the time went) and their
         sums, and the training loop's side under ``loader``: ``wait_s``, the time it waited for
         batches (the input pipeline was the limit; the first includes the workers' start),
-        ``step_s``, the time it spent between batches (its own step), and more
+        ``step_s``, the time it spent between batches (its own step), ``empty_batches``, the
+        batches that held no sample (yielded empty: see the module doc), and more
         (:meth:`dalistream.loader.progress.Watch.figures`).
         The totals and skips cover the epochs up to :meth:`delivered_epoch`: what a worker read
         ahead into the next epoch is counted in that epoch, under ``by_epoch`` only.
         See :mod:`dalistream.worker.stats` for the workers' counters.
 
-        Workers write their counters every ~0.5 s, soon after every skip, and when they finish an
-        epoch. ``wait_s`` > 0 waits up to that long for every worker to have written counters up to
+        Workers write their counters every ~0.5 s (and within ~0.5 s of the last batch they made,
+        so a loader stopped early reads them whole), soon after every skip, and when they finish
+        an epoch. ``wait_s`` > 0 waits up to that long for every worker to have written counters up to
         the loader's position (exact at the end of an epoch). Skips are summed as
         ``skipped_samples`` and ``skipped_shards`` and broken down by reason in
         ``skipped = {"samples": {reason: n}, "shards": {reason: n}}``, since the pipeline started;

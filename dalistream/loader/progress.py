@@ -116,7 +116,7 @@ class Watch:
             raise ValueError(f"wait_warning must be a share in (0, 1] or None, got {wait_warning!r}")
         self.progress, self.wait_warning, self.run_dir = progress, wait_warning, run_dir
         self.counters, self.decodes, self.window, self.file = counters, decodes, window, file
-        self.timing: Dict[str, Any] = {"batches": 0, "samples": 0, "wait_s": 0.0, "step_s": 0.0}
+        self.timing: Dict[str, Any] = {"batches": 0, "empty_batches": 0, "samples": 0, "wait_s": 0.0, "step_s": 0.0}
         self.warned = False
         self._bar = None
         self._win: Optional[Dict[str, Any]] = None  # the window being judged (_open_window)

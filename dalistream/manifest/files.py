@@ -17,7 +17,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import ManifestError, SourceError, redact
-from ..io.local import cache_write, local_path
+from ..io.local import cache_write, local_path, new_file_mode
 from ..io.remote import read_bytes, write_bytes
 from ..io.stores import canonical, schemes_in
 from ..sources import is_remote
@@ -99,6 +99,20 @@ def write_manifest(infos: Sequence[ShardInfo], path: str, options: Optional[Mapp
         rows.append(row)
     payload = json.dumps({**(extra or {}), "format": FORMAT, "version": 1, "shards": rows}, separators=(",", ":"))
     write_bytes(path, payload.encode(), options)
+    if not is_remote(path):  # a manifest beside the shards can be read by whoever can read them
+        os.chmod(local_path(path), shard_mode(infos))
+
+
+def shard_mode(infos: Sequence[ShardInfo]) -> int:
+    """The read and write permissions of the first local shard of ``infos``, else those of any
+    new file of this process."""
+    for info in infos:
+        if not is_remote(info.url):
+            try:
+                return os.stat(local_path(info.url)).st_mode & 0o666
+            except OSError:
+                continue
+    return new_file_mode()
 
 
 def _read_text(path: str, options: Optional[Mapping[str, Any]]) -> str:

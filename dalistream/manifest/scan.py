@@ -61,16 +61,23 @@ def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase:
                      tuple(starts) if offsets and seekable else None, members)
 
 
-def version_of(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
-    """What changes when a file or object is rewritten: its URL, size and version token (a local
-    file's device, inode and mtime; an object's ETag or generation: one request). ``None`` when
-    it cannot be told (no version, a presigned URL valid for GET only, a missing file, a
-    ``pipe:``): callers then read it again."""
+def content_version(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    """What changes when a file or object is rewritten, its name aside: its size and version token
+    (a local file's device, inode and mtime; an object's ETag, generation or commit: one request).
+    ``None`` when it cannot be told (no version, a presigned URL valid for GET only, a missing
+    file, a ``pipe:``)."""
     try:
         found = stat_object(url, options)
     except SourceError:
         return None
-    return f"{url}|{found.size}|{found.version}" if found.size is not None and found.version else None
+    return f"{found.size}|{found.version}" if found.size is not None and found.version else None
+
+
+def version_of(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    """:func:`content_version` with the URL: the key of a scanned or parsed shard in the cache.
+    ``None`` when it cannot be told: callers then read it again."""
+    version = content_version(url, options)
+    return None if version is None else f"{url}|{version}"
 
 
 def _cache_path(cache_dir: str, url: str, options: Optional[Mapping[str, Any]] = None,

@@ -301,7 +301,7 @@ class BucketEpoch:
         self.step_bucket[r, step] = bucket
 
     def _global_steps(self, merged: Sequence[tuple]) -> None:
-        b, units = self.layout.batch_size, self.units
+        units = self.units
         base = np.zeros(self.buckets + 1, dtype=np.int64)
         np.cumsum(units, out=base[1:])
         ready = np.zeros(int(base[-1]), dtype=np.float64)  # (b, j): when the last rank completes it

@@ -54,10 +54,8 @@ books' pass 0 ends after 176 samples of epoch 1.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
-from fractions import Fraction
-from functools import lru_cache, reduce
+from functools import lru_cache
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -66,33 +64,9 @@ from ..errors import ConfigError
 from . import seeds
 from .layout import Layout, Schedule
 from .ownership import EpochLayout, Part
+from .weights import integer_weights, raised_by
 
 PER_BATCH = ("sample", "source")
-MAX_DENOMINATOR = 1 << 16
-
-
-def integer_weights(weights: Sequence[float]) -> Tuple[int, ...]:
-    """The weights as integers ``w_s`` with ``p_s = w_s / D``, ``D = Σ w_s`` (see the module doc)."""
-    p = np.asarray(weights, dtype=np.float64)
-    if p.ndim != 1 or len(p) == 0 or not np.all(np.isfinite(p)) or np.any(p <= 0):
-        raise ConfigError(f"mix: weights must be finite numbers greater than 0, got {list(weights)!r}")
-    p = p / p.sum()
-    fractions = [Fraction(float(x)).limit_denominator(1000) for x in p]
-    if sum(fractions) == 1 and all(abs(float(f) - x) <= 1e-9 for f, x in zip(fractions, p)):
-        d = reduce(lambda a, b: a * b // math.gcd(a, b), (f.denominator for f in fractions), 1)
-        if d <= MAX_DENOMINATOR:
-            return tuple(int(f * d) for f in fractions)
-    raw = p * MAX_DENOMINATOR
-    w = np.maximum(np.floor(raw).astype(np.int64), 1)
-    short = MAX_DENOMINATOR - int(w.sum())
-    if short > 0:
-        w[np.argsort(-(raw - np.floor(raw)), kind="stable")[:short]] += 1
-    elif short < 0:  # only when tiny weights were raised to 1: take from the largest
-        w[np.argsort(-w, kind="stable")[:-short]] -= 1
-    g = reduce(math.gcd, w.tolist())
-    return tuple(int(x) // g for x in w)
-
-
 @lru_cache(maxsize=8)
 def _period(w: Tuple[int, ...]) -> np.ndarray:
     """``N_s(n)`` for n = 0 … D under Tijdeman's rule: ``(D + 1, S)``. At n = D every source has
@@ -182,10 +156,12 @@ def check_share(weights: Sequence[float], totals: Sequence[int], batch_size: int
             raise ConfigError(f"mix: source {names[s]!r} is empty (0 samples)",
                               hint="check its shards and manifest, or leave it out of the mix")
         if per_batch == "sample" and 2 * w[s] * batch_size < d:
-            raise ConfigError(f"mix: source {names[s]!r}: weight {w[s] / d:.4g} is {w[s] * batch_size / d:.3g} samples "
-                              f"per batch of {batch_size}, which rounds to 0",
-                              hint=f"give it a weight of at least {1 / (2 * batch_size):.4g}, a larger batch, "
-                                   "or per_batch='source'")
+            factor = raised_by(weights, s, batch_size)
+            raise ConfigError(f"mix: source {names[s]!r}: weight {w[s] / d:.4g} of the mix is {w[s] * batch_size / d:.3g} "
+                              f"samples per batch of {batch_size}, which rounds to 0",
+                              hint=(f"raise its weight at least {factor:.3g}-fold (to 1/{2 * batch_size - 1} of the "
+                                    "other sources' weights together: half a sample per batch), " if factor else "")
+                              + f"use batch_size={-(-d // (2 * min(w)))} or more, or per_batch='source'")
         if per_batch == "source" and steps is not None and 2 * w[s] * steps < d:
             raise ConfigError(f"mix: source {names[s]!r}: weight {w[s] / d:.4g} is {w[s] * steps / d:.3g} batches "
                               f"per epoch of {steps} steps, which rounds to 0",

@@ -9,14 +9,25 @@ sequentially by its one owner from its first sample (a seek or a ranged GET to t
 offset; without offsets, by skipping headers). With ``C(g)`` the slots of the global workers
 before ``g`` (``rank × B + slot offset of w``):
 
-- ``even``: ``steps = ⌊T / (R·B)⌋``; ``g`` owns ``[steps·C(g), steps·C(g+1))``. The tail of the
-  sequence after ``steps·R·B`` (fewer than ``R·B`` samples: at most one batch per rank) is left
-  out of this epoch; the permutation changes which samples that is from epoch to epoch.
-- ``exact``: ``steps = ⌈T / (R·B)⌉``; ``g`` owns ``[⌊T·C(g)/(R·B)⌋, ⌊T·C(g+1)/(R·B)⌋)``, at most
-  ``steps × slot`` samples, so every sample is read once and padding costs at most one step per
-  rank. Every rank runs the same number of steps.
-- ``fixed`` with counts: the ``exact`` spans, re-read in a new order each pass until the fixed
-  number of batches is filled.
+- ``even``: ``steps = ⌊T / (R·B)⌋``; ``L = T − steps·R·B`` samples (fewer than ``R·B``: at most
+  one batch per rank) are left out of the epoch, drawn anew each epoch from anywhere in the
+  sequence (:func:`left_out_positions`: one in each of ``L`` equal stretches, seeded by
+  ``(seed, epoch)``). ``g`` owns ``[steps·C(g), steps·C(g+1))`` of the samples *kept*, in order: a
+  stretch of the sequence read as usual, whose left-out samples are passed over, not delivered
+  (:attr:`WorkerPlan.drop`).
+- ``exact``: ``steps = ⌈T / (R·B)⌉``. Every step but the last is full; the last holds the
+  ``k = T − (steps−1)·R·B`` samples left (``0 < k ≤ R·B``), dealt *position by position*: one to
+  the first position of every rank's batch, then one to every rank's second position, and so on
+  (rank ``r`` gets ``E_r = ⌈(k − r)/R⌉`` of them, at positions ``0 … E_r − 1`` of its batch, so
+  in the slots of its first workers). ``g`` owns ``(steps−1)·slot`` samples plus those of the last
+  step's positions that fall in its slot, as one contiguous span. So every sample is read once,
+  padding costs at most one step per rank, and no rank's last batch is only padding unless
+  ``k < R`` (fewer samples than ranks are left for the last step: ranks ``k … R−1`` then get an
+  empty last batch, which the loader yields, so that every rank still yields ``steps`` batches).
+  Interleaved, the same rule over the columns (``q = position·R + rank``) gives the last step's
+  samples to columns ``0 … k−1``: ranks first, again.
+- ``fixed`` with counts: spans ``[⌊T·C(g)/(R·B)⌋, ⌊T·C(g+1)/(R·B)⌋)``, re-read in a new order
+  each pass until the fixed number of batches is filled.
 
 **Interleaved reading** (counts known): the spans are planned over the layout's *columns*
 (:attr:`~.layout.Layout.column_layout`), one per batch position of every rank; a worker reads the
@@ -31,7 +42,8 @@ the permutation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -90,27 +102,83 @@ def span_bounds(total: int, layout: Layout, schedule: Schedule) -> np.ndarray:
     c = slot_starts(layout)
     if schedule.policy == "even":
         return epoch_steps(total, layout, schedule) * c
-    return (int(total) * c) // (layout.world_size * layout.batch_size)
+    per_step = layout.world_size * layout.batch_size
+    if schedule.policy == "fixed":
+        return (int(total) * c) // per_step
+    steps = epoch_steps(total, layout, schedule)
+    if steps == 0:
+        return np.zeros_like(c)
+    last = int(total) - (steps - 1) * per_step  # the last step's samples: 0 < last <= R·B
+    r = np.arange(layout.world_size, dtype=np.int64)
+    ranks = np.maximum(0, (last - r + layout.world_size - 1) // layout.world_size)  # E_r: dealt position by position
+    offsets = np.asarray(layout.slot_offsets, dtype=np.int64)
+    extra = np.clip(ranks[:, None] - offsets[None, :], 0, np.asarray(layout.slots, dtype=np.int64)[None, :])
+    bounds = (steps - 1) * c
+    bounds[1:] += np.cumsum(extra.ravel())
+    return bounds
+
+
+def left_out_positions(total: int, layout: Layout, schedule: Schedule, epoch: int) -> np.ndarray:
+    """The epoch positions ``even`` leaves out (sorted; none under the other policies): the
+    ``L = T − steps·R·B`` left over, one drawn in each of ``L`` equal stretches of the sequence, so
+    that they differ from epoch to epoch and lie anywhere in the shards, never in one place."""
+    if schedule.policy != "even":
+        return np.zeros(0, dtype=np.int64)
+    total = int(total)
+    left = total - epoch_steps(total, layout, schedule) * layout.world_size * layout.batch_size
+    edges = (np.arange(left + 1, dtype=np.int64) * total) // max(left, 1)
+    return np.random.default_rng(seeds.left_out(schedule.seed, epoch)).integers(edges[:-1], edges[1:]).astype(np.int64)
+
+
+def kept_positions(left: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """The positions of the ``kept``-th positions not in ``left`` (sorted), for an array ``kept``."""
+    kept = np.asarray(kept, dtype=np.int64)
+    if not len(left):
+        return kept
+    return kept + np.searchsorted(left - np.arange(len(left)), kept, side="right")
 
 
 @dataclass(frozen=True)
 class EpochLayout:
-    """One epoch's sample sequence: the shard order and where each shard starts in it."""
+    """One epoch's sample sequence: the shard order and where each shard starts in it. The span
+    ``bounds`` count the samples kept (all but ``left``, the positions ``even`` leaves out)."""
 
     order: np.ndarray   # shard indices in epoch order
     starts: np.ndarray  # starts[i]: first position of order[i]; starts[-1] = total
-    bounds: np.ndarray  # span bounds per global worker (span_bounds)
+    bounds: np.ndarray  # span bounds per global worker (span_bounds), over the samples kept
     steps: int
+    left: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # epoch positions left out, sorted
 
     @property
     def total(self) -> int:
         return int(self.starts[-1])
 
+    def position(self, kept: np.ndarray) -> np.ndarray:
+        """The epoch positions of the ``kept``-th samples kept (an array of them)."""
+        return kept_positions(self.left, kept)
+
+    @functools.cached_property
+    def edges(self) -> np.ndarray:
+        """Where each span's stretch of the epoch sequence starts (its first sample kept; the
+        last: after the last sample kept): the spans' ``bounds`` as epoch positions."""
+        if not len(self.left):
+            return self.bounds
+        kept = int(self.bounds[-1])
+        out = self.position(np.minimum(self.bounds, max(kept - 1, 0)))
+        return np.where(self.bounds >= kept, out + (kept > 0), out)
+
+    def drops(self, g: int) -> Tuple[int, ...]:
+        """Raw ordinals, over the samples of :meth:`parts` ``(g)``, of those left out."""
+        lo, hi = int(self.edges[g]), int(self.edges[g + 1])
+        inside = self.left[(self.left >= lo) & (self.left < hi)]
+        return tuple((inside - lo).tolist())
+
     def parts(self, g: int) -> List[Part]:
-        """The shard parts of global worker ``g``'s span, in reading order. An empty shard is a
-        part ``(s, 0, 0)`` of the span it sits in (the last span's when it sits at the end), so
-        that it is still opened once: a shard that has gained samples or is damaged shows."""
-        lo, hi = int(self.bounds[g]), int(self.bounds[g + 1])
+        """The shard parts of global worker ``g``'s stretch of the sequence, in reading order
+        (samples left out inside it are :meth:`drops`). An empty shard is a part ``(s, 0, 0)`` of
+        the span it sits in (the last span's when it sits at the end), so that it is still opened
+        once: a shard that has gained samples or is damaged shows."""
+        lo, hi = int(self.edges[g]), int(self.edges[g + 1])
         last = g == len(self.bounds) - 2
         heads = self.starts[:-1]
         i = int(np.searchsorted(heads, lo, side="left"))  # first shard starting at or after lo
@@ -131,7 +199,8 @@ def epoch_layout(counts: Sequence[int], layout: Layout, schedule: Schedule, epoc
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
     total = int(starts[-1])
-    return EpochLayout(order, starts, span_bounds(total, layout, schedule), epoch_steps(total, layout, schedule))
+    return EpochLayout(order, starts, span_bounds(total, layout, schedule), epoch_steps(total, layout, schedule),
+                       left_out_positions(total, layout, schedule, epoch))
 
 
 def owned_shards(num_shards: int, layout: Layout, schedule: Schedule, epoch: int, rank: int, worker: int) -> List[int]:
@@ -179,7 +248,7 @@ class WorkerPlan:
     samples: Optional[int]  # samples owned this epoch (None when counts are unknown)
     global_worker: int
     left_out: int = 0  # samples of the epoch no one owns (``even``), counted by the job's last worker only
-    drop: Tuple[int, ...] = ()  # elastic resume: raw ordinals over the parts' samples not delivered (plan.resume)
+    drop: Tuple[int, ...] = ()  # raw ordinals over the parts' samples not delivered: left out (even), or delivered before an elastic resume (plan.resume)
     shuffle_seed: Optional[int] = None  # elastic resume: the segment's own sample shuffle seed
 
     @property
@@ -200,13 +269,15 @@ def worker_plan(counts: Optional[Sequence[int]], num_shards: int, layout: Layout
             raise ManifestError(f"{len(counts)} counts for {num_shards} shards")
         plan = epoch_layout(counts, layout, schedule, epoch)
         g = layout.global_worker(rank, worker)
-        parts, steps = plan.parts(g), plan.steps
+        parts, steps, drop = plan.parts(g), plan.steps, plan.drops(g)
         samples = int(plan.bounds[g + 1] - plan.bounds[g])
         left_out = plan.total - int(plan.bounds[-1]) if g == layout.global_workers - 1 else 0
         if schedule.policy == "fixed" and samples == 0:
             raise ConfigError(
                 f"global worker {g} owns no sample: {plan.total} samples cannot fill a slot of every one of "
                 f"{layout.global_workers} global workers", hint="use fewer workers or a smaller batch")
+        return WorkerPlan(rank, worker, epoch, tuple(parts), steps, layout.slots[worker], layout.slot_offsets[worker],
+                          samples, g, left_out, drop)
     return WorkerPlan(rank, worker, epoch, tuple(parts), steps, layout.slots[worker], layout.slot_offsets[worker],
                       samples, layout.global_worker(rank, worker), left_out)
 
@@ -227,5 +298,5 @@ def worker_columns(counts: Sequence[int], num_shards: int, layout: Layout, sched
             raise ConfigError(f"column {q} owns no sample: {total} samples cannot fill every position of every "
                               f"rank's batch ({columns.global_workers} in all)", hint="use a smaller batch")
         out.append(WorkerPlan(q, 0, epoch, tuple(plan.parts(q)), plan.steps, 1, 0, samples, q,
-                              total - int(plan.bounds[-1]) if q == last else 0))
+                              total - int(plan.bounds[-1]) if q == last else 0, plan.drops(q)))
     return tuple(out)

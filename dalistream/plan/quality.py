@@ -5,7 +5,7 @@ labels a batch holds can be computed for a labelling of the samples (class-sorte
 with a random order of the same samples.
 
 The worker's order is reproduced from its parts: global worker ``g`` reads its span of the
-epoch's sample sequence (:mod:`.ownership`) and shuffles it through :func:`.shuffle.shuffled`,
+epoch's sample sequence (:mod:`.ownership`; under ``even``, of the samples kept) and shuffles it through :func:`.shuffle.shuffled`,
 the same function the worker runs, fed indices instead of samples; ``columns=True`` reproduces
 interleaved reading (the default of training streams: :attr:`.layout.Layout.column_layout`).
 ``interleave=k > 1`` and ``spread`` are the design study's candidates that led to it (see
@@ -86,9 +86,10 @@ def rank_batches(counts: Sequence[int], layout: Layout, schedule: Schedule, epoc
     if columns:  # column q = p·R + r: its span's t-th sample at step t
         sizes = np.diff(plan.bounds)
         t = np.arange(steps, dtype=np.int64)
-        at = plan.bounds[:-1, None] + t[None, :]  # (R·B, steps)
+        at = plan.bounds[:-1, None] + t[None, :]  # (R·B, steps), over the samples kept
         real = t[None, :] < sizes[:, None]
-        cols = np.where(real, ids[np.minimum(at, max(plan.total - 1, 0))], -1)
+        kept = max(int(plan.bounds[-1]) - 1, 0)
+        cols = np.where(real, ids[np.minimum(plan.position(np.minimum(at, kept)), max(plan.total - 1, 0))], -1)
         return cols.reshape(layout.batch_size, layout.world_size, steps).transpose(1, 2, 0).copy()
     for g, stream in enumerate(worker_streams(plan, layout, interleave, spread)):
         r, w = divmod(g, layout.workers)
@@ -97,7 +98,7 @@ def rank_batches(counts: Sequence[int], layout: Layout, schedule: Schedule, epoc
                            dtype=np.int64, count=len(stream))
         emitted = np.full(steps * slot, -1, dtype=np.int64)
         n = min(len(stream), steps * slot)
-        emitted[:n] = ids[stream[pick[:n]]]
+        emitted[:n] = ids[plan.position(stream[pick[:n]])]  # samples kept -> epoch positions
         out[r, :, lo:lo + slot] = emitted.reshape(steps, slot)
     return out
 

@@ -31,7 +31,8 @@ from ..errors import StateError
 from . import seeds
 from .layout import Layout, Schedule
 from .shuffle import emitted_indices
-from .ownership import EpochLayout, Part, WorkerPlan, epoch_layout, epoch_steps, span_bounds
+from .ownership import (EpochLayout, Part, WorkerPlan, epoch_layout, epoch_steps, kept_positions, left_out_positions,
+                        span_bounds)
 
 Segment = Tuple[int, int, int, int]  # (world_size, workers, batch_size, steps run)
 
@@ -93,15 +94,18 @@ def kth_positions(runs: Sequence[Run], ks: Sequence[int]) -> List[int]:
 
 
 class Remaining:
-    """The sequence of an epoch left after ``segments``: ``total`` samples, and :meth:`runs`."""
+    """The sequence of an epoch left after ``segments``: ``total`` samples, and :meth:`runs`.
+    ``left``: the epoch positions the first layout's plan left out (``even``): at level 0 the
+    sequence is the samples kept, in order, then those left out."""
 
-    def __init__(self, total: int, schedule: Schedule, epoch: int, segments: Sequence[Segment], shuffle: int) -> None:
+    def __init__(self, total: int, schedule: Schedule, epoch: int, segments: Sequence[Segment], shuffle: int,
+                 left: Sequence[int] = ()) -> None:
         self.schedule, self.epoch, self.shuffle = schedule, epoch, shuffle
         self.level = len(segments)
         if not segments:
-            self.prev, self.total = None, int(total)
+            self.prev, self.total, self.left = None, int(total), np.asarray(left, dtype=np.int64)
             return
-        self.prev = Remaining(total, schedule, epoch, segments[:-1], shuffle)
+        self.prev = Remaining(total, schedule, epoch, segments[:-1], shuffle, left)
         n_prev = self.prev.total
         layout, steps = segment_layout(segments[-1]), int(segments[-1][3])
         planned = epoch_steps(n_prev, layout, schedule)
@@ -133,6 +137,9 @@ class Remaining:
         self.total = int(self.cum[-1])
         self._window: dict = {}
 
+    def _level_zero(self, lo: int, hi: int) -> List[Run]:
+        return _level_zero_runs(self.left, self.total, lo, hi)
+
     def seed_of(self, g: int) -> int:
         """Global worker ``g``'s shuffle seed in this level's segment."""
         return shuffle_seed(self.schedule.seed, self.epoch, self.level - 1, g)
@@ -154,7 +161,7 @@ class Remaining:
         if hi <= lo:
             return []
         if self.prev is None:
-            return [Run(lo, hi)]
+            return self._level_zero(lo, hi)
         out: List[Run] = []
         g = int(np.searchsorted(self.cum, lo, side="right")) - 1
         while g < len(self.cum) - 1 and int(self.cum[g]) < hi:
@@ -175,6 +182,20 @@ class Remaining:
                     out += self.prev.runs(base + rest + max(0, a - len(kept)), base + rest + b - len(kept))
             g += 1
         return merged_runs(out)
+
+
+def _level_zero_runs(left: np.ndarray, total: int, lo: int, hi: int) -> List[Run]:
+    """Positions ``[lo, hi)`` of an epoch's sequence of the samples kept, then those ``left`` out,
+    as runs of epoch positions (the left-out ones inside a run of kept samples: its drops)."""
+    if not len(left):
+        return [Run(lo, hi)]
+    kept = total - len(left)
+    out: List[Run] = []
+    if min(hi, kept) > lo:
+        start, last = (int(p) for p in kept_positions(left, np.array([lo, min(hi, kept) - 1])))
+        out.append(Run(start, last + 1, tuple(left[(left > start) & (left < last)].tolist())))
+    out += [Run(int(p), int(p) + 1) for p in left[max(lo, kept) - kept:max(hi, kept) - kept]]
+    return merged_runs(out)
 
 
 def _with_drops(runs: List[Run], positions: Sequence[int]) -> List[Run]:
@@ -247,7 +268,9 @@ class ResumePlan:
         self.steps = resumed_steps(counts, layout, schedule, epoch, segments, shuffle)
         if schedule.policy != "fixed":
             self.epoch_layout = epoch_layout(counts, layout, schedule, epoch)
-            self.rest = Remaining(self.epoch_layout.total, schedule, epoch, segments, shuffle)
+            first = segment_layout(segments[0]) if segments else layout  # the layout that planned level 0
+            left = left_out_positions(self.epoch_layout.total, first, schedule, epoch)
+            self.rest = Remaining(self.epoch_layout.total, schedule, epoch, segments, shuffle, left)
             self.bounds = span_bounds(self.rest.total, layout, schedule)
 
     def worker(self, rank: int, worker: int) -> WorkerPlan:

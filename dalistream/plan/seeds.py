@@ -19,6 +19,11 @@ def node_shards(seed: int) -> List[int]:
     return [int(seed) & 0xFFFFFFFF, 0xAFF1]
 
 
+def left_out(seed: int, epoch: int) -> List[int]:
+    """Seed sequence of the samples ``even`` leaves out of ``epoch`` (the same on every rank)."""
+    return shard_order(seed, epoch) + [0x1EF7]
+
+
 def pass_order(seed: int, epoch: int, n_pass: int) -> List[int]:
     """Seed sequence of the order in which a ``fixed``-policy worker re-reads its shards on pass
     ``n_pass`` (1, 2, …) of ``epoch``."""

@@ -25,9 +25,10 @@ def epoch_summary(counts: Sequence[int], layout: Layout, schedule: Schedule, epo
     a, b = plan.starts[:-1], plan.starts[1:]
     nonempty = b > a
     # owners of a shard: the spans that hold its first and its last sample, and all between
-    first = np.searchsorted(plan.bounds, a, side="right") - 1
-    last = np.searchsorted(plan.bounds, b - 1, side="right") - 1
-    owned_shard = nonempty & (a < plan.bounds[-1])
+    edges = plan.edges  # the spans' stretches of the sequence (left-out samples inside them passed over)
+    first = np.searchsorted(edges, a, side="right") - 1
+    last = np.searchsorted(edges, b - 1, side="right") - 1
+    owned_shard = nonempty & (a < edges[-1]) & (b > edges[0])
     parts = np.where(owned_shard, np.minimum(last, layout.global_workers - 1) - first + 1, 0)
     return {
         "epoch": epoch, "policy": schedule.policy, "shards": len(counts), "empty_shards": int((~nonempty).sum()),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any, Dict, Optional
 
@@ -125,3 +126,25 @@ def progress_bar(args: argparse.Namespace, *, total: int, unit: str):
 
     return tqdm(total=total, unit=unit, file=sys.stderr, disable=not show_progress(args), dynamic_ncols=True,
                 leave=False)
+
+
+#: Options a hint may name the Python way that the command line has as flags.
+FLAGS = ("on_error", "policy", "batch_size", "workers", "world_size", "rank", "shuffle", "interleave", "manifest",
+         "batches_per_epoch", "per_batch", "samples_per_epoch", "seed")
+_ASSIGNED = re.compile(r"(?<![\w./?&=-])(" + "|".join(FLAGS) + r")=('[^']*'|\"[^\"]*\"|[\w.+-]+)")
+_NAMED = re.compile(r"(?<![\w./?&=-])(" + "|".join(name for name in FLAGS if "_" in name) + r")(?![\w=])")
+
+
+def flag_spelling(text: str) -> str:
+    """``text`` (an error and its hint) with the options it names the Python way spelled as the
+    command line's flags: ``on_error='skip'`` → ``--on-error skip``, ``interleave=False`` →
+    ``--no-interleave``, ``batch_size`` → ``--batch-size``."""
+    def assigned(m: "re.Match[str]") -> str:
+        name, value = m.group(1), m.group(2).strip("'\"")
+        flag = "--" + name.replace("_", "-")
+        if value in ("True", "False") and name == "interleave":
+            return flag if value == "True" else "--no-" + flag[2:]
+        return f"{flag} {value}"
+
+    text = _ASSIGNED.sub(assigned, text)
+    return _NAMED.sub(lambda m: "--" + m.group(1).replace("_", "-"), text)

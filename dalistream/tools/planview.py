@@ -57,10 +57,11 @@ def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch
             owners = layout.columns(r, w) if interleave else (layout.global_worker(r, w),)
             parts = ([p for g in owners for p in plan.parts(g)] if plan is not None
                      else owned_parts(None, len(urls), layout, schedule, epoch, r, w))
+            left = sum(len(plan.drops(g)) for g in owners) if plan is not None else 0  # even's, passed over
             rows.append({
                 "rank": r, "worker": w, "global_worker": layout.global_worker(r, w), "slot": layout.slots[w],
                 "parts": [{"url": redact(urls[s]), "first": a, "stop": b} for s, a, b in parts],  # pipe: secrets
-                "samples": sum(b - a for _, a, b in parts) if counts is not None else None, "steps": steps,
+                "samples": sum(b - a for _, a, b in parts) - left if counts is not None else None, "steps": steps,
             })
     return rows
 
@@ -68,22 +69,19 @@ def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch
 def resume_view(args: argparse.Namespace, urls: Sequence[str], counts) -> Dict[str, Any]:
     """``--resume-from STATE.json``: what the saved epoch leaves for this layout (seed, policy and
     shuffle come from the state): samples delivered and left, steps and samples per rank."""
-    import json
-
-    from ..loader.loader import differences, read_state
+    from ..loader.state import differences, naming, read_state, read_state_file
     from ..plan import ResumePlan, continued
     from ..stream import sources_identity
 
-    with open(args.resume_from) as f:
-        state = json.load(f)
-    epoch, step, saved, segments = read_state(state, {})
+    with naming(args.resume_from):
+        epoch, step, saved, segments, _ = read_state(read_state_file(args.resume_from), {})
     schedule = Schedule(saved["seed"], saved["policy"], saved["batches_per_epoch"], saved.get("shuffle_shards", True))
     layout = Layout(args.world_size, args.workers, args.batch_size)
     if counts is None:
         raise ConfigError("--resume-from needs sample counts (sources with a manifest or a scan, or --counts)")
     if not args.counts:
         current = {**saved, "sources": sources_identity(urls, [int(c) for c in counts], None)}
-        problems = [p for p in differences(saved, current, "") if p.startswith("sources")]
+        problems = [p for p in differences(saved, current, "")[0] if p.startswith("sources")]
         if problems:
             raise StateError("the state is not of these shards: " + "; ".join(problems))
     interleave = bool(saved.get("interleave", False))

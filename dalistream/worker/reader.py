@@ -183,11 +183,14 @@ class PlanReader:
                     singles = (sample,)
                     if type(sample) is Run:
                         n = len(sample)
-                        if not drop and all(keep(o) for o in range(ordinal, ordinal + n)):
+                        at = heads[k] + sample.first  # raw position of the run's first sample
+                        if (not drop or bisect.bisect_left(plan.drop, at + n) == bisect.bisect_left(plan.drop, at)) \
+                                and all(keep(o) for o in range(ordinal, ordinal + n)):
                             ordinal += n
                             yield sample
                             continue
-                        # an elastic resume's drops, or a reader that keeps only some: one by one
+                        # drops inside it (left out, or delivered before an elastic resume), or a reader
+                        # that keeps only some: one by one
                         singles = (sample.sample(i, c.lowercase_ext, self.decoder.wants) for i in range(n))
                     for one in singles:
                         if drop and heads[k] + one["__index__"] in drop:

@@ -20,6 +20,7 @@ import glob
 import json
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from typing import Any, Dict, List, Optional
@@ -51,6 +52,8 @@ class WorkerStats:
         self._last = 0.0
         self._unwritten_skip = False
         self._write_failed = False
+        self._lock = threading.Lock()
+        self._timer: Optional[threading.Timer] = None
         self._t0 = time.perf_counter()
 
     @property
@@ -86,8 +89,25 @@ class WorkerStats:
 
     def maybe_write(self) -> None:
         """Write if the last write is older than :data:`WRITE_INTERVAL_S`, or a skip is unwritten
-        (called once per batch)."""
-        self._write_after(0.0 if self._unwritten_skip else WRITE_INTERVAL_S)
+        (called once per batch); else within that interval, from a timer: a worker that then
+        waits (its batches not yet taken) leaves no batch unwritten."""
+        if not self._write_after(0.0 if self._unwritten_skip else WRITE_INTERVAL_S) and self.path:
+            if self._timer is None or not self._timer.is_alive():
+                self._timer = threading.Timer(max(0.01, self._last + WRITE_INTERVAL_S - time.perf_counter()),
+                                              self._flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _flush(self) -> None:
+        try:
+            self._last = time.perf_counter()
+            self.write()
+        except RuntimeError:  # a counter grew while copied (the worker's thread): again, soon
+            self._timer = threading.Timer(SKIP_FLUSH_S, self._flush)
+            self._timer.daemon = True
+            self._timer.start()
+        except OSError:  # the folder is gone (the loader closed): the worker's own next write says so
+            pass
 
     def flush_skips(self) -> None:
         """Write soon after a skip (:data:`SKIP_FLUSH_S`); a skip met sooner is written with the
@@ -95,27 +115,31 @@ class WorkerStats:
         self._unwritten_skip = True
         self._write_after(SKIP_FLUSH_S)
 
-    def _write_after(self, interval: float) -> None:
+    def _write_after(self, interval: float) -> bool:
         now = time.perf_counter()
         if self.path and now - self._last >= interval:
             self._last = now
             self.write()
+            return True
+        return False
 
     def write(self) -> None:
-        """Write the counters now (atomically: readers never see half a file). Counters never
-        stop a job: a write that fails (the folder removed, a full disk) is one warning per
-        worker, and the worker goes on, trying again at its next write."""
+        """Write the counters now (atomically: readers never see half a file; one writer at a
+        time, so a later snapshot is never overwritten by an earlier one). Counters never stop a
+        job: a write that fails (the folder removed, a full disk) is one warning per worker, and
+        the worker goes on, trying again at its next write."""
         if not self.path:
             return
-        self._unwritten_skip = False
-        try:
-            write_atomic(self.path, lambda f: f.write(json.dumps(self.as_dict()).encode()))
-        except OSError as e:
-            if not self._write_failed:
-                self._write_failed = True
-                log.warning("rank %d worker %d: counters not written to %s (%s); the worker goes on, "
-                            "Loader.stats() lacks its figures until a write succeeds", self.rank, self.worker,
-                            self.path, e.strerror or e)
+        with self._lock:
+            self._unwritten_skip = False
+            try:
+                write_atomic(self.path, lambda f: f.write(json.dumps(self.as_dict()).encode()))
+            except OSError as e:
+                if not self._write_failed:
+                    self._write_failed = True
+                    log.warning("rank %d worker %d: counters not written to %s (%s); the worker goes on, "
+                                "Loader.stats() lacks its figures until a write succeeds", self.rank, self.worker,
+                                self.path, e.strerror or e)
 
 
 def stats_path(directory: str, worker: int) -> str:

@@ -9,6 +9,7 @@ import torch
 
 import dalistream
 from dalistream import Loader, Stream
+from dalistream.loader.state import sealed
 from dalistream.dali.pipeline import built
 from dalistream.errors import ConfigError, StateError
 
@@ -81,7 +82,7 @@ def test_forked_and_spawned_workers_deliver_the_same_batches(shards, policy):
             assert loader._pipe is None
             epochs = [[b["key"] for b in loader] for _ in range(2)]
             assert built(loader._pipe).start_method == method
-            loader.load_state_dict({**loader.state_dict(), "loader": {"epoch": 0, "step": 2}})
+            loader.load_state_dict(sealed({**loader.state_dict(), "loader": {"epoch": 0, "step": 2}}))
             resumed = [b["key"] for b in loader]
         runs[method] = epochs, resumed
     assert runs["fork"] == runs["spawn"]
@@ -128,6 +129,7 @@ def test_state_from_another_layout_continues_unless_refused(shards, interleave):
     with Loader(open_stream(shards, 0, 1, 2, interleave=interleave)) as a:
         state = a.state_dict()
     state["loader"]["step"] = 3
+    state = sealed(state)  # (its digest again: an edited state is refused)
     with Loader(open_stream(shards, 0, 1, 3, interleave=interleave)) as b:
         with pytest.raises(StateError, match="layout"):
             b.load_state_dict(state, allow_layout_change=False)

@@ -1,9 +1,8 @@
 """Through the real loader: a typo in a field's extension stops training with an error naming
-the reason (not epochs of empty batches), and a batch whose samples were all skipped is never
-yielded."""
+the reason (not epochs of empty batches), and a batch whose samples were all skipped is yielded
+empty, so that every rank yields len() batches."""
 
 import io
-import logging
 import time
 
 import pytest
@@ -48,18 +47,27 @@ def test_a_typo_stops_the_loader_naming_the_reason(tmp_path):
     assert "typo" in (e.hint or "")
 
 
-def test_a_batch_of_only_skipped_samples_is_not_yielded(tmp_path, caplog):
+@pytest.mark.parametrize("policy", ["even", "exact", "fixed"])
+def test_a_batch_of_only_skipped_samples_is_yielded_empty(tmp_path, policy):
+    """Every rank yields len() batches, skips or not: a batch whose samples were all skipped comes
+    empty (first dimension 0), never left out (a DDP loop's collective would wait for it)."""
     # one shard of 8, its last 4 samples damaged: counted 8 → 2 steps of 4, the second all skipped
     paths = write(tmp_path, 1, 8, bad={4, 5, 6, 7})
     stream = Stream.open(paths, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=1, device="cpu",
-                         on_error="skip", shuffle_shards=False, cache_dir=str(tmp_path), interleave=False, shuffle=0)
+                         on_error="skip", shuffle_shards=False, cache_dir=str(tmp_path), interleave=False, shuffle=0,
+                         policy=policy, batches_per_epoch=2 if policy == "fixed" else None)
     assert stream.steps(0) == 2
-    with caplog.at_level(logging.WARNING, logger="dalistream"), Loader(stream) as loader:
-        batches = [b["key"] for b in loader]
-        assert batches == [["x0000", "x0001", "x0002", "x0003"]]
-        assert loader.stats(wait_s=5)["by_epoch"][0]["skipped"]["samples"] == {"bad_value": 4}
+    with Loader(stream) as loader:
+        assert len(loader) == 2
+        batches = list(loader)
+        assert len(batches) == 2
+        assert batches[0]["key"] == ["x0000", "x0001", "x0002", "x0003"]
+        if policy != "fixed":  # fixed reads its span again: the good samples come back
+            assert batches[1]["key"] == [] and tuple(batches[1]["label"].shape) == (0,)
+            stats = loader.stats(wait_s=5)
+            assert stats["by_epoch"][0]["skipped"]["samples"] == {"bad_value": 4}
+            assert stats["loader"]["batches"] == 2 and stats["loader"]["empty_batches"] == 1
         assert (loader.epoch, loader.step) == (1, 0)  # the epoch ended as planned
-    assert "holds no sample" in caplog.text
 
 
 def test_a_bad_sample_of_a_one_epoch_run_is_counted_once(tmp_path):

@@ -9,7 +9,7 @@ from contextlib import redirect_stdout
 import pytest
 
 from dalistream.cli import main
-from dalistream.plan import Layout, Schedule, owned_parts
+from dalistream.plan import Layout, Schedule, worker_plan
 
 from helpers import key_shards, shard_keys
 
@@ -36,13 +36,13 @@ def cut_resume_step(R, W, rank, epoch, steps):
     layout, schedule = Layout(R, W, B), Schedule(3)
     for k in range(1, steps):
         for w in range(W):
-            position = k * layout.slots[w]
-            for s, a, b in owned_parts(SIZES, len(SIZES), layout, schedule, epoch, rank, w):
-                if position < b - a:
-                    if (a > 0 or b < SIZES[s]) and 0 < position:
-                        return k
-                    break
-                position -= b - a
+            plan = worker_plan(SIZES, len(SIZES), layout, schedule, epoch, rank, w)
+            raw = [(s, a, b, i) for s, a, b in plan.parts for i in range(a, b)]
+            kept = [x for n, x in enumerate(raw) if n not in set(plan.drop)]  # even's left-out passed over
+            if k * layout.slots[w] < len(kept):
+                s, a, b, i = kept[k * layout.slots[w]]
+                if (a > 0 or b < SIZES[s]) and i > a:
+                    return k
     return None
 
 
@@ -56,10 +56,12 @@ def check_layout(source, R, W, resume_tmp=None):
         exact = [k for r in range(R) for batch in keys(source, r, R, W, epoch, "--policy", "exact") for k in batch]
         assert sorted(exact) == sorted(all_keys())
     if resume_tmp is not None:
-        rank, epoch = R - 1, 1
-        full = keys(source, rank, R, W, epoch)
-        k = cut_resume_step(R, W, rank, epoch, len(full))
+        epoch = 1
+        steps = len(keys(source, 0, R, W, epoch))
+        rank, k = next(((r, cut_resume_step(R, W, r, epoch, steps)) for r in reversed(range(R))
+                        if cut_resume_step(R, W, r, epoch, steps) is not None), (None, None))
         assert k is not None, "the layout must cut a shard inside some worker's resume"
+        full = keys(source, rank, R, W, epoch)
         state = os.path.join(resume_tmp, f"state-{R}-{W}.json")
         head = keys(source, rank, R, W, epoch, "--stop-after", k, "--state-out", state)
         tail = keys(source, rank, R, W, epoch, "--state-in", state)

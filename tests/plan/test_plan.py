@@ -92,14 +92,21 @@ def test_worker_plan_fields():
 
 def test_a_worked_example_cuts_shards_where_spans_meet():
     # 3 shards of 10, 1 rank x 2 workers, batch 4 (slots 2 + 2), no shuffle: 30 samples, 7 steps
-    # (28 samples); worker 0 owns positions [0, 14), worker 1 [14, 28); 2 samples left out.
+    # (28 samples); 2 samples left out, one drawn in each half of the sequence (seed 0, epoch 0:
+    # positions 14 and 25); worker 0 owns the first 14 kept, positions [0, 15) less 14; worker 1
+    # the next 14, [15, 30) less 25.
     s = Schedule(0, "even", shuffle_shards=False)
-    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), s, 0, 0, 0) == [(0, 0, 10), (1, 0, 4)]
-    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), s, 0, 0, 1) == [(1, 4, 10), (2, 0, 8)]
+    assert epoch_layout([10, 10, 10], L(1, 2, 4), s, 0).left.tolist() == [14, 25]
+    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), s, 0, 0, 0) == [(0, 0, 10), (1, 0, 5)]
+    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), s, 0, 0, 1) == [(1, 5, 10), (2, 0, 10)]
+    assert worker_plan([10, 10, 10], 3, L(1, 2, 4), s, 0, 0, 0).drop == (14,)
+    assert worker_plan([10, 10, 10], 3, L(1, 2, 4), s, 0, 0, 1).drop == (10,)  # position 25: its 11th sample
     summary = epoch_summary([10, 10, 10], L(1, 2, 4), s, 0)
     assert summary["left_out"] == 2 and summary["steps"] == 7 and summary["shards_cut"] == 1
     exact = Schedule(0, "exact", shuffle_shards=False)
-    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), exact, 0, 0, 0) == [(0, 0, 10), (1, 0, 5)]
+    # exact: 8 steps, the last one's 2 samples at positions 0 and 1 (worker 0's slot): [0, 16), [16, 30)
+    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), exact, 0, 0, 0) == [(0, 0, 10), (1, 0, 6)]
+    assert owned_parts([10, 10, 10], 3, L(1, 2, 4), exact, 0, 0, 1) == [(1, 6, 10), (2, 0, 10)]
     assert epoch_summary([10, 10, 10], L(1, 2, 4), exact, 0)["padding"] == 2
 
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dalistream.errors import ConfigError
-from dalistream.plan import Layout, Schedule, epoch_layout, owned_parts, seeds
+from dalistream.plan import Layout, Schedule, epoch_layout, seeds, worker_plan
 from dalistream.plan.shuffle import shuffled
 from dalistream.plan.quality import (batch_label_stats, rank_batches, shuffle_quality, sorted_labels,
                                      worker_streams)
@@ -52,14 +52,15 @@ def test_batches_hold_every_owned_sample_once(case):
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_todays_batches_are_the_parts_through_the_buffer(case):
-    """Independent of the measure's vectorized path: the worker's parts (owned_parts), item by
+    """Independent of the measure's vectorized path: the worker's plan (parts less drops), item by
     item through the buffer, cut into slots."""
     layout, schedule, counts, epoch, buffer, _, _ = case
     out = rank_batches(counts, layout, schedule, epoch, buffer)
     written = np.concatenate([[0], np.cumsum(counts)])
     for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
-        parts = owned_parts(counts, len(counts), layout, schedule, epoch, r, w)
-        items = [int(written[s]) + i for s, a, b in parts for i in range(a, b)]
+        plan = worker_plan(counts, len(counts), layout, schedule, epoch, r, w)
+        items = [x for k, x in enumerate(int(written[s]) + i for s, a, b in plan.parts for i in range(a, b))
+                 if k not in set(plan.drop)]  # even's left-out samples passed over
         g = layout.global_worker(r, w)
         emitted = list(shuffled(items, buffer, seeds.sample_shuffle(schedule.seed, epoch, g)))
         slot, lo = layout.slots[w], layout.slot_offsets[w]

@@ -53,17 +53,20 @@ def test_spans_tile_the_epoch_once_and_keep_the_promises(case):
     plan, spans = sample_sets(counts, layout, schedule, epoch, workers)
     slots = np.tile(layout.slots, R)
     for g, intervals in spans.items():
-        # one contiguous span, exactly the plan's bounds: nothing owned twice, nothing between spans
+        # one contiguous stretch, exactly the plan's edges: nothing owned twice, nothing between spans
         joined = [x for iv in intervals for x in iv]
         assert all(joined[i] == joined[i + 1] for i in range(1, len(joined) - 1, 2))
-        lo, hi = (intervals[0][0], intervals[-1][1]) if intervals else (int(plan.bounds[g]), int(plan.bounds[g]))
-        assert (lo, hi) == (int(plan.bounds[g]), int(plan.bounds[g + 1]))
-        assert hi - lo <= plan.steps * slots[g]
+        lo, hi = (intervals[0][0], intervals[-1][1]) if intervals else (int(plan.edges[g]), int(plan.edges[g]))
+        assert (lo, hi) == (int(plan.edges[g]), int(plan.edges[g + 1]))
+        drops = plan.drops(g)  # even's left-out samples inside the stretch, passed over
+        assert [lo + d for d in drops] == [p for p in plan.left.tolist() if lo <= p < hi]
+        assert hi - lo - len(drops) == int(plan.bounds[g + 1] - plan.bounds[g]) <= plan.steps * slots[g]
     assert np.all(np.diff(plan.bounds) >= 0) and plan.bounds[0] == 0
     if schedule.policy == "even":
         assert plan.steps == total // (R * B)
         assert np.array_equal(np.diff(plan.bounds), plan.steps * slots)
-        assert total - int(plan.bounds[-1]) < R * B  # less than one batch per rank left out
+        assert total - int(plan.bounds[-1]) == len(plan.left) < R * B  # less than one batch per rank left out
+        assert len(set(plan.left.tolist())) == len(plan.left) and all(0 <= p < total for p in plan.left.tolist())
     else:
         assert int(plan.bounds[-1]) == total  # every sample has its owner
         assert plan.steps * R * B - total < R * B  # padding: less than one step per rank

@@ -15,7 +15,7 @@ from dalistream.io.streams import ShardSequence
 from dalistream.manifest import build_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
-from dalistream.plan import owned_parts
+from dalistream.plan import worker_plan
 from dalistream.plan.quality import rank_batches
 from dalistream.worker import WorkerSource
 from dalistream.worker.policy import ErrorPolicy
@@ -53,9 +53,10 @@ READINGS = ["headers", "offsets", "members"]
 def expected_keys(counts, layout, schedule, epoch, rank, w, interleave=False):
     """Worker ``w``'s keys in delivery order: its span front to back; interleaved, the samples of
     its slot's positions step by step, as the shuffle-quality measure computes them."""
-    if not interleave:
-        return [f"s{s:03d}/{i:05d}" for s, a, b in owned_parts(counts, len(counts), layout, schedule, epoch, rank, w)
-                for i in range(a, b)]
+    if not interleave:  # its stretch of the sequence, the samples even leaves out passed over
+        plan = worker_plan(counts, len(counts), layout, schedule, epoch, rank, w)
+        raw = [f"s{s:03d}/{i:05d}" for s, a, b in plan.parts for i in range(a, b)]
+        return [key for k, key in enumerate(raw) if k not in set(plan.drop)]
     lo = layout.slot_offsets[w]
     ids = rank_batches(counts, layout, schedule, epoch, 0, columns=True)[rank][:, lo:lo + layout.slots[w]]
     starts = np.concatenate([[0], np.cumsum(counts)])

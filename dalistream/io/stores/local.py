@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 import stat as file_mode
-from typing import Any, List, Optional
+from typing import List, Optional
 
 from ...errors import SourceError
 from ..local import FileRange, local_path, open_file, write_atomic
-from ..options import RemoteOptions
 from .base import ObjectStore, Answer, Data, ObjectInfo, data_bytes
 
 

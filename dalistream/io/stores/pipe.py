@@ -7,7 +7,6 @@ from typing import List, Optional
 
 from ...errors import SourceError
 from ..local import PipeStream
-from ..options import RemoteOptions
 from .base import ObjectStore, Answer, Data, ObjectInfo, no_write
 
 
