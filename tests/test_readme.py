@@ -154,7 +154,7 @@ def clean_env(tmp_path) -> dict:
 RUN_LINE = re.compile(r"^# run: (.+)$", re.M)
 LAUNCHERS = {"python": [sys.executable], "torchrun": [sys.executable, "-m", "torch.distributed.run"],
              "accelerate": [sys.executable, "-m", "accelerate.commands.launch"]}
-STEPS = re.compile(r"^rank (\d+): (\d+) steps$", re.M)
+STEPS = re.compile(r"^rank (\d+): (\d+) steps\b", re.M)
 
 
 def recipe_command(path: str) -> List[str]:

@@ -42,6 +42,13 @@ def _in_flight(output, tmp, remote):
     return any(n.startswith("dalistream-write-") and os.listdir(os.path.join(tmp, n)) for n in os.listdir(tmp))
 
 
+def _as_from_a_terminal() -> None:
+    """The writer as a shell in a terminal starts it: SIGINT at its default (a test run started in
+    the background, or by a CI runner, inherits SIGINT ignored, and Python then never turns it into
+    KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("where", ["local", "s3"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["Ctrl-C", "SIGTERM", "SIGKILL"])
 def test_killing_the_writer_leaves_nothing_running_and_a_set_reads_refuse(many, tmp_path, sig, where, request):
@@ -61,7 +68,7 @@ def test_killing_the_writer_leaves_nothing_running_and_a_set_reads_refuse(many, 
     env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=REPO)
     proc = subprocess.Popen([sys.executable, "-m", "dalistream", "write", many, output, "--samples-per-shard", "2",
                              "--processes", "2", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=env, cwd=REPO)
+                            start_new_session=True, env=env, cwd=REPO, preexec_fn=_as_from_a_terminal)
     try:
         assert wait_until(lambda: _in_flight(output, str(tmp), where == "s3") or proc.poll() is not None, 120)
         tree = process_group(proc.pid)
