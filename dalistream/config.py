@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .errors import ConfigError, redact
-from .plan.layout import POLICIES, Layout, Schedule
+from .plan.layout import Layout, Schedule, is_int as _is_int
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm", "jp2"})
 
@@ -137,18 +137,13 @@ def parse_fields(fields: Union[Mapping[str, Any], Sequence[Field]]) -> tuple:
     return parsed
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 SHUFFLE_BUFFER = 1000  # a training stream's buffer when it cannot read interleaved (no counts)
 
 
 def reading_order(policy: str, interleave: Optional[bool], shuffle: Optional[int], counts_known: bool = True) -> tuple:
     """``(interleave, shuffle)`` resolved: the one default of both for ``StreamConfig``,
-    ``Stream.open``, the CLI and the ready pipelines (see :class:`StreamConfig`)."""
-    if not isinstance(policy, str) or policy not in POLICIES:
-        raise ConfigError(f"policy must be one of {POLICIES}, got {policy!r}")
+    ``Stream.open``, the CLI and the ready pipelines (see :class:`StreamConfig`); ``policy`` is
+    one already checked (:class:`~dalistream.plan.layout.Schedule`)."""
     if shuffle is not None and (not _is_int(shuffle) or shuffle < 0):
         raise ConfigError(f"shuffle must be an integer >= 0 or None, got {shuffle!r}")
     train = policy != "exact"
@@ -231,39 +226,33 @@ class StreamConfig:
             object.__setattr__(self, "fields", parse_fields(self.fields))
         if not self.sources:
             raise ConfigError("no sources given", hint="pass shard paths, globs, brace patterns or URLs")
+        self._check()
         interleave, shuffle = reading_order(self.policy, self.interleave, self.shuffle,
-                                     counts_known=bool(self.manifest) or self.policy != "fixed")
+                                            counts_known=bool(self.manifest) or self.policy != "fixed")
         object.__setattr__(self, "interleave", interleave)
         object.__setattr__(self, "shuffle", shuffle)
-        self._check()
 
     def _check(self) -> None:
         def bad(name: str, expected: str) -> ConfigError:
             return ConfigError(f"{name} must be {expected}, got {getattr(self, name)!r}")
 
-        for name in ("batch_size", "workers", "world_size", "prefetch", "max_member_bytes"):
+        for name in ("prefetch", "max_member_bytes"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise bad(name, "a positive integer")
-        for name in ("rank", "seed", "shuffle"):
+        for name in ("rank", "seed"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "an integer >= 0")
+        Layout(self.world_size, self.workers, self.batch_size)  # checks batch size, workers, world size
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside world size {self.world_size}")
-        if self.batch_size < self.workers:
-            raise ConfigError(
-                f"batch_size {self.batch_size} is smaller than workers {self.workers}: every worker needs a slot of at least one sample"
-            )
         if self.scan_limit_bytes is not None and (not _is_int(self.scan_limit_bytes) or self.scan_limit_bytes < 0):
             raise bad("scan_limit_bytes", "an integer >= 0 or None")
         if self.batch_size > MAX_BATCH_SIZE:
             raise ConfigError(f"batch_size {self.batch_size} is larger than {MAX_BATCH_SIZE}: a worker would run out "
                               "of memory building its batches", hint="use a batch size that fits a training step")
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.batches_per_epoch is not None and (not _is_int(self.batches_per_epoch) or self.batches_per_epoch < 1):
             raise bad("batches_per_epoch", "a positive integer or None")
-        if self.policy == "fixed" and self.batches_per_epoch is None:
-            raise ConfigError("policy 'fixed' needs batches_per_epoch > 0")
+        Schedule(self.seed, self.policy, self.batches_per_epoch, self.shuffle_shards)  # checks the policy
         if self.missing not in MISSING:
             raise ConfigError(f"missing must be one of {MISSING}, got {self.missing!r}")
         if not callable(self.on_error) and self.on_error not in ON_ERROR:

@@ -12,7 +12,9 @@ warns once when another version is found, naming the shims that may need a look.
 - DALI's torch helpers (``nvidia.dali.plugin.pytorch.torch_utils``) and torch's reference counts
   of a tensor and its storage (``Tensor._use_count``, ``torch._C._storage_Use_Count``).
 - The graph behind a pipeline's outputs (``DataNode.source``, ``_OperatorInstance.inputs``): which
-  nodes the outputs depend on, so that fields nobody uses are not read.
+  nodes the outputs depend on, so that fields nobody uses are not read; the pruning of their
+  sources' unused outputs
+  (``Pipeline._disable_pruned_external_source_instances``), whose warning is silenced for ours.
 - What a parallel source's worker shipped, rewritten in the main process before DALI feeds it
   (``_ExternalSourceGroup.schedule_and_receive``, ``_ExternalDataBatch._data``,
   ``source_desc.source``), and a batch of rows as one ``TensorListCPU`` without a copy.
@@ -126,6 +128,28 @@ def upstream(outputs: Any) -> set:
         if source is not None:
             todo.extend(getattr(source, "inputs", None) or ())
     return seen
+
+
+def current_pipeline() -> Any:
+    """The DALI pipeline being defined (``Pipeline.current()``; ``None`` outside a definition)."""
+    from nvidia.dali import Pipeline
+
+    return Pipeline.current()
+
+
+def quiet_pruned_sources(pipe: Any, name: str) -> None:
+    """Silence DALI's warning that an output of one of dalistream's sources (whose ``repr`` starts
+    with ``name``) is not used (``Pipeline._disable_pruned_external_source_instances``, run when the
+    graph is built): the fields no output needs are left out on purpose, the sources ship a
+    placeholder for them and DALI feeds nothing. Other sources' warnings stay."""
+    original = pipe._disable_pruned_external_source_instances
+
+    def disable() -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=f"The external source node '{name}")
+            original()
+
+    pipe._disable_pruned_external_source_instances = disable
 
 
 # -- CUDA as DALI sees it -----------------------------------------------------------------------

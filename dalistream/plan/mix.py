@@ -236,7 +236,7 @@ def mix_steps(totals: Sequence[int], weights: Sequence[float], layout: Layout, p
     return int(best)
 
 
-def pass_order(num_shards: int, schedule: Schedule, source: int, n_pass: int) -> np.ndarray:
+def source_order(num_shards: int, schedule: Schedule, source: int, n_pass: int) -> np.ndarray:
     """Source ``source``'s shard permutation in pass ``n_pass`` (identity without shuffling)."""
     if not schedule.shuffle_shards:
         return np.arange(num_shards, dtype=np.int64)
@@ -321,7 +321,7 @@ class MixEpoch:
         """Pass ``n_pass`` of ``source``: its shard order and starts (bounds not set)."""
         key = (source, n_pass)
         if key not in self._passes:
-            order = pass_order(len(self.counts[source]), self.schedule, source, n_pass)
+            order = source_order(len(self.counts[source]), self.schedule, source, n_pass)
             self._passes[key] = span_layout(self.counts[source], order, np.zeros(2, dtype=np.int64), self.steps)
         return self._passes[key]
 

@@ -26,14 +26,7 @@ from . import seeds
 from .layout import Layout, Schedule
 from .mix import MixEpoch, cumulative, worker_take
 from .ownership import Part, WorkerPlan
-from .resume import Remaining, Run, runs_to_parts, segment_layout
-
-
-def source_seed(seed: int, epoch: int, level: int, source: int, global_worker: int) -> int:
-    """Seed of a global worker's shuffle buffer over ``source`` in segment ``level`` of ``epoch``
-    (level 0: the unresumed epoch's, :func:`~.seeds.source_shuffle`)."""
-    base = seeds.source_shuffle(seed, epoch, source, global_worker)
-    return base if level == 0 else (base * 1_000_037 + level) & 0x7FFFFFFFFFFF
+from .resume import Remaining, Stretch, runs_to_parts, segment_layout
 
 
 def continued_counts(weights: Sequence[float], n0: int, layout: Layout, steps: int, per_batch: str) -> np.ndarray:
@@ -94,7 +87,7 @@ class MixResume:
                                  hint="the state does not come from this mix")
             done = np.tile(take[:ran].sum(axis=0), (past.world_size, 1))  # (R·W, S): delivered per global worker
             rem = [Remaining.after(rem[s], bounds[s], done[:, s],
-                                   lambda g, s=s, level=level: source_seed(schedule.seed, epoch, level, s, g))
+                                   lambda g, s=s, level=level: seeds.segment_source_shuffle(schedule.seed, epoch, level, s, g))
                    for s in range(len(rem))]
             n0 += ran * past.batch_size if per_batch == "sample" else ran  # units dealt: slots, or batches
         self.rest, self.level = rem, len(segments)
@@ -109,7 +102,7 @@ class MixResume:
         np.cumsum(per_worker.T, axis=1, out=bounds[:, 1:])
         return bounds, take, steps
 
-    def _parts(self, s: int, runs: Sequence[Run]) -> Tuple[List[Part], List[int]]:
+    def _parts(self, s: int, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
         """Parts and drops of ``runs`` (level-0 positions of source ``s``), over its passes: a run
         crossing the end of a pass reads the pass's last parts, then the next pass's first."""
         mix, total = self._passes, int(self._passes.totals[s])
@@ -122,7 +115,7 @@ class MixResume:
             while start < stop:
                 n_pass, at = divmod(start, total)
                 end = min(stop, start - at + total)
-                piece = Run(at, at + end - start, tuple((holes[(holes >= start) & (holes < end)] - start + at).tolist()))
+                piece = Stretch(at, at + end - start, tuple((holes[(holes >= start) & (holes < end)] - start + at).tolist()))
                 got, dropped = runs_to_parts(mix.pass_layout(s, mix.first_pass(s) + n_pass), [piece])
                 parts += got
                 drop += [raw + d for d in dropped]
@@ -141,6 +134,6 @@ class MixResume:
             parts, drop = self._parts(s, self.rest[s].runs(lo, hi))
             plan = WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
                               layout.slot_offsets[worker], hi - lo, g, 0, tuple(drop),
-                              source_seed(self.schedule.seed, self.epoch, self.level, s, g))
+                              seeds.segment_source_shuffle(self.schedule.seed, self.epoch, self.level, s, g))
             out.append((plan, self.take[:, worker, s]))
         return out

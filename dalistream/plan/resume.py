@@ -10,7 +10,7 @@ buffer, the span's first ``c`` samples). So its span splits into a prefix fully 
 *window* of at most (buffer) samples of which some were delivered (:func:`~.shuffle.emitted_indices` names them), and the untouched rest. What remains is, worker by worker, the
 window's undelivered samples then the rest (for ``even``, then the tail no one owned).
 
-A new worker's span of that remaining sequence maps back to :class:`Run` s of epoch positions,
+A new worker's span of that remaining sequence maps back to :class:`Stretch` s of epoch positions,
 each a range minus a few dropped positions (the window's delivered samples); its plan reads the
 runs' shard parts in order and drops those positions without decoding them. Chains apply the same
 rule again: the state stays a few integers per segment, never a list of samples.
@@ -37,7 +37,7 @@ Segment = Tuple[int, int, int, int]  # (world_size, workers, batch_size, steps r
 
 
 @dataclass(frozen=True)
-class Run:
+class Stretch:
     """Epoch positions ``[start, stop)`` minus ``drop`` (sorted), in order."""
 
     start: int
@@ -54,13 +54,6 @@ def segment_layout(segment: Sequence[int]) -> Layout:
     return Layout(int(segment[0]), int(segment[1]), int(segment[2]))
 
 
-def shuffle_seed(seed: int, epoch: int, segment: int, global_worker: int) -> int:
-    """Seed of a global worker's sample shuffle in segment ``segment`` of ``epoch`` (segment 0:
-    the unresumed epoch's seed, so that a run never resumed is unchanged)."""
-    base = seeds.sample_shuffle(seed, epoch, global_worker)
-    return base if segment == 0 else (base * 1_000_037 + segment) & 0x7FFFFFFFFFFF
-
-
 @lru_cache(maxsize=4096)
 def _emitted(count: int, total: int, size: int, seed: int) -> Tuple[int, ...]:
     return tuple(sorted(emitted_indices(count, total, size, seed)))
@@ -74,7 +67,7 @@ def delivered_ordinals(count: int, total: int, shuffle: int, seed: int) -> Tuple
     return _emitted(count, total, shuffle, seed)
 
 
-def _kth(runs: Sequence[Run], ks: Sequence[int]) -> List[int]:
+def _kth(runs: Sequence[Stretch], ks: Sequence[int]) -> List[int]:
     """Epoch positions of the ``ks``-th (sorted) kept positions of ``runs``."""
     out, base, it = [], 0, iter(ks)
     k = next(it, None)
@@ -135,7 +128,7 @@ class Remaining:
 
     def seed_of(self, g: int) -> int:
         """Global worker ``g``'s shuffle seed in this level's segment."""
-        return shuffle_seed(self.schedule.seed, self.epoch, self.level - 1, g)
+        return seeds.segment_shuffle(self.schedule.seed, self.epoch, self.level - 1, g)
 
     def window(self, g: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], int]:
         """Global worker ``g`` of the last segment: (undelivered ordinals of its window, the
@@ -149,13 +142,13 @@ class Remaining:
             self._window[g] = (kept, gone[prefix:], rest)
         return self._window[g]
 
-    def runs(self, lo: int, hi: int) -> List[Run]:
+    def runs(self, lo: int, hi: int) -> List[Stretch]:
         """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
         if hi <= lo:
             return []
         if self.prev is None:
-            return [Run(lo, hi)]
-        out: List[Run] = []
+            return [Stretch(lo, hi)]
+        out: List[Stretch] = []
         g = int(np.searchsorted(self.cum, lo, side="right")) - 1
         while g < len(self.cum) - 1 and int(self.cum[g]) < hi:
             a, b = max(lo, int(self.cum[g])) - int(self.cum[g]), min(hi, int(self.cum[g + 1])) - int(self.cum[g])
@@ -177,24 +170,24 @@ class Remaining:
         return _merged(out)
 
 
-def _with_drops(runs: List[Run], positions: Sequence[int]) -> List[Run]:
+def _with_drops(runs: List[Stretch], positions: Sequence[int]) -> List[Stretch]:
     if not positions:
         return runs
     pos = np.asarray(positions, dtype=np.int64)
     out = []
     for r in runs:
         extra = pos[(pos >= r.start) & (pos < r.stop)].tolist()
-        out.append(Run(r.start, r.stop, tuple(sorted(set(r.drop) | set(extra)))))
+        out.append(Stretch(r.start, r.stop, tuple(sorted(set(r.drop) | set(extra)))))
     return out
 
 
-def _merged(runs: List[Run]) -> List[Run]:
-    out: List[Run] = []
+def _merged(runs: List[Stretch]) -> List[Stretch]:
+    out: List[Stretch] = []
     for r in runs:
         if r.stop <= r.start:
             continue
         if out and out[-1].stop == r.start:
-            out[-1] = Run(out[-1].start, r.stop, out[-1].drop + r.drop)
+            out[-1] = Stretch(out[-1].start, r.stop, out[-1].drop + r.drop)
         else:
             out.append(r)
     return out
@@ -257,7 +250,7 @@ class ResumePlan:
 
         layout, schedule = self.layout, self.schedule
         g = layout.global_worker(rank, worker)
-        seed = shuffle_seed(schedule.seed, self.epoch, len(self.segments), g)
+        seed = seeds.segment_shuffle(schedule.seed, self.epoch, len(self.segments), g)
         if schedule.policy == "fixed":
             plan = worker_plan(self.counts, len(self.counts), layout, schedule, self.epoch, rank, worker)
             return WorkerPlan(rank, worker, self.epoch, plan.parts, self.steps, plan.slot, plan.offset, plan.samples,
@@ -269,7 +262,7 @@ class ResumePlan:
                           layout.slot_offsets[worker], hi - lo, g, left_out, tuple(drop), seed)
 
 
-def runs_to_parts(ep: EpochLayout, runs: Sequence[Run]) -> Tuple[List[Part], List[int]]:
+def runs_to_parts(ep: EpochLayout, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
     """The shard parts of ``runs`` (epoch positions of ``ep``'s sequence) in reading order, and
     the raw ordinals over those parts' samples to drop."""
     parts: List[Part] = []
@@ -286,12 +279,6 @@ def runs_to_parts(ep: EpochLayout, runs: Sequence[Run]) -> Tuple[List[Part], Lis
             i += 1
         raw += run.stop - run.start
     return parts, drop
-
-
-def resumed_worker_plan(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int, rank: int,
-                        worker: int, segments: Sequence[Segment], shuffle: int) -> WorkerPlan:
-    """One worker's :meth:`ResumePlan.worker`."""
-    return ResumePlan(counts, layout, schedule, epoch, segments, shuffle).worker(rank, worker)
 
 
 def remaining_summary(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,

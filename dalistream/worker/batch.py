@@ -67,6 +67,16 @@ def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int) -> Tuple
     return tuple(out)
 
 
+def with_placeholders(outputs: Sequence[Any], left_out: Sequence[int]) -> Tuple[Any, ...]:
+    """``outputs`` with one placeholder inserted at each index of ``left_out`` (outputs of fields
+    no graph output needs, which DALI prunes unfed): a dense array of zero bytes, one per position."""
+    out = list(outputs)
+    placeholder = np.zeros(len(outputs[-1]), np.uint8)
+    for i in sorted(left_out):
+        out.insert(i, placeholder)
+    return tuple(out)
+
+
 def rows(blob: np.ndarray, batch_size: int) -> List[np.ndarray]:
     """A blob cut into its ``batch_size`` rows: views of ``blob``, every empty row one shared
     empty array (the inverse of :func:`pack` for one field)."""

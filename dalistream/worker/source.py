@@ -49,6 +49,8 @@ from .stats import WorkerStats
 
 #: Environment variable: a directory where each worker writes a cProfile of its ``next()`` calls.
 PROFILE_ENV = "DALISTREAM_PROFILE"
+#: How a source introduces itself (its ``repr``, which DALI's messages about it quote)
+SOURCE_NAME = "dalistream-worker-source"
 
 
 class WorkerSource:
@@ -61,15 +63,12 @@ class WorkerSource:
         self.config = config
         self.worker = worker
         self.data = data
-        self.reader = PlanReader(config, data, worker)
         self.mix = mix  # several named data sets: one reader each (dalistream.mixing)
-        self.mix_readers = tuple(
-            PlanReader(config.replace(storage_options=s.storage_options), s.data, worker, source_name=s.name)
-            for s in mix.sources) if mix is not None else ()
         layout = config.layout
         lo = layout.slot_offsets[worker]
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
-        self._byte_fields = batch.byte_fields(config.fields)
+        self.left_out: Tuple[int, ...] = ()  # outputs no graph output needs: a placeholder ships (leave_out)
+        self._readers()
         # samples a member layout cuts out are read and decoded a run at a time, unless a shuffle
         # buffer is to take them one by one
         self.blocks = config.shuffle <= 1
@@ -85,6 +84,35 @@ class WorkerSource:
         # read where the sources are made (the main process): the workers may not see its environment
         self.profile_dir = os.environ.get(PROFILE_ENV) or None
         self._profile: Optional[cProfile.Profile] = None
+
+    def _readers(self) -> None:
+        c = self.config
+        self.reader = PlanReader(c, self.data, self.worker)
+        self.mix_readers = tuple(
+            PlanReader(c.replace(storage_options=s.storage_options), s.data, self.worker, source_name=s.name)
+            for s in self.mix.sources) if self.mix is not None else ()
+        self._byte_fields = batch.byte_fields(c.fields)
+        kept = [i for i in range(len(c.fields) + len(self.left_out)) if i not in self.left_out]
+        #: the outputs (of all fields, then ``valid``) that ship as blobs, cut into rows on receipt: one
+        #: list, updated in place (the receiver holds it)
+        if not hasattr(self, "blob_outputs"):
+            self.blob_outputs: List[int] = []
+        self.blob_outputs[:] = [kept[i] for i in self._byte_fields]
+
+    def leave_out(self, names: Sequence[str]) -> None:
+        """Read no member for the fields ``names`` (no output of the graph depends on them): each
+        of their outputs ships one placeholder array, which DALI prunes unfed. Before the source
+        is shipped to its worker."""
+        names = set(names)
+        if not names:
+            return
+        fields = self.config.fields
+        self.left_out = tuple(i for i, f in enumerate(fields) if f.name in names)
+        self.config = self.config.replace(fields=tuple(f for f in fields if f.name not in names))
+        self._readers()
+
+    def __repr__(self) -> str:  # DALI's messages name a source by it
+        return f"{SOURCE_NAME}(rank={self.config.rank}, worker={self.worker})"
 
     def for_dali(self) -> "WorkerSource":
         """Mark this source as handed to DALI: ``iter()`` in this (the main) process is DALI's
@@ -135,6 +163,8 @@ class WorkerSource:
         plain = next(self._gen)
         t0 = time.perf_counter()
         packed = batch.pack(plain, self._byte_fields, *self._slot)
+        if self.left_out:
+            packed = batch.with_placeholders(packed, self.left_out)
         if self._stats is not None:
             self._stats.batch_s += time.perf_counter() - t0
         return packed
