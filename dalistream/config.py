@@ -16,20 +16,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .errors import ConfigError, redact
+from .kinds import IMAGE_EXTS, KINDS, Kind, is_image_ext, kind_for
 from .plan.layout import Layout, Schedule, is_int as _is_int
 
-IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm", "jp2"})
-
-
-def is_image_ext(ext: str) -> bool:
-    """Whether a member extension names an image: its part after the last dot, case-insensitive,
-    in :data:`IMAGE_EXTS` (``seg.PNG`` does)."""
-    return ext.rsplit(".", 1)[-1].lower() in IMAGE_EXTS
-
-
-INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id"})
-TEXT_EXTS = frozenset({"txt", "text", "json", "jsn", "caption"})
-META_EXTS = frozenset({"__key__", "__url__", "__source__"})
+__all__ = ["Field", "IMAGE_EXTS", "StreamConfig", "is_image_ext", "parse_field", "parse_fields", "reading_order"]
 MISSING = ("error", "skip", "empty")
 #: DALI workers per rank by default: the one default of every entry point (StreamConfig,
 #: Stream.open, the CLI, the demo and the ready pipelines).
@@ -42,7 +32,7 @@ class Field:
     """One pipeline output made from one tar member of each sample.
 
     ``exts`` are alternatives tried in order (``("jpg", "jpeg", "png")``). ``kind`` says how the
-    member's bytes become an array:
+    member's bytes become an array (the kinds of :data:`dalistream.kinds.KINDS`, one entry each):
 
     - ``"bytes"``: raw ``uint8`` 1-D (images for DALI's decoders, ``txt``/``json`` captions);
     - ``"int"``: an ASCII integer (``cls``) as a 0-d ``int64``;
@@ -62,10 +52,9 @@ class Field:
     def __post_init__(self) -> None:
         if not self.name or not self.exts:
             raise ConfigError(f"field {self.name!r}: needs a name and at least one extension")
-        if self.kind not in ("bytes", "int", "npy", "custom", "meta"):
-            raise ConfigError(f"field {self.name!r}: unknown kind {self.kind!r}")
-        if self.kind == "custom" and self.decoder is None:
-            raise ConfigError(f"field {self.name!r}: kind 'custom' needs a decoder")
+        if not isinstance(self.kind, str) or self.kind not in KINDS:
+            raise ConfigError(f"field {self.name!r}: unknown kind {self.kind!r}", hint=f"one of {sorted(KINDS)}")
+        KINDS[self.kind].check(self)
         if self.decoder is not None and not callable(self.decoder):
             raise ConfigError(f"field {self.name!r}: decoder must be a function bytes -> array, got {self.decoder!r}")
         if not all(isinstance(e, str) and e for e in self.exts):
@@ -77,6 +66,11 @@ class Field:
                               hint="e.g. 'uint8', 'int64', 'float32'") from None
         if not _is_int(self.ndim) or self.ndim < 0:
             raise ConfigError(f"field {self.name!r}: ndim must be an integer >= 0, got {self.ndim!r}")
+
+    @property
+    def spec(self) -> Kind:
+        """The field's kind: what the data path does with it (:mod:`dalistream.kinds`)."""
+        return KINDS[self.kind]
 
     @property
     def empty(self) -> np.ndarray:
@@ -99,8 +93,9 @@ def parse_field(name: str, spec: Union[str, Sequence[str], Field, Mapping[str, A
         exts = tuple(exts.split(";")) if isinstance(exts, str) else tuple(exts)
         if "decoder" in kwargs and "kind" not in kwargs:
             kwargs["kind"] = "custom"
-        if kwargs.get("kind") == "npy" and ("dtype" not in kwargs or "ndim" not in kwargs):
-            raise ConfigError(f"field {name!r}: npy fields need 'dtype' and 'ndim'")
+        kind = KINDS.get(kwargs.get("kind", ""))
+        if kind is not None and any(key not in kwargs for key in kind.requires):
+            raise ConfigError(f"field {name!r}: {kind.name} fields need {' and '.join(map(repr, kind.requires))}")
         return Field(name=name, exts=exts, **kwargs)
     if not isinstance(spec, (str, Sequence)) or not all(isinstance(e, str) for e in spec):
         raise ConfigError(f"field {name!r}: expected extensions like 'jpg;png', a list of them, a dict or a Field, "
@@ -108,16 +103,12 @@ def parse_field(name: str, spec: Union[str, Sequence[str], Field, Mapping[str, A
     exts = tuple(e.strip() for e in (spec.split(";") if isinstance(spec, str) else spec) if e.strip())
     if not exts:
         raise ConfigError(f"field {name!r}: no extensions given")
-    lowered = {e.lower() for e in exts}
-    if lowered <= META_EXTS:
-        return Field(name, exts, kind="meta")
-    if lowered <= INT_EXTS:
-        return Field(name, exts, kind="int", dtype="int64", ndim=0)
-    if "npy" in lowered:
+    kind = kind_for(exts)
+    if kind.requires:
         raise ConfigError(
-            f"field {name!r}: npy fields need dtype and ndim, e.g. {{'exts': 'npy', 'kind': 'npy', 'dtype': 'float32', 'ndim': 2}}"
-        )
-    return Field(name, exts, kind="bytes")
+            f"field {name!r}: {kind.name} fields need {' and '.join(kind.requires)}, e.g. "
+            f"{{'exts': {';'.join(exts)!r}, 'kind': {kind.name!r}, 'dtype': 'float32', 'ndim': 2}}")
+    return Field(name, exts, kind=kind.name, dtype=kind.dtype, ndim=kind.ndim)
 
 
 def parse_fields(fields: Union[Mapping[str, Any], Sequence[Field]]) -> tuple:

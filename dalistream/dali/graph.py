@@ -108,9 +108,10 @@ def received_rows(packed: Sequence[int], outputs: list) -> list:
 
 
 def concat_mergeable(fields: Sequence) -> bool:
-    """Whether :func:`merge_by_concat` delivers these fields exactly: integer scalars (a sum of
-    zeros and the value) and one-dimensional arrays (a concatenation of empties and the value)."""
-    return all(f.ndim == 1 or (f.ndim == 0 and np.issubdtype(np.dtype(f.dtype), np.integer)) for f in fields)
+    """Whether :func:`merge_by_concat` delivers these fields exactly: every kind merges them by a
+    sum (integer scalars: zeros and the value) or a concatenation (one-dimensional arrays:
+    empties and the value), not by the owner's conditionals (:meth:`dalistream.kinds.Kind.merge`)."""
+    return all(f.spec.merge(f) != "owner" for f in fields)
 
 
 @do_not_convert
@@ -125,7 +126,7 @@ def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
         columns = [b[i] for b in branches]
         if len(columns) == 1:
             out.append(columns[0])
-        elif i == n - 1 or config.fields[i].ndim == 0:
+        elif i == n - 1 or config.fields[i].spec.merge(config.fields[i]) == "sum":
             out.append(functools.reduce(operator.add, columns))
         else:
             out.append(fn.cat(*columns, axis=0))

@@ -78,7 +78,8 @@ def _bool_of_data_node(error: BaseException) -> bool:
 @dataclass(frozen=True)
 class Built:
     """What dalistream knows of a pipeline it built: its outputs as ``(name, kind)`` pairs (kind
-    ``"tensor"``, ``"bytes"`` or ``"text"``), how DALI starts its workers, and whether it was
+    ``"tensor"``, or the name of a field kind whose :meth:`~dalistream.kinds.Kind.to_torch` makes
+    the rows of a field returned as read), how DALI starts its workers, and whether it was
     defined with DALI's conditionals. It travels on the pipeline itself (:func:`built`)."""
 
     outputs: Tuple[Tuple[str, str], ...]
@@ -105,7 +106,8 @@ _merge = converted(merge)  # its `if` is on data; converted at first use, not at
 class Read(dict):
     """What :func:`read` returns: ``{field: node, "valid": node}``, and what the pipeline needs
     of them once the pipeline function has returned: the W sources (:attr:`sources`), the field
-    nodes (:attr:`fields`) and how each reaches torch (:attr:`torch_kinds`). The pipeline being
+    nodes (:attr:`fields`) and, for the fields whose kind has a raw form, the kind that makes a
+    node returned as read reach torch (:attr:`torch_kinds`; others are tensors). The pipeline being
     defined holds it (an attribute of DALI's pipeline object), where :func:`pipeline_def` finds it
     when the function returns: no state outside the values."""
 
@@ -150,8 +152,7 @@ def read(stream: "Stream") -> Read:
     else:
         merged = _merge(owner, branches)
     nodes = dict(zip([f.name for f in config.fields] + ["valid"], merged))
-    kinds = {f.name: "text" if f.kind == "meta" else "bytes" for f in config.fields if f.kind in ("bytes", "meta")}
-    data = Read(nodes, sources, kinds)
+    data = Read(nodes, sources, {f.name: f.kind for f in config.fields if f.spec.raw})
     setattr(pipe, _READ, data)
     return data
 

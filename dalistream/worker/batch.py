@@ -29,15 +29,14 @@ _EMPTY_ROW.flags.writeable = False
 
 
 def byte_fields(fields: Sequence[Any]) -> Tuple[int, ...]:
-    """Indices of the fields that travel as blobs (one-dimensional ``uint8``: bytes and meta)."""
-    return tuple(i for i, f in enumerate(fields) if f.kind in ("bytes", "meta") and f.ndim == 1
-                 and np.dtype(f.dtype) == np.uint8)
+    """Indices of the fields whose kind has them travel as blobs (:meth:`dalistream.kinds.Kind.travels`)."""
+    return tuple(i for i, f in enumerate(fields) if f.spec.travels(f) == "blob")
 
 
 def templates(fields: Sequence[Any], batch_size: int) -> List[Any]:
-    """The empty plain batch: a dense zero array per scalar field, shared empties otherwise,
-    then ``valid``."""
-    return [np.zeros(batch_size, f.dtype) if f.ndim == 0 else [f.empty] * batch_size
+    """The empty plain batch: a dense zero array per field that travels dense, shared empties
+    otherwise, then ``valid``."""
+    return [np.zeros(batch_size, f.dtype) if f.spec.travels(f) == "dense" else [f.empty] * batch_size
             for f in fields] + [np.zeros(batch_size, np.uint8)]
 
 
