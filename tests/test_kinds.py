@@ -69,8 +69,9 @@ def test_parsed_per_sample_and_per_run_alike(tmp_path, monkeypatch, blocks):
     offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
     config = StreamConfig(sources=tuple(paths), fields={"key": "__key__", "w": "words"}, batch_size=4, workers=1,
                           policy="exact", on_error="skip", interleave=False, shuffle=0)
+    if not blocks:
+        monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 1 << 40)  # every part read sample by sample
     source = WorkerSource(config, data_set(paths, [25] * 3, offsets), 0)
-    source.blocks = blocks
     got = {}
     for keys, words, valid in source.epoch_batches(0):
         got.update({bytes(k).decode(): bytes(w).decode() for k, w, v in zip(keys, words, valid) if int(v)})

@@ -39,7 +39,7 @@ class Run:
     """Consecutive samples of one regular shard, in one buffer (see the module doc)."""
 
     __slots__ = ("url", "first", "data", "offsets", "kinds", "names", "member_base", "member_at", "member_size",
-                 "nbytes", "source")
+                 "nbytes")
 
     def __init__(self, url: str, first: int, data: bytearray, offsets: np.ndarray, kinds: np.ndarray,
                  names: Sequence[Tuple[str, ...]], member_base: np.ndarray, member_at: np.ndarray,
@@ -54,7 +54,6 @@ class Run:
         self.member_at = member_at  # each member's data, in ``data``; its header is the block before
         self.member_size = member_size
         self.nbytes = nbytes  # bytes of the members wanted
-        self.source: Optional[str] = None  # a mix's source name, for the ``__source__`` field
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -73,8 +72,6 @@ class Run:
         for j, name in enumerate(self.names[int(self.kinds[i])]):
             at, size = int(self.member_at[base + j]), int(self.member_size[base + j])
             out[name] = bytes(self.data[at:at + size]) if wanted(name) else None
-        if self.source is not None:
-            out["__source__"] = self.source
         return out
 
 

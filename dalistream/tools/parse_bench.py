@@ -62,8 +62,8 @@ def decoded(paths: Sequence[str], fields: Dict[str, str], counts: Sequence[int],
         rows = ShardRows.from_infos(infos)
         offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
     source = WorkerSource(config, DataSet(tuple(paths), tuple(counts), offsets), 0)
-    return sum(1 for _ in source.reader.decoded(source.plans(0)[0], lambda o: True, ErrorPolicy("raise"),
-                                                WorkerStats(None, 0, 0)))
+    return sum(block.n for block in source.reader.blocks(source.plans(0)[0], ErrorPolicy("raise"),
+                                                         WorkerStats(None, 0, 0)))
 
 
 def measure(fn: Callable[[], int], repeats: int) -> Dict[str, float]:

@@ -41,11 +41,12 @@ class FieldDecoder:
         # the set's own method, called once per tar member: no Python frame
         self.wants = self.exts.__contains__
 
-    def decode(self, sample: dict) -> Optional[Tuple[np.ndarray, ...]]:
-        """One array per field, or ``None`` when the sample is to be skipped."""
+    def decode(self, sample: dict, source: str = "") -> Optional[Tuple[np.ndarray, ...]]:
+        """One array per field, or ``None`` when the sample is to be skipped; ``source``: the name
+        of the mix's source it comes from (a ``__source__`` field's value)."""
         out = []
         for field in self.fields:
-            value = self._one(field, sample)
+            value = self._one(field, sample, source)
             if value is None:
                 if self.missing == "error":
                     raise SampleError(self._missing(field, sample), url=sample.get("__url__"),
@@ -96,11 +97,12 @@ class FieldDecoder:
                 f"fields (e.g. {{{field.name!r}: {';'.join(close + list(field.exts))!r}}}) -- a typo in an extension "
                 "misses every sample, and missing='skip' would skip them all")
 
-    def _one(self, field: Field, sample: dict) -> Optional[np.ndarray]:
+    def _one(self, field: Field, sample: dict, source: str = "") -> Optional[np.ndarray]:
         kind = field.spec
         if not kind.reads_members:  # the sample's metadata (a key's own bytes)
             name = field.exts[0]
-            return kind.parse(field, str(sample.get(name, "")).encode("utf-8", "surrogateescape"), name)
+            value = source if name == "__source__" else str(sample.get(name, ""))
+            return kind.parse(field, value.encode("utf-8", "surrogateescape"), name)
         for ext in field.exts:
             data = sample.get(ext)
             if data is None and sample.get(ext + ".gz") is not None:

@@ -1,41 +1,47 @@
-"""One worker's samples in plan order: its shards opened in sequence, tar members grouped into
-samples, fields decoded, the error policy applied.
+"""One column of a worker: the samples a :class:`~dalistream.plan.WorkerPlan` names, read in plan
+order and decoded, as blocks of rows (:class:`~.rows.Rows`): the one item type of the worker's
+stream. A lone sample is a block of one.
 
-:class:`PlanReader` knows the data set (:class:`~dalistream.dataset.DataSet`); :meth:`~PlanReader.decoded`
-yields a worker's decoded samples (tuples of arrays, one per field) for one :class:`~dalistream.plan.WorkerPlan`,
-``None`` in place of samples skipped on resume (still numbered, never read or decoded).
+:meth:`PlanReader.blocks` opens the plan's parts in sequence (:class:`~dalistream.io.ShardSequence`),
+reads their samples (a regular shard's a run at a time, cut out by the manifest's member layout,
+:mod:`dalistream.tar.runs`; others by header walk, :mod:`dalistream.tar.samples`), decodes
+them (:class:`~.rows.RowDecoder` for a run, :class:`~.fields.FieldDecoder` for one sample) and
+applies the error policy where a problem is found, in order: a bad sample is raised or counted
+and left out, a damaged or stale shard likewise after the samples before its damage. Nothing but
+rows comes out.
+
+Samples are numbered in plan order by their *ordinal* (the parts' samples less the plan's
+drops). A resume reads from ``start`` on: each part opens at its first sample still to read (a
+seek to its offset, or header skipping without one); the ordinals in ``gone`` (a shuffle
+buffer's delivered window) and the plan's drops (an elastic resume's) are passed over, never
+decoded. Every block holds consecutive ordinals (``Rows.ordinal`` is its first).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Callable, Iterator, Optional
+from typing import AbstractSet, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
-from ..io.options import shared_budget
 from ..io.streams import ShardSequence, is_gzip_name
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
 from ..tar.runs import Run, sliced_runs
-from ..tar.sliced import sliced_samples
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
 from .rows import RowDecoder, Rows
 from .stats import WorkerStats
 
-PASS_END = object()  # marks the end of one pass over a worker's shards
-
-Keep = Callable[[int], bool]
-
 
 class PlanReader:
-    """Reads the samples a :class:`WorkerPlan` names (see module doc); picklable."""
+    """Reads the samples a :class:`WorkerPlan` names (see module doc); picklable. ``config``'s
+    storage options are this column's share of the worker's budget."""
 
     def __init__(self, config: StreamConfig, data: DataSet, worker: int, source_name: str = "") -> None:
         self.config = config
@@ -43,105 +49,14 @@ class PlanReader:
         self.worker = worker
         self.decoder = FieldDecoder(config.fields, config.missing)
         self.rows = RowDecoder(config.fields, config.lowercase_ext)
-        self.source_name = source_name  # a mix's source name: the ``__source__`` field
-        self._source_field = any("__source__" in f.exts for f in config.fields)
+        self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
 
-    def decoded(self, plan: WorkerPlan, keep: Keep, policy: ErrorPolicy, stats: WorkerStats, share: int = 1,
-                blocks: bool = False) -> Iterator:
-        """Decoded samples of this worker's shards (endless, re-ordered per pass, for ``fixed``),
-        ``None`` for samples skipped on resume.
-
-        The error policy is applied here: a bad sample (duplicate key or member, member too large,
-        undecodable value or image, missing field) is raised, or counted and skipped, and its shard
-        goes on; a shard that cannot be opened or read on is raised, or counted and skipped after
-        the samples before the damage. Shard problems are met one raw sample early (see
-        :func:`problem_first`), so a worker that stops after its last planned sample has still
-        met, counted and reported the damage right after it, and the unreadable shards after it.
-        ``share``: how many plans this worker reads at once (their remote read-ahead budget is
-        shared, :func:`~dalistream.io.options.shared_budget`). ``blocks``: samples a member layout
-        cuts out are read a run at a time and come decoded as :class:`~.rows.Rows` blocks (for
-        a reader whose ``keep`` passes all but a first few: no shuffle buffer); the others one by
-        one, as tuples.
-        """
+    def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
+               gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:
+        """The plan's decoded samples from ordinal ``start`` on, less the ordinals ``gone``, as
+        blocks (endless, the parts re-ordered per pass, for ``fixed``); the error policy applied
+        where each problem is found (see the module doc)."""
         c = self.config
-        good = 0
-        for item in problem_first(self.raw(plan, keep, stats, share, blocks)):
-            if item is PASS_END:
-                if c.policy == "fixed" and not good:  # cycling over nothing would never end
-                    raise SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
-                                      url=self.data.urls[plan.shards[0]] if plan.parts else None, rank=c.rank, worker=self.worker,
-                                      reason="no_samples", hint="check the shards (see the warnings), or use fewer workers")
-                good = 0
-                continue
-            if item is None:
-                good += 1
-                yield None
-                continue
-            if isinstance(item, DalistreamError):  # per shard
-                policy.handle(item.at(rank=c.rank, worker=self.worker), "shards")
-                stats.flush_skips()
-                continue
-            if type(item) is Run:
-                stats.add(bytes=item.nbytes)
-                if self._source_field:
-                    item.source = self.source_name
-                for block in self.blocks(item, policy, stats):
-                    good += len(block) if type(block) is Rows else 1  # (a sample settled alone: a tuple)
-                    yield block
-                continue
-            stats.add(bytes=sum(len(v) for k, v in item.items() if v is not None and not k.startswith("__")))
-            if self._source_field:
-                item["__source__"] = self.source_name
-            value = self.settle(item, policy, stats)
-            if value is not None:
-                good += 1
-                yield value
-
-    def blocks(self, run: Run, policy: ErrorPolicy, stats: WorkerStats) -> Iterator:
-        """A run's samples decoded together (:class:`~.rows.RowDecoder`), as :class:`~.rows.Rows`
-        between the samples that do not pass, which are settled one by one (:meth:`settle`) in
-        their place: the error policy meets them in the order, and at the moment, it would meet
-        them read one by one."""
-        columns, bad = self.rows.decode(run)
-        lowercase, wants = self.config.lowercase_ext, self.decoder.wants
-        start = 0
-        for i in bad + [len(run)]:
-            if i > start:
-                yield Rows([column[start:i] for column in columns], i - start)
-            if i < len(run):
-                value = self.settle(run.sample(i, lowercase, wants), policy, stats)
-                if value is not None:
-                    yield value
-            start = i + 1
-
-    def settle(self, sample: dict, policy: ErrorPolicy, stats: WorkerStats) -> Optional[tuple]:
-        """One raw sample decoded, or ``None`` when the error policy skipped it (counted; raised
-        under ``on_error="raise"``): its tar reader's error, a field that does not decode, a
-        missing field."""
-        c = self.config
-        error = sample.get("__error__")  # found by the tar reader
-        if error is None:
-            try:
-                value = self.decoder.decode(sample)
-            except SampleError as e:
-                error = e
-            else:
-                if value is not None:
-                    return value
-                policy.count("samples", "missing_field", example=self.decoder.describe_missing(sample))
-                stats.flush_skips()
-                return None
-        policy.handle(error.at(rank=c.rank, worker=self.worker), "samples")
-        stats.flush_skips()
-        return None
-
-    def raw(self, plan: WorkerPlan, keep: Keep, stats: WorkerStats, share: int = 1, blocks: bool = False) -> Iterator:
-        """This worker's raw samples (``ext -> bytes`` dicts; with ``blocks``, runs of those a member
-        layout cuts out, :class:`~dalistream.tar.runs.Run`; numbered in plan order; ``None`` when
-        ``keep`` rejects one), a shard's error in place of what follows its damage, and
-        :data:`PASS_END` after each pass over the parts."""
-        c = self.config
-        options = shared_budget(c.storage_options, share)
         ordinal = 0
         passes = itertools.count() if c.policy == "fixed" else range(1)
         for n_pass in passes:
@@ -149,54 +64,43 @@ class PlanReader:
             if n_pass:
                 perm = np.random.default_rng(seeds.pass_order(c.seed, plan.epoch, n_pass)).permutation(len(parts))
                 parts = [parts[int(i)] for i in perm]
-            # resume: samples consumed before the restart are not even read (known sizes only);
-            # an elastic resume's drops (raw positions over the parts) are neither read nor numbered
-            drop = frozenset(plan.drop) if not n_pass else frozenset()
-            done, nones, heads, base, raw = [], [], [], ordinal, 0
+            drop = plan.drop if not n_pass else ()  # an elastic resume's raw positions (first pass only)
+            reads = []
+            raw = 0
             for index, first, stop in parts:
-                size = (None if stop is None else stop - first) or 0
-                d = n = 0
-                while d < size and (raw + d in drop or not keep(base + n)):
-                    n += raw + d not in drop
-                    d += 1
-                done.append(d)
-                nones.append(n)
-                heads.append(raw - first)  # raw position of the part's sample i: heads[k] + i
-                base += size - (bisect.bisect_left(plan.drop, raw + size) - bisect.bisect_left(plan.drop, raw) if drop else 0)
-                raw += size
-            reads = [(k, index, first + d, stop) for k, ((index, first, stop), d) in enumerate(zip(parts, done))
-                     if not (stop is not None and stop > first and d == stop - first)]
-            ranges = [self.byte_range(index, first, stop) for _, index, first, stop in reads]
-            shards = ShardSequence([self.data.urls[index] for _, index, _, _ in reads], options, stats.io,
-                                   ranges=[(start or 0, end) for start, end in ranges])
-            position = 0
-            for k, (index, first, stop) in enumerate(parts):
-                ordinal += nones[k]
-                yield from itertools.repeat(None, nones[k])
-                if position == len(reads) or reads[position][0] != k:
-                    continue
-                first, (start, end) = first + done[k], ranges[position]
-                for sample in self._part(shards, position, index, first, stop, start, end, stats, blocks):
-                    if isinstance(sample, DalistreamError):
-                        yield sample
-                        continue
-                    singles = (sample,)
-                    if type(sample) is Run:
-                        n = len(sample)
-                        if not drop and all(keep(o) for o in range(ordinal, ordinal + n)):
-                            ordinal += n
-                            yield sample
-                            continue
-                        # an elastic resume's drops, or a reader that keeps only some: one by one
-                        singles = (sample.sample(i, c.lowercase_ext, self.decoder.wants) for i in range(n))
-                    for one in singles:
-                        if drop and heads[k] + one["__index__"] in drop:
-                            continue  # delivered before an elastic resume
-                        ordinal += 1
-                        yield one if keep(ordinal - 1) else None
-                position += 1
-            shards.close()
-            yield PASS_END
+                size = None if stop is None else stop - first
+                numbering = Numbering(first, size, raw, ordinal, drop, start, gone)
+                if size is not None:
+                    ordinal += size - _between(drop, raw, raw + size)
+                    raw += size
+                opened_at = first + numbering.head
+                if stop is None or opened_at < stop or stop == first == 0:  # (an empty shard is opened: it is checked)
+                    reads.append((index, opened_at, stop, numbering, self.byte_range(index, opened_at, stop)))
+            good = 0
+            held = None  # the raw item (a run, a sample) read last: decoded once the next one is read
+            shards = ShardSequence([self.data.urls[r[0]] for r in reads], c.storage_options, stats.io,
+                                   ranges=[(r[4][0] or 0, r[4][1]) for r in reads])
+            try:
+                for position, (index, first, stop, numbering, (begin, end)) in enumerate(reads):
+                    for item in self._part(shards, position, index, first, stop, begin, end, stats, policy, numbering):
+                        if held is not None:
+                            for block in self._blocks(*held, policy, stats):
+                                good += block.n
+                                yield block
+                        held = (item, numbering)
+                    if stop is None:  # a whole shard of unknown count: its samples number the next
+                        ordinal = numbering.base + numbering.found
+                if held is not None:
+                    for block in self._blocks(*held, policy, stats):
+                        good += block.n
+                        yield block
+            finally:
+                shards.close()
+            if c.policy == "fixed" and not good and not (n_pass == 0 and (start or gone)):
+                raise SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
+                                  url=self.data.urls[plan.shards[0]] if plan.parts else None, rank=c.rank,
+                                  worker=self.worker, reason="no_samples",
+                                  hint="check the shards (see the warnings), or use fewer workers")
 
     def byte_range(self, index: int, first: int, stop: Optional[int]) -> "tuple[Optional[int], Optional[int]]":
         """Where samples ``first`` to ``stop`` of shard ``index`` lie in its tar, as far as the
@@ -209,53 +113,122 @@ class PlanReader:
         return start, end
 
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
-              start: Optional[int], end: Optional[int], stats: WorkerStats, blocks: bool = False) -> Iterator:
+              start: Optional[int], end: Optional[int], stats: WorkerStats, policy: ErrorPolicy,
+              numbering: Optional["Numbering"] = None) -> Iterator:
         """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None), from
         ``shards.open(position)``: the bytes from ``start`` (``first``'s offset, a seek or a ranged
         GET) to ``end`` (``stop``'s, closed by an end-of-archive marker) when the offsets are known,
-        else from the shard's start, the samples before ``first`` passed over by header. Then a
-        stale count is found where it shows: a shard ending before ``stop``, or holding more
-        samples than its count after its last part."""
+        else from the shard's start, the samples before ``first`` passed over by header;
+        ``numbering`` gives each sample's ordinal and the samples passed over. A stale count is found where it shows: a shard ending before
+        ``stop``, or holding more samples than its count after its last part. Yields the raw
+        items of the tar reader (runs, samples: :meth:`_blocks` decodes them); a problem of the
+        shard is acted on (the error policy) where it is found. The caller decodes an item once
+        the next one is read, so the error of a shard that ends badly, and of the unreadable
+        shards after it, is met before its last samples, and before the samples the plan counted
+        run out."""
         c = self.config
+        numbering = numbering or Numbering(first, None if stop is None else stop - first)
+        skip = numbering.skip
         url = self.data.urls[index]
         count = self.data.counts[index] if self.data.counts is not None else None
-        at_offset = start is not None
-        found = first if at_offset else 0
+        found_at = first if start is not None else 0
         layout = self.layout(index, first, stop, start)
+        problem: Optional[DalistreamError] = None
         try:
             with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too
                 opened = shards.open(position)  # (a part with an end: a tar of its own)
             with opened as f:
                 if layout is not None:  # a regular shard: samples cut out by the manifest's member layout
                     patterns, kinds, sizes, offset = layout
-                    found = first
-                    samples = (sliced_runs if blocks else sliced_samples)(
-                        f, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=self.decoder.wants,
-                        lowercase=c.lowercase_ext, last=stop == count, clock=stats.io_clock, chunk=shards.chunk)
+                    found_at = first
+                    items = sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset,
+                                        want_ext=self.decoder.wants, lowercase=c.lowercase_ext, last=stop == count,
+                                        clock=stats.io_clock, chunk=shards.chunk)
                 else:
-                    samples = iter_samples(
-                        f, url, keep=lambda i: first <= i and (stop is None or i < stop), want_ext=self.decoder.wants,
-                        lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
-                        first_index=first if at_offset else 0, clock=stats.io_clock, chunk=shards.chunk)
-                for sample in samples:
-                    found = sample.first + len(sample) if type(sample) is Run else sample["__index__"] + 1
-                    if found <= first:
+                    items = iter_samples(
+                        f, url, keep=lambda i: first <= i and (stop is None or i < stop) and not skip(i),
+                        want_ext=self.decoder.wants, lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes,
+                        mark_errors=True, first_index=first if start is not None else 0, clock=stats.io_clock,
+                        chunk=shards.chunk)
+                for item in items:
+                    found_at = item.first + len(item) if type(item) is Run else item["__index__"] + 1
+                    if found_at <= first:
                         continue  # another worker's sample, passed over by header
-                    if stop is not None and found > stop:
+                    if stop is not None and found_at > stop:
                         if stop == count:
-                            yield self.stale(url, count, f"at least {found}")
-                        return
-                    yield sample
+                            problem = self.stale(url, count, f"at least {found_at}")
+                        break
+                    yield item
+                else:
+                    if stop is not None and found_at < stop:
+                        problem = self.stale(url, count, str(found_at))
         except (ShardFormatError, SourceError) as e:
-            yield e
-            return
+            problem = e
         except DalistreamError as e:
             raise e.at(rank=c.rank, worker=self.worker)
         except (OSError, EOFError) as e:  # I/O errors outside the tar reader (open, close)
-            yield read_error(e, url)
+            problem = read_error(e, url)
+        numbering.found = found_at
+        if problem is not None:  # met before the part's last samples are decoded: see the doc
+            policy.handle(problem.at(rank=c.rank, worker=self.worker), "shards")
+            stats.flush_skips()
+
+    def _blocks(self, item, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
+        """A raw item of the tar reader (a :class:`Run`, or one sample) as blocks."""
+        if type(item) is Run:
+            return self._run_blocks(item, numbering, policy, stats)
+        return self._sample_blocks(item, numbering, policy, stats)
+
+    def _run_blocks(self, run: Run, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
+        """A run's samples decoded together, as blocks between the samples passed over and those
+        that do not pass, which are settled one by one in their place: the error policy meets
+        them in the order it would meet them read one by one."""
+        stats.add(bytes=run.nbytes)
+        columns, bad = self.rows.decode(run, self.source_name)
+        skip, n = numbering.skip, len(run)
+        passed = [i for i in range(n) if skip(run.first + i)] if numbering.skips else []
+        lowercase, wants = self.config.lowercase_ext, self.decoder.wants
+        begin = 0
+        for i in (sorted(set(bad) | set(passed)) if passed else bad) + [n]:
+            if i > begin:
+                yield Rows([column[begin:i] for column in columns], i - begin, numbering.ordinal(run.first + begin))
+            if i < n and not skip(run.first + i):
+                value = self.settle(run.sample(i, lowercase, wants), policy, stats)
+                if value is not None:
+                    yield Rows([[v] for v in value], 1, numbering.ordinal(run.first + i))
+            begin = i + 1
+
+    def _sample_blocks(self, sample: dict, numbering: "Numbering", policy: ErrorPolicy,
+                       stats: WorkerStats) -> Iterator[Rows]:
+        """One sample of the header walk as a block of one (nothing when it is passed over or skipped)."""
+        index = sample["__index__"]
+        if numbering.skip(index):
             return
-        if stop is not None and found < stop:
-            yield self.stale(url, count, str(found))
+        stats.add(bytes=sum(len(v) for k, v in sample.items() if v is not None and not k.startswith("__")))
+        value = self.settle(sample, policy, stats)
+        if value is not None:
+            yield Rows([[v] for v in value], 1, numbering.ordinal(index))
+
+    def settle(self, sample: dict, policy: ErrorPolicy, stats: WorkerStats) -> Optional[tuple]:
+        """One raw sample decoded, or ``None`` when the error policy skipped it (counted; raised
+        under ``on_error="raise"``): its tar reader's error, a field that does not decode, a
+        missing field."""
+        c = self.config
+        error = sample.get("__error__")  # found by the tar reader
+        if error is None:
+            try:
+                value = self.decoder.decode(sample, self.source_name)
+            except SampleError as e:
+                error = e
+            else:
+                if value is not None:
+                    return value
+                policy.count("samples", "missing_field", example=self.decoder.describe_missing(sample))
+                stats.flush_skips()
+                return None
+        policy.handle(error.at(rank=c.rank, worker=self.worker), "samples")
+        stats.flush_skips()
+        return None
 
     def layout(self, index: int, first: int, stop: Optional[int], start: Optional[int]) -> Optional[tuple]:
         """``(patterns, each sample's pattern, member sizes, offset of first)`` for samples ``first``
@@ -293,20 +266,57 @@ class PlanReader:
         )
 
 
-def problem_first(items: Iterator) -> Iterator:
-    """``items`` one behind, except errors, which overtake the item held back.
+class Numbering:
+    """The samples of one part, ``first`` to ``first + size`` of its shard (``size`` None: a whole
+    shard of unknown count, ``first`` 0): each one's ordinal (:meth:`ordinal`), which are passed
+    over (:meth:`skip`: an elastic resume's ``drop`` of raw positions, the part's first at raw
+    position ``raw``; an ordinal before ``start`` or in ``gone``), how many at its head are (a
+    part opens after them: ``head``), and how many the part held (``found``, set as it is read)."""
 
-    The reader yields a shard's last samples and then the error that ends it (or the errors of
-    the unreadable shards after it). A worker stops reading once it has the samples its plan
-    counted — for a damaged shard, counted up to the damage — so without this it would stop just
-    before the error, and never count or report it."""
-    held, holding = None, False
-    for item in items:
-        if isinstance(item, DalistreamError):
-            yield item
-            continue
-        if holding:
-            yield held
-        held, holding = item, True
-    if holding:
-        yield held
+    def __init__(self, first: int, size: Optional[int], raw: int = 0, base: int = 0, drop: Sequence[int] = (),
+                 start: int = 0, gone: AbstractSet[int] = frozenset()) -> None:
+        self.first, self.base, self.start, self.gone = first, base, start, gone
+        self.found = first
+        self.passed: AbstractSet[int] = frozenset()
+        self._ordinals: Optional[List[int]] = None
+        self.head = 0
+        if size is None:
+            self.skips = bool(start or gone)
+            return
+        dropped = [d - raw for d in drop[bisect.bisect_left(drop, raw):bisect.bisect_left(drop, raw + size)]]
+        mine = [o for o in gone if base <= o < base + size] if gone else []
+        self.skips = bool(dropped or mine or base < start)
+        if not self.skips:
+            return
+        passed, ordinals, ordinal, dropped_set = set(), [], base, set(dropped)
+        for i in range(size):
+            ordinals.append(ordinal)
+            if i in dropped_set:
+                passed.add(first + i)
+                continue
+            if ordinal < start or ordinal in gone:
+                passed.add(first + i)
+            ordinal += 1
+        while self.head < size and first + self.head in passed:
+            self.head += 1
+        self.passed, self._ordinals = passed, ordinals
+
+    def skip(self, n: int) -> bool:
+        """Whether the shard's sample ``n`` is passed over."""
+        if not self.skips:
+            return False
+        if self._ordinals is None:
+            o = self.base + n - self.first
+            return o < self.start or o in self.gone
+        return n in self.passed
+
+    def ordinal(self, n: int) -> int:
+        """The ordinal of the shard's sample ``n``."""
+        if self._ordinals is None:
+            return self.base + n - self.first
+        return self._ordinals[n - self.first]
+
+
+def _between(sorted_values: Sequence[int], lo: int, hi: int) -> int:
+    """How many of ``sorted_values`` lie in ``[lo, hi)``."""
+    return bisect.bisect_left(sorted_values, hi) - bisect.bisect_left(sorted_values, lo)

@@ -1,5 +1,4 @@
-"""Decoded samples a block at a time: a run of a regular shard decoded with array operations,
-and a step's slot taken from such blocks.
+"""Decoded samples a block at a time: a run of a regular shard decoded with array operations.
 
 :class:`RowDecoder` turns a :class:`~dalistream.tar.runs.Run` into one column per field, each
 parsed by its kind (:meth:`dalistream.kinds.Kind.parse_run`): the rows of a byte field as views of
@@ -8,13 +7,11 @@ metadata per row. A sample that does not pass (a missing or gzipped
 member, a damaged image, a label that is no plain decimal, a failing decoder) is named in ``bad``:
 the reader settles it alone by the per-sample path, which raises, counts or skips it with the
 same message as when it is read alone (``tests/worker/test_rows.py``: what a block delivers is
-what the per-sample path delivers, value for value). :class:`Rows` is a decoded block;
-:class:`Taker` takes a step's samples from a stream of blocks and single samples.
+what the per-sample path delivers, value for value). :class:`Rows` is a decoded block.
 """
 
 from __future__ import annotations
 
-import itertools
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -23,17 +20,20 @@ from ..config import Field
 from ..kinds import BULK_ROWS, Cells
 from ..tar.runs import Run
 
-__all__ = ["BULK_ROWS", "RowDecoder", "Rows", "Taker"]
+__all__ = ["BULK_ROWS", "RowDecoder", "Rows"]
 
 
 class Rows:
-    """Decoded samples: ``columns``, one list per field, each of ``n`` values."""
+    """Decoded samples, the one item type of a worker's stream: ``columns``, one list per field,
+    each of ``n`` values; the samples are the consecutive ordinals from ``ordinal`` of their
+    column (a lone sample is a block of one)."""
 
-    __slots__ = ("columns", "n")
+    __slots__ = ("columns", "n", "ordinal")
 
-    def __init__(self, columns: List[list], n: int) -> None:
+    def __init__(self, columns: List[list], n: int, ordinal: int = 0) -> None:
         self.columns = columns
         self.n = n
+        self.ordinal = ordinal
 
     def __len__(self) -> int:
         return self.n
@@ -73,9 +73,10 @@ class RowDecoder:
             self._maps[id(names)] = found = (names, member, flag)
         return found[1], found[2]
 
-    def decode(self, run: Run) -> Tuple[List[list], List[int]]:
+    def decode(self, run: Run, source: str = "") -> Tuple[List[list], List[int]]:
         """One column per field of ``run``'s samples, and the samples the per-sample path must
-        settle (their entries in the columns are placeholders), in order."""
+        settle (their entries in the columns are placeholders), in order; ``source``: the name of
+        the mix's source the run comes from (a ``__source__`` field's value)."""
         n = len(run)
         members, flags = self.member_maps(run.names)
         kinds = run.kinds
@@ -85,7 +86,7 @@ class RowDecoder:
         lowercase = self.lowercase
 
         def meta(i: int, name: str) -> str:
-            return run.key(i, lowercase) if name == "__key__" else run.url if name == "__url__" else (run.source or "")
+            return run.key(i, lowercase) if name == "__key__" else run.url if name == "__url__" else source
 
         columns: List[list] = []
         for f, (field, kind) in enumerate(zip(self.fields, self.kinds)):
@@ -99,45 +100,3 @@ class RowDecoder:
             cells = Cells(data, view, run.member_at[index], run.member_size[index], flags[f][kinds], bad, ext, meta)
             columns.append(kind.parse_run(field, cells))
         return columns, np.flatnonzero(bad).tolist()
-
-
-class Taker:
-    """A step's samples from one stream of decoded samples: tuples (one sample) and
-    :class:`Rows` (a block, taken across steps as needed)."""
-
-    def __init__(self, items: Iterator, blocks: bool = True) -> None:
-        self.items = items
-        self.blocks = blocks  # False: the stream holds single samples only
-        self.block: Optional[Rows] = None
-        self.at = 0
-
-    def take(self, k: int, columns: List[list]) -> int:
-        """Append up to ``k`` samples to ``columns`` (one list per field); how many there were."""
-        if not self.blocks:
-            samples = list(itertools.islice(self.items, k))
-            if samples:
-                for column, values in zip(columns, zip(*samples)):
-                    column.extend(values)
-            return len(samples)
-        got = 0
-        while got < k:
-            block = self.block
-            if block is None:
-                item = next(self.items, None)
-                if item is None:
-                    break
-                if type(item) is not Rows:
-                    for column, value in zip(columns, item):
-                        column.append(value)
-                    got += 1
-                    continue
-                block = self.block = item
-                self.at = 0
-            m = min(k - got, block.n - self.at)
-            for column, values in zip(columns, block.columns):
-                column.extend(values[self.at:self.at + m])
-            self.at += m
-            got += m
-            if self.at == block.n:
-                self.block = None
-        return got

@@ -26,7 +26,6 @@ end of every epoch.
 from __future__ import annotations
 
 import cProfile
-import itertools
 import os
 import signal
 import threading
@@ -42,9 +41,11 @@ from ..plan import ResumePlan, WorkerPlan, seeds, worker_columns, worker_plan
 from . import batch
 from .policy import ErrorPolicy
 from ..mixing import Mix
+from ..io.options import shared_budget
+from .feed import Feed, shuffled_blocks
 from .reader import PlanReader
-from .rows import Taker
-from ..plan.shuffle import emitted_indices, shuffled
+from .rows import Rows
+from ..plan.shuffle import emitted_indices
 from .stats import WorkerStats
 
 #: Environment variable: a directory where each worker writes a cProfile of its ``next()`` calls.
@@ -69,9 +70,6 @@ class WorkerSource:
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
         self.left_out: Tuple[int, ...] = ()  # outputs no graph output needs: a placeholder ships (leave_out)
         self._readers()
-        # samples a member layout cuts out are read and decoded a run at a time, unless a shuffle
-        # buffer is to take them one by one
-        self.blocks = config.shuffle <= 1
         self.start_epoch = start_epoch
         self.start_step = start_step
         self.resume = tuple(resume)  # segments of start_epoch run under other layouts (plan.resume)
@@ -87,7 +85,10 @@ class WorkerSource:
 
     def _readers(self) -> None:
         c = self.config
-        self.reader = PlanReader(c, self.data, self.worker)
+        # the columns read at once share the worker's read-ahead budget
+        share = c.layout.slots[self.worker] if c.interleave and self.mix is None else 1
+        self.reader = PlanReader(c.replace(storage_options=shared_budget(c.storage_options, share)), self.data,
+                                 self.worker)
         self.mix_readers = tuple(
             PlanReader(c.replace(storage_options=s.storage_options), s.data, self.worker, source_name=s.name)
             for s in self.mix.sources) if self.mix is not None else ()
@@ -191,9 +192,10 @@ class WorkerSource:
         return (worker_plan(counts, shards, layout, c.schedule, epoch, c.rank, self.worker),)
 
     def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
-        """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are skipped by
-        tar header, never decoded. Each step takes its slot from every plan's stream in turn (one
-        sample per column when reading interleaved)."""
+        """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are not read
+        (a seek, or skipped by tar header), never decoded. Each step takes its slot from its
+        columns (:class:`~.feed.Feed`: a span's whole slot, one sample of each interleaved
+        column, each mix source's share)."""
         c = self.config
         if self._stats is None:
             self._stats = WorkerStats(self.stats_path, c.rank, self.worker)
@@ -204,51 +206,51 @@ class WorkerSource:
         if self.mix is not None:  # one stream per source, each step taking the source's share of the slot
             resume = self.resume if epoch == self.start_epoch else ()
             pairs = self.mix.worker_plans(c.layout, c.schedule, epoch, c.rank, self.worker, resume, c.shuffle)
-            streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader), take, name)
-                       for (plan, take), name, reader in zip(pairs, self.mix.names, self.mix_readers)]
-            steps = pairs[0][0].steps
+            columns = [(plan, take, reader, name) for (plan, take), name, reader in
+                       zip(pairs, self.mix.names, self.mix_readers)]
         else:
-            plans = self.plans(epoch)
-            share = len(plans)  # streams open at once share the read-ahead budget
-            streams = [(self._stream(plan, start_step * plan.slot, policy, stats, share, self.reader),
-                        np.full(plan.steps, plan.slot), None) for plan in plans]
-            steps = plans[0].steps
+            columns = [(plan, np.full(plan.steps, plan.slot), self.reader, None) for plan in self.plans(epoch)]
+        steps = columns[0][0].steps
+        takes = np.stack([take for _, take, _, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
+        streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, reader)
+                   for plan, take, reader, _ in columns]
+        feed = Feed(streams, takes, len(c.fields), start_step, self.data.bytes_per_sample)
+        names = [name for _, _, _, name in columns]
         empty = batch.templates(c.fields, c.batch_size)
         lo, slot = self._slot[0], self._slot[1] - self._slot[0]
-        takers = [(Taker(stream, self.blocks), take, name) for stream, take, name in streams]
         for step in range(start_step, steps):
             t0 = time.perf_counter()
-            columns: List[list] = [[] for _ in c.fields]
-            n = 0
-            for taker, take, name in takers:
-                k = taker.take(int(take[step]), columns)
-                n += k
-                if name is not None:
+            values, n, counts = feed.take(step)
+            if self.mix is not None:
+                for name, k in zip(names, counts.tolist()):
                     stats.add_source(name, k)
+            if step == steps - 1:
+                policy.check(final=True)  # the epoch's skips judged before its last batch
             t1 = time.perf_counter()
             stats.read_s += t1 - t0
-            outputs = batch.assemble(empty, columns, lo, n)
+            outputs = batch.assemble(empty, values, lo, n)
             stats.step = step + 1
             stats.add(samples=n, padded=slot - n)
             stats.batch_s += time.perf_counter() - t1
             stats.maybe_write()
             yield outputs
         if c.policy == "even" and self.mix is None:  # a span is exactly steps x slot: only the job's tail is left out
-            stats.add(dropped=sum(plan.left_out for plan in plans))
+            stats.add(dropped=sum(plan.left_out for plan, _, _, _ in columns))
         stats.write()
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
-                share: int, reader: PlanReader) -> Iterator:
+                reader: PlanReader) -> Iterator[Rows]:
         """One plan's decoded samples (read by ``reader``) in delivery order after the first
-        ``skip_count``: read, shuffled through the buffer (if any), those skipped passed over unread."""
+        ``skip_count``: read, shuffled through the buffer (if any); those delivered before a
+        resume are not read (a start position, and the buffer's delivered window passed over)."""
         c = self.config
+        if c.shuffle <= 1:
+            return policy.watched(reader.blocks(plan, policy, stats, start=skip_count))
         seed = plan.shuffle_seed if plan.shuffle_seed is not None else seeds.sample_shuffle(c.seed, plan.epoch, plan.global_worker)
-        if c.shuffle > 1 and skip_count:
-            total = None if c.policy == "fixed" else plan.samples
-            gone = emitted_indices(skip_count, total, c.shuffle, seed)
-            keep = lambda o: o not in gone  # noqa: E731
-        else:
-            keep = lambda o: o >= skip_count  # noqa: E731
-        stream = shuffled(policy.watched(reader.decoded(plan, keep, policy, stats, share, self.blocks)), c.shuffle, seed)
-        return itertools.islice(stream, skip_count, None)
-
+        total = None if c.policy == "fixed" else plan.samples
+        gone = emitted_indices(skip_count, total, c.shuffle, seed) if skip_count else set()
+        start = 0
+        while start in gone:
+            start += 1
+        blocks = reader.blocks(plan, policy, stats, start=start, gone=frozenset(o for o in gone if o > start))
+        return shuffled_blocks(policy.watched(blocks), c.shuffle, seed, total, skip_count)
