@@ -7,10 +7,10 @@ from .ownership import (EpochLayout, Part, WorkerPlan, check_layout, epoch_layou
                         owned_parts, owned_samples, owned_shards, span_bounds, steps_per_epoch, worker_columns,
                         worker_plan)
 from .mix import (PER_BATCH, MixEpoch, MixPlan, SourcePlan, batch_sources, check_share, cumulative, integer_weights,
-                  mix_plan, mix_steps, mix_summary, source_order, span_layout, worker_take)
+                  mix_plan, mix_steps, source_order, span_layout, worker_take)
 from .mixinput import MixSource, check_fields, check_weight, check_weights, parse_mix, parse_mix_arg
 from .resume import Remaining, ResumePlan, Stretch, check_segments, continued, remaining_summary, resumed_steps
-from .summary import epoch_summary
+from .summary import epoch_summary, mix_summary
 
 __all__ = ["POLICIES", "EpochLayout", "Remaining", "ResumePlan", "Stretch", "check_segments", "continued", "remaining_summary", "resumed_steps",
            "Layout", "Part", "Schedule", "WorkerPlan", "check_layout", "epoch_layout",

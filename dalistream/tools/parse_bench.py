@@ -62,7 +62,7 @@ def decoded(paths: Sequence[str], fields: Dict[str, str], counts: Sequence[int],
         rows = ShardRows.from_infos(infos)
         offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
     source = WorkerSource(config, DataSet(tuple(paths), tuple(counts), offsets), 0)
-    return sum(block.n for block in source.reader.blocks(source.plans(0)[0], ErrorPolicy("raise"),
+    return sum(block.n for block in source.readers[0].blocks(source.plans(0)[0], ErrorPolicy("raise"),
                                                          WorkerStats(None, 0, 0)))
 
 

@@ -37,10 +37,10 @@ import numpy as np
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import redact_client_logs
-from ..plan import ResumePlan, WorkerPlan, seeds, worker_columns, worker_plan
+from ..plan import WorkerPlan, seeds
 from . import batch
 from .policy import ErrorPolicy
-from ..mixing import Mix
+from ..mixing import Mix, worker_columns
 from ..io.options import shared_budget
 from .feed import Feed, shuffled_blocks
 from .reader import PlanReader
@@ -85,13 +85,14 @@ class WorkerSource:
 
     def _readers(self) -> None:
         c = self.config
-        # the columns read at once share the worker's read-ahead budget
-        share = c.layout.slots[self.worker] if c.interleave and self.mix is None else 1
-        self.reader = PlanReader(c.replace(storage_options=shared_budget(c.storage_options, share)), self.data,
-                                 self.worker)
-        self.mix_readers = tuple(
-            PlanReader(c.replace(storage_options=s.storage_options), s.data, self.worker, source_name=s.name)
-            for s in self.mix.sources) if self.mix is not None else ()
+        # one reader per source (a single data set: one), its columns read at once sharing the
+        # worker's read-ahead budget
+        share = c.layout.slots[self.worker] if c.interleave else 1
+        sources = ([(s.data, s.storage_options, s.name) for s in self.mix.sources] if self.mix is not None
+                   else [(self.data, c.storage_options, "")])
+        self.readers = tuple(PlanReader(c.replace(storage_options=shared_budget(options, share)), data, self.worker,
+                                        source_name=name) for data, options, name in sources)
+        self.names = tuple(name for _, _, name in sources)
         self._byte_fields = batch.byte_fields(c.fields)
         kept = [i for i in range(len(c.fields) + len(self.left_out)) if i not in self.left_out]
         #: the outputs (of all fields, then ``valid``) that ship as blobs, cut into rows on receipt: one
@@ -178,18 +179,15 @@ class WorkerSource:
 
     # -- one epoch -------------------------------------------------------------------------
 
+    def columns(self, epoch: int) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
+        """What this worker reads in ``epoch``: ``(plan, take per step, source)`` per column
+        (:func:`dalistream.mixing.worker_columns`)."""
+        resume = self.resume if epoch == self.start_epoch else ()
+        return worker_columns(self.config, self.data, self.mix, epoch, self.worker, resume)
+
     def plans(self, epoch: int) -> Tuple[WorkerPlan, ...]:
-        """What this worker reads in ``epoch``: its span, or its slot's columns when reading
-        interleaved (each of slot 1, in slot order)."""
-        c = self.config
-        counts, shards, layout = self.data.counts, len(self.data.urls), c.plan_layout
-        owners = c.layout.columns(c.rank, self.worker) if c.interleave else ()
-        if self.resume and epoch == self.start_epoch and counts is not None:
-            resumed = ResumePlan(counts, layout, c.schedule, epoch, self.resume, c.shuffle)
-            return tuple(resumed.worker(q, 0) for q in owners) if c.interleave else (resumed.worker(c.rank, self.worker),)
-        if c.interleave:
-            return worker_columns(counts, shards, c.layout, c.schedule, epoch, c.rank, self.worker)
-        return (worker_plan(counts, shards, layout, c.schedule, epoch, c.rank, self.worker),)
+        """The plans of this worker's columns in ``epoch`` (:meth:`columns`)."""
+        return tuple(plan for plan, _, _ in self.columns(epoch))
 
     def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are not read
@@ -203,26 +201,22 @@ class WorkerSource:
         stats.epoch, stats.step = epoch, start_step
         policy = ErrorPolicy(c.on_error, c.max_skip_fraction, rank=c.rank, worker=self.worker)
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
-        if self.mix is not None:  # one stream per source, each step taking the source's share of the slot
-            resume = self.resume if epoch == self.start_epoch else ()
-            pairs = self.mix.worker_plans(c.layout, c.schedule, epoch, c.rank, self.worker, resume, c.shuffle)
-            columns = [(plan, take, reader, name) for (plan, take), name, reader in
-                       zip(pairs, self.mix.names, self.mix_readers)]
-        else:
-            columns = [(plan, np.full(plan.steps, plan.slot), self.reader, None) for plan in self.plans(epoch)]
+        columns = self.columns(epoch)
         steps = columns[0][0].steps
-        takes = np.stack([take for _, take, _, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
-        streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, reader)
-                   for plan, take, reader, _ in columns]
+        takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
+        streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
+                   for plan, take, source in columns]
         feed = Feed(streams, takes, len(c.fields), start_step, self.data.bytes_per_sample)
-        names = [name for _, _, _, name in columns]
+        # a mix counts what each step took of each source: columns summed by source
+        by_source = np.zeros((len(columns), len(self.readers)), np.int64)
+        by_source[np.arange(len(columns)), [source for _, _, source in columns]] = 1
         empty = batch.templates(c.fields, c.batch_size)
         lo, slot = self._slot[0], self._slot[1] - self._slot[0]
         for step in range(start_step, steps):
             t0 = time.perf_counter()
             values, n, counts = feed.take(step)
             if self.mix is not None:
-                for name, k in zip(names, counts.tolist()):
+                for name, k in zip(self.names, (counts @ by_source).tolist()):
                     stats.add_source(name, k)
             if step == steps - 1:
                 policy.check(final=True)  # the epoch's skips judged before its last batch
@@ -235,7 +229,7 @@ class WorkerSource:
             stats.maybe_write()
             yield outputs
         if c.policy == "even" and self.mix is None:  # a span is exactly steps x slot: only the job's tail is left out
-            stats.add(dropped=sum(plan.left_out for plan, _, _, _ in columns))
+            stats.add(dropped=sum(plan.left_out for plan, _, _ in columns))
         stats.write()
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
