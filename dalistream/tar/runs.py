@@ -39,7 +39,7 @@ class Run:
     """Consecutive samples of one regular shard, in one buffer (see the module doc)."""
 
     __slots__ = ("url", "first", "data", "offsets", "kinds", "names", "member_base", "member_at", "member_size",
-                 "nbytes")
+                 "nbytes", "decoded")
 
     def __init__(self, url: str, first: int, data: bytearray, offsets: np.ndarray, kinds: np.ndarray,
                  names: Sequence[Tuple[str, ...]], member_base: np.ndarray, member_at: np.ndarray,
@@ -54,9 +54,14 @@ class Run:
         self.member_at = member_at  # each member's data, in ``data``; its header is the block before
         self.member_size = member_size
         self.nbytes = nbytes  # bytes of the members wanted
+        self.decoded: Optional[tuple] = None  # (columns, bad), when a worker decoded it with others
 
     def __len__(self) -> int:
         return len(self.kinds)
+
+    def url_of(self, i: int) -> str:
+        """Sample ``i``'s shard (the run's)."""
+        return self.url
 
     def key(self, i: int, lowercase: bool = False) -> str:
         """Sample ``i``'s key (from its first member's name)."""
@@ -75,42 +80,76 @@ class Run:
         return out
 
 
+class Geometry:
+    """Where the members of consecutive samples of a regular shard lie, from its member layout:
+    each sample's pattern (``kinds``) and members' sizes, relative to the first sample's offset.
+    Worked out once per shard (:meth:`part` cuts a part's share out of it without more work)."""
+
+    __slots__ = ("names", "kinds", "sizes", "member_base", "member_at", "sample_start", "want_member", "digits")
+
+    def __init__(self, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray, sizes: np.ndarray,
+                 want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False) -> None:
+        if patterns is None:  # (made by part())
+            return
+        self.names = names = pattern_names(patterns, lowercase)
+        self.kinds = kinds = np.asarray(kinds, dtype=np.int64)
+        self.sizes = sizes = np.asarray(sizes, dtype=np.int64)
+        per_sample = np.array([len(e) for e, _ in patterns], dtype=np.int64)[kinds]
+        self.member_base = member_base = np.zeros(len(kinds) + 1, dtype=np.int64)
+        np.cumsum(per_sample, out=member_base[1:])
+        headers = np.concatenate([np.asarray(h, dtype=np.int64) for _, h in patterns] or [np.zeros(0, np.int64)])
+        pattern_base = np.concatenate([[0], np.cumsum([len(h) for _, h in patterns])]).astype(np.int64)
+        # each member's header blocks: its pattern's, member by member
+        member_kind = np.repeat(kinds, per_sample)
+        within = np.arange(len(sizes), dtype=np.int64) - np.repeat(member_base[:-1], per_sample)
+        blocks = headers[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, np.int64)
+        span = BLOCK * blocks + ((sizes + BLOCK - 1) & -BLOCK)
+        member_start = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(span, out=member_start[1:])
+        self.member_at = member_start[:-1] + BLOCK * blocks  # data, from the first sample's start
+        self.sample_start = member_start[member_base]  # n + 1 entries: the last is the end
+        want = np.array([want_ext(e) for exts in names for e in exts], dtype=bool)
+        self.want_member = want[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, bool)
+        self.digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def part(self, first: int, stop: int) -> "Geometry":
+        """Samples ``first`` to ``stop``, relative to ``first``'s offset."""
+        out = Geometry(None, None, None)  # type: ignore[arg-type]
+        a, b = int(self.member_base[first]), int(self.member_base[stop])
+        base = int(self.sample_start[first])
+        out.names, out.kinds, out.sizes = self.names, self.kinds[first:stop], self.sizes[a:b]
+        out.member_base = self.member_base[first:stop + 1] - a
+        out.member_at = self.member_at[a:b] - base
+        out.sample_start = self.sample_start[first:stop + 1] - base
+        out.want_member, out.digits = self.want_member[a:b], self.digits[a:b]
+        return out
+
+
 def sliced_runs(
     stream: BinaryIO, url: str, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray,
     sizes: np.ndarray, *, first: int, offset: int, want_ext: Callable[[str], bool] = lambda ext: True,
     lowercase: bool = False, last: bool = False, clock: Optional[ReadClock] = None, chunk: int = CHUNK,
+    geometry: Optional[Geometry] = None,
 ) -> Iterator[Union[Run, Sample]]:
     """Samples ``first, first + 1, …`` of a regular shard as :class:`Run` s of about
     ``max(chunk, MIN_RUN_BYTES)`` bytes; the arguments are :func:`~dalistream.tar.sliced.sliced_samples`'
     (whose sample dicts stand in for a run that does not pass its check, up to its damage, and
     for a part whose samples are too large for runs of :data:`MIN_RUN_SAMPLES`). ``last``: as
-    there, the end-of-archive marker is checked after the last sample."""
-    names = pattern_names(patterns, lowercase)
-    kinds = np.asarray(kinds, dtype=np.int64)
-    sizes = np.asarray(sizes, dtype=np.int64)
-    per_sample = np.array([len(e) for e, _ in patterns], dtype=np.int64)[kinds]
-    member_base = np.zeros(len(kinds) + 1, dtype=np.int64)
-    np.cumsum(per_sample, out=member_base[1:])
-    headers = np.concatenate([np.asarray(h, dtype=np.int64) for _, h in patterns] or [np.zeros(0, np.int64)])
-    pattern_base = np.concatenate([[0], np.cumsum([len(h) for _, h in patterns])]).astype(np.int64)
-    # each member's header blocks: its pattern's, member by member
-    member_kind = np.repeat(kinds, per_sample)
-    within = np.arange(len(sizes), dtype=np.int64) - np.repeat(member_base[:-1], per_sample)
-    blocks = headers[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, np.int64)
-    span = BLOCK * blocks + ((sizes + BLOCK - 1) & -BLOCK)
-    member_start = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(span, out=member_start[1:])
-    member_at = member_start[:-1] + BLOCK * blocks  # data, from the part's start
-    sample_start = member_start[member_base]  # n + 1 entries: the last is the part's end
-    want = np.array([want_ext(e) for exts in names for e in exts], dtype=bool)
-    want_member = want[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, bool)
+    there, the end-of-archive marker is checked after the last sample. ``geometry``: the
+    :class:`Geometry` of these samples, when worked out already."""
+    g = geometry if geometry is not None else Geometry(patterns, kinds, sizes, want_ext, lowercase)
+    names, kinds, sizes = g.names, g.kinds, g.sizes
+    member_base, member_at, sample_start, want_member = g.member_base, g.member_at, g.sample_start, g.want_member
     n = len(kinds)
     run_bytes = max(chunk, MIN_RUN_BYTES)
     if n and int(sample_start[n] - sample_start[0]) * MIN_RUN_SAMPLES > n * run_bytes:
         yield from sliced_samples(stream, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=want_ext,
                                   lowercase=lowercase, last=last, clock=clock, chunk=chunk)
         return
-    digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
+    digits = g.digits
     r = StreamBuffer(stream, url, clock, 16 * BLOCK)  # (runs are read into their own buffers: this one reads the end)
     i = 0
     while i < n:

@@ -2,9 +2,11 @@
 column is the plan's (``take``: a span's whole slot, one sample of each interleaved column, a
 mix source's share).
 
-:class:`Feed` reads the columns a *round* of steps at a time: each column's blocks
-(:class:`~.rows.Rows`) for the round are pulled at once, the round's rows laid end to end per
-field, and each step's slot gathered from them with one slice (or one index list) per field.
+:class:`Feed` reads the columns a *round* of steps at a time: each column's raw items for the
+round are read ahead and their runs decoded together (:func:`~.rows.decode_runs`: one pass of
+array operations over all the round's rows), then each column's blocks (:class:`~.rows.Rows`)
+are pulled in its order, the round's rows laid end to end per field, and each step's slot
+gathered from them with one slice (or one index list) per field.
 So a worker reading 128 interleaved columns pays per column once per round, not per step.
 A round's first is one step (the first batch waits for little), then rounds double up to
 :data:`ROUND_BYTES` of samples. A column that runs short (skipped samples, ``exact``'s last
@@ -23,7 +25,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..plan.shuffle import shuffled
-from .rows import Rows
+from .reader import ColumnReader
+from .rows import Rows, decode_runs
 
 ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields)
 MAX_ROUND_STEPS = 64
@@ -108,6 +111,16 @@ class Feed:
         self._size = min(self.max_steps, 2 * self._size)
         takes = self.takes[t0:t1]  # (M, K)
         need = takes.sum(axis=0)
+        # the columns' runs for the round read first, then decoded together: one pass of array
+        # operations over all their rows, not one per column's few
+        pending, decoder = [], None
+        for c, column in enumerate(self.columns):
+            stream = column.stream
+            if need[c] > column.queued and isinstance(stream, ColumnReader):
+                decoder = stream.reader.rows  # (every source's reader decodes the same fields)
+                pending += [(run, stream.reader.source_name) for run in stream.read_ahead(int(need[c] - column.queued))]
+        if pending:
+            decode_runs(decoder, pending)
         flat: List[list] = [[] for _ in range(self.n_fields)]
         got = np.zeros(len(self.columns), np.int64)
         for c, column in enumerate(self.columns):  # once per column per round: pulls its blocks

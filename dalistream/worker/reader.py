@@ -14,14 +14,20 @@ Samples are numbered in plan order by their *ordinal* (the parts' samples less t
 drops). A resume reads from ``start`` on: each part opens at its first sample still to read (a
 seek to its offset, or header skipping without one); the ordinals in ``gone`` (a shuffle
 buffer's delivered window) and the plan's drops (an elastic resume's) are passed over, never
-decoded. Every block holds consecutive ordinals (``Rows.ordinal`` is its first).
+decoded (:class:`~.numbering.Numbering`). Every block holds consecutive ordinals (``Rows.ordinal``
+is its first).
+
+A column's blocks come from a :class:`ColumnReader`, which reads the tar reader's raw items
+ahead on request, so that the :class:`~.feed.Feed` decodes the runs of all of a worker's columns
+together (:func:`~.rows.decode_runs`) before each column turns its items into blocks, in its own
+order: the problems of a shard are acted on before the item read just before them.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
-from typing import AbstractSet, Iterator, List, Optional, Sequence
+from collections import deque
+from typing import AbstractSet, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -32,9 +38,10 @@ from ..io.streams import ShardSequence, is_gzip_name
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
-from ..tar.runs import Run, sliced_runs
+from ..tar.runs import Geometry, Run, sliced_runs
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
+from .numbering import Numbering, between as _between
 from .rows import RowDecoder, Rows
 from .stats import WorkerStats
 
@@ -50,12 +57,23 @@ class PlanReader:
         self.decoder = FieldDecoder(config.fields, config.missing)
         self.rows = RowDecoder(config.fields, config.lowercase_ext)
         self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
+        self._geometry: dict = {}  # shard index -> its members' Geometry (worked out once per worker)
 
     def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:
         """The plan's decoded samples from ordinal ``start`` on, less the ordinals ``gone``, as
         blocks (endless, the parts re-ordered per pass, for ``fixed``); the error policy applied
-        where each problem is found (see the module doc)."""
+        where each problem is found (see the module doc). A
+        :class:`ColumnReader`."""
+        return ColumnReader(self, plan, policy, stats, start, gone)
+
+    def items(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
+              gone: AbstractSet[int] = frozenset()) -> Iterator[list]:
+        """The tar reader's raw items of the plan (runs, single samples) as ``[item, its part's
+        :class:`Numbering`, its pass, the shard problems met before it]``: each item is given out
+        once the next one is read, so a shard's problem (met at the end of its part) comes with
+        the item before it and is acted on first (see :meth:`_part`); problems with no item left
+        after them come with an item ``None``."""
         c = self.config
         ordinal = 0
         passes = itertools.count() if c.policy == "fixed" else range(1)
@@ -76,31 +94,38 @@ class PlanReader:
                 opened_at = first + numbering.head
                 if stop is None or opened_at < stop or stop == first == 0:  # (an empty shard is opened: it is checked)
                     reads.append((index, opened_at, stop, numbering, self.byte_range(index, opened_at, stop)))
-            good = 0
-            held = None  # the raw item (a run, a sample) read last: decoded once the next one is read
+            held = None  # the raw item read last: given out once the next one is read
+            problems: list = []  # met before any item of this pass: they come with its first
+            given = 0
             shards = ShardSequence([self.data.urls[r[0]] for r in reads], c.storage_options, stats.io,
                                    ranges=[(r[4][0] or 0, r[4][1]) for r in reads])
             try:
                 for position, (index, first, stop, numbering, (begin, end)) in enumerate(reads):
                     for item in self._part(shards, position, index, first, stop, begin, end, stats, policy, numbering):
                         if held is not None:
-                            for block in self._blocks(*held, policy, stats):
-                                good += block.n
-                                yield block
-                        held = (item, numbering)
+                            given += 1
+                            yield held
+                        held, problems = [item, numbering, n_pass, problems], []
+                    if numbering.problem is not None:  # it overtakes the item held back
+                        (held[3] if held is not None else problems).append(numbering.problem)
                     if stop is None:  # a whole shard of unknown count: its samples number the next
                         ordinal = numbering.base + numbering.found
                 if held is not None:
-                    for block in self._blocks(*held, policy, stats):
-                        good += block.n
-                        yield block
+                    given += 1
+                    yield held
+                if problems:
+                    yield [None, None, n_pass, problems]
             finally:
                 shards.close()
-            if c.policy == "fixed" and not good and not (n_pass == 0 and (start or gone)):
-                raise SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
-                                  url=self.data.urls[plan.shards[0]] if plan.parts else None, rank=c.rank,
-                                  worker=self.worker, reason="no_samples",
-                                  hint="check the shards (see the warnings), or use fewer workers")
+            if c.policy == "fixed" and not given and not (n_pass == 0 and (start or gone)):
+                raise self.no_samples(plan)
+
+    def no_samples(self, plan: WorkerPlan) -> SourceError:
+        """The error of a ``fixed`` worker whose pass over its parts gave no usable sample."""
+        c = self.config
+        return SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
+                           url=self.data.urls[plan.shards[0]] if plan.parts else None, rank=c.rank, worker=self.worker,
+                           reason="no_samples", hint="check the shards (see the warnings), or use fewer workers")
 
     def byte_range(self, index: int, first: int, stop: Optional[int]) -> "tuple[Optional[int], Optional[int]]":
         """Where samples ``first`` to ``stop`` of shard ``index`` lie in its tar, as far as the
@@ -121,11 +146,10 @@ class PlanReader:
         else from the shard's start, the samples before ``first`` passed over by header;
         ``numbering`` gives each sample's ordinal and the samples passed over. A stale count is found where it shows: a shard ending before
         ``stop``, or holding more samples than its count after its last part. Yields the raw
-        items of the tar reader (runs, samples: :meth:`_blocks` decodes them); a problem of the
-        shard is acted on (the error policy) where it is found. The caller decodes an item once
-        the next one is read, so the error of a shard that ends badly, and of the unreadable
-        shards after it, is met before its last samples, and before the samples the plan counted
-        run out."""
+        items of the tar reader (runs, samples: :meth:`_blocks` decodes them); the shard's
+        problem, if any, is left in ``numbering.problem``: :meth:`items` gives it with the item
+        before it, so the error of a shard that ends badly, and of the unreadable shards after
+        it, is met before its last samples, and before the samples the plan counted run out."""
         c = self.config
         numbering = numbering or Numbering(first, None if stop is None else stop - first)
         skip = numbering.skip
@@ -143,7 +167,8 @@ class PlanReader:
                     found_at = first
                     items = sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset,
                                         want_ext=self.decoder.wants, lowercase=c.lowercase_ext, last=stop == count,
-                                        clock=stats.io_clock, chunk=shards.chunk)
+                                        clock=stats.io_clock, chunk=shards.chunk,
+                                        geometry=self.geometry(index).part(first, stop))
                 else:
                     items = iter_samples(
                         f, url, keep=lambda i: first <= i and (stop is None or i < stop) and not skip(i),
@@ -169,9 +194,7 @@ class PlanReader:
         except (OSError, EOFError) as e:  # I/O errors outside the tar reader (open, close)
             problem = read_error(e, url)
         numbering.found = found_at
-        if problem is not None:  # met before the part's last samples are decoded: see the doc
-            policy.handle(problem.at(rank=c.rank, worker=self.worker), "shards")
-            stats.flush_skips()
+        numbering.problem = problem.at(rank=c.rank, worker=self.worker) if problem is not None else None
 
     def _blocks(self, item, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
         """A raw item of the tar reader (a :class:`Run`, or one sample) as blocks."""
@@ -180,11 +203,12 @@ class PlanReader:
         return self._sample_blocks(item, numbering, policy, stats)
 
     def _run_blocks(self, run: Run, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
-        """A run's samples decoded together, as blocks between the samples passed over and those
-        that do not pass, which are settled one by one in their place: the error policy meets
-        them in the order it would meet them read one by one."""
+        """A run's samples decoded together (or already, with other runs: ``run.decoded``), as
+        blocks between the samples passed over and those that do not pass, which are settled one
+        by one in their place: the error policy meets them in the order it would meet them read
+        one by one."""
         stats.add(bytes=run.nbytes)
-        columns, bad = self.rows.decode(run, self.source_name)
+        columns, bad = run.decoded if run.decoded is not None else self.rows.decode(run, self.source_name)
         skip, n = numbering.skip, len(run)
         passed = [i for i in range(n) if skip(run.first + i)] if numbering.skips else []
         lowercase, wants = self.config.lowercase_ext, self.decoder.wants
@@ -250,6 +274,16 @@ class PlanReader:
             return None
         return patterns, kinds[first:stop], sizes, offset
 
+    def geometry(self, index: int) -> Geometry:
+        """Where the members of shard ``index`` lie (its member layout worked out once)."""
+        found = self._geometry.get(index)
+        if found is None:
+            patterns, kinds, sizes, _ = self.data.offsets.members.at(index)
+            if len(self._geometry) >= 1024:
+                self._geometry.clear()
+            found = self._geometry[index] = Geometry(patterns, kinds, sizes, self.decoder.wants, self.config.lowercase_ext)
+        return found
+
     def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
         """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""
         source = self.data.count_source or ""
@@ -266,57 +300,69 @@ class PlanReader:
         )
 
 
-class Numbering:
-    """The samples of one part, ``first`` to ``first + size`` of its shard (``size`` None: a whole
-    shard of unknown count, ``first`` 0): each one's ordinal (:meth:`ordinal`), which are passed
-    over (:meth:`skip`: an elastic resume's ``drop`` of raw positions, the part's first at raw
-    position ``raw``; an ordinal before ``start`` or in ``gone``), how many at its head are (a
-    part opens after them: ``head``), and how many the part held (``found``, set as it is read)."""
+class ColumnReader:
+    """One column's blocks of rows (an iterator of :class:`~.rows.Rows`), their raw items read
+    ahead on request (:meth:`read_ahead`): so a worker's columns have their runs decoded together,
+    in bulk (:func:`~.rows.decode_runs`), before each is turned into blocks in the column's order.
+    Counts the rows it gives out as samples that passed (the error policy's judgement, made at
+    the end too)."""
 
-    def __init__(self, first: int, size: Optional[int], raw: int = 0, base: int = 0, drop: Sequence[int] = (),
-                 start: int = 0, gone: AbstractSet[int] = frozenset()) -> None:
-        self.first, self.base, self.start, self.gone = first, base, start, gone
-        self.found = first
-        self.passed: AbstractSet[int] = frozenset()
-        self._ordinals: Optional[List[int]] = None
-        self.head = 0
-        if size is None:
-            self.skips = bool(start or gone)
-            return
-        dropped = [d - raw for d in drop[bisect.bisect_left(drop, raw):bisect.bisect_left(drop, raw + size)]]
-        mine = [o for o in gone if base <= o < base + size] if gone else []
-        self.skips = bool(dropped or mine or base < start)
-        if not self.skips:
-            return
-        passed, ordinals, ordinal, dropped_set = set(), [], base, set(dropped)
-        for i in range(size):
-            ordinals.append(ordinal)
-            if i in dropped_set:
-                passed.add(first + i)
+    def __init__(self, reader: PlanReader, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
+                 gone: AbstractSet[int] = frozenset()) -> None:
+        self.reader, self.plan, self.policy, self.stats = reader, plan, policy, stats
+        self.items = reader.items(plan, policy, stats, start, gone)
+        self.ahead: deque = deque()
+        self.ahead_samples = 0
+        self.current: Iterator[Rows] = iter(())
+        self.resumed = bool(start or gone)
+        self.pass_rows = [0, 0]  # (pass, rows given in it)
+        self.ended = False
+
+    def read_ahead(self, samples: int) -> List[Run]:
+        """Read raw items until ``samples`` are read ahead (or the column ends); the runs read."""
+        runs = []
+        while self.ahead_samples < samples and not self.ended:
+            item = next(self.items, None)
+            if item is None:
+                self.ended = True
+                break
+            self.ahead.append(item)
+            self.ahead_samples += _samples(item[0])
+            if type(item[0]) is Run:
+                runs.append(item[0])
+        return runs
+
+    def __iter__(self) -> "ColumnReader":
+        return self
+
+    def __next__(self) -> Rows:
+        while True:
+            block = next(self.current, None)
+            if block is not None:
+                self.policy.passed += block.n
+                self.pass_rows[1] += block.n
+                return block
+            if self.ahead:
+                item = self.ahead.popleft()
+                self.ahead_samples -= _samples(item[0])
+            else:
+                item = None if self.ended else next(self.items, None)
+            if item is None:
+                self.ended = True
+                self.policy.check(final=True)
+                raise StopIteration
+            raw, numbering, n_pass, problems = item
+            for problem in problems:  # met before this item, acted on before it (see PlanReader.items)
+                self.policy.handle(problem, "shards")
+                self.stats.flush_skips()
+            if raw is None:
                 continue
-            if ordinal < start or ordinal in gone:
-                passed.add(first + i)
-            ordinal += 1
-        while self.head < size and first + self.head in passed:
-            self.head += 1
-        self.passed, self._ordinals = passed, ordinals
-
-    def skip(self, n: int) -> bool:
-        """Whether the shard's sample ``n`` is passed over."""
-        if not self.skips:
-            return False
-        if self._ordinals is None:
-            o = self.base + n - self.first
-            return o < self.start or o in self.gone
-        return n in self.passed
-
-    def ordinal(self, n: int) -> int:
-        """The ordinal of the shard's sample ``n``."""
-        if self._ordinals is None:
-            return self.base + n - self.first
-        return self._ordinals[n - self.first]
+            if n_pass != self.pass_rows[0]:  # a pass over the parts gave nothing: cycling on would never end
+                if not self.pass_rows[1] and not (self.pass_rows[0] == 0 and self.resumed):
+                    raise self.reader.no_samples(self.plan)
+                self.pass_rows = [n_pass, 0]
+            self.current = self.reader._blocks(raw, numbering, self.policy, self.stats)
 
 
-def _between(sorted_values: Sequence[int], lo: int, hi: int) -> int:
-    """How many of ``sorted_values`` lie in ``[lo, hi)``."""
-    return bisect.bisect_left(sorted_values, hi) - bisect.bisect_left(sorted_values, lo)
+def _samples(item: object) -> int:
+    return len(item) if type(item) is Run else 0 if item is None else 1  # type: ignore[arg-type]

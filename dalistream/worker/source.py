@@ -239,7 +239,7 @@ class WorkerSource:
         resume are not read (a start position, and the buffer's delivered window passed over)."""
         c = self.config
         if c.shuffle <= 1:
-            return policy.watched(reader.blocks(plan, policy, stats, start=skip_count))
+            return reader.blocks(plan, policy, stats, start=skip_count)
         seed = plan.shuffle_seed if plan.shuffle_seed is not None else seeds.sample_shuffle(c.seed, plan.epoch, plan.global_worker)
         total = None if c.policy == "fixed" else plan.samples
         gone = emitted_indices(skip_count, total, c.shuffle, seed) if skip_count else set()
@@ -247,4 +247,4 @@ class WorkerSource:
         while start in gone:
             start += 1
         blocks = reader.blocks(plan, policy, stats, start=start, gone=frozenset(o for o in gone if o > start))
-        return shuffled_blocks(policy.watched(blocks), c.shuffle, seed, total, skip_count)
+        return shuffled_blocks(blocks, c.shuffle, seed, total, skip_count)
