@@ -2,9 +2,9 @@
 
 Where the manifest knows a shard's member layout, every member of a part lies at a known offset
 with a known size (:mod:`dalistream.manifest.members`). :func:`sliced_runs` reads the part's
-samples in runs of whole samples (at least one; about ``max(chunk, MIN_RUN_BYTES)`` bytes, a
-part's first run one ``chunk``), each into a buffer of its own, and checks each run's member headers with array operations: the ``ustar`` magic and the size
-field of every header at once, as :func:`~dalistream.tar.sliced.sliced_samples` checks them one by
+samples in runs of whole samples (at least one; about ``max(chunk, MIN_RUN_BYTES)`` bytes: a
+short part is one run), each into a buffer of its own, and checks each run's member headers
+with array operations: the ``ustar`` magic and the size field of every header at once, as :func:`~dalistream.tar.sliced.sliced_samples` checks them one by
 one. A :class:`Run` is the run's bytes with its samples' member positions; its members are views
 of those bytes (:mod:`dalistream.worker.rows` decodes them in bulk). A run whose check fails, or
 whose bytes end early, is handed to ``sliced_samples``, which yields its samples up to the damage
@@ -153,8 +153,8 @@ def sliced_runs(
     r = StreamBuffer(stream, url, clock, 16 * BLOCK)  # (runs are read into their own buffers: this one reads the end)
     i = 0
     while i < n:
-        # a part's first run is one chunk: many columns opened at once each read little before the first batch
-        limit = sample_start[i] + max(run_bytes if i else chunk, int(sample_start[i + 1] - sample_start[i]))
+        # (a worker's many columns are read ahead and decoded together: a short part is one run)
+        limit = sample_start[i] + max(run_bytes, int(sample_start[i + 1] - sample_start[i]))
         k = max(i + 1, int(np.searchsorted(sample_start, limit, "right")) - 1)
         k = min(k, n)
         size = int(sample_start[k] - sample_start[i])
