@@ -39,7 +39,7 @@ class Run:
     """Consecutive samples of one regular shard, in one buffer (see the module doc)."""
 
     __slots__ = ("url", "first", "data", "offsets", "kinds", "names", "member_base", "member_at", "member_size",
-                 "nbytes", "decoded")
+                 "nbytes", "decoded", "buffer", "at")
 
     def __init__(self, url: str, first: int, data: bytearray, offsets: np.ndarray, kinds: np.ndarray,
                  names: Sequence[Tuple[str, ...]], member_base: np.ndarray, member_at: np.ndarray,
@@ -55,6 +55,8 @@ class Run:
         self.member_size = member_size
         self.nbytes = nbytes  # bytes of the members wanted
         self.decoded: Optional[tuple] = None  # (columns, bad), when a worker decoded it with others
+        # the buffer ``data`` is a part of (an Arena's, shared by a worker's runs), and where
+        self.buffer, self.at = (data.obj, _start(data)) if isinstance(data, memoryview) else (data, 0)
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -66,7 +68,7 @@ class Run:
     def key(self, i: int, lowercase: bool = False) -> str:
         """Sample ``i``'s key (from its first member's name)."""
         at = int(self.member_at[self.member_base[i]]) - BLOCK
-        return split_name(header_name(self.data, at), lowercase)[0]
+        return split_name(header_name(self.buffer, self.at + at), lowercase)[0]
 
     def sample(self, i: int, lowercase: bool = False, wanted: Callable[[str], bool] = lambda ext: True) -> Sample:
         """Sample ``i`` as :func:`~dalistream.tar.samples.iter_samples` yields it (members not
@@ -128,18 +130,48 @@ class Geometry:
         return out
 
 
+def _start(view: memoryview) -> int:
+    """Where ``view`` starts in the buffer it is a view of."""
+    return np.frombuffer(view, np.uint8).__array_interface__["data"][0] - \
+        np.frombuffer(view.obj, np.uint8).__array_interface__["data"][0]
+
+
+class Arena:
+    """Buffers for a worker's runs, end to end: runs read one after the other (a worker's columns
+    at a step, read ahead) lie side by side in one buffer, so they are decoded together with no
+    copy (:func:`dalistream.worker.rows.decode_runs`). A new buffer of ``size`` (or of the run,
+    when larger) when the current one is full; a buffer lives while any run's rows refer to it."""
+
+    def __init__(self, size: int = 8 << 20) -> None:
+        self.size = size
+        self._buffer: Optional[bytearray] = None
+        self._used = 0
+
+    def take(self, n: int) -> memoryview:
+        """``n`` bytes of the current buffer (writable)."""
+        if self._buffer is None or self._used + n > len(self._buffer):
+            self._buffer, self._used = bytearray(max(self.size, n)), 0
+        view = memoryview(self._buffer)[self._used:self._used + n]
+        self._used += n
+        return view
+
+    def __getstate__(self) -> dict:  # buffers never travel to a worker
+        return {"size": self.size, "_buffer": None, "_used": 0}
+
+
 def sliced_runs(
     stream: BinaryIO, url: str, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray,
     sizes: np.ndarray, *, first: int, offset: int, want_ext: Callable[[str], bool] = lambda ext: True,
     lowercase: bool = False, last: bool = False, clock: Optional[ReadClock] = None, chunk: int = CHUNK,
-    geometry: Optional[Geometry] = None,
+    geometry: Optional[Geometry] = None, arena: Optional[Arena] = None,
 ) -> Iterator[Union[Run, Sample]]:
     """Samples ``first, first + 1, …`` of a regular shard as :class:`Run` s of about
     ``max(chunk, MIN_RUN_BYTES)`` bytes; the arguments are :func:`~dalistream.tar.sliced.sliced_samples`'
     (whose sample dicts stand in for a run that does not pass its check, up to its damage, and
     for a part whose samples are too large for runs of :data:`MIN_RUN_SAMPLES`). ``last``: as
     there, the end-of-archive marker is checked after the last sample. ``geometry``: the
-    :class:`Geometry` of these samples, when worked out already."""
+    :class:`Geometry` of these samples, when worked out already. ``arena``: where the runs' bytes
+    go (else a buffer of its own each)."""
     g = geometry if geometry is not None else Geometry(patterns, kinds, sizes, want_ext, lowercase)
     names, kinds, sizes = g.names, g.kinds, g.sizes
     member_base, member_at, sample_start, want_member = g.member_base, g.member_at, g.sample_start, g.want_member
@@ -158,7 +190,7 @@ def sliced_runs(
         k = max(i + 1, int(np.searchsorted(sample_start, limit, "right")) - 1)
         k = min(k, n)
         size = int(sample_start[k] - sample_start[i])
-        data = bytearray(size)
+        data = arena.take(size) if arena is not None else bytearray(size)
         got, error = _read(r, memoryview(data))
         a, b = int(member_base[i]), int(member_base[k])
         at = member_at[a:b] - sample_start[i]

@@ -38,7 +38,7 @@ from ..io.streams import ShardSequence, is_gzip_name
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
-from ..tar.runs import Geometry, Run, sliced_runs
+from ..tar.runs import Arena, Geometry, Run, sliced_runs
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
@@ -58,6 +58,7 @@ class PlanReader:
         self.rows = RowDecoder(config.fields, config.lowercase_ext)
         self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
         self._geometry: dict = {}  # shard index -> its members' Geometry (worked out once per worker)
+        self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
 
     def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:
@@ -168,7 +169,7 @@ class PlanReader:
                     items = sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset,
                                         want_ext=self.decoder.wants, lowercase=c.lowercase_ext, last=stop == count,
                                         clock=stats.io_clock, chunk=shards.chunk,
-                                        geometry=self.geometry(index).part(first, stop))
+                                        geometry=self.geometry(index).part(first, stop), arena=self.arena)
                 else:
                     items = iter_samples(
                         f, url, keep=lambda i: first <= i and (stop is None or i < stop) and not skip(i),

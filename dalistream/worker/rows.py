@@ -103,17 +103,23 @@ class RowDecoder:
 
 
 class _Joined:
-    """Runs of one pattern table laid end to end, as :meth:`RowDecoder.decode` reads a run."""
+    """Runs of one pattern table laid end to end, as :meth:`RowDecoder.decode` reads a run: side
+    by side in one buffer (``data``: from the first run's start, each run at ``starts[k]``) or,
+    without, copied end to end."""
 
-    def __init__(self, runs: Sequence[Run]) -> None:
+    def __init__(self, runs: Sequence[Run], data: Optional[memoryview] = None,
+                 starts: Optional[Sequence[int]] = None) -> None:
         self.names = runs[0].names
         self.runs = runs
-        self.data = b"".join(r.data for r in runs)
-        starts = np.cumsum([0] + [len(r.data) for r in runs])
+        if data is None:
+            self.data = b"".join(r.data for r in runs)
+            starts = np.cumsum([0] + [len(r.data) for r in runs])[:-1].tolist()
+        else:
+            self.data = data
         self.row_starts = np.cumsum([0] + [len(r) for r in runs])
         members = np.cumsum([0] + [len(r.member_at) for r in runs])
         self.kinds = np.concatenate([r.kinds for r in runs])
-        self.member_at = np.concatenate([r.member_at + a for r, a in zip(runs, starts[:-1])])
+        self.member_at = np.concatenate([r.member_at + a for r, a in zip(runs, starts)])
         self.member_size = np.concatenate([r.member_size for r in runs])
         self.member_base = np.concatenate([r.member_base[:-1] + m for r, m in zip(runs, members[:-1])] + [members[-1:]])
 
@@ -132,21 +138,40 @@ class _Joined:
         return self._run(i)[0].url
 
 
+def _side_by_side(runs: List[Run]) -> List[List[Run]]:
+    """``runs`` in groups that lie end to end in one buffer (an Arena's), in buffer order."""
+    groups: List[List[Run]] = []
+    for run in sorted(runs, key=lambda r: (id(r.buffer), r.at)):
+        last = groups[-1][-1] if groups else None
+        if last is not None and last.buffer is run.buffer and last.at + len(last.data) == run.at:
+            groups[-1].append(run)
+        else:
+            groups.append([run])
+    return groups
+
+
 def decode_runs(decoder: RowDecoder, runs: Sequence[Tuple[Run, str]]) -> None:
     """Decode many runs together (their rows in one pass of array operations per field, which
     pays where each run alone holds few rows: a worker's many interleaved columns): each run's
-    share of the result in ``run.decoded``; ``runs`` as ``(run, its source's name)``."""
-    groups: Dict[Tuple[int, str], List[Run]] = {}
+    share of the result in ``run.decoded``; ``runs`` as ``(run, its source's name)``. Runs side by
+    side in one buffer (a worker's :class:`~dalistream.tar.runs.Arena`) are read where they
+    lie; others are copied end to end."""
+    by_table: Dict[Tuple[int, str], List[Run]] = {}
     for run, source in runs:
-        groups.setdefault((id(run.names), source), []).append(run)
-    for (_, source), members in groups.items():
-        if len(members) == 1:
-            members[0].decoded = decoder.decode(members[0], source)
-            continue
-        joined = _Joined(members)
-        columns, bad = decoder.decode(joined, source)  # type: ignore[arg-type]
-        bad_rows = np.asarray(bad, dtype=np.int64)
-        for run, a, b in zip(members, joined.row_starts[:-1].tolist(), joined.row_starts[1:].tolist()):
-            mine = bad_rows[(bad_rows >= a) & (bad_rows < b)] - a
-            run.decoded = ([column[a:b] for column in columns], mine.tolist())
-
+        by_table.setdefault((id(run.names), source), []).append(run)
+    for (_, source), members in by_table.items():
+        together = _side_by_side(members)
+        loose = [g[0] for g in together if len(g) == 1]
+        batches = [(g, memoryview(g[0].buffer)[g[0].at:g[-1].at + len(g[-1].data)], [r.at - g[0].at for r in g])
+                   for g in together if len(g) > 1]
+        if len(loose) > 1:
+            batches.append((loose, None, None))
+        elif loose:
+            loose[0].decoded = decoder.decode(loose[0], source)
+        for group, data, starts in batches:
+            joined = _Joined(group, data, starts)
+            columns, bad = decoder.decode(joined, source)  # type: ignore[arg-type]
+            bad_rows = np.asarray(bad, dtype=np.int64)
+            for run, a, b in zip(group, joined.row_starts[:-1].tolist(), joined.row_starts[1:].tolist()):
+                mine = bad_rows[(bad_rows >= a) & (bad_rows < b)] - a
+                run.decoded = ([column[a:b] for column in columns], mine.tolist())

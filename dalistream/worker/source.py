@@ -38,6 +38,7 @@ from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import redact_client_logs
 from ..plan import WorkerPlan, seeds
+from ..tar.runs import Arena
 from . import batch
 from .policy import ErrorPolicy
 from ..mixing import Mix, worker_columns
@@ -203,6 +204,9 @@ class WorkerSource:
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
         columns = self.columns(epoch)
         steps = columns[0][0].steps
+        arena = Arena()  # the runs of all columns side by side: decoded together with no copy
+        for reader in self.readers:
+            reader.arena = arena
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
         streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
                    for plan, take, source in columns]
