@@ -221,7 +221,7 @@ def test_the_file_list_tells_the_data_flow(package):
     assert "dalistream.pipelines.classification_train" in package  # installed from the top-level pipelines/
 
 
-TOP_LEVEL = {"pyproject.toml", "dalistream", "pipelines", "tests", "docker", "notebooks", "README.md", ".ci", ".gitignore"}
+TOP_LEVEL = {"pyproject.toml", "dalistream", "pipelines", "tests", "docker", "notebooks", "README.md", ".ci", ".gitignore", "docs"}  # docs: the docs site (#40) and docs/internals.md
 
 
 def test_only_the_agreed_entries_at_the_repository_top():

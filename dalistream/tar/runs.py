@@ -163,7 +163,7 @@ def sliced_runs(
     stream: BinaryIO, url: str, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray,
     sizes: np.ndarray, *, first: int, offset: int, want_ext: Callable[[str], bool] = lambda ext: True,
     lowercase: bool = False, last: bool = False, clock: Optional[ReadClock] = None, chunk: int = CHUNK,
-    geometry: Optional[Geometry] = None, arena: Optional[Arena] = None,
+    geometry: Optional[Geometry] = None, arena: Optional[Arena] = None, first_run: Optional[int] = None,
 ) -> Iterator[Union[Run, Sample]]:
     """Samples ``first, first + 1, …`` of a regular shard as :class:`Run` s of about
     ``max(chunk, MIN_RUN_BYTES)`` bytes; the arguments are :func:`~dalistream.tar.sliced.sliced_samples`'
@@ -171,7 +171,8 @@ def sliced_runs(
     for a part whose samples are too large for runs of :data:`MIN_RUN_SAMPLES`). ``last``: as
     there, the end-of-archive marker is checked after the last sample. ``geometry``: the
     :class:`Geometry` of these samples, when worked out already. ``arena``: where the runs' bytes
-    go (else a buffer of its own each)."""
+    go (else a buffer of its own each). ``first_run``: the bytes of the part's first run, when
+    it is to be shorter (a first batch waits for it)."""
     g = geometry if geometry is not None else Geometry(patterns, kinds, sizes, want_ext, lowercase)
     names, kinds, sizes = g.names, g.kinds, g.sizes
     member_base, member_at, sample_start, want_member = g.member_base, g.member_at, g.sample_start, g.want_member
@@ -186,7 +187,8 @@ def sliced_runs(
     i = 0
     while i < n:
         # (a worker's many columns are read ahead and decoded together: a short part is one run)
-        limit = sample_start[i] + max(run_bytes, int(sample_start[i + 1] - sample_start[i]))
+        limit = sample_start[i] + max(first_run if first_run and not i else run_bytes,
+                                      int(sample_start[i + 1] - sample_start[i]))
         k = max(i + 1, int(np.searchsorted(sample_start, limit, "right")) - 1)
         k = min(k, n)
         size = int(sample_start[k] - sample_start[i])

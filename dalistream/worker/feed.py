@@ -31,6 +31,7 @@ from .rows import Rows, decode_runs
 ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields)
 MAX_ROUND_STEPS = 64
 ROUND_ROWS = 2048  # when the bytes per sample are unknown, a round of at most this many samples
+FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the first batch
 
 
 class _Column:
@@ -75,10 +76,12 @@ class _Column:
 class Feed:
     """Each step's slot from ``streams`` (one per column), ``takes[t, c]`` rows of column ``c`` at
     step ``t``, from step ``start`` on (see the module doc). ``bytes_per_sample`` (when known)
-    sizes the rounds."""
+    sizes the rounds. ``first_batch``: the pipeline's first batch (after a start or a resume):
+    the parts opened for it start with a short run (:data:`FIRST_RUN_BYTES`), so it waits for
+    little."""
 
     def __init__(self, streams: Sequence[Iterator[Rows]], takes: np.ndarray, n_fields: int, start: int = 0,
-                 bytes_per_sample: Optional[float] = None) -> None:
+                 bytes_per_sample: Optional[float] = None, first_batch: bool = False) -> None:
         self.columns = [_Column(s) for s in streams]
         self.takes = np.asarray(takes, dtype=np.int64).reshape(-1, len(self.columns))
         self.n_fields = n_fields
@@ -90,6 +93,7 @@ class Feed:
         self.step = start
         self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
         self._size = 1
+        self._first_batch = first_batch  # the pipeline's first batch: its columns start with short runs
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
         """Step ``step``'s slot (the steps are taken in order): one list per field, the number of
@@ -118,7 +122,11 @@ class Feed:
             stream = column.stream
             if need[c] > column.queued and isinstance(stream, ColumnReader):
                 decoder = stream.reader.rows  # (every source's reader decodes the same fields)
+                # the first batch waits for its round alone: the parts it opens start with short runs
+                stream.reader.first_run = FIRST_RUN_BYTES if self._first_batch else None
                 pending += [(run, stream.reader.source_name) for run in stream.read_ahead(int(need[c] - column.queued))]
+                stream.reader.first_run = None
+        self._first_batch = False
         if pending:
             decode_runs(decoder, pending)
         flat: List[list] = [[] for _ in range(self.n_fields)]

@@ -59,6 +59,8 @@ class PlanReader:
         self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
         self._geometry: dict = {}  # shard index -> its members' Geometry (worked out once per worker)
         self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
+        #: while a worker reads for its first batch, the parts it opens start with a run of this
+        self.first_run: Optional[int] = None
 
     def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:
@@ -169,7 +171,8 @@ class PlanReader:
                     items = sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset,
                                         want_ext=self.decoder.wants, lowercase=c.lowercase_ext, last=stop == count,
                                         clock=stats.io_clock, chunk=shards.chunk,
-                                        geometry=self.geometry(index).part(first, stop), arena=self.arena)
+                                        geometry=self.geometry(index).part(first, stop), arena=self.arena,
+                                        first_run=self.first_run)
                 else:
                     items = iter_samples(
                         f, url, keep=lambda i: first <= i and (stop is None or i < stop) and not skip(i),
