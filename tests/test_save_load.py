@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
-import numpy as np
 import pytest
 
 from dalistream import Loader, Stream

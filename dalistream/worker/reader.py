@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import AbstractSet, Iterator, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -70,7 +70,7 @@ class PlanReader:
         :class:`ColumnReader`."""
         return ColumnReader(self, plan, policy, stats, start, gone)
 
-    def items(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
+    def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0,
               gone: AbstractSet[int] = frozenset()) -> Iterator[list]:
         """The tar reader's raw items of the plan (runs, single samples) as ``[item, its part's
         :class:`Numbering`, its pass, the shard problems met before it]``: each item is given out
@@ -104,7 +104,7 @@ class PlanReader:
                                    ranges=[(r[4][0] or 0, r[4][1]) for r in reads])
             try:
                 for position, (index, first, stop, numbering, (begin, end)) in enumerate(reads):
-                    for item in self._part(shards, position, index, first, stop, begin, end, stats, policy, numbering):
+                    for item in self._part(shards, position, index, first, stop, begin, end, stats, numbering):
                         if held is not None:
                             given += 1
                             yield held
@@ -141,7 +141,7 @@ class PlanReader:
         return start, end
 
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
-              start: Optional[int], end: Optional[int], stats: WorkerStats, policy: ErrorPolicy,
+              start: Optional[int], end: Optional[int], stats: WorkerStats,
               numbering: Optional["Numbering"] = None) -> Iterator:
         """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None), from
         ``shards.open(position)``: the bytes from ``start`` (``first``'s offset, a seek or a ranged
@@ -314,7 +314,7 @@ class ColumnReader:
     def __init__(self, reader: PlanReader, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                  gone: AbstractSet[int] = frozenset()) -> None:
         self.reader, self.plan, self.policy, self.stats = reader, plan, policy, stats
-        self.items = reader.items(plan, policy, stats, start, gone)
+        self.items = reader.items(plan, stats, start, gone)
         self.ahead: deque = deque()
         self.ahead_samples = 0
         self.current: Iterator[Rows] = iter(())

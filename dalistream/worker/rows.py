@@ -12,7 +12,7 @@ what the per-sample path delivers, value for value). :class:`Rows` is a decoded 
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
