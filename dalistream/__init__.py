@@ -6,7 +6,7 @@ Light to import: DALI and torch are loaded only when a pipeline is built or run.
 from __future__ import annotations
 
 from .buckets import AspectBuckets, LengthBuckets
-from .config import WORKERS, Field, StreamConfig
+from .config import Field, StreamConfig
 from .errors import (ConfigError, DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError,
                      StateError, WorkerError)
 from .dali.pipeline import pipeline_def, raw_pipeline, read
@@ -20,13 +20,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Field", "StreamConfig", "Stream", "Loader", "pipeline_def", "read", "raw_pipeline",
     "DalistreamError", "ConfigError", "SourceError", "ShardFormatError", "SampleError", "ManifestError",
-    "StateError", "WorkerError", "open_loader", "torch_device", "write_shards", "read_state_file", "write_state_file",
+    "StateError", "WorkerError", "torch_device", "write_shards", "read_state_file", "write_state_file",
     "AspectBuckets", "LengthBuckets",
 ]
-
-
-def open_loader(sources, *, fields, batch_size: int, pipeline=None, workers: int = WORKERS, device: str = "auto",
-           pipeline_kwargs=None, **options) -> Loader:
-    """Shortcut: :meth:`Stream.open` then :class:`Loader` (``options`` as in ``Stream.open``)."""
-    stream = Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device, **options)
-    return Loader(stream, pipeline, **(pipeline_kwargs or {}))

@@ -17,20 +17,10 @@ import numpy as np
 
 from .errors import ConfigError, redact
 from .io.cache import parse_size
-from .plan.layout import POLICIES, Layout, Schedule
+from .kinds import IMAGE_EXTS, KINDS, Kind, is_image_ext, kind_for
+from .plan.layout import Layout, Schedule, is_int as _is_int
 
-IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm", "jp2"})
-
-
-def is_image_ext(ext: str) -> bool:
-    """Whether a member extension names an image: its part after the last dot, case-insensitive,
-    in :data:`IMAGE_EXTS` (``seg.PNG`` does)."""
-    return ext.rsplit(".", 1)[-1].lower() in IMAGE_EXTS
-
-
-INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id"})
-TEXT_EXTS = frozenset({"txt", "text", "json", "jsn", "caption"})
-META_EXTS = frozenset({"__key__", "__url__", "__source__"})
+__all__ = ["Field", "IMAGE_EXTS", "StreamConfig", "is_image_ext", "parse_field", "parse_fields", "reading_order"]
 MISSING = ("error", "skip", "empty")
 #: DALI workers per rank by default: the one default of every entry point (StreamConfig,
 #: Stream.open, the CLI, the demo and the ready pipelines).
@@ -43,7 +33,7 @@ class Field:
     """One pipeline output made from one tar member of each sample.
 
     ``exts`` are alternatives tried in order (``("jpg", "jpeg", "png")``). ``kind`` says how the
-    member's bytes become an array:
+    member's bytes become an array (the kinds of :data:`dalistream.kinds.KINDS`, one entry each):
 
     - ``"bytes"``: raw ``uint8`` 1-D (images for DALI's decoders, ``txt``/``json`` captions);
     - ``"int"``: an ASCII integer (``cls``) as a 0-d ``int64``;
@@ -63,10 +53,9 @@ class Field:
     def __post_init__(self) -> None:
         if not self.name or not self.exts:
             raise ConfigError(f"field {self.name!r}: needs a name and at least one extension")
-        if self.kind not in ("bytes", "int", "npy", "custom", "meta"):
-            raise ConfigError(f"field {self.name!r}: unknown kind {self.kind!r}")
-        if self.kind == "custom" and self.decoder is None:
-            raise ConfigError(f"field {self.name!r}: kind 'custom' needs a decoder")
+        if not isinstance(self.kind, str) or self.kind not in KINDS:
+            raise ConfigError(f"field {self.name!r}: unknown kind {self.kind!r}", hint=f"one of {sorted(KINDS)}")
+        KINDS[self.kind].check(self)
         if self.decoder is not None and not callable(self.decoder):
             raise ConfigError(f"field {self.name!r}: decoder must be a function bytes -> array, got {self.decoder!r}")
         if not all(isinstance(e, str) and e for e in self.exts):
@@ -78,6 +67,11 @@ class Field:
                               hint="e.g. 'uint8', 'int64', 'float32'") from None
         if not _is_int(self.ndim) or self.ndim < 0:
             raise ConfigError(f"field {self.name!r}: ndim must be an integer >= 0, got {self.ndim!r}")
+
+    @property
+    def spec(self) -> Kind:
+        """The field's kind: what the data path does with it (:mod:`dalistream.kinds`)."""
+        return KINDS[self.kind]
 
     @property
     def empty(self) -> np.ndarray:
@@ -100,8 +94,9 @@ def parse_field(name: str, spec: Union[str, Sequence[str], Field, Mapping[str, A
         exts = tuple(exts.split(";")) if isinstance(exts, str) else tuple(exts)
         if "decoder" in kwargs and "kind" not in kwargs:
             kwargs["kind"] = "custom"
-        if kwargs.get("kind") == "npy" and ("dtype" not in kwargs or "ndim" not in kwargs):
-            raise ConfigError(f"field {name!r}: npy fields need 'dtype' and 'ndim'")
+        kind = KINDS.get(kwargs.get("kind", ""))
+        if kind is not None and any(key not in kwargs for key in kind.requires):
+            raise ConfigError(f"field {name!r}: {kind.name} fields need {' and '.join(map(repr, kind.requires))}")
         return Field(name=name, exts=exts, **kwargs)
     if not isinstance(spec, (str, Sequence)) or not all(isinstance(e, str) for e in spec):
         raise ConfigError(f"field {name!r}: expected extensions like 'jpg;png', a list of them, a dict or a Field, "
@@ -109,16 +104,12 @@ def parse_field(name: str, spec: Union[str, Sequence[str], Field, Mapping[str, A
     exts = tuple(e.strip() for e in (spec.split(";") if isinstance(spec, str) else spec) if e.strip())
     if not exts:
         raise ConfigError(f"field {name!r}: no extensions given")
-    lowered = {e.lower() for e in exts}
-    if lowered <= META_EXTS:
-        return Field(name, exts, kind="meta")
-    if lowered <= INT_EXTS:
-        return Field(name, exts, kind="int", dtype="int64", ndim=0)
-    if "npy" in lowered:
+    kind = kind_for(exts)
+    if kind.requires:
         raise ConfigError(
-            f"field {name!r}: npy fields need dtype and ndim, e.g. {{'exts': 'npy', 'kind': 'npy', 'dtype': 'float32', 'ndim': 2}}"
-        )
-    return Field(name, exts, kind="bytes")
+            f"field {name!r}: {kind.name} fields need {' and '.join(kind.requires)}, e.g. "
+            f"{{'exts': {';'.join(exts)!r}, 'kind': {kind.name!r}, 'dtype': 'float32', 'ndim': 2}}")
+    return Field(name, exts, kind=kind.name, dtype=kind.dtype, ndim=kind.ndim)
 
 
 def parse_fields(fields: Union[Mapping[str, Any], Sequence[Field]]) -> tuple:
@@ -138,18 +129,13 @@ def parse_fields(fields: Union[Mapping[str, Any], Sequence[Field]]) -> tuple:
     return parsed
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 SHUFFLE_BUFFER = 1000  # a training stream's buffer when it cannot read interleaved (no counts)
 
 
 def reading_order(policy: str, interleave: Optional[bool], shuffle: Optional[int], counts_known: bool = True) -> tuple:
     """``(interleave, shuffle)`` resolved: the one default of both for ``StreamConfig``,
-    ``Stream.open``, the CLI and the ready pipelines (see :class:`StreamConfig`)."""
-    if not isinstance(policy, str) or policy not in POLICIES:
-        raise ConfigError(f"policy must be one of {POLICIES}, got {policy!r}")
+    ``Stream.open``, the CLI and the ready pipelines (see :class:`StreamConfig`); ``policy`` is
+    one already checked (:class:`~dalistream.plan.layout.Schedule`)."""
     if shuffle is not None and (not _is_int(shuffle) or shuffle < 0):
         raise ConfigError(f"shuffle must be an integer >= 0 or None, got {shuffle!r}")
     train = policy != "exact"
@@ -279,41 +265,35 @@ class StreamConfig:
             object.__setattr__(self, "fields", parse_fields(self.fields))
         if not self.sources:
             raise ConfigError("no sources given", hint="pass shard paths, globs, brace patterns or URLs")
-        interleave, shuffle = reading_order(self.policy, self.interleave, self.shuffle,
-                                     counts_known=bool(self.manifest) or self.policy != "fixed")
-        object.__setattr__(self, "interleave", interleave)
-        object.__setattr__(self, "shuffle", shuffle)
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_size(self.cache_limit, "cache_limit"))
         self._check()
+        interleave, shuffle = reading_order(self.policy, self.interleave, self.shuffle,
+                                            counts_known=bool(self.manifest) or self.policy != "fixed")
+        object.__setattr__(self, "interleave", interleave)
+        object.__setattr__(self, "shuffle", shuffle)
 
     def _check(self) -> None:
         def bad(name: str, expected: str) -> ConfigError:
             return ConfigError(f"{name} must be {expected}, got {getattr(self, name)!r}")
 
-        for name in ("batch_size", "workers", "world_size", "prefetch", "max_member_bytes"):
+        for name in ("prefetch", "max_member_bytes"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise bad(name, "a positive integer")
-        for name in ("rank", "seed", "shuffle"):
+        for name in ("rank", "seed"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "an integer >= 0")
+        Layout(self.world_size, self.workers, self.batch_size)  # checks batch size, workers, world size
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside world size {self.world_size}")
-        if self.batch_size < self.workers:
-            raise ConfigError(
-                f"batch_size {self.batch_size} is smaller than workers {self.workers}: every worker needs a slot of at least one sample"
-            )
         if self.scan_limit_bytes is not None and (not _is_int(self.scan_limit_bytes) or self.scan_limit_bytes < 0):
             raise bad("scan_limit_bytes", "an integer >= 0 or None")
         if self.batch_size > MAX_BATCH_SIZE:
             raise ConfigError(f"batch_size {self.batch_size} is larger than {MAX_BATCH_SIZE}: a worker would run out "
                               "of memory building its batches", hint="use a batch size that fits a training step")
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.batches_per_epoch is not None and (not _is_int(self.batches_per_epoch) or self.batches_per_epoch < 1):
             raise bad("batches_per_epoch", "a positive integer or None")
-        if self.policy == "fixed" and self.batches_per_epoch is None:
-            raise ConfigError("policy 'fixed' needs batches_per_epoch > 0")
+        Schedule(self.seed, self.policy, self.batches_per_epoch, self.shuffle_shards)  # checks the policy
         if self.missing not in MISSING:
             raise ConfigError(f"missing must be one of {MISSING}, got {self.missing!r}")
         if not callable(self.on_error) and self.on_error not in ON_ERROR:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterator, Optional, Tuple
 
 from .dali import compat
@@ -24,9 +25,72 @@ log = logging.getLogger(__name__)
 DEVICES = ("auto", "gpu", "cpu")
 
 
+# -- how many GPUs DALI sees, without initializing CUDA here ---------------------------------------
+
+# Paths an NVIDIA driver provides; where none exists there is no GPU to count (and no CUDA to start).
+DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+# How often this process asked CUDA anything that may initialize it ("in_process") or had a child
+# process ask ("child"): the test that nothing at import or collection touches CUDA reads these.
+CUDA_QUERIES = {"in_process": 0, "child": 0}
+# The child that counts the GPUs, and how long it may take (CUDA's start-up on 8 GPUs takes seconds).
+COUNT_COMMAND = (sys.executable, "-c", "from nvidia.dali.backend import GetCUDADeviceCount as c; print(int(c()))")
+COUNT_TIMEOUT_S = 120.0
+_device_count: Any = None
+_count_problem: Any = None
+
+
 def gpu_count() -> int:
-    """Number of CUDA devices DALI can see (0 without a driver); does not import torch."""
-    return compat.cuda_device_count()
+    """Number of CUDA devices DALI can see (0 without a driver or without DALI); no torch import.
+
+    DALI's count initializes CUDA in the process that asks, and DALI refuses to fork workers from
+    a process whose CUDA is initialized ("Cannot fork a process when the CUDA has been
+    initialized"). So the count is asked in a short-lived child process (once per process, about
+    half a second, cached), unless CUDA is already initialized here; without an NVIDIA driver
+    (:data:`DRIVER_PATHS`) it is 0 at once. When a driver is there but the child fails, times out
+    or prints no number, the count is 0 and :func:`gpu_count_problem` says what went wrong."""
+    global _device_count, _count_problem
+    if _device_count is None:
+        _device_count, _count_problem = _count_devices()
+    return _device_count
+
+
+def gpu_count_problem() -> Any:
+    """Why the last count was 0 although an NVIDIA driver is installed (the child's exit status or
+    time-out, and the end of its stderr), or ``None``: no driver, or the count was asked cleanly."""
+    return _count_problem
+
+
+def _count_devices() -> tuple:
+    import subprocess
+
+    state = compat.cuda_driver_state()
+    if state is None:  # no DALI backend, no driver: CPU only
+        return 0, None
+    if state:  # already started here: asking costs nothing more
+        CUDA_QUERIES["in_process"] += 1
+        return compat.cuda_count_here(), None
+    driver = [p for p in DRIVER_PATHS if os.path.exists(p)]
+    if not driver:
+        return 0, None
+    CUDA_QUERIES["child"] += 1
+    where = f"an NVIDIA driver is installed ({driver[0]}) but counting the GPUs in a child process"
+    try:
+        done = subprocess.run(list(COUNT_COMMAND), capture_output=True, text=True, timeout=COUNT_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode("utf-8", "replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return 0, f"{where} did not answer within {COUNT_TIMEOUT_S:g} s{_tail(err)}"
+    except OSError as e:
+        return 0, f"{where} could not start: {e}"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines or not lines[-1].strip().isdigit():
+        status = f"exit status {done.returncode}" if done.returncode != 0 else f"printed {done.stdout.strip()[-200:]!r}"
+        return 0, f"{where} failed ({status}){_tail(done.stderr)}"
+    return int(lines[-1]), None
+
+
+def _tail(stderr: str, lines: int = 12) -> str:
+    text = "\n".join(stderr.strip().splitlines()[-lines:])
+    return f"; its stderr:\n{text}" if text else "; it wrote nothing on stderr"
 
 
 def resolve_device(device: str = "auto", device_id: Optional[int] = None,
@@ -44,7 +108,7 @@ def resolve_device(device: str = "auto", device_id: Optional[int] = None,
         return "cpu", None
     count = gpu_count()
     if count == 0:
-        problem = compat.cuda_count_problem()
+        problem = gpu_count_problem()
         if device == "gpu":
             raise ConfigError("device='gpu' but no CUDA device is visible" + (f": {problem}" if problem else ""),
                               hint="use device='auto' or 'cpu'")

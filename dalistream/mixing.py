@@ -6,27 +6,37 @@ it; each DALI worker reads every source's share of its slot).
 lists and counts each source like a single data set (its own ``manifest`` and ``storage_options``
 when given), then checks the mix before any worker starts: weights, a source with no samples, a
 share that rounds to nothing (each a :class:`~dalistream.errors.ConfigError` naming the source).
-A shard listed by two sources is refused (:func:`check_disjoint`). A mix reads each source's span per worker through the shuffle buffer (not interleaved): the
-composition is the mix's own, stratified per batch. On another layout mid-epoch it goes on by
+A mix reads every source interleaved, as a single data set does: a worker's share of each
+source is cut into columns, one per position of its share, each a span of the source's sequence
+spread over it (:func:`dalistream.plan.mix.column_sizes`); ``interleave=False`` reads each
+source's span per worker through the shuffle buffer instead. A shard listed by two sources is
+refused (:func:`check_disjoint`). The composition is the mix's own, stratified per batch. On
+another layout mid-epoch it goes on by
 :mod:`dalistream.plan.mixresume` (default epochs, ``per_batch="sample"``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .config import SHUFFLE_BUFFER
 from .dataset import DataSet
 from .errors import ConfigError
+from .io.local import local_path
 from .manifest import SampleOffsets, count_samples
-from .plan import Layout, MixEpoch, Schedule, WorkerPlan, parse_mix
+from .manifest.files import manifest_urls
+from .plan import Layout, MixEpoch, ResumePlan, Schedule, WorkerPlan, parse_mix, worker_plan
+from .plan import worker_columns as plan_columns
 from .plan.mix import PER_BATCH
 from .plan.mixresume import MixResume
-from .io.local import local_path
 from .sources import expand_sources, is_remote
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,26 +64,16 @@ class Mix:
     def names(self) -> Tuple[str, ...]:
         return tuple(s.name for s in self.sources)
 
-    def epoch(self, layout: Layout, schedule: Schedule, epoch: int) -> MixEpoch:
-        """The plan of ``epoch`` for every worker of ``layout``."""
+    def epoch(self, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False) -> MixEpoch:
+        """The plan of ``epoch`` for every worker of ``layout`` (each source's spans, or its columns)."""
         return MixEpoch([s.data.counts for s in self.sources], [s.weight for s in self.sources], layout, schedule, epoch,
-                        self.names, self.per_batch, self.samples_per_epoch)
+                        self.names, self.per_batch, self.samples_per_epoch, interleave)
 
-    def resumed(self, layout: Layout, schedule: Schedule, epoch: int, segments: Sequence, shuffle: int) -> MixResume:
+    def resumed(self, layout: Layout, schedule: Schedule, epoch: int, segments: Sequence, shuffle: int,
+                interleave: bool = False) -> MixResume:
         """The rest of ``epoch`` after ``segments`` ran under other layouts (elastic resume)."""
         return MixResume([s.data.counts for s in self.sources], [s.weight for s in self.sources], self.names,
-                         self.per_batch, self.samples_per_epoch, layout, schedule, epoch, segments, shuffle)
-
-    def worker_plans(self, layout: Layout, schedule: Schedule, epoch: int, rank: int, worker: int,
-                     resume: Sequence = (), shuffle: int = 0) -> List[Tuple[WorkerPlan, np.ndarray]]:
-        """Per source, what (``rank``, ``worker``) reads of it in ``epoch`` and what its slot takes
-        of it at each step: the epoch's plan, or after ``resume`` (segments run under other
-        layouts) the rest of it."""
-        if resume:
-            return self.resumed(layout, schedule, epoch, resume, shuffle).worker(rank, worker)
-        mixed = self.epoch(layout, schedule, epoch).worker(rank, worker)
-        return [(WorkerPlan(rank, worker, epoch, s.parts, mixed.steps, mixed.slot, mixed.offset, s.samples,
-                            mixed.global_worker, 0, (), s.shuffle_seed), s.take) for s in mixed.sources]
+                         self.per_batch, self.samples_per_epoch, layout, schedule, epoch, segments, shuffle, interleave)
 
     def identity(self, of: Any) -> dict:
         """What the sources are, for a loader state: ``of(urls, counts, sizes)`` per source name,
@@ -82,10 +82,89 @@ class Mix:
                 "per_batch": self.per_batch, "samples_per_epoch": self.samples_per_epoch}
 
 
+def worker_columns(config: Any, data: DataSet, mix: Optional[Mix], epoch: int, worker: int,
+                   resume: Sequence = ()) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
+    """What worker ``worker`` of ``config``'s rank reads in ``epoch`` (after ``resume``'s segments,
+    if any, ran under other layouts), whatever the data: its columns, each ``(plan, take per
+    step, source)``. A single data set's: its span (taking the whole slot a step) or, read
+    interleaved, one column per slot position (one sample a step), planned by
+    :mod:`dalistream.plan.ownership` (or :mod:`~dalistream.plan.resume`); a mix's: each source's
+    span or columns by :mod:`dalistream.plan.mix` (or :mod:`~dalistream.plan.mixresume`). The
+    worker reads them all one way (:class:`dalistream.worker.feed.Feed`)."""
+    c = config
+    if mix is not None:
+        if resume:
+            return mix.resumed(c.layout, c.schedule, epoch, resume, c.shuffle, c.interleave).worker_columns(c.rank, worker)
+        return mix.epoch(c.layout, c.schedule, epoch, c.interleave).worker_columns(c.rank, worker)
+    counts, shards, layout = data.counts, len(data.urls), c.plan_layout
+    owners = c.layout.columns(c.rank, worker) if c.interleave else ()
+    if resume and counts is not None:
+        resumed = ResumePlan(counts, layout, c.schedule, epoch, resume, c.shuffle)
+        plans = tuple(resumed.worker(q, 0) for q in owners) if c.interleave else (resumed.worker(c.rank, worker),)
+    elif c.interleave:
+        plans = plan_columns(counts, shards, c.layout, c.schedule, epoch, c.rank, worker)
+    else:
+        plans = (worker_plan(counts, shards, layout, c.schedule, epoch, c.rank, worker),)
+    return [(plan, np.full(plan.steps, plan.slot), 0) for plan in plans]
+
+
+def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
+                   storage_options: Optional[Mapping[str, Any]] = None) -> DataSet:
+    """One data set resolved: its shards listed and their samples counted, with offsets and
+    member layouts where a manifest or a scan has them (cached in ``config.cache_dir``), shard
+    sizes and bytes per sample. The one way every data set is resolved, a mix's sources and a
+    single set alike (``config``: its policy, cache, scan limit, error policy; ``manifest`` the
+    source's, ``storage_options`` its own, else the config's). ``fixed`` without a manifest
+    counts nothing (workers own whole shards)."""
+    options = dict(config.storage_options if storage_options is None else storage_options)
+    urls = expand_sources([sources] if isinstance(sources, str) else list(sources), options,
+                          named=lambda folder: manifest_urls(folder, config.cache_dir, options))
+    if not manifest and config.policy == "fixed":
+        return DataSet(tuple(urls))
+    # skip: a bad shard counts the samples before its problem (what a worker delivers)
+    counted = count_samples(urls, manifest=manifest, cache_dir=config.cache_dir, options=options,
+                            lowercase=config.lowercase_ext, tolerant=config.on_error != "raise",
+                            scan_limit_bytes=config.scan_limit_bytes)
+    rows = counted.rows
+    per_sample = None
+    sized = rows.sizes >= 0
+    if sized.any() and rows.samples[sized].sum():
+        per_sample = float(rows.sizes[sized].sum() / rows.samples[sized].sum())
+    offsets = None
+    if rows.offsets is not None:
+        offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
+        if config.cache_dir:
+            offsets = offsets.saved(config.cache_dir)
+    sizes = tuple(rows.sizes.tolist()) if bool(sized.all()) else None
+    return DataSet(tuple(urls), tuple(rows.samples.tolist()), offsets, count_source=counted.source,
+                   bytes_per_sample=per_sample, sizes=sizes)
+
+
+def reading_order_for(config: Any, data: Sequence[DataSet]) -> Tuple[Any, str]:
+    """The reading order of ``config`` once its data sets are known, and why: the config's rule
+    (:func:`~dalistream.config.reading_order`), except that remote shards whose counts came
+    without sample offsets read one span per worker through a buffer (each column would fetch
+    its shard from byte 0 up to its part)."""
+    remote = any(d.counts is not None and d.offsets is None and any(is_remote(u) for u in d.urls) for d in data)
+    if config.interleave and remote:
+        log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
+                    "each worker reads one span through a shuffle buffer of %d instead; write a manifest "
+                    "with offsets (`dalistream index SOURCE`) to read interleaved",
+                    next(d.count_source for d in data if d.offsets is None) or "the manifest", SHUFFLE_BUFFER)
+        return (config.replace(interleave=False, shuffle=config.shuffle or SHUFFLE_BUFFER),
+                "remote shards without sample offsets: one span per worker through a shuffle buffer")
+    if config.interleave:
+        return config, "interleaved: every batch position reads its own span of the epoch"
+    if config.shuffle > 1:
+        return config, f"one span per worker through a shuffle buffer of {config.shuffle}"
+    return config, "one span per worker, in order"
+
+
 def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
-             samples_per_epoch: Optional[int] = None) -> Mix:
-    """List and count every source of ``mapping`` (see the module doc) for ``config`` (its
-    storage options, cache, scan limit and error policy apply to every source without its own)."""
+             samples_per_epoch: Optional[int] = None, interleave_asked: bool = False) -> Mix:
+    """Resolve every source of ``mapping`` (see the module doc) for ``config``
+    (:func:`resolve_source`: its storage options, cache, scan limit and error policy apply to
+    every source without its own) and check the mix."""
     if per_batch not in PER_BATCH:
         raise ConfigError(f"per_batch must be one of {PER_BATCH}, got {per_batch!r}")
     if samples_per_epoch is not None and (isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int)
@@ -94,27 +173,18 @@ def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
     if config.policy != "even":
         raise ConfigError(f"a mix's epoch is set by its weights (or samples_per_epoch), not by policy {config.policy!r}",
                           hint="leave policy unset (even) for a mix")
-    if config.interleave:
-        raise ConfigError("a mix reads each source's span through the shuffle buffer: interleave=True is not "
-                          "available for a mix", hint="leave interleave unset")
+    if interleave_asked:
+        raise ConfigError("a mix sets its own reading order: it reads interleaved columns of every source unless "
+                          "interleave=False (one span per worker through the shuffle buffer)",
+                          hint="leave interleave unset")
     out = []
     owners: dict = {}  # shard -> the source that lists it
     for item in parse_mix(mapping):
         options = dict(item.storage_options if item.storage_options is not None else config.storage_options)
-        sources = [item.source] if isinstance(item.source, str) else list(item.source)
-        urls = expand_sources(sources, options)
-        check_disjoint(item.name, urls, owners)
-        counted = count_samples(urls, manifest=item.manifest, cache_dir=config.cache_dir, options=options,
-                                lowercase=config.lowercase_ext, tolerant=config.on_error != "raise",
-                                scan_limit_bytes=config.scan_limit_bytes)
-        rows = counted.rows
-        if not int(rows.samples.sum()):
-            raise ConfigError(f"mix: source {item.name!r} holds no samples", url=urls[0] if urls else None)
-        offsets = None
-        if rows.offsets is not None:
-            offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
-        sizes = tuple(rows.sizes.tolist()) if bool((rows.sizes >= 0).all()) else None
-        data = DataSet(tuple(urls), tuple(rows.samples.tolist()), offsets, count_source=counted.source, sizes=sizes)
+        data = resolve_source(item.source, config, manifest=item.manifest, storage_options=options)
+        check_disjoint(item.name, data.urls, owners)
+        if not sum(data.counts or ()):
+            raise ConfigError(f"mix: source {item.name!r} holds no samples", url=data.urls[0] if data.urls else None)
         out.append(MixedSource(item.name, item.weight, data, options))
     mix = Mix(tuple(out), per_batch, samples_per_epoch)
     mix.epoch(config.layout, config.schedule, 0)  # every share, the epoch's steps: checked before any worker starts

@@ -14,18 +14,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-from .config import SHUFFLE_BUFFER, StreamConfig, WORKERS
+from .config import StreamConfig, WORKERS
 from .dataset import DataSet
 from .errors import ConfigError, redact, redact_client_logs
 from .io.folder import folder_problem
-from .io.stores import any_ranged
 from .device import check_start_method, resolve_device
-from .manifest import SampleOffsets, count_samples
-from .manifest.files import manifest_urls
-from .mixing import Mix, concatenated, open_mix
-from .plan import check_layout, resumed_steps, steps_per_epoch
+from .mixing import Mix, concatenated, open_mix, reading_order_for, resolve_source
+from .plan import Layout, check_layout, resumed_steps, steps_per_epoch
 from .plan.affinity import ranks_per_node
-from .sources import expand_sources
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +119,31 @@ def check_data_size(config: StreamConfig, counts: Sequence[int]) -> None:
                           hint=f"use {fits(total)}" if total else "the data set holds no samples")
 
 
+def resolve(config: StreamConfig, mapping: Optional[Mapping[str, Any]] = None, *, per_batch: str = "sample",
+            samples_per_epoch: Optional[int] = None,
+            interleave_asked: bool = False) -> Tuple[StreamConfig, DataSet, Optional[Mix], str]:
+    """Every data set, mix or not, resolved in one way: each source listed and counted
+    (:func:`~dalistream.mixing.resolve_source`; a single data set is a mix of one source, without
+    a name), the data checked against the layout, and the reading order decided once the data is
+    known (:func:`~dalistream.mixing.reading_order_for`): ``(config, data set, mix or None, why)``."""
+    if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
+        usable_cache_dir(os.fspath(config.cache_dir), given=True)
+    if mapping is not None:
+        mix = open_mix(mapping, config, per_batch, samples_per_epoch, interleave_asked)
+        urls, counts = concatenated(mix.sources)
+        known = [s.data for s in mix.sources if s.data.sizes is not None]
+        per_sample = (sum(sum(d.sizes) for d in known) / max(1, sum(sum(d.counts) for d in known))) if known else None
+        config, why = reading_order_for(config, [s.data for s in mix.sources])
+        return config, DataSet(urls, counts, count_source="mix", bytes_per_sample=per_sample), mix, why
+    data = resolve_source(config.sources, config, manifest=config.manifest)
+    if data.counts is not None:
+        check_data_size(config, data.counts)
+    else:
+        check_layout(len(data.urls), config.layout)  # whole shards: one per global worker at least
+    config, why = reading_order_for(config, [data])
+    return config, data, None, why
+
+
 def sources_digest(urls: Sequence[str]) -> str:
     """A short digest of the shard list (saved with the loader state, compared on load)."""
     return hashlib.sha256("\n".join(urls).encode()).hexdigest()[:16]
@@ -168,6 +189,7 @@ class Stream:
     resume: Tuple[Tuple[int, int, int, int], ...] = ()  # start_epoch's segments under other layouts (plan.resume)
     mix: Optional[Mix] = None  # several named data sets by weight (dalistream.mixing)
     given: Optional[Tuple[Optional[int], Optional[int]]] = None  # (rank, world_size) as given to open; None: the config's
+    reading: str = ""  # how the workers read (interleaved, or spans through a buffer) and why
 
     @property
     def urls(self) -> Tuple[str, ...]:
@@ -220,82 +242,38 @@ class Stream:
         if "cache_dir" not in options:
             options["cache_dir"] = usable_cache_dir(default_cache_dir(env), given="DALISTREAM_CACHE" in env)
         mixed = isinstance(sources, Mapping)
+        mix_options: dict = {}
         if mixed:  # a mix: {name: (source, weight)} or {name: {"source", "weight", "manifest", "storage_options"}}
             mix_options = {"per_batch": options.pop("per_batch", "sample"),
-                           "samples_per_epoch": options.pop("samples_per_epoch", None)}
-            if options.get("interleave") is None:  # a mix composes its batches itself (dalistream.mixing)
-                options["interleave"] = False
+                           "samples_per_epoch": options.pop("samples_per_epoch", None),
+                           "interleave_asked": options.get("interleave") is True}
             mapping, sources = sources, [str(name) for name in sources] or ["(empty mix)"]
         elif isinstance(sources, (str, os.PathLike)):
             sources = [os.fspath(sources)]
         config = StreamConfig(sources=tuple(os.fspath(s) for s in sources), fields=fields, batch_size=batch_size,
                               workers=workers, rank=rank, world_size=world_size, **options)
-        if mixed:
-            mix = open_mix(mapping, config, **mix_options)
-            urls, counts = concatenated(mix.sources)
-            known = [s.data for s in mix.sources if s.data.sizes is not None]
-            per_sample = (sum(sum(d.sizes) for d in known) / max(1, sum(sum(d.counts) for d in known))) if known else None
-            device, device_id = resolve_device(device, device_id, local_rank)
-            check_start_method(start_method)
-            data = DataSet(urls, counts, count_source="mix", bytes_per_sample=per_sample)
-            return cls(config, data, device, device_id, start_method=start_method,
-                       local_processes=local_processes(env), mix=mix, given=given)
-        return dataclasses.replace(cls.from_config(config, device=device, device_id=device_id, local_rank=local_rank,
-                                                   start_method=start_method, local_processes=local_processes(env)),
-                                   given=given)
-
-    @classmethod
-    def from_config(cls, config: StreamConfig, *, device: str = "auto", device_id: Optional[int] = None,
-                    local_rank: Optional[int] = None, start_method: str = "auto",
-                    local_processes: int = 1) -> "Stream":
-        """List shards and count samples for an already built config."""
-        urls = expand_sources(config.sources, config.storage_options,
-                              named=lambda folder: manifest_urls(folder, config.cache_dir, config.storage_options))
-        if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
-            usable_cache_dir(os.fspath(config.cache_dir), given=True)
-        counts = offsets = source = per_sample = None
-        if config.manifest or config.policy != "fixed":
-            # skip: a bad shard counts the samples before its problem (what a worker delivers)
-            counted = count_samples(urls, manifest=config.manifest, cache_dir=config.cache_dir,
-                                    options=config.storage_options, lowercase=config.lowercase_ext,
-                                    tolerant=config.on_error != "raise", scan_limit_bytes=config.scan_limit_bytes)
-            counts = tuple(counted.rows.samples.tolist())
-            check_data_size(config, counts)
-            source = counted.source
-            sized = counted.rows.sizes >= 0
-            if sized.any() and counted.rows.samples[sized].sum():
-                per_sample = float(counted.rows.sizes[sized].sum() / counted.rows.samples[sized].sum())
-            if counted.rows.offsets is not None:
-                offsets = SampleOffsets.from_flat(counted.rows.starts, counted.rows.offsets, counted.rows.members)
-                if config.cache_dir:
-                    offsets = offsets.saved(config.cache_dir)
-        else:
-            check_layout(len(urls), config.layout)  # whole shards: one per global worker at least
-        if config.interleave and offsets is None and any_ranged(urls):
-            # without sample offsets every column would fetch its shard from byte 0 up to its part
-            log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
-                        "each worker reads one span through a shuffle buffer of %d instead; write a manifest "
-                        "with offsets (`dalistream index SOURCE`) to read interleaved", source or "the manifest",
-                        SHUFFLE_BUFFER)
-            config = config.replace(interleave=False, shuffle=config.shuffle or SHUFFLE_BUFFER)
         device, device_id = resolve_device(device, device_id, local_rank)
         check_start_method(start_method)
-        sizes = None
-        if counts is not None and bool((counted.rows.sizes >= 0).all()):
-            sizes = tuple(counted.rows.sizes.tolist())
-        data = DataSet(tuple(urls), counts, offsets, count_source=source, bytes_per_sample=per_sample, sizes=sizes)
-        return cls(config, data, device, device_id, start_method=start_method, local_processes=local_processes)
+        config, data, mix, reading = resolve(config, mapping if mixed else None, **mix_options)
+        return cls(config, data, device, device_id, start_method=start_method, local_processes=local_processes(env),
+                   mix=mix, reading=reading, given=given)
 
     def steps(self, epoch: int, resume: Sequence = ()) -> int:
         """Batches this rank yields in ``epoch`` (its rest after the segments ``resume``)."""
         c = self.config
         if self.mix is not None:
             if resume:
-                return self.mix.resumed(c.layout, c.schedule, epoch, resume, c.shuffle).steps
+                return self.mix.resumed(c.layout, c.schedule, epoch, resume, c.shuffle, c.interleave).steps
             return self.mix.epoch(c.layout, c.schedule, epoch).steps
         if resume and self.data.counts is not None:
             return resumed_steps(self.data.counts, c.plan_layout, c.schedule, epoch, resume, c.shuffle)
         return steps_per_epoch(self.data.counts, c.plan_layout, c.schedule, epoch, c.rank)
+
+    def planned(self, layout: Layout) -> Layout:
+        """The layout the plan splits an epoch over: a single data set read interleaved splits it
+        over ``layout``'s columns (:attr:`~dalistream.plan.Layout.column_layout`); a mix plans its
+        columns within its own plan, over ``layout`` itself."""
+        return layout if self.mix is not None else layout.planned(bool(self.config.interleave))
 
     def at(self, epoch: int, step: int = 0, stats_dir: Optional[str] = None, resume: Sequence = ()) -> "Stream":
         """The same stream starting at (``epoch``, ``step``), after the segments ``resume`` of

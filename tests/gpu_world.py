@@ -2,8 +2,8 @@
 variables (LOCAL_RANK, RANK, …) and see where it puts the model, NCCL and the batches.
 
 Run by tests/test_torchrun_recipe.py as ``python tests/gpu_world.py VISIBLE SCRIPT [args…]`` or
-``… VISIBLE --old-outline DATA``; prints one JSON line. Faked: what DALI sees (the GPU count, in
-dalistream's compat shim, where it is asked) and torch's CUDA surface (a CUDA build, the current
+``… VISIBLE --old-outline DATA``; prints one JSON line. Faked: what DALI sees (the GPU count,
+where dalistream asks it: ``dalistream.device.gpu_count``) and torch's CUDA surface (a CUDA build, the current
 device that ``set_device`` moves, ``Module.to``/``Module.cuda`` recording the device they would move
 to, ``init_process_group`` and ``DistributedDataParallel`` recording their device arguments).
 Nothing of dalistream's own logic is replaced. The batches' device is the DALI pipeline's
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.parallel
 
-from dalistream.dali import compat
+from dalistream import device
 
 visible = int(sys.argv[1])
 state = {"current": 0, "set_device": [], "moved_to": [], "ddp_device_ids": [], "process_group": []}
@@ -56,7 +56,7 @@ def ddp(module, device_ids=None, **kwargs):
     return module
 
 
-compat.cuda_device_count = lambda: visible
+device.gpu_count = lambda: visible
 torch.version.cuda = "12.8"
 torch.backends.cuda.is_built = lambda: True
 torch.cuda.is_available = lambda: True

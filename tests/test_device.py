@@ -1,7 +1,6 @@
 """Which GPU a process takes, and that nothing at import or test collection touches CUDA.
 
-The CUDA queries are faked in the compat shim (``dalistream.dali.compat.cuda_device_count``),
-where the library asks them; no GPU is needed."""
+The GPU count is faked where the library asks it (``dalistream.device.gpu_count``); no GPU is needed."""
 
 import logging
 import os
@@ -13,7 +12,6 @@ import pytest
 
 import dalistream
 from dalistream import device
-from dalistream.dali import compat
 from dalistream.errors import ConfigError
 
 from helpers import key_shards
@@ -27,7 +25,7 @@ def test_each_local_rank_takes_its_gpu(monkeypatch, caplog, visible, local_ranks
     """One visible GPU per process (srun --gpus-per-task=1, Kubernetes): always GPU 0. All of the
     node's GPUs visible (torchrun): local rank k takes GPU k; more ranks than GPUs share them
     round-robin, with a warning."""
-    monkeypatch.setattr(compat, "cuda_device_count", lambda: visible)
+    monkeypatch.setattr(device, "gpu_count", lambda: visible)
     chosen = []
     for k in range(local_ranks):
         caplog.clear()
@@ -44,7 +42,7 @@ def test_each_local_rank_takes_its_gpu(monkeypatch, caplog, visible, local_ranks
 
 
 def test_no_local_rank_is_gpu_0_and_a_negative_one_is_refused(monkeypatch):
-    monkeypatch.setattr(compat, "cuda_device_count", lambda: 4)
+    monkeypatch.setattr(device, "gpu_count", lambda: 4)
     assert device.resolve_device("gpu") == ("gpu", 0)
     with pytest.raises(ConfigError, match="negative"):
         device.resolve_device("gpu", None, -1)
@@ -58,7 +56,7 @@ def test_no_local_rank_is_gpu_0_and_a_negative_one_is_refused(monkeypatch):
     (8, {}, 0),
 ])
 def test_stream_open_follows_the_rule(monkeypatch, tmp_path, visible, env, expected):
-    monkeypatch.setattr(compat, "cuda_device_count", lambda: visible)
+    monkeypatch.setattr(device, "gpu_count", lambda: visible)
     paths = key_shards(str(tmp_path / "d"), [4, 4])
     stream = dalistream.Stream.open(paths, fields={"key": "__key__"}, batch_size=2, workers=1, env=env,
                                     cache_dir=str(tmp_path / "c"))
@@ -75,26 +73,26 @@ def test_the_device_count_is_asked_in_a_child_process(monkeypatch, tmp_path):
 
     driver = tmp_path / "version"
     driver.write_text("NVRM version: fake")  # as if a driver were installed: the child is asked
-    monkeypatch.setattr(compat, "DRIVER_PATHS", (str(driver),))
-    monkeypatch.setattr(compat, "_device_count", None)
-    before = dict(compat.CUDA_QUERIES)
-    count = compat.cuda_device_count()
+    monkeypatch.setattr(device, "DRIVER_PATHS", (str(driver),))
+    monkeypatch.setattr(device, "_device_count", None)
+    before = dict(device.CUDA_QUERIES)
+    count = device.gpu_count()
     assert isinstance(count, int) and count >= 0
-    assert compat.CUDA_QUERIES["child"] == before["child"] + 1
-    assert compat.cuda_device_count() == count and compat.CUDA_QUERIES["child"] == before["child"] + 1  # cached
+    assert device.CUDA_QUERIES["child"] == before["child"] + 1
+    assert device.gpu_count() == count and device.CUDA_QUERIES["child"] == before["child"] + 1  # cached
     if not IsDriverInitialized():  # (a GPU test earlier in this process may have started CUDA)
-        assert compat.CUDA_QUERIES["in_process"] == before["in_process"]
+        assert device.CUDA_QUERIES["in_process"] == before["in_process"]
 
 
 def test_without_a_driver_nothing_is_asked(monkeypatch, tmp_path):
-    monkeypatch.setattr(compat, "DRIVER_PATHS", (str(tmp_path / "absent"),))
-    monkeypatch.setattr(compat, "_device_count", None)
-    before = dict(compat.CUDA_QUERIES)
+    monkeypatch.setattr(device, "DRIVER_PATHS", (str(tmp_path / "absent"),))
+    monkeypatch.setattr(device, "_device_count", None)
+    before = dict(device.CUDA_QUERIES)
     from nvidia.dali.backend import IsDriverInitialized
 
     if IsDriverInitialized():
         pytest.skip("CUDA was started in this process by an earlier test")
-    assert compat.cuda_device_count() == 0 and compat.CUDA_QUERIES == before
+    assert device.gpu_count() == 0 and device.CUDA_QUERIES == before
 
 
 @pytest.mark.slow
@@ -112,9 +110,9 @@ def test_no_import_or_collection_touches_cuda():
         import dalistream, dalistream.ops, dalistream.pipelines
         from dalistream.pipelines import classification_train, classification_eval, image_text
         from dalistream import cli
-        from dalistream.dali import compat
+        from dalistream import device
         code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", {os.path.join(REPO, "tests")!r}])
-        print(json.dumps({{"code": int(code), "backend": len(calls), "queries": compat.CUDA_QUERIES,
+        print(json.dumps({{"code": int(code), "backend": len(calls), "queries": device.CUDA_QUERIES,
                            "initialized": bool(backend.IsDriverInitialized())}}))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO,
@@ -248,11 +246,11 @@ def failing_probe(monkeypatch, tmp_path, code: str, timeout_s: float = 60.0) -> 
     """As if an NVIDIA driver were installed, with ``code`` as the child that counts the GPUs."""
     driver = tmp_path / "nvidiactl"
     driver.write_text("")
-    monkeypatch.setattr(compat, "DRIVER_PATHS", (str(driver),))
-    monkeypatch.setattr(compat, "COUNT_COMMAND", (sys.executable, "-c", code))
-    monkeypatch.setattr(compat, "COUNT_TIMEOUT_S", timeout_s)
-    monkeypatch.setattr(compat, "_device_count", None)
-    monkeypatch.setattr(compat, "_count_problem", None)
+    monkeypatch.setattr(device, "DRIVER_PATHS", (str(driver),))
+    monkeypatch.setattr(device, "COUNT_COMMAND", (sys.executable, "-c", code))
+    monkeypatch.setattr(device, "COUNT_TIMEOUT_S", timeout_s)
+    monkeypatch.setattr(device, "_device_count", None)
+    monkeypatch.setattr(device, "_count_problem", None)
 
 
 @pytest.mark.parametrize("code, said", [
@@ -291,8 +289,8 @@ def test_a_clean_count_of_zero_and_no_driver_say_nothing(monkeypatch, tmp_path, 
     failing_probe(monkeypatch, tmp_path, "print(0)")
     with caplog.at_level(logging.WARNING, logger="dalistream.device"):
         assert device.resolve_device("auto") == ("cpu", None)
-    monkeypatch.setattr(compat, "DRIVER_PATHS", (str(tmp_path / "absent"),))
-    monkeypatch.setattr(compat, "_device_count", None)
+    monkeypatch.setattr(device, "DRIVER_PATHS", (str(tmp_path / "absent"),))
+    monkeypatch.setattr(device, "_device_count", None)
     with caplog.at_level(logging.WARNING, logger="dalistream.device"):
         assert device.resolve_device("auto") == ("cpu", None)
     from nvidia.dali.backend import IsDriverInitialized
@@ -307,7 +305,7 @@ def test_a_working_probe_counts(monkeypatch, tmp_path):
 
     if IsDriverInitialized():
         pytest.skip("CUDA was started in this process by an earlier test: the count is asked here, not in a child")
-    assert compat.cuda_device_count() == 2 and compat.cuda_count_problem() is None
+    assert device.gpu_count() == 2 and device.gpu_count_problem() is None
 
 
 # -- the torch side: which device, which torch ---------------------------------------------------
@@ -326,7 +324,7 @@ def fake_cuda_torch(monkeypatch, current: int = 0) -> dict:
 
 
 def gpu_stream(monkeypatch, tmp_path, visible: int, local_rank: int):
-    monkeypatch.setattr(compat, "cuda_device_count", lambda: visible)
+    monkeypatch.setattr(device, "gpu_count", lambda: visible)
     paths = key_shards(str(tmp_path / "d"), [4, 4])
     return dalistream.Stream.open(paths, fields={"key": "__key__"}, batch_size=2, workers=1, cache_dir=str(tmp_path / "c"),
                                   env={"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(visible)})

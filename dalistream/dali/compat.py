@@ -9,14 +9,17 @@ warns once when another version is found, naming the shims that may need a look.
   (``Pipeline._shutdown``, ``_py_pool.close``) and the pool's observer thread (``_observer``).
 - The entry point DALI's worker pool starts its processes with (``_multiproc.pool.worker``),
   wrapped so that every worker ends with the process that started it (:func:`workers_die_with_parent`).
-- The CUDA state DALI's backend sees (``GetCUDADeviceCount``, asked in a child process so that
-  this one's CUDA stays uninitialized and workers may fork; ``IsDriverInitialized``).
+- The CUDA state DALI's backend sees (``IsDriverInitialized``, ``GetCUDADeviceCount``; the count
+  is asked in a child process by :func:`dalistream.device.gpu_count`, so that this one's CUDA
+  stays uninitialized and workers may fork).
 - DALI's torch helpers (``nvidia.dali.plugin.pytorch.torch_utils``) and torch's reference counts
   of a tensor and its storage (``Tensor._use_count``, ``torch._C._storage_Use_Count``).
 - The consumer's CUDA stream given to ``Pipeline.run(stream)`` (dynamic executor only in DALI 2.4),
   and the device DALI reads for the legacy default stream (the calling thread's current one).
 - The graph behind a pipeline's outputs (``DataNode.source``, ``_OperatorInstance.inputs``): which
-  nodes the outputs depend on, so that fields nobody uses are not read.
+  nodes the outputs depend on, so that fields nobody uses are not read; the pruning of their
+  sources' unused outputs
+  (``Pipeline._disable_pruned_external_source_instances``), whose warning is silenced for ours.
 - What a parallel source's worker shipped, rewritten in the main process before DALI feeds it
   (``_ExternalSourceGroup.schedule_and_receive``, ``_ExternalDataBatch._data``,
   ``source_desc.source``), and a batch of rows as one ``TensorListCPU`` without a copy.
@@ -177,77 +180,47 @@ def upstream(outputs: Any) -> set:
     return seen
 
 
+def current_pipeline() -> Any:
+    """The DALI pipeline being defined (``Pipeline.current()``; ``None`` outside a definition)."""
+    from nvidia.dali import Pipeline
+
+    return Pipeline.current()
+
+
+def quiet_pruned_sources(pipe: Any, name: str) -> None:
+    """Silence DALI's warning that an output of one of dalistream's sources (whose ``repr`` starts
+    with ``name``) is not used (``Pipeline._disable_pruned_external_source_instances``, run when the
+    graph is built): the fields no output needs are left out on purpose, the sources ship a
+    placeholder for them and DALI feeds nothing. Other sources' warnings stay."""
+    original = pipe._disable_pruned_external_source_instances
+
+    def disable() -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=f"The external source node '{name}")
+            original()
+
+    pipe._disable_pruned_external_source_instances = disable
+
+
 # -- CUDA as DALI sees it -----------------------------------------------------------------------
 
-# Paths an NVIDIA driver provides; where none exists there is no GPU to count (and no CUDA to start).
-DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
-# How often this process asked CUDA anything that may initialize it ("in_process") or had a child
-# process ask ("child"): the test that nothing at import or collection touches CUDA reads these.
-CUDA_QUERIES = {"in_process": 0, "child": 0}
-# The child that counts the GPUs, and how long it may take (CUDA's start-up on 8 GPUs takes seconds).
-COUNT_COMMAND = (sys.executable, "-c", "from nvidia.dali.backend import GetCUDADeviceCount as c; print(int(c()))")
-COUNT_TIMEOUT_S = 120.0
-_device_count: Any = None
-_count_problem: Any = None
-
-
-def cuda_device_count() -> int:
-    """Number of CUDA devices DALI can see (0 without a driver or without DALI); no torch import.
-
-    ``GetCUDADeviceCount`` initializes CUDA in the process that calls it, and DALI refuses to fork
-    workers from a process whose CUDA is initialized ("Cannot fork a process when the CUDA has been
-    initialized"). So the count is asked in a short-lived child process (once per process, about
-    half a second, cached), unless CUDA is already initialized here; without an NVIDIA driver
-    (:data:`DRIVER_PATHS`) it is 0 at once. When a driver is there but the child fails, times out
-    or prints no number, the count is 0 and :func:`cuda_count_problem` says what went wrong."""
-    global _device_count, _count_problem
-    if _device_count is None:
-        _device_count, _count_problem = _count_devices()
-    return _device_count
-
-
-def cuda_count_problem() -> Any:
-    """Why the last count was 0 although an NVIDIA driver is installed (the child's exit status or
-    time-out, and the end of its stderr), or ``None``: no driver, or the count was asked cleanly."""
-    return _count_problem
-
-
-def _count_devices() -> tuple:
-    import os
-    import subprocess
-
+def cuda_driver_state() -> Optional[bool]:
+    """Whether CUDA's driver is initialized in this process, as DALI's backend says
+    (``IsDriverInitialized``); ``None`` without DALI's backend or a usable driver (no libcuda)."""
     try:
-        from nvidia.dali.backend import GetCUDADeviceCount, IsDriverInitialized
-    except ImportError:
-        return 0, None
-    try:
-        if IsDriverInitialized():  # already started here: asking costs nothing more
-            CUDA_QUERIES["in_process"] += 1
-            return int(GetCUDADeviceCount()), None
-    except Exception:  # no driver, no libcuda: CPU only
-        return 0, None
-    driver = [p for p in DRIVER_PATHS if os.path.exists(p)]
-    if not driver:
-        return 0, None
-    CUDA_QUERIES["child"] += 1
-    where = f"an NVIDIA driver is installed ({driver[0]}) but counting the GPUs in a child process"
-    try:
-        done = subprocess.run(list(COUNT_COMMAND), capture_output=True, text=True, timeout=COUNT_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        err = e.stderr.decode("utf-8", "replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        return 0, f"{where} did not answer within {COUNT_TIMEOUT_S:g} s{_tail(err)}"
-    except OSError as e:
-        return 0, f"{where} could not start: {e}"
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines or not lines[-1].strip().isdigit():
-        status = f"exit status {done.returncode}" if done.returncode != 0 else f"printed {done.stdout.strip()[-200:]!r}"
-        return 0, f"{where} failed ({status}){_tail(done.stderr)}"
-    return int(lines[-1]), None
+        from nvidia.dali.backend import IsDriverInitialized
+
+        return bool(IsDriverInitialized())
+    except Exception:  # no backend, no driver: CPU only
+        return None
 
 
-def _tail(stderr: str, lines: int = 12) -> str:
-    text = "\n".join(stderr.strip().splitlines()[-lines:])
-    return f"; its stderr:\n{text}" if text else "; it wrote nothing on stderr"
+def cuda_count_here() -> int:
+    """DALI's GPU count asked in this process (``GetCUDADeviceCount``): it initializes CUDA here, so
+    only once :func:`cuda_driver_state` says it is (:func:`dalistream.device.gpu_count`)."""
+    from nvidia.dali.backend import GetCUDADeviceCount
+
+    return int(GetCUDADeviceCount())
 
 
 def cuda_initialized() -> bool:

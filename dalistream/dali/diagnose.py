@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING, List, Optional
 
 from .. import errors
-from ..config import Field, is_image_ext
+from ..config import Field
 from ..errors import WorkerError
 from ..worker import WorkerSource
 
@@ -140,7 +140,7 @@ def _locate_bad_images(stream: "Stream", epoch: int, step: int, depth: int = 2):
 
     c = stream.config
     images = [i for i, f in enumerate(c.fields)
-              if f.kind == "bytes" and any(is_image_ext(e) for e in f.exts)]
+              if any(f.spec.member_flag(f, e) for e in f.exts)]  # (the bytes kind's images)
     if not images:
         return [], []
     try:

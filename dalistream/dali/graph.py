@@ -25,7 +25,7 @@ from ..config import StreamConfig
 from ..dataset import DataSet
 from ..plan import Layout
 from ..worker import WorkerSource, stats_path
-from ..worker.batch import byte_fields, rows, shm_hint
+from ..worker.batch import rows, shm_hint
 from .compat import do_not_convert, on_receive, tensor_list
 
 _names = itertools.count()
@@ -60,10 +60,11 @@ def merge(owner, branches: Sequence[Sequence]) -> list:
 def sharded_sources(
     config: StreamConfig, data: DataSet, *, start_epoch: int = 0, start_step: int = 0,
     stats_dir: Optional[str] = None, resume: Sequence = (), mix: Optional[Any] = None,
-) -> Tuple[Optional[object], List[Sequence]]:
-    """Create the W parallel sources of ``data``; return ``(owner, branches)``: the owner index
-    node (``None`` with one worker, or when :func:`merge_by_concat` can merge the fields) and, per
-    worker, its output nodes (the fields, then ``valid``). ``data.bytes_per_sample`` (shard bytes
+) -> Tuple[Optional[object], List[Sequence], List[WorkerSource]]:
+    """Create the W parallel sources of ``data``; return ``(owner, branches, sources)``: the owner
+    index node (``None`` with one worker, or when :func:`merge_by_concat` can merge the fields),
+    per worker its output nodes (the fields, then ``valid``), and the W sources (not yet shipped
+    to their workers: :meth:`~WorkerSource.leave_out` may still narrow them). ``data.bytes_per_sample`` (shard bytes
     / samples, when known) sizes the shared memory once for the whole run.
 
     Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.dali.pipeline`),
@@ -73,33 +74,33 @@ def sharded_sources(
     from nvidia.dali import fn, types
 
     prefix = f"dalistream{next(_names)}"
-    packed = byte_fields(config.fields)
     n_out = len(config.fields) + 1  # the fields, then valid
-    receive = functools.partial(received_rows, packed)
-    branches = []
+    branches, sources = [], []
     for w in range(config.workers):
         source = WorkerSource(
             config, data, w, start_epoch=start_epoch, start_step=start_step,
             stats_path=stats_path(stats_dir, w) if stats_dir else None, resume=resume, mix=mix,
         ).for_dali()
-        on_receive(source, receive)  # byte fields travel as blobs, cut into rows here (see worker.batch)
+        on_receive(source, functools.partial(received_rows, source.blob_outputs))  # byte fields travel as blobs, cut here
         hint = shm_hint(config.batch_size, config.layout.slots[w], data.bytes_per_sample or 0, n_out)
         nodes = fn.external_source(
             source=source, num_outputs=n_out, batch=True, parallel=True, cycle="quiet",
             prefetch_queue_depth=config.prefetch, bytes_per_sample_hint=hint,
         )
         branches.append(nodes)
+        sources.append(source)
     if config.workers == 1 or concat_mergeable(config.fields):
-        return None, branches
+        return None, branches, sources
     owner = fn.external_source(source=OwnerIndex(config.batch_size, config.workers), batch=True,
                                dtype=types.INT32, name=f"{prefix}_owner")
-    return owner, branches
+    return owner, branches, sources
 
 
 @do_not_convert  # runs once per batch: never as AutoGraph-converted code (a pipeline with conditionals converts what it calls)
 def received_rows(packed: Sequence[int], outputs: list) -> list:
-    """A worker's shipped outputs as DALI feeds them (main process): each byte field at ``packed``,
-    a blob (:func:`~dalistream.worker.batch.pack`), as its rows, one ``TensorListCPU`` of views."""
+    """A worker's shipped outputs as DALI feeds them (main process): each byte field at ``packed``
+    (a source's ``blob_outputs``: :class:`~dalistream.worker.source.WorkerSource`), a blob
+    (:func:`~dalistream.worker.batch.pack`), as its rows, one ``TensorListCPU`` of views."""
     batch_size = len(outputs[-1])  # valid: one per position
     for i in packed:
         outputs[i] = tensor_list(rows(outputs[i], batch_size))
@@ -107,9 +108,10 @@ def received_rows(packed: Sequence[int], outputs: list) -> list:
 
 
 def concat_mergeable(fields: Sequence) -> bool:
-    """Whether :func:`merge_by_concat` delivers these fields exactly: integer scalars (a sum of
-    zeros and the value) and one-dimensional arrays (a concatenation of empties and the value)."""
-    return all(f.ndim == 1 or (f.ndim == 0 and np.issubdtype(np.dtype(f.dtype), np.integer)) for f in fields)
+    """Whether :func:`merge_by_concat` delivers these fields exactly: every kind merges them by a
+    sum (integer scalars: zeros and the value) or a concatenation (one-dimensional arrays:
+    empties and the value), not by the owner's conditionals (:meth:`dalistream.kinds.Kind.merge`)."""
+    return all(f.spec.merge(f) != "owner" for f in fields)
 
 
 @do_not_convert
@@ -124,7 +126,7 @@ def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
         columns = [b[i] for b in branches]
         if len(columns) == 1:
             out.append(columns[0])
-        elif i == n - 1 or config.fields[i].ndim == 0:
+        elif i == n - 1 or config.fields[i].spec.merge(config.fields[i]) == "sum":
             out.append(functools.reduce(operator.add, columns))
         else:
             out.append(fn.cat(*columns, axis=0))

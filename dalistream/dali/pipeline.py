@@ -31,14 +31,14 @@ that builds a pipeline at top level needs the usual ``if __name__ == "__main__":
 from __future__ import annotations
 
 import functools
-import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..device import dali_threads, process_cores, start_method
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
-from .compat import check_versions, converted, do_not_convert, upstream
+from .compat import check_versions, converted, current_pipeline, do_not_convert, quiet_pruned_sources, upstream
+from ..worker.source import SOURCE_NAME
 from .graph import concat_mergeable, merge, merge_by_concat, sharded_sources
 
 if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
@@ -47,8 +47,6 @@ if TYPE_CHECKING:  # annotations only: the stream module imports nothing from he
 # Set from the stream, never by the user: they must agree with the sharded sources.
 RESERVED = ("batch_size", "device_id", "py_num_workers", "py_start_method", "py_callback_pickler",
             "enable_conditionals")
-
-_building: List[dict] = []  # the graph under construction (pipelines are built one at a time)
 
 
 def needs_conditionals(stream: "Stream", forced: Optional[bool] = None) -> bool:
@@ -80,59 +78,83 @@ def _bool_of_data_node(error: BaseException) -> bool:
 @dataclass(frozen=True)
 class Built:
     """What dalistream knows of a pipeline it built: its outputs as ``(name, kind)`` pairs (kind
-    ``"tensor"``, ``"bytes"`` or ``"text"``), how DALI starts its workers, and whether it was
-    defined with DALI's conditionals."""
+    ``"tensor"``, or the name of a field kind whose :meth:`~dalistream.kinds.Kind.to_torch` makes
+    the rows of a field returned as read), how DALI starts its workers, and whether it was
+    defined with DALI's conditionals. It travels on the pipeline itself (:func:`built`)."""
 
     outputs: Tuple[Tuple[str, str], ...]
     start_method: str
     conditionals: bool = False
 
 
-_built: "weakref.WeakKeyDictionary[Any, Built]" = weakref.WeakKeyDictionary()
+_BUILT = "dalistream_built"  # the attribute of a pipeline that holds its Built record
+_READ = "dalistream_read"  # the attribute of the pipeline being defined that holds what read() made
 
 
 def built(pipe: Any) -> Built:
     """The :class:`Built` record of a pipeline made by a :func:`pipeline_def` function."""
-    try:
-        return _built[pipe]
-    except (KeyError, TypeError):
+    record = getattr(pipe, _BUILT, None)
+    if not isinstance(record, Built):
         raise ConfigError("this pipeline was not made by a @dalistream.pipeline_def function",
-                          hint="decorate the pipeline function with dalistream.pipeline_def") from None
+                          hint="decorate the pipeline function with dalistream.pipeline_def")
+    return record
+
+
 _merge = converted(merge)  # its `if` is on data; converted at first use, not at import
 
 
-@do_not_convert
-def read(stream: "Stream") -> Dict[str, Any]:
-    """Create the sharded parallel sources and their merge; return ``{field: node, "valid": node}``.
+class Read(dict):
+    """What :func:`read` returns: ``{field: node, "valid": node}``, and what the pipeline needs
+    of them once the pipeline function has returned: the W sources (:attr:`sources`), the field
+    nodes (:attr:`fields`) and, for the fields whose kind has a raw form, the kind that makes a
+    node returned as read reach torch (:attr:`torch_kinds`; others are tensors). The pipeline being
+    defined holds it (an attribute of DALI's pipeline object), where :func:`pipeline_def` finds it
+    when the function returns: no state outside the values."""
 
-    Call it inside a function decorated with :func:`pipeline_def`. Fields that the pipeline's
-    outputs do not depend on are not read at all: the pipeline function is then called a second
-    time, with sources that leave them out (see :func:`pipeline_def`).
+    def __init__(self, nodes: Dict[str, Any], sources: Sequence[Any], torch_kinds: Dict[str, str]) -> None:
+        super().__init__(nodes)
+        self.sources = tuple(sources)
+        self.fields = {name: node for name, node in nodes.items() if name != "valid"}
+        self.torch_kinds = {id(nodes[name]): kind for name, kind in torch_kinds.items()}
+
+    @property
+    def valid(self) -> Any:
+        return self["valid"]
+
+    def leave_out(self, names: Sequence[str]) -> None:
+        """Have every source skip the fields ``names`` (no output depends on them): their members
+        are not read nor checked, and what the source ships for them is a placeholder that DALI
+        prunes unfed."""
+        for source in self.sources:
+            source.leave_out(names)
+
+
+@do_not_convert
+def read(stream: "Stream") -> Read:
+    """Create the sharded parallel sources and their merge; return ``{field: node, "valid": node}``
+    (a :class:`Read`).
+
+    Call it once inside a function decorated with :func:`pipeline_def`. Fields that the pipeline's
+    outputs do not depend on are not read at all (the workers leave them out).
     """
-    if not _building:
+    pipe = current_pipeline()
+    if pipe is None:
         raise RuntimeError("dalistream.read() must be called inside a @dalistream.pipeline_def function")
-    ctx = _building[-1]
-    if ctx["valid"] is not None:
+    if getattr(pipe, _READ, None) is not None:
         raise ConfigError("dalistream.read() was called twice in one pipeline",
                           hint="call it once and use its nodes as often as needed")
     config = stream.config
-    if ctx["unread"]:
-        config = config.replace(fields=tuple(f for f in config.fields if f.name not in ctx["unread"]))
-    owner, branches = sharded_sources(config, stream.data, start_epoch=stream.start_epoch, start_step=stream.start_step,
-                                      stats_dir=stream.stats_dir, resume=stream.resume, mix=stream.mix)
+    owner, branches, sources = sharded_sources(config, stream.data, start_epoch=stream.start_epoch,
+                                               start_step=stream.start_step, stats_dir=stream.stats_dir,
+                                               resume=stream.resume, mix=stream.mix)
     if owner is None:  # no conditionals needed (one worker, or fields that a sum/concatenation merges)
         merged = merge_by_concat(config, branches)
     else:
         merged = _merge(owner, branches)
     nodes = dict(zip([f.name for f in config.fields] + ["valid"], merged))
-    for field in config.fields:
-        if field.kind in ("bytes", "meta"):
-            ctx["raw"][id(nodes[field.name])] = "text" if field.kind == "meta" else "bytes"
-    ctx["valid"] = nodes["valid"]
-    ctx["fields"] = {name: node for name, node in nodes.items() if name != "valid"}
-    for name in ctx["unread"]:  # a node that nothing uses: it only has to exist (it is pruned)
-        ctx["fields"][name] = nodes[name] = nodes["valid"] + 0
-    return {f.name: nodes[f.name] for f in stream.config.fields} | {"valid": nodes["valid"]}
+    data = Read(nodes, sources, {f.name: f.kind for f in config.fields if f.spec.raw})
+    setattr(pipe, _READ, data)
+    return data
 
 
 def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] = None, **dali_kwargs: Any) -> Callable:
@@ -149,9 +171,11 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
     given here or when calling the decorated function; the remaining call arguments are the
     pipeline's own (``train(stream, size=160)``).
 
-    Fields of the stream that no output depends on are not read (nor checked) by the workers:
-    ``fn`` is then called a second time, with sources that leave them out, so it must define the
-    same graph each time it is called.
+    ``fn`` is called once per pipeline. Fields of the stream that no output depends on are not read
+    (nor checked) by the workers. The one exception is DALI's: a function that branches on a data
+    node without ``conditionals=True`` is refused by DALI at its first such ``if`` (AutoGraph must
+    convert a function before it runs), and is then defined once more, converted; the decorated
+    function remembers it, so later pipelines of it are converted at once.
     """
     if fn is None:
         return functools.partial(pipeline_def, conditionals=conditionals, **dali_kwargs)
@@ -180,16 +204,14 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
             raise ConfigError(f"{fn.__name__}: {reserved} are set from the stream and cannot be given")
         method = start_method(stream.start_method, stream.device)
 
-        def define(unread: frozenset, with_conditionals: bool):
-            ctx: dict = {"raw": {}, "valid": None, "names": [], "kinds": [], "fields": {}, "unread": unread,
-                         "unused": ()}
+        def define(with_conditionals: bool):
+            outputs: List[Tuple[str, str]] = []  # (name, kind) of the graph's outputs, set by graph()
 
             def graph():  # the pipeline definition: DALI's AutoGraph converts it, so it stays tiny
-                return _check_outputs(fn, ctx, fn(stream, *args, **kwargs))
+                return _check_outputs(fn, fn(stream, *args, **kwargs), outputs)
 
             graph.__name__ = fn.__name__
             decorated = dali_pipeline_def(graph, enable_conditionals=with_conditionals)
-            _building.append(ctx)
             try:
                 pipe = decorated(batch_size=c.batch_size, device_id=stream.device_id, py_num_workers=c.workers,
                                  py_start_method=method, py_callback_pickler=dill if method == "spawn" else None,
@@ -204,53 +226,44 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
                 if original is None:
                     raise
                 raise original from None
-            finally:
-                _building.pop()
-            return pipe, ctx
+            quiet_pruned_sources(pipe, SOURCE_NAME)  # the fields left out: pruned on purpose, not worth DALI's warning
+            setattr(pipe, _BUILT, Built(outputs=tuple(outputs), start_method=method, conditionals=with_conditionals))
+            return pipe
 
-        with_conditionals = needs_conditionals(stream, conditionals)
+        with_conditionals = needs_conditionals(stream, conditionals) or getattr(build, "branches_on_data", False)
         try:
-            pipe, ctx = define(frozenset(), with_conditionals)
+            return define(with_conditionals)
         except _BranchesOnData:  # an `if` on data: define it again, converted (never built: no workers)
-            with_conditionals = True
-            pipe, ctx = define(frozenset(), with_conditionals)
-        if ctx["unused"]:  # define it again with sources that do not read those fields (never built: no workers)
-            unused = frozenset(ctx["unused"])
-            pipe, ctx = define(unused, with_conditionals)
-            if set(ctx["unused"]) != unused:
-                raise ConfigError(f"{fn.__name__} uses other fields each time it is called "
-                                  f"({sorted(unused)} unused first, then {sorted(ctx['unused'])})",
-                                  hint="a pipeline function must define the same graph every time it is called")
-        _built[pipe] = Built(outputs=tuple(zip(ctx["names"], ctx["kinds"])), start_method=method,
-                             conditionals=with_conditionals)
-        return pipe
+            build.branches_on_data = True  # type: ignore[attr-defined]
+            return define(True)
 
     build.dalistream_pipeline = True  # type: ignore[attr-defined]
     return build
 
 
 @do_not_convert
-def _check_outputs(fn: Callable, ctx: dict, outputs: Any) -> tuple:
-    """Validate the pipeline function's named outputs, add ``valid``; the graph's output tuple."""
+def _check_outputs(fn: Callable, outputs: Any, names_kinds: List[Tuple[str, str]]) -> tuple:
+    """Validate the pipeline function's named outputs, add ``valid``, leave the fields no output
+    depends on out of the sources; the graph's output tuple (its names and kinds appended to
+    ``names_kinds``)."""
     if not isinstance(outputs, dict):
         raise TypeError(f"{fn.__name__} must return a dict of named outputs, got {type(outputs).__name__}")
     outputs = dict(outputs)
     for name in outputs:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{fn.__name__}: output names must be non-empty strings, got {name!r}")
-    if "valid" in outputs and outputs["valid"] is not ctx["valid"]:
-        raise ConfigError(f"{fn.__name__}: 'valid' is reserved for the padding mask; rename that output")
-    if ctx["valid"] is None:
+    data = getattr(current_pipeline(), _READ, None)
+    if data is None:
         raise ConfigError(f"{fn.__name__}: call dalistream.read(stream) in the pipeline function")
-    # always returned (not only when the stream can pad): the loader trims padding with it, and
-    # DALI warns about source outputs that nothing uses
-    outputs["valid"] = ctx["valid"]
     used = upstream(outputs.values())
-    unused = [name for name, node in ctx["fields"].items() if id(node) not in used]
-    if len(unused) < len(ctx["fields"]):  # leave them out of the sources (at least one field stays)
-        ctx["unused"] = unused
-    ctx["names"] = list(outputs)
-    ctx["kinds"] = [ctx["raw"].get(id(node), "tensor") for node in outputs.values()]
+    if "valid" in outputs and outputs["valid"] is not data.valid:
+        raise ConfigError(f"{fn.__name__}: 'valid' is reserved for the padding mask; rename that output")
+    # always returned (not only when the stream can pad): the loader trims padding with it
+    outputs["valid"] = data.valid
+    unused = [name for name, node in data.fields.items() if id(node) not in used]
+    if len(unused) < len(data.fields):  # leave them out of the sources (at least one field stays)
+        data.leave_out(unused)
+    names_kinds.extend((name, data.torch_kinds.get(id(node), "tensor")) for name, node in outputs.items())
     return tuple(outputs.values())
 
 

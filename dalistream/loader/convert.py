@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from ..dali.compat import only_reference, torch_utils
+from ..kinds import KINDS
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,9 @@ def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPo
         if name == "valid":
             mask = np.array((cpu or tl.as_cpu()).as_tensor(), dtype=bool)
             continue
-        if kind in ("bytes", "text"):
+        if kind != "tensor":  # a field returned as read: its kind makes the rows (dalistream.kinds)
             tl = cpu or tl.as_cpu()
-            values = [np.array(tl.at(i)).tobytes() for i in range(len(tl))]
-            batch[name] = [v.decode("utf-8", "surrogateescape") for v in values] if kind == "text" else values
+            batch[name] = KINDS[kind].to_torch([np.array(tl.at(i)) for i in range(len(tl))])
         elif tl.is_dense_tensor():
             tensor = tl.as_tensor()
             if cpu is not None and buffers is not None:

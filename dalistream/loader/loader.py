@@ -283,9 +283,9 @@ class Loader:
                 segments, step = (), 0
             else:
                 c = self.stream.config
-                planned = Layout(*saved_layout).planned(c.interleave)  # what the saved plan split
+                planned = self.stream.planned(Layout(*saved_layout))  # what the saved plan split
                 segments, step = continued(segments, (planned.world_size, planned.workers, planned.batch_size), step,
-                                           c.plan_layout)
+                                           self.stream.planned(c.layout))
         steps = self.stream.steps(epoch, segments)  # validates the segments against the data set
         if step > steps:
             raise StateError(f"saved step {step} is past the end of epoch {epoch}, which has {steps} steps",

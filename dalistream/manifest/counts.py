@@ -157,21 +157,3 @@ def count_shards(
                             tolerant=tolerant, scan_limit_bytes=None, progress=progress, discover=discover)
     infos = counted.infos if offsets else [ShardInfo(i.url, i.samples, i.bytes) for i in counted.infos]
     return infos, counted.problems
-
-
-def shard_infos(
-    urls: Sequence[str], *, manifest: Optional[str] = None, cache_dir: Optional[str] = None,
-    options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
-) -> List[ShardInfo]:
-    """Every shard's row (sample count, size, offsets when known); see :func:`count_samples`."""
-    return count_samples(urls, manifest=manifest, cache_dir=cache_dir, options=options, lowercase=lowercase,
-                         scan_limit_bytes=None).infos
-
-
-def shard_counts(
-    urls: Sequence[str], *, manifest: Optional[str] = None, cache_dir: Optional[str] = None,
-    options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
-) -> List[int]:
-    """Sample count of every shard (see :func:`count_samples`)."""
-    return [i.samples for i in shard_infos(urls, manifest=manifest, cache_dir=cache_dir, options=options,
-                                           lowercase=lowercase)]

@@ -7,20 +7,20 @@ from .ownership import (EpochLayout, Part, WorkerPlan, check_layout, epoch_layou
                         owned_parts, owned_samples, owned_shards, span_bounds, steps_per_epoch, worker_columns,
                         worker_plan)
 from .mix import (PER_BATCH, MixEpoch, MixPlan, SourcePlan, batch_sources, check_share, cumulative, integer_weights,
-                  mix_plan, mix_steps, mix_summary, pass_order, span_layout, worker_take)
+                  mix_plan, mix_steps, source_order, span_layout, worker_take)
 from .mixinput import MixSource, check_fields, check_weight, check_weights, parse_mix, parse_mix_arg
-from .resume import Remaining, ResumePlan, Run, check_segments, continued, remaining_summary, resumed_steps, resumed_worker_plan
-from .summary import epoch_summary
+from .resume import Remaining, ResumePlan, Stretch, check_segments, continued, remaining_summary, resumed_steps
+from .summary import epoch_summary, mix_summary
 from .buckets import BucketEpoch, bucket_steps
 from .bucketmix import BucketMix, check_bucket_mix
 from .bucketresume import resumed_bucket_plan
 from .bucketworker import BucketWorkerPlan
 
-__all__ = ["POLICIES", "EpochLayout", "Remaining", "ResumePlan", "Run", "check_segments", "continued", "remaining_summary", "resumed_steps",
-           "resumed_worker_plan", "Layout", "Part", "Schedule", "WorkerPlan", "check_layout", "epoch_layout",
+__all__ = ["POLICIES", "EpochLayout", "Remaining", "ResumePlan", "Stretch", "check_segments", "continued", "remaining_summary", "resumed_steps",
+           "Layout", "Part", "Schedule", "WorkerPlan", "check_layout", "epoch_layout",
            "epoch_order", "epoch_steps", "epoch_summary", "owned_parts", "owned_samples", "owned_shards", "seeds",
            "span_bounds", "steps_per_epoch", "worker_columns", "worker_plan",
            "PER_BATCH", "MixEpoch", "MixPlan", "MixSource", "SourcePlan", "batch_sources", "check_fields", "check_share",
            "check_weight", "check_weights", "cumulative", "integer_weights", "mix_plan", "mix_steps", "mix_summary",
-           "parse_mix", "parse_mix_arg", "pass_order", "span_layout", "worker_take",
+           "parse_mix", "parse_mix_arg", "source_order", "span_layout", "worker_take",
            "BucketEpoch", "BucketMix", "BucketWorkerPlan", "bucket_steps", "check_bucket_mix", "resumed_bucket_plan"]

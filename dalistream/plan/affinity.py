@@ -50,7 +50,7 @@ from ..errors import ConfigError, StateError
 from . import seeds
 from .layout import Layout, Schedule
 from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, span_bounds
-from .resume import Remaining, Run, kth_positions, merged_runs, runs_to_parts, shuffle_seed
+from .resume import Remaining, Stretch, kth_positions, merged_runs, runs_to_parts
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ class Regrouped:
         self.bounds = np.zeros(nodes + 1, dtype=np.int64)
         np.cumsum(self.node_totals, out=self.bounds[1:])
 
-    def runs(self, lo: int, hi: int) -> List[Run]:
+    def runs(self, lo: int, hi: int) -> List[Stretch]:
         """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
         if hi <= lo:
             return []
@@ -190,10 +190,10 @@ class Regrouped:
                 continue
             start, drop = int(self.start[k]), self.drops[k]
             if not drop:
-                out.append(Run(start + a, start + b))
+                out.append(Stretch(start + a, start + b))
                 continue
-            x, y = kth_positions([Run(start, int(self.stop[k]), drop)], [a, b - 1])
-            out.append(Run(x, y + 1, tuple(d for d in drop if x < d < y)))
+            x, y = kth_positions([Stretch(start, int(self.stop[k]), drop)], [a, b - 1])
+            out.append(Stretch(x, y + 1, tuple(d for d in drop if x < d < y)))
         return merged_runs(out)
 
 
@@ -235,7 +235,7 @@ def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, 
     """The sequence left of ``epoch`` after ``segments`` (with or without affinity; module doc)."""
     level = Remaining(ep.total, schedule, epoch, (), shuffle)
     for k, seg in enumerate(segments):
-        steps, seed_of = int(seg[3]), partial(shuffle_seed, schedule.seed, epoch, k)
+        steps, seed_of = int(seg[3]), partial(seeds.segment_shuffle, schedule.seed, epoch, k)
         if len(seg) == 4:
             layout = Layout(int(seg[0]), int(seg[1]), int(seg[2]))
             planned = epoch_steps(level.total, layout, schedule)
@@ -306,7 +306,7 @@ class AffinePlan:
         if self.columns:
             raise ValueError("an interleaved plan gives columns(rank, worker)")
         layout, g = self.layout, self.layout.global_worker(rank, worker)
-        seed = shuffle_seed(self.schedule.seed, self.epoch, len(self.segments), g)
+        seed = seeds.segment_shuffle(self.schedule.seed, self.epoch, len(self.segments), g)
         return self._plan(g, rank, worker, layout.slots[worker], layout.slot_offsets[worker], seed)
 
     def columns_of(self, rank: int, worker: int) -> Tuple[WorkerPlan, ...]:

@@ -58,7 +58,7 @@ from .layout import Layout, Schedule
 from .bucketworker import BucketWorkerPlan, holdings
 from .mix import span_layout
 from .ownership import epoch_order
-from .resume import Run, runs_to_parts
+from .resume import Stretch, runs_to_parts
 
 PER = ("rank", "global")
 
@@ -365,7 +365,7 @@ class BucketEpoch:
             lo, hi = int(at[0]), int(at[-1]) + 1
             keep = np.zeros(hi - lo, dtype=bool)
             keep[at - lo] = True
-            parts, _ = runs_to_parts(self.shards, [Run(lo, hi)])
+            parts, _ = runs_to_parts(self.shards, [Stretch(lo, hi)])
             readers.append((tuple(parts), tuple(np.flatnonzero(~keep).tolist())))
         step = self.step_of[mine]
         order = np.lexsort((self.place[mine], step))

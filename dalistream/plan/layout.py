@@ -6,9 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+import numpy as np
+
 from ..errors import ConfigError
 
 POLICIES = ("even", "exact", "fixed")
+
+
+def is_int(value) -> bool:
+    """An integer (Python's or NumPy's), not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 @dataclass(frozen=True)
@@ -26,7 +33,7 @@ class Layout:
     def __post_init__(self) -> None:
         for name in ("world_size", "workers", "batch_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.batch_size < self.workers:
             raise ConfigError(f"batch_size {self.batch_size} is smaller than workers {self.workers}: "
@@ -83,7 +90,7 @@ class Schedule:
     shuffle_shards: bool = True
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.policy == "fixed" and not (isinstance(self.batches_per_epoch, int) and self.batches_per_epoch > 0):
+        if self.policy == "fixed" and not (is_int(self.batches_per_epoch) and self.batches_per_epoch > 0):
             raise ConfigError("policy 'fixed' needs batches_per_epoch > 0")

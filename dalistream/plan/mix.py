@@ -63,7 +63,8 @@ import numpy as np
 from ..errors import ConfigError
 from . import seeds
 from .layout import Layout, Schedule
-from .ownership import EpochLayout, Part
+from .mixcolumns import column_sizes, worker_columns
+from .ownership import EpochLayout, Part, WorkerPlan
 from .weights import integer_weights, raised_by
 
 PER_BATCH = ("sample", "source")
@@ -212,7 +213,7 @@ def mix_steps(totals: Sequence[int], weights: Sequence[float], layout: Layout, p
     return int(best)
 
 
-def pass_order(num_shards: int, schedule: Schedule, source: int, n_pass: int) -> np.ndarray:
+def source_order(num_shards: int, schedule: Schedule, source: int, n_pass: int) -> np.ndarray:
     """Source ``source``'s shard permutation in pass ``n_pass`` (identity without shuffling)."""
     if not schedule.shuffle_shards:
         return np.arange(num_shards, dtype=np.int64)
@@ -267,7 +268,7 @@ class MixEpoch:
 
     def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout,
                  schedule: Schedule, epoch: int, names: Optional[Sequence[str]] = None, per_batch: str = "sample",
-                 samples_per_epoch: Optional[int] = None) -> None:
+                 samples_per_epoch: Optional[int] = None, interleave: bool = False) -> None:
         if len(counts) != len(weights) or (names is not None and len(names) != len(weights)):
             raise ConfigError(f"mix: {len(counts)} sources' counts for {len(weights)} weights")
         self.counts = [np.asarray(c, dtype=np.int64) for c in counts]
@@ -287,6 +288,10 @@ class MixEpoch:
         self.bounds = np.zeros((len(weights), layout.global_workers + 1), dtype=np.int64)
         np.cumsum(per_worker.T, axis=1, out=self.bounds[:, 1:])
         self.bounds += np.asarray(cursor, dtype=np.int64)[:, None]
+        self.interleave = bool(interleave)
+        # each source's columns (interleaved; else the workers' spans): their bounds in its sequence
+        sizes, self.ks = column_sizes(self.take, layout, interleave)
+        self.columns = [int(c) + np.concatenate([[0], np.cumsum(z)]) for c, z in zip(np.asarray(cursor, dtype=np.int64), sizes)]
         self._passes: Dict[Tuple[int, int], EpochLayout] = {}
 
     def first_pass(self, source: int) -> int:
@@ -297,13 +302,15 @@ class MixEpoch:
         """Pass ``n_pass`` of ``source``: its shard order and starts (bounds not set)."""
         key = (source, n_pass)
         if key not in self._passes:
-            order = pass_order(len(self.counts[source]), self.schedule, source, n_pass)
+            order = source_order(len(self.counts[source]), self.schedule, source, n_pass)
             self._passes[key] = span_layout(self.counts[source], order, np.zeros(2, dtype=np.int64), self.steps)
         return self._passes[key]
 
-    def source_parts(self, source: int, g: int) -> Tuple[List[Part], List[int]]:
-        """Global worker ``g``'s parts of ``source`` in reading order, and the pass of each."""
-        lo, hi = int(self.bounds[source, g]), int(self.bounds[source, g + 1])
+    def source_parts(self, source: int, g: int, bounds: Optional[np.ndarray] = None) -> Tuple[List[Part], List[int]]:
+        """Global worker ``g``'s parts of ``source`` in reading order, and the pass of each (span
+        ``g`` of ``bounds``, by default the workers' spans: ``self.bounds[source]``)."""
+        bounds = self.bounds[source] if bounds is None else bounds
+        lo, hi = int(bounds[g]), int(bounds[g + 1])
         total = self.totals[source]
         parts: List[Part] = []
         passes: List[int] = []
@@ -311,11 +318,25 @@ class MixEpoch:
             return parts, passes
         for p in range(lo // total, (hi - 1) // total + 1):
             n_pass = self.first_pass(source) + p
-            bounds = np.clip(self.bounds[source] - p * total, 0, total)
-            cut = replace(self.pass_layout(source, n_pass), bounds=bounds).parts(g)
+            cut = replace(self.pass_layout(source, n_pass), bounds=np.clip(bounds - p * total, 0, total)).parts(g)
             parts += cut
             passes += [n_pass] * len(cut)
         return parts, passes
+
+    def worker_columns(self, rank: int, worker: int) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
+        """What (``rank``, ``worker``) reads: per source, each of its columns (its span, or its
+        share's interleaved columns) as ``(plan, take per step, source)``, sources in order."""
+        layout = self.layout
+
+        def plan(s: int, c: int) -> WorkerPlan:
+            bounds = self.columns[s]
+            parts, _ = self.source_parts(s, c, bounds)
+            return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
+                              layout.slot_offsets[worker], int(bounds[c + 1] - bounds[c]),
+                              layout.global_worker(rank, worker), 0, (),
+                              seeds.source_shuffle(self.schedule.seed, self.epoch, s, c))
+
+        return worker_columns(self.take, layout, rank, worker, self.interleave, plan)
 
     def worker(self, rank: int, worker: int) -> MixPlan:
         """The :class:`MixPlan` of (``rank``, ``worker``); identical on every machine."""
@@ -338,28 +359,3 @@ def mix_plan(counts: Sequence[Sequence[int]], weights: Sequence[float], layout: 
              samples_per_epoch: Optional[int] = None) -> MixPlan:
     """One worker's :class:`MixPlan` (:meth:`MixEpoch.worker`)."""
     return MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch, samples_per_epoch).worker(rank, worker)
-
-
-def mix_summary(counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout, schedule: Schedule,
-                epoch: int, names: Optional[Sequence[str]] = None, per_batch: str = "sample",
-                samples_per_epoch: Optional[int] = None) -> Dict[str, Any]:
-    """Numbers of one epoch of a mix, for the CLI's ``plan``: steps, and per source its weight,
-    samples, samples used this epoch (all ranks), per batch (min/max), repeats (samples read
-    again after a whole pass), left out (default epochs: what no one reads), passes read."""
-    plan = MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch, samples_per_epoch)
-    w = integer_weights(weights)
-    out = []
-    for s, name in enumerate(plan.names):
-        total, lo, hi = plan.totals[s], int(plan.bounds[s, 0]), int(plan.bounds[s, -1])
-        column = plan.batch_counts[:, s]
-        out.append({
-            "name": name, "weight": w[s] / sum(w), "samples": total, "used": hi - lo,
-            "per_batch": {"min": int(column.min(initial=layout.batch_size)) if len(column) else 0,
-                          "max": int(column.max(initial=0))},
-            "repeats": max(0, hi - max(lo, total)) if plan.endless else 0,
-            "left_out": 0 if plan.endless else total - hi,
-            "passes": [plan.first_pass(s) + lo // total, plan.first_pass(s) + max(lo, hi - 1) // total],
-        })
-    return {"epoch": epoch, "steps": plan.steps, "world_size": layout.world_size, "workers": layout.workers,
-            "batch_size": layout.batch_size, "per_batch": per_batch, "samples_per_epoch": samples_per_epoch,
-            "sources": out}

@@ -17,7 +17,7 @@ by what its slot takes of it, and read as parts minus the few positions already 
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,15 +25,9 @@ from ..errors import StateError
 from . import seeds
 from .layout import Layout, Schedule
 from .mix import MixEpoch, cumulative, worker_take
+from .mixcolumns import column_sizes, worker_columns
 from .ownership import Part, WorkerPlan
-from .resume import Remaining, Run, runs_to_parts, segment_layout
-
-
-def source_seed(seed: int, epoch: int, level: int, source: int, global_worker: int) -> int:
-    """Seed of a global worker's shuffle buffer over ``source`` in segment ``level`` of ``epoch``
-    (level 0: the unresumed epoch's, :func:`~.seeds.source_shuffle`)."""
-    base = seeds.source_shuffle(seed, epoch, source, global_worker)
-    return base if level == 0 else (base * 1_000_037 + level) & 0x7FFFFFFFFFFF
+from .resume import Remaining, Stretch, runs_to_parts, segment_layout
 
 
 def continued_counts(weights: Sequence[float], n0: int, layout: Layout, steps: int, per_batch: str) -> np.ndarray:
@@ -67,11 +61,11 @@ class MixResume:
 
     def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], names: Sequence[str],
                  per_batch: str, samples_per_epoch, layout: Layout, schedule: Schedule, epoch: int,
-                 segments: Sequence[Sequence[int]], shuffle: int) -> None:
+                 segments: Sequence[Sequence[int]], shuffle: int, interleave: bool = False) -> None:
         self.weights, self.names, self.layout, self.schedule, self.epoch = list(weights), list(names), layout, schedule, epoch
-        self.per_batch = per_batch
+        self.per_batch, self.interleave = per_batch, bool(interleave)
         first = MixEpoch(counts, weights, segment_layout(segments[0]), schedule, epoch, names, per_batch,
-                         samples_per_epoch)
+                         samples_per_epoch, interleave)
         self._passes = first  # each source's shard order per pass
         # level 0, per source: the epoch's positions from its cursor (default epochs: the whole pass
         # from 0, its tail no one owned included; samples_per_epoch: the epoch's range of the passes)
@@ -85,31 +79,34 @@ class MixResume:
         for level, segment in enumerate(segments):
             past, ran = segment_layout(segment), int(segment[3])
             if level == 0:
-                bounds, take, planned = first.bounds - self.base[:, None], first.take, first.steps
+                bounds, take, planned = [b - b[0] for b in first.columns], first.take, first.steps
             else:
                 bounds, take, planned = self._plan(rem, n0, past)
             if ran > planned:
                 raise StateError(f"segment {level} ran {ran} steps of a plan of {planned} under {past.world_size} ranks "
                                  f"x {past.workers} workers x batch {past.batch_size}",
                                  hint="the state does not come from this mix")
-            done = np.tile(take[:ran].sum(axis=0), (past.world_size, 1))  # (R·W, S): delivered per global worker
-            rem = [Remaining.after(rem[s], bounds[s], done[:, s],
-                                   lambda g, s=s, level=level: source_seed(schedule.seed, epoch, level, s, g))
+            ks = [(len(b) - 1) // past.global_workers for b in bounds]
+            done, _ = column_sizes(take[:ran], past, self.interleave, ks)  # per source: delivered per column
+            rem = [Remaining.after(rem[s], bounds[s], done[s],
+                                   lambda c, s=s, level=level: seeds.segment_source_shuffle(schedule.seed, epoch, level, s, c))
                    for s in range(len(rem))]
             n0 += ran * past.batch_size if per_batch == "sample" else ran  # units dealt: slots, or batches
         self.rest, self.level = rem, len(segments)
-        self.bounds, self.take, self.steps = self._plan(rem, n0, layout)
+        self.columns, self.take, self.steps = self._plan(rem, n0, layout)
+        self.bounds = np.stack([b[:layout.global_workers + 1] for b in self._plan(rem, n0, layout, False)[0]])
 
-    def _plan(self, rem: Sequence[Remaining], n0: int, layout: Layout) -> Tuple[np.ndarray, np.ndarray, int]:
-        """``(bounds (S, R·W+1), take (steps, W, S), steps)`` of ``layout`` over ``rem`` from slot ``n0``."""
+    def _plan(self, rem: Sequence[Remaining], n0: int, layout: Layout,
+              interleave: Optional[bool] = None) -> Tuple[List[np.ndarray], np.ndarray, int]:
+        """``(per source the bounds of its columns, take (steps, W, S), steps)`` of ``layout`` over
+        ``rem`` from slot ``n0`` (the columns: the workers' spans, or interleaved,
+        :func:`~.mix.column_sizes`)."""
         steps = continued_steps(self.weights, n0, layout, [r.total for r in rem], self.per_batch)
         take = worker_take(continued_counts(self.weights, n0, layout, steps, self.per_batch), layout)
-        per_worker = np.tile(take.sum(axis=0), (layout.world_size, 1))  # (R·W, S)
-        bounds = np.zeros((len(rem), layout.global_workers + 1), dtype=np.int64)
-        np.cumsum(per_worker.T, axis=1, out=bounds[:, 1:])
-        return bounds, take, steps
+        sizes, _ = column_sizes(take, layout, self.interleave if interleave is None else interleave)
+        return [np.concatenate([[0], np.cumsum(z)]) for z in sizes], take, steps
 
-    def _parts(self, s: int, runs: Sequence[Run]) -> Tuple[List[Part], List[int]]:
+    def _parts(self, s: int, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
         """Parts and drops of ``runs`` (level-0 positions of source ``s``), over its passes: a run
         crossing the end of a pass reads the pass's last parts, then the next pass's first."""
         mix, total = self._passes, int(self._passes.totals[s])
@@ -122,13 +119,27 @@ class MixResume:
             while start < stop:
                 n_pass, at = divmod(start, total)
                 end = min(stop, start - at + total)
-                piece = Run(at, at + end - start, tuple((holes[(holes >= start) & (holes < end)] - start + at).tolist()))
+                piece = Stretch(at, at + end - start, tuple((holes[(holes >= start) & (holes < end)] - start + at).tolist()))
                 got, dropped = runs_to_parts(mix.pass_layout(s, mix.first_pass(s) + n_pass), [piece])
                 parts += got
                 drop += [raw + d for d in dropped]
                 raw += end - start
                 start = end
         return parts, drop
+
+    def worker_columns(self, rank: int, worker: int) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
+        """What (``rank``, ``worker``) reads of the rest of the epoch: per source, each of its
+        columns as ``(plan, take per step, source)`` (parts, drops, its seed), sources in order."""
+        layout = self.layout
+
+        def plan(s: int, c: int) -> WorkerPlan:
+            lo, hi = int(self.columns[s][c]), int(self.columns[s][c + 1])
+            parts, drop = self._parts(s, self.rest[s].runs(lo, hi))
+            return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
+                              layout.slot_offsets[worker], hi - lo, layout.global_worker(rank, worker), 0, tuple(drop),
+                              seeds.segment_source_shuffle(self.schedule.seed, self.epoch, self.level, s, c))
+
+        return worker_columns(self.take, layout, rank, worker, self.interleave, plan)
 
     def worker(self, rank: int, worker: int) -> List[Tuple[WorkerPlan, np.ndarray]]:
         """Per source: the :class:`WorkerPlan` of (``rank``, ``worker``) (parts, drops, its seed)
@@ -141,6 +152,6 @@ class MixResume:
             parts, drop = self._parts(s, self.rest[s].runs(lo, hi))
             plan = WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
                               layout.slot_offsets[worker], hi - lo, g, 0, tuple(drop),
-                              source_seed(self.schedule.seed, self.epoch, self.level, s, g))
+                              seeds.segment_source_shuffle(self.schedule.seed, self.epoch, self.level, s, g))
             out.append((plan, self.take[:, worker, s]))
         return out

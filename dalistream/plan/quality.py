@@ -155,6 +155,70 @@ def batches_quality(batches: np.ndarray, counts: Sequence[int], layout: Layout, 
     """:func:`shuffle_quality` of given ``batches`` (sample ids ``(ranks, steps, batch_size)``,
     ``-1``: padding), whatever plan made them."""
     total = int(np.sum(np.asarray(counts, dtype=np.int64)))
+    return compared(batches, total, layout, schedule, epoch, classes, labels,
+                    {"shuffle": buffer, "interleave": interleave, "spread": spread, "columns": columns})
+
+
+def mix_rank_batches(plan: Any, buffer: int) -> np.ndarray:
+    """Sample ids of every rank's batches in a mix's epoch (a :class:`~.mix.MixEpoch`), as
+    :func:`rank_batches` gives them for one data set: source ``s``'s sample ``i`` (in its shards'
+    written order) is id ``i`` plus the samples of the sources before it. Each worker's slot takes
+    each of its columns' share at each step, sources in order (the worker's own rule); a column
+    read through a buffer (spans, ``buffer > 1``) is shuffled as the worker shuffles it."""
+    from .mixcolumns import column_index, column_takes
+
+    layout, steps = plan.layout, plan.steps
+    out = np.full((layout.world_size, steps, layout.batch_size), -1, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(plan.totals)])
+    for r in range(layout.world_size):
+        for w in range(layout.workers):
+            cursor = np.full(steps, layout.slot_offsets[w], dtype=np.int64)
+            for s in range(len(plan.totals)):
+                takes = column_takes(plan.take[:, w, s], plan.interleave)
+                for k in range(takes.shape[1]):
+                    c = column_index(layout, r, w, k, plan.interleave)
+                    positions = np.arange(plan.columns[s][c], plan.columns[s][c + 1], dtype=np.int64)
+                    if buffer > 1:
+                        seed = seeds.source_shuffle(plan.schedule.seed, plan.epoch, s, c)
+                        positions = positions[np.fromiter(shuffled(range(len(positions)), buffer, seed), np.int64,
+                                                          count=len(positions))]
+                    ids = _source_ids(plan, s, positions) + offsets[s]
+                    take = takes[:, k]
+                    first = np.cumsum(take) - take
+                    for t in np.flatnonzero(take).tolist():
+                        n = min(int(take[t]), max(0, len(ids) - int(first[t])))
+                        out[r, t, cursor[t]:cursor[t] + n] = ids[first[t]:first[t] + n]
+                    cursor += take
+    return out
+
+
+def _source_ids(plan: Any, s: int, positions: np.ndarray) -> np.ndarray:
+    """The ids (written order) of positions of source ``s``'s sequence of passes."""
+    total = plan.totals[s]
+    written = np.concatenate([[0], np.cumsum(plan.counts[s])])
+    out = np.empty(len(positions), dtype=np.int64)
+    passes = positions // max(total, 1)
+    for p in np.unique(passes).tolist():
+        at = positions[passes == p] - p * total
+        pl = plan.pass_layout(s, plan.first_pass(s) + p)
+        i = np.searchsorted(pl.starts, at, side="right") - 1
+        out[passes == p] = written[pl.order[i]] + at - pl.starts[i]
+    return out
+
+
+def mix_shuffle_quality(plan: Any, buffer: int, classes: int = 100) -> Dict[str, Any]:
+    """:func:`shuffle_quality` of a mix's epoch (:func:`mix_rank_batches`): the sources' samples
+    labelled class-sorted over all of them (source 0's classes first)."""
+    batches = mix_rank_batches(plan, buffer)
+    return compared(batches, int(sum(plan.totals)), plan.layout, plan.schedule, plan.epoch, classes, None,
+                    {"shuffle": buffer, "interleave": 1, "spread": False, "columns": plan.interleave,
+                     "sources": list(plan.names)})
+
+
+def compared(batches: np.ndarray, total: int, layout: Layout, schedule: Schedule, epoch: int, classes: int,
+             labels: Optional[np.ndarray], info: Dict[str, Any]) -> Dict[str, Any]:
+    """Distinct labels and entropy of ``batches`` (ids, ``(ranks, steps, batch)``) per rank batch
+    and per global batch, against a random order of the same ids (see :func:`shuffle_quality`)."""
     labels = sorted_labels(total, classes) if labels is None else np.asarray(labels, dtype=np.int64)
     if len(labels) != total:
         raise ConfigError(f"{len(labels)} labels for {total} samples")
@@ -165,7 +229,7 @@ def batches_quality(batches: np.ndarray, counts: Sequence[int], layout: Layout, 
     result: Dict[str, Any] = {
         "epoch": epoch, "samples": total, "classes": int(labels.max()) + 1 if total else 0,
         "world_size": layout.world_size, "workers": layout.workers, "batch_size": layout.batch_size,
-        "shuffle": buffer, "interleave": interleave, "spread": spread, "columns": columns, "steps": int(batches.shape[1]),
+        **info, "steps": int(batches.shape[1]),
     }
     for name, ids in (("order", batches), ("random", shuffled_ids)):
         lab = np.where(ids >= 0, labels[np.maximum(ids, 0)], -1)

@@ -10,7 +10,7 @@ buffer, the span's first ``c`` samples). So its span splits into a prefix fully 
 *window* of at most (buffer) samples of which some were delivered (:func:`~.shuffle.emitted_indices` names them), and the untouched rest. What remains is, worker by worker, the
 window's undelivered samples then the rest (for ``even``, then the tail no one owned).
 
-A new worker's span of that remaining sequence maps back to :class:`Run` s of epoch positions,
+A new worker's span of that remaining sequence maps back to :class:`Stretch` s of epoch positions,
 each a range minus a few dropped positions (the window's delivered samples); its plan reads the
 runs' shard parts in order and drops those positions without decoding them. Chains apply the same
 rule again: the state stays a few integers per segment, never a list of samples.
@@ -38,7 +38,7 @@ Segment = Tuple[int, int, int, int]  # (world_size, workers, batch_size, steps r
 
 
 @dataclass(frozen=True)
-class Run:
+class Stretch:
     """Epoch positions ``[start, stop)`` minus ``drop`` (sorted), in order."""
 
     start: int
@@ -55,13 +55,6 @@ def segment_layout(segment: Sequence[int]) -> Layout:
     return Layout(int(segment[0]), int(segment[1]), int(segment[2]))
 
 
-def shuffle_seed(seed: int, epoch: int, segment: int, global_worker: int) -> int:
-    """Seed of a global worker's sample shuffle in segment ``segment`` of ``epoch`` (segment 0:
-    the unresumed epoch's seed, so that a run never resumed is unchanged)."""
-    base = seeds.sample_shuffle(seed, epoch, global_worker)
-    return base if segment == 0 else (base * 1_000_037 + segment) & 0x7FFFFFFFFFFF
-
-
 @lru_cache(maxsize=4096)
 def _emitted(count: int, total: int, size: int, seed: int) -> Tuple[int, ...]:
     return tuple(sorted(emitted_indices(count, total, size, seed)))
@@ -75,7 +68,7 @@ def delivered_ordinals(count: int, total: int, shuffle: int, seed: int) -> Tuple
     return _emitted(count, total, shuffle, seed)
 
 
-def kth_positions(runs: Sequence[Run], ks: Sequence[int]) -> List[int]:
+def kth_positions(runs: Sequence[Stretch], ks: Sequence[int]) -> List[int]:
     """Epoch positions of the ``ks``-th (sorted) kept positions of ``runs``."""
     out, base, it = [], 0, iter(ks)
     k = next(it, None)
@@ -137,12 +130,12 @@ class Remaining:
         self.total = int(self.cum[-1])
         self._window: dict = {}
 
-    def _level_zero(self, lo: int, hi: int) -> List[Run]:
+    def _level_zero(self, lo: int, hi: int) -> List[Stretch]:
         return _level_zero_runs(self.left, self.total, lo, hi)
 
     def seed_of(self, g: int) -> int:
         """Global worker ``g``'s shuffle seed in this level's segment."""
-        return shuffle_seed(self.schedule.seed, self.epoch, self.level - 1, g)
+        return seeds.segment_shuffle(self.schedule.seed, self.epoch, self.level - 1, g)
 
     def window(self, g: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], int]:
         """Global worker ``g`` of the last segment: (undelivered ordinals of its window, the
@@ -156,13 +149,13 @@ class Remaining:
             self._window[g] = (kept, gone[prefix:], rest)
         return self._window[g]
 
-    def runs(self, lo: int, hi: int) -> List[Run]:
+    def runs(self, lo: int, hi: int) -> List[Stretch]:
         """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
         if hi <= lo:
             return []
         if self.prev is None:
             return self._level_zero(lo, hi)
-        out: List[Run] = []
+        out: List[Stretch] = []
         g = int(np.searchsorted(self.cum, lo, side="right")) - 1
         while g < len(self.cum) - 1 and int(self.cum[g]) < hi:
             a, b = max(lo, int(self.cum[g])) - int(self.cum[g]), min(hi, int(self.cum[g + 1])) - int(self.cum[g])
@@ -184,39 +177,39 @@ class Remaining:
         return merged_runs(out)
 
 
-def _level_zero_runs(left: np.ndarray, total: int, lo: int, hi: int) -> List[Run]:
+def _level_zero_runs(left: np.ndarray, total: int, lo: int, hi: int) -> List[Stretch]:
     """Positions ``[lo, hi)`` of an epoch's sequence of the samples kept, then those ``left`` out,
     as runs of epoch positions (the left-out ones inside a run of kept samples: its drops)."""
     if not len(left):
-        return [Run(lo, hi)]
+        return [Stretch(lo, hi)]
     kept = total - len(left)
-    out: List[Run] = []
+    out: List[Stretch] = []
     if min(hi, kept) > lo:
         start, last = (int(p) for p in kept_positions(left, np.array([lo, min(hi, kept) - 1])))
-        out.append(Run(start, last + 1, tuple(left[(left > start) & (left < last)].tolist())))
-    out += [Run(int(p), int(p) + 1) for p in left[max(lo, kept) - kept:max(hi, kept) - kept]]
+        out.append(Stretch(start, last + 1, tuple(left[(left > start) & (left < last)].tolist())))
+    out += [Stretch(int(p), int(p) + 1) for p in left[max(lo, kept) - kept:max(hi, kept) - kept]]
     return merged_runs(out)
 
 
-def _with_drops(runs: List[Run], positions: Sequence[int]) -> List[Run]:
+def _with_drops(runs: List[Stretch], positions: Sequence[int]) -> List[Stretch]:
     if not positions:
         return runs
     pos = np.asarray(positions, dtype=np.int64)
     out = []
     for r in runs:
         extra = pos[(pos >= r.start) & (pos < r.stop)].tolist()
-        out.append(Run(r.start, r.stop, tuple(sorted(set(r.drop) | set(extra)))))
+        out.append(Stretch(r.start, r.stop, tuple(sorted(set(r.drop) | set(extra)))))
     return out
 
 
-def merged_runs(runs: List[Run]) -> List[Run]:
+def merged_runs(runs: List[Stretch]) -> List[Stretch]:
     """``runs`` without empty ones, each joined to the one before it where they meet."""
-    out: List[Run] = []
+    out: List[Stretch] = []
     for r in runs:
         if r.stop <= r.start:
             continue
         if out and out[-1].stop == r.start:
-            out[-1] = Run(out[-1].start, r.stop, out[-1].drop + r.drop)
+            out[-1] = Stretch(out[-1].start, r.stop, out[-1].drop + r.drop)
         else:
             out.append(r)
     return out
@@ -281,7 +274,7 @@ class ResumePlan:
 
         layout, schedule = self.layout, self.schedule
         g = layout.global_worker(rank, worker)
-        seed = shuffle_seed(schedule.seed, self.epoch, len(self.segments), g)
+        seed = seeds.segment_shuffle(schedule.seed, self.epoch, len(self.segments), g)
         if schedule.policy == "fixed":
             plan = worker_plan(self.counts, len(self.counts), layout, schedule, self.epoch, rank, worker)
             return WorkerPlan(rank, worker, self.epoch, plan.parts, self.steps, plan.slot, plan.offset, plan.samples,
@@ -293,7 +286,7 @@ class ResumePlan:
                           layout.slot_offsets[worker], hi - lo, g, left_out, tuple(drop), seed)
 
 
-def runs_to_parts(ep: EpochLayout, runs: Sequence[Run]) -> Tuple[List[Part], List[int]]:
+def runs_to_parts(ep: EpochLayout, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
     """The shard parts of ``runs`` (epoch positions of ``ep``'s sequence) in reading order, and
     the raw ordinals over those parts' samples to drop."""
     parts: List[Part] = []
@@ -310,12 +303,6 @@ def runs_to_parts(ep: EpochLayout, runs: Sequence[Run]) -> Tuple[List[Part], Lis
             i += 1
         raw += run.stop - run.start
     return parts, drop
-
-
-def resumed_worker_plan(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int, rank: int,
-                        worker: int, segments: Sequence[Segment], shuffle: int) -> WorkerPlan:
-    """One worker's :meth:`ResumePlan.worker`."""
-    return ResumePlan(counts, layout, schedule, epoch, segments, shuffle).worker(rank, worker)
 
 
 def remaining_summary(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,

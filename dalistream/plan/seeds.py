@@ -49,6 +49,20 @@ def source_shuffle(seed: int, epoch: int, source: int, global_worker: int) -> in
     return base if int(source) == 0 else (base * 1_000_039 + int(source)) & 0x7FFFFFFFFFFF
 
 
+def segment_shuffle(seed: int, epoch: int, segment: int, global_worker: int) -> int:
+    """Seed of a global worker's sample shuffle in segment ``segment`` of ``epoch`` after an
+    elastic resume (segment 0: :func:`sample_shuffle`'s, so that a run never resumed is unchanged)."""
+    base = sample_shuffle(seed, epoch, global_worker)
+    return base if segment == 0 else (base * 1_000_037 + segment) & 0x7FFFFFFFFFFF
+
+
+def segment_source_shuffle(seed: int, epoch: int, segment: int, source: int, global_worker: int) -> int:
+    """Seed of a global worker's shuffle buffer over a mix's ``source`` in segment ``segment`` of
+    ``epoch`` (segment 0: :func:`source_shuffle`'s)."""
+    base = source_shuffle(seed, epoch, source, global_worker)
+    return base if segment == 0 else (base * 1_000_037 + segment) & 0x7FFFFFFFFFFF
+
+
 def pipeline(seed: int, rank: int, epoch: int, step: int) -> int:
     """Seed of DALI's own random operators (crops, flips) for a pipeline built at (epoch, step) on
     ``rank``: different per rank, and a pipeline rebuilt on resume draws afresh."""

@@ -1,14 +1,15 @@
 """What an epoch's plan costs, in numbers: samples read, left out (``even``), padded (``exact``),
-and into how many parts shards are cut. Vectorized: seconds at 100,000 shards × 8,192 global
-workers."""
+and into how many parts shards are cut (vectorized: seconds at 100,000 shards × 8,192 global
+workers); for a mix, each source's share (:func:`mix_summary`)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
 from .layout import Layout, Schedule
+from .mix import MixEpoch, integer_weights
 from .ownership import epoch_layout
 
 
@@ -43,3 +44,28 @@ def epoch_summary(counts: Sequence[int], layout: Layout, schedule: Schedule, epo
         "parts_per_shard": {"max": int(parts.max()) if len(parts) else 0,
                             "mean": float(parts[owned_shard].mean()) if owned_shard.any() else 0.0},
     }
+
+
+def mix_summary(counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout, schedule: Schedule,
+                epoch: int, names: Optional[Sequence[str]] = None, per_batch: str = "sample",
+                samples_per_epoch: Optional[int] = None) -> Dict[str, Any]:
+    """Numbers of one epoch of a mix, for the CLI's ``plan``: steps, and per source its weight,
+    samples, samples used this epoch (all ranks), per batch (min/max), repeats (samples read
+    again after a whole pass), left out (default epochs: what no one reads), passes read."""
+    plan = MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch, samples_per_epoch)
+    w = integer_weights(weights)
+    out = []
+    for s, name in enumerate(plan.names):
+        total, lo, hi = plan.totals[s], int(plan.bounds[s, 0]), int(plan.bounds[s, -1])
+        column = plan.batch_counts[:, s]
+        out.append({
+            "name": name, "weight": w[s] / sum(w), "samples": total, "used": hi - lo,
+            "per_batch": {"min": int(column.min(initial=layout.batch_size)) if len(column) else 0,
+                          "max": int(column.max(initial=0))},
+            "repeats": max(0, hi - max(lo, total)) if plan.endless else 0,
+            "left_out": 0 if plan.endless else total - hi,
+            "passes": [plan.first_pass(s) + lo // total, plan.first_pass(s) + max(lo, hi - 1) // total],
+        })
+    return {"epoch": epoch, "steps": plan.steps, "world_size": layout.world_size, "workers": layout.workers,
+            "batch_size": layout.batch_size, "per_batch": per_batch, "samples_per_epoch": samples_per_epoch,
+            "sources": out}

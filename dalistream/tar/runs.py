@@ -2,9 +2,9 @@
 
 Where the manifest knows a shard's member layout, every member of a part lies at a known offset
 with a known size (:mod:`dalistream.manifest.members`). :func:`sliced_runs` reads the part's
-samples in runs of whole samples (at least one; about ``max(chunk, MIN_RUN_BYTES)`` bytes, a
-part's first run one ``chunk``), each into a buffer of its own, and checks each run's member headers with array operations: the ``ustar`` magic and the size
-field of every header at once, as :func:`~dalistream.tar.sliced.sliced_samples` checks them one by
+samples in runs of whole samples (at least one; about ``max(chunk, MIN_RUN_BYTES)`` bytes: a
+short part is one run), each into a buffer of its own, and checks each run's member headers
+with array operations: the ``ustar`` magic and the size field of every header at once, as :func:`~dalistream.tar.sliced.sliced_samples` checks them one by
 one. A :class:`Run` is the run's bytes with its samples' member positions; its members are views
 of those bytes (:mod:`dalistream.worker.rows` decodes them in bulk). A run whose check fails, or
 whose bytes end early, is handed to ``sliced_samples``, which yields its samples up to the damage
@@ -39,7 +39,7 @@ class Run:
     """Consecutive samples of one regular shard, in one buffer (see the module doc)."""
 
     __slots__ = ("url", "first", "data", "offsets", "kinds", "names", "member_base", "member_at", "member_size",
-                 "nbytes", "source")
+                 "nbytes", "decoded", "buffer", "at")
 
     def __init__(self, url: str, first: int, data: bytearray, offsets: np.ndarray, kinds: np.ndarray,
                  names: Sequence[Tuple[str, ...]], member_base: np.ndarray, member_at: np.ndarray,
@@ -54,15 +54,21 @@ class Run:
         self.member_at = member_at  # each member's data, in ``data``; its header is the block before
         self.member_size = member_size
         self.nbytes = nbytes  # bytes of the members wanted
-        self.source: Optional[str] = None  # a mix's source name, for the ``__source__`` field
+        self.decoded: Optional[tuple] = None  # (columns, bad), when a worker decoded it with others
+        # the buffer ``data`` is a part of (an Arena's, shared by a worker's runs), and where
+        self.buffer, self.at = (data.obj, _start(data)) if isinstance(data, memoryview) else (data, 0)
 
     def __len__(self) -> int:
         return len(self.kinds)
 
+    def url_of(self, i: int) -> str:
+        """Sample ``i``'s shard (the run's)."""
+        return self.url
+
     def key(self, i: int, lowercase: bool = False) -> str:
         """Sample ``i``'s key (from its first member's name)."""
         at = int(self.member_at[self.member_base[i]]) - BLOCK
-        return split_name(header_name(self.data, at), lowercase)[0]
+        return split_name(header_name(self.buffer, self.at + at), lowercase)[0]
 
     def sample(self, i: int, lowercase: bool = False, wanted: Callable[[str], bool] = lambda ext: True) -> Sample:
         """Sample ``i`` as :func:`~dalistream.tar.samples.iter_samples` yields it (members not
@@ -73,56 +79,120 @@ class Run:
         for j, name in enumerate(self.names[int(self.kinds[i])]):
             at, size = int(self.member_at[base + j]), int(self.member_size[base + j])
             out[name] = bytes(self.data[at:at + size]) if wanted(name) else None
-        if self.source is not None:
-            out["__source__"] = self.source
         return out
+
+
+class Geometry:
+    """Where the members of consecutive samples of a regular shard lie, from its member layout:
+    each sample's pattern (``kinds``) and members' sizes, relative to the first sample's offset.
+    Worked out once per shard (:meth:`part` cuts a part's share out of it without more work)."""
+
+    __slots__ = ("names", "kinds", "sizes", "member_base", "member_at", "sample_start", "want_member", "digits")
+
+    def __init__(self, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray, sizes: np.ndarray,
+                 want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False) -> None:
+        if patterns is None:  # (made by part())
+            return
+        self.names = names = pattern_names(patterns, lowercase)
+        self.kinds = kinds = np.asarray(kinds, dtype=np.int64)
+        self.sizes = sizes = np.asarray(sizes, dtype=np.int64)
+        per_sample = np.array([len(e) for e, _ in patterns], dtype=np.int64)[kinds]
+        self.member_base = member_base = np.zeros(len(kinds) + 1, dtype=np.int64)
+        np.cumsum(per_sample, out=member_base[1:])
+        headers = np.concatenate([np.asarray(h, dtype=np.int64) for _, h in patterns] or [np.zeros(0, np.int64)])
+        pattern_base = np.concatenate([[0], np.cumsum([len(h) for _, h in patterns])]).astype(np.int64)
+        # each member's header blocks: its pattern's, member by member
+        member_kind = np.repeat(kinds, per_sample)
+        within = np.arange(len(sizes), dtype=np.int64) - np.repeat(member_base[:-1], per_sample)
+        blocks = headers[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, np.int64)
+        span = BLOCK * blocks + ((sizes + BLOCK - 1) & -BLOCK)
+        member_start = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(span, out=member_start[1:])
+        self.member_at = member_start[:-1] + BLOCK * blocks  # data, from the first sample's start
+        self.sample_start = member_start[member_base]  # n + 1 entries: the last is the end
+        want = np.array([want_ext(e) for exts in names for e in exts], dtype=bool)
+        self.want_member = want[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, bool)
+        self.digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def part(self, first: int, stop: int) -> "Geometry":
+        """Samples ``first`` to ``stop``, relative to ``first``'s offset."""
+        out = Geometry(None, None, None)  # type: ignore[arg-type]
+        a, b = int(self.member_base[first]), int(self.member_base[stop])
+        base = int(self.sample_start[first])
+        out.names, out.kinds, out.sizes = self.names, self.kinds[first:stop], self.sizes[a:b]
+        out.member_base = self.member_base[first:stop + 1] - a
+        out.member_at = self.member_at[a:b] - base
+        out.sample_start = self.sample_start[first:stop + 1] - base
+        out.want_member, out.digits = self.want_member[a:b], self.digits[a:b]
+        return out
+
+
+def _start(view: memoryview) -> int:
+    """Where ``view`` starts in the buffer it is a view of."""
+    return np.frombuffer(view, np.uint8).__array_interface__["data"][0] - \
+        np.frombuffer(view.obj, np.uint8).__array_interface__["data"][0]
+
+
+class Arena:
+    """Buffers for a worker's runs, end to end: runs read one after the other (a worker's columns
+    at a step, read ahead) lie side by side in one buffer, so they are decoded together with no
+    copy (:func:`dalistream.worker.rows.decode_runs`). A new buffer of ``size`` (or of the run,
+    when larger) when the current one is full; a buffer lives while any run's rows refer to it."""
+
+    def __init__(self, size: int = 8 << 20) -> None:
+        self.size = size
+        self._buffer: Optional[bytearray] = None
+        self._used = 0
+
+    def take(self, n: int) -> memoryview:
+        """``n`` bytes of the current buffer (writable)."""
+        if self._buffer is None or self._used + n > len(self._buffer):
+            self._buffer, self._used = bytearray(max(self.size, n)), 0
+        view = memoryview(self._buffer)[self._used:self._used + n]
+        self._used += n
+        return view
+
+    def __getstate__(self) -> dict:  # buffers never travel to a worker
+        return {"size": self.size, "_buffer": None, "_used": 0}
 
 
 def sliced_runs(
     stream: BinaryIO, url: str, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray,
     sizes: np.ndarray, *, first: int, offset: int, want_ext: Callable[[str], bool] = lambda ext: True,
     lowercase: bool = False, last: bool = False, clock: Optional[ReadClock] = None, chunk: int = CHUNK,
+    geometry: Optional[Geometry] = None, arena: Optional[Arena] = None, first_run: Optional[int] = None,
 ) -> Iterator[Union[Run, Sample]]:
     """Samples ``first, first + 1, …`` of a regular shard as :class:`Run` s of about
     ``max(chunk, MIN_RUN_BYTES)`` bytes; the arguments are :func:`~dalistream.tar.sliced.sliced_samples`'
     (whose sample dicts stand in for a run that does not pass its check, up to its damage, and
     for a part whose samples are too large for runs of :data:`MIN_RUN_SAMPLES`). ``last``: as
-    there, the end-of-archive marker is checked after the last sample."""
-    names = pattern_names(patterns, lowercase)
-    kinds = np.asarray(kinds, dtype=np.int64)
-    sizes = np.asarray(sizes, dtype=np.int64)
-    per_sample = np.array([len(e) for e, _ in patterns], dtype=np.int64)[kinds]
-    member_base = np.zeros(len(kinds) + 1, dtype=np.int64)
-    np.cumsum(per_sample, out=member_base[1:])
-    headers = np.concatenate([np.asarray(h, dtype=np.int64) for _, h in patterns] or [np.zeros(0, np.int64)])
-    pattern_base = np.concatenate([[0], np.cumsum([len(h) for _, h in patterns])]).astype(np.int64)
-    # each member's header blocks: its pattern's, member by member
-    member_kind = np.repeat(kinds, per_sample)
-    within = np.arange(len(sizes), dtype=np.int64) - np.repeat(member_base[:-1], per_sample)
-    blocks = headers[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, np.int64)
-    span = BLOCK * blocks + ((sizes + BLOCK - 1) & -BLOCK)
-    member_start = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(span, out=member_start[1:])
-    member_at = member_start[:-1] + BLOCK * blocks  # data, from the part's start
-    sample_start = member_start[member_base]  # n + 1 entries: the last is the part's end
-    want = np.array([want_ext(e) for exts in names for e in exts], dtype=bool)
-    want_member = want[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, bool)
+    there, the end-of-archive marker is checked after the last sample. ``geometry``: the
+    :class:`Geometry` of these samples, when worked out already. ``arena``: where the runs' bytes
+    go (else a buffer of its own each). ``first_run``: the bytes of the part's first run, when
+    it is to be shorter (a first batch waits for it)."""
+    g = geometry if geometry is not None else Geometry(patterns, kinds, sizes, want_ext, lowercase)
+    names, kinds, sizes = g.names, g.kinds, g.sizes
+    member_base, member_at, sample_start, want_member = g.member_base, g.member_at, g.sample_start, g.want_member
     n = len(kinds)
     run_bytes = max(chunk, MIN_RUN_BYTES)
     if n and int(sample_start[n] - sample_start[0]) * MIN_RUN_SAMPLES > n * run_bytes:
         yield from sliced_samples(stream, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=want_ext,
                                   lowercase=lowercase, last=last, clock=clock, chunk=chunk)
         return
-    digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
+    digits = g.digits
     r = StreamBuffer(stream, url, clock, 16 * BLOCK)  # (runs are read into their own buffers: this one reads the end)
     i = 0
     while i < n:
-        # a part's first run is one chunk: many columns opened at once each read little before the first batch
-        limit = sample_start[i] + max(run_bytes if i else chunk, int(sample_start[i + 1] - sample_start[i]))
+        # (a worker's many columns are read ahead and decoded together: a short part is one run)
+        limit = sample_start[i] + max(first_run if first_run and not i else run_bytes,
+                                      int(sample_start[i + 1] - sample_start[i]))
         k = max(i + 1, int(np.searchsorted(sample_start, limit, "right")) - 1)
         k = min(k, n)
         size = int(sample_start[k] - sample_start[i])
-        data = bytearray(size)
+        data = arena.take(size) if arena is not None else bytearray(size)
         got, error = _read(r, memoryview(data))
         a, b = int(member_base[i]), int(member_base[k])
         at = member_at[a:b] - sample_start[i]

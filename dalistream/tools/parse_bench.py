@@ -1,5 +1,5 @@
 """CPU cost of a worker's feed on one core: the tar parse alone, and the parse with field decoding
-and the error policy (:meth:`dalistream.worker.reader.PlanReader.decoded`), over local shards; each by header and, for
+and the error policy (:meth:`dalistream.worker.reader.PlanReader.blocks`), over local shards; each by header and, for
 shards whose member layout the scan records (:mod:`dalistream.manifest.members`), sliced by it.
 
 ``python -m dalistream.tools.parse_bench SHARD… [--repeats N] [--fields image=jpg;png,label=cls]``
@@ -62,8 +62,8 @@ def decoded(paths: Sequence[str], fields: Dict[str, str], counts: Sequence[int],
         rows = ShardRows.from_infos(infos)
         offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
     source = WorkerSource(config, DataSet(tuple(paths), tuple(counts), offsets), 0)
-    return sum(1 for _ in source.reader.decoded(source.plans(0)[0], lambda o: True, ErrorPolicy("raise"),
-                                                WorkerStats(None, 0, 0)))
+    return sum(block.n for block in source.readers[0].blocks(source.plans(0)[0], ErrorPolicy("raise"),
+                                                         WorkerStats(None, 0, 0)))
 
 
 def measure(fn: Callable[[], int], repeats: int) -> Dict[str, float]:

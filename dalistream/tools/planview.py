@@ -114,14 +114,23 @@ def mix_view(args: argparse.Namespace, cache_dir: str) -> int:
     from ..stream import Stream
     from .args import mix_options, stream_sources
 
+    from ..plan.quality import mix_shuffle_quality
+
+    order = {"interleave": args.interleave, "shuffle": args.shuffle} if args.interleave is False else \
+        {"shuffle": args.shuffle}
     stream = Stream.open(stream_sources(args), fields={"key": "__key__"}, batch_size=args.batch_size,
                          workers=args.workers, rank=0, world_size=args.world_size or 1, device="cpu", seed=args.seed,
                          on_error=args.on_error, storage_options=storage_options(args), cache_dir=cache_dir,
-                         **mix_options(args))
+                         **mix_options(args), **order)
     c, mix = stream.config, stream.mix
     counts, weights = [s.data.counts for s in mix.sources], [s.weight for s in mix.sources]
+    epochs = range(args.epoch, args.epoch + args.epochs)
     views = [mix_summary(counts, weights, c.layout, c.schedule, e, mix.names, mix.per_batch, mix.samples_per_epoch)
-             for e in range(args.epoch, args.epoch + args.epochs)]
+             for e in epochs]
+    payload: Dict[str, Any] = {"mix": views}
+    if args.shuffle_quality:
+        payload["shuffle_quality"] = [mix_shuffle_quality(mix.epoch(c.layout, c.schedule, e, c.interleave), c.shuffle,
+                                                          args.classes) for e in epochs]
     lines = []
     for v in views:
         lines.append(f"epoch {v.get('epoch', '')}: {v['steps']} steps of {c.world_size} ranks x batch {c.batch_size} "
@@ -130,8 +139,22 @@ def mix_view(args: argparse.Namespace, cache_dir: str) -> int:
             lines.append(f"    {s['name']}: weight {s['weight']:.4g}, {s['samples']} samples, {s['used']} used, "
                          f"{s['per_batch']['min']}-{s['per_batch']['max']} per batch, {s['repeats']} repeats, "
                          f"{s['left_out']} left out, passes {s['passes'][0]}-{s['passes'][1]}")
-    emit(args, {"mix": views}, "\n".join(lines))
+    lines += _quality_lines(payload.get("shuffle_quality", []))
+    emit(args, payload, "\n".join(lines))
     return 0
+
+
+def _quality_lines(qualities) -> list:
+    lines = []
+    for q in qualities:
+        lines.append(f"shuffle quality, epoch {q['epoch']} ("
+                     + ("interleaved" if q["columns"] else f"shuffle buffer {q['shuffle']}") + f", {q['classes']} classes written "
+                     "in order): distinct labels (entropy, bits) this order / a random order")
+        for scope, n in (("rank_batch", q["batch_size"]), ("global_batch", q["batch_size"] * q["world_size"])):
+            o, r = q["order"][scope], q["random"][scope]
+            lines.append(f"    per {scope.replace('_', ' ')} of {n}: {o['distinct']:.1f} ({o['entropy']:.2f}) / "
+                         f"{r['distinct']:.1f} ({r['entropy']:.2f}) = {100 * q[scope + '_vs_random']:.1f}% of random")
+    return lines
 
 
 def run(args: argparse.Namespace, cache_dir: str) -> int:
@@ -183,14 +206,7 @@ def run(args: argparse.Namespace, cache_dir: str) -> int:
             f"{s['shards_cut']} shards cut (at most {s['parts_per_shard']['max']} parts), "
             f"{s['owned_per_worker']['min']}-{s['owned_per_worker']['max']} samples per "
             + ("column (read interleaved)" if s["interleave"] else f"worker (shuffle buffer {shuffle})"))
-    for q in payload.get("shuffle_quality", []):
-        lines.append(f"shuffle quality, epoch {q['epoch']} ("
-                     + ("interleaved" if q["columns"] else f"shuffle buffer {q['shuffle']}") + f", {q['classes']} classes written "
-                     "in order): distinct labels (entropy, bits) this order / a random order")
-        for scope, n in (("rank_batch", q["batch_size"]), ("global_batch", q["batch_size"] * q["world_size"])):
-            o, r = q["order"][scope], q["random"][scope]
-            lines.append(f"    per {scope.replace('_', ' ')} of {n}: {o['distinct']:.1f} ({o['entropy']:.2f}) / "
-                         f"{r['distinct']:.1f} ({r['entropy']:.2f}) = {100 * q[scope + '_vs_random']:.1f}% of random")
+    lines += _quality_lines(payload.get("shuffle_quality", []))
     for row in payload.get("plan", []):
         lines.append(f"rank {row['rank']} worker {row['worker']} (g={row['global_worker']}, slot {row['slot']}): "
                      f"{len(row['parts'])} parts, {row['samples']} samples, {row['steps']} steps")

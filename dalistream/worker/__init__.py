@@ -4,7 +4,8 @@ Reads its shards (:mod:`.reader`), decodes fields (:mod:`.fields`) under the err
 (:mod:`.policy`), shuffles (:mod:`dalistream.plan.shuffle`), assembles batches (:mod:`.source`) and counts
 (:mod:`.stats`). Runs without DALI."""
 
-from .fields import FieldDecoder, image_problem
+from ..kinds import image_problem
+from .fields import FieldDecoder
 from .policy import ErrorPolicy, skip_totals
 from ..plan.shuffle import emitted_indices, shuffled
 from .source import WorkerSource

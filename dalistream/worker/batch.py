@@ -29,15 +29,14 @@ _EMPTY_ROW.flags.writeable = False
 
 
 def byte_fields(fields: Sequence[Any]) -> Tuple[int, ...]:
-    """Indices of the fields that travel as blobs (one-dimensional ``uint8``: bytes and meta)."""
-    return tuple(i for i, f in enumerate(fields) if f.kind in ("bytes", "meta") and f.ndim == 1
-                 and np.dtype(f.dtype) == np.uint8)
+    """Indices of the fields whose kind has them travel as blobs (:meth:`dalistream.kinds.Kind.travels`)."""
+    return tuple(i for i, f in enumerate(fields) if f.spec.travels(f) == "blob")
 
 
 def templates(fields: Sequence[Any], batch_size: int) -> List[Any]:
-    """The empty plain batch: a dense zero array per scalar field, shared empties otherwise,
-    then ``valid``."""
-    return [np.zeros(batch_size, f.dtype) if f.ndim == 0 else [f.empty] * batch_size
+    """The empty plain batch: a dense zero array per field that travels dense, shared empties
+    otherwise, then ``valid``."""
+    return [np.zeros(batch_size, f.dtype) if f.spec.travels(f) == "dense" else [f.empty] * batch_size
             for f in fields] + [np.zeros(batch_size, np.uint8)]
 
 
@@ -64,6 +63,16 @@ def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int) -> Tuple
         lengths = np.zeros(batch_size, np.int32)
         lengths[lo:hi] = [len(a) for a in own]  # (1-D bytes: len is the size, for arrays and views alike)
         out[i] = np.frombuffer(bytearray().join([lengths.tobytes(), *own]), np.uint8)  # one copy, writable
+    return tuple(out)
+
+
+def with_placeholders(outputs: Sequence[Any], left_out: Sequence[int]) -> Tuple[Any, ...]:
+    """``outputs`` with one placeholder inserted at each index of ``left_out`` (outputs of fields
+    no graph output needs, which DALI prunes unfed): a dense array of zero bytes, one per position."""
+    out = list(outputs)
+    placeholder = np.zeros(len(outputs[-1]), np.uint8)
+    for i in sorted(left_out):
+        out.insert(i, placeholder)
     return tuple(out)
 
 

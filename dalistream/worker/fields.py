@@ -1,4 +1,6 @@
-"""Samples to arrays: field decoding and the missing-field policy.
+"""Samples to arrays one at a time: each field's member found (its extensions in order, a
+gzipped member unzipped), parsed by the field's kind (:mod:`dalistream.kinds`), and the
+missing-field policy.
 
 Nothing here touches DALI: a sample (``ext -> bytes`` dict from :mod:`dalistream.tar`) becomes a
 tuple of numpy arrays, one per :class:`~dalistream.config.Field`, ready to be placed in a slot.
@@ -8,15 +10,14 @@ from __future__ import annotations
 
 import difflib
 import gzip
-import io
-import warnings
 import zlib
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config import Field, is_image_ext
+from ..config import Field
 from ..errors import DalistreamError, SampleError
+from ..kinds import Problem
 
 
 class FieldDecoder:
@@ -25,13 +26,10 @@ class FieldDecoder:
     ``missing``: ``"error"`` raises :class:`SampleError` naming URL and key, ``"skip"`` returns
     ``None`` (the caller counts it), ``"empty"`` puts the field's empty value in its place.
 
-    Raw-bytes fields read from an image extension (``jpg``, ``png``, …, see
-    :data:`dalistream.config.IMAGE_EXTS`) are checked cheaply with :func:`image_problem` (known
-    signature; JPEG end-of-image and PNG ``IEND`` markers; RIFF length of WebP), so that random
-    bytes or a cut file fail here, as a :class:`SampleError` naming shard and key (reason
-    ``"bad_image"``), instead of inside DALI's decoder, which kills the whole pipeline without
-    saying which sample it was. To pass image bytes on unchecked, declare the field with
-    ``kind="custom", decoder=lambda b: np.frombuffer(b, np.uint8)``.
+    What the field's kind refuses is a :class:`SampleError` naming shard and key, with the kind's
+    reason (``"bad_image"`` for the bytes kind's image check: to pass image bytes on unchecked,
+    declare the field with ``kind="custom", decoder=lambda b: np.frombuffer(b, np.uint8)``), or
+    ``"bad_value"``.
     """
 
     def __init__(self, fields: Sequence[Field], missing: str = "error") -> None:
@@ -43,11 +41,12 @@ class FieldDecoder:
         # the set's own method, called once per tar member: no Python frame
         self.wants = self.exts.__contains__
 
-    def decode(self, sample: dict) -> Optional[Tuple[np.ndarray, ...]]:
-        """One array per field, or ``None`` when the sample is to be skipped."""
+    def decode(self, sample: dict, source: str = "") -> Optional[Tuple[np.ndarray, ...]]:
+        """One array per field, or ``None`` when the sample is to be skipped; ``source``: the name
+        of the mix's source it comes from (a ``__source__`` field's value)."""
         out = []
         for field in self.fields:
-            value = self._one(field, sample)
+            value = self._one(field, sample, source)
             if value is None:
                 if self.missing == "error":
                     raise SampleError(self._missing(field, sample), url=sample.get("__url__"),
@@ -65,7 +64,7 @@ class FieldDecoder:
         """What a sample lacks (the first field without a member), with the ``lowercase_ext`` hint
         when a member differs from a wanted extension only in case."""
         for field in self.fields:
-            if field.kind != "meta" and not any(sample.get(e) is not None or sample.get(e + ".gz") is not None
+            if field.spec.reads_members and not any(sample.get(e) is not None or sample.get(e + ".gz") is not None
                                                 for e in field.exts):
                 hint = self._case_hint(field, sample)
                 return f"{self._missing(field, sample)} in shard {sample.get('__url__')}" + (f": {hint}" if hint else "")
@@ -98,10 +97,12 @@ class FieldDecoder:
                 f"fields (e.g. {{{field.name!r}: {';'.join(close + list(field.exts))!r}}}) -- a typo in an extension "
                 "misses every sample, and missing='skip' would skip them all")
 
-    def _one(self, field: Field, sample: dict) -> Optional[np.ndarray]:
-        if field.kind == "meta":
+    def _one(self, field: Field, sample: dict, source: str = "") -> Optional[np.ndarray]:
+        kind = field.spec
+        if not kind.reads_members:  # the sample's metadata (a key's own bytes)
             name = field.exts[0]
-            return np.frombuffer(str(sample[name]).encode("utf-8", "surrogateescape"), np.uint8)  # a key's own bytes
+            value = source if name == "__source__" else str(sample.get(name, ""))
+            return kind.parse(field, value.encode("utf-8", "surrogateescape"), name)
         for ext in field.exts:
             data = sample.get(ext)
             if data is None and sample.get(ext + ".gz") is not None:
@@ -112,140 +113,14 @@ class FieldDecoder:
                                       member=f"{sample.get('__key__')}.{ext}.gz", reason="bad_value") from None
             if data is not None:
                 try:
-                    return convert(field, data, ext)
+                    return kind.parse(field, data, ext)
                 except DalistreamError:
                     raise
-                except _BadImage as e:
-                    raise SampleError(f"field {field.name!r} is not a decodable image: {e}", reason="bad_image",
-                                      url=sample.get("__url__"), member=f"{sample.get('__key__')}.{ext}",
-                                      hint="re-encode or remove the image, or use on_error='skip'") from None
+                except Problem as e:
+                    raise SampleError(f"field {field.name!r} {e}", reason=e.reason, url=sample.get("__url__"),
+                                      member=f"{sample.get('__key__')}.{ext}", hint=e.hint) from None
                 except Exception as e:
                     raise SampleError(f"cannot decode field {field.name!r}: {type(e).__name__}: {e}",
                                       url=sample.get("__url__"), member=f"{sample.get('__key__')}.{ext}",
                                       reason="bad_value") from None
         return None
-
-
-class _BadImage(ValueError):
-    pass
-
-
-JPEG_START, PNG_START, PNG_END = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
-_SIGNATURES = (  # formats DALI's image decoders read, besides JPEG and PNG
-    (b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\0", "TIFF"), (b"MM\0*", "TIFF"),
-    (b"\0\0\0\x0cjP  \r\n\x87\n", "JPEG 2000"), (b"\xff\x4f\xff\x51", "JPEG 2000"),
-)
-
-
-def _jpeg_scan(data: bytes) -> int:
-    """Where the image's first start-of-scan marker is (-1: none): the segments before it are
-    passed over by their lengths, so a thumbnail inside an EXIF segment (a whole JPEG, with its
-    own scan and end marker) is not taken for the image. Where the walk goes astray (bytes that
-    are no marker, which decoders accept with a warning, or a length past the end) the marker is
-    searched from there instead: damage inside is left to the decoder, as before."""
-    i, n = 2, len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            break
-        marker = data[i + 1]
-        if marker == 0xDA:
-            return i
-        if marker == 0xFF:  # fill byte
-            step = 1
-        elif 0xD0 <= marker <= 0xD8 or marker == 0x01:  # markers without a length
-            step = 2
-        else:
-            step = 2 + int.from_bytes(data[i + 2:i + 4], "big")
-        if i + step + 4 > n:
-            break
-        i += step
-    return data.find(b"\xff\xda", i)
-
-
-def image_problem(data: bytes) -> Optional[str]:
-    """What is wrong with encoded image bytes, or ``None`` if they pass a cheap check.
-
-    The check costs a few microseconds and never decodes: the data must start with the
-    signature of a format DALI decodes (JPEG, PNG, GIF, BMP, TIFF, WebP, JPEG 2000, PNM) and,
-    where the format has an end marker, contain it: JPEG needs an end-of-image marker after its
-    first start-of-scan (a thumbnail's does not count; data after it, as in motion photos, is fine), PNG its ``IEND`` chunk,
-    WebP as many bytes as its RIFF header announces. It catches random bytes, empty members
-    and files cut short; damage inside the compressed data passes and is left to the decoder.
-    """
-    n = len(data)
-    if n == 0:
-        return "0 bytes"
-    if data.startswith(JPEG_START):
-        scan = _jpeg_scan(data)
-        if scan < 0:
-            return f"JPEG of {n} bytes without image data (no start-of-scan marker): cut short?"
-        if data.rfind(b"\xff\xd9", scan) < 0:  # from the end, where it is: not a scan of the whole image
-            return f"JPEG of {n} bytes without its end-of-image marker: cut short?"
-        return None
-    if data.startswith(PNG_START):
-        if data.rfind(PNG_END, 8) < 0:
-            return f"PNG of {n} bytes without its IEND chunk: cut short?"
-        return None
-    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
-        announced = int.from_bytes(data[4:8], "little") + 8
-        if n < announced:
-            return f"WebP of {n} bytes whose header announces {announced}: cut short?"
-        return None
-    for magic, _name in _SIGNATURES:
-        if data.startswith(magic):
-            return None
-    if n >= 3 and data[:1] == b"P" and data[1:2] in b"1234567" and data[2:3] in b" \t\r\n#":
-        return None  # PNM
-    return f"unknown image format ({n} bytes starting {data[:8]!r})"
-
-
-def convert(field: Field, data: bytes, ext: str = "") -> np.ndarray:
-    if field.kind == "bytes":
-        if is_image_ext(ext):
-            problem = image_problem(data)
-            if problem is not None:
-                raise _BadImage(problem)
-        return np.frombuffer(data, np.uint8)
-    if field.kind == "int":
-        text = data.strip()
-        try:
-            return np.array(int(text), np.int64)
-        except ValueError:
-            raise ValueError(f"label {text[:40]!r} is not an integer") from None
-    if field.kind == "npy":
-        value = np.load(io.BytesIO(data), allow_pickle=False)
-    else:
-        value = np.asarray(field.decoder(data))  # type: ignore[misc]
-    if value.ndim != field.ndim:
-        raise ValueError(f"expected {field.ndim} dimensions, got shape {value.shape}")
-    return fitted(value, np.dtype(field.dtype))
-
-
-def fitted(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``value`` as ``dtype``, or a ``ValueError`` showing the value when the cast would change it:
-    a fraction or an out-of-range number cast to an integer, an integer that overflows, a complex
-    part dropped, a finite float that overflows. A float cast to a narrower float only rounds
-    (float64 0.1 to float32): allowed."""
-    if value.dtype == dtype:
-        return np.ascontiguousarray(value)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (ComplexWarning: the check below reports it)
-        cast = value.astype(dtype)
-    if value.dtype.kind == "f" and dtype.kind == "f":
-        lost = np.isfinite(value) & ~np.isfinite(cast)
-    elif value.dtype.kind in "biuf" and dtype.kind in "biuf":
-        back = cast.astype(value.dtype) if value.dtype.kind != "f" or dtype.kind == "f" else cast.astype(np.float64)
-        lost = ~((back == value) | (np.isnan(value) & np.isnan(back) if value.dtype.kind == "f" else False))
-        if value.dtype.kind == "f" and dtype.kind in "biu":
-            lost |= ~np.isfinite(value)
-    else:  # complex, strings, objects: equal after the cast, or refused
-        try:
-            lost = ~np.asarray(cast == value, dtype=bool)
-        except (TypeError, ValueError):
-            lost = np.ones(value.shape, dtype=bool)
-    if np.any(lost):
-        shown = np.array2string(value.ravel()[:6], threshold=6)
-        raise ValueError(f"the decoder's {value.dtype} value {shown}{' …' if value.size > 6 else ''} does not fit the "
-                         f"field's dtype {dtype} without loss (as {dtype}: "
-                         f"{np.array2string(cast.ravel()[:6], threshold=6)})")
-    return np.ascontiguousarray(cast)

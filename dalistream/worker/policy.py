@@ -89,13 +89,11 @@ class ErrorPolicy:
                 self.examples.setdefault(reason, example)
             self.check()
 
-    def watched(self, samples: Iterator) -> Iterator:
-        """``samples`` passed through, the real ones (not ``None``; a block of them by its number)
-        counted as passed, judged at the end."""
-        for sample in samples:
-            if sample is not None:
-                self.passed += len(sample) if type(sample) is Rows else 1
-            yield sample
+    def watched(self, blocks: Iterator[Rows]) -> Iterator[Rows]:
+        """``blocks`` passed through, their rows counted as passed, judged at the end."""
+        for block in blocks:
+            self.passed += block.n
+            yield block
         self.check(final=True)
 
     def check(self, final: bool = False) -> None:

@@ -1,41 +1,54 @@
-"""One worker's samples in plan order: its shards opened in sequence, tar members grouped into
-samples, fields decoded, the error policy applied.
+"""One column of a worker: the samples a :class:`~dalistream.plan.WorkerPlan` names, read in plan
+order and decoded, as blocks of rows (:class:`~.rows.Rows`): the one item type of the worker's
+stream. A lone sample is a block of one.
 
-:class:`PlanReader` knows the data set (:class:`~dalistream.dataset.DataSet`); :meth:`~PlanReader.decoded`
-yields a worker's decoded samples (tuples of arrays, one per field) for one :class:`~dalistream.plan.WorkerPlan`,
-``None`` in place of samples skipped on resume (still numbered, never read or decoded).
+:meth:`PlanReader.blocks` opens the plan's parts in sequence (:class:`~dalistream.io.ShardSequence`),
+reads their samples (a regular shard's a run at a time, cut out by the manifest's member layout,
+:mod:`dalistream.tar.runs`; others by header walk, :mod:`dalistream.tar.samples`), decodes
+them (:class:`~.rows.RowDecoder` for a run, :class:`~.fields.FieldDecoder` for one sample) and
+applies the error policy where a problem is found, in order: a bad sample is raised or counted
+and left out, a damaged or stale shard likewise after the samples before its damage. Nothing but
+rows comes out.
+
+Samples are numbered in plan order by their *ordinal* (the parts' samples less the plan's
+drops). A resume reads from ``start`` on: each part opens at its first sample still to read (a
+seek to its offset, or header skipping without one); the ordinals in ``gone`` (a shuffle
+buffer's delivered window) and the plan's drops (an elastic resume's) are passed over, never
+decoded (:class:`~.numbering.Numbering`). Every block holds consecutive ordinals (``Rows.ordinal``
+is its first).
+
+A column's blocks come from a :class:`ColumnReader`, which reads the tar reader's raw items
+ahead on request, so that the :class:`~.feed.Feed` decodes the runs of all of a worker's columns
+together (:func:`~.rows.decode_runs`) before each column turns its items into blocks, in its own
+order: the problems of a shard are acted on before the item read just before them.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
-from typing import Callable, Iterator, Optional
+from collections import deque
+from typing import AbstractSet, Iterator, List, Optional
 
 import numpy as np
 
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
-from ..io.options import shared_budget
 from ..io.streams import ShardSequence, is_gzip_name
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
-from ..tar.runs import Run, sliced_runs
-from ..tar.sliced import sliced_samples
+from ..tar.runs import Arena, Geometry, Run, sliced_runs
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
+from .numbering import Numbering, between as _between
 from .rows import RowDecoder, Rows
 from .stats import WorkerStats
 
-PASS_END = object()  # marks the end of one pass over a worker's shards
-
-Keep = Callable[[int], bool]
-
 
 class PlanReader:
-    """Reads the samples a :class:`WorkerPlan` names (see module doc); picklable."""
+    """Reads the samples a :class:`WorkerPlan` names (see module doc); picklable. ``config``'s
+    storage options are this column's share of the worker's budget."""
 
     def __init__(self, config: StreamConfig, data: DataSet, worker: int, source_name: str = "") -> None:
         self.config = config
@@ -43,105 +56,28 @@ class PlanReader:
         self.worker = worker
         self.decoder = FieldDecoder(config.fields, config.missing)
         self.rows = RowDecoder(config.fields, config.lowercase_ext)
-        self.source_name = source_name  # a mix's source name: the ``__source__`` field
-        self._source_field = any("__source__" in f.exts for f in config.fields)
+        self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
+        self._geometry: dict = {}  # shard index -> its members' Geometry (worked out once per worker)
+        self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
+        #: while a worker reads for its first batch, the parts it opens start with a run of this
+        self.first_run: Optional[int] = None
 
-    def decoded(self, plan: WorkerPlan, keep: Keep, policy: ErrorPolicy, stats: WorkerStats, share: int = 1,
-                blocks: bool = False) -> Iterator:
-        """Decoded samples of this worker's shards (endless, re-ordered per pass, for ``fixed``),
-        ``None`` for samples skipped on resume.
+    def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
+               gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:
+        """The plan's decoded samples from ordinal ``start`` on, less the ordinals ``gone``, as
+        blocks (endless, the parts re-ordered per pass, for ``fixed``); the error policy applied
+        where each problem is found (see the module doc). A
+        :class:`ColumnReader`."""
+        return ColumnReader(self, plan, policy, stats, start, gone)
 
-        The error policy is applied here: a bad sample (duplicate key or member, member too large,
-        undecodable value or image, missing field) is raised, or counted and skipped, and its shard
-        goes on; a shard that cannot be opened or read on is raised, or counted and skipped after
-        the samples before the damage. Shard problems are met one raw sample early (see
-        :func:`problem_first`), so a worker that stops after its last planned sample has still
-        met, counted and reported the damage right after it, and the unreadable shards after it.
-        ``share``: how many plans this worker reads at once (their remote read-ahead budget is
-        shared, :func:`~dalistream.io.options.shared_budget`). ``blocks``: samples a member layout
-        cuts out are read a run at a time and come decoded as :class:`~.rows.Rows` blocks (for
-        a reader whose ``keep`` passes all but a first few: no shuffle buffer); the others one by
-        one, as tuples.
-        """
+    def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0,
+              gone: AbstractSet[int] = frozenset()) -> Iterator[list]:
+        """The tar reader's raw items of the plan (runs, single samples) as ``[item, its part's
+        :class:`Numbering`, its pass, the shard problems met before it]``: each item is given out
+        once the next one is read, so a shard's problem (met at the end of its part) comes with
+        the item before it and is acted on first (see :meth:`_part`); problems with no item left
+        after them come with an item ``None``."""
         c = self.config
-        good = 0
-        for item in problem_first(self.raw(plan, keep, stats, share, blocks)):
-            if item is PASS_END:
-                if c.policy == "fixed" and not good:  # cycling over nothing would never end
-                    raise SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
-                                      url=self.data.urls[plan.shards[0]] if plan.parts else None, rank=c.rank, worker=self.worker,
-                                      reason="no_samples", hint="check the shards (see the warnings), or use fewer workers")
-                good = 0
-                continue
-            if item is None:
-                good += 1
-                yield None
-                continue
-            if isinstance(item, DalistreamError):  # per shard
-                policy.handle(item.at(rank=c.rank, worker=self.worker), "shards")
-                stats.flush_skips()
-                continue
-            if type(item) is Run:
-                stats.add(bytes=item.nbytes)
-                if self._source_field:
-                    item.source = self.source_name
-                for block in self.blocks(item, policy, stats):
-                    good += len(block) if type(block) is Rows else 1  # (a sample settled alone: a tuple)
-                    yield block
-                continue
-            stats.add(bytes=sum(len(v) for k, v in item.items() if v is not None and not k.startswith("__")))
-            if self._source_field:
-                item["__source__"] = self.source_name
-            value = self.settle(item, policy, stats)
-            if value is not None:
-                good += 1
-                yield value
-
-    def blocks(self, run: Run, policy: ErrorPolicy, stats: WorkerStats) -> Iterator:
-        """A run's samples decoded together (:class:`~.rows.RowDecoder`), as :class:`~.rows.Rows`
-        between the samples that do not pass, which are settled one by one (:meth:`settle`) in
-        their place: the error policy meets them in the order, and at the moment, it would meet
-        them read one by one."""
-        columns, bad = self.rows.decode(run)
-        lowercase, wants = self.config.lowercase_ext, self.decoder.wants
-        start = 0
-        for i in bad + [len(run)]:
-            if i > start:
-                yield Rows([column[start:i] for column in columns], i - start)
-            if i < len(run):
-                value = self.settle(run.sample(i, lowercase, wants), policy, stats)
-                if value is not None:
-                    yield value
-            start = i + 1
-
-    def settle(self, sample: dict, policy: ErrorPolicy, stats: WorkerStats) -> Optional[tuple]:
-        """One raw sample decoded, or ``None`` when the error policy skipped it (counted; raised
-        under ``on_error="raise"``): its tar reader's error, a field that does not decode, a
-        missing field."""
-        c = self.config
-        error = sample.get("__error__")  # found by the tar reader
-        if error is None:
-            try:
-                value = self.decoder.decode(sample)
-            except SampleError as e:
-                error = e
-            else:
-                if value is not None:
-                    return value
-                policy.count("samples", "missing_field", example=self.decoder.describe_missing(sample))
-                stats.flush_skips()
-                return None
-        policy.handle(error.at(rank=c.rank, worker=self.worker), "samples")
-        stats.flush_skips()
-        return None
-
-    def raw(self, plan: WorkerPlan, keep: Keep, stats: WorkerStats, share: int = 1, blocks: bool = False) -> Iterator:
-        """This worker's raw samples (``ext -> bytes`` dicts; with ``blocks``, runs of those a member
-        layout cuts out, :class:`~dalistream.tar.runs.Run`; numbered in plan order; ``None`` when
-        ``keep`` rejects one), a shard's error in place of what follows its damage, and
-        :data:`PASS_END` after each pass over the parts."""
-        c = self.config
-        options = shared_budget(c.storage_options, share)
         ordinal = 0
         passes = itertools.count() if c.policy == "fixed" else range(1)
         for n_pass in passes:
@@ -149,57 +85,50 @@ class PlanReader:
             if n_pass:
                 perm = np.random.default_rng(seeds.pass_order(c.seed, plan.epoch, n_pass)).permutation(len(parts))
                 parts = [parts[int(i)] for i in perm]
-            # resume: samples consumed before the restart are not even read (known sizes only);
-            # an elastic resume's drops (raw positions over the parts) are neither read nor numbered
-            drop = frozenset(plan.drop) if not n_pass else frozenset()
-            done, nones, heads, base, raw = [], [], [], ordinal, 0
+            drop = plan.drop if not n_pass else ()  # an elastic resume's raw positions (first pass only)
+            reads = []
+            raw = 0
             for index, first, stop in parts:
-                size = (None if stop is None else stop - first) or 0
-                d = n = 0
-                while d < size and (raw + d in drop or not keep(base + n)):
-                    n += raw + d not in drop
-                    d += 1
-                done.append(d)
-                nones.append(n)
-                heads.append(raw - first)  # raw position of the part's sample i: heads[k] + i
-                base += size - (bisect.bisect_left(plan.drop, raw + size) - bisect.bisect_left(plan.drop, raw) if drop else 0)
-                raw += size
-            reads = [(k, index, first + d, stop) for k, ((index, first, stop), d) in enumerate(zip(parts, done))
-                     if not (stop is not None and stop > first and d == stop - first)]
-            ranges = [self.byte_range(index, first, stop) for _, index, first, stop in reads]
-            shards = ShardSequence([self.data.urls[index] for _, index, _, _ in reads], options, stats.io,
-                                   ranges=[(start or 0, end) for start, end in ranges])
-            position = 0
-            for k, (index, first, stop) in enumerate(parts):
-                ordinal += nones[k]
-                yield from itertools.repeat(None, nones[k])
-                if position == len(reads) or reads[position][0] != k:
-                    continue
-                first, (start, end) = first + done[k], ranges[position]
-                for sample in self._part(shards, position, index, first, stop, start, end, stats, blocks):
-                    if isinstance(sample, DalistreamError):
-                        yield sample
-                        continue
-                    singles = (sample,)
-                    if type(sample) is Run:
-                        n = len(sample)
-                        at = heads[k] + sample.first  # raw position of the run's first sample
-                        if (not drop or bisect.bisect_left(plan.drop, at + n) == bisect.bisect_left(plan.drop, at)) \
-                                and all(keep(o) for o in range(ordinal, ordinal + n)):
-                            ordinal += n
-                            yield sample
-                            continue
-                        # drops inside it (left out, or delivered before an elastic resume), or a reader
-                        # that keeps only some: one by one
-                        singles = (sample.sample(i, c.lowercase_ext, self.decoder.wants) for i in range(n))
-                    for one in singles:
-                        if drop and heads[k] + one["__index__"] in drop:
-                            continue  # delivered before an elastic resume
-                        ordinal += 1
-                        yield one if keep(ordinal - 1) else None
-                position += 1
-            shards.close()
-            yield PASS_END
+                size = None if stop is None else stop - first
+                numbering = Numbering(first, size, raw, ordinal, drop, start, gone)
+                if size is not None:
+                    ordinal += size - _between(drop, raw, raw + size)
+                    raw += size
+                opened_at = first + numbering.head
+                if stop is None or opened_at < stop or stop == first == 0:  # (an empty shard is opened: it is checked)
+                    reads.append((index, opened_at, stop, numbering, self.byte_range(index, opened_at, stop)))
+            held = None  # the raw item read last: given out once the next one is read
+            problems: list = []  # met before any item of this pass: they come with its first
+            given = 0
+            shards = ShardSequence([self.data.urls[r[0]] for r in reads], c.storage_options, stats.io,
+                                   ranges=[(r[4][0] or 0, r[4][1]) for r in reads])
+            try:
+                for position, (index, first, stop, numbering, (begin, end)) in enumerate(reads):
+                    for item in self._part(shards, position, index, first, stop, begin, end, stats, numbering):
+                        if held is not None:
+                            given += 1
+                            yield held
+                        held, problems = [item, numbering, n_pass, problems], []
+                    if numbering.problem is not None:  # it overtakes the item held back
+                        (held[3] if held is not None else problems).append(numbering.problem)
+                    if stop is None:  # a whole shard of unknown count: its samples number the next
+                        ordinal = numbering.base + numbering.found
+                if held is not None:
+                    given += 1
+                    yield held
+                if problems:
+                    yield [None, None, n_pass, problems]
+            finally:
+                shards.close()
+            if c.policy == "fixed" and not given and not (n_pass == 0 and (start or gone)):
+                raise self.no_samples(plan)
+
+    def no_samples(self, plan: WorkerPlan) -> SourceError:
+        """The error of a ``fixed`` worker whose pass over its parts gave no usable sample."""
+        c = self.config
+        return SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
+                           url=self.data.urls[plan.shards[0]] if plan.parts else None, rank=c.rank, worker=self.worker,
+                           reason="no_samples", hint="check the shards (see the warnings), or use fewer workers")
 
     def byte_range(self, index: int, first: int, stop: Optional[int]) -> "tuple[Optional[int], Optional[int]]":
         """Where samples ``first`` to ``stop`` of shard ``index`` lie in its tar, as far as the
@@ -212,53 +141,122 @@ class PlanReader:
         return start, end
 
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
-              start: Optional[int], end: Optional[int], stats: WorkerStats, blocks: bool = False) -> Iterator:
+              start: Optional[int], end: Optional[int], stats: WorkerStats,
+              numbering: Optional["Numbering"] = None) -> Iterator:
         """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None), from
         ``shards.open(position)``: the bytes from ``start`` (``first``'s offset, a seek or a ranged
         GET) to ``end`` (``stop``'s, closed by an end-of-archive marker) when the offsets are known,
-        else from the shard's start, the samples before ``first`` passed over by header. Then a
-        stale count is found where it shows: a shard ending before ``stop``, or holding more
-        samples than its count after its last part."""
+        else from the shard's start, the samples before ``first`` passed over by header;
+        ``numbering`` gives each sample's ordinal and the samples passed over. A stale count is found where it shows: a shard ending before
+        ``stop``, or holding more samples than its count after its last part. Yields the raw
+        items of the tar reader (runs, samples: :meth:`_blocks` decodes them); the shard's
+        problem, if any, is left in ``numbering.problem``: :meth:`items` gives it with the item
+        before it, so the error of a shard that ends badly, and of the unreadable shards after
+        it, is met before its last samples, and before the samples the plan counted run out."""
         c = self.config
+        numbering = numbering or Numbering(first, None if stop is None else stop - first)
+        skip = numbering.skip
         url = self.data.urls[index]
         count = self.data.counts[index] if self.data.counts is not None else None
-        at_offset = start is not None
-        found = first if at_offset else 0
+        found_at = first if start is not None else 0
         layout = self.layout(index, first, stop, start)
+        problem: Optional[DalistreamError] = None
         try:
             with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too
                 opened = shards.open(position)  # (a part with an end: a tar of its own)
             with opened as f:
                 if layout is not None:  # a regular shard: samples cut out by the manifest's member layout
                     patterns, kinds, sizes, offset = layout
-                    found = first
-                    samples = (sliced_runs if blocks else sliced_samples)(
-                        f, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=self.decoder.wants,
-                        lowercase=c.lowercase_ext, last=stop == count, clock=stats.io_clock, chunk=shards.chunk)
+                    found_at = first
+                    items = sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset,
+                                        want_ext=self.decoder.wants, lowercase=c.lowercase_ext, last=stop == count,
+                                        clock=stats.io_clock, chunk=shards.chunk,
+                                        geometry=self.geometry(index).part(first, stop), arena=self.arena,
+                                        first_run=self.first_run)
                 else:
-                    samples = iter_samples(
-                        f, url, keep=lambda i: first <= i and (stop is None or i < stop), want_ext=self.decoder.wants,
-                        lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes, mark_errors=True,
-                        first_index=first if at_offset else 0, clock=stats.io_clock, chunk=shards.chunk)
-                for sample in samples:
-                    found = sample.first + len(sample) if type(sample) is Run else sample["__index__"] + 1
-                    if found <= first:
+                    items = iter_samples(
+                        f, url, keep=lambda i: first <= i and (stop is None or i < stop) and not skip(i),
+                        want_ext=self.decoder.wants, lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes,
+                        mark_errors=True, first_index=first if start is not None else 0, clock=stats.io_clock,
+                        chunk=shards.chunk)
+                for item in items:
+                    found_at = item.first + len(item) if type(item) is Run else item["__index__"] + 1
+                    if found_at <= first:
                         continue  # another worker's sample, passed over by header
-                    if stop is not None and found > stop:
+                    if stop is not None and found_at > stop:
                         if stop == count:
-                            yield self.stale(url, count, f"at least {found}")
-                        return
-                    yield sample
+                            problem = self.stale(url, count, f"at least {found_at}")
+                        break
+                    yield item
+                else:
+                    if stop is not None and found_at < stop:
+                        problem = self.stale(url, count, str(found_at))
         except (ShardFormatError, SourceError) as e:
-            yield e
-            return
+            problem = e
         except DalistreamError as e:
             raise e.at(rank=c.rank, worker=self.worker)
         except (OSError, EOFError) as e:  # I/O errors outside the tar reader (open, close)
-            yield read_error(e, url)
+            problem = read_error(e, url)
+        numbering.found = found_at
+        numbering.problem = problem.at(rank=c.rank, worker=self.worker) if problem is not None else None
+
+    def _blocks(self, item, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
+        """A raw item of the tar reader (a :class:`Run`, or one sample) as blocks."""
+        if type(item) is Run:
+            return self._run_blocks(item, numbering, policy, stats)
+        return self._sample_blocks(item, numbering, policy, stats)
+
+    def _run_blocks(self, run: Run, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
+        """A run's samples decoded together (or already, with other runs: ``run.decoded``), as
+        blocks between the samples passed over and those that do not pass, which are settled one
+        by one in their place: the error policy meets them in the order it would meet them read
+        one by one."""
+        stats.add(bytes=run.nbytes)
+        columns, bad = run.decoded if run.decoded is not None else self.rows.decode(run, self.source_name)
+        skip, n = numbering.skip, len(run)
+        passed = [i for i in range(n) if skip(run.first + i)] if numbering.skips else []
+        lowercase, wants = self.config.lowercase_ext, self.decoder.wants
+        begin = 0
+        for i in (sorted(set(bad) | set(passed)) if passed else bad) + [n]:
+            if i > begin:
+                yield Rows([column[begin:i] for column in columns], i - begin, numbering.ordinal(run.first + begin))
+            if i < n and not skip(run.first + i):
+                value = self.settle(run.sample(i, lowercase, wants), policy, stats)
+                if value is not None:
+                    yield Rows([[v] for v in value], 1, numbering.ordinal(run.first + i))
+            begin = i + 1
+
+    def _sample_blocks(self, sample: dict, numbering: "Numbering", policy: ErrorPolicy,
+                       stats: WorkerStats) -> Iterator[Rows]:
+        """One sample of the header walk as a block of one (nothing when it is passed over or skipped)."""
+        index = sample["__index__"]
+        if numbering.skip(index):
             return
-        if stop is not None and found < stop:
-            yield self.stale(url, count, str(found))
+        stats.add(bytes=sum(len(v) for k, v in sample.items() if v is not None and not k.startswith("__")))
+        value = self.settle(sample, policy, stats)
+        if value is not None:
+            yield Rows([[v] for v in value], 1, numbering.ordinal(index))
+
+    def settle(self, sample: dict, policy: ErrorPolicy, stats: WorkerStats) -> Optional[tuple]:
+        """One raw sample decoded, or ``None`` when the error policy skipped it (counted; raised
+        under ``on_error="raise"``): its tar reader's error, a field that does not decode, a
+        missing field."""
+        c = self.config
+        error = sample.get("__error__")  # found by the tar reader
+        if error is None:
+            try:
+                value = self.decoder.decode(sample, self.source_name)
+            except SampleError as e:
+                error = e
+            else:
+                if value is not None:
+                    return value
+                policy.count("samples", "missing_field", example=self.decoder.describe_missing(sample))
+                stats.flush_skips()
+                return None
+        policy.handle(error.at(rank=c.rank, worker=self.worker), "samples")
+        stats.flush_skips()
+        return None
 
     def layout(self, index: int, first: int, stop: Optional[int], start: Optional[int]) -> Optional[tuple]:
         """``(patterns, each sample's pattern, member sizes, offset of first)`` for samples ``first``
@@ -280,6 +278,16 @@ class PlanReader:
             return None
         return patterns, kinds[first:stop], sizes, offset
 
+    def geometry(self, index: int) -> Geometry:
+        """Where the members of shard ``index`` lie (its member layout worked out once)."""
+        found = self._geometry.get(index)
+        if found is None:
+            patterns, kinds, sizes, _ = self.data.offsets.members.at(index)
+            if len(self._geometry) >= 1024:
+                self._geometry.clear()
+            found = self._geometry[index] = Geometry(patterns, kinds, sizes, self.decoder.wants, self.config.lowercase_ext)
+        return found
+
     def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
         """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""
         source = self.data.count_source or ""
@@ -296,20 +304,69 @@ class PlanReader:
         )
 
 
-def problem_first(items: Iterator) -> Iterator:
-    """``items`` one behind, except errors, which overtake the item held back.
+class ColumnReader:
+    """One column's blocks of rows (an iterator of :class:`~.rows.Rows`), their raw items read
+    ahead on request (:meth:`read_ahead`): so a worker's columns have their runs decoded together,
+    in bulk (:func:`~.rows.decode_runs`), before each is turned into blocks in the column's order.
+    Counts the rows it gives out as samples that passed (the error policy's judgement, made at
+    the end too)."""
 
-    The reader yields a shard's last samples and then the error that ends it (or the errors of
-    the unreadable shards after it). A worker stops reading once it has the samples its plan
-    counted — for a damaged shard, counted up to the damage — so without this it would stop just
-    before the error, and never count or report it."""
-    held, holding = None, False
-    for item in items:
-        if isinstance(item, DalistreamError):
-            yield item
-            continue
-        if holding:
-            yield held
-        held, holding = item, True
-    if holding:
-        yield held
+    def __init__(self, reader: PlanReader, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
+                 gone: AbstractSet[int] = frozenset()) -> None:
+        self.reader, self.plan, self.policy, self.stats = reader, plan, policy, stats
+        self.items = reader.items(plan, stats, start, gone)
+        self.ahead: deque = deque()
+        self.ahead_samples = 0
+        self.current: Iterator[Rows] = iter(())
+        self.resumed = bool(start or gone)
+        self.pass_rows = [0, 0]  # (pass, rows given in it)
+        self.ended = False
+
+    def read_ahead(self, samples: int) -> List[Run]:
+        """Read raw items until ``samples`` are read ahead (or the column ends); the runs read."""
+        runs = []
+        while self.ahead_samples < samples and not self.ended:
+            item = next(self.items, None)
+            if item is None:
+                self.ended = True
+                break
+            self.ahead.append(item)
+            self.ahead_samples += _samples(item[0])
+            if type(item[0]) is Run:
+                runs.append(item[0])
+        return runs
+
+    def __iter__(self) -> "ColumnReader":
+        return self
+
+    def __next__(self) -> Rows:
+        while True:
+            block = next(self.current, None)
+            if block is not None:
+                self.policy.passed += block.n
+                self.pass_rows[1] += block.n
+                return block
+            if self.ahead:
+                item = self.ahead.popleft()
+                self.ahead_samples -= _samples(item[0])
+            else:
+                item = None if self.ended else next(self.items, None)
+            if item is None:
+                self.ended = True
+                self.policy.check(final=True)
+                raise StopIteration
+            raw, numbering, n_pass, problems = item
+            for problem in problems:  # met before this item, acted on before it (see PlanReader.items)
+                self.policy.handle(problem, "shards")
+                self.stats.flush_skips()
+            if raw is None:
+                continue
+            if n_pass != self.pass_rows[0]:  # a pass over the parts gave nothing: cycling on would never end
+                if not self.pass_rows[1] and not (self.pass_rows[0] == 0 and self.resumed):
+                    raise self.reader.no_samples(self.plan)
+                self.pass_rows = [n_pass, 0]
+            self.current = self.reader._blocks(raw, numbering, self.policy, self.stats)
+
+
+def _samples(item: object) -> int:
+    return len(item) if type(item) is Run else 0 if item is None else 1  # type: ignore[arg-type]

@@ -1,45 +1,39 @@
-"""Decoded samples a block at a time: a run of a regular shard decoded with array operations,
-and a step's slot taken from such blocks.
+"""Decoded samples a block at a time: a run of a regular shard decoded with array operations.
 
-:class:`RowDecoder` turns a :class:`~dalistream.tar.runs.Run` into one column per field: the rows
-of a byte field as views of the run's bytes (images checked in bulk: the JPEG segment walk, the
-PNG ``IEND``, as :func:`~dalistream.worker.fields.image_problem` checks one), integer labels parsed
-in one pass, keys and other metadata per row. A sample that does not pass (a missing or gzipped
+:class:`RowDecoder` turns a :class:`~dalistream.tar.runs.Run` into one column per field, each
+parsed by its kind (:meth:`dalistream.kinds.Kind.parse_run`): the rows of a byte field as views of
+the run's bytes (images checked in bulk), integer labels parsed in one pass, keys and other
+metadata per row. A sample that does not pass (a missing or gzipped
 member, a damaged image, a label that is no plain decimal, a failing decoder) is named in ``bad``:
 the reader settles it alone by the per-sample path, which raises, counts or skips it with the
 same message as when it is read alone (``tests/worker/test_rows.py``: what a block delivers is
-what the per-sample path delivers, value for value). :class:`Rows` is a decoded block;
-:class:`Taker` takes a step's samples from a stream of blocks and single samples.
+what the per-sample path delivers, value for value). :class:`Rows` is a decoded block.
 """
 
 from __future__ import annotations
 
-import itertools
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config import Field, is_image_ext
+from ..config import Field
+from ..kinds import BULK_ROWS, Cells
 from ..tar.runs import Run
-from .fields import JPEG_START, PNG_END, PNG_START, convert, image_problem
 
-_BYTES, _INT, _META, _OTHER = range(4)
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_MAX_DIGITS = 18  # a longer label is parsed alone (int64 holds every 18-digit decimal)
-_WHITESPACE = np.zeros(256, bool)
-_WHITESPACE[list(b" \t\n\r\x0b\x0c")] = True  # what bytes.strip() strips
-_JPEG_STEPS = 64  # segments walked in bulk before a row is checked alone
-BULK_ROWS = 32  # fewer rows are checked one by one: array operations cost more than they save there
+__all__ = ["BULK_ROWS", "RowDecoder", "Rows", "decode_runs"]
 
 
 class Rows:
-    """Decoded samples: ``columns``, one list per field, each of ``n`` values."""
+    """Decoded samples, the one item type of a worker's stream: ``columns``, one list per field,
+    each of ``n`` values; the samples are the consecutive ordinals from ``ordinal`` of their
+    column (a lone sample is a block of one)."""
 
-    __slots__ = ("columns", "n")
+    __slots__ = ("columns", "n", "ordinal")
 
-    def __init__(self, columns: List[list], n: int) -> None:
+    def __init__(self, columns: List[list], n: int, ordinal: int = 0) -> None:
         self.columns = columns
         self.n = n
+        self.ordinal = ordinal
 
     def __len__(self) -> int:
         return self.n
@@ -50,212 +44,134 @@ class RowDecoder:
 
     def __init__(self, fields: Sequence[Field], lowercase: bool = False) -> None:
         self.fields = tuple(fields)
+        self.kinds = tuple(f.spec for f in self.fields)
         self.lowercase = lowercase
-        self._modes = tuple(_META if f.kind == "meta" else _INT if f.kind == "int" else
-                            _BYTES if f.kind == "bytes" else _OTHER for f in self.fields)
-        self._maps: Dict[int, tuple] = {}  # id of a pattern table's names: (names, members, images)
+        self._maps: Dict[int, tuple] = {}  # id of a pattern table's names: (names, members, flags)
 
     def member_maps(self, names: Sequence[Tuple[str, ...]]) -> Tuple[np.ndarray, np.ndarray]:
         """For a pattern table, per field and pattern: the member the field is read from (-1: the
-        per-sample path reads it: a member missing or gzipped; 0 for metadata), and whether it
-        is an image to check."""
+        per-sample path reads it: a member missing or gzipped; 0 for a kind that reads no member),
+        and the kind's :meth:`~dalistream.kinds.Kind.member_flag` of that member."""
         found = self._maps.get(id(names))
         if found is None or found[0] is not names:
             member = np.zeros((len(self.fields), len(names)), np.int64)
-            image = np.zeros((len(self.fields), len(names)), bool)
-            for f, field in enumerate(self.fields):
+            flag = np.zeros((len(self.fields), len(names)), bool)
+            for f, (field, kind) in enumerate(zip(self.fields, self.kinds)):
                 for k, exts in enumerate(names):
-                    if field.kind == "meta":
+                    if not kind.reads_members:
                         continue
                     member[f, k] = -1
                     for ext in field.exts:
                         if ext in exts:
                             member[f, k] = exts.index(ext)
-                            image[f, k] = field.kind == "bytes" and is_image_ext(ext)
+                            flag[f, k] = kind.member_flag(field, ext)
                             break
                         if ext + ".gz" in exts:
                             break
             if len(self._maps) > 16:
                 self._maps.clear()
-            self._maps[id(names)] = found = (names, member, image)
+            self._maps[id(names)] = found = (names, member, flag)
         return found[1], found[2]
 
-    def decode(self, run: Run) -> Tuple[List[list], List[int]]:
+    def decode(self, run: Run, source: str = "") -> Tuple[List[list], List[int]]:
         """One column per field of ``run``'s samples, and the samples the per-sample path must
-        settle (their entries in the columns are placeholders), in order."""
+        settle (their entries in the columns are placeholders), in order; ``source``: the name of
+        the mix's source the run comes from (a ``__source__`` field's value)."""
         n = len(run)
-        members, images = self.member_maps(run.names)
+        members, flags = self.member_maps(run.names)
         kinds = run.kinds
         data = np.frombuffer(run.data, np.uint8)
         view = memoryview(run.data)
         bad = np.zeros(n, bool)
+        lowercase = self.lowercase
+
+        def meta(i: int, name: str) -> str:
+            return run.key(i, lowercase) if name == "__key__" else run.url_of(i) if name == "__url__" else source
+
         columns: List[list] = []
-        for f, (field, mode) in enumerate(zip(self.fields, self._modes)):
-            if mode == _META:
-                columns.append([_meta(run, i, field.exts[0], self.lowercase) for i in range(n)])
-                continue
+        for f, (field, kind) in enumerate(zip(self.fields, self.kinds)):
             j = members[f][kinds]
             bad |= j < 0
             index = run.member_base[:-1] + np.maximum(j, 0)
-            starts, lengths = run.member_at[index], run.member_size[index]
-            if mode == _INT:
-                values, wrong = parse_ints(data, starts, lengths) if n >= BULK_ROWS else (np.zeros(n, np.int64), np.ones(n, bool))
-                column = values.tolist()
-                where, size = starts.tolist(), lengths.tolist()
-                for i in np.flatnonzero(wrong & ~bad).tolist():  # not plain decimal: int() as read alone, if it can
-                    try:
-                        value = int(bytes(view[where[i]:where[i] + size[i]]))
-                    except ValueError:
-                        value = None
-                    if value is None or not _INT64_MIN <= value <= _INT64_MAX:
-                        bad[i] = True  # (read alone, it is named)
-                    else:
-                        column[i] = value
-                columns.append(column)
-                continue
-            rows = [view[a:a + m] for a, m in zip(starts.tolist(), lengths.tolist())]
-            if mode == _BYTES:
-                check = images[f][kinds] & ~bad
-                if check.any():
-                    bad[images_bad(data, starts, lengths, check, bulk=n >= BULK_ROWS)] = True
-                if field.ndim != 1 or np.dtype(field.dtype) != np.uint8:  # not a blob: arrays, as decoded alone
-                    rows = [np.frombuffer(r, np.uint8) for r in rows]
-                columns.append(rows)
-                continue
-            column = []
-            for i, row in enumerate(rows):
-                value = None
-                if not bad[i]:
-                    try:
-                        value = convert(field, bytes(row), run.names[kinds[i]][j[i]])
-                    except Exception:
-                        bad[i] = True
-                column.append(value)
-            columns.append(column)
+
+            def ext(i: int, j=j) -> str:
+                return run.names[kinds[i]][j[i]]
+
+            cells = Cells(data, view, run.member_at[index], run.member_size[index], flags[f][kinds], bad, ext, meta)
+            columns.append(kind.parse_run(field, cells))
         return columns, np.flatnonzero(bad).tolist()
 
 
-def _meta(run: Run, i: int, name: str, lowercase: bool) -> np.ndarray:
-    value = run.key(i, lowercase) if name == "__key__" else run.url if name == "__url__" else (run.source or "")
-    return np.frombuffer(value.encode("utf-8", "surrogateescape"), np.uint8)
+class _Joined:
+    """Runs of one pattern table laid end to end, as :meth:`RowDecoder.decode` reads a run: side
+    by side in one buffer (``data``: from the first run's start, each run at ``starts[k]``) or,
+    without, copied end to end."""
+
+    def __init__(self, runs: Sequence[Run], data: Optional[memoryview] = None,
+                 starts: Optional[Sequence[int]] = None) -> None:
+        self.names = runs[0].names
+        self.runs = runs
+        if data is None:
+            self.data = b"".join(r.data for r in runs)
+            starts = np.cumsum([0] + [len(r.data) for r in runs])[:-1].tolist()
+        else:
+            self.data = data
+        self.row_starts = np.cumsum([0] + [len(r) for r in runs])
+        members = np.cumsum([0] + [len(r.member_at) for r in runs])
+        self.kinds = np.concatenate([r.kinds for r in runs])
+        self.member_at = np.concatenate([r.member_at + a for r, a in zip(runs, starts)])
+        self.member_size = np.concatenate([r.member_size for r in runs])
+        self.member_base = np.concatenate([r.member_base[:-1] + m for r, m in zip(runs, members[:-1])] + [members[-1:]])
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def _run(self, i: int) -> Tuple[Run, int]:
+        k = int(np.searchsorted(self.row_starts, i, side="right")) - 1
+        return self.runs[k], i - int(self.row_starts[k])
+
+    def key(self, i: int, lowercase: bool = False) -> str:
+        run, j = self._run(i)
+        return run.key(j, lowercase)
+
+    def url_of(self, i: int) -> str:
+        return self._run(i)[0].url
 
 
-def parse_ints(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """The decimal integers at ``data[starts[i]:starts[i] + lengths[i]]`` (``int64``), and which
-    rows are not plain digits followed by whitespace (0 here; to be read alone)."""
-    n = len(starts)
-    if not n:
-        return np.zeros(0, np.int64), np.zeros(0, bool)
-    width = int(lengths.max())
-    if width == 0 or width > 2 * _MAX_DIGITS:  # (one long row: all read alone)
-        return np.zeros(n, np.int64), np.ones(n, bool)
-    columns = np.arange(width)
-    inside = columns < lengths[:, None]
-    text = np.where(inside, data[np.where(inside, starts[:, None] + columns, 0)], ord(" "))
-    digit = (text >= ord("0")) & (text <= ord("9"))
-    ndigits = np.where(digit.all(axis=1), width, np.argmin(digit, axis=1))
-    trailing = (columns >= ndigits[:, None]) & ~_WHITESPACE[text]
-    good = (ndigits >= 1) & (ndigits <= _MAX_DIGITS) & ~trailing.any(axis=1)
-    value = np.zeros(n, np.int64)
-    for c in range(min(width, _MAX_DIGITS)):
-        value = np.where(c < ndigits, value * 10 + (text[:, c].astype(np.int64) - ord("0")), value)
-    return np.where(good, value, 0), ~good
+def _side_by_side(runs: List[Run]) -> List[List[Run]]:
+    """``runs`` in groups that lie end to end in one buffer (an Arena's), in buffer order."""
+    groups: List[List[Run]] = []
+    for run in sorted(runs, key=lambda r: (id(r.buffer), r.at)):
+        last = groups[-1][-1] if groups else None
+        if last is not None and last.buffer is run.buffer and last.at + len(last.data) == run.at:
+            groups[-1].append(run)
+        else:
+            groups.append([run])
+    return groups
 
 
-def images_bad(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, check: np.ndarray,
-               bulk: bool = True) -> List[int]:
-    """Of the rows ``check`` marks (encoded images at ``data[starts[i]:][:lengths[i]]``), those
-    :func:`image_problem` refuses: with ``bulk``, JPEG and PNG settled together where they surely
-    pass, the rest checked one by one."""
-    ok = ~check
-    if not bulk:
-        return [i for i in np.flatnonzero(check).tolist()
-                if image_problem(data[starts[i]:starts[i] + lengths[i]].tobytes()) is not None]
-    head = _bytes_at(data, starts, lengths, 8)
-    is_jpeg = check & (lengths >= 4) & (head[:, :3] == np.frombuffer(JPEG_START, np.uint8)).all(axis=1)
-    is_png = check & (lengths >= 16) & (head == np.frombuffer(PNG_START, np.uint8)).all(axis=1)
-    if is_png.any():
-        tail = _bytes_at(data, starts + np.maximum(lengths - 8, 0), np.minimum(lengths, 8), 8)
-        ok |= is_png & (tail == np.frombuffer(PNG_END, np.uint8)).all(axis=1)
-    if is_jpeg.any():
-        ok |= jpeg_whole(data, starts, lengths, is_jpeg)
-    bad = []
-    for i in np.flatnonzero(~ok).tolist():
-        if image_problem(data[starts[i]:starts[i] + lengths[i]].tobytes()) is not None:
-            bad.append(i)
-    return bad
-
-
-def _bytes_at(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
-    """The first ``width`` bytes of each row (zeros past a row's end)."""
-    inside = np.arange(width) < lengths[:, None]
-    return np.where(inside, data[np.where(inside, starts[:, None] + np.arange(width), 0)], 0)
-
-
-def jpeg_whole(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The rows that surely pass :func:`image_problem` as JPEG: the segment walk of
-    :func:`~dalistream.worker.fields._jpeg_scan`, run on all rows at once, reaches a start-of-scan
-    marker, and the row ends with the end-of-image marker (after it, then). ``False`` is no
-    verdict: those rows are checked alone."""
-    ok = np.zeros(len(starts), bool)
-    ends = starts + lengths
-    active = np.flatnonzero(rows)
-    active = active[(data[ends[active] - 2] == 0xFF) & (data[ends[active] - 1] == 0xD9)]
-    i = np.full(len(active), 2, np.int64)
-    for _ in range(_JPEG_STEPS):
-        if not len(active):
-            break
-        n = lengths[active]
-        live = i + 4 <= n
-        at = starts[active] + np.where(live, i, 0)
-        live &= data[at] == 0xFF
-        marker = data[at + 1].astype(np.int64)
-        found = live & (marker == 0xDA)
-        ok[active[found]] = True
-        no_length = ((marker >= 0xD0) & (marker <= 0xD8)) | (marker == 0x01)
-        step = np.where(marker == 0xFF, 1, np.where(no_length, 2, 2 + data[at + 2].astype(np.int64) * 256 + data[at + 3]))
-        live &= ~found & (i + step + 4 <= n)
-        active, i = active[live], (i + step)[live]
-    return ok
-
-
-class Taker:
-    """A step's samples from one stream of decoded samples: tuples (one sample) and
-    :class:`Rows` (a block, taken across steps as needed)."""
-
-    def __init__(self, items: Iterator, blocks: bool = True) -> None:
-        self.items = items
-        self.blocks = blocks  # False: the stream holds single samples only
-        self.block: Optional[Rows] = None
-        self.at = 0
-
-    def take(self, k: int, columns: List[list]) -> int:
-        """Append up to ``k`` samples to ``columns`` (one list per field); how many there were."""
-        if not self.blocks:
-            samples = list(itertools.islice(self.items, k))
-            if samples:
-                for column, values in zip(columns, zip(*samples)):
-                    column.extend(values)
-            return len(samples)
-        got = 0
-        while got < k:
-            block = self.block
-            if block is None:
-                item = next(self.items, None)
-                if item is None:
-                    break
-                if type(item) is not Rows:
-                    for column, value in zip(columns, item):
-                        column.append(value)
-                    got += 1
-                    continue
-                block = self.block = item
-                self.at = 0
-            m = min(k - got, block.n - self.at)
-            for column, values in zip(columns, block.columns):
-                column.extend(values[self.at:self.at + m])
-            self.at += m
-            got += m
-            if self.at == block.n:
-                self.block = None
-        return got
+def decode_runs(decoder: RowDecoder, runs: Sequence[Tuple[Run, str]]) -> None:
+    """Decode many runs together (their rows in one pass of array operations per field, which
+    pays where each run alone holds few rows: a worker's many interleaved columns): each run's
+    share of the result in ``run.decoded``; ``runs`` as ``(run, its source's name)``. Runs side by
+    side in one buffer (a worker's :class:`~dalistream.tar.runs.Arena`) are read where they
+    lie; others are copied end to end."""
+    by_table: Dict[Tuple[int, str], List[Run]] = {}
+    for run, source in runs:
+        by_table.setdefault((id(run.names), source), []).append(run)
+    for (_, source), members in by_table.items():
+        together = _side_by_side(members)
+        loose = [g[0] for g in together if len(g) == 1]
+        batches = [(g, memoryview(g[0].buffer)[g[0].at:g[-1].at + len(g[-1].data)], [r.at - g[0].at for r in g])
+                   for g in together if len(g) > 1]
+        if len(loose) > 1:
+            batches.append((loose, None, None))
+        elif loose:
+            loose[0].decoded = decoder.decode(loose[0], source)
+        for group, data, starts in batches:
+            joined = _Joined(group, data, starts)
+            columns, bad = decoder.decode(joined, source)  # type: ignore[arg-type]
+            bad_rows = np.asarray(bad, dtype=np.int64)
+            for run, a, b in zip(group, joined.row_starts[:-1].tolist(), joined.row_starts[1:].tolist()):
+                mine = bad_rows[(bad_rows >= a) & (bad_rows < b)] - a
+                run.decoded = ([column[a:b] for column in columns], mine.tolist())

@@ -27,7 +27,6 @@ end of every epoch.
 from __future__ import annotations
 
 import cProfile
-import itertools
 import os
 import signal
 import threading
@@ -39,17 +38,22 @@ import numpy as np
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import redact_client_logs
-from ..plan import ResumePlan, WorkerPlan, seeds, worker_columns, worker_plan
+from ..plan import WorkerPlan, seeds
+from ..tar.runs import Arena
 from . import batch
 from .policy import ErrorPolicy
-from ..mixing import Mix
+from ..mixing import Mix, worker_columns
+from ..io.options import shared_budget
+from .feed import Feed, shuffled_blocks
 from .reader import PlanReader
-from .rows import Taker
-from ..plan.shuffle import emitted_indices, shuffled
+from .rows import Rows
+from ..plan.shuffle import emitted_indices
 from .stats import WorkerStats
 
 #: Environment variable: a directory where each worker writes a cProfile of its ``next()`` calls.
 PROFILE_ENV = "DALISTREAM_PROFILE"
+#: How a source introduces itself (its ``repr``, which DALI's messages about it quote)
+SOURCE_NAME = "dalistream-worker-source"
 
 
 class WorkerSource:
@@ -62,18 +66,12 @@ class WorkerSource:
         self.config = config
         self.worker = worker
         self.data = data
-        self.reader = PlanReader(config, data, worker)
         self.mix = mix  # several named data sets: one reader each (dalistream.mixing)
-        self.mix_readers = tuple(
-            PlanReader(config.replace(storage_options=s.storage_options), s.data, worker, source_name=s.name)
-            for s in mix.sources) if mix is not None else ()
         layout = config.layout
         lo = layout.slot_offsets[worker]
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
-        self._byte_fields = batch.byte_fields(config.fields)
-        # samples a member layout cuts out are read and decoded a run at a time, unless a shuffle
-        # buffer is to take them one by one
-        self.blocks = config.shuffle <= 1
+        self.left_out: Tuple[int, ...] = ()  # outputs no graph output needs: a placeholder ships (leave_out)
+        self._readers()
         self.start_epoch = start_epoch
         self.start_step = start_step
         self.resume = tuple(resume)  # segments of start_epoch run under other layouts (plan.resume)
@@ -86,6 +84,39 @@ class WorkerSource:
         # read where the sources are made (the main process): the workers may not see its environment
         self.profile_dir = os.environ.get(PROFILE_ENV) or None
         self._profile: Optional[cProfile.Profile] = None
+
+    def _readers(self) -> None:
+        c = self.config
+        # one reader per source (a single data set: one), its columns read at once sharing the
+        # worker's read-ahead budget
+        share = c.layout.slots[self.worker] if c.interleave else 1
+        sources = ([(s.data, s.storage_options, s.name) for s in self.mix.sources] if self.mix is not None
+                   else [(self.data, c.storage_options, "")])
+        self.readers = tuple(PlanReader(c.replace(storage_options=shared_budget(options, share)), data, self.worker,
+                                        source_name=name) for data, options, name in sources)
+        self.names = tuple(name for _, _, name in sources)
+        self._byte_fields = batch.byte_fields(c.fields)
+        kept = [i for i in range(len(c.fields) + len(self.left_out)) if i not in self.left_out]
+        #: the outputs (of all fields, then ``valid``) that ship as blobs, cut into rows on receipt: one
+        #: list, updated in place (the receiver holds it)
+        if not hasattr(self, "blob_outputs"):
+            self.blob_outputs: List[int] = []
+        self.blob_outputs[:] = [kept[i] for i in self._byte_fields]
+
+    def leave_out(self, names: Sequence[str]) -> None:
+        """Read no member for the fields ``names`` (no output of the graph depends on them): each
+        of their outputs ships one placeholder array, which DALI prunes unfed. Before the source
+        is shipped to its worker."""
+        names = set(names)
+        if not names:
+            return
+        fields = self.config.fields
+        self.left_out = tuple(i for i, f in enumerate(fields) if f.name in names)
+        self.config = self.config.replace(fields=tuple(f for f in fields if f.name not in names))
+        self._readers()
+
+    def __repr__(self) -> str:  # DALI's messages name a source by it
+        return f"{SOURCE_NAME}(rank={self.config.rank}, worker={self.worker})"
 
     def for_dali(self) -> "WorkerSource":
         """Mark this source as handed to DALI: ``iter()`` in this (the main) process is DALI's
@@ -136,6 +167,8 @@ class WorkerSource:
         plain = next(self._gen)
         t0 = time.perf_counter()
         packed = batch.pack(plain, self._byte_fields, *self._slot)
+        if self.left_out:
+            packed = batch.with_placeholders(packed, self.left_out)
         if self._stats is not None:
             self._stats.batch_s += time.perf_counter() - t0
         return packed
@@ -148,23 +181,21 @@ class WorkerSource:
 
     # -- one epoch -------------------------------------------------------------------------
 
+    def columns(self, epoch: int) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
+        """What this worker reads in ``epoch``: ``(plan, take per step, source)`` per column
+        (:func:`dalistream.mixing.worker_columns`)."""
+        resume = self.resume if epoch == self.start_epoch else ()
+        return worker_columns(self.config, self.data, self.mix, epoch, self.worker, resume)
+
     def plans(self, epoch: int) -> Tuple[WorkerPlan, ...]:
-        """What this worker reads in ``epoch``: its span, or its slot's columns when reading
-        interleaved (each of slot 1, in slot order)."""
-        c = self.config
-        counts, shards, layout = self.data.counts, len(self.data.urls), c.plan_layout
-        owners = c.layout.columns(c.rank, self.worker) if c.interleave else ()
-        if self.resume and epoch == self.start_epoch and counts is not None:
-            resumed = ResumePlan(counts, layout, c.schedule, epoch, self.resume, c.shuffle)
-            return tuple(resumed.worker(q, 0) for q in owners) if c.interleave else (resumed.worker(c.rank, self.worker),)
-        if c.interleave:
-            return worker_columns(counts, shards, c.layout, c.schedule, epoch, c.rank, self.worker)
-        return (worker_plan(counts, shards, layout, c.schedule, epoch, c.rank, self.worker),)
+        """The plans of this worker's columns in ``epoch`` (:meth:`columns`)."""
+        return tuple(plan for plan, _, _ in self.columns(epoch))
 
     def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
-        """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are skipped by
-        tar header, never decoded. Each step takes its slot from every plan's stream in turn (one
-        sample per column when reading interleaved)."""
+        """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are not read
+        (a seek, or skipped by tar header), never decoded. Each step takes its slot from its
+        columns (:class:`~.feed.Feed`: a span's whole slot, one sample of each interleaved
+        column, each mix source's share)."""
         c = self.config
         if self._stats is None:
             self._stats = WorkerStats(self.stats_path, c.rank, self.worker)
@@ -172,54 +203,54 @@ class WorkerSource:
         stats.epoch, stats.step = epoch, start_step
         policy = ErrorPolicy(c.on_error, c.max_skip_fraction, rank=c.rank, worker=self.worker)
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
-        if self.mix is not None:  # one stream per source, each step taking the source's share of the slot
-            resume = self.resume if epoch == self.start_epoch else ()
-            pairs = self.mix.worker_plans(c.layout, c.schedule, epoch, c.rank, self.worker, resume, c.shuffle)
-            streams = [(self._stream(plan, int(take[:start_step].sum()), policy, stats, 1, reader), take, name)
-                       for (plan, take), name, reader in zip(pairs, self.mix.names, self.mix_readers)]
-            steps = pairs[0][0].steps
-        else:
-            plans = self.plans(epoch)
-            share = len(plans)  # streams open at once share the read-ahead budget
-            streams = [(self._stream(plan, start_step * plan.slot, policy, stats, share, self.reader),
-                        np.full(plan.steps, plan.slot), None) for plan in plans]
-            steps = plans[0].steps
+        columns = self.columns(epoch)
+        steps = columns[0][0].steps
+        arena = Arena()  # the runs of all columns side by side: decoded together with no copy
+        for reader in self.readers:
+            reader.arena = arena
+        takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
+        streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
+                   for plan, take, source in columns]
+        feed = Feed(streams, takes, len(c.fields), start_step, self.data.bytes_per_sample,
+                    first_batch=epoch == self.start_epoch)
+        # a mix counts what each step took of each source: columns summed by source
+        by_source = np.zeros((len(columns), len(self.readers)), np.int64)
+        by_source[np.arange(len(columns)), [source for _, _, source in columns]] = 1
         empty = batch.templates(c.fields, c.batch_size)
         lo, slot = self._slot[0], self._slot[1] - self._slot[0]
-        takers = [(Taker(stream, self.blocks), take, name) for stream, take, name in streams]
         for step in range(start_step, steps):
             t0 = time.perf_counter()
-            columns: List[list] = [[] for _ in c.fields]
-            n = 0
-            for taker, take, name in takers:
-                k = taker.take(int(take[step]), columns)
-                n += k
-                if name is not None:
+            values, n, counts = feed.take(step)
+            if self.mix is not None:
+                for name, k in zip(self.names, (counts @ by_source).tolist()):
                     stats.add_source(name, k)
+            if step == steps - 1:
+                policy.check(final=True)  # the epoch's skips judged before its last batch
             t1 = time.perf_counter()
             stats.read_s += t1 - t0
-            outputs = batch.assemble(empty, columns, lo, n)
+            outputs = batch.assemble(empty, values, lo, n)
             stats.step = step + 1
             stats.add(samples=n, padded=slot - n)
             stats.batch_s += time.perf_counter() - t1
             stats.maybe_write()
             yield outputs
         if c.policy == "even" and self.mix is None:  # a span is exactly steps x slot: only the job's tail is left out
-            stats.add(dropped=sum(plan.left_out for plan in plans))
+            stats.add(dropped=sum(plan.left_out for plan, _, _ in columns))
         stats.write()
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
-                share: int, reader: PlanReader) -> Iterator:
+                reader: PlanReader) -> Iterator[Rows]:
         """One plan's decoded samples (read by ``reader``) in delivery order after the first
-        ``skip_count``: read, shuffled through the buffer (if any), those skipped passed over unread."""
+        ``skip_count``: read, shuffled through the buffer (if any); those delivered before a
+        resume are not read (a start position, and the buffer's delivered window passed over)."""
         c = self.config
+        if c.shuffle <= 1:
+            return reader.blocks(plan, policy, stats, start=skip_count)
         seed = plan.shuffle_seed if plan.shuffle_seed is not None else seeds.sample_shuffle(c.seed, plan.epoch, plan.global_worker)
-        if c.shuffle > 1 and skip_count:
-            total = None if c.policy == "fixed" else plan.samples
-            gone = emitted_indices(skip_count, total, c.shuffle, seed)
-            keep = lambda o: o not in gone  # noqa: E731
-        else:
-            keep = lambda o: o >= skip_count  # noqa: E731
-        stream = shuffled(policy.watched(reader.decoded(plan, keep, policy, stats, share, self.blocks)), c.shuffle, seed)
-        return itertools.islice(stream, skip_count, None)
-
+        total = None if c.policy == "fixed" else plan.samples
+        gone = emitted_indices(skip_count, total, c.shuffle, seed) if skip_count else set()
+        start = 0
+        while start in gone:
+            start += 1
+        blocks = reader.blocks(plan, policy, stats, start=start, gone=frozenset(o for o in gone if o > start))
+        return shuffled_blocks(blocks, c.shuffle, seed, total, skip_count)

@@ -6,10 +6,10 @@ from dalistream.errors import ConfigError
 
 @pytest.mark.parametrize("visible", [0, 1, 2, 8])
 def test_device_switch(monkeypatch, visible):
-    """``auto`` takes a GPU when DALI sees one; the count is faked in the compat shim, where it is asked."""
-    from dalistream.dali import compat
+    """``auto`` takes a GPU when DALI sees one; the count is faked where the library asks it (``device.gpu_count``)."""
+    from dalistream import device
 
-    monkeypatch.setattr(compat, "cuda_device_count", lambda: visible)
+    monkeypatch.setattr(device, "gpu_count", lambda: visible)
     if visible == 0:
         assert ops.resolve_device("auto") == ("cpu", None)
         with pytest.raises(ConfigError, match="no CUDA device"):

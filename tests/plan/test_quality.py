@@ -27,9 +27,9 @@ def cases(draw):
 
 
 def test_the_worker_shuffles_with_the_measures_buffer():
-    from dalistream.worker import source
+    from dalistream.worker import feed
 
-    assert source.shuffled is shuffled  # one implementation: what the measure predicts is what workers run
+    assert feed.shuffled is shuffled  # one implementation: what the measure predicts is what workers run
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -350,10 +350,10 @@ def test_the_webdataset_peer_copies_to_the_gpu_from_pinned_memory(monkeypatch, s
     sets it (a copy from pageable memory is slower and would flatter dalistream); the report says so."""
     import glob
 
-    from dalistream.dali import compat
+    from dalistream import device
     from dalistream.tools.bench import peers
 
-    monkeypatch.setattr(compat, "cuda_device_count", lambda: visible)
+    monkeypatch.setattr(device, "gpu_count", lambda: visible)
     spec = {"urls": sorted(glob.glob(os.path.join(shards, "*.tar"))), "pipeline": pipeline, "size": 32, "seed": 0,
             "workers": 0, "batch_size": 8, "epochs": 1, "device": "auto"}
     opened = peers.open_webdataset(spec)

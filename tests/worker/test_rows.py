@@ -4,6 +4,7 @@ missing or gzipped; in bulk and row by row. And the reader and the worker delive
 batches, skips and errors either way: every missing policy and error policy, damaged shards,
 padding, resume, elastic resume, W = 1, 2, 3, read in spans or interleaved."""
 
+import contextlib
 import gzip
 import io
 
@@ -122,17 +123,30 @@ def test_a_run_decodes_to_what_each_sample_decodes_to(tmp_path, monkeypatch, see
     assert checked > 40 and bad_seen > 20
 
 
+@contextlib.contextmanager
+def reading(blocks):
+    """Runs as configured (``blocks``), or every part read sample by sample: the per-sample path."""
+    saved = runs.MIN_RUN_SAMPLES
+    if not blocks:
+        runs.MIN_RUN_SAMPLES = 1 << 40  # a part of samples larger than a run of this many is read one by one
+    try:
+        yield
+    finally:
+        runs.MIN_RUN_SAMPLES = saved
+
+
 def reader_output(config, paths, counts, offsets, blocks, worker=0, start_step=0):
     """Everything one worker's source gives for an epoch: its padded batches, or its error; and its skips."""
     src = WorkerSource(config, data_set(paths, counts, offsets), worker, start_step=start_step)
-    src.blocks = blocks
     out = []
-    try:
-        for batch in src.epoch_batches(0, start_step):
-            out.append([np.asarray(o).tolist() if not isinstance(o, list) else
-                        [(np.asarray(v).dtype.str, np.asarray(v).shape, np.asarray(v).tobytes()) for v in o] for o in batch])
-    except DalistreamError as e:
-        out.append((type(e).__name__, str(e)))
+    with reading(blocks):
+        try:
+            for batch in src.epoch_batches(0, start_step):
+                out.append([np.asarray(o).tolist() if not isinstance(o, list) else
+                            [(np.asarray(v).dtype.str, np.asarray(v).shape, np.asarray(v).tobytes()) for v in o]
+                            for o in batch])
+        except DalistreamError as e:
+            out.append((type(e).__name__, str(e)))
     return out, dict(src._stats.skipped_by_epoch.get(0, {}))
 
 
@@ -213,11 +227,11 @@ def test_an_elastic_resume_s_dropped_positions_read_the_same_either_way(tmp_path
     out = []
     for blocks in (False, True):
         reader = PlanReader(config, data_set(paths, counts, offsets), 0)
-        items = reader.decoded(plan, lambda o: True, ErrorPolicy("raise"), WorkerStats(None, 0, 0), 1, blocks)
+        with reading(blocks):
+            items = list(reader.blocks(plan, ErrorPolicy("raise"), WorkerStats(None, 0, 0)))
         keys = []
         for item in items:
-            rows = item.columns[0] if isinstance(item, Rows) else [item[0]]
-            keys += [bytes(k).decode() for k in rows]
+            keys += [bytes(k).decode() for k in item.columns[0]]
         out.append(keys)
     assert out[0] == out[1] and len(out[0]) == 80 - 6
     raw = [f"d/k{shard * 1000 + i:04d}" for shard, first, stop in plan.parts for i in range(first, stop)]
@@ -247,9 +261,9 @@ def test_a_mix_of_indexed_sources_reads_the_same_either_way(tmp_path, monkeypatc
         out = []
         for blocks in (False, True):
             src = WorkerSource(stream.config, stream.data, w, mix=stream.mix)
-            src.blocks = blocks
-            out.append([[bytes(np.asarray(v)) for v in b[0]] + [bytes(np.asarray(v)) for v in b[1]]
-                        for b in src.epoch_batches(0)])
+            with reading(blocks):
+                out.append([[bytes(np.asarray(v)) for v in b[0]] + [bytes(np.asarray(v)) for v in b[1]]
+                            for b in src.epoch_batches(0)])
         assert out[0] == out[1] and out[0]
         sources |= {v for b in out[1] for v in b}
     assert sources >= {b"a", b"b"}
@@ -260,4 +274,4 @@ def test_rows_count_as_samples_passed(tmp_path, monkeypatch):
     from dalistream.worker.policy import ErrorPolicy
 
     policy = ErrorPolicy("skip")
-    assert list(policy.watched(iter([Rows([[1, 2, 3]], 3), None, (1,)]))) and policy.passed == 4
+    assert list(policy.watched(iter([Rows([[1, 2, 3]], 3), Rows([[1]], 1)]))) and policy.passed == 4

@@ -1,0 +1,175 @@
+"""A worker's slot, step by step, from its columns' blocks of rows: what each step takes of each
+column is the plan's (``take``: a span's whole slot, one sample of each interleaved column, a
+mix source's share).
+
+:class:`Feed` reads the columns a *round* of steps at a time: each column's raw items for the
+round are read ahead and their runs decoded together (:func:`~.rows.decode_runs`: one pass of
+array operations over all the round's rows), then each column's blocks (:class:`~.rows.Rows`)
+are pulled in its order, the round's rows laid end to end per field, and each step's slot
+gathered from them with one slice (or one index list) per field.
+So a worker reading 128 interleaved columns pays per column once per round, not per step.
+A round's first is one step (the first batch waits for little), then rounds double up to
+:data:`ROUND_BYTES` of samples. A column that runs short (skipped samples, ``exact``'s last
+step) gives fewer rows: the step is padded at its end.
+
+:func:`shuffled_blocks` is the shuffle buffer over a column's blocks: the emission order is
+that of :func:`~dalistream.plan.shuffle.shuffled` over the column's ordinals (a pure function of
+indices, which resume relies on), rows held until their turn.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..plan.shuffle import shuffled
+from .reader import ColumnReader
+from .rows import Rows, decode_runs
+
+ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields)
+MAX_ROUND_STEPS = 64
+ROUND_ROWS = 2048  # when the bytes per sample are unknown, a round of at most this many samples
+FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the first batch
+
+
+class _Column:
+    """One column's blocks not yet delivered (the first ``at`` rows of the first block are gone)."""
+
+    __slots__ = ("stream", "blocks", "at", "queued", "done")
+
+    def __init__(self, stream: Iterator[Rows]) -> None:
+        self.stream = stream
+        self.blocks: List[Rows] = []
+        self.at = 0
+        self.queued = 0
+        self.done = False
+
+    def fill(self, need: int) -> None:
+        while self.queued < need and not self.done:
+            block = next(self.stream, None)
+            if block is None:
+                self.done = True
+                break
+            if block.n:
+                self.blocks.append(block)
+                self.queued += block.n
+
+    def take(self, k: int, out: List[list]) -> int:
+        """Move up to ``k`` rows into ``out`` (one list per field); how many."""
+        got = 0
+        while got < k and self.blocks:
+            block = self.blocks[0]
+            m = min(k - got, block.n - self.at)
+            for dest, values in zip(out, block.columns):
+                dest.extend(values[self.at:self.at + m])
+            self.at += m
+            got += m
+            if self.at == block.n:
+                self.blocks.pop(0)
+                self.at = 0
+        self.queued -= got
+        return got
+
+
+class Feed:
+    """Each step's slot from ``streams`` (one per column), ``takes[t, c]`` rows of column ``c`` at
+    step ``t``, from step ``start`` on (see the module doc). ``bytes_per_sample`` (when known)
+    sizes the rounds. ``first_batch``: the pipeline's first batch (after a start or a resume):
+    the parts opened for it start with a short run (:data:`FIRST_RUN_BYTES`), so it waits for
+    little."""
+
+    def __init__(self, streams: Sequence[Iterator[Rows]], takes: np.ndarray, n_fields: int, start: int = 0,
+                 bytes_per_sample: Optional[float] = None, first_batch: bool = False) -> None:
+        self.columns = [_Column(s) for s in streams]
+        self.takes = np.asarray(takes, dtype=np.int64).reshape(-1, len(self.columns))
+        self.n_fields = n_fields
+        per_step = max(1, int(self.takes.max(initial=1)) * len(self.columns))
+        if bytes_per_sample:
+            self.max_steps = int(max(1, min(MAX_ROUND_STEPS, ROUND_BYTES // (per_step * bytes_per_sample))))
+        else:
+            self.max_steps = int(max(1, min(MAX_ROUND_STEPS, ROUND_ROWS // per_step)))
+        self.step = start
+        self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
+        self._size = 1
+        self._first_batch = first_batch  # the pipeline's first batch: its columns start with short runs
+
+    def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
+        """Step ``step``'s slot (the steps are taken in order): one list per field, the number of
+        rows, and how many came from each column."""
+        if self._round is None or step >= self._round[1]:
+            self._read_round(step)
+        t0, _, flat, lo, hi, lattice = self._round  # type: ignore[misc]
+        r = step - t0
+        counts = hi[r] - lo[r]
+        if lattice:  # every column gave one row a step: step r's rows are every M-th row from r
+            m = self._round[1] - t0  # type: ignore[index]
+            return [values[r::m] for values in flat], len(self.columns), counts
+        index = np.concatenate([np.arange(a, b) for a, b in zip(lo[r].tolist(), hi[r].tolist()) if b > a] or
+                               [np.zeros(0, np.int64)]).tolist()
+        return [[values[i] for i in index] for values in flat], len(index), counts
+
+    def _read_round(self, t0: int) -> None:
+        t1 = min(len(self.takes), t0 + self._size)
+        self._size = min(self.max_steps, 2 * self._size)
+        takes = self.takes[t0:t1]  # (M, K)
+        need = takes.sum(axis=0)
+        # the columns' runs for the round read first, then decoded together: one pass of array
+        # operations over all their rows, not one per column's few
+        pending, decoder = [], None
+        for c, column in enumerate(self.columns):
+            stream = column.stream
+            if need[c] > column.queued and isinstance(stream, ColumnReader):
+                decoder = stream.reader.rows  # (every source's reader decodes the same fields)
+                # the first batch waits for its round alone: the parts it opens start with short runs
+                stream.reader.first_run = FIRST_RUN_BYTES if self._first_batch else None
+                pending += [(run, stream.reader.source_name) for run in stream.read_ahead(int(need[c] - column.queued))]
+                stream.reader.first_run = None
+        self._first_batch = False
+        if pending:
+            decode_runs(decoder, pending)
+        flat: List[list] = [[] for _ in range(self.n_fields)]
+        got = np.zeros(len(self.columns), np.int64)
+        for c, column in enumerate(self.columns):  # once per column per round: pulls its blocks
+            column.fill(int(need[c]))
+            got[c] = column.take(int(need[c]), flat)
+        base = np.concatenate([[0], np.cumsum(got)[:-1]])
+        starts = np.cumsum(takes, axis=0) - takes
+        lo = base + np.minimum(starts, got)
+        hi = base + np.minimum(starts + takes, got)
+        lattice = bool((takes == 1).all() and (got == len(takes)).all())
+        self._round = (t0, t1, flat, lo, hi, lattice)
+
+
+def shuffled_blocks(blocks: Iterator[Rows], size: int, seed: int, total: Optional[int], skip: int = 0,
+                    rows_per_block: int = 64) -> Iterator[Rows]:
+    """The rows of ``blocks`` (consecutive ordinals each, in order; ordinals absent where samples
+    were skipped or left out) in the order a shuffle buffer of ``size`` emits the ordinals
+    ``0 … total - 1`` (``None``: endless), after its first ``skip`` emissions (a resume: those
+    ordinals were delivered, and are not in ``blocks``); emitted in blocks of ``rows_per_block``."""
+    order = itertools.islice(shuffled(range(total) if total is not None else itertools.count(), size, seed), skip, None)
+    held: dict = {}
+    last = -1
+    out: List[tuple] = []
+    source = iter(blocks)
+    ended = False
+    for o in order:
+        while o > last and not ended:
+            block = next(source, None)
+            if block is None:
+                ended = True
+                break
+            for k, row in enumerate(zip(*block.columns)):
+                held[block.ordinal + k] = row
+            last = block.ordinal + block.n - 1
+        row = held.pop(o, None)
+        if row is not None:
+            out.append(row)
+            if len(out) >= rows_per_block:
+                yield Rows([list(v) for v in zip(*out)], len(out))
+                out = []
+        if ended and not held:
+            break
+    if out:
+        yield Rows([list(v) for v in zip(*out)], len(out))
