@@ -18,6 +18,7 @@ from .config import SHUFFLE_BUFFER, StreamConfig, WORKERS
 from .dataset import DataSet
 from .errors import ConfigError, redact, redact_client_logs
 from .io.folder import folder_problem
+from .io.options import with_cache
 from .io.stores import any_ranged
 from .device import check_start_method, resolve_device
 from .manifest import SampleOffsets, count_samples
@@ -231,6 +232,7 @@ class Stream:
         config = StreamConfig(sources=tuple(os.fspath(s) for s in sources), fields=fields, batch_size=batch_size,
                               workers=workers, rank=rank, world_size=world_size, **options)
         if mixed:
+            config = config.replace(storage_options=with_cache(config.storage_options, config.cache, config.cache_limit))
             mix = open_mix(mapping, config, **mix_options)
             urls, counts = concatenated(mix.sources)
             known = [s.data for s in mix.sources if s.data.sizes is not None]
@@ -248,7 +250,8 @@ class Stream:
     def from_config(cls, config: StreamConfig, *, device: str = "auto", device_id: Optional[int] = None,
                     local_rank: Optional[int] = None, start_method: str = "auto",
                     local_processes: int = 1) -> "Stream":
-        """List shards and count samples for an already built config."""
+        """List shards and count samples for an already built config (its ``cache`` built here)."""
+        config = config.replace(storage_options=with_cache(config.storage_options, config.cache, config.cache_limit))
         urls = expand_sources(config.sources, config.storage_options,
                               named=lambda folder: manifest_urls(folder, config.cache_dir, config.storage_options))
         if config.cache_dir is not None and not config.manifest and config.policy != "fixed":

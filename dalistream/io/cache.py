@@ -36,6 +36,7 @@ from .folder import folder_problem
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[str, Optional[str], int, int], bytes]  # (url, version, start, end) -> bytes [start, end)
+Count = Callable[[Dict[str, int]], None]  # receives the counters of one stream's reads
 
 
 class Piece(NamedTuple):
@@ -118,6 +119,7 @@ class ByteCache:
         self._warned: set = set()
         self._writes_off: Optional[str] = None
         self._subdirs: set = set()
+        self._local = threading.local()
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "limit_bytes": self.limit_bytes, "block_bytes": self.block_bytes}
@@ -132,18 +134,22 @@ class ByteCache:
 
     # -- the reading side ----------------------------------------------------------------------
 
-    def open(self, url: str, version: Optional[str], start: int, end: Optional[int], fetch: Fetch) -> io.RawIOBase:
+    def open(self, url: str, version: Optional[str], start: int, end: Optional[int], fetch: Fetch,
+             count: Optional[Count] = None) -> io.RawIOBase:
         """Bytes ``[start, end)`` of (url, version) as a raw stream (``end`` None: to the object's
         end); blocks are fetched as the stream reaches them. ``version`` None (a store that
-        gives none): streamed without caching, since a change could not be seen."""
-        return CachedRange(self, url, version, start, end, fetch)
+        gives none): streamed without caching, since a change could not be seen. ``count``
+        receives the counters (module doc) of this stream's reads, as they happen, beside the
+        process's own :meth:`counters` (a reader's share of them)."""
+        return CachedRange(self, url, version, start, end, fetch, count)
 
-    def read(self, url: str, version: Optional[str], start: int, end: int, fetch: Fetch) -> bytes:
+    def read(self, url: str, version: Optional[str], start: int, end: int, fetch: Fetch,
+             count: Optional[Count] = None) -> bytes:
         """Bytes ``[start, end)`` of (url, version) (fewer at the object's end)."""
         out = bytearray(max(0, end - start))
         view = memoryview(out)
         got = 0
-        with self.open(url, version, start, end, fetch) as stream:
+        with self.open(url, version, start, end, fetch, count) as stream:
             while got < len(out):
                 n = stream.readinto(view[got:])
                 if not n:
@@ -166,6 +172,9 @@ class ByteCache:
         with self._lock:
             for name, amount in amounts.items():
                 self._counters[name] += amount
+        count = getattr(self._local, "count", None)  # the reading stream's (CachedRange sets it)
+        if count is not None:
+            count(amounts)
 
     def _warn(self, key: str, message: str) -> None:
         with self._lock:
@@ -332,10 +341,10 @@ class CachedRange(io.RawIOBase):
     the stream is on it); bytes not kept are held in memory. Ends early at the object's end."""
 
     def __init__(self, cache: ByteCache, url: str, version: Optional[str], start: int, end: Optional[int],
-                 fetch: Fetch) -> None:
+                 fetch: Fetch, count: Optional[Count] = None) -> None:
         if start < 0 or (end is not None and end < start):
             raise ValueError(f"bad range [{start}, {end})")
-        self.cache, self.url, self.version, self.fetch = cache, url, version, fetch
+        self.cache, self.url, self.version, self.fetch, self.count = cache, url, version, fetch, count
         self.pos, self.end = int(start), end
         self._piece: Optional[Piece] = None
 
@@ -355,6 +364,14 @@ class CachedRange(io.RawIOBase):
         return self.pos
 
     def readinto(self, buffer: Any) -> int:
+        local = self.cache._local
+        local.count = self.count
+        try:
+            return self._readinto(buffer)
+        finally:
+            local.count = None
+
+    def _readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         left = len(view) if self.end is None else min(len(view), self.end - self.pos)
         if left <= 0:

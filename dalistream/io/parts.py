@@ -37,6 +37,17 @@ Range = Tuple[int, Optional[int]]  # (start byte, end byte or None for the end o
 END = object()  # returned by :meth:`PartFetcher.take` at the end of a shard
 
 
+def aligned_part(part_bytes: int, block_bytes: int) -> int:
+    """The part size that keeps parts on a cache's block bounds: a multiple of the block (at most
+    ``part_bytes``), or, for parts smaller than a block, a size that divides the block."""
+    if part_bytes >= block_bytes:
+        return part_bytes // block_bytes * block_bytes
+    pieces = -(-block_bytes // part_bytes)
+    while block_bytes % pieces:
+        pieces += 1
+    return block_bytes // pieces
+
+
 class _Shard:
     """What the scheduler knows of one remote shard."""
 
@@ -85,6 +96,8 @@ class PartFetcher:
             for i, url in enumerate(urls)]
         self.budget = max(opts.read_ahead_bytes, opts.chunk_bytes)  # at least one chunk
         self.part_bytes = min(opts.part_bytes, self.budget)
+        # through a byte cache, parts end on its blocks' bounds: no block is wanted by two parts at once
+        self.align = aligned_part(self.part_bytes, opts.cache.block_bytes) if opts.cache is not None else 0
         self.cond = threading.Condition()
         self.slots: Deque[_Slot] = deque()
         self.cursor = start
@@ -126,7 +139,7 @@ class PartFetcher:
                 shard.state = "done"
                 self._advance()
                 continue
-            length = self.part_bytes if limit is None else min(self.part_bytes, limit - shard.next)
+            length = self._length(shard.next, limit)
             if self.held and self.held + length > self.budget:
                 return None
             return self._schedule(self.cursor, shard, length)
@@ -153,11 +166,17 @@ class PartFetcher:
             if shard.end is not None and shard.next >= shard.end:
                 shard.state = "done"
                 continue
-            length = self.part_bytes if shard.end is None else min(self.part_bytes, shard.end - shard.next)
+            length = self._length(shard.next, shard.end)
             if self.held + length > self.budget - self.part_bytes:
                 return None
             return self._schedule(index, shard, length)
         return None
+
+    def _length(self, start: int, limit: Optional[int]) -> int:
+        """The length of a part from ``start``: ``part_bytes``, or up to the next multiple of
+        ``align``; none past ``limit``."""
+        n = (start // self.align + 1) * self.align - start if self.align else self.part_bytes
+        return n if limit is None else min(n, limit - start)
 
     def _schedule(self, index: int, shard: _Shard, length: int) -> _Slot:
         slot = _Slot(index, shard.next, length, first=shard.state == "new")
