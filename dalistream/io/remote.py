@@ -47,9 +47,12 @@ CACHE_COUNTERS = {"hits": "cache_hits", "misses": "cache_misses", "cache_bytes":
 
 def cache_key(url: str) -> str:
     """The name of an object in the byte cache: ``url`` as the same object at any version its URL
-    may name (:func:`~.stores.canonical`), without user info and without the query parameters
-    that sign it (:data:`SIGNATURE_PARAMS`), so a URL signed anew names the same blocks."""
+    may name (:func:`~.stores.canonical`); an ``http(s)://`` URL without user info and without
+    the query parameters that sign it (:data:`SIGNATURE_PARAMS`), so a URL signed anew names the
+    same blocks."""
     url = canonical(url)
+    if not url.startswith(("http://", "https://")):  # (an object store's key is its name, "?" and all)
+        return url
     parts = urlsplit(url)
     if not parts.query and "@" not in parts.netloc:
         return url

@@ -237,3 +237,41 @@ def test_options_and_shape_parsing():
         parse_shape("fast")
     with pytest.raises(ConfigError, match="plain http"):
         ShapingProxy("https://s3.amazonaws.com")
+
+
+@pytest.mark.parametrize("part_kib", [100, 48, 64, 200])
+def test_through_a_byte_cache_parts_end_on_block_bounds(shards, tmp_path, part_kib):
+    """Parts of any size read through a cache end on its blocks' bounds: on a cold cache each block
+    is fetched once, and by one part only where parts are a block or larger (no part waits for a
+    block another part is fetching, then hits it); the bytes are those of a direct read; read
+    again, every block is a hit."""
+    from dalistream.io.cache import ByteCache
+    from dalistream.io.cachesim import blocks
+
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    cache = ByteCache(str(folder), None, block_bytes=64 * KiB)
+    urls = [u for u in shards["s3"] if not u.endswith(".gz")]
+    sizes = [os.path.getsize(os.path.join(shards["local"], u.rsplit("/", 1)[1])) for u in urls]
+    ranges = [(1000, None), (70_000, sizes[1] - 5000), (0, 131_072)]
+    options = {"endpoint_url": shards["endpoint"], "part_bytes": part_kib * KiB, "parts_in_flight": 4, "cache": cache}
+    direct = bytes_of(urls, {"endpoint_url": shards["endpoint"]}, ranges=ranges)
+    cold, warm = IOCounters(), IOCounters()
+    assert bytes_of(urls, options, cold, ranges) == direct
+    wanted = sum(len(blocks(s, sizes[i] if e is None else e, 64 * KiB)) for i, (s, e) in enumerate(ranges))
+    assert cold.cache_misses == wanted and cold.bytes == cold.cache_written_bytes
+    if part_kib >= 64:
+        assert cold.cache_hits == 0
+    assert bytes_of(urls, options, warm, ranges) == direct
+    assert (warm.cache_misses, warm.bytes) == (0, 0) and warm.cache_hits == cold.cache_hits + wanted
+
+
+def test_aligned_part_sizes():
+    from dalistream.io.parts import aligned_part
+
+    assert aligned_part(8 << 20, 4 << 20) == 8 << 20 and aligned_part(10 << 20, 4 << 20) == 8 << 20
+    assert aligned_part(1 << 20, 4 << 20) == 1 << 20 and aligned_part(3 << 20, 4 << 20) == 2 << 20
+    assert aligned_part(5000, 12288) == 4096  # (a divisor of the block)
+    for part in range(1000, 20000, 777):
+        size = aligned_part(part, 12288)
+        assert size <= max(part, 12288) and (size % 12288 == 0 or 12288 % size == 0)
