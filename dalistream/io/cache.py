@@ -158,6 +158,49 @@ class ByteCache:
         del view
         return bytes(out) if got == len(out) else bytes(out[:got])
 
+    def warm(self, url: str, version: Optional[str], start: int, end: Optional[int], fetch: Fetch,
+             count: Optional[Count] = None) -> bool:
+        """Fetch the blocks of ``[start, end)`` (``end`` None: to the object's end) the cache
+        lacks, without reading them: the read-ahead of a reader that reads from the cache itself.
+        Blocks already there are left as they are (not counted: the reader counts its reads).
+        False when nothing can be kept (no version, no room, writing off)."""
+        if version is None or not self.caching:
+            return False
+        self._local.count = count
+        try:
+            pos = start // self.block_bytes * self.block_bytes
+            while (end is None or pos < end) and self.caching:
+                index = pos // self.block_bytes
+                path, digest = self._paths(url, version, index)
+                try:
+                    held = os.stat(path).st_size - files.HEADER.size  # (the reader checks it when it reads it)
+                except FileNotFoundError:
+                    held = -1
+                if held >= 0:
+                    if held < self.block_bytes:
+                        break  # the object ends in this block
+                    pos += self.block_bytes
+                    continue
+                lock = path[:-4] + ".lock"
+                lock_fd = files.lock_fetch(lock)
+                try:
+                    got = self._hit(path, digest, index, False)
+                    if got is None:
+                        got = self._fill(path, digest, url, version, index, pos, end, fetch)
+                finally:
+                    files.unlock_fetch(lock_fd, lock)
+                if got.fd is not None:
+                    os.close(got.fd)
+                if got.short:
+                    break  # the object ends in this block
+                pos += self.block_bytes
+        except OSError as e:
+            self._warn("paths", f"blocks not cached: {e.strerror or e}; they are read without caching")
+            return False
+        finally:
+            self._local.count = None
+        return True
+
     def counters(self) -> Dict[str, int]:
         """A snapshot of this process's counters (module doc)."""
         with self._lock:

@@ -48,6 +48,7 @@ class RemoteOptions:
     read_timeout_s: float = 60.0
     stall_warning_s: float = 5.0  # a request unanswered this long is reported in the log
     give_up_s: float = 300.0  # no retry starts once a request has gone unanswered this long in all
+    version_check_s: float = 10.0  # with a byte cache: how long an object's stated version is trusted by a process
     # the node-local byte cache (a :class:`~.cache.ByteCache`) every ranged read of a shard goes
     # through; set by ``Stream.open`` from ``cache=``/``cache_limit=``; not part of a store's identity
     cache: Any = field(default=None, compare=False)
@@ -83,6 +84,8 @@ def remote_options(options: Optional[Mapping[str, Any]]) -> RemoteOptions:
                           f"got {type(opts.cache).__name__}")
     if opts.stall_warning_s <= 0 or opts.give_up_s <= 0 or opts.read_timeout_s <= 0 or opts.connect_timeout_s <= 0:
         raise ConfigError("storage_options: stall_warning_s, give_up_s and the timeouts must be > 0")
+    if not opts.version_check_s >= 0:
+        raise ConfigError("storage_options: version_check_s must be >= 0")
     if (opts.max_attempts < 1 or opts.chunk_bytes < 1 or opts.read_ahead_bytes < 0 or opts.parts_in_flight < 1
             or opts.part_bytes < 1024):
         raise ConfigError("storage_options: max_attempts, chunk_bytes and parts_in_flight must be >= 1, part_bytes "

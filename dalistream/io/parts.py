@@ -95,9 +95,13 @@ class PartFetcher:
             _Shard(url, *(ranges[i] if ranges is not None else (0, None))) if is_fetched(url) else None
             for i, url in enumerate(urls)]
         self.budget = max(opts.read_ahead_bytes, opts.chunk_bytes)  # at least one chunk
+        if opts.cache is not None:  # what is fetched ahead waits in the cache: no more than a small share of it
+            self.budget = max(opts.cache.block_bytes, min(self.budget, opts.cache.limit_bytes // 64))
         self.part_bytes = min(opts.part_bytes, self.budget)
-        # through a byte cache, parts end on its blocks' bounds: no block is wanted by two parts at once
+        # through a byte cache, parts end on its blocks' bounds: no block is wanted by two parts at once;
+        # and they are only fetched into it (warmed): the reader reads them from the cache itself
         self.align = aligned_part(self.part_bytes, opts.cache.block_bytes) if opts.cache is not None else 0
+        self.warming = opts.cache is not None
         self.cond = threading.Condition()
         self.slots: Deque[_Slot] = deque()
         self.cursor = start
@@ -210,6 +214,8 @@ class PartFetcher:
     def _fetch(self, slot: _Slot) -> None:
         shard = self.shards[slot.index]  # only remote shards are scheduled: never None
         raw = None
+        if self.warming:
+            return self._warm(slot, shard)
         try:
             raw = RemoteRaw(shard.url, slot.offset, self.opts, self._counters, slot.offset + slot.length, shard.etag)
             if slot.first:
@@ -239,6 +245,45 @@ class PartFetcher:
                 self.in_flight -= 1
                 if not slot.stream:
                     self._charge(slot, -max(0, slot.length - slot.received))
+                self.cond.notify_all()
+
+    def _warm(self, slot: _Slot, shard: _Shard) -> None:
+        """Fetch a part into the byte cache (the reader reads it from there: :meth:`passed` frees
+        its share of the budget). A failure is left to the reader, which meets it reading."""
+        raw = None
+        try:
+            raw = RemoteRaw(shard.url, slot.offset, self.opts, self._counters, slot.offset + slot.length, shard.etag)
+            if slot.first:
+                self._sized(slot, shard, raw)
+            if not slot.cancelled:
+                raw.warm()
+        except Exception:  # noqa: BLE001 - the reader's own read of this part raises it, named
+            with self.cond:
+                shard.state = "done"
+        finally:
+            if raw is not None:
+                raw.close()
+            with self.cond:
+                slot.done = True
+                self.in_flight -= 1
+                self.cond.notify_all()
+
+    def version(self, index: int) -> Optional[str]:
+        """The version shard ``index`` is pinned to, once its first part has answered."""
+        with self.cond:
+            shard = self.shards[index]
+            return shard.etag if shard is not None else None
+
+    def passed(self, index: int, pos: int) -> None:
+        """The reader (reading from the cache itself) is at byte ``pos`` of shard ``index``: the
+        parts before are no longer ahead of it."""
+        with self.cond:
+            freed = False
+            while self.slots and (self.slots[0].index < index or (
+                    self.slots[0].index == index and self.slots[0].offset + self.slots[0].length <= pos)):
+                self._drop(self.slots.popleft())
+                freed = True
+            if freed:
                 self.cond.notify_all()
 
     def _sized(self, slot: _Slot, shard: _Shard, raw: RemoteRaw) -> None:

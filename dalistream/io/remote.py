@@ -12,10 +12,11 @@ request details, are never copied).
 
 The node-local byte cache (``options.cache``, :mod:`.cache`) sits at one place: :meth:`RemoteRaw._open`,
 the one call that opens a range of an object. With a cache, a stream first states the object
-(its version and size: one request, so a replaced object is seen) unless its version is already
-pinned, then reads its range through the cache, keyed by :func:`cache_key` and the version; the
-blocks the cache lacks are fetched by ranged reads pinned to that version, with the retries and
-resumes above. An object without a version is read without caching (said once).
+(its version and size: one request, so a replaced object is seen; a process states an object at
+most once per ``version_check_s``) unless its version is already pinned, then reads its range
+through the cache, keyed by :func:`cache_key` and the version; the blocks the cache lacks are
+fetched by ranged reads pinned to that version, with the retries and resumes above. An object
+without a version is read without caching (said once).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import random
+import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import SourceError
@@ -35,6 +37,8 @@ from .stores import ObjectInfo, canonical, is_ranged, store_for
 from .stores.base import Answer, Data, read_all
 
 TOTALS = IOCounters()  # every remote request of this process (see IOCounters)
+_versions: Dict[str, Tuple[Optional[str], Optional[int], float]] = {}  # key -> (version, size, when stated)
+_versions_lock = threading.Lock()
 #: Query parameters that sign or authorize a URL rather than name the object (presigned S3 and
 #: GCS URLs, Azure SAS tokens, bearer tokens): left out of the cache's key.
 SIGNATURE_PARAMS = ("x-amz-", "x-goog-", "signature", "expires", "awsaccesskeyid", "sig", "se", "sp", "sv", "sr",
@@ -103,11 +107,24 @@ class RemoteRaw(io.RawIOBase):
             return self.store.open_range(self.url, self.pos, self.end, self.etag)
         size = self.size
         if self.etag is None:
-            self._add(requests=1)
-            info = self.store.stat(self.url)
-            self.etag, size = info.version, info.size
+            self.etag, size = self._version()
         body = self.cache.open(cache_key(self.url), self.etag, self.pos, self.end, self._fetch, self._count)
         return Answer(body, size, self.etag)
+
+    def _version(self) -> "tuple[Optional[str], Optional[int]]":
+        """The object's version and size: stated by the store, or as stated by this process less
+        than ``version_check_s`` ago (the columns of a worker open the same shards one after the
+        other, and each statement is a round trip)."""
+        key, now = cache_key(self.url), time.monotonic()
+        with _versions_lock:
+            known = _versions.get(key)
+        if known is not None and now - known[2] < self.opts.version_check_s:
+            return known[0], known[1]
+        self._add(requests=1)
+        info = self.store.stat(self.url)
+        with _versions_lock:
+            _versions[key] = (info.version, info.size, now)
+        return info.version, info.size
 
     def _fetch(self, url: str, version: Optional[str], start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of this object from the store (for the cache): ranged reads
@@ -181,7 +198,23 @@ class RemoteRaw(io.RawIOBase):
             self._resumed = True
             self._connect(first=False)
 
+    def warm(self) -> bool:
+        """With a cache: fetch this stream's range into it without reading it (:meth:`ByteCache.warm`)."""
+        return self.cache is not None and self.cache.warm(cache_key(self.url), self.etag, self.pos, self.limit(),
+                                                          self._fetch, self._count)
+
     def readinto(self, buffer: Any) -> int:
+        if self.cache is not None and self._body is not None:  # straight from the cache's files
+            limit = self.limit()
+            view = memoryview(buffer).cast("B")
+            if limit is not None:
+                if self.pos >= limit:
+                    return 0
+                view = view[:limit - self.pos]
+            n = self._body.readinto(view)
+            if n:
+                self.pos += n
+                return n
         data = self.read_chunk(len(buffer))
         buffer[: len(data)] = data
         return len(data)

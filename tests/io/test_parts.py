@@ -240,11 +240,10 @@ def test_options_and_shape_parsing():
 
 
 @pytest.mark.parametrize("part_kib", [100, 48, 64, 200])
-def test_through_a_byte_cache_parts_end_on_block_bounds(shards, tmp_path, part_kib):
-    """Parts of any size read through a cache end on its blocks' bounds: on a cold cache each block
-    is fetched once, and by one part only where parts are a block or larger (no part waits for a
-    block another part is fetching, then hits it); the bytes are those of a direct read; read
-    again, every block is a hit."""
+def test_through_a_byte_cache_the_reader_reads_what_the_read_ahead_fetched(shards, tmp_path, part_kib):
+    """Through a cache the read-ahead fetches parts of any size into it (each block once, parts on
+    its blocks' bounds) and the reader reads them from there: the bytes of a direct read; read
+    again, nothing is fetched."""
     from dalistream.io.cache import ByteCache
     from dalistream.io.cachesim import blocks
 
@@ -259,11 +258,10 @@ def test_through_a_byte_cache_parts_end_on_block_bounds(shards, tmp_path, part_k
     cold, warm = IOCounters(), IOCounters()
     assert bytes_of(urls, options, cold, ranges) == direct
     wanted = sum(len(blocks(s, sizes[i] if e is None else e, 64 * KiB)) for i, (s, e) in enumerate(ranges))
-    assert cold.cache_misses == wanted and cold.bytes == cold.cache_written_bytes
-    if part_kib >= 64:
-        assert cold.cache_hits == 0
+    assert cold.cache_misses == wanted and cold.bytes == cold.cache_written_bytes  # each block fetched once
+    assert cold.cache_hits <= wanted  # read from the cache by the reader (but those it reached first and fetched)
     assert bytes_of(urls, options, warm, ranges) == direct
-    assert (warm.cache_misses, warm.bytes) == (0, 0) and warm.cache_hits == cold.cache_hits + wanted
+    assert (warm.cache_misses, warm.bytes, warm.cache_hits) == (0, 0, wanted)
 
 
 def test_aligned_part_sizes():
@@ -275,3 +273,9 @@ def test_aligned_part_sizes():
     for part in range(1000, 20000, 777):
         size = aligned_part(part, 12288)
         assert size <= max(part, 12288) and (size % 12288 == 0 or 12288 % size == 0)
+    from dalistream.io.parts import PartFetcher
+
+    fetcher = PartFetcher([], remote_options({"part_bytes": 30000}), start=0)
+    assert fetcher._length(5000, None) == 30000  # without a cache: part_bytes from anywhere
+    fetcher.align = aligned_part(30000, 12288)  # (what a cache of 12 KiB blocks sets)
+    assert [fetcher._length(p, 100_000) for p in (5000, 24576, 90000)] == [19576, 24576, 8304]  # to the next bound
