@@ -214,12 +214,14 @@ class PartFetcher:
     def _fetch(self, slot: _Slot) -> None:
         shard = self.shards[slot.index]  # only remote shards are scheduled: never None
         raw = None
-        if self.warming:
-            return self._warm(slot, shard)
         try:
             raw = RemoteRaw(shard.url, slot.offset, self.opts, self._counters, slot.offset + slot.length, shard.etag)
             if slot.first:
                 self._sized(slot, shard, raw)
+            if self.warming:  # into the byte cache only: the reader reads it from there (passed() frees it)
+                if not slot.cancelled:
+                    raw.warm()
+                return
             while True:
                 n = self._room(slot)
                 if n == 0:
@@ -235,7 +237,8 @@ class PartFetcher:
                     self.cond.notify_all()
         except BaseException as e:  # noqa: BLE001 - handed to the reader in the failed part's place
             with self.cond:
-                slot.error = e
+                if not self.warming:  # (warming: the reader's own read of this part meets it, named)
+                    slot.error = e
                 shard.state = "done"  # nothing more of this shard: the reader stops at the error
         finally:
             if raw is not None:
@@ -243,29 +246,8 @@ class PartFetcher:
             with self.cond:
                 slot.done = True
                 self.in_flight -= 1
-                if not slot.stream:
+                if not slot.stream and not self.warming:
                     self._charge(slot, -max(0, slot.length - slot.received))
-                self.cond.notify_all()
-
-    def _warm(self, slot: _Slot, shard: _Shard) -> None:
-        """Fetch a part into the byte cache (the reader reads it from there: :meth:`passed` frees
-        its share of the budget). A failure is left to the reader, which meets it reading."""
-        raw = None
-        try:
-            raw = RemoteRaw(shard.url, slot.offset, self.opts, self._counters, slot.offset + slot.length, shard.etag)
-            if slot.first:
-                self._sized(slot, shard, raw)
-            if not slot.cancelled:
-                raw.warm()
-        except Exception:  # noqa: BLE001 - the reader's own read of this part raises it, named
-            with self.cond:
-                shard.state = "done"
-        finally:
-            if raw is not None:
-                raw.close()
-            with self.cond:
-                slot.done = True
-                self.in_flight -= 1
                 self.cond.notify_all()
 
     def version(self, index: int) -> Optional[str]:
