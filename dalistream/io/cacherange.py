@@ -31,7 +31,7 @@ class Piece(NamedTuple):
 
 
 class CachedRange(io.RawIOBase):
-    """Bytes ``[start, end)`` of one object through a :class:`ByteCache`, block by block: a kept
+    """Bytes ``[start, end)`` of one object through a :class:`~.cache.ByteCache`, block by block: a kept
     block is read straight from its file into the caller's buffer (the file locked shared while
     the stream is on it); bytes not kept are held in memory. Ends early at the object's end."""
 

@@ -199,7 +199,7 @@ class RemoteRaw(io.RawIOBase):
             self._connect(first=False)
 
     def warm(self) -> bool:
-        """With a cache: fetch this stream's range into it without reading it (:meth:`ByteCache.warm`)."""
+        """With a cache: fetch this stream's range into it without reading it (:meth:`~.cache.ByteCache.warm`)."""
         return self.cache is not None and self.cache.warm(cache_key(self.url), self.etag, self.pos, self.limit(),
                                                           self._fetch, self._count)
 
