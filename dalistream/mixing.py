@@ -181,6 +181,8 @@ def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
     owners: dict = {}  # shard -> the source that lists it
     for item in parse_mix(mapping):
         options = dict(item.storage_options if item.storage_options is not None else config.storage_options)
+        if config.storage_options.get("cache") is not None:  # the node's byte cache, for every source
+            options.setdefault("cache", config.storage_options["cache"])
         data = resolve_source(item.source, config, manifest=item.manifest, storage_options=options)
         check_disjoint(item.name, data.urls, owners)
         if not sum(data.counts or ()):

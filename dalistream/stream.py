@@ -18,6 +18,7 @@ from .config import StreamConfig, WORKERS
 from .dataset import DataSet
 from .errors import ConfigError, redact, redact_client_logs
 from .io.folder import folder_problem
+from .io.options import with_cache
 from .device import check_start_method, resolve_device
 from .mixing import Mix, concatenated, open_mix, reading_order_for, resolve_source
 from .plan import Layout, check_layout, resumed_steps, steps_per_epoch
@@ -126,6 +127,7 @@ def resolve(config: StreamConfig, mapping: Optional[Mapping[str, Any]] = None, *
     (:func:`~dalistream.mixing.resolve_source`; a single data set is a mix of one source, without
     a name), the data checked against the layout, and the reading order decided once the data is
     known (:func:`~dalistream.mixing.reading_order_for`): ``(config, data set, mix or None, why)``."""
+    config = config.replace(storage_options=with_cache(config.storage_options, config.cache, config.cache_limit))
     if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
         usable_cache_dir(os.fspath(config.cache_dir), given=True)
     if mapping is not None:

@@ -26,30 +26,15 @@ import logging
 import os
 import re
 import threading
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from ..errors import ConfigError, redact
 from . import cachefiles as files
 from .cachesim import eviction_slack
+from .cacherange import CachedRange, Count, Fetch, Piece
 from .folder import folder_problem
 
 log = logging.getLogger(__name__)
-
-Fetch = Callable[[str, Optional[str], int, int], bytes]  # (url, version, start, end) -> bytes [start, end)
-
-
-class Piece(NamedTuple):
-    """Bytes ``[base, base + length)`` of an object: a kept block's file (``fd``, locked shared)
-    or bytes in memory (``data``); ``short``: the object ends at ``base + length``; ``hit``: the
-    block was there before this read."""
-
-    base: int
-    length: int
-    short: bool
-    fd: Optional[int]
-    data: bytes
-    hit: bool
-
 
 BLOCK_BYTES = 4 << 20  # measured: hits as fast as at 8-16 MiB, half the over-fetch of 8 MiB without affinity
 COUNTERS = ("hits", "misses", "remote_bytes", "cache_bytes", "written_bytes", "uncached_bytes", "evictions",
@@ -118,6 +103,7 @@ class ByteCache:
         self._warned: set = set()
         self._writes_off: Optional[str] = None
         self._subdirs: set = set()
+        self._local = threading.local()
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "limit_bytes": self.limit_bytes, "block_bytes": self.block_bytes}
@@ -132,18 +118,22 @@ class ByteCache:
 
     # -- the reading side ----------------------------------------------------------------------
 
-    def open(self, url: str, version: Optional[str], start: int, end: Optional[int], fetch: Fetch) -> io.RawIOBase:
+    def open(self, url: str, version: Optional[str], start: int, end: Optional[int], fetch: Fetch,
+             count: Optional[Count] = None) -> io.RawIOBase:
         """Bytes ``[start, end)`` of (url, version) as a raw stream (``end`` None: to the object's
         end); blocks are fetched as the stream reaches them. ``version`` None (a store that
-        gives none): streamed without caching, since a change could not be seen."""
-        return CachedRange(self, url, version, start, end, fetch)
+        gives none): streamed without caching, since a change could not be seen. ``count``
+        receives the counters (module doc) of this stream's reads, as they happen, beside the
+        process's own :meth:`counters` (a reader's share of them)."""
+        return CachedRange(self, url, version, start, end, fetch, count)
 
-    def read(self, url: str, version: Optional[str], start: int, end: int, fetch: Fetch) -> bytes:
+    def read(self, url: str, version: Optional[str], start: int, end: int, fetch: Fetch,
+             count: Optional[Count] = None) -> bytes:
         """Bytes ``[start, end)`` of (url, version) (fewer at the object's end)."""
         out = bytearray(max(0, end - start))
         view = memoryview(out)
         got = 0
-        with self.open(url, version, start, end, fetch) as stream:
+        with self.open(url, version, start, end, fetch, count) as stream:
             while got < len(out):
                 n = stream.readinto(view[got:])
                 if not n:
@@ -151,6 +141,49 @@ class ByteCache:
                 got += n
         del view
         return bytes(out) if got == len(out) else bytes(out[:got])
+
+    def warm(self, url: str, version: Optional[str], start: int, end: Optional[int], fetch: Fetch,
+             count: Optional[Count] = None) -> bool:
+        """Fetch the blocks of ``[start, end)`` (``end`` None: to the object's end) the cache
+        lacks, without reading them: the read-ahead of a reader that reads from the cache itself.
+        Blocks already there are left as they are (not counted: the reader counts its reads).
+        False when nothing can be kept (no version, no room, writing off)."""
+        if version is None or not self.caching:
+            return False
+        self._local.count = count
+        try:
+            pos = start // self.block_bytes * self.block_bytes
+            while (end is None or pos < end) and self.caching:
+                index = pos // self.block_bytes
+                path, digest = self._paths(url, version, index)
+                try:
+                    held = os.stat(path).st_size - files.HEADER.size  # (the reader checks it when it reads it)
+                except FileNotFoundError:
+                    held = -1
+                if held >= 0:
+                    if held < self.block_bytes:
+                        break  # the object ends in this block
+                    pos += self.block_bytes
+                    continue
+                lock = path[:-4] + ".lock"
+                lock_fd = files.lock_fetch(lock)
+                try:
+                    got = self._hit(path, digest, index, False)
+                    if got is None:
+                        got = self._fill(path, digest, url, version, index, pos, end, fetch)
+                finally:
+                    files.unlock_fetch(lock_fd, lock)
+                if got.fd is not None:
+                    os.close(got.fd)
+                if got.short:
+                    break  # the object ends in this block
+                pos += self.block_bytes
+        except OSError as e:
+            self._warn("paths", f"blocks not cached: {e.strerror or e}; they are read without caching")
+            return False
+        finally:
+            self._local.count = None
+        return True
 
     def counters(self) -> Dict[str, int]:
         """A snapshot of this process's counters (module doc)."""
@@ -166,6 +199,9 @@ class ByteCache:
         with self._lock:
             for name, amount in amounts.items():
                 self._counters[name] += amount
+        count = getattr(self._local, "count", None)  # the reading stream's (CachedRange sets it)
+        if count is not None:
+            count(amounts)
 
     def _warn(self, key: str, message: str) -> None:
         with self._lock:
@@ -324,65 +360,3 @@ class ByteCache:
                     f.write(files.TAG)
             except OSError:
                 pass
-
-
-class CachedRange(io.RawIOBase):
-    """Bytes ``[start, end)`` of one object through a :class:`ByteCache`, block by block: a kept
-    block is read straight from its file into the caller's buffer (the file locked shared while
-    the stream is on it); bytes not kept are held in memory. Ends early at the object's end."""
-
-    def __init__(self, cache: ByteCache, url: str, version: Optional[str], start: int, end: Optional[int],
-                 fetch: Fetch) -> None:
-        if start < 0 or (end is not None and end < start):
-            raise ValueError(f"bad range [{start}, {end})")
-        self.cache, self.url, self.version, self.fetch = cache, url, version, fetch
-        self.pos, self.end = int(start), end
-        self._piece: Optional[Piece] = None
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if whence != 0:
-            raise io.UnsupportedOperation("a cached range seeks to absolute positions only")
-        self.pos = max(0, int(offset))
-        return self.pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        left = len(view) if self.end is None else min(len(view), self.end - self.pos)
-        if left <= 0:
-            return 0
-        p = self._piece
-        if p is None or not p.base <= self.pos < p.base + p.length:
-            if p is not None and p.short and self.pos >= p.base + p.length:
-                return 0  # the object ends here
-            self._drop()
-            p = self._piece = self.cache.piece(self.url, self.version, self.pos, self.end, self.fetch)
-            if self.pos >= p.base + p.length:
-                return 0
-        n = min(left, p.base + p.length - self.pos)
-        if p.fd is not None:
-            n = os.preadv(p.fd, [view[:n]], files.HEADER.size + self.pos - p.base)
-            if p.hit:
-                self.cache._add(cache_bytes=n)
-        else:
-            at = self.pos - p.base
-            view[:n] = p.data[at:at + n]
-        self.pos += n
-        return n
-
-    def _drop(self) -> None:
-        p, self._piece = self._piece, None
-        if p is not None and p.fd is not None:
-            os.close(p.fd)
-
-    def close(self) -> None:
-        self._drop()
-        super().close()

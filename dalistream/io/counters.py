@@ -16,10 +16,16 @@ class IOCounters:
     ``bytes`` (bytes received); of the parallel ranged reads (:mod:`.parts`): ``parts`` (parts
     fetched), ``peak_in_flight`` (most part GETs open at once) and ``peak_buffered_bytes`` (most
     bytes held at once: received and not yet read, plus room reserved for parts in flight, never
-    above ``read_ahead_bytes``). Thread-safe; :meth:`as_dict` gives a snapshot."""
+    above ``read_ahead_bytes``); of the node-local byte cache (:mod:`.cache`), where one is used:
+    ``cache_hits`` and ``cache_misses`` (blocks), ``cache_bytes`` (bytes read from blocks already
+    cached), ``cache_written_bytes`` (fetched and kept), ``cache_uncached_bytes`` (fetched and not
+    kept), ``cache_evictions`` and ``cache_evicted_bytes`` (the bytes fetched are ``bytes``).
+    Thread-safe; :meth:`as_dict` gives a snapshot; :meth:`since` the additive ones since a snapshot."""
 
     FIELDS = ("requests", "retries", "resumes", "resumed_bytes", "bytes", "parts", "peak_in_flight",
-              "peak_buffered_bytes")
+              "peak_buffered_bytes", "cache_hits", "cache_misses", "cache_bytes", "cache_written_bytes",
+              "cache_uncached_bytes", "cache_evictions", "cache_evicted_bytes")
+    PEAKS = ("peak_in_flight", "peak_buffered_bytes")  # highs, not sums: they have no per-epoch share
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -42,6 +48,11 @@ class IOCounters:
         """A snapshot of all counters."""
         with self._lock:
             return dict(self._values)
+
+    def since(self, before: Dict[str, int]) -> Dict[str, int]:
+        """The additive counters' growth since the snapshot ``before`` (an :meth:`as_dict`)."""
+        now = self.as_dict()
+        return {k: now[k] - before.get(k, 0) for k in self.FIELDS if k not in self.PEAKS}
 
     def __getattr__(self, name: str) -> int:
         if name in IOCounters.FIELDS:

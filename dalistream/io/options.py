@@ -11,10 +11,11 @@ Secret values never appear in ``repr()``.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
+from .cache import ByteCache
 
 #: Keys each store understands beyond the common ones (by registry scheme family).
 STORE_OPTIONS: Dict[str, Tuple[str, ...]] = {
@@ -30,7 +31,8 @@ SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_tok
 @dataclass(frozen=True, repr=False)
 class RemoteOptions:
     """The ``storage_options`` understood here, with their defaults; ``store`` holds the
-    store-specific keys as sorted ``(name, value)`` pairs (:meth:`get` reads one)."""
+    store-specific keys as sorted ``(name, value)`` pairs (:meth:`get` reads one); ``cache`` the
+    node-local byte cache (:func:`with_cache`)."""
 
     endpoint_url: Optional[str] = None
     anon: bool = False
@@ -46,6 +48,10 @@ class RemoteOptions:
     read_timeout_s: float = 60.0
     stall_warning_s: float = 5.0  # a request unanswered this long is reported in the log
     give_up_s: float = 300.0  # no retry starts once a request has gone unanswered this long in all
+    version_check_s: float = 10.0  # with a byte cache: how long an object's stated version is trusted by a process
+    # the node-local byte cache (a :class:`~.cache.ByteCache`) every ranged read of a shard goes
+    # through; set by ``Stream.open`` from ``cache=``/``cache_limit=``; not part of a store's identity
+    cache: Any = field(default=None, compare=False)
 
     def get(self, name: str, default: Any = None) -> Any:
         """A store-specific option (``profile``, ``account_key``, …), ``default`` if not given."""
@@ -73,8 +79,13 @@ def remote_options(options: Optional[Mapping[str, Any]]) -> RemoteOptions:
         raise ConfigError(f"unknown storage_options {unknown}; known: {sorted(common | specific)}")
     store = tuple(sorted((k, options.pop(k)) for k in list(options) if k in specific))
     opts = RemoteOptions(store=store, **options)
+    if opts.cache is not None and not isinstance(opts.cache, ByteCache):
+        raise ConfigError(f"storage_options: cache must be a ByteCache (set cache= and cache_limit= instead), "
+                          f"got {type(opts.cache).__name__}")
     if opts.stall_warning_s <= 0 or opts.give_up_s <= 0 or opts.read_timeout_s <= 0 or opts.connect_timeout_s <= 0:
         raise ConfigError("storage_options: stall_warning_s, give_up_s and the timeouts must be > 0")
+    if not opts.version_check_s >= 0:
+        raise ConfigError("storage_options: version_check_s must be >= 0")
     if (opts.max_attempts < 1 or opts.chunk_bytes < 1 or opts.read_ahead_bytes < 0 or opts.parts_in_flight < 1
             or opts.part_bytes < 1024):
         raise ConfigError("storage_options: max_attempts, chunk_bytes and parts_in_flight must be >= 1, part_bytes "
@@ -100,4 +111,15 @@ def shared_budget(options: Optional[Mapping[str, Any]], share: int) -> Dict[str,
     options.update(read_ahead_bytes=ahead, parts_in_flight=max(1, opts.parts_in_flight // share),
                    part_bytes=max(MIN_SHARED_PART, min(opts.part_bytes, ahead)),
                    chunk_bytes=max(MIN_SHARED_CHUNK, opts.chunk_bytes // share))
+    return options
+
+
+def with_cache(options: Optional[Mapping[str, Any]], folder: Optional[str], limit: Any) -> Dict[str, Any]:
+    """``options`` carrying the node-local byte cache of ``folder`` (at most ``limit`` bytes):
+    built here, once, so a folder that cannot hold it is a :class:`ConfigError` before any worker
+    starts; it travels to the workers with the options (it pickles as its settings). ``folder``
+    None: ``options`` as they are; a cache already there is kept."""
+    options = dict(options or {})
+    if folder is not None and options.get("cache") is None:
+        options["cache"] = ByteCache(folder, limit)
     return options

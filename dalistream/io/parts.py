@@ -37,6 +37,17 @@ Range = Tuple[int, Optional[int]]  # (start byte, end byte or None for the end o
 END = object()  # returned by :meth:`PartFetcher.take` at the end of a shard
 
 
+def aligned_part(part_bytes: int, block_bytes: int) -> int:
+    """The part size that keeps parts on a cache's block bounds: a multiple of the block (at most
+    ``part_bytes``), or, for parts smaller than a block, a size that divides the block."""
+    if part_bytes >= block_bytes:
+        return part_bytes // block_bytes * block_bytes
+    pieces = -(-block_bytes // part_bytes)
+    while block_bytes % pieces:
+        pieces += 1
+    return block_bytes // pieces
+
+
 class _Shard:
     """What the scheduler knows of one remote shard."""
 
@@ -84,7 +95,13 @@ class PartFetcher:
             _Shard(url, *(ranges[i] if ranges is not None else (0, None))) if is_fetched(url) else None
             for i, url in enumerate(urls)]
         self.budget = max(opts.read_ahead_bytes, opts.chunk_bytes)  # at least one chunk
+        if opts.cache is not None:  # what is fetched ahead waits in the cache: no more than a small share of it
+            self.budget = max(opts.cache.block_bytes, min(self.budget, opts.cache.limit_bytes // 64))
         self.part_bytes = min(opts.part_bytes, self.budget)
+        # through a byte cache, parts end on its blocks' bounds: no block is wanted by two parts at once;
+        # and they are only fetched into it (warmed): the reader reads them from the cache itself
+        self.align = aligned_part(self.part_bytes, opts.cache.block_bytes) if opts.cache is not None else 0
+        self.warming = opts.cache is not None
         self.cond = threading.Condition()
         self.slots: Deque[_Slot] = deque()
         self.cursor = start
@@ -126,7 +143,7 @@ class PartFetcher:
                 shard.state = "done"
                 self._advance()
                 continue
-            length = self.part_bytes if limit is None else min(self.part_bytes, limit - shard.next)
+            length = self._length(shard.next, limit)
             if self.held and self.held + length > self.budget:
                 return None
             return self._schedule(self.cursor, shard, length)
@@ -153,11 +170,17 @@ class PartFetcher:
             if shard.end is not None and shard.next >= shard.end:
                 shard.state = "done"
                 continue
-            length = self.part_bytes if shard.end is None else min(self.part_bytes, shard.end - shard.next)
+            length = self._length(shard.next, shard.end)
             if self.held + length > self.budget - self.part_bytes:
                 return None
             return self._schedule(index, shard, length)
         return None
+
+    def _length(self, start: int, limit: Optional[int]) -> int:
+        """The length of a part from ``start``: ``part_bytes``, or up to the next multiple of
+        ``align``; none past ``limit``."""
+        n = (start // self.align + 1) * self.align - start if self.align else self.part_bytes
+        return n if limit is None else min(n, limit - start)
 
     def _schedule(self, index: int, shard: _Shard, length: int) -> _Slot:
         slot = _Slot(index, shard.next, length, first=shard.state == "new")
@@ -195,6 +218,10 @@ class PartFetcher:
             raw = RemoteRaw(shard.url, slot.offset, self.opts, self._counters, slot.offset + slot.length, shard.etag)
             if slot.first:
                 self._sized(slot, shard, raw)
+            if self.warming:  # into the byte cache only: the reader reads it from there (passed() frees it)
+                if not slot.cancelled:
+                    raw.warm()
+                return
             while True:
                 n = self._room(slot)
                 if n == 0:
@@ -210,7 +237,8 @@ class PartFetcher:
                     self.cond.notify_all()
         except BaseException as e:  # noqa: BLE001 - handed to the reader in the failed part's place
             with self.cond:
-                slot.error = e
+                if not self.warming:  # (warming: the reader's own read of this part meets it, named)
+                    slot.error = e
                 shard.state = "done"  # nothing more of this shard: the reader stops at the error
         finally:
             if raw is not None:
@@ -218,8 +246,26 @@ class PartFetcher:
             with self.cond:
                 slot.done = True
                 self.in_flight -= 1
-                if not slot.stream:
+                if not slot.stream and not self.warming:
                     self._charge(slot, -max(0, slot.length - slot.received))
+                self.cond.notify_all()
+
+    def version(self, index: int) -> Optional[str]:
+        """The version shard ``index`` is pinned to, once its first part has answered."""
+        with self.cond:
+            shard = self.shards[index]
+            return shard.etag if shard is not None else None
+
+    def passed(self, index: int, pos: int) -> None:
+        """The reader (reading from the cache itself) is at byte ``pos`` of shard ``index``: the
+        parts before are no longer ahead of it."""
+        with self.cond:
+            freed = False
+            while self.slots and (self.slots[0].index < index or (
+                    self.slots[0].index == index and self.slots[0].offset + self.slots[0].length <= pos)):
+                self._drop(self.slots.popleft())
+                freed = True
+            if freed:
                 self.cond.notify_all()
 
     def _sized(self, slot: _Slot, shard: _Shard, raw: RemoteRaw) -> None:

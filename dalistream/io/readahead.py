@@ -5,7 +5,9 @@ one :class:`~.parts.PartFetcher` keeps ``parts_in_flight`` ranged GETs of ``part
 running on from the end of one shard into the next, within ``read_ahead_bytes``: the next
 shard's first-byte latency is hidden and one worker is not capped at one connection's speed.
 A failure to fetch a shard is raised by the reader of that shard, and fetching goes on with the
-next shard (so a skipped bad shard does not stop the worker).
+next shard (so a skipped bad shard does not stop the worker). Through the node-local byte cache
+the reader reads each shard from the cache in its own thread (a block there is a file read, as
+for a local shard) while the fetcher only fills the cache ahead of it, within the same budget.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .counters import IOCounters
 from .local import CHUNK
 from .options import remote_options
 from .parts import END, PartFetcher, Range
-from .remote import is_fetched
+from .remote import RemoteRaw, is_fetched
 
 
 class _Prefetched(io.RawIOBase):
@@ -60,6 +62,29 @@ class _Prefetched(io.RawIOBase):
         super().close()
 
 
+class _Cached(io.RawIOBase):
+    """The reader's side of one shard read through the byte cache: its bytes read from the cache
+    (a block the read-ahead has not fetched yet is fetched here, or waited for), the read-ahead
+    told how far the reader is."""
+
+    def __init__(self, raw: RemoteRaw, fetcher: PartFetcher, index: int) -> None:
+        self._raw, self._fetcher, self._index = raw, fetcher, index
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._raw.readinto(buffer)
+        self._fetcher.passed(self._index, self._raw.pos)
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+            self._fetcher.cancel(self._index)
+        super().close()
+
+
 class ReadAhead:
     """Opens the remote shards of ``urls`` (bytes ``ranges[i]`` of shard ``i`` if given) through
     one :class:`~.parts.PartFetcher` (see module doc).
@@ -85,6 +110,10 @@ class ReadAhead:
             self.close()
             self._fetcher = PartFetcher(self.urls, self.opts, self.counters, self.ranges, index)
         self._last = index
+        if self._fetcher.warming:  # read from the byte cache in this thread; the fetcher fills it ahead
+            start, end = self.ranges[index] if self.ranges is not None else (0, None)
+            raw = RemoteRaw(self.urls[index], start, self.opts, self.counters, end, self._fetcher.version(index))
+            return io.BufferedReader(_Cached(raw, self._fetcher, index), CHUNK)  # type: ignore[arg-type]
         return io.BufferedReader(_Prefetched(self._fetcher, index), CHUNK)  # type: ignore[arg-type]
 
     def close(self) -> None:

@@ -10,25 +10,59 @@ buckets, DNS failures and refused connections fail at once with a :class:`Source
 URL and where the credentials came from (credentials redacted; server messages, which may quote
 request details, are never copied).
 
-A node-local cache of byte ranges sits at one place: :meth:`RemoteRaw._open`, the one call that
-opens a range of an object (``store.open_range(url, start, end, version)``).
+The node-local byte cache (``options.cache``, :mod:`.cache`) sits at one place: :meth:`RemoteRaw._open`,
+the one call that opens a range of an object. With a cache, a stream first states the object
+(its version and size: one request, so a replaced object is seen; a process states an object at
+most once per ``version_check_s``) unless its version is already pinned, then reads its range
+through the cache, keyed by :func:`cache_key` and the version; the blocks the cache lacks are
+fetched by ranged reads pinned to that version, with the retries and resumes above. An object
+without a version is read without caching (said once).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import random
+import threading
 import time
-from typing import Any, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import SourceError
 from .counters import IOCounters
 from .options import remote_options
 from .retry import Retry, call_with_retries, classify
-from .stores import ObjectInfo, is_ranged, store_for
+from .stores import ObjectInfo, canonical, is_ranged, store_for
 from .stores.base import Answer, Data, read_all
 
 TOTALS = IOCounters()  # every remote request of this process (see IOCounters)
+_versions: Dict[str, Tuple[Optional[str], Optional[int], float]] = {}  # key -> (version, size, when stated)
+_versions_lock = threading.Lock()
+#: Query parameters that sign or authorize a URL rather than name the object (presigned S3 and
+#: GCS URLs, Azure SAS tokens, bearer tokens): left out of the cache's key.
+SIGNATURE_PARAMS = ("x-amz-", "x-goog-", "signature", "expires", "awsaccesskeyid", "sig", "se", "sp", "sv", "sr",
+                    "st", "spr", "srt", "ss", "skoid", "sktid", "skt", "ske", "sks", "skv", "token", "access_token")
+#: The cache's counters as the I/O counters name them (``remote_bytes`` is ``bytes`` already).
+CACHE_COUNTERS = {"hits": "cache_hits", "misses": "cache_misses", "cache_bytes": "cache_bytes",
+                  "written_bytes": "cache_written_bytes", "uncached_bytes": "cache_uncached_bytes",
+                  "evictions": "cache_evictions", "evicted_bytes": "cache_evicted_bytes"}
+
+
+def cache_key(url: str) -> str:
+    """The name of an object in the byte cache: ``url`` as the same object at any version its URL
+    may name (:func:`~.stores.canonical`); an ``http(s)://`` URL without user info and without
+    the query parameters that sign it (:data:`SIGNATURE_PARAMS`), so a URL signed anew names the
+    same blocks."""
+    url = canonical(url)
+    if not url.startswith(("http://", "https://")):  # (an object store's key is its name, "?" and all)
+        return url
+    parts = urlsplit(url)
+    if not parts.query and "@" not in parts.netloc:
+        return url
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+             if not k.lower().startswith(SIGNATURE_PARAMS[:2]) and k.lower() not in SIGNATURE_PARAMS[2:]]
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, urlencode(query), ""))
 
 
 def is_fetched(url: str) -> bool:
@@ -53,7 +87,9 @@ class RemoteRaw(io.RawIOBase):
         self.opts = remote_options(options)
         self.store = store_for(url, self.opts)
         self._counters = [TOTALS] + ([counters] if counters is not None else [])
+        self._sink = counters
         self._rng = random.Random()  # jitter only: never decides data
+        self.cache = self.opts.cache
         self.pos = offset
         self.end = end
         self.size: Optional[int] = None
@@ -65,9 +101,48 @@ class RemoteRaw(io.RawIOBase):
 
     def _open(self) -> Answer:
         """Open the range from the current position: the one place a range of an object is asked
-        for (where a cache of byte ranges would answer instead)."""
+        for, of the store or, with a cache, of the cache (module doc)."""
+        if self.cache is None:
+            self._add(requests=1)
+            return self.store.open_range(self.url, self.pos, self.end, self.etag)
+        size = self.size
+        if self.etag is None:
+            self.etag, size = self._version()
+        body = self.cache.open(cache_key(self.url), self.etag, self.pos, self.end, self._fetch, self._count)
+        return Answer(body, size, self.etag)
+
+    def _version(self) -> "tuple[Optional[str], Optional[int]]":
+        """The object's version and size: stated by the store, or as stated by this process less
+        than ``version_check_s`` ago (the columns of a worker open the same shards one after the
+        other, and each statement is a round trip)."""
+        key, now = cache_key(self.url), time.monotonic()
+        with _versions_lock:
+            known = _versions.get(key)
+        if known is not None and now - known[2] < self.opts.version_check_s:
+            return known[0], known[1]
         self._add(requests=1)
-        return self.store.open_range(self.url, self.pos, self.end, self.etag)
+        info = self.store.stat(self.url)
+        with _versions_lock:
+            _versions[key] = (info.version, info.size, now)
+        return info.version, info.size
+
+    def _fetch(self, url: str, version: Optional[str], start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of this object from the store (for the cache): ranged reads
+        pinned to ``version``, retried and resumed as any stream's."""
+        opts = dataclasses.replace(self.opts, cache=None)
+        raw = RemoteRaw(self.url, start, opts, self._sink, end=stop, etag=version)
+        out = bytearray()
+        try:
+            while True:
+                data = raw.read_chunk(max(opts.chunk_bytes, 1 << 20))
+                if not data:
+                    return bytes(out)
+                out += data
+        finally:
+            raw.close()
+
+    def _count(self, amounts: Dict[str, int]) -> None:
+        self._add(**{CACHE_COUNTERS[k]: v for k, v in amounts.items() if k in CACHE_COUNTERS})
 
     def _connect(self, first: bool) -> None:
         answer = call_with_retries(self._open, self.url, self.opts, self._counters, self._rng, first=first,
@@ -108,7 +183,8 @@ class RemoteRaw(io.RawIOBase):
                 data = None
             if data:
                 self.pos += len(data)
-                self._add(bytes=len(data), resumed_bytes=len(data) if self._resumed else 0)
+                if self.cache is None:  # (through a cache, the bytes fetched are counted as fetched)
+                    self._add(bytes=len(data), resumed_bytes=len(data) if self._resumed else 0)
                 return data
             if data is not None and limit is None:
                 return b""  # no length announced: the end of the body is the end
@@ -122,7 +198,23 @@ class RemoteRaw(io.RawIOBase):
             self._resumed = True
             self._connect(first=False)
 
+    def warm(self) -> bool:
+        """With a cache: fetch this stream's range into it without reading it (:meth:`~.cache.ByteCache.warm`)."""
+        return self.cache is not None and self.cache.warm(cache_key(self.url), self.etag, self.pos, self.limit(),
+                                                          self._fetch, self._count)
+
     def readinto(self, buffer: Any) -> int:
+        if self.cache is not None and self._body is not None:  # straight from the cache's files
+            limit = self.limit()
+            view = memoryview(buffer).cast("B")
+            if limit is not None:
+                if self.pos >= limit:
+                    return 0
+                view = view[:limit - self.pos]
+            n = self._body.readinto(view)
+            if n:
+                self.pos += n
+                return n
         data = self.read_chunk(len(buffer))
         buffer[: len(data)] = data
         return len(data)
@@ -179,8 +271,8 @@ def stat_object(url: str, options: Optional[Mapping[str, Any]] = None) -> Object
 
 def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None) -> bytes:
     """The whole content of a (small) object of any store, e.g. a manifest."""
-    if is_fetched(url):
-        with open_remote(url, 0, options) as f:
+    if is_fetched(url):  # (a manifest, not a shard: never through the byte cache)
+        with open_remote(url, 0, dataclasses.replace(remote_options(options), cache=None)) as f:
             return f.read()
 
     def whole(store: Any) -> bytes:

@@ -57,9 +57,9 @@ def worker_sums(workers: List[Dict[str, Any]]) -> Dict[str, Any]:
         io = w.get("io") or {}
         out["remote_bytes"] += io.get("bytes", 0)
         out["requests"] += io.get("requests", 0)
-        for name in ("cache_hits", "cache_bytes"):
-            if name in io:
-                out[name] = out.get(name, 0) + io[name]
+        if io.get("cache_hits") or io.get("cache_misses"):  # a byte cache was read through
+            for name in ("cache_hits", "cache_bytes"):
+                out[name] = out.get(name, 0) + io.get(name, 0)
     return out
 
 

@@ -4,7 +4,7 @@ data and reads it from the local disk from the second epoch on. Pure functions o
 layout, :class:`Nodes`, schedule, epoch[, segments]).
 
 **Nodes**: ``N`` nodes of ``L`` ranks each; rank ``r`` is on node ``r // L`` (the block placement
-of torchrun and of ``srun``). :func:`resolve_nodes` works the value out at an entry point.
+of torchrun and of ``srun``). :func:`~.nodes.resolve_nodes` works the value out at an entry point.
 
 **Ownership** (:func:`node_owner`): the shards, largest count first (equal counts in an order
 drawn from the seed), each to the node holding the fewest samples so far. The nodes' samples
@@ -18,20 +18,26 @@ or per batch position when reading interleaved (a rank's batch then draws from `
 spread over its node's sequence). Every node runs the same steps, from counts alone (``T_n``:
 node ``n``'s samples, ``L·B`` the samples its ranks take per step):
 
-- ``even``: ``steps = min_n ⌊T_n / (L·B)⌋``; node ``n`` leaves out its last ``T_n − steps·L·B``
-  samples (fewer than ``L·B`` plus the largest shard; other samples each epoch, as its order
-  changes);
-- ``exact``: ``steps = max_n ⌈T_n / (L·B)⌉``; node ``n``'s samples are split exactly among its
-  ranks, every sample once; a node with fewer samples pads more (its ranks at most
-  ``⌈largest shard / (L·B)⌉ + 1`` steps);
-- ``fixed``: its batches, over the ``exact`` spans.
+- ``even``: ``steps = min_n ⌊T_n / (L·B)⌋``; node ``n`` leaves out ``T_n − steps·L·B`` samples
+  (fewer than ``L·B`` plus the largest shard), one drawn in each of as many equal stretches of its
+  sequence, anew each epoch (:func:`node_left_out`; on one node exactly the samples the plan
+  without affinity leaves out), passed over by the workers reading around them (drops);
+- ``exact``: ``steps = max_n ⌈T_n / (L·B)⌉``; node ``n``'s samples are split among its ranks as
+  a whole epoch is among all ranks: its own ``⌈T_n / (L·B)⌉`` steps full but the last, whose
+  samples are dealt position by position (no rank of the node gets only padding unless fewer
+  samples than its ranks are left), then empty batches up to ``steps``; every sample once;
+- ``fixed``: its batches, over spans proportional to the slots.
+
+Without nodes, or on one node, the plans are those of :mod:`.ownership` and :mod:`.resume` (the
+same parts, drops and steps).
 
 **Resume onto other layouts**: a segment of an epoch run with affinity is ``(world_size, workers,
 batch_size, steps, nodes, columns)`` (the real layout; ``columns`` 1 when it read interleaved),
 one without it the 4 integers of :mod:`.resume` (its planned layout). What remains after the
 segments is the sequence of :class:`~.resume.Remaining`; an affine segment sees it regrouped node
 by node (:class:`Regrouped`: each node's remaining samples, in their order) and cuts each node's
-part as above, its nodes' unowned tails (``even``) being spans that deliver nothing. So a
+part as above, its nodes' unowned tails (``even``) being spans that deliver nothing (the first
+segment's even left-out samples are drawn as above: :func:`level_zero`). So a
 resume onto another node count continues the epoch with every sample once (``exact``) and each
 node's remaining samples are those of the shards it owns under the new count
 (:func:`~.affinityview.cache_kept` says how much of each node's cache that keeps).
@@ -40,81 +46,17 @@ node's remaining samples are those of the shards it owns under the new count
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import ConfigError, StateError
 from . import seeds
 from .layout import Layout, Schedule
-from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, span_bounds
-from .resume import Remaining, Stretch, kth_positions, merged_runs, runs_to_parts
-
-
-@dataclass(frozen=True)
-class Nodes:
-    """``count`` nodes of ``ranks_per_node`` ranks each; rank ``r`` is on node ``r // ranks_per_node``."""
-
-    count: int
-    ranks_per_node: int
-
-    def __post_init__(self) -> None:
-        for name in ("count", "ranks_per_node"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ConfigError(f"nodes: {name} must be a positive integer, got {value!r}")
-
-    @property
-    def world_size(self) -> int:
-        return self.count * self.ranks_per_node
-
-    def node_of(self, rank: int) -> int:
-        """The node of ``rank``."""
-        return rank // self.ranks_per_node
-
-
-def ranks_per_node(env: Mapping[str, str]) -> Optional[int]:
-    """Training processes per node as the launcher says: ``LOCAL_WORLD_SIZE`` (torchrun), else
-    ``SLURM_NTASKS_PER_NODE`` (srun; its first number), else None."""
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        text = env.get(name, "").split("(", 1)[0].split(",", 1)[0]
-        if text.strip().isdigit() and int(text) > 0:
-            return int(text)
-    return None
-
-
-def resolve_nodes(rank: int, world_size: int, env: Mapping[str, str], nodes: Optional[int] = None) -> Nodes:
-    """The :class:`Nodes` of a job, at an entry point: ``nodes`` given (the world split in that
-    many), else from the launcher's environment (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``;
-    none: one node). The node the launcher names for this rank (``GROUP_RANK``, ``SLURM_NODEID``)
-    must be the one the block placement gives it, else a :class:`ConfigError`."""
-    if nodes is not None:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or world_size % nodes:
-            raise ConfigError(f"nodes must be a positive integer dividing the world size {world_size}, got {nodes!r}")
-        layout = Nodes(nodes, world_size // nodes)
-    else:
-        per = ranks_per_node(env)
-        if per is None:
-            return Nodes(1, world_size)
-        if world_size % per:
-            raise ConfigError(f"{world_size} ranks are not whole nodes of {per} ranks (LOCAL_WORLD_SIZE / "
-                              "SLURM_NTASKS_PER_NODE)", hint="node-affine plans need the same number of ranks on "
-                                                            "every node")
-        layout = Nodes(world_size // per, per)
-    for name in ("GROUP_RANK", "SLURM_NODEID"):
-        if name in env:
-            try:
-                named = int(env[name])
-            except ValueError:
-                raise ConfigError(f"{name} is not an integer: {env[name]!r}") from None
-            if named != layout.node_of(rank):
-                raise ConfigError(f"rank {rank} runs on node {named} ({name}), but node-affine plans place it on node "
-                                  f"{layout.node_of(rank)} (ranks {layout.ranks_per_node} to a node, in blocks)",
-                                  hint="start ranks in blocks per node (torchrun does; srun --distribution=block)")
-            break
-    return layout
+from .nodes import Nodes, ranks_per_node, resolve_nodes
+from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, left_out_positions, slot_starts, span_bounds
+from .resume import Remaining, Stretch, kept_first_runs, kth_positions, merged_runs, runs_to_parts
 
 
 def node_owner(counts: Sequence[int], nodes: int, seed: int) -> np.ndarray:
@@ -200,40 +142,108 @@ class Regrouped:
 Segment = Tuple[int, ...]  # (R, W, B, steps) without affinity; (R, W, B, steps, nodes, columns) with it
 
 
+class NodeKept:
+    """``grouped`` (a :class:`Regrouped` level 0) with each node's part reordered as ``even``
+    plans it: the samples the node keeps, in order, then those it leaves out (``left``: sorted
+    positions of ``grouped``); the stretches of the kept ones pass over the left-out ones inside
+    them (their drops), as :func:`~.resume.kept_first_runs` says."""
+
+    def __init__(self, grouped: Regrouped, left: np.ndarray) -> None:
+        self.grouped, self.left = grouped, np.asarray(left, dtype=np.int64)
+        self.schedule, self.epoch, self.shuffle, self.level = grouped.schedule, grouped.epoch, grouped.shuffle, 0
+        self.total, self.bounds, self.node_totals = grouped.total, grouped.bounds, grouped.node_totals
+        self.cuts = np.searchsorted(self.left, self.bounds)
+
+    def runs(self, lo: int, hi: int) -> List[Stretch]:
+        """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
+        out: List[Stretch] = []
+        bounds = self.bounds
+        for n in range(max(0, int(np.searchsorted(bounds, lo, "right")) - 1), int(np.searchsorted(bounds, hi, "left"))):
+            b0, b1 = int(bounds[n]), int(bounds[n + 1])
+            a, b = max(lo, b0) - b0, min(hi, b1) - b0
+            if b > a:
+                left = self.left[self.cuts[n]:self.cuts[n + 1]] - b0
+                out += kept_first_runs(partial(_shifted, self.grouped, b0), b1 - b0, left, a, b)
+        return merged_runs(out)
+
+
+def _shifted(seq: Regrouped, base: int, lo: int, hi: int) -> List[Stretch]:
+    return seq.runs(base + lo, base + hi)
+
+
+def node_left_out(grouped: Regrouped, steps: int, per_step: int, schedule: Schedule, epoch: int) -> np.ndarray:
+    """The positions of ``grouped`` that ``even`` leaves out: node ``n``'s ``T_n − steps·L·B``,
+    one drawn in each of as many equal stretches of its part (as
+    :func:`~.ownership.left_out_positions` draws them over a whole epoch: one node gives the same),
+    from one generator seeded by (seed, epoch), node after node."""
+    rng = np.random.default_rng(seeds.left_out(schedule.seed, epoch))
+    out = []
+    for n, total in enumerate(grouped.node_totals.tolist()):
+        left = total - steps * per_step
+        if left > 0:
+            edges = (np.arange(left + 1, dtype=np.int64) * total) // left
+            out.append(int(grouped.bounds[n]) + rng.integers(edges[:-1], edges[1:]).astype(np.int64))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
 def _segment_steps(totals: np.ndarray, per_step: int, schedule: Schedule) -> int:
     if schedule.policy == "even":
         return int((totals // per_step).min())
     return int((-(-totals // per_step)).max())
 
 
-def node_spans(grouped: Regrouped, layout: Layout, nodes: Nodes, columns: bool, schedule: Schedule,
+def node_spans(grouped: Any, layout: Layout, nodes: Nodes, columns: bool, schedule: Schedule,
                steps: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Spans of an affine segment over ``grouped``: ``(bounds, owners, slots)``; span ``i`` is
-    ``[bounds[i], bounds[i+1])``, read by global worker ``owners[i]`` (a column when
-    ``columns``) with slot ``slots[i]``; ``-1``/0 for a node's tail that no one reads (``even``)."""
+    """Spans of an affine segment over ``grouped`` (node by node): ``(bounds, owners, slots)``;
+    span ``i`` is ``[bounds[i], bounds[i+1])``, read by global worker ``owners[i]`` (a column when
+    ``columns``) with slot ``slots[i]``; ``-1``/0 for a node's samples that no one reads
+    (``even``). A node's samples are cut among its ranks as a whole epoch is among all ranks
+    (:func:`~.ownership.span_bounds` over the node's layout): ``even`` gives every worker
+    ``steps × slot``; ``exact`` fills the node's steps and deals its last step position by
+    position, so no rank of a node gets only padding where its samples allow."""
     planned = layout.planned(columns)
+    node_layout = Layout(nodes.ranks_per_node, layout.workers, layout.batch_size).planned(columns)
     g = np.arange(planned.global_workers, dtype=np.int64)
     rank = g // planned.workers
     node_of_g = (rank % layout.world_size if columns else rank) // nodes.ranks_per_node
     slot_of_g = np.tile(np.asarray(planned.slots, dtype=np.int64), planned.world_size)
-    per_step = nodes.ranks_per_node * layout.batch_size
     bounds, owners, slots = [], [], []
     for n in range(nodes.count):
-        members = g[node_of_g == n]
-        c = np.zeros(len(members) + 1, dtype=np.int64)
-        np.cumsum(slot_of_g[members], out=c[1:])
+        members = g[node_of_g == n]  # in the order of the node's own layout (ranks, or columns p·L + r)
         total = int(grouped.node_totals[n])
-        local = steps * c if schedule.policy == "even" else (total * c) // per_step
+        local = steps * slot_starts(node_layout) if schedule.policy == "even" else span_bounds(total, node_layout,
+                                                                                                schedule)
         bounds.append(int(grouped.bounds[n]) + local)
         owners += [members, np.array([-1])]
         slots += [slot_of_g[members], np.array([0])]
     return np.concatenate(bounds + [np.array([grouped.total])]), np.concatenate(owners), np.concatenate(slots)
 
 
+def level_zero(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch: int, first: Segment,
+               shuffle: int) -> Any:
+    """The epoch's sequence as the layout that planned it first (``first``, a segment; its steps
+    are not read) cuts it: without affinity the samples kept then those ``even`` leaves out
+    (:class:`~.resume.Remaining`); with it the nodes' parts one after the other (:class:`Regrouped`),
+    each node's kept samples then its left-out ones (:class:`NodeKept`, ``even``)."""
+    if len(first) == 4:
+        left = left_out_positions(ep.total, Layout(*map(int, first[:3])), schedule, epoch)
+        return Remaining(ep.total, schedule, epoch, (), shuffle, left)
+    layout, count = Layout(*map(int, first[:3])), int(first[4])
+    nodes = Nodes(count, layout.world_size // count)
+    grouped = Regrouped(Remaining(ep.total, schedule, epoch, (), shuffle), ep,
+                        node_owner(counts, nodes.count, schedule.seed), nodes.count)
+    if schedule.policy != "even":
+        return grouped
+    per_step = nodes.ranks_per_node * layout.batch_size
+    steps = _segment_steps(grouped.node_totals, per_step, schedule)
+    return NodeKept(grouped, node_left_out(grouped, steps, per_step, schedule, epoch))
+
+
 def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch: int,
-                    segments: Sequence[Segment], shuffle: int) -> Remaining:
-    """The sequence left of ``epoch`` after ``segments`` (with or without affinity; module doc)."""
-    level = Remaining(ep.total, schedule, epoch, (), shuffle)
+                    segments: Sequence[Segment], shuffle: int, first: Segment) -> Any:
+    """The sequence left of ``epoch`` after ``segments`` (with or without affinity; module doc);
+    ``first``: the segment that planned the epoch when there are none yet (the plan being made)."""
+    level = level_zero(counts, ep, schedule, epoch, segments[0] if segments else first, shuffle)
     for k, seg in enumerate(segments):
         steps, seed_of = int(seg[3]), partial(seeds.segment_shuffle, schedule.seed, epoch, k)
         if len(seg) == 4:
@@ -245,7 +255,8 @@ def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, 
         else:
             layout, columns = Layout(int(seg[0]), int(seg[1]), int(seg[2])), bool(seg[5])
             nodes = Nodes(int(seg[4]), layout.world_size // int(seg[4]))
-            source = Regrouped(level, ep, node_owner(counts, nodes.count, schedule.seed), nodes.count)
+            source = level if k == 0 else Regrouped(level, ep, node_owner(counts, nodes.count, schedule.seed),
+                                                    nodes.count)
             planned = _segment_steps(source.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
             bounds, owners, slots = node_spans(source, layout, nodes, columns, schedule, planned)
             seed_of = partial(lambda owners, base, i: base(int(owners[i])), owners, seed_of)
@@ -272,7 +283,8 @@ class AffinePlan:
         self.columns, self.shuffle, self.segments = bool(columns), shuffle, tuple(segments)
         self.ep = epoch_layout(counts, Layout(1, 1, 1), schedule, epoch)
         fixed = schedule.policy == "fixed"
-        rest = remaining_after(counts, self.ep, schedule, epoch, () if fixed else self.segments, shuffle)
+        segments = () if fixed else self.segments
+        rest = remaining_after(counts, self.ep, schedule, epoch, segments, shuffle, self.segment(0))
         planned = layout.planned(self.columns)
         if nodes is None:
             self.sequence = rest
@@ -280,7 +292,8 @@ class AffinePlan:
             self.bounds = span_bounds(rest.total, planned, schedule)
             self.owners = np.arange(planned.global_workers, dtype=np.int64)
         else:
-            self.sequence = Regrouped(rest, self.ep, node_owner(counts, nodes.count, schedule.seed), nodes.count)
+            self.sequence = rest if not segments else Regrouped(rest, self.ep, node_owner(counts, nodes.count,
+                                                                                          schedule.seed), nodes.count)
             self.steps = _segment_steps(self.sequence.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
             self.bounds, self.owners, _ = node_spans(self.sequence, layout, nodes, self.columns, schedule, self.steps)
         if fixed:
@@ -290,6 +303,16 @@ class AffinePlan:
         self.span[self.owners[real]] = np.flatnonzero(real)
         self.left_out = 0 if fixed else int(rest.total - np.diff(self.bounds)[real].sum())
         self.last = planned.global_workers - 1
+
+    def segment(self, steps: int) -> Segment:
+        """What a loader state records when this plan has run ``steps`` steps of its epoch (its
+        layout as planned without affinity; with it, the real layout, the node count and whether
+        it read interleaved)."""
+        if self.nodes is None:
+            planned = self.layout.planned(self.columns)
+            return (planned.world_size, planned.workers, planned.batch_size, int(steps))
+        layout = self.layout
+        return (layout.world_size, layout.workers, layout.batch_size, int(steps), self.nodes.count, int(self.columns))
 
     def _plan(self, g: int, rank: int, worker: int, slot: int, offset: int, seed: Optional[int]) -> WorkerPlan:
         i = int(self.span[g])
@@ -314,3 +337,7 @@ class AffinePlan:
         if not self.columns:
             raise ValueError("a plan of spans gives worker(rank, worker)")
         return tuple(self._plan(q, q, 0, 1, 0, None) for q in self.layout.columns(rank, worker))
+
+
+__all__ = ["AffinePlan", "NodeKept", "Nodes", "Regrouped", "level_zero", "node_left_out", "node_owner", "node_spans",
+           "ranks_per_node", "remaining_after", "resolve_nodes"]

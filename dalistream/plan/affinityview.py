@@ -12,6 +12,7 @@ from . import seeds
 from .affinity import AffinePlan, Nodes, node_owner
 from .layout import Layout, Schedule
 from .quality import batches_quality
+from .resume import Stretch
 from .shuffle import shuffled
 
 
@@ -21,14 +22,17 @@ def affine_rank_batches(counts: Sequence[int], layout: Layout, nodes: Nodes, sch
     batch_size)``, ``-1`` for padding (as :func:`~.quality.rank_batches`)."""
     counts = np.asarray(counts, dtype=np.int64)
     plan = AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns, shuffle=0 if columns else buffer)
-    ep, seq = plan.ep, plan.sequence
+    ep = plan.ep
     written = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=written[1:])
-    ids = np.repeat(written[ep.order] - ep.starts[:-1], counts[ep.order]) + np.arange(ep.total, dtype=np.int64)
-    # position of the node-grouped sequence -> epoch position (a whole epoch: pieces without drops)
-    sizes = seq.stop - seq.start
-    at = np.repeat(seq.start - seq.cum[:-1], sizes) + np.arange(seq.total, dtype=np.int64)
-    ids = ids[at] if len(at) else ids[:0]
+    by_position = np.repeat(written[ep.order] - ep.starts[:-1], counts[ep.order]) + np.arange(ep.total, dtype=np.int64)
+    # the sample ids of the spans read, one block of consecutive spans (a node's) at a time
+    ids = np.full(int(plan.bounds[-1]), -1, dtype=np.int64)
+    real = np.flatnonzero(plan.owners >= 0)
+    for block in np.split(real, np.flatnonzero(np.diff(real) > 1) + 1):
+        if len(block):
+            lo, hi = int(plan.bounds[block[0]]), int(plan.bounds[block[-1] + 1])
+            ids[lo:hi] = by_position[epoch_positions(plan.sequence.runs(lo, hi), hi - lo)]
     steps, planned = plan.steps, layout.planned(columns)
     out = np.full((layout.world_size, steps, layout.batch_size), -1, dtype=np.int64)
     for g in range(planned.global_workers):
@@ -47,6 +51,25 @@ def affine_rank_batches(counts: Sequence[int], layout: Layout, nodes: Nodes, sch
         n = min(hi - lo, steps * slot)
         emitted[:n] = ids[lo + pick[:n]]
         out[r, :, first:first + slot] = emitted.reshape(steps, slot)
+    return out
+
+
+def epoch_positions(runs: Sequence[Stretch], size: int) -> np.ndarray:
+    """The epoch positions ``runs`` hold (``size`` of them), in order, their drops left out."""
+    if not runs:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.fromiter((r.start for r in runs), np.int64, len(runs))
+    lengths = np.fromiter((r.stop - r.start for r in runs), np.int64, len(runs))
+    offsets = np.zeros(len(runs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    out = np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
+    keep = np.ones(len(out), dtype=bool)
+    for j, r in enumerate(runs):
+        if r.drop:
+            keep[offsets[j] + np.asarray(r.drop, dtype=np.int64) - r.start] = False
+    out = out[keep]
+    if len(out) != size:
+        raise ValueError(f"runs hold {len(out)} positions, not {size}")
     return out
 
 

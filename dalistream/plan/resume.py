@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 
@@ -55,6 +55,7 @@ def segment_layout(segment: Sequence[int]) -> Layout:
     return Layout(int(segment[0]), int(segment[1]), int(segment[2]))
 
 
+
 @lru_cache(maxsize=4096)
 def _emitted(count: int, total: int, size: int, seed: int) -> Tuple[int, ...]:
     return tuple(sorted(emitted_indices(count, total, size, seed)))
@@ -69,21 +70,19 @@ def delivered_ordinals(count: int, total: int, shuffle: int, seed: int) -> Tuple
 
 
 def kth_positions(runs: Sequence[Stretch], ks: Sequence[int]) -> List[int]:
-    """Epoch positions of the ``ks``-th (sorted) kept positions of ``runs``."""
-    out, base, it = [], 0, iter(ks)
-    k = next(it, None)
-    for run in runs:
-        if k is None:
-            break
+    """Epoch positions of the ``ks``-th kept positions of ``runs`` (those past the runs' end left out)."""
+    ks = np.asarray(ks, dtype=np.int64)
+    cum = np.zeros(len(runs) + 1, dtype=np.int64)
+    np.cumsum([r.size for r in runs], out=cum[1:])
+    ks = ks[ks < cum[-1]]
+    which = np.searchsorted(cum, ks, side="right") - 1
+    out = np.empty(len(ks), dtype=np.int64)
+    for j in np.unique(which).tolist():
+        run, at = runs[j], which == j
+        i = ks[at] - cum[j]  # the i-th kept position of the run: start + i + (drops at or before it)
         drop = np.asarray(run.drop, dtype=np.int64)
-        while k is not None and k < base + run.size:
-            i = k - base  # the i-th kept position of the run: start + i + (drops at or before it)
-            pos = run.start + i
-            j = int(np.searchsorted(drop - run.start - np.arange(len(drop)), i, side="right"))
-            out.append(pos + j)
-            k = next(it, None)
-        base += run.size
-    return out
+        out[at] = run.start + i + np.searchsorted(drop - run.start - np.arange(len(drop)), i, side="right")
+    return out.tolist()
 
 
 class Remaining:
@@ -179,15 +178,30 @@ class Remaining:
 
 def _level_zero_runs(left: np.ndarray, total: int, lo: int, hi: int) -> List[Stretch]:
     """Positions ``[lo, hi)`` of an epoch's sequence of the samples kept, then those ``left`` out,
-    as runs of epoch positions (the left-out ones inside a run of kept samples: its drops)."""
+    as runs of epoch positions (:func:`kept_first_runs` of the epoch sequence)."""
+    return kept_first_runs(lambda x, y: [Stretch(x, y)], total, left, lo, hi)
+
+
+def kept_first_runs(runs: Callable[[int, int], List[Stretch]], total: int, left: np.ndarray, lo: int,
+                    hi: int) -> List[Stretch]:
+    """Positions ``[lo, hi)`` of a sequence of ``total`` positions reordered: those not in ``left``
+    (sorted) in their order, then those of ``left``; ``runs(x, y)`` gives positions ``[x, y)`` of
+    the sequence itself as runs. A stretch of kept positions reads the sequence from its first
+    position up to the next kept one (or just past its last, at the end), the left-out positions
+    inside as its drops: the stretches of :meth:`~.ownership.EpochLayout.parts`."""
     if not len(left):
-        return [Stretch(lo, hi)]
+        return runs(lo, hi)
     kept = total - len(left)
     out: List[Stretch] = []
     if min(hi, kept) > lo:
-        start, last = (int(p) for p in kept_positions(left, np.array([lo, min(hi, kept) - 1])))
-        out.append(Stretch(start, last + 1, tuple(left[(left > start) & (left < last)].tolist())))
-    out += [Stretch(int(p), int(p) + 1) for p in left[max(lo, kept) - kept:max(hi, kept) - kept]]
+        b = min(hi, kept)
+        x, last = (int(p) for p in kept_positions(left, np.array([lo, b - 1])))
+        y = int(kept_positions(left, np.array([b]))[0]) if b < kept else last + 1
+        inner = runs(x, y)
+        holes = left[(left > x) & (left < y)] - x  # ordinals over the sequence's positions [x, y)
+        out += _with_drops(inner, kth_positions(inner, holes))
+    for h in left[max(lo, kept) - kept:max(hi, kept) - kept].tolist():
+        out += runs(h, h + 1)
     return merged_runs(out)
 
 
@@ -303,6 +317,7 @@ def runs_to_parts(ep: EpochLayout, runs: Sequence[Stretch]) -> Tuple[List[Part],
             i += 1
         raw += run.stop - run.start
     return parts, drop
+
 
 
 def remaining_summary(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,

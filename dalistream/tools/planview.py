@@ -221,7 +221,7 @@ def affinity_view(args: argparse.Namespace, counts, layout: Layout, schedule: Sc
     samples per node, steps, left out, padding), with ``--shuffle-quality`` its batch mixing
     beside the plain order's, with ``--from-nodes M`` what each node's cache keeps after the
     job moves from M nodes to N."""
-    from ..plan.affinity import resolve_nodes
+    from ..plan.nodes import resolve_nodes
     from ..plan.affinityview import affine_shuffle_quality, affine_summary, cache_kept
 
     if counts is None:

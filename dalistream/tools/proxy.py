@@ -6,7 +6,10 @@ upstream (a moto or MinIO S3 endpoint, an HTTP file server). Each answer is held
 ``rate`` bytes per second per connection, as a single TCP stream from a far region behaves.
 For tests it can also inject faults, a bounded number of times: cut a connection once
 ``cut_after`` bytes of answers went through it, or answer the first request of a connection
-with ``status`` (503: an S3 SlowDown error) instead of forwarding it.
+with ``status`` (503: an S3 SlowDown error) instead of forwarding it. It counts what it forwards,
+message by message (HTTP/1.1 framing by ``Content-Length``): requests by method and the bytes of
+answer bodies (``counts()``: a HEAD's answer has none), so a test can tell what was read from
+the store.
 
 It runs in threads of the calling process, as a context manager::
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections import Counter, deque
 import socket
 import threading
 import time
@@ -47,6 +51,44 @@ def parse_shape(text: str) -> Tuple[float, float]:
     return latency, rate
 
 
+class Framing:
+    """Follows one direction of an HTTP/1.1 connection as its bytes pass: calls ``on_head(head)``
+    at each message's head, which returns the length of its body (``None``: to the close of the
+    connection); :meth:`feed` returns how many of the bytes given were body bytes."""
+
+    def __init__(self, on_head: Any) -> None:
+        self.on_head = on_head
+        self.head = b""
+        self.left = 0
+        self.to_close = False
+
+    def feed(self, data: bytes) -> int:
+        body = 0
+        while data:
+            if self.to_close:
+                return body + len(data)
+            if self.left:
+                n = min(self.left, len(data))
+                self.left, body, data = self.left - n, body + n, data[n:]
+                continue
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return body
+            head, data, self.head = self.head[:end + 4], self.head[end + 4:], b""
+            length = self.on_head(head)
+            self.to_close, self.left = length is None, length or 0
+        return body
+
+
+def _header(head: bytes, name: bytes) -> Optional[bytes]:
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name:
+            return value.strip()
+    return None
+
+
 class ShapingProxy:
     """A loopback TCP proxy in front of ``upstream`` (``http://host:port``); see the module doc.
 
@@ -64,6 +106,8 @@ class ShapingProxy:
         self.latency_s, self.rate = latency_s, rate
         self.cut_after, self.status, self.left = cut_after, status, faults
         self.injected = self.connections = self.open = self.peak_open = 0
+        self.requests: Counter = Counter()  # by method
+        self.body_bytes = 0  # bytes of answer bodies forwarded
         self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(0.2)
@@ -79,6 +123,37 @@ class ShapingProxy:
         self.stop_event.set()
         self.thread.join(5)
         self.listener.close()
+
+    def counts(self) -> Dict[str, int]:
+        """What was forwarded so far: ``requests`` (all), ``GET``, ``HEAD``, … (by method) and
+        ``body_bytes`` (of the answers: what the store sent of its objects and listings)."""
+        with self.lock:
+            return {"requests": sum(self.requests.values()), **self.requests, "body_bytes": self.body_bytes}
+
+    def _framings(self) -> Tuple[Framing, Framing]:
+        """The observers of one connection's requests and answers."""
+        methods: deque = deque()
+
+        def request(head: bytes) -> int:
+            method = head.split(b" ", 1)[0].decode("latin-1")
+            methods.append(method)
+            with self.lock:
+                self.requests[method] += 1
+            if _header(head, b"transfer-encoding"):
+                return None  # type: ignore[return-value]  # (chunked uploads: counted to the close)
+            return int(_header(head, b"content-length") or 0)
+
+        def answer(head: bytes) -> Optional[int]:
+            status = int(head.split(b" ", 2)[1]) if head.count(b" ") >= 1 else 0
+            if 100 <= status < 200:
+                return 0  # (100 Continue: the real answer follows)
+            method = methods.popleft() if methods else "GET"
+            if method == "HEAD" or status in (204, 304):
+                return 0
+            length = _header(head, b"content-length")
+            return int(length) if length is not None and not _header(head, b"transfer-encoding") else None
+
+        return Framing(request), Framing(answer)
 
     def _fault(self) -> bool:
         with self.lock:
@@ -118,9 +193,11 @@ class ShapingProxy:
                 return
             upstream = socket.create_connection(self.upstream)
             asked = [time.monotonic()]  # when the request now being answered went out (None: answer started)
+            requests, answers = self._framings()
+            requests.feed(head)
             upstream.sendall(head)
-            threading.Thread(target=self._requests, args=(client, upstream, asked), daemon=True).start()
-            self._answers(client, upstream, asked)
+            threading.Thread(target=self._requests, args=(client, upstream, asked, requests), daemon=True).start()
+            self._answers(client, upstream, asked, answers)
         except OSError:
             return
         finally:
@@ -134,7 +211,7 @@ class ShapingProxy:
                         pass
                     s.close()
 
-    def _requests(self, client: socket.socket, upstream: socket.socket, asked: list) -> None:
+    def _requests(self, client: socket.socket, upstream: socket.socket, asked: list, framing: Framing) -> None:
         """Client → upstream: forward requests, noting when each went out."""
         try:
             while True:
@@ -143,11 +220,12 @@ class ShapingProxy:
                     break
                 if asked[0] is None:
                     asked[0] = time.monotonic()
+                framing.feed(data)
                 upstream.sendall(data)
         except OSError:
             pass
 
-    def _answers(self, client: socket.socket, upstream: socket.socket, asked: list) -> None:
+    def _answers(self, client: socket.socket, upstream: socket.socket, asked: list, framing: Framing) -> None:
         """Upstream → client: delay each answer's first byte, cap the rate, inject cuts."""
         sent = 0
         began, paced = time.monotonic(), 0
@@ -155,6 +233,9 @@ class ShapingProxy:
             data = upstream.recv(65536)
             if not data:
                 return
+            body = framing.feed(data)
+            with self.lock:
+                self.body_bytes += body
             if asked[0] is not None:  # the first bytes of a new answer
                 wait = asked[0] + self.latency_s - time.monotonic()
                 if wait > 0:

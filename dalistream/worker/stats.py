@@ -7,8 +7,8 @@ the epoch that no one owns, counted by the job's last global worker, so the sum 
 what the epoch left out),
 skips by ``"samples:<reason>"``/``"shards:<reason>"`` (all epochs, and per epoch in
 ``skipped_by_epoch``), the four totals per epoch too (``totals_by_epoch``: a worker reads a few
-batches ahead, into the next epoch, and what it read there is counted there), remote I/O
-counters, and seconds: ``io_wait_s`` blocked opening and reading shard bytes; ``read_s`` reading, parsing tar
+batches ahead, into the next epoch, and what it read there is counted there), remote I/O and
+byte-cache counters (``io``, and per epoch ``io_by_epoch``), and seconds: ``io_wait_s`` blocked opening and reading shard bytes; ``read_s`` reading, parsing tar
 and checking samples (includes ``io_wait_s``); ``batch_s`` assembling padded batches; ``wall_s``
 since the worker started. ``wall_s - read_s - batch_s`` is time the worker was idle, its batches
 not yet taken: the pipeline (decode) or the training step is the limit.
@@ -30,7 +30,8 @@ from ..io.local import write_atomic
 from .policy import skip_totals
 
 WORKER_FIELDS = ("rank", "worker", "epoch", "step", "samples", "padded", "bytes", "dropped", "io_wait_s", "read_s",
-                 "batch_s", "wall_s", "skipped", "io", "skipped_by_epoch", "totals_by_epoch")
+                 "batch_s", "wall_s", "skipped", "io", "skipped_by_epoch", "totals_by_epoch", "io_by_epoch")
+IO_SUMS = tuple(k for k in IOCounters.FIELDS if k not in IOCounters.PEAKS)  # the I/O counters summed per epoch
 TOTALS = ("samples", "padded", "bytes", "dropped")
 WRITE_INTERVAL_S = 0.5  # counters are written at most this often while batches flow
 SKIP_FLUSH_S = 0.05     # and soon after a skip, so the loader sees the skips of delivered batches
@@ -42,11 +43,12 @@ class WorkerStats:
 
     def __init__(self, path: Optional[str], rank: int, worker: int) -> None:
         self.path = path
+        self.io = IOCounters()  # remote requests, retries, resumes, cache use of this worker
+        self.io_by_epoch: Dict[int, Counter] = {}  # the additive ones per epoch, up to the current one's start
         self.rank, self.worker, self.epoch = rank, worker, 0
         self.step = self.samples = self.padded = self.bytes = self.dropped = 0
         self.read_s = self.batch_s = 0.0
         self.io_clock = ReadClock()
-        self.io = IOCounters()  # remote requests, retries, resumes of this worker
         self.skipped_by_epoch: Dict[int, Counter] = {}
         self.totals_by_epoch: Dict[int, Counter] = {}
         self._last = 0.0
@@ -55,6 +57,24 @@ class WorkerStats:
         self._lock = threading.Lock()
         self._timer: Optional[threading.Timer] = None
         self._t0 = time.perf_counter()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being read; what the I/O counters grow by from now on is this epoch's."""
+        return self._epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        now = self.io.as_dict()
+        if hasattr(self, "_epoch"):
+            self.io_by_epoch.setdefault(self._epoch, Counter()).update(self.io.since(self._io_mark))
+        self._epoch, self._io_mark = value, now
+
+    def io_epochs(self) -> Dict[str, Dict[str, int]]:
+        """The I/O counters of :data:`IO_SUMS` per epoch (the current one's so far)."""
+        out = {e: Counter(c) for e, c in self.io_by_epoch.items()}
+        out.setdefault(self._epoch, Counter()).update(self.io.since(self._io_mark))
+        return {str(e): {k: c.get(k, 0) for k in IO_SUMS} for e, c in sorted(out.items()) if any(c.values())}
 
     @property
     def skipped(self) -> Counter:
@@ -85,6 +105,7 @@ class WorkerStats:
             "skipped": dict(self.skipped), "io": self.io.as_dict(),
             "skipped_by_epoch": {str(e): dict(c) for e, c in self.skipped_by_epoch.items() if c},
             "totals_by_epoch": {str(e): dict(c) for e, c in self.totals_by_epoch.items() if c},
+            "io_by_epoch": self.io_epochs(),
         }
 
     def maybe_write(self) -> None:
@@ -168,20 +189,30 @@ def read_workers(directory: str) -> List[Dict[str, Any]]:
 def summarize(workers: List[Dict[str, Any]], through: int) -> Dict[str, Any]:
     """Sums over workers of the epochs up to ``through`` (the workers' read-ahead into later
     epochs left out): :data:`TOTALS`, skips (``skipped_samples``, ``skipped_shards``, ``skipped``
-    by kind and reason) and a mix's samples per source (``sources``); ``by_epoch[e]`` holds the
-    same for every epoch alone; ``workers`` keeps each worker's own counters."""
+    by kind and reason), a mix's samples per source (``sources``) and the I/O counters of
+    :data:`IO_SUMS` (``io``: remote requests and bytes, the byte cache's hits and bytes);
+    ``by_epoch[e]`` holds the same for every epoch alone; ``workers`` keeps each worker's own
+    counters."""
     by_epoch: Dict[int, Counter] = {}
+    io: Dict[int, Counter] = {}
     for w in workers:
         for key in ("skipped_by_epoch", "totals_by_epoch"):
             for epoch, counts in w.get(key, {}).items():
                 by_epoch.setdefault(int(epoch), Counter()).update(counts)
+        for epoch, counts in w.get("io_by_epoch", {}).items():
+            io.setdefault(int(epoch), Counter()).update(counts)
+            by_epoch.setdefault(int(epoch), Counter())
 
-    def sums(counts: Counter) -> Dict[str, Any]:
+    def sums(counts: Counter, io_counts: Counter) -> Dict[str, Any]:
         return {**{k: counts.get(k, 0) for k in TOTALS}, **skip_totals(counts),
-                "sources": {k.partition(":")[2]: v for k, v in counts.items() if k.startswith("source:")}}
+                "sources": {k.partition(":")[2]: v for k, v in counts.items() if k.startswith("source:")},
+                "io": {k: io_counts.get(k, 0) for k in IO_SUMS}}
 
     delivered: Counter = Counter()
+    delivered_io: Counter = Counter()
     for epoch, counts in by_epoch.items():
         if epoch <= through:
             delivered.update(counts)
-    return {"workers": workers, **sums(delivered), "by_epoch": {e: sums(c) for e, c in sorted(by_epoch.items())}}
+            delivered_io.update(io.get(epoch, Counter()))
+    return {"workers": workers, **sums(delivered, delivered_io),
+            "by_epoch": {e: sums(c, io.get(e, Counter())) for e, c in sorted(by_epoch.items())}}

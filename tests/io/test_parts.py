@@ -237,3 +237,45 @@ def test_options_and_shape_parsing():
         parse_shape("fast")
     with pytest.raises(ConfigError, match="plain http"):
         ShapingProxy("https://s3.amazonaws.com")
+
+
+@pytest.mark.parametrize("part_kib", [100, 48, 64, 200])
+def test_through_a_byte_cache_the_reader_reads_what_the_read_ahead_fetched(shards, tmp_path, part_kib):
+    """Through a cache the read-ahead fetches parts of any size into it (each block once, parts on
+    its blocks' bounds) and the reader reads them from there: the bytes of a direct read; read
+    again, nothing is fetched."""
+    from dalistream.io.cache import ByteCache
+    from dalistream.io.cachesim import blocks
+
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    cache = ByteCache(str(folder), None, block_bytes=64 * KiB)
+    urls = [u for u in shards["s3"] if not u.endswith(".gz")]
+    sizes = [os.path.getsize(os.path.join(shards["local"], u.rsplit("/", 1)[1])) for u in urls]
+    ranges = [(1000, None), (70_000, sizes[1] - 5000), (0, 131_072)]
+    options = {"endpoint_url": shards["endpoint"], "part_bytes": part_kib * KiB, "parts_in_flight": 4, "cache": cache}
+    direct = bytes_of(urls, {"endpoint_url": shards["endpoint"]}, ranges=ranges)
+    cold, warm = IOCounters(), IOCounters()
+    assert bytes_of(urls, options, cold, ranges) == direct
+    wanted = sum(len(blocks(s, sizes[i] if e is None else e, 64 * KiB)) for i, (s, e) in enumerate(ranges))
+    assert cold.cache_misses == wanted and cold.bytes == cold.cache_written_bytes  # each block fetched once
+    assert cold.cache_hits <= wanted  # read from the cache by the reader (but those it reached first and fetched)
+    assert bytes_of(urls, options, warm, ranges) == direct
+    assert (warm.cache_misses, warm.bytes, warm.cache_hits) == (0, 0, wanted)
+
+
+def test_aligned_part_sizes():
+    from dalistream.io.parts import aligned_part
+
+    assert aligned_part(8 << 20, 4 << 20) == 8 << 20 and aligned_part(10 << 20, 4 << 20) == 8 << 20
+    assert aligned_part(1 << 20, 4 << 20) == 1 << 20 and aligned_part(3 << 20, 4 << 20) == 2 << 20
+    assert aligned_part(5000, 12288) == 4096  # (a divisor of the block)
+    for part in range(1000, 20000, 777):
+        size = aligned_part(part, 12288)
+        assert size <= max(part, 12288) and (size % 12288 == 0 or 12288 % size == 0)
+    from dalistream.io.parts import PartFetcher
+
+    fetcher = PartFetcher([], remote_options({"part_bytes": 30000}), start=0)
+    assert fetcher._length(5000, None) == 30000  # without a cache: part_bytes from anywhere
+    fetcher.align = aligned_part(30000, 12288)  # (what a cache of 12 KiB blocks sets)
+    assert [fetcher._length(p, 100_000) for p in (5000, 24576, 90000)] == [19576, 24576, 8304]  # to the next bound

@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dalistream.errors import ConfigError, StateError
-from dalistream.plan import Layout, ResumePlan, Schedule
-from dalistream.plan.affinity import AffinePlan, Nodes, node_owner, ranks_per_node, resolve_nodes
-from dalistream.plan.affinityview import affine_rank_batches, affine_shuffle_quality, affine_summary, cache_kept
+from dalistream.plan import Layout, ResumePlan, Schedule, epoch_layout, worker_columns, worker_plan
+from dalistream.plan.affinity import AffinePlan, Nodes, node_owner
+from dalistream.plan.nodes import ranks_per_node, resolve_nodes
+from dalistream.plan.affinityview import affine_rank_batches, epoch_positions, affine_shuffle_quality, affine_summary, cache_kept
 from dalistream.plan.quality import rank_batches, shuffle_quality
 from dalistream.plan.shuffle import shuffled
 
@@ -163,6 +164,118 @@ def test_without_nodes_it_is_the_plain_resume_plan(counts, layouts, steps, polic
             assert (a.parts, a.drop, a.samples, a.shuffle_seed) == (tuple(p for p in b.parts if p[2] > p[1]), b.drop,
                                                                     b.samples, b.shuffle_seed)
         segments.append((layout.world_size, layout.workers, layout.batch_size, min(steps[k], theirs.steps)))
+
+
+def plain_plans(counts, layout, schedule, epoch, columns):
+    """The plans a worker reads today without affinity (no resume): worker_plan / worker_columns."""
+    for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
+        if columns:
+            yield from worker_columns(counts, len(counts), layout, schedule, epoch, r, w)
+        else:
+            yield worker_plan(counts, len(counts), layout, schedule, epoch, r, w)
+
+
+def same_plans(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
+        assert (a.parts, a.drop, a.samples, a.steps, a.left_out) == (
+            tuple(p for p in b.parts if p[2] > p[1]), b.drop, b.samples, b.steps, b.left_out)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 40), min_size=1, max_size=20), ranks=st.integers(1, 5),
+       workers=st.integers(1, 3), batch=st.integers(1, 10), policy=st.sampled_from(["exact", "even"]),
+       columns=st.booleans(), one_node=st.booleans(), seed=st.integers(0, 99), epoch=st.integers(0, 3))
+def test_without_nodes_or_on_one_node_it_is_the_plain_plan(counts, ranks, workers, batch, policy, columns, one_node,
+                                                            seed, epoch):
+    """Parts, drops (even's left-out samples, spread and drawn per epoch), samples, steps and the
+    left-out count of every worker (every column) are those of worker_plan / worker_columns."""
+    layout, schedule = Layout(ranks, workers, max(workers, batch)), Schedule(seed, policy)
+    plan = AffinePlan(counts, layout, Nodes(1, ranks) if one_node else None, schedule, epoch, columns=columns)
+    same_plans([wp for wp, _ in plans_of(plan, layout)], plain_plans(counts, layout, schedule, epoch, columns))
+    assert plan.left_out == (sum(counts) - plan.steps * ranks * layout.batch_size if policy == "even" else 0)
+
+
+def rank_sizes(plan, layout):
+    """Samples in every rank's batch at every step: ``(ranks, steps)`` (a worker's span of ``m``
+    delivers ``min(slot, m − t·slot)`` at step ``t``, its shuffle buffer aside)."""
+    sizes = np.zeros((layout.world_size, plan.steps), dtype=np.int64)
+    t = np.arange(plan.steps)
+    for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
+        for wp in (plan.columns_of(r, w) if plan.columns else [plan.worker(r, w)]):
+            slot = 1 if plan.columns else layout.slots[w]
+            sizes[r] += np.clip(wp.samples - t * slot, 0, slot)
+    return sizes
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 60), min_size=4, max_size=24), spec=node_layouts(),
+       columns=st.booleans(), seed=st.integers(0, 99), epoch=st.integers(0, 3))
+def test_exact_deals_each_nodes_last_step_position_by_position(counts, spec, columns, seed, epoch):
+    """Under exact a node's steps are full up to its own last, whose samples are dealt one to every
+    rank's first position, then every rank's second...: at every step the batches of a node's ranks
+    differ by at most one sample, earlier ranks first, and a rank's batches only shrink; so a rank
+    of a node gets an empty batch only where its node has fewer samples left than ranks (or none)."""
+    layout, nodes = spec
+    if len(counts) < nodes.count:
+        return
+    plan = AffinePlan(counts, layout, nodes, Schedule(seed, "exact"), epoch, columns=columns)
+    sizes = rank_sizes(plan, layout)
+    per_node = plan.sequence.node_totals
+    per_step = nodes.ranks_per_node * layout.batch_size
+    for n in range(nodes.count):
+        mine = sizes[n * nodes.ranks_per_node:(n + 1) * nodes.ranks_per_node]
+        assert mine.sum() == per_node[n]
+        assert (mine[:-1] >= mine[1:]).all() and (mine[0] - mine[-1] <= 1).all()  # dealt by position
+        assert (mine[:, :-1] >= mine[:, 1:]).all()  # steps filled in order
+        own = -(-int(per_node[n]) // per_step)  # the node's own steps: all full but its last
+        assert (mine[:, :max(own - 1, 0)] == layout.batch_size).all() and (mine[:, own:] == 0).all()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 60), min_size=4, max_size=24), spec=node_layouts(),
+       columns=st.booleans(), seed=st.integers(0, 99))
+def test_even_leaves_out_samples_spread_over_each_node_and_drawn_per_epoch(counts, spec, columns, seed):
+    """Node n leaves out T_n − steps·L·B samples: one in each of as many equal stretches of its own
+    sequence (its shards in the epoch's order), not its tail, and passed over (drops) by the
+    workers reading around them; drawn anew each epoch."""
+    layout, nodes = spec
+    if len(counts) < nodes.count:
+        return
+    schedule, owner, per_step = Schedule(seed, "even"), node_owner(counts, nodes.count, seed), \
+        nodes.ranks_per_node * layout.batch_size
+    left_by_epoch = []
+    for epoch in range(3):
+        plan = AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns)
+        delivered, _ = run_segments(counts, schedule, epoch, [(layout, nodes, columns, None)], 0 if columns else 4)
+        ep = epoch_layout(counts, Layout(1, 1, 1), schedule, epoch)
+        position_owner = np.repeat(owner[ep.order], np.asarray(counts)[ep.order])
+        left = np.setdiff1d(np.arange(ep.total), delivered)
+        assert plan.left_out == len(left)
+        for n in range(nodes.count):
+            sequence = np.flatnonzero(position_owner == n)  # node n's sequence, as epoch positions
+            total, mine = len(sequence), np.flatnonzero(np.isin(sequence, left))  # indices in it
+            assert len(mine) == total - plan.steps * per_step
+            if len(mine):
+                edges = (np.arange(len(mine) + 1) * total) // len(mine)
+                assert (np.searchsorted(edges, mine, "right") - 1 == np.arange(len(mine))).all()
+        left_by_epoch.append(frozenset(left.tolist()))
+    if len(left_by_epoch[0]) >= 4 and sum(counts) >= 3 * len(left_by_epoch[0]):
+        assert len(set(left_by_epoch)) > 1  # (not the same samples every epoch)
+
+
+def test_the_plans_segment_is_what_a_state_records():
+    counts, layout = [30, 17, 25, 12], Layout(4, 2, 6)
+    assert AffinePlan(counts, layout, Nodes(2, 2), Schedule(), 0, columns=True).segment(3) == (4, 2, 6, 3, 2, 1)
+    assert AffinePlan(counts, layout, None, Schedule(), 0, columns=True).segment(3) == (24, 1, 1, 3)
+    assert AffinePlan(counts, layout, None, Schedule(), 0, columns=False).segment(0) == (4, 2, 6, 0)
+
+
+def test_epoch_positions_leave_out_drops_and_check_the_count():
+    from dalistream.plan.resume import Stretch
+
+    assert epoch_positions([Stretch(3, 7, (4, 6)), Stretch(10, 12)], 4).tolist() == [3, 5, 10, 11]
+    with pytest.raises(ValueError):
+        epoch_positions([Stretch(3, 7)], 3)
 
 
 @pytest.mark.parametrize("columns", [False, True])

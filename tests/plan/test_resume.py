@@ -66,14 +66,17 @@ def test_large_layouts(counts, layouts, fractions, policy, shuffle):
 
 
 @pytest.mark.parametrize("shuffle", [0, 8])
-def test_no_segment_is_the_plain_plan(shuffle):
-    """Without earlier segments the resumed plan is the epoch's own plan (same parts, steps, seed)."""
-    counts, layout, schedule = [5, 0, 9, 3, 7], Layout(2, 2, 4), Schedule(1, "exact")
-    plan = ResumePlan(counts, layout, schedule, 2, [], shuffle)
+@pytest.mark.parametrize("policy", ["exact", "even"])
+@pytest.mark.parametrize("epoch", [0, 1, 2])
+def test_no_segment_is_the_plain_plan(shuffle, policy, epoch):
+    """Without earlier segments the resumed plan is the epoch's own plan (same parts, steps, drops:
+    even's left-out samples are passed over by the same workers)."""
+    counts, layout, schedule = [5, 0, 9, 3, 7, 11, 4], Layout(2, 2, 4), Schedule(1, policy)
+    plan = ResumePlan(counts, layout, schedule, epoch, [], shuffle)
     for r, w in itertools.product(range(2), range(2)):
-        a, b = plan.worker(r, w), worker_plan(counts, len(counts), layout, schedule, 2, r, w)
+        a, b = plan.worker(r, w), worker_plan(counts, len(counts), layout, schedule, epoch, r, w)
         assert [p for p in b.parts if p[2] > p[1]] == list(a.parts)
-        assert (a.steps, a.samples, a.drop) == (b.steps, b.samples, ())
+        assert (a.steps, a.samples, a.drop, a.left_out) == (b.steps, b.samples, b.drop, b.left_out)
 
 
 def test_the_worked_example_four_ranks_to_three():

@@ -79,6 +79,38 @@ def test_ranged_reads_and_stat(backend, local_set):
     assert read_bytes(backend.url("ds/README.txt"), backend.options) == b"not a shard"
 
 
+def test_ranged_reads_through_the_byte_cache(backend, local_set, tmp_path):
+    """Every store's ranged reads go through the node-local cache: the second time, the same
+    ranges come from its blocks (the store is asked only for the object's version)."""
+    from dalistream.io.cache import ByteCache
+
+    name = "wds-00000.tar"
+    data = _local(local_set, name)
+    url = backend.url(f"ds/{name}")
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    cache = ByteCache(str(folder), None, block_bytes=16384)
+    ranges = [(0, 10), (512, 70000), (len(data) - 7, None), (1000, len(data))]
+
+    def read_all(options):
+        counters, before = IOCounters(), proxy.counts()
+        for start, end in ranges:
+            raw = RemoteRaw(url, start, options, counters, end=end)
+            try:
+                assert b"".join(iter(lambda: raw.read_chunk(1 << 14), b"")) == data[start:end], (start, end)
+            finally:
+                raw.close()
+        return counters, proxy.counts()["body_bytes"] - before["body_bytes"]
+
+    with ShapingProxy(backend.endpoint) as proxy:
+        options = {**backend.through(proxy.endpoint), "cache": cache}
+        first, sent = read_all(options)
+        assert first.cache_misses == -(-len(data) // 16384) and first.bytes == len(data) <= sent
+        again, sent = read_all(options)
+        assert (again.bytes, again.cache_misses, again.cache_hits) == (0, 0, first.cache_misses + first.cache_hits)
+        assert sent < 4 * 4096  # the versions' metadata alone, no object bytes
+
+
 def test_a_connection_cut_mid_read_is_resumed(backend, local_set):
     name = "wds-00000.tar"
     data = _local(local_set, name)

@@ -149,6 +149,36 @@ def test_compare_on_s3(shards, tmp_path, moto_endpoint):
 
 
 @pytest.mark.slow
+@pytest.mark.s3
+def test_cache_against_no_cache_and_the_local_copy(shards, tmp_path, moto_endpoint):
+    """--cache: dalistream reads S3 through a new cache folder per run, alternating with the same
+    sources without it and with the local copy read directly; epoch rates per system, and the
+    cached run's second epoch read nothing from the store. Every run's cache folder is removed."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=moto_endpoint)
+    client.create_bucket(Bucket="bench-cache")
+    for name in sorted(os.listdir(shards)):
+        client.upload_file(os.path.join(shards, name), "bench-cache", f"data/{name}")
+    os.environ["AWS_ENDPOINT_URL"] = moto_endpoint  # (aws_env restores)
+    caches = tmp_path / "caches"
+    caches.mkdir()
+    report, proc = run_bench(tmp_path, "s3://bench-cache/data/", "--pipeline", "read-only", "--batch-size", 16,
+                             "--workers", 2, "--repeats", 1, "--epochs", 2, "--cache", caches, "--local-copy", shards)
+    assert set(report["peers"]) == {"dalistream-nocache", "dalistream-local", "sequential-read"}
+    assert len(report["epoch_samples_per_s"]) == 2 and all(r > 0 for r in report["epoch_samples_per_s"])
+    for name in ("dalistream-nocache", "dalistream-local"):
+        assert all(r > 0 for r in report["peers"][name]["ratio"]["epoch_samples_per_s"])
+    by_epoch = report["worker_stats"]["by_epoch"]
+    assert by_epoch["0"]["io"]["cache_written_bytes"] > 0 and by_epoch["1"]["io"]["cache_hits"] > 0
+    assert by_epoch["1"]["io"]["bytes"] <= 4 << 20  # (read-ahead across the epochs' boundary aside)
+    assert "samples/s per epoch" in proc.stderr and "from the store" in proc.stderr
+    assert list(caches.iterdir()) == []
+    with pytest.raises(AssertionError, match="local-copy"):
+        run_bench(tmp_path, "s3://bench-cache/data/", "--repeats", 1, "--local-copy", os.path.join(shards, "*0.tar"))
+
+
+@pytest.mark.slow
 def test_sweep_over_shards(shards, tmp_path):
     report, _ = run_bench(tmp_path, shards, "--pipeline", "read-only", "--batch-size", 16, "--repeats", 1,
                           "--compare", "dali-native", "--sweep", "shards=2,4", "--lean-main")

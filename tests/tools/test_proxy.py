@@ -71,3 +71,26 @@ def test_shaped_sources_go_through_proxies(files):
     with pytest.raises(ConfigError, match="https"):
         with shaped(["https://host/x.tar"], {}, "5ms,10MB/s"):
             pass
+
+
+def test_it_counts_requests_by_method_and_answer_body_bytes(files):
+    """Kept-alive connections with several requests each: GETs (whole, ranged, of a missing file),
+    HEADs (whose answers announce a length but carry no body): exactly the body bytes the client
+    received are counted."""
+    import http.client
+
+    base, data = files
+    received = 0
+    with ShapingProxy(base) as proxy:
+        port = int(proxy.endpoint.rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for method, path, headers in [("HEAD", "/a.bin", {}), ("GET", "/a.bin", {}), ("HEAD", "/a.bin", {}),
+                                      ("GET", "/missing", {}), ("GET", "/a.bin", {"Range": "bytes=0-99"})]:
+            conn.request(method, path, headers=headers)
+            received += len(conn.getresponse().read())
+        conn.close()
+        assert get(f"{proxy.endpoint}/a.bin") == data
+        received += len(data)
+        counts = proxy.counts()
+    assert counts["HEAD"] == 2 and counts["GET"] == 4 and counts["requests"] == 6
+    assert counts["body_bytes"] == received > 3 * len(data)

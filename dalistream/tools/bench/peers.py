@@ -96,6 +96,7 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
     mixed = {"per_batch": spec.get("per_batch", "sample"), "samples_per_epoch": spec.get("samples_per_epoch")} if mix else {}
     stream = dalistream.Stream.open(
         {name: (list(urls), weight) for name, (urls, weight) in mix.items()} if mix else spec["urls"],
+        cache=spec.get("cache"), cache_limit=spec.get("cache_limit"),
         fields={"image": IMAGE_EXTS, "label": LABEL_EXTS}, batch_size=spec["batch_size"],
         workers=spec["workers"], device=spec["device"], seed=spec["seed"], shuffle=spec.get("shuffle"),
         interleave=spec.get("interleave"),
@@ -114,12 +115,22 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
     loader = dalistream.Loader(stream, graph, **kwargs)
     loader.set_epoch(spec.get("epoch", 0))
 
+    marks: List[Tuple[int, float]] = []  # (samples, time) at the first batch and at each epoch's end
+
     def batches():
+        samples = 0
         for _ in range(spec["epochs"]):
-            yield from loader
+            for batch in loader:
+                samples += len(batch["label"])
+                if not marks:
+                    marks.append((samples, time.perf_counter()))
+                yield batch
+            marks.append((samples, time.perf_counter()))
 
     def extra() -> Dict[str, Any]:
-        return {"stats": loader.stats(), "device": stream.device,
+        # each epoch's rate: the first from its first batch on (as samples_per_s), the others whole
+        rates = [(b[0] - a[0]) / (b[1] - a[1]) if b[1] > a[1] else None for a, b in zip(marks, marks[1:])]
+        return {"stats": loader.stats(wait_s=5), "device": stream.device, "epoch_samples_per_s": rates,
                 "start_method": start_method(stream.start_method, stream.device)}
 
     return Opened(batches(), count, loader.close, extra)
@@ -351,6 +362,9 @@ def open_fake(spec: Dict[str, Any], sleep: Callable[[float], None] = time.sleep)
 # name -> (libraries imported before the clock, opener); every system runs through run_system
 SYSTEMS: Dict[str, Tuple[Tuple[str, ...], Callable[[Dict[str, Any]], Opened]]] = {
     "dalistream": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
+    # (the bench's --cache and --local-copy: dalistream without the cache, and on the local copy)
+    "dalistream-nocache": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
+    "dalistream-local": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
     "dali-native": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch"), open_dali_native),
     "webdataset": (("torch", "webdataset"), open_webdataset),
     "sequential-read": ((), open_sequential_read),

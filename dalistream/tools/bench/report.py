@@ -45,10 +45,32 @@ def format_report(report: Dict[str, Any]) -> str:
         lines.append(f"{'dalistream / ' + name:30s} throughput {fmt(r['samples_per_s'], 5, 2)}x   first batch "
                      f"{fmt(r['first_batch_s'], 5, 2)}x   peak RSS {fmt(r['peak_rss_mb'], 5, 2)}x   "
                      f"CPU/sample {fmt(r['steady_cpu_ms_per_sample'], 5, 2)}x")
+    epochs = [(name, fig.get("epoch_samples_per_s")) for name, fig in rows]
+    if any(len(rates or ()) > 1 for _, rates in epochs):
+        lines.append("samples/s per epoch (the first from its first batch on):")
+        lines += [f"  {name:18s}" + "".join(fmt(r, 10) for r in rates) for name, rates in epochs if rates]
+        for name, fig in report.get("peers", {}).items():
+            if any(fig["ratio"].get("epoch_samples_per_s") or ()):
+                lines.append(f"  {'dalistream / ' + name:30s}" + "".join(
+                    fmt(r, 7, 2) + "x" for r in fig["ratio"]["epoch_samples_per_s"]))
     stats = report.get("worker_stats")
     if stats:
         lines.extend(_where_time_goes(stats))
+        lines.extend(_epochs_io(stats))
     return "\n".join(lines)
+
+
+def _epochs_io(stats: Dict[str, Any]) -> List[str]:
+    """dalistream's remote bytes and byte-cache use per epoch (last run)."""
+    lines = []
+    for epoch, sums in sorted((int(e), v) for e, v in (stats.get("by_epoch") or {}).items()):
+        io = sums.get("io") or {}
+        if io.get("bytes") or io.get("cache_hits") or io.get("cache_misses"):
+            lines.append(f"  epoch {epoch}: {io.get('bytes', 0) / 1e6:.1f} MB from the store in {io.get('requests', 0)} "
+                         f"requests; cache {io.get('cache_hits', 0)} hits ({io.get('cache_bytes', 0) / 1e6:.1f} MB), "
+                         f"{io.get('cache_misses', 0)} misses, {io.get('cache_evictions', 0)} evictions")
+    return (["remote reads and the byte cache per epoch (last run; an epoch's read-ahead counts in it):"] + lines
+            if lines else [])
 
 
 def _where_time_goes(stats: Dict[str, Any]) -> List[str]:

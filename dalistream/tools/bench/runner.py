@@ -23,9 +23,11 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+import tempfile
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ...errors import ConfigError
 from ...stream import default_cache_dir
@@ -84,6 +86,14 @@ def add_parser(subparsers: Any) -> None:
                         "connection this latency to first byte and bandwidth, e.g. 40ms,3MB/s")
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=INT",
                    help="an integer storage option for the runs, e.g. parts_in_flight=4 or part_bytes=1048576")
+    p.add_argument("--cache", default=None, metavar="DIR",
+                   help="dalistream reads remote shards through a node-local byte cache, in a new folder under DIR "
+                        "for each run (its first epoch fills it, the next ones read it); the same sources without "
+                        "the cache alternate with it as dalistream-nocache. Use --epochs 2 or more")
+    p.add_argument("--cache-limit", default=None, metavar="SIZE", help="with --cache: its limit (e.g. 800GB, 512MiB)")
+    p.add_argument("--local-copy", action="append", default=[], metavar="SOURCE",
+                   help="the same shards on a local disk (same names, same order), read directly without a cache "
+                        "as dalistream-local, alternating with the other systems")
 
 
 def _local_size(url: str) -> Optional[int]:
@@ -117,15 +127,39 @@ def _median(runs: List[Dict[str, Any]], key: str) -> Optional[float]:
 
 def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Medians of every metric over the runs of one system, plus the individual samples/s."""
-    out = {key: _median(runs, key) for key in METRICS}
+    out: Dict[str, Any] = {key: _median(runs, key) for key in METRICS}
     out["runs"] = len(runs)
     out["samples_per_s_runs"] = [r.get("samples_per_s") for r in runs]
+    epochs = max((len(r.get("epoch_samples_per_s") or ()) for r in runs), default=0)
+    out["epoch_samples_per_s"] = [_median([{"x": (r.get("epoch_samples_per_s") or [None] * epochs)[e]} for r in runs],
+                                          "x") for e in range(epochs)]  # (dalistream's systems)
     return out
 
 
-def ratios(ours: Dict[str, Any], peer: Dict[str, Any]) -> Dict[str, Optional[float]]:
-    """dalistream / peer for each metric (above 1: more throughput, or more time/memory)."""
-    return {k: (ours[k] / peer[k] if ours.get(k) and peer.get(k) else None) for k in METRICS}
+def ratios(ours: Dict[str, Any], peer: Dict[str, Any]) -> Dict[str, Any]:
+    """dalistream / peer for each metric (above 1: more throughput, or more time/memory), and
+    per epoch (``epoch_samples_per_s``) where both have epoch rates."""
+    out: Dict[str, Any] = {k: (ours[k] / peer[k] if ours.get(k) and peer.get(k) else None) for k in METRICS}
+    out["epoch_samples_per_s"] = [a / b if a and b else None for a, b in
+                                  zip(ours.get("epoch_samples_per_s") or (), peer.get("epoch_samples_per_s") or ())]
+    return out
+
+
+@contextlib.contextmanager
+def _system_spec(args: argparse.Namespace, base: Dict[str, Any], system: str) -> Iterator[Dict[str, Any]]:
+    """The spec of one run of ``system``: dalistream's through a new, empty cache folder under
+    ``--cache`` (removed after the run); dalistream-local's on the ``--local-copy``."""
+    spec = dict(base, system=system)
+    if system == "dalistream-local":
+        spec.update(urls=base["local_urls"], storage_options={}, manifest=None)
+    if system != "dalistream" or not args.cache:
+        yield spec
+        return
+    folder = tempfile.mkdtemp(prefix="dalistream-bench-cache-", dir=args.cache)
+    try:
+        yield dict(spec, cache=folder, cache_limit=args.cache_limit)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequence[int],
@@ -138,8 +172,8 @@ def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequenc
     load_before = os.getloadavg()[0]
     for repeat in range(args.repeats):
         for system in systems:
-            spec = dict(base, system=system)
-            result = run_child(spec, args.timeout, args.lean_main)
+            with _system_spec(args, base, system) as spec:
+                result = run_child(spec, args.timeout, args.lean_main)
             if bytes_per_sample and result.get("samples_per_s"):
                 result["mb_per_s"] = result["samples_per_s"] * bytes_per_sample / 1e6
             if base["pipeline"] == "read-only" and result.get("payload_mb_per_s"):
@@ -150,7 +184,8 @@ def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequenc
                 f"PSS {fmt(result.get('peak_pss_mb'), 6)} MB  CPU {fmt(result.get('steady_cpu_ms_per_sample'), 5, 2)} ms/sample")
     ours = summarize(runs["dalistream"])
     report: Dict[str, Any] = {key: ours[key] for key in METRICS}
-    report.update(runs=ours["runs"], samples_per_s_runs=ours["samples_per_s_runs"], config={
+    report.update(runs=ours["runs"], samples_per_s_runs=ours["samples_per_s_runs"],
+                  epoch_samples_per_s=ours["epoch_samples_per_s"], config={
         k: base[k] for k in ("pipeline", "batch_size", "workers", "threads", "epochs", "size", "device")})
     report["config"]["device"] = runs["dalistream"][-1].get("device", base["device"])  # resolved
     report["config"]["start_method"] = runs["dalistream"][-1].get("start_method", base["start_method"])
@@ -225,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
     infos, _ = count_shards(urls, manifest=args.manifest, cache_dir=default_cache_dir(os.environ), options=options,
                             tolerant=args.on_error == "skip")
     counts, shard_bytes = [i.samples for i in infos], [i.bytes for i in infos]
-    _warm(urls)
+    local_urls = _local_copy(args, urls)
+    _warm(list(urls) + local_urls)
     reports = {}
     with contextlib.ExitStack() as stack:
         if args.shape:  # counts above came unshaped; the measured runs go through the proxies
@@ -237,18 +273,36 @@ def run(args: argparse.Namespace) -> int:
             if len(pipelines) > 1:
                 log(f"bench: pipeline {pipeline}")
             reports[pipeline] = _run_pipeline(args, pipeline, len(pipelines) > 1, urls, counts, shard_bytes, peers,
-                                              options, log, mix)
+                                              options, log, mix, local_urls)
     report = reports[pipelines[0]] if len(pipelines) == 1 else {"pipelines": reports}
     if args.json:
         print(json.dumps(report), flush=True)
     return 0
 
 
+def _local_copy(args: argparse.Namespace, urls: Sequence[str]) -> List[str]:
+    """The ``--local-copy`` shards (the same names as ``urls``, in their order), and ``--cache``
+    checked: a folder."""
+    from ...sources import expand_sources
+
+    if args.cache and not os.path.isdir(args.cache):
+        raise ConfigError(f"--cache {args.cache!r} is not a folder", hint="create it on the disk to cache on")
+    if not args.local_copy:
+        return []
+    local = expand_sources(args.local_copy, {})
+    if [u.rsplit("/", 1)[-1] for u in local] != [u.rsplit("/", 1)[-1] for u in urls]:
+        raise ConfigError(f"--local-copy lists {len(local)} shards that are not the sources' {len(urls)}, by name "
+                          "and order", hint="copy the same shards (e.g. aws s3 sync) and name that folder")
+    return list(local)
+
+
 def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: Sequence[str], counts: Sequence[int],
                   shard_bytes: Sequence[int], peers: Sequence[str], options: Dict[str, Any], log,
-                  mix: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                  mix: Optional[Dict[str, Any]] = None, local_urls: Sequence[str] = ()) -> Dict[str, Any]:
     """One pipeline's comparison (or sweep): its report (``several``: one of several pipelines)."""
-    systems = ["dalistream"] + list(peers) + (["sequential-read"] if pipeline == "read-only" else [])
+    systems = (["dalistream"] + (["dalistream-nocache"] if args.cache else [])
+               + (["dalistream-local"] if args.local_copy else []) + list(peers)
+               + (["sequential-read"] if pipeline == "read-only" else []))
     base = {"urls": urls, "counts": counts, "batch_size": args.batch_size, "workers": args.workers,
             "threads": args.threads, "device": args.device, "seed": args.seed, "size": args.size,
             "start_method": args.start_method,
@@ -256,7 +310,8 @@ def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: 
             # dalistream only (the peers read every shard in order, unshuffled)
             "epoch": args.epoch, "shuffle": args.shuffle, "interleave": args.interleave, "policy": args.policy,
             "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error,
-            "mix": mix, "per_batch": args.per_batch, "samples_per_epoch": args.samples_per_epoch}
+            "mix": mix, "per_batch": args.per_batch, "samples_per_epoch": args.samples_per_epoch,
+            "local_urls": list(local_urls)}
     sweep = _parse_sweep(args.sweep)
     if sweep is None:
         log(f"bench: {len(urls)} shards, {sum(counts)} samples, batch {args.batch_size}, workers {args.workers}, "
