@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import AbstractSet, Iterator, List, Optional
+from typing import AbstractSet, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -59,8 +59,8 @@ class PlanReader:
         self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
         self._geometry: dict = {}  # shard index -> its members' Geometry (worked out once per worker)
         self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
-        #: while a worker reads for its first batch, the parts it opens start with a run of this
-        self.first_run: Optional[int] = None
+        #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
+        self.first_runs: Tuple[int, ...] = ()
 
     def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:
@@ -73,10 +73,12 @@ class PlanReader:
     def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0,
               gone: AbstractSet[int] = frozenset()) -> Iterator[list]:
         """The tar reader's raw items of the plan (runs, single samples) as ``[item, its part's
-        :class:`Numbering`, its pass, the shard problems met before it]``: each item is given out
-        once the next one is read, so a shard's problem (met at the end of its part) comes with
-        the item before it and is acted on first (see :meth:`_part`); problems with no item left
-        after them come with an item ``None``."""
+        :class:`Numbering`, its pass, the shard problems met before it]``: each sample is given
+        out once the next one is read, so a shard's problem (met at the end of its part) comes
+        with the sample before it and is acted on first, as when samples are read one by one (see
+        :meth:`_part`): a run is given out at once but for its last sample, which is cut off
+        (:meth:`~dalistream.tar.runs.Run.split`) and waits for the next item; problems with no
+        item left after them come with an item ``None``."""
         c = self.config
         ordinal = 0
         passes = itertools.count() if c.policy == "fixed" else range(1)
@@ -108,6 +110,12 @@ class PlanReader:
                         if held is not None:
                             given += 1
                             yield held
+                            held = None
+                        if type(item) is Run and len(item) > 1:  # only its last sample waits for the next item
+                            head, item = item.split(len(item) - 1)
+                            given += 1
+                            yield [head, numbering, n_pass, problems]
+                            problems = []
                         held, problems = [item, numbering, n_pass, problems], []
                     if numbering.problem is not None:  # it overtakes the item held back
                         (held[3] if held is not None else problems).append(numbering.problem)
@@ -172,7 +180,7 @@ class PlanReader:
                                         want_ext=self.decoder.wants, lowercase=c.lowercase_ext, last=stop == count,
                                         clock=stats.io_clock, chunk=shards.chunk,
                                         geometry=self.geometry(index).part(first, stop), arena=self.arena,
-                                        first_run=self.first_run)
+                                        first_runs=self.first_runs)
                 else:
                     items = iter_samples(
                         f, url, keep=lambda i: first <= i and (stop is None or i < stop) and not skip(i),
@@ -211,10 +219,20 @@ class PlanReader:
         blocks between the samples passed over and those that do not pass, which are settled one
         by one in their place: the error policy meets them in the order it would meet them read
         one by one."""
-        stats.add(bytes=run.nbytes)
+        if run.nbytes:
+            stats.add(bytes=run.nbytes)
         columns, bad = run.decoded if run.decoded is not None else self.rows.decode(run, self.source_name)
+        run.decoded = None
         skip, n = numbering.skip, len(run)
         passed = [i for i in range(n) if skip(run.first + i)] if numbering.skips else []
+        if not bad and not passed:  # (the usual case: the run is one block)
+            return iter((Rows(columns, n, numbering.ordinal(run.first)),))
+        return self._split_blocks(run, numbering, policy, stats, columns, bad, passed)
+
+    def _split_blocks(self, run: Run, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats,
+                      columns: List[list], bad: List[int], passed: List[int]) -> Iterator[Rows]:
+        """:meth:`_run_blocks` of a run with samples passed over or settled alone."""
+        skip, n = numbering.skip, len(run)
         lowercase, wants = self.config.lowercase_ext, self.decoder.wants
         begin = 0
         for i in (sorted(set(bad) | set(passed)) if passed else bad) + [n]:
