@@ -229,7 +229,7 @@ def sliced_runs(
     names, kinds, sizes = g.names, g.kinds, g.sizes
     member_base, member_at, sample_start, want_member = g.member_base, g.member_at, g.sample_start, g.want_member
     n = len(kinds)
-    run_bytes = max(chunk, MIN_RUN_BYTES)
+    run_bytes = run_length(chunk)
     if n and int(sample_start[n] - sample_start[0]) * MIN_RUN_SAMPLES > n * run_bytes:
         yield from sliced_samples(stream, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=want_ext,
                                   lowercase=lowercase, last=last, clock=clock, chunk=chunk)
@@ -276,6 +276,11 @@ def sliced_runs(
         i = k
     if last:
         yield from after_last(r, url, first + n, offset + int(sample_start[n]))
+
+
+def run_length(chunk: int) -> int:
+    """The bytes of a run (its samples permitting) read through buffers of ``chunk`` bytes."""
+    return max(chunk, MIN_RUN_BYTES)
 
 
 _NAMES: dict = {}

@@ -9,7 +9,7 @@ are pulled in its order, the round's rows laid end to end per field, and each st
 gathered from them with one slice (or one index list) per field.
 So a worker reading 128 interleaved columns pays per column once per round, not per step.
 A round's first is one step (the first batch waits for little), then rounds double up to
-:data:`ROUND_BYTES` of samples, or :data:`COLUMN_ROUND_BYTES` of each column's where that is more. A column that runs short (skipped samples, ``exact``'s last
+:data:`ROUND_BYTES` of samples (one column), or half a run of each of several columns. A column that runs short (skipped samples, ``exact``'s last
 step) gives fewer rows: the step is padded at its end.
 
 :func:`shuffled_blocks` is the shuffle buffer over a column's blocks: the emission order is
@@ -29,12 +29,13 @@ from ..tar import runs
 from .reader import ColumnReader
 from .rows import Rows, decode_runs
 
-ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields) …
-COLUMN_ROUND_BYTES = 128 << 10  # … or, when more, this much of each column (half a run): what a
-# round costs per column (pulling its blocks, once) is paid for that many of its samples
+ROUND_BYTES = 4 << 20  # a round of one column reads about this much (its rows, all fields); one of
+# several columns, half a run of each (runs.MIN_RUN_BYTES): what a round costs per column (pulling
+# its blocks, once) is paid for that many of its samples, and the columns' next runs, out of step,
+# are read a few per round
 MAX_ROUND_STEPS = 64
 ROUND_ROWS = 2048  # when the bytes per sample are unknown, a round of at most this many samples …
-COLUMN_ROUND_ROWS = 16  # … or of this many of each column's
+COLUMN_ROUND_ROWS = 16  # … or of this many of each of several columns'
 FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the first batch
 
 
@@ -90,19 +91,22 @@ class Feed:
         self.takes = np.asarray(takes, dtype=np.int64).reshape(-1, len(self.columns))
         self.n_fields = n_fields
         per_column = max(1, int(self.takes.max(initial=1)))
-        per_step = per_column * len(self.columns)
+        several = len(self.columns) > 1
+        # the columns' runs (a reader's: every source's reads through the same share of the budget)
+        self.run_bytes = max((s.reader.run_bytes for s in streams if isinstance(s, ColumnReader)),
+                             default=runs.MIN_RUN_BYTES)
         if bytes_per_sample:
-            steps = max(ROUND_BYTES // (per_step * bytes_per_sample), COLUMN_ROUND_BYTES // (per_column * bytes_per_sample))
+            steps = ((self.run_bytes // 2) if several else ROUND_BYTES) // (per_column * bytes_per_sample)
         else:
-            steps = max(ROUND_ROWS // per_step, COLUMN_ROUND_ROWS // per_column)
+            steps = (COLUMN_ROUND_ROWS if several else ROUND_ROWS) // per_column
         self.max_steps = int(max(1, min(MAX_ROUND_STEPS, steps)))
         self.step = start
         self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
         self._size = 1
         self._first_batch = first_batch  # the pipeline's first batch: its columns start with short runs
         self._phased = [False] * len(self.columns)  # whether a column's first part is opened
-        per_column = self.takes.sum(axis=0).max(initial=0) * (bytes_per_sample or 0)
-        self._phase = len(self.columns) > 1 and per_column > 2 * runs.MIN_RUN_BYTES
+        column_bytes = self.takes.sum(axis=0).max(initial=0) * (bytes_per_sample or 0)
+        self._phase = several and column_bytes > 2 * self.run_bytes
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
         """Step ``step``'s slot (the steps are taken in order): one list per field, the number of
@@ -130,7 +134,7 @@ class Feed:
         if not self._phased[c]:
             self._phased[c] = True
             if self._phase:
-                first += (max(1, runs.MIN_RUN_BYTES * (c + 1) // len(self.columns)),)
+                first += (max(1, self.run_bytes * (c + 1) // len(self.columns)),)
         return first
 
     def _read_round(self, t0: int) -> None:

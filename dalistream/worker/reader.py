@@ -34,11 +34,11 @@ import numpy as np
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
-from ..io.streams import ShardSequence, is_gzip_name
+from ..io.streams import ShardSequence, chunk_bytes, is_gzip_name
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
-from ..tar.runs import Arena, Geometry, Run, sliced_runs
+from ..tar.runs import Arena, Geometry, Run, run_length, sliced_runs
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
@@ -61,6 +61,11 @@ class PlanReader:
         self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
         #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
         self.first_runs: Tuple[int, ...] = ()
+
+    @property
+    def run_bytes(self) -> int:
+        """The bytes of the runs this reader reads (the runs of a regular shard's parts)."""
+        return run_length(chunk_bytes(self.config.storage_options))
 
     def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:
