@@ -9,7 +9,7 @@ are pulled in its order, the round's rows laid end to end per field, and each st
 gathered from them with one slice (or one index list) per field.
 So a worker reading 128 interleaved columns pays per column once per round, not per step.
 A round's first is one step (the first batch waits for little), then rounds double up to
-:data:`ROUND_BYTES` of samples (one column), or half a run of each of several columns. A column that runs short (skipped samples, ``exact``'s last
+:data:`ROUND_BYTES` of samples, and at most half a run of each of several columns. A column that runs short (skipped samples, ``exact``'s last
 step) gives fewer rows: the step is padded at its end.
 
 :func:`shuffled_blocks` is the shuffle buffer over a column's blocks: the emission order is
@@ -29,13 +29,12 @@ from ..tar import runs
 from .reader import ColumnReader
 from .rows import Rows, decode_runs
 
-ROUND_BYTES = 4 << 20  # a round of one column reads about this much (its rows, all fields); one of
-# several columns, half a run of each (runs.MIN_RUN_BYTES): what a round costs per column (pulling
-# its blocks, once) is paid for that many of its samples, and the columns' next runs, out of step,
-# are read a few per round
+ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields), and of each
+# of several columns at most half a run: their next runs, out of step, are read a few per round, and
+# no round reads much more than the others (a worker's batches cost about the same each)
 MAX_ROUND_STEPS = 64
 ROUND_ROWS = 2048  # when the bytes per sample are unknown, a round of at most this many samples …
-COLUMN_ROUND_ROWS = 16  # … or of this many of each of several columns'
+COLUMN_ROUND_ROWS = 16  # … and of this many of each of several columns'
 FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the first batch
 
 
@@ -95,10 +94,13 @@ class Feed:
         # the columns' runs (a reader's: every source's reads through the same share of the budget)
         self.run_bytes = max((s.reader.run_bytes for s in streams if isinstance(s, ColumnReader)),
                              default=runs.MIN_RUN_BYTES)
+        per_step = per_column * len(self.columns)
         if bytes_per_sample:
-            steps = ((self.run_bytes // 2) if several else ROUND_BYTES) // (per_column * bytes_per_sample)
+            steps = ROUND_BYTES // (per_step * bytes_per_sample)
+            if several:
+                steps = min(steps, (self.run_bytes // 2) // (per_column * bytes_per_sample))
         else:
-            steps = (COLUMN_ROUND_ROWS if several else ROUND_ROWS) // per_column
+            steps = min(ROUND_ROWS // per_step, COLUMN_ROUND_ROWS // per_column if several else ROUND_ROWS)
         self.max_steps = int(max(1, min(MAX_ROUND_STEPS, steps)))
         self.step = start
         self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
