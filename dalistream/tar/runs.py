@@ -72,14 +72,16 @@ class Run:
         """Samples ``0 … k - 1`` and ``k …`` as two runs over the same bytes (``nbytes`` goes with
         the head: the whole run was read), each knowing the run it was cut from (``whole``): the
         first decoded decodes that, for both (:func:`dalistream.worker.rows.decode_runs`)."""
-        m = int(self.member_base[k])
-        where = (self.buffer, self.at)
-        head = Run(self.url, self.first, self.data, self.offsets[:k], self.kinds[:k], self.names,
-                   self.member_base[:k + 1], self.member_at[:m], self.member_size[:m], self.nbytes, where)
-        tail = Run(self.url, self.first + k, self.data, self.offsets[k:], self.kinds[k:], self.names,
-                   self.member_base[k:] - m, self.member_at[m:], self.member_size[m:], 0, where)
+        head, tail = self._cut(0, k, self.nbytes), self._cut(k, len(self), 0)
         head.whole = tail.whole = self
         return head, tail
+
+    def _cut(self, a: int, b: int, nbytes: int) -> "Run":
+        """Samples ``a`` to ``b`` as a run over the same bytes."""
+        m0, m1 = int(self.member_base[a]), int(self.member_base[b])
+        return Run(self.url, self.first + a, self.data, self.offsets[a:b], self.kinds[a:b], self.names,
+                   self.member_base[a:b + 1] - m0, self.member_at[m0:m1], self.member_size[m0:m1], nbytes,
+                   (self.buffer, self.at))
 
     def url_of(self, i: int) -> str:
         """Sample ``i``'s shard (the run's)."""

@@ -39,6 +39,7 @@ from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
 from ..tar.runs import Arena, Geometry, Run, run_length, sliced_runs
+from ..tar.walked import walked_runs
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
@@ -116,7 +117,7 @@ class PlanReader:
                             given += 1
                             yield held
                             held = None
-                        if type(item) is Run and len(item) > 1:  # only its last sample waits for the next item
+                        if isinstance(item, Run) and len(item) > 1:  # only its last sample waits for the next item
                             head, item = item.split(len(item) - 1)
                             given += 1
                             yield [head, numbering, n_pass, problems]
@@ -186,14 +187,17 @@ class PlanReader:
                                         clock=stats.io_clock, chunk=shards.chunk,
                                         geometry=self.geometry(index).part(first, stop), arena=self.arena,
                                         first_runs=self.first_runs)
-                else:
-                    items = iter_samples(
-                        f, url, keep=lambda i: first <= i and (stop is None or i < stop) and not skip(i),
-                        want_ext=self.decoder.wants, lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes,
-                        mark_errors=True, first_index=first if start is not None else 0, clock=stats.io_clock,
-                        chunk=shards.chunk)
+                else:  # the header walk; its whole samples gathered into runs
+                    def keep(i: int) -> bool:
+                        return first <= i and (stop is None or i < stop) and not skip(i)
+
+                    items = walked_runs(iter_samples(
+                        f, url, keep=keep, want_ext=self.decoder.wants, lowercase=c.lowercase_ext,
+                        max_member_bytes=c.max_member_bytes, mark_errors=True,
+                        first_index=first if start is not None else 0, clock=stats.io_clock, chunk=shards.chunk),
+                        url, self.arena, run_length(shards.chunk), self.first_runs)
                 for item in items:
-                    found_at = item.first + len(item) if type(item) is Run else item["__index__"] + 1
+                    found_at = item.first + len(item) if isinstance(item, Run) else item["__index__"] + 1
                     if found_at <= first:
                         continue  # another worker's sample, passed over by header
                     if stop is not None and found_at > stop:
@@ -215,7 +219,7 @@ class PlanReader:
 
     def _blocks(self, item, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
         """A raw item of the tar reader (a :class:`Run`, or one sample) as blocks."""
-        if type(item) is Run:
+        if isinstance(item, Run):
             return self._run_blocks(item, numbering, policy, stats)
         return self._sample_blocks(item, numbering, policy, stats)
 
@@ -355,7 +359,7 @@ class ColumnReader:
                 break
             self.ahead.append(item)
             self.ahead_samples += _samples(item[0])
-            if type(item[0]) is Run:
+            if isinstance(item[0], Run):
                 runs.append(item[0])
         return runs
 
@@ -392,4 +396,4 @@ class ColumnReader:
 
 
 def _samples(item: object) -> int:
-    return len(item) if type(item) is Run else 0 if item is None else 1  # type: ignore[arg-type]
+    return len(item) if isinstance(item, Run) else 0 if item is None else 1  # type: ignore[arg-type]
