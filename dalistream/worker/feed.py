@@ -35,7 +35,7 @@ ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all f
 MAX_ROUND_STEPS = 64
 ROUND_ROWS = 2048  # when the bytes per sample are unknown, a round of at most this many samples …
 COLUMN_ROUND_ROWS = 16  # … and of this many of each of several columns'
-FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the first batch
+FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for an epoch's first batch
 
 
 class _Column:
@@ -80,9 +80,8 @@ class _Column:
 class Feed:
     """Each step's slot from ``streams`` (one per column), ``takes[t, c]`` rows of column ``c`` at
     step ``t``, from step ``start`` on (see the module doc). ``bytes_per_sample`` (when known)
-    sizes the rounds. ``first_batch``: the pipeline's first batch (after a start or a resume):
-    the parts opened for it start with a short run (:data:`FIRST_RUN_BYTES`), so it waits for
-    little."""
+    sizes the rounds. ``first_batch``: the parts opened for the first batch start with a short
+    run (:data:`FIRST_RUN_BYTES`), so it waits for little."""
 
     def __init__(self, streams: Sequence[Iterator[Rows]], takes: np.ndarray, n_fields: int, start: int = 0,
                  bytes_per_sample: Optional[float] = None, first_batch: bool = False) -> None:
@@ -105,7 +104,7 @@ class Feed:
         self.step = start
         self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
         self._size = 1
-        self._first_batch = first_batch  # the pipeline's first batch: its columns start with short runs
+        self._first_batch = first_batch  # the first batch's columns start with short runs
         self._phased = [False] * len(self.columns)  # whether a column's first part is opened
         column_bytes = self.takes.sum(axis=0).max(initial=0) * (bytes_per_sample or 0)
         self._phase = several and column_bytes > 2 * self.run_bytes
