@@ -232,8 +232,8 @@ class PlanReader:
             stats.add(bytes=run.nbytes)
         columns, bad = run.decoded if run.decoded is not None else self.rows.decode(run, self.source_name)
         run.decoded = None
-        skip, n = numbering.skip, len(run)
-        passed = [i for i in range(n) if skip(run.first + i)] if numbering.skips else []
+        n = len(run)
+        passed = [i - run.first for i in numbering.passed(run.first, run.first + n)]
         if not bad and not passed:  # (the usual case: the run is one block)
             return iter((Rows(columns, n, numbering.ordinal(run.first)),))
         return self._split_blocks(run, numbering, policy, stats, columns, bad, passed)
