@@ -3,12 +3,15 @@
 Where the manifest knows a shard's member layout, every member of a part lies at a known offset
 with a known size (:mod:`dalistream.manifest.members`). :func:`sliced_runs` reads the part's
 samples in runs of whole samples (at least one; about ``max(chunk, MIN_RUN_BYTES)`` bytes: a
-short part is one run), each into a buffer of its own, and checks each run's member headers
-with array operations: the ``ustar`` magic and the size field of every header at once, as :func:`~dalistream.tar.sliced.sliced_samples` checks them one by
-one. A :class:`Run` is the run's bytes with its samples' member positions; its members are views
-of those bytes (:mod:`dalistream.worker.rows` decodes them in bulk). A run whose check fails, or
-whose bytes end early, is handed to ``sliced_samples``, which yields its samples up to the damage
-and raises the same error, naming the same offsets, as for a part read sample by sample.
+short part is one run; the first runs of a part as long as asked), each into a worker's
+:class:`Arena` (or a buffer of its own), and checks each run's member headers in one gather: the
+``ustar`` magic and the size field of every header at once, as
+:func:`~dalistream.tar.sliced.sliced_samples` checks them one by one. A :class:`Run` is the run's
+bytes with its samples' member positions; its members are views of those bytes
+(:mod:`dalistream.worker.rows` decodes them in bulk); :meth:`Run.split` cuts it in two over the
+same bytes. A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``,
+which yields its samples up to the damage and raises the same error, naming the same offsets,
+as for a part read sample by sample.
 """
 
 from __future__ import annotations
