@@ -12,7 +12,7 @@ import json
 import os
 import posixpath
 import zipfile
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -151,6 +151,28 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
     version = version_of(path, options)  # remote: one HEAD instead of a GET of the whole file
     if version is None:
         return read_manifest(path, options)  # cannot tell an edited manifest (or its error comes next)
+    return _read_cached(path, version, cache_dir, options)
+
+
+Reader = Callable[[str], ShardRows]  # a manifest's path -> its rows
+
+
+def manifest_reader(cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None) -> Reader:
+    """:func:`read_manifest_cached` with ``cache_dir`` and ``options``, each path read once: what
+    one resolution of a data set uses, so that its listing and its counts, which ask for the same
+    manifest, read it once."""
+    read: Dict[str, ShardRows] = {}
+
+    def rows(path: str) -> ShardRows:
+        if path not in read:
+            read[path] = read_manifest_cached(path, cache_dir, options)
+        return read[path]
+
+    return rows
+
+
+def _read_cached(path: str, version: str, cache_dir: str, options: Optional[Mapping[str, Any]]) -> ShardRows:
+    """:func:`read_manifest_cached` from ``cache_dir`` (the rows mapped back), else parsed and kept there."""
     key = f"{PARSED_LAYOUT}|{version}".encode()
     base = os.path.join(cache_dir, "parsed", hashlib.sha256(key).hexdigest()[:32])
     try:
@@ -201,11 +223,14 @@ def _key(url: str) -> str:
     return os.path.normpath(os.path.abspath(local_path(url)))
 
 
-def manifest_urls(folder: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None) -> Optional[List[str]]:
+def manifest_urls(folder: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None,
+                  read: Optional[Reader] = None) -> Optional[List[str]]:
     """The shard URLs the manifest in ``folder`` (a URL or path ending in ``/``) names, or None
-    when there is none there: what a listing takes instead of asking for every object."""
+    when there is none there: what a listing takes instead of asking for every object (``read``:
+    the resolution's :func:`manifest_reader`)."""
     try:
-        return read_manifest_cached(folder + DEFAULT_NAME, cache_dir, options).urls
+        path = folder + DEFAULT_NAME
+        return (read(path) if read is not None else read_manifest_cached(path, cache_dir, options)).urls
     except SourceError as e:
         if e.reason == "missing":
             return None

@@ -145,6 +145,11 @@ def any_ranged(urls: Sequence[str]) -> bool:
     return any(store_class(u).ranged for u in schemes_in(urls).values())
 
 
+def any_remote(urls: Sequence[str]) -> bool:
+    """True when some of ``urls`` are not local files (without Python per URL)."""
+    return any(not store_class(u).local for u in schemes_in(urls).values())
+
+
 def is_ranged(url: str) -> bool:
     """True for objects read by ranged requests (object stores and HTTP): the read-ahead, parallel
     parts and resumes of :mod:`dalistream.io` apply."""
@@ -157,5 +162,5 @@ def missing_extra(package: str, extra: str) -> ConfigError:
                        hint=f'pip install "dalistream[{extra}]"')
 
 
-__all__ = ["Answer", "ObjectInfo", "any_ranged", "canonical", "RemoteOptions", "SCHEMES", "Store", "check_schemes", "is_local", "is_ranged",
+__all__ = ["Answer", "ObjectInfo", "any_ranged", "any_remote", "canonical", "RemoteOptions", "SCHEMES", "Store", "check_schemes", "is_local", "is_ranged",
            "missing_extra", "scheme_of", "schemes_in", "store_class", "store_for", "supported"]
