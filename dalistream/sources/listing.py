@@ -161,6 +161,8 @@ def _expand_objects(item: str, storage_options: Mapping[str, Any], pins: Dict[An
 
     cls = store_class(item)
     if not getattr(cls, "listable", True):
+        if item.endswith("/") and cls.ranged:  # a web server's folder (a command's output is taken as given)
+            store_for(item, storage_options).list(item)  # raises: it cannot be listed, and what to write instead
         return [item]
     if has_magic(item) or item.endswith("/") or not is_shard_name(item):
         found = _from_manifest(item, named, storage_options, pins)

@@ -98,6 +98,7 @@ class HTTPStore(ObjectStore):
 
     scheme = "http"
     listable = False
+    writable = False
     credential_source = "the URL's user info (https://USER:PASSWORD@host/…)"
 
     def list(self, prefix: str) -> List[ObjectInfo]:
