@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an image the loader would refuse (0 bytes, cut short, not an image): stop naming it (error) "
                         "or leave it out and count it (skip)")
     p.add_argument("--overwrite", action="store_true", help="replace the set the output already holds")
-    p.add_argument("--endpoint-url", default=None, help="S3 endpoint for an s3:// output")
+    p.add_argument("--endpoint-url", default=None, help="the output store's endpoint (an S3-compatible server, a GCS emulator, an Azure blob endpoint, a Hub mirror)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
     p.set_defaults(func=cmd_write)
 

@@ -202,7 +202,7 @@ def listing_root(urls: Sequence[str]) -> str:
         return ""
     first = urls[0].split("?", 1)[0] if "://" in urls[0] else urls[0]
     root = first[:len(first) - len(relative_names(urls)[0])]
-    return root if is_remote(first) or "://" in first else os.path.abspath(root or ".")
+    return root if is_remote(first) else os.path.abspath(root or ".")
 
 
 def _versions(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> List[Optional[str]]:

@@ -41,11 +41,11 @@ def default_location(urls: Sequence[str]) -> Optional[str]:
     if "file" not in schemes:
         folders = {u.rsplit("/", 1)[0] for u in urls}
         if len(folders) != 1:
-            common = posixpath.commonpath([f.split("://", 1)[1] for f in folders])
-            schemes = {u.split("://", 1)[0] for u in urls}
+            scheme, _, _ = urls[0].partition("://")  # (URL syntax: SCHEME://PATH)
+            common = posixpath.commonpath([f.partition("://")[2] for f in folders])
             if not common or len(schemes) != 1:
                 return None
-            folders = {f"{schemes.pop()}://{common}"}
+            folders = {f"{scheme}://{common}"}
         return f"{folders.pop()}/{DEFAULT_NAME}"
     if len(schemes) > 1:
         return None

@@ -56,8 +56,7 @@ def resolve(url: str, manifest: str, folder: Optional[str] = None) -> str:
     """A row's URL as a shard URL: relative ones joined to the manifest's folder; local paths absolute."""
     if is_remote(url):
         return url
-    if url.startswith("file://"):  # (URL syntax: the path of a file:// row)
-        url = local_path(url)
+    url = local_path(url)  # (a file:// row: its path)
     if is_remote(manifest):
         scheme, rest = manifest.split("://", 1)
         host, _, key = rest.partition("/")

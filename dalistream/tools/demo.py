@@ -66,7 +66,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=50, metavar="N", help="print the loss every N steps (0: never)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print only a JSON summary on stdout")
-    p.add_argument("--endpoint-url", default=None, help="S3 endpoint for s3:// sources")
+    p.add_argument("--endpoint-url", default=None, help="the store's endpoint for --data (an S3-compatible server, a GCS emulator, an Azure blob endpoint, a Hub mirror)")
     p.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
     p.set_defaults(func=run)
     return p
