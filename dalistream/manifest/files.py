@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import ManifestError, SourceError, redact
 from ..io.local import cache_write, local_path, new_file_mode
 from ..io.remote import read_bytes, write_bytes
-from ..io.stores import canonical, schemes_in
+from ..io.stores import canonical, schemes_in, store_class
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
 from .members import MemberLayout
@@ -32,22 +32,22 @@ DEFAULT_NAME = "dalistream-manifest.json"
 def default_location(urls: Sequence[str]) -> Optional[str]:
     """Where ``dalistream index`` writes and where a manifest is looked for unnamed: the folder
     (or key prefix) holding all the shards. ``None`` for ``pipe:`` sources or mixed places."""
-    schemes = schemes_in(urls)
-    if not urls or "pipe" in schemes:
-        return None
+    stores = [store_class(u) for u in schemes_in(urls).values()]
+    if not urls or not all(s.local or s.ranged for s in stores):
+        return None  # a command's output (pipe:) lies in no folder
     one = _one_folder(urls)
-    if one is not None and "pipe" not in schemes:
+    if one is not None:
         return one + DEFAULT_NAME
-    if "file" not in schemes:
+    if not any(s.local for s in stores):
         folders = {u.rsplit("/", 1)[0] for u in urls}
         if len(folders) != 1:
             scheme, _, _ = urls[0].partition("://")  # (URL syntax: SCHEME://PATH)
             common = posixpath.commonpath([f.partition("://")[2] for f in folders])
-            if not common or len(schemes) != 1:
+            if not common or len(stores) != 1:
                 return None
             folders = {f"{scheme}://{common}"}
         return f"{folders.pop()}/{DEFAULT_NAME}"
-    if len(schemes) > 1:
+    if len(stores) > 1:
         return None
     folders = {u.rpartition("/")[0] for u in urls}  # a few folders for many shards: each checked once
     if not all(f.startswith("/") and "/." not in f and "//" not in f for f in folders):

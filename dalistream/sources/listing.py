@@ -234,12 +234,12 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     _check_named_folders([source for source in map(os.fspath, sources) if not is_remote(source)])
     items = [item for source in map(os.fspath, sources)
              for item in (expand_braces(source) if _is_brace_pattern(source) else [source])]
-    schemes = check_schemes(items)
-    if set(schemes) == {"file"} and named is not None:
+    stores = [store_class(u) for u in check_schemes(items).values()]
+    if all(s.local for s in stores) and named is not None:
         found = named_locally(items, named)
         if found is not None:
             return found  # shards the manifest names: no stat per file
-    local = [i for i in items if store_class(i).local] if len(schemes) > 1 else items if "file" in schemes else []
+    local = [i for i in items if store_class(i).local] if len(stores) > 1 else items if stores and stores[0].local else []
     known = _known_files([local_path(i) for i in local]) if len(local) >= FOLDER_SCAN_MIN else {}
     listed: List[Tuple[str, Identity]] = []
     pins: Dict[Any, str] = {}

@@ -39,7 +39,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``dalistream demo`` on the CLI's subparsers."""
     p = subparsers.add_parser("demo", help=HELP, description=DESCRIPTION)
     p.add_argument("--data", nargs="+", metavar="SOURCE", default=None,
-                   help="train on these shards (paths, dirs, globs, {a..b}, s3://, http(s)://) with jpg/png + cls "
+                   help="train on these shards (paths, dirs, globs, {a..b}, any store's URLs) with jpg/png + cls "
                         "members; default: a synthetic data set")
     p.add_argument("--data-dir", default=None, metavar="PATH",
                    help="where to write (or find) the synthetic data set (default: a temporary directory, "

@@ -82,7 +82,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
     p.add_argument("--json", action="store_true", help="progress on stderr; the last stdout line is one JSON object")
     p.add_argument("--shape", default=None, metavar="LATENCY,RATE",
-                   help="read s3:// (plain http endpoint) and http:// sources through a loopback proxy giving every "
+                   help="read object store sources (a plain http --endpoint-url) and http:// sources through a loopback proxy giving every "
                         "connection this latency to first byte and bandwidth, e.g. 40ms,3MB/s")
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=INT",
                    help="an integer storage option for the runs, e.g. parts_in_flight=4 or part_bytes=1048576")
