@@ -9,7 +9,9 @@ The time of ``loader.state_dict()``'s first content versions (a ``stat`` per sha
 
     python notebooks/startup_scale.py /tmp/startup-500k --shards 500000 --repeats 5 [--profile FORM]
 
-``--profile FORM`` (folder, braces or glob) prints cProfile's top entries for one open instead.
+``--profile FORM`` (folder, braces or glob) prints cProfile's top entries for one open instead;
+``--code DIR`` times another checkout's dalistream too (e.g. a worktree of an older commit),
+alternating with this one.
 The shards are kept for later runs (the manifest says they are whole); the load average is printed
 with the figures, as they are noisy on a shared machine.
 """
@@ -68,23 +70,24 @@ CHILD = r"""
 import json, sys, time
 import dalistream
 source, cache, state = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-began = time.perf_counter()
+began, cpu = time.perf_counter(), time.process_time()
 stream = dalistream.Stream.open(source, fields={"cls": "cls"}, batch_size=64, workers=2, rank=0, world_size=8,
                                 device="cpu", cache_dir=cache)
-opened = time.perf_counter() - began
-out = {"open_s": opened, "shards": len(stream.urls), "source": stream.data.count_source}
+out = {"open_s": time.perf_counter() - began, "open_cpu_s": time.process_time() - cpu, "shards": len(stream.urls),
+       "source": stream.data.count_source}
 if state:
     from dalistream.loader.state import content_identity
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     content_identity(stream.urls, stream.config.storage_options)
-    out["versions_s"] = time.perf_counter() - began
+    out["versions_s"], out["versions_cpu_s"] = time.perf_counter() - began, time.process_time() - cpu
 print(json.dumps(out))
 """
 
 
-def once(source: str, cache: str, state: bool = False) -> dict:
+def once(source: str, cache: str, state: bool = False, code: str = "") -> dict:
+    env = dict(os.environ, PYTHONPATH=code, PYTHONDONTWRITEBYTECODE="1") if code else None
     done = subprocess.run([sys.executable, "-c", CHILD, source, cache, "1" if state else "0"], check=True,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env, cwd="/")  # (not a checkout's root: it would be imported)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -96,6 +99,7 @@ def main() -> None:
     parser.add_argument("--forms", default="folder,braces,glob")
     parser.add_argument("--profile", choices=sorted(FORMS))
     parser.add_argument("--versions", action="store_true", help="also time the state's content versions")
+    parser.add_argument("--code", default="", help="another checkout's root: its dalistream is timed too, alternating")
     args = parser.parse_args()
     folder = os.path.abspath(args.folder)
     make(folder, args.shards)
@@ -117,30 +121,40 @@ def main() -> None:
                 pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
         return
     forms = [f for f in args.forms.split(",") if f]
-    times = {(form, warm): [] for form in forms for warm in ("fresh", "filled")}
-    versions = []
+    systems = {"this checkout": ""} if not args.code else {"this checkout": "", args.code: args.code}
+    times: dict = {}
+    versions: dict = {}
     load = os.getloadavg()[0]
-    for repeat in range(args.repeats):
+    for repeat in range(args.repeats):  # the checkouts alternate, form by form
         for form in forms:
-            with tempfile.TemporaryDirectory() as cache:
-                fresh = once(FORMS[form](folder, args.shards), cache)
-                filled = once(FORMS[form](folder, args.shards), cache, state=args.versions and form == forms[0])
-            assert fresh["shards"] == filled["shards"] == args.shards, (fresh, filled)
-            times[(form, "fresh")].append(fresh["open_s"])
-            times[(form, "filled")].append(filled["open_s"])
-            if "versions_s" in filled:
-                versions.append(filled["versions_s"])
-            print(f"[{repeat + 1}/{args.repeats}] {form}: {fresh['open_s']:.2f} s fresh cache, "
-                  f"{filled['open_s']:.2f} s filled ({fresh['source']})", file=sys.stderr, flush=True)
+            for name, code in systems.items():
+                with tempfile.TemporaryDirectory() as cache:
+                    fresh = once(FORMS[form](folder, args.shards), cache, code=code)
+                    filled = once(FORMS[form](folder, args.shards), cache, args.versions and form == forms[0], code)
+                assert fresh["shards"] == filled["shards"] == args.shards, (fresh, filled)
+                for warm, got in (("fresh", fresh), ("filled", filled)):
+                    for kind in ("open_s", "open_cpu_s"):
+                        times.setdefault((name, form, warm, kind), []).append(got[kind])
+                if "versions_s" in filled:
+                    versions.setdefault(name, []).append((filled["versions_s"], filled["versions_cpu_s"]))
+                print(f"[{repeat + 1}/{args.repeats}] {name}, {form}: {fresh['open_s']:.2f} s ({fresh['open_cpu_s']:.2f} s "
+                      f"CPU) fresh cache, {filled['open_s']:.2f} s ({filled['open_cpu_s']:.2f} s CPU) filled, load "
+                      f"{os.getloadavg()[0]:.1f} ({fresh['source']})", file=sys.stderr, flush=True)
     print(f"Stream.open at {args.shards:,} local shards, counts-only manifest, medians of {args.repeats} "
           f"(load average {load:.1f} → {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs):")
-    print("| source | fresh cache (s) | cache filled by another rank (s) |")
-    print("|---|---|---|")
+    print("| code | source | fresh cache: s (CPU s) | cache filled by another rank: s (CPU s) |")
+    print("|---|---|---|---|")
+
+    def median(*key: str) -> str:
+        return f"{statistics.median(times[key + ('open_s',)]):.2f} ({statistics.median(times[key + ('open_cpu_s',)]):.2f})"
+
     for form in forms:
-        print(f"| {form} `{FORMS[form]('FOLDER', args.shards)}` | {statistics.median(times[(form, 'fresh')]):.2f} | "
-              f"{statistics.median(times[(form, 'filled')]):.2f} |")
-    if versions:
-        print(f"content versions for a state (a stat per shard): median {statistics.median(versions):.2f} s")
+        for name in systems:
+            print(f"| {name} | {form} `{FORMS[form]('FOLDER', args.shards)}` | {median(name, form, 'fresh')} | "
+                  f"{median(name, form, 'filled')} |")
+    for name, got in versions.items():
+        print(f"{name}: content versions for a state (a stat per shard, {args.shards:,} shards): median "
+              f"{statistics.median(g[0] for g in got):.2f} s ({statistics.median(g[1] for g in got):.2f} s CPU)")
 
 
 if __name__ == "__main__":
