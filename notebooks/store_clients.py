@@ -33,20 +33,10 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SERVE = os.path.join(os.path.dirname(HERE), "tests", "emulators", "serve.py")
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "emulators"))
+from bench_stores import serve  # noqa: E402  (serve.py in a child process, its stores once ready)
 SIZE, PART = 64 << 20, 8 << 20
 NAME = "big.bin"
-
-
-def serve(folder: str) -> "tuple[subprocess.Popen, dict]":
-    proc = subprocess.Popen([sys.executable, SERVE, folder], stdout=subprocess.PIPE, text=True)
-    stores = {}
-    for line in proc.stdout:
-        item = json.loads(line)
-        if item.get("ready"):
-            return proc, stores
-        stores[item["store"]] = item
-    raise SystemExit("serve.py ended before it was ready")
 
 
 def read_parts(get: Callable[[int, int], int]) -> None:

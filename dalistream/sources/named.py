@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..io.local import local_path
 from .unfinished import MANIFEST, MARKER, PART, is_shard_name, refuse_unfinished
@@ -44,25 +44,29 @@ def _joined(base: str, names: List[str]) -> List[str]:
     return (base + ("\n" + base).join(names)).split("\n") if names else []
 
 
-def _manifest_names(folder: str, named: Named) -> Optional[List[str]]:
-    """The names of the shards the manifest in ``folder`` (a path as given) lists directly in it."""
+def _listed(folder: str, named: Named) -> Optional[Tuple[List[str], List[str]]]:
+    """The names of the shards the manifest in ``folder`` (a path as given) lists directly in it,
+    and the names of the folder's entries; ``None`` without such a manifest or folder."""
     real = os.path.abspath(folder) + "/"  # (the manifest's rows are absolute and normal)
     rows = named(os.path.join(folder, ""))
     if not rows or len(rows) < FOLDER_SCAN_MIN:
         return None
-    return names_in(rows, "/" if real == "//" else real)
+    names = names_in(rows, "/" if real == "//" else real)
+    if names is None:
+        return None
+    try:
+        return names, os.listdir(folder)
+    except OSError:
+        return None
 
 
 def named_folder(path: str, named: Named) -> Optional[List[str]]:
     """The shards of the local folder ``path`` as the entry-by-entry walk lists them (sorted, below
     it), from its manifest and one read of its names; ``None`` where that cannot be told so."""
-    names = _manifest_names(path, named)
-    if names is None:
+    listed = _listed(path, named)
+    if listed is None:
         return None
-    try:
-        entries = os.listdir(path)
-    except OSError:
-        return None
+    names, entries = listed
     present = set(entries)
     if len(present) < len(names) or not present.issuperset(names):
         return None  # a named shard is gone
@@ -87,13 +91,10 @@ def named_glob(pattern: str, named: Named) -> Optional[List[str]]:
     folder, _, last = pattern.rpartition("/")
     if not folder or "**" in last or glob_magic(folder):
         return None
-    names = _manifest_names(folder, named)
-    if names is None:
+    listed = _listed(folder, named)
+    if listed is None:
         return None
-    try:
-        entries = os.listdir(folder)
-    except OSError:
-        return None
+    names, entries = listed
     if last[0] != "." and "\n." in "\n" + "\n".join(entries):
         entries = [e for e in entries if e[0] != "."]  # glob leaves hidden names out
     matched = fnmatch.filter(entries, last)
