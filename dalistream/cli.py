@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("write", help="your images (an ImageFolder tree, or a CSV/JSONL of path,label[,caption]) "
                                      "into shuffled WebDataset shards with a manifest")
     p.add_argument("source", help="a folder with one sub-folder per class, or a .csv/.jsonl listing")
-    p.add_argument("output", help="folder (created) or s3://bucket/prefix/ to write the shards and manifest to")
+    p.add_argument("output", help="folder (created) or a store's prefix (s3://, gs://, az://, hf://) to write the shards and manifest to")
     p.add_argument("--samples-per-shard", type=int, default=1000, help="samples per shard (the last one may hold fewer)")
     p.add_argument("--no-shuffle", action="store_true", help="keep the input order (default: shuffled across shards)")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle")
@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an image the loader would refuse (0 bytes, cut short, not an image): stop naming it (error) "
                         "or leave it out and count it (skip)")
     p.add_argument("--overwrite", action="store_true", help="replace the set the output already holds")
-    p.add_argument("--endpoint-url", default=None, help="S3 endpoint for an s3:// output")
+    p.add_argument("--endpoint-url", default=None, help="the output store's endpoint (an S3-compatible server, a GCS emulator, an Azure blob endpoint, a Hub mirror)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
     p.set_defaults(func=cmd_write)
 
@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("index", help="count samples and bytes per shard; write a manifest")
     add_stream_args(p, batch=False, loader=False)
     p.add_argument("-o", "--output", default=None,
-                   help="manifest file to write (local path or s3://); default: dalistream-manifest.json in the "
+                   help="manifest file to write (a local path or a store's URL); default: dalistream-manifest.json in the "
                         "shards' folder, where loaders find it unnamed; '-' writes none")
     p.add_argument("--offsets", action="store_true",
                    help="record each sample's tar offset (the default; kept for old scripts)")

@@ -28,8 +28,9 @@ from .config import SHUFFLE_BUFFER
 from .dataset import DataSet
 from .errors import ConfigError
 from .io.local import local_path
+from .io.stores import any_remote
 from .manifest import SampleOffsets, count_samples
-from .manifest.files import manifest_urls
+from .manifest.files import manifest_reader, manifest_urls
 from .plan import Layout, MixEpoch, ResumePlan, Schedule, WorkerPlan, parse_mix, worker_plan
 from .plan import worker_columns as plan_columns
 from .plan.mix import check_options
@@ -117,14 +118,15 @@ def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
     source's, ``storage_options`` its own, else the config's). ``fixed`` without a manifest
     counts nothing (workers own whole shards)."""
     options = dict(config.storage_options if storage_options is None else storage_options)
+    read = manifest_reader(config.cache_dir, options)  # (the listing and the counts read the manifest once)
     urls = expand_sources([sources] if isinstance(sources, str) else list(sources), options,
-                          named=lambda folder: manifest_urls(folder, config.cache_dir, options))
+                          named=lambda folder: manifest_urls(folder, config.cache_dir, options, read))
     if not manifest and config.policy == "fixed":
         return DataSet(tuple(urls))
     # skip: a bad shard counts the samples before its problem (what a worker delivers)
     counted = count_samples(urls, manifest=manifest, cache_dir=config.cache_dir, options=options,
                             lowercase=config.lowercase_ext, tolerant=config.on_error != "raise",
-                            scan_limit_bytes=config.scan_limit_bytes)
+                            scan_limit_bytes=config.scan_limit_bytes, read=read)
     rows = counted.rows
     per_sample = None
     sized = rows.sizes >= 0
@@ -145,7 +147,7 @@ def reading_order_for(config: Any, data: Sequence[DataSet]) -> Tuple[Any, str]:
     (:func:`~dalistream.config.reading_order`), except that remote shards whose counts came
     without sample offsets read one span per worker through a buffer (each column would fetch
     its shard from byte 0 up to its part)."""
-    remote = any(d.counts is not None and d.offsets is None and any(is_remote(u) for u in d.urls) for d in data)
+    remote = any(d.counts is not None and d.offsets is None and any_remote(d.urls) for d in data)
     if config.interleave and remote:
         log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
                     "each worker reads one span through a shuffle buffer of %d instead; write a manifest "

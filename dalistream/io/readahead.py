@@ -19,7 +19,7 @@ from .counters import IOCounters
 from .local import CHUNK
 from .options import remote_options
 from .parts import END, PartFetcher, Range
-from .remote import RemoteRaw, is_fetched
+from .remote import RemoteRaw, is_ranged
 
 
 class _Prefetched(io.RawIOBase):
@@ -104,7 +104,7 @@ class ReadAhead:
 
     def open(self, index: int) -> io.BufferedReader:
         """The raw (not decompressed) stream of remote shard ``urls[index]`` (its range, if given)."""
-        if not is_fetched(self.urls[index]):
+        if not is_ranged(self.urls[index]):
             raise ValueError(f"not a remote shard: index {index}")
         if self._fetcher is None or index <= self._last:
             self.close()

@@ -27,22 +27,17 @@ import random
 import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import SourceError
 from .counters import IOCounters
 from .options import remote_options
 from .retry import Retry, call_with_retries, classify
-from .stores import ObjectInfo, canonical, is_ranged, store_for
+from .stores import ObjectInfo, cache_name, is_ranged, store_for
 from .stores.base import Answer, Data, read_all
 
 TOTALS = IOCounters()  # every remote request of this process (see IOCounters)
 _versions: Dict[str, Tuple[Optional[str], Optional[int], float]] = {}  # key -> (version, size, when stated)
 _versions_lock = threading.Lock()
-#: Query parameters that sign or authorize a URL rather than name the object (presigned S3 and
-#: GCS URLs, Azure SAS tokens, bearer tokens): left out of the cache's key.
-SIGNATURE_PARAMS = ("x-amz-", "x-goog-", "signature", "expires", "awsaccesskeyid", "sig", "se", "sp", "sv", "sr",
-                    "st", "spr", "srt", "ss", "skoid", "sktid", "skt", "ske", "sks", "skv", "token", "access_token")
 #: The cache's counters as the I/O counters name them (``remote_bytes`` is ``bytes`` already).
 CACHE_COUNTERS = {"hits": "cache_hits", "misses": "cache_misses", "cache_bytes": "cache_bytes",
                   "written_bytes": "cache_written_bytes", "uncached_bytes": "cache_uncached_bytes",
@@ -51,24 +46,8 @@ CACHE_COUNTERS = {"hits": "cache_hits", "misses": "cache_misses", "cache_bytes":
 
 def cache_key(url: str) -> str:
     """The name of an object in the byte cache: ``url`` as the same object at any version its URL
-    may name (:func:`~.stores.canonical`); an ``http(s)://`` URL without user info and without
-    the query parameters that sign it (:data:`SIGNATURE_PARAMS`), so a URL signed anew names the
-    same blocks."""
-    url = canonical(url)
-    if not url.startswith(("http://", "https://")):  # (an object store's key is its name, "?" and all)
-        return url
-    parts = urlsplit(url)
-    if not parts.query and "@" not in parts.netloc:
-        return url
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
-             if not k.lower().startswith(SIGNATURE_PARAMS[:2]) and k.lower() not in SIGNATURE_PARAMS[2:]]
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, urlencode(query), ""))
-
-
-def is_fetched(url: str) -> bool:
-    """True for objects read by ranged requests (object stores and ``http(s)://``), with read-ahead
-    and resume."""
-    return is_ranged(url)
+    may name, however its URL is signed (:func:`~.stores.cache_name`)."""
+    return cache_name(url)
 
 
 class RemoteRaw(io.RawIOBase):
@@ -271,7 +250,7 @@ def stat_object(url: str, options: Optional[Mapping[str, Any]] = None) -> Object
 
 def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None) -> bytes:
     """The whole content of a (small) object of any store, e.g. a manifest."""
-    if is_fetched(url):  # (a manifest, not a shard: never through the byte cache)
+    if is_ranged(url):  # (a manifest, not a shard: never through the byte cache)
         with open_remote(url, 0, dataclasses.replace(remote_options(options), cache=None)) as f:
             return f.read()
 

@@ -21,7 +21,7 @@ from .counters import IOCounters
 from .gunzip import decompressed, file_is_gzip
 from .local import CHUNK, END_OF_ARCHIVE, copy_tail, open_file, open_range
 from .readahead import ReadAhead
-from .remote import is_fetched, open_remote
+from .remote import is_ranged, open_remote
 from .stores import store_class, store_for
 
 
@@ -131,7 +131,7 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
     """
     if is_gzip_name(url):
         stream = decompressed(open_raw(url, 0, options), url, offset)
-    elif is_fetched(url):
+    elif is_ranged(url):
         return _limited(_Owned(ReadAhead([url], options, None, [(offset, end)])), offset, end, chunk_bytes(options))
     else:
         if end is not None and store_class(url).local:  # a local part: positional reads, no buffers
@@ -178,7 +178,7 @@ class ShardSequence:
         it cannot be opened)."""
         url = self.urls[i]
         start, end = self.ranges[i] if self.ranges is not None else (0, None)
-        if not is_fetched(url):
+        if not is_ranged(url):
             return open_shard(url, start, self.options, end)
         if self._ahead is None:
             fetched = None if self.ranges is None else [(0, None) if is_gzip_name(u) else r

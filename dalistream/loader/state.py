@@ -37,6 +37,7 @@ from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Seq
 
 from ..errors import StateError
 from ..io.local import new_file_mode, write_atomic
+from ..io.options import remote_options
 from ..manifest.scan import content_version
 from ..plan import check_segments
 from ..sources import is_remote
@@ -202,7 +203,7 @@ def listing_root(urls: Sequence[str]) -> str:
         return ""
     first = urls[0].split("?", 1)[0] if "://" in urls[0] else urls[0]
     root = first[:len(first) - len(relative_names(urls)[0])]
-    return root if is_remote(first) or "://" in first else os.path.abspath(root or ".")
+    return root if is_remote(first) else os.path.abspath(root or ".")
 
 
 def _versions(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> List[Optional[str]]:
@@ -214,6 +215,7 @@ def content_identity(urls: Sequence[str], options: Optional[Mapping[str, Any]] =
     :func:`~dalistream.manifest.scan.content_version` in order; ``None`` when one cannot be told).
     Asked in chunks from :data:`THREADS` threads: a ``stat`` on a network file system, or a HEAD,
     waits for a round trip, and the waits overlap."""
+    options = remote_options(options)  # (checked once, not once per shard)
     chunk = 1 if urls and is_remote(urls[0]) else LOCAL_CHUNK
     pieces = [urls[i:i + chunk] for i in range(0, len(urls), chunk)]
     with ThreadPoolExecutor(max(1, min(THREADS, len(pieces)))) as pool:

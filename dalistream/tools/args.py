@@ -17,7 +17,7 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
     """The options every data-reading command shares; ``loader=False`` leaves out those only a
     loader uses (workers, rank, world size, epoch, seed, manifest, start method), ``batch=False``
     those of batching (batch size, shuffle, policy)."""
-    p.add_argument("sources", nargs="+" if sources_required else "*", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, s3://, http(s)://")
+    p.add_argument("sources", nargs="+" if sources_required else "*", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, or any store's URLs: s3://, gs://, az://, hf://, http(s)://, pipe:")
     if loader:
         p.add_argument("--workers", "-W", type=int, default=WORKERS, help="DALI worker processes (shard owners) per rank")
         p.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
@@ -26,7 +26,7 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
         p.add_argument("--seed", type=int, default=0, help="seed of the shard order and the shuffle")
         p.add_argument("--manifest", default=None, help="manifest file with per-shard counts (from `dalistream index`)")
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad samples/shards: stop, or count and skip")
-    p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO, Ceph, R2, moto); default from AWS config")
+    p.add_argument("--endpoint-url", default=None, help="the store's endpoint: an S3-compatible server (MinIO, Ceph, R2, moto), a GCS emulator, an Azure blob endpoint, a Hub mirror; default from the store's own configuration")
     p.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
     if loader:
         p.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
