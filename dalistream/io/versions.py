@@ -22,11 +22,12 @@ AHEAD_THREADS = 16  # statements in flight at once for the read-ahead of version
 class _Entry:
     """One object's statement: pending until ``done`` is set, then its result (or error)."""
 
-    def __init__(self, asked: float) -> None:
+    def __init__(self, asked: float, previous: Optional["_Entry"] = None) -> None:
         self.asked = asked
         self.done = threading.Event()
         self.result: Optional[Stated] = None
         self.error: Optional[BaseException] = None
+        self.previous = previous  # a statement ahead replaces this one, still trusted until it expires
 
 
 _book: Dict[str, _Entry] = {}
@@ -48,6 +49,9 @@ def stated(key: str, ttl: float, state: Callable[[], Stated]) -> Stated:
                 mine = True
             else:
                 mine = False
+                old = entry.previous
+                if not entry.done.is_set() and old is not None and old.result is not None and now - old.asked < ttl:
+                    return old.result  # (being stated again ahead: the last statement still holds)
         if mine:
             return _run(key, entry, state)
         entry.done.wait()
@@ -59,6 +63,7 @@ def stated(key: str, ttl: float, state: Callable[[], Stated]) -> Stated:
 def _run(key: str, entry: _Entry, state: Callable[[], Stated]) -> Stated:
     try:
         entry.result = state()
+        entry.previous = None
         return entry.result
     except BaseException as e:
         entry.error = e
@@ -81,9 +86,9 @@ def ahead(items: Iterable[Tuple[str, Callable[[], Stated]]], ttl: float) -> None
     for key, state in items:
         with _lock:
             entry = _book.get(key)
-            if entry is not None and now - entry.asked < ttl / 2 and entry.error is None:
+            if entry is not None and now - entry.asked < ttl / 2:
                 continue  # known, or being stated (and fresh for a while yet)
-            entry = _book[key] = _Entry(now)
+            entry = _book[key] = _Entry(now, entry if entry is not None and entry.result is not None else None)
         _queue.put((key, entry, state))  # type: ignore[arg-type]
         _start_thread()
 

@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -458,3 +459,52 @@ def test_a_failing_store_leaves_the_ledger_as_it_was(tmp_path, origin):
         cache.read("a.tar", "v", 0, 10, broken)
     assert cache.usage() == 0 and block_files(tmp_path / "c") == []
     assert not [n for _, _, names in os.walk(tmp_path / "c") for n in names if cachefiles.is_ours(n)]
+
+
+# -- a block being fetched, read as its bytes arrive ------------------------------------------------
+
+class Trickle(Origin):
+    """A store that gives a range's first ``first`` bytes at once, then holds the rest until
+    ``go`` is set (a far link: a block takes seconds to arrive)."""
+
+    def __init__(self, folder, first):
+        super().__init__(folder)
+        self.first, self.go = first, threading.Event()
+
+    def fetch(self, url, version, start, end, progress=None):
+        data = super().fetch(url, version, start, end)
+        if progress is not None and len(data) > self.first:
+            progress(data[:self.first])
+            assert self.go.wait(30), "the test never let the rest of the block come"
+            progress(data[self.first:])
+        return data
+
+
+def test_a_stream_reads_a_block_being_fetched_as_its_bytes_arrive_from_where_it_starts(tmp_path):
+    origin = Trickle(tmp_path / "origin", first=16 * KB)
+    data = origin.put("a.tar", os.urandom(1 << 20))
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=1 << 20)
+    with cache.open("a.tar", "v", 200 * KB, 1 << 20, origin.fetch) as stream:
+        assert stream.read(10 * KB) == data[200 * KB:210 * KB]  # before the rest of the block came
+        assert origin.calls[0][2] == 200 * KB  # the block fetched from where the stream starts
+        origin.go.set()
+        assert stream.read() == data[210 * KB:]
+    assert sorted((a, b) for _, _, a, b in origin.calls) == [(0, 200 * KB), (200 * KB, 1 << 20)]
+    assert cache.read("a.tar", "v", 0, 1 << 20, origin.fetch) == data and len(origin.calls) == 2  # kept whole
+
+
+def test_a_stream_starting_far_into_a_block_in_flight_takes_its_first_bytes_directly(tmp_path):
+    """Two streams in one block, the second far past what has come of it: its first reads are
+    fetched straight from the store (not kept); it then reads the block; every byte as stored."""
+    origin = Trickle(tmp_path / "origin", first=16 * KB)
+    data = origin.put("a.tar", os.urandom(1 << 20))
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=1 << 20)
+    with cache.open("a.tar", "v", 0, 1 << 20, origin.fetch) as first, \
+            cache.open("a.tar", "v", 600 * KB, 1 << 20, origin.fetch) as second:
+        assert first.read(8 * KB) == data[:8 * KB]
+        assert second.read(8 * KB) == data[600 * KB:608 * KB]  # while the block is held back
+        assert (600 * KB, 608 * KB) in [(a, b) for _, _, a, b in origin.calls]
+        assert cache.counters()["uncached_bytes"] == 8 * KB
+        origin.go.set()
+        assert second.read() == data[608 * KB:] and first.read() == data[8 * KB:]
+    assert cache.counters()["misses"] == 1 and cache.counters()["written_bytes"] == 1 << 20
