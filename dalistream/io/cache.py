@@ -68,7 +68,7 @@ class ByteCache:
                               hint="pass a folder of your own on a local disk (cache=...), or cache=None")
         self.folder, self.block_bytes = folder, block_bytes
         self._start()
-        self._tagged()
+        files.tag_folder(self.root)
         if not os.path.exists(self._ledger):
             self._rescan()
         self.limit_bytes = auto_limit(root, self.usage()) if limit is None else limit
@@ -296,7 +296,9 @@ class ByteCache:
         start = index * self.block_bytes
         try:
             tail = self._fetch(url, version, flight.entry, start + self.block_bytes, fetch, flight.add_tail)
-            head = self._fetch(url, version, start, flight.entry, fetch, flight.add_head) if flight.entry > start else b""
+            head = b""
+            if flight.entry > start:
+                head = self._fetch(url, version, start, flight.entry, fetch, flight.add_head)
         except BaseException:
             if kept:
                 self._release(room)
@@ -388,13 +390,3 @@ class ByteCache:
         """Set the ledger from the files (a new folder, or one whose ledger went missing)."""
         with files.FileLock(self._evict_lock), files.FileLock(self._ledger) as lock:
             lock.set(files.scan(self.root, self.block_bytes)[1])
-
-    def _tagged(self) -> None:
-        tag = os.path.join(self.root, "CACHEDIR.TAG")
-        if not os.path.lexists(tag):
-            try:
-                fd = os.open(tag, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(files.TAG)
-            except OSError:
-                pass

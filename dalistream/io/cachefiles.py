@@ -75,6 +75,18 @@ def auto_limit(folder: str, held: int) -> int:
     return max(0, held + st.f_bavail * st.f_frsize - st.f_blocks * st.f_frsize // 10)
 
 
+def tag_folder(root: str) -> None:
+    """Mark ``root`` as a cache (``CACHEDIR.TAG``: backup tools skip it), once; a failure is no error."""
+    tag = os.path.join(root, "CACHEDIR.TAG")
+    if not os.path.lexists(tag):
+        try:
+            fd = os.open(tag, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(TAG)
+        except OSError:
+            pass
+
+
 def boot_id() -> bytes:
     """This boot of the machine (16 bytes; zeros where the system does not say)."""
     try:

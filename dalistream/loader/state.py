@@ -54,7 +54,8 @@ from ..stream import Stream, relative_names
 
 log = logging.getLogger(__name__)
 
-# 6: the node count (affinity="node") in the plan and in segments; 5: a digest of itself, the sources' content versions, exact's last step dealt position by
+# 6: the node count (affinity="node") in the plan and in segments;
+# 5: a digest of itself, the sources' content versions, exact's last step dealt position by
 # position; 4: interleave; 3: segments of an epoch under other layouts, sources by identity;
 # 2: spans; 1: whole shards
 STATE_VERSION = 6
@@ -308,7 +309,8 @@ def node_report(stream: Stream, saved_nodes: Optional[int]) -> Optional[Dict[str
     report = {"nodes": nodes.count, "node": node, "ranks_per_node": nodes.ranks_per_node, "shards": int(mine.sum()),
               "samples": int(np.asarray(counts)[mine].sum()), "from_nodes": None, "cache_kept": None}
     if saved_nodes is not None and saved_nodes != nodes.count:
-        report.update(from_nodes=int(saved_nodes), cache_kept=cache_kept(counts, saved_nodes, nodes.count, c.seed)[node])
+        kept = cache_kept(counts, saved_nodes, nodes.count, c.seed)[node]
+        report.update(from_nodes=int(saved_nodes), cache_kept=kept)
     return report
 
 

@@ -98,7 +98,8 @@ def resume_view(args: argparse.Namespace, urls: Sequence[str], counts) -> Dict[s
     was = Layout(saved["world_size"], saved["workers"], saved["batch_size"])
     segments, step = continued(segments, head(was, saved.get("nodes")), step, head(layout, nodes and nodes.count))
     if schedule.policy == "fixed":
-        summary = remaining_summary(counts, layout.planned(interleave), schedule, epoch, segments, int(saved["shuffle"]))
+        summary = remaining_summary(counts, layout.planned(interleave), schedule, epoch, segments,
+                                    int(saved["shuffle"]))
     plan = AffinePlan(counts, layout, nodes, schedule, epoch, columns=interleave,
                       shuffle=0 if interleave else int(saved["shuffle"]), segments=segments)
     if schedule.policy != "fixed":

@@ -359,7 +359,8 @@ def test_processes_racing_for_a_block_fetch_it_once(tmp_path, origin, readers, r
     results = [c.result() for c in children]
     for (a, b), (digest, _) in zip(ranges, results):
         assert digest == sha(data[a:b])
-    fetches = [(int(row[3]), int(row[4])) for row in fetch_log(log)]  # a block: from where its reader starts, then before
+    # a block is fetched from where its first reader starts, then the bytes before that
+    fetches = [(int(row[3]), int(row[4])) for row in fetch_log(log)]
     got = sorted((a // (64 * KB), b - a) for a, b in fetches)
     wanted = {k for a, b in ranges for k in blocks(a, b, 64 * KB)}
     assert {k for k, _ in got} == wanted  # every block wanted, fetched

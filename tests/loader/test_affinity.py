@@ -171,6 +171,19 @@ def test_the_same_node_count_goes_on_at_its_step(shards):
         assert loader.stats()["affinity"]["from_nodes"] == 2
 
 
+def test_fixed_with_a_manifest_runs_its_batches_each_node_on_its_shards(shards, tmp_path):
+    from dalistream import cli
+
+    manifest = str(tmp_path / "manifest.json")
+    assert cli.main(["index", shards, "-o", manifest]) == 0
+    owner = node_owner(SIZES, 2, 5)
+    for rank in range(4):
+        with Loader(open_rank(shards, rank, 4, 2, policy="fixed", batches_per_epoch=4, manifest=manifest)) as loader:
+            batches = list(loader)
+        assert len(batches) == 4 and all(len(b["key"]) == 3 for b in batches)
+        assert {int(owner[shard_of(u)]) for b in batches for u in b["url"]} == {rank // 2}
+
+
 def test_what_affinity_cannot_run_is_refused_by_name(shards, tmp_path):
     with pytest.raises(ConfigError, match="not supported for a mix"):
         Stream.open({"a": (shards, 1.0)}, fields={"key": "__key__"}, batch_size=2, device="cpu", affinity="node",
