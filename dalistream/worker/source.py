@@ -205,6 +205,8 @@ class WorkerSource:
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
         columns = self.columns(epoch)
         steps = columns[0][0].steps
+        for source, reader in enumerate(self.readers):  # (through a byte cache: its objects' versions, ahead)
+            reader.state_ahead([plan for plan, _, s in columns if s == source], stats)
         arena = Arena()  # the runs of all columns side by side: decoded together with no copy
         for reader in self.readers:
             reader.arena = arena
