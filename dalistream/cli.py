@@ -18,8 +18,8 @@ from typing import List, Optional
 from .errors import DalistreamError, redact
 from .stream import default_cache_dir
 from .tools import demo, planview, runstats
-from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, emit, flag_spelling, mix_options,
-                         progress_bar, storage_options, stream_sources)
+from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, affinity_options, emit,
+                         flag_spelling, mix_options, progress_bar, storage_options, stream_sources)
 from .tools.bench import runner as bench
 
 log = logging.getLogger("dalistream")
@@ -146,7 +146,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         interleave=args.interleave,
         policy=args.policy, batches_per_epoch=args.batches_per_epoch, manifest=args.manifest,
         on_error=args.on_error, storage_options=storage_options(args), start_method=args.start_method,
-        **mix_options(args),
+        **mix_options(args), **affinity_options(args),
     )
     with Loader(stream) as loader:
         if args.state_in:

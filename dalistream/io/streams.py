@@ -58,6 +58,7 @@ class _Limited(io.RawIOBase):
         self._end = end
         self._pos = pos
         self._tail = memoryview(END_OF_ARCHIVE)
+        self._readinto = getattr(stream, "readinto1", None) or stream.readinto
 
     def readable(self) -> bool:
         return True
@@ -79,12 +80,12 @@ class _Limited(io.RawIOBase):
         if n <= 0:
             n, self._tail = copy_tail(view, self._tail)
             return n
-        data = self._stream.read(n)
-        if not data:  # the shard ended before the part did: no marker, the parser reports it
+        got = self._readinto(view[:n])  # (straight into the caller's buffer: no bytes made, none copied)
+        if not got:  # the shard ended before the part did: no marker, the parser reports it
             self._tail = self._tail[:0]
-        view[:len(data)] = data
-        self._pos += len(data)
-        return len(data)
+            return 0
+        self._pos += got
+        return got
 
     def close(self) -> None:
         if not self.closed:
@@ -107,7 +108,9 @@ class _Owned(io.BufferedReader):
 
     def __init__(self, ahead: ReadAhead) -> None:
         self._ahead = ahead
-        super().__init__(ahead.open(0).detach(), CHUNK)  # type: ignore[arg-type]
+        opened = ahead.open(0)
+        raw = opened.detach() if isinstance(opened, io.BufferedReader) else opened
+        super().__init__(raw, CHUNK)  # type: ignore[arg-type]
 
     def close(self) -> None:
         try:

@@ -44,6 +44,11 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
                             "fixed (--batches-per-epoch)")
         p.add_argument("--batches-per-epoch", type=int, default=None, help="with --policy fixed")
         if loader:
+            p.add_argument("--affinity", choices=["node"], default=None,
+                           help="node: each node reads a fixed share of the shards every epoch, so its --cache holds "
+                                "about 1/N of the data (nodes from LOCAL_WORLD_SIZE or SLURM_NTASKS_PER_NODE)")
+            p.add_argument("--ranks-per-node", type=int, default=None,
+                           help="with --affinity node: ranks on each node (default: from the launcher, else one node)")
             p.add_argument("--mix", action="append", default=None, metavar="NAME=WEIGHT:SOURCE",
                            help="one weighted source of a mix, instead of SOURCEs (repeat it for each source)")
             p.add_argument("--per-batch", choices=["sample", "source"], default="sample",
@@ -98,6 +103,11 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
+def affinity_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """``Stream.open``'s ``affinity`` and ``ranks_per_node`` from ``--affinity`` and ``--ranks-per-node``."""
+    return {"affinity": getattr(args, "affinity", None), "ranks_per_node": getattr(args, "ranks_per_node", None)}
+
+
 def storage_options(args: argparse.Namespace) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     if getattr(args, "endpoint_url", None):
@@ -130,7 +140,7 @@ def progress_bar(args: argparse.Namespace, *, total: int, unit: str):
 
 #: Options a hint may name the Python way that the command line has as flags.
 FLAGS = ("on_error", "policy", "batch_size", "workers", "world_size", "rank", "shuffle", "interleave", "manifest",
-         "batches_per_epoch", "per_batch", "samples_per_epoch", "seed")
+         "batches_per_epoch", "per_batch", "samples_per_epoch", "seed", "affinity", "ranks_per_node")
 _ASSIGNED = re.compile(r"(?<![\w./?&=-])(" + "|".join(FLAGS) + r")=('[^']*'|\"[^\"]*\"|[\w.+-]+)")
 _NAMED = re.compile(r"(?<![\w./?&=-])(" + "|".join(name for name in FLAGS if "_" in name) + r")(?![\w=])")
 

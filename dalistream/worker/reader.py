@@ -3,12 +3,10 @@ order and decoded, as blocks of rows (:class:`~.rows.Rows`): the one item type o
 stream. A lone sample is a block of one.
 
 :meth:`PlanReader.blocks` opens the plan's parts in sequence (:class:`~dalistream.io.ShardSequence`),
-reads their samples (a regular shard's a run at a time, cut out by the manifest's member layout,
-:mod:`dalistream.tar.runs`; others by header walk, :mod:`dalistream.tar.samples`), decodes
-them (:class:`~.rows.RowDecoder` for a run, :class:`~.fields.FieldDecoder` for one sample) and
-applies the error policy where a problem is found, in order: a bad sample is raised or counted
-and left out, a damaged or stale shard likewise after the samples before its damage. Nothing but
-rows comes out.
+reads their samples a run at a time (cut out by the member layout, :mod:`dalistream.tar.runs`;
+or found by header walk and gathered, :mod:`dalistream.tar.walked`), decodes them (a run by
+:class:`~.rows.RowDecoder`, a sample alone by :class:`~.fields.FieldDecoder`) and applies the
+error policy where a problem is found, in order. Nothing but rows comes out.
 
 Samples are numbered in plan order by their *ordinal* (the parts' samples less the plan's
 drops). A resume reads from ``start`` on: each part opens at its first sample still to read (a
@@ -20,20 +18,21 @@ is its first).
 A column's blocks come from a :class:`ColumnReader`, which reads the tar reader's raw items
 ahead on request, so that the :class:`~.feed.Feed` decodes the runs of all of a worker's columns
 together (:func:`~.rows.decode_runs`) before each column turns its items into blocks, in its own
-order: the problems of a shard are acted on before the item read just before them.
+order: the problems of a shard are acted on before the sample read just before them.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import AbstractSet, Iterator, List, Optional, Tuple
+from typing import AbstractSet, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
+from ..io.remote import state_ahead
 from ..io.streams import ShardSequence, chunk_bytes, is_gzip_name
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
@@ -79,12 +78,11 @@ class PlanReader:
     def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0,
               gone: AbstractSet[int] = frozenset()) -> Iterator[list]:
         """The tar reader's raw items of the plan (runs, single samples) as ``[item, its part's
-        :class:`Numbering`, its pass, the shard problems met before it]``: each sample is given
-        out once the next one is read, so a shard's problem (met at the end of its part) comes
-        with the sample before it and is acted on first, as when samples are read one by one (see
-        :meth:`_part`): a run is given out at once but for its last sample, which is cut off
-        (:meth:`~dalistream.tar.runs.Run.split`) and waits for the next item; problems with no
-        item left after them come with an item ``None``."""
+        :class:`Numbering`, its pass, the shard problems met before it]``: a sample is given out
+        once the next is read (a run at once, but for its last sample, cut off by
+        :meth:`~dalistream.tar.runs.Run.split`), so a shard's problem, met at the end of its part,
+        is acted on before the sample before it, as when samples are read one by one; problems
+        with no item left after them come with an item ``None``."""
         c = self.config
         ordinal = 0
         passes = itertools.count() if c.policy == "fixed" else range(1)
@@ -137,6 +135,13 @@ class PlanReader:
             if c.policy == "fixed" and not given and not (n_pass == 0 and (start or gone)):
                 raise self.no_samples(plan)
 
+    def state_ahead(self, plans: Sequence[WorkerPlan], stats: WorkerStats) -> None:
+        """Through a byte cache: the versions of the shards ``plans`` read stated ahead, in
+        parallel (:func:`~dalistream.io.remote.state_ahead`), so that the columns, opened one after
+        the other, do not each wait for a round trip."""
+        state_ahead([self.data.urls[index] for plan in plans for index, _, _ in plan.parts],
+                    self.config.storage_options, stats.io)
+
     def no_samples(self, plan: WorkerPlan) -> SourceError:
         """The error of a ``fixed`` worker whose pass over its parts gave no usable sample."""
         c = self.config
@@ -157,16 +162,12 @@ class PlanReader:
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
               start: Optional[int], end: Optional[int], stats: WorkerStats,
               numbering: Optional["Numbering"] = None) -> Iterator:
-        """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None), from
-        ``shards.open(position)``: the bytes from ``start`` (``first``'s offset, a seek or a ranged
-        GET) to ``end`` (``stop``'s, closed by an end-of-archive marker) when the offsets are known,
-        else from the shard's start, the samples before ``first`` passed over by header;
-        ``numbering`` gives each sample's ordinal and the samples passed over. A stale count is found where it shows: a shard ending before
-        ``stop``, or holding more samples than its count after its last part. Yields the raw
-        items of the tar reader (runs, samples: :meth:`_blocks` decodes them); the shard's
-        problem, if any, is left in ``numbering.problem``: :meth:`items` gives it with the item
-        before it, so the error of a shard that ends badly, and of the unreadable shards after
-        it, is met before its last samples, and before the samples the plan counted run out."""
+        """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None) from
+        ``shards.open(position)``: bytes ``start`` to ``end`` when the offsets are known (a seek or
+        a ranged GET), else from the shard's start, the samples before ``first`` passed over by
+        header; ``numbering`` numbers them. A stale count shows as a shard ending before ``stop`` or
+        holding more samples than counted. Yields the tar reader's raw items; the shard's problem is
+        left in ``numbering.problem``, which :meth:`items` gives with the sample before it."""
         c = self.config
         numbering = numbering or Numbering(first, None if stop is None else stop - first)
         skip = numbering.skip

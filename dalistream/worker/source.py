@@ -214,6 +214,8 @@ class WorkerSource:
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
         columns = self.columns(epoch)
         steps = columns[0][0].steps
+        for source, reader in enumerate(self.readers):  # (through a byte cache: its objects' versions, ahead)
+            reader.state_ahead([plan for plan, _, s in columns if s == source], stats)
         if self._arena is None:  # the runs of all columns side by side: decoded together with no copy
             self._arena = Arena()
         for reader in self.readers:

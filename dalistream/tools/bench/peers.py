@@ -102,7 +102,8 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
         interleave=spec.get("interleave"),
         policy=spec.get("policy", "even"), batches_per_epoch=spec.get("batches_per_epoch"),
         on_error=spec.get("on_error", "raise"), storage_options=spec.get("storage_options") or {},
-        manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"), **mixed,
+        manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"), affinity=spec.get("affinity"),
+        ranks_per_node=spec.get("ranks_per_node"), **mixed,
     )
     kwargs: Dict[str, Any] = {"num_threads": spec["threads"]}
     if pipeline == "read-only":

@@ -325,7 +325,7 @@ def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: 
             "epoch": args.epoch, "shuffle": args.shuffle, "interleave": args.interleave, "policy": args.policy,
             "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error,
             "mix": mix, "per_batch": args.per_batch, "samples_per_epoch": args.samples_per_epoch,
-            "local_urls": list(local_urls)}
+            "affinity": args.affinity, "ranks_per_node": args.ranks_per_node, "local_urls": list(local_urls)}
     sweep = _parse_sweep(args.sweep)
     if sweep is None:
         log(f"bench: {len(urls)} shards, {sum(counts)} samples, batch {args.batch_size}, workers {args.workers}, "
