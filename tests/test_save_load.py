@@ -4,7 +4,8 @@ item, the middle, the epoch boundary, the last item) its state is taken, a *fres
 made from that state alone, and what it yields must be exactly the rest of the uninterrupted
 run, across the epoch boundary. Stages: a worker's source (spans, interleaved columns, a shuffle
 buffer, ``exact`` padding, ``fixed`` passes, a mix read interleaved and in spans, an elastic
-resume's segment) and the loader itself (state_dict / load_state_dict, through DALI)."""
+resume's segment) and the loader itself (state_dict / load_state_dict, through DALI; over one data
+set, read interleaved or in spans, and over a mix)."""
 
 from __future__ import annotations
 
@@ -119,10 +120,13 @@ def test_a_worker_s_source_in_an_elastic_resume_s_segment(shards, interleave):
 
 
 @pytest.mark.dali
-@pytest.mark.parametrize("options", [dict(), dict(interleave=False, shuffle=5, policy="exact")])
+@pytest.mark.parametrize("options", [dict(), dict(interleave=False, shuffle=5, policy="exact"), dict(mix=True)])
 def test_the_loader(shards, options):
     d, paths, _ = shards
-    stream = Stream.open(paths, fields={"key": "__key__"}, batch_size=6, workers=2, device="cpu", seed=4,
+    options = dict(options)
+    sources = ({"a": (os.path.join(d, "a"), 0.6), "b": (os.path.join(d, "b"), 0.4)} if options.pop("mix", False)
+               else paths)
+    stream = Stream.open(sources, fields={"key": "__key__"}, batch_size=6, workers=2, device="cpu", seed=4,
                          cache_dir=os.path.join(d, "cache"), **options)
 
     def make(state):
