@@ -93,24 +93,26 @@ def remote_options(options: Optional[Mapping[str, Any]]) -> RemoteOptions:
     return opts
 
 
-MIN_SHARED_PART = 1 << 20  # a part of a shared budget is still a large ranged read
-MIN_SHARED_CHUNK = 64 << 10  # and a read of a local file, or of a parser's buffer, still a large one
+MIN_SHARED_CHUNK = 64 << 10  # a read of a local file, or of a parser's buffer, still a large one
+MAX_IN_FLIGHT = 32  # the most requests a worker keeps in flight for its columns (and a client's connections)
 
 
 def shared_budget(options: Optional[Mapping[str, Any]], share: int) -> Dict[str, Any]:
-    """``options`` for one of ``share`` byte streams a worker reads at once (interleaved columns):
-    the read-ahead, the parts in flight and, when needed, the part size divided among them, so the
-    worker's remote memory stays what one stream's budget allows (parts no smaller than
-    :data:`MIN_SHARED_PART`); so is ``chunk_bytes``, the size of each stream's read buffers
-    (local files and the tar parser; no smaller than :data:`MIN_SHARED_CHUNK`)."""
+    """``options`` for one of ``share`` byte streams a worker reads at once (interleaved columns,
+    fetched by one :class:`~.parts.PartFetcher`): the read-ahead divided among them, so the
+    worker's remote memory stays within its ``read_ahead_bytes``, and parts of at most half a
+    stream's share, so each stream's next part is fetched while it reads the one before; the
+    requests in flight are the worker's, shared by its streams (``parts_in_flight`` or one per
+    stream, up to :data:`MAX_IN_FLIGHT`). So is ``chunk_bytes``, the size of each stream's read
+    buffers (local files, the tar parser, the reads of a part; no smaller than :data:`MIN_SHARED_CHUNK`
+    unless its read-ahead is)."""
     options = dict(options or {})
     if share <= 1:
         return options
     opts = remote_options(options)
-    ahead = max(MIN_SHARED_PART, opts.read_ahead_bytes // share)
-    options.update(read_ahead_bytes=ahead, parts_in_flight=max(1, opts.parts_in_flight // share),
-                   part_bytes=max(MIN_SHARED_PART, min(opts.part_bytes, ahead)),
-                   chunk_bytes=max(MIN_SHARED_CHUNK, opts.chunk_bytes // share))
+    ahead = max(2048, opts.read_ahead_bytes // share)
+    options.update(read_ahead_bytes=ahead, part_bytes=max(1024, min(opts.part_bytes, ahead // 2)),
+                   chunk_bytes=min(ahead, max(MIN_SHARED_CHUNK, opts.chunk_bytes // share)))
     return options
 
 

@@ -45,6 +45,7 @@ from . import batch
 from .policy import ErrorPolicy
 from ..mixing import Mix, worker_columns
 from ..io.options import shared_budget
+from ..io.parts import PartFetcher
 from .feed import Feed, shuffled_blocks
 from .reader import PlanReader
 from .rows import Rows
@@ -86,6 +87,7 @@ class WorkerSource:
         self.profile_dir = os.environ.get(PROFILE_ENV) or None
         self._profile: Optional[cProfile.Profile] = None
         self._arena: Optional[Arena] = None  # (made in the worker; its buffers serve every epoch)
+        self._fetcher: Optional[PartFetcher] = None  # (made in the worker; its threads serve every epoch)
 
     def _readers(self) -> None:
         c = self.config
@@ -185,7 +187,7 @@ class WorkerSource:
         state = dict(self.__dict__)
         state["_gen"] = None  # generators never travel to the worker
         state["_profile"] = None
-        state["_arena"] = None
+        state["_arena"] = state["_fetcher"] = None
         return state
 
     # -- one epoch -------------------------------------------------------------------------
@@ -218,8 +220,10 @@ class WorkerSource:
             reader.state_ahead([plan for plan, _, s in columns if s == source], stats)
         if self._arena is None:  # the runs of all columns side by side: decoded together with no copy
             self._arena = Arena()
+        if self._fetcher is None:  # the columns' remote parts, fetched together (no thread for local ones)
+            self._fetcher = PartFetcher()
         for reader in self.readers:
-            reader.arena = self._arena
+            reader.arena, reader.fetcher = self._arena, self._fetcher
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
         streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
                    for plan, take, source in columns]

@@ -267,7 +267,7 @@ def test_through_a_byte_cache_the_reader_reads_what_the_read_ahead_fetched(shard
 
 
 def test_aligned_part_sizes():
-    from dalistream.io.parts import aligned_part
+    from dalistream.io.partstate import aligned_part
 
     assert aligned_part(8 << 20, 4 << 20) == 8 << 20 and aligned_part(10 << 20, 4 << 20) == 8 << 20
     assert aligned_part(1 << 20, 4 << 20) == 1 << 20 and aligned_part(3 << 20, 4 << 20) == 2 << 20
