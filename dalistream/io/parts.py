@@ -33,7 +33,7 @@ next one.
 from __future__ import annotations
 
 import threading
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import SourceError
 from .counters import IOCounters
@@ -64,8 +64,10 @@ class PartFetcher:
         lock = threading.RLock()
         self.cond = threading.Condition(lock)  # the reader and whole-object streams wait on it
         self.work = threading.Condition(lock)  # idle threads wait on it
-        self.shards: List[Optional[ShardState]] = []
-        self.owners: List[StreamState] = []  # the stream of each shard of the list
+        # (by index in the fetcher's list; a stream's entries go when it is dropped)
+        self.shards: Dict[int, Optional[ShardState]] = {}
+        self.owners: Dict[int, StreamState] = {}  # the stream of each shard
+        self.count = 0
         self.streams: List[StreamState] = []  # those still read
         self.held = 0
         self.in_flight = 0
@@ -84,11 +86,13 @@ class PartFetcher:
         """A stream of ``urls`` (fetched from index ``start`` on, read with ``opts``, counted in
         ``counters``): its shards are this fetcher's ``base + i``; returns ``base``."""
         with self.cond:
-            lo = len(self.shards)
-            self.shards += [ShardState(url, *(ranges[i] if ranges is not None else (0, None))) if is_ranged(url) else None
-                            for i, url in enumerate(urls)]
-            stream = StreamState(lo, len(self.shards), start, opts, counters)
-            self.owners += [stream] * len(urls)
+            lo = self.count
+            self.count += len(urls)
+            stream = StreamState(lo, self.count, start, opts, counters)
+            for i, url in enumerate(urls):
+                self.shards[lo + i] = ShardState(url, *(ranges[i] if ranges is not None else (0, None))) \
+                    if is_ranged(url) else None
+                self.owners[lo + i] = stream
             self.streams.append(stream)
             wanted = max(opts.parts_in_flight, min(len(self.streams), MAX_THREADS) if self.open_to_more else 0)
             self.threads = [t for t in self.threads if t.is_alive()]
@@ -258,13 +262,15 @@ class PartFetcher:
     def version(self, index: int) -> Optional[str]:
         """The version shard ``index`` is pinned to, once its first part has answered."""
         with self.cond:
-            shard = self.shards[index]
+            shard = self.shards.get(index)
             return shard.etag if shard is not None else None
 
     def passed(self, index: int, pos: int) -> None:
         """The reader (reading from the cache itself) is at byte ``pos`` of shard ``index``: the
         parts before are no longer ahead of it."""
         with self.cond:
+            if index not in self.owners:
+                return  # (a stream dropped)
             slots, freed = self.owners[index].slots, False
             while slots and (slots[0].index < index or (
                     slots[0].index == index and slots[0].offset + slots[0].length <= pos)):
@@ -317,7 +323,8 @@ class PartFetcher:
     def _cancel_through(self, stream: StreamState, index: int) -> None:
         while stream.slots and stream.slots[0].index <= index:
             self._drop(stream.slots.popleft())
-        for shard in self.shards[stream.cursor:index + 1]:
+        for i in range(stream.cursor, index + 1):
+            shard = self.shards.get(i)
             if shard is not None:
                 shard.state = "done"
         stream.cursor = max(stream.cursor, index + 1)
@@ -327,7 +334,9 @@ class PartFetcher:
         """The next bytes of shard ``index`` in order, :data:`END` at its end; a failed part's
         error is raised in its place. Earlier shards of its stream are dropped (and no longer fetched)."""
         with self.cond:
-            stream = self.owners[index]
+            stream = self.owners.get(index)
+            if stream is None:
+                return END  # (a stream dropped: its reader closed it)
             if index > stream.lo and (stream.cursor < index or (stream.slots and stream.slots[0].index < index)):
                 self._cancel_through(stream, index - 1)
             while True:
@@ -355,17 +364,19 @@ class PartFetcher:
     def cancel(self, index: int) -> None:
         """The reader closed shard ``index`` early: drop its parts, fetch no more of it."""
         with self.cond:
-            self._cancel_through(self.owners[index], index)
+            if index in self.owners:
+                self._cancel_through(self.owners[index], index)
 
     def drop(self, base: int) -> None:
         """The stream added at ``base`` is read no more: drop its parts, fetch nothing more of it."""
         with self.cond:
-            if base >= len(self.owners):
-                return  # (a stream of no shards)
-            stream = self.owners[base]
+            stream = self.owners.get(base)
+            if stream is None:
+                return  # (a stream of no shards, or dropped)
             self._cancel_through(stream, stream.hi - 1)
-            if stream in self.streams:
-                self.streams.remove(stream)
+            self.streams.remove(stream)
+            for i in range(stream.lo, stream.hi):
+                del self.shards[i], self.owners[i]
 
     def stop(self) -> None:
         """Stop fetching; threads exit after their current chunk."""
