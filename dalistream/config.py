@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from .buckets import AspectBuckets, LengthBuckets
 from .errors import ConfigError, redact
 from .io.cache import parse_size
 from .kinds import IMAGE_EXTS, KINDS, Kind, is_image_ext, kind_for
@@ -256,6 +257,11 @@ class StreamConfig:
     cache_limit: Optional[Union[int, str]] = None
     """The most the cache may hold: bytes, or a size like ``"800GB"`` or ``"512GiB"`` (parsed when the config is
     made); ``None``: what its disk has free, less a tenth of the disk."""
+    buckets: Optional[Union[AspectBuckets, LengthBuckets]] = None
+    """Batches by shape: :class:`~dalistream.AspectBuckets` (each batch one aspect ratio, carrying its target
+    ``bucket_width``/``bucket_height``) or :class:`~dalistream.LengthBuckets` (each batch one length range,
+    carrying ``bucket_length``), from per-sample keys in the manifest (``dalistream index --keys``); policy
+    ``even`` or ``exact``, read in columns (no shuffle buffer). See :mod:`dalistream.buckets`."""
 
     def __post_init__(self) -> None:
         if isinstance(self.sources, (str, bytes)):
@@ -268,6 +274,8 @@ class StreamConfig:
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_size(self.cache_limit, "cache_limit"))
         self._check()
+        if self.buckets is not None:  # a bucket plan reads in columns, as interleaved reading does
+            object.__setattr__(self, "interleave", True if self.interleave is None else self.interleave)
         interleave, shuffle = reading_order(self.policy, self.interleave, self.shuffle,
                                             counts_known=bool(self.manifest) or self.policy != "fixed")
         object.__setattr__(self, "interleave", interleave)
@@ -309,6 +317,25 @@ class StreamConfig:
                 raise bad(name, "a path or None")
         if not isinstance(self.storage_options, Mapping):
             raise bad("storage_options", "a dict")
+        self._check_buckets()
+
+    def _check_buckets(self) -> None:
+        if self.buckets is None:
+            return
+        if not isinstance(self.buckets, (AspectBuckets, LengthBuckets)):
+            raise ConfigError(f"buckets must be a dalistream.AspectBuckets or LengthBuckets, got {self.buckets!r}")
+        if self.policy == "fixed":
+            raise ConfigError("buckets need policy 'even' or 'exact' (a 'fixed' number of batches has no bucket plan)",
+                              hint="use policy='even'")
+        if self.interleave is False or (self.shuffle or 0) > 1:
+            raise ConfigError("buckets read in columns, one per batch position, whose batches form as each bucket "
+                              "fills: there is no shuffle buffer nor one span per worker to choose",
+                              hint="leave shuffle and interleave unset")
+        names = {f.name for f in self.fields}
+        clash = sorted(names & set(self.buckets.outputs))
+        if clash:
+            raise ConfigError(f"fields {clash}: with buckets those names are the batch's bucket outputs",
+                              hint="rename the fields")
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -333,6 +360,11 @@ class StreamConfig:
     def schedule(self) -> Schedule:
         """Seed and epoch policy, as the plan takes them."""
         return Schedule(self.seed, self.policy, self.batches_per_epoch, self.shuffle_shards)
+
+    @property
+    def bucket_outputs(self) -> tuple:
+        """The outputs that carry each batch's bucket (none without buckets: ``buckets.outputs``)."""
+        return self.buckets.outputs if self.buckets is not None else ()
 
     def replace(self, **changes: Any) -> "StreamConfig":
         """A copy with some fields changed (validated again)."""
