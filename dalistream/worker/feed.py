@@ -24,6 +24,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..plan.bucketworker import KEY_SHIFT
 from ..plan.shuffle import shuffled
 from .reader import ColumnReader
 from .rows import Rows, decode_runs
@@ -35,16 +36,18 @@ FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the first batch
 
 
 class _Column:
-    """One column's blocks not yet delivered (the first ``at`` rows of the first block are gone)."""
+    """One column's blocks not yet delivered (the first ``at`` rows of the first block are gone);
+    ``key``: with keys, the first key of its rows (``column × KEY_SHIFT``; a row's key adds its ordinal)."""
 
-    __slots__ = ("stream", "blocks", "at", "queued", "done")
+    __slots__ = ("stream", "blocks", "at", "queued", "done", "key")
 
-    def __init__(self, stream: Iterator[Rows]) -> None:
+    def __init__(self, stream: Iterator[Rows], key: Optional[int] = None) -> None:
         self.stream = stream
         self.blocks: List[Rows] = []
         self.at = 0
         self.queued = 0
         self.done = False
+        self.key = key
 
     def fill(self, need: int) -> None:
         while self.queued < need and not self.done:
@@ -64,6 +67,9 @@ class _Column:
             m = min(k - got, block.n - self.at)
             for dest, values in zip(out, block.columns):
                 dest.extend(values[self.at:self.at + m])
+            if self.key is not None:  # the keys: one more list after the fields'
+                first = self.key + block.ordinal + self.at
+                out[-1].extend(range(first, first + m))
             self.at += m
             got += m
             if self.at == block.n:
@@ -78,14 +84,17 @@ class Feed:
     step ``t``, from step ``start`` on (see the module doc). ``bytes_per_sample`` (when known)
     sizes the rounds. ``first_batch``: the pipeline's first batch (after a start or a resume):
     the parts opened for it start with a short run (:data:`FIRST_RUN_BYTES`), so it waits for
-    little."""
+    little. ``keyed``: every step's rows come with one more list, each row's key ``c << 40 |
+    ordinal`` (``c`` its column, the ordinal its place in the column: a bucket plan's emissions
+    name them)."""
 
     def __init__(self, streams: Sequence[Iterator[Rows]], takes: np.ndarray, n_fields: int, start: int = 0,
-                 bytes_per_sample: Optional[float] = None, first_batch: bool = False) -> None:
-        self.columns = [_Column(s) for s in streams]
+                 bytes_per_sample: Optional[float] = None, first_batch: bool = False, keyed: bool = False) -> None:
+        self.columns = [_Column(s, c * KEY_SHIFT if keyed else None) for c, s in enumerate(streams)]
         self.takes = np.asarray(takes, dtype=np.int64).reshape(-1, len(self.columns))
-        self.n_fields = n_fields
-        per_step = max(1, int(self.takes.max(initial=1)) * len(self.columns))
+        self.n_fields = n_fields + keyed
+        # rows a step reads, on average (a bucket plan's steps read unevenly: a few read much)
+        per_step = max(1, int(np.ceil(self.takes.sum(axis=1).mean()))) if len(self.takes) else 1
         if bytes_per_sample:
             self.max_steps = int(max(1, min(MAX_ROUND_STEPS, ROUND_BYTES // (per_step * bytes_per_sample))))
         else:
