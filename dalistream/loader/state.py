@@ -5,13 +5,18 @@
     {"version": 5,
      "loader": {"epoch": e, "step": s},
      "plan": {"seed", "rank", "world_size", "workers", "batch_size", "policy", "shuffle", "interleave",
-              "batches_per_epoch", "shuffle_shards", "sources": IDENTITY},
+              "batches_per_epoch", "shuffle_shards", "buckets": BUCKETS, "sources": IDENTITY},
      "segments": [[world_size, workers, batch_size, steps], ...],
      "digest": "…"}
 
 ``digest`` is the SHA-256 of the rest (its canonical JSON): a state edited by hand (a step
 changed) or damaged on the way is refused (:class:`~dalistream.errors.StateError`). It is a
 checksum, not a signature: whoever edits a state on purpose can compute it again.
+
+``BUCKETS`` is ``None``, or the stream's buckets as plain data (their kind, sizes or field and
+edges, and ``per``: ``AspectBuckets.plain()``, ``auto``'s sizes as
+computed): the batches of a bucket plan are its own, so a state resumes only the same buckets;
+its segments are the layouts themselves (a bucket plan reads its own columns).
 
 ``IDENTITY`` says what the shards are (:func:`dalistream.stream.sources_identity`): their number,
 names relative to their folder or bucket prefix, per-shard sample counts and sizes (digests), and
@@ -47,7 +52,7 @@ from ..stream import Stream, relative_names
 # 2: spans; 1: whole shards
 STATE_VERSION = 5
 VERSIONS = (2, 3, 4, STATE_VERSION)  # those that load
-INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards")  # a resume cannot change these
+INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards", "buckets")  # a resume cannot change these
 CONTENT = ("root", "versions")  # the identity's content part (version 5)
 THREADS = 32  # shards' versions asked for at once (stat on a network file system, HEAD)
 LOCAL_CHUNK = 4096  # local shards per task (a stat on a local disk takes microseconds)
@@ -104,6 +109,7 @@ def read_state(state: Any, current: Mapping[str, Any]) -> SavedState:
         saved.setdefault("shuffle_shards", current.get("shuffle_shards"))
     if version < 4:  # before interleaved reading
         saved.setdefault("interleave", False)
+    saved.setdefault("buckets", None)  # a state taken before buckets existed: none
     missing = sorted(set(current) - set(saved))
     if missing:
         raise StateError(f"loader state: plan lacks {missing}")

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ...buckets import parse_buckets
 from ...dali import ops
 from ...dali.compat import shutdown
 from ...dali.ops import IMAGENET_MEAN, IMAGENET_STD
@@ -94,6 +95,8 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
     pipeline = spec["pipeline"]
     mix = spec.get("mix")
     mixed = {"per_batch": spec.get("per_batch", "sample"), "samples_per_epoch": spec.get("samples_per_epoch")} if mix else {}
+    buckets = parse_buckets(spec["buckets"], spec.get("bucket_per", "rank"), spec.get("lookahead")) \
+        if spec.get("buckets") else None
     stream = dalistream.Stream.open(
         {name: (list(urls), weight) for name, (urls, weight) in mix.items()} if mix else spec["urls"],
         cache=spec.get("cache"), cache_limit=spec.get("cache_limit"),
@@ -102,7 +105,7 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
         interleave=spec.get("interleave"),
         policy=spec.get("policy", "even"), batches_per_epoch=spec.get("batches_per_epoch"),
         on_error=spec.get("on_error", "raise"), storage_options=spec.get("storage_options") or {},
-        manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"), **mixed,
+        manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"), buckets=buckets, **mixed,
     )
     kwargs: Dict[str, Any] = {"num_threads": spec["threads"]}
     if pipeline == "read-only":
@@ -365,6 +368,8 @@ SYSTEMS: Dict[str, Tuple[Tuple[str, ...], Callable[[Dict[str, Any]], Opened]]] =
     # (the bench's --cache and --local-copy: dalistream without the cache, and on the local copy)
     "dalistream-nocache": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
     "dalistream-local": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
+    # (the bench's --buckets: dalistream on the same sources without them)
+    "dalistream-nobuckets": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
     "dali-native": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch"), open_dali_native),
     "webdataset": (("torch", "webdataset"), open_webdataset),
     "sequential-read": ((), open_sequential_read),
