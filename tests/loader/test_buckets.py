@@ -98,11 +98,12 @@ def test_torchrun_two_ranks_then_one_rank_with_another_batch_size(photos, tmp_pa
         rows = [json.load(open(out / f"rank-{r}.json")) for r in range(ranks)]
         assert [r["layout"] for r in rows] == [[r, ranks] for r in range(ranks)]
         for r in rows:
-            for batch_keys, bucket in zip(r["keys"], r["buckets"]):
-                assert {bucket_of(photos[1], k) for k in batch_keys} <= {bucket}
-            keys += [k for batch_keys in r["keys"] for k in batch_keys]
+            for batch in r["batches"]:
+                assert {bucket_of(photos[1], k) for k in batch["keys"]} <= {batch["bucket"]}
+                assert batch["shape"] == list(PHOTO_SIZES[batch["bucket"]][::-1])  # (height, width)
+            keys += r["keys"]
         if ranks == 2:
-            assert rows[0]["steps"] == rows[1]["steps"] == 3
+            assert len(rows[0]["batches"]) == len(rows[1]["batches"]) == 3
     assert sorted(keys) == sorted(photos[1])
 
 
