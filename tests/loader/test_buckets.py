@@ -186,3 +186,14 @@ def test_the_torch_side_sees_each_batch_s_bucket(photos):
     assert (int(batch["bucket_width"][0]), int(batch["bucket_height"][0])) == PHOTO_SIZES[bucket]
     assert dalistream.AspectBuckets(PHOTO_SIZES).describe(bucket) == {"width": PHOTO_SIZES[bucket][0],
                                                                       "height": PHOTO_SIZES[bucket][1]}
+
+
+@pytest.mark.parametrize("policy", ["exact", "even"])
+def test_the_workers_count_the_plan_s_padding_and_what_it_leaves_out(photos, policy):
+    with Loader(stream(photos, policy=policy)) as loader:
+        delivered = sum(len(b["key"]) for b in loader)
+        stats = loader.stats(wait_s=10)
+        steps = loader.stream.steps(0)
+    assert stats["samples"] == delivered
+    assert stats["padded"] == steps * 4 - delivered
+    assert stats["dropped"] == (len(photos[1]) - delivered if policy == "even" else 0)
