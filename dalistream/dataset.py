@@ -3,8 +3,8 @@
 A :class:`DataSet` is small and immutable: the shard URLs, their sample counts, every sample's
 tar offset with the member layouts (where known), where the counts came from, the stored bytes
 per sample and per shard, and for a bucketed stream every sample's bucket (from the manifest's
-per-sample keys: :mod:`dalistream.buckets`). It does no I/O; it pickles as it is (the offsets by path when
-saved to the cache directory), so each DALI worker receives it whole.
+per-sample keys: :mod:`dalistream.buckets`). It does no I/O; it pickles as it is (the offsets by
+path when saved to the cache directory), so each DALI worker receives it whole.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class DataSet:
     def __post_init__(self) -> None:
         n = len(self.urls)
         total = None if self.counts is None else sum(self.counts)
-        for name, column in list((self.keys or {}).items()) + ([("buckets", self.buckets)] if self.buckets is not None else []):
+        columns = list((self.keys or {}).items()) + ([("buckets", self.buckets)] if self.buckets is not None else [])
+        for name, column in columns:
             if total is None or len(column) != total:
                 raise ConfigError(f"data set: {len(column)} values of {name!r} for {total} samples")
         if self.counts is not None and len(self.counts) != n:

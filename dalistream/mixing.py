@@ -29,8 +29,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from dataclasses import dataclass
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -128,9 +128,10 @@ def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
                    storage_options: Optional[Mapping[str, Any]] = None) -> DataSet:
     """One data set resolved: its shards listed and their samples counted, with offsets and
     member layouts where a manifest or a scan has them (cached in ``config.cache_dir``), shard
-    sizes and bytes per sample, and the per-sample keys ``config.buckets`` need. The one way every data set is resolved, a mix's sources and a
-    single set alike (``config``: its policy, cache, scan limit, error policy; ``manifest`` the
-    source's, ``storage_options`` its own, else the config's). ``fixed`` without a manifest
+    sizes and bytes per sample, and (with ``config.buckets``) the manifest's per-sample keys. The
+    one way every data set is resolved, a mix's sources and a single set alike (``config``: its
+    policy, cache, scan limit, error policy; ``manifest`` the source's, ``storage_options`` its
+    own, else the config's). ``fixed`` without a manifest
     counts nothing (workers own whole shards)."""
     options = dict(config.storage_options if storage_options is None else storage_options)
     urls = expand_sources([sources] if isinstance(sources, str) else list(sources), options,
@@ -238,7 +239,9 @@ def concatenated(sources: Sequence[MixedSource]) -> Tuple[Tuple[str, ...], Tuple
 
 # -- buckets ------------------------------------------------------------------------------------
 
-_PLANS: "OrderedDict[tuple, Any]" = OrderedDict()  # a few recent epochs' plans, by their inputs
+# a few recent epochs' plans, by their inputs: (plan, the buckets' arrays it was made of, kept
+# alive so that no other array takes their id)
+_PLANS: "OrderedDict[tuple, tuple]" = OrderedDict()
 _KEEP = 4
 
 
@@ -249,7 +252,7 @@ def _kept(key: tuple, make) -> Any:
         while len(_PLANS) > _KEEP:
             _PLANS.popitem(last=False)
     _PLANS.move_to_end(key)
-    return found[0] if isinstance(found, tuple) else found
+    return found[0]
 
 
 def bucketed(config: Any, data: DataSet, mix: Any) -> Tuple[Any, DataSet, Any]:
@@ -292,23 +295,26 @@ def check_buckets(config: Any, data: DataSet, mix: Any) -> None:
         totals = sum(bucket_totals(d.buckets, len(config.buckets)) for d in sets)
         raise ConfigError(f"batch_size {config.batch_size} gives no batch of one bucket: buckets of "
                           f"{totals.tolist()} samples over {config.world_size} ranks",
-                          url=redact(config.sources[0]), hint="use a smaller batch_size, fewer buckets, or policy='exact'")
+                          url=redact(config.sources[0]),
+                          hint="use a smaller batch_size, fewer buckets, or policy='exact'")
 
 
-def bucket_epoch(config: Any, data: DataSet, epoch: int, resume: Sequence = (), rank: Optional[int] = None) -> BucketEpoch:
+def bucket_epoch(config: Any, data: DataSet, epoch: int, resume: Sequence = (),
+                 rank: Optional[int] = None) -> BucketEpoch:
     """The bucket plan of ``epoch`` for every rank and worker (the rest of it after ``resume``'s
     segments ran under other layouts); ``rank``: laid out for that rank's workers only (what a
     worker needs: the whole plan's cost spread over the ranks' workers would grow with the ranks)."""
-    b = config.buckets
-    key = ("one", id(data.buckets), len(data.buckets), config.layout, config.schedule, int(epoch), b.per,
-           tuple(map(tuple, resume)), b.lookahead, rank)
-    ranks = None if rank is None else (rank,)
-    if resume:
-        make = lambda: (resumed_bucket_plan(data.counts, data.buckets, len(b), config.layout, config.schedule, epoch,  # noqa: E731
-                                            b.per, resume, b.lookahead), data.buckets)
-    else:
-        make = lambda: (BucketEpoch(data.counts, data.buckets, len(b), config.layout, config.schedule, epoch,  # noqa: E731
-                                    b.per, lookahead=b.lookahead, ranks=ranks), data.buckets)
+    b, ids = config.buckets, data.buckets
+    key = ("one", id(ids), len(ids), config.layout, config.schedule, int(epoch), b.per, tuple(map(tuple, resume)),
+           b.lookahead, rank)
+
+    def make() -> tuple:
+        if resume:
+            return resumed_bucket_plan(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per, resume,
+                                       b.lookahead), ids
+        return BucketEpoch(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per,
+                           lookahead=b.lookahead, ranks=None if rank is None else (rank,)), ids
+
     return _kept(key, make)
 
 

@@ -60,9 +60,10 @@ def sharded_sources(
 ) -> Tuple[Optional[object], List[Sequence], List[WorkerSource]]:
     """Create the W parallel sources of ``data``; return ``(owner, branches, sources)``: the owner
     index node (``None`` with one worker, or when :func:`merge_by_concat` can merge the fields),
-    per worker its output nodes (the fields, the bucket's index of a bucketed stream, then ``valid``), and the W sources (not yet shipped
-    to their workers: :meth:`~WorkerSource.leave_out` may still narrow them). ``data.bytes_per_sample`` (shard bytes
-    / samples, when known) sizes the shared memory once for the whole run.
+    per worker its output nodes (the fields, a bucketed stream's bucket index, then ``valid``),
+    and the W sources (not yet shipped to their workers: :meth:`~WorkerSource.leave_out` may still
+    narrow them). ``data.bytes_per_sample`` (shard bytes / samples, when known) sizes the shared
+    memory once for the whole run.
 
     Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.dali.pipeline`),
     whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge`, or with
@@ -141,5 +142,6 @@ def bucket_nodes(config: StreamConfig, branches: Sequence[Sequence]) -> list:
     bucket = functools.reduce(operator.add, [b[n] for b in branches])
     table = config.buckets.table()
     keys = list(range(len(table) - 1))
-    return [bucket] + [fn.lookup_table(bucket, keys=keys, values=table[:-1, j].tolist(), default_value=int(table[-1, j]),
-                                       dtype=types.INT32) for j in range(1, table.shape[1])]
+    return [bucket] + [fn.lookup_table(bucket, keys=keys, values=table[:-1, j].tolist(),
+                                       default_value=int(table[-1, j]), dtype=types.INT32)
+                       for j in range(1, table.shape[1])]

@@ -52,7 +52,8 @@ from ..stream import Stream, relative_names
 # 2: spans; 1: whole shards
 STATE_VERSION = 5
 VERSIONS = (2, 3, 4, STATE_VERSION)  # those that load
-INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards", "buckets")  # a resume cannot change these
+# what a resume cannot change
+INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards", "buckets")
 CONTENT = ("root", "versions")  # the identity's content part (version 5)
 THREADS = 32  # shards' versions asked for at once (stat on a network file system, HEAD)
 LOCAL_CHUNK = 4096  # local shards per task (a stat on a local disk takes microseconds)

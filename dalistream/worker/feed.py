@@ -91,7 +91,9 @@ class Feed:
     def __init__(self, streams: Sequence[Iterator[Rows]], takes: np.ndarray, n_fields: int, start: int = 0,
                  bytes_per_sample: Optional[float] = None, first_batch: bool = False, keyed: bool = False) -> None:
         self.columns = [_Column(s, c * KEY_SHIFT if keyed else None) for c, s in enumerate(streams)]
-        self.takes = np.asarray(takes, dtype=np.int64).reshape(-1, len(self.columns))
+        takes = np.asarray(takes, dtype=np.int64)
+        # (a worker a bucket plan gives no sample has no column: its steps are padding)
+        self.takes = takes.reshape(-1, len(self.columns)) if self.columns else takes.reshape(len(takes), 0)
         self.n_fields = n_fields + keyed
         # rows a step reads, on average (a bucket plan's steps read unevenly: a few read much)
         per_step = max(1, int(np.ceil(self.takes.sum(axis=1).mean()))) if len(self.takes) else 1

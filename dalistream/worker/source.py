@@ -11,6 +11,9 @@ What a worker reads (:meth:`WorkerSource.plans`): its span of the epoch, through
 buffer; or, reading interleaved (the default of training streams), the *columns* of its slot —
 one span per batch position, all open at once, one sample of each per step — so every batch
 draws from as many places of the epoch as it has positions (:mod:`dalistream.plan.ownership`).
+A bucketed stream's worker executes its part of the bucket plan instead
+(:class:`~.bucketfeed.BucketFeed`): its samples sit at positions that change from step to step,
+and one more output carries the step's bucket.
 
 Epochs: the loader builds sources with ``cycle="quiet"``; DALI's worker calls ``__iter__`` again
 right after our ``StopIteration``, so the worker's epoch is ``start_epoch`` plus the number of
@@ -254,7 +257,8 @@ class WorkerSource:
         run = worker_run(c, self.data, self.mix, epoch, self.worker, resume, start_step)
         streams = [self.readers[run.source[g]].blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])
                    for g, plan in enumerate(run.readers)]
-        feed = BucketFeed(run, streams, len(c.fields), self.data.bytes_per_sample, first_batch=epoch == self.start_epoch)
+        feed = BucketFeed(run, streams, len(c.fields), self.data.bytes_per_sample,
+                          first_batch=epoch == self.start_epoch)
         empty = batch.templates(c.fields, c.batch_size)
         first = self.worker == 0
         for step in range(start_step, run.steps):
@@ -277,7 +281,7 @@ class WorkerSource:
             stats.maybe_write()
             yield outputs
         if c.policy == "even" and self.mix is None and (c.rank, self.worker) == (c.world_size - 1, c.workers - 1):
-            stats.add(dropped=len(bucket_epoch(c, self.data, epoch, resume).left_out))  # the job's last worker counts them
+            stats.add(dropped=len(bucket_epoch(c, self.data, epoch, resume, c.rank).left_out))  # the job's last worker
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
                 reader: PlanReader) -> Iterator[Rows]:

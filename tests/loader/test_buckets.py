@@ -197,3 +197,14 @@ def test_the_workers_count_the_plan_s_padding_and_what_it_leaves_out(photos, pol
     assert stats["samples"] == delivered
     assert stats["padded"] == steps * 4 - delivered
     assert stats["dropped"] == (len(photos[1]) - delivered if policy == "even" else 0)
+
+
+def test_per_global_every_rank_holds_the_same_bucket_at_every_step(photos):
+    per_rank = []
+    for rank in range(2):
+        with Loader(stream(photos, rank, 2, buckets=AspectBuckets(PHOTO_SIZES, per="global"))) as loader:
+            per_rank.append([(int(b["bucket"][0]), b["key"]) for b in loader])
+    assert len(per_rank[0]) == len(per_rank[1])
+    for (a, keys_a), (b, keys_b) in zip(*per_rank):
+        assert a == b and {bucket_of(photos[1], k) for k in keys_a + keys_b} <= {a}
+    assert sorted(k for r in per_rank for _, keys in r for k in keys) == sorted(photos[1])

@@ -115,3 +115,16 @@ def test_a_skipped_sample_leaves_its_step_one_sample_short_and_nothing_else_move
             assert [k for k in g if k] == [k for k in real if k != bad]
         else:
             assert g == x
+
+
+def test_a_worker_the_plan_gives_nothing_ships_padding_and_ends_with_the_others(tmp_path):
+    d = str(tmp_path)
+    lengths = length_shards(d, [3], seed=1)
+    keys = []
+    for rank in range(2):
+        stream = open_stream(d, workers=4, batch_size=4, rank=rank, world_size=2)
+        got = [batches(stream, w) for w in range(4)]
+        assert {len(g) for g in got} == {stream.steps(0)}  # every worker ends on the same step
+        assert any(all(k is None for b in g for k in b[0]) for g in got)  # some worker holds nothing
+        keys += [k for g in got for b in g for k in b[0] if k]
+    assert sorted(keys) == sorted(lengths)
