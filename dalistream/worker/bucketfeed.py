@@ -4,7 +4,7 @@ look-ahead until the step that emits them.
 :class:`BucketFeed` follows a :class:`~dalistream.plan.bucketworker.BucketRun`: the one
 :class:`~.feed.Feed` reads each reader's rows as any column's (``reads[t]`` of each at step t:
 up to the last sample the step emits from it, never further), keyed by reader and ordinal; the
-rows wait in :attr:`BucketFeed.held` until their step, which emits them in batch order at
+rows wait in the feed's ``held`` samples until their step, which emits them in batch order at
 positions ``offset[t]``, … . So a worker holds at most the plan's look-ahead of decoded samples
 (besides the round the Feed reads ahead). A sample skipped by the error policy is not there when
 its step comes: the step holds one sample fewer (padding at its end).
