@@ -135,7 +135,7 @@ def bucket_run(plans: Sequence[BucketWorkerPlan], first: int = 0, source: Option
         lo = int(needed[0]) if len(needed) else 0
         hi = int(needed[-1]) + 1 if len(needed) else 0
         start.append(lo)
-        gone.append(frozenset(np.setdiff1d(np.arange(lo, hi), needed).tolist()))
+        gone.append(frozenset(np.setdiff1d(np.arange(lo, hi), needed).tolist()) if hi - lo > len(needed) else frozenset())
     reads = np.diff(rows, axis=1, prepend=0).T if steps else np.zeros((0, len(readers)), np.int64)
 
     def per_step(name: str, default: int) -> np.ndarray:
