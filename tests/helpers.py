@@ -7,6 +7,7 @@ import io
 import itertools
 import os
 import subprocess
+import sys
 import tarfile
 from typing import Dict, List, Optional, Sequence
 
@@ -105,8 +106,6 @@ def photo_shards(directory: str, n: int = 60, seed: int = 0, per_shard: int = 13
 
     from PIL import Image
 
-    from dalistream.cli import main
-
     rng = np.random.default_rng(seed)
     images = os.path.join(directory, "images")
     os.makedirs(images, exist_ok=True)
@@ -125,8 +124,11 @@ def photo_shards(directory: str, n: int = 60, seed: int = 0, per_shard: int = 13
     with open(listing, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     out = os.path.join(directory, "shards")
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["write", listing, out, "--samples-per-shard", str(per_shard), "--processes", "1"]) == 0
+    # a process of its own, as users run it (the command sets its own SIGTERM handler, which DALI
+    # workers forked later from this process would inherit)
+    done = subprocess.run([sys.executable, "-m", "dalistream", "write", listing, out, "--samples-per-shard",
+                           str(per_shard), "--processes", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
     with open(os.path.join(out, "dalistream-manifest.json")) as f:
         files = json.load(f)["source"]["keys"]  # key -> its image file, relative to the listing's folder
     return {key: truth[os.path.basename(path)] for key, path in files.items()}
