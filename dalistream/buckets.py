@@ -293,6 +293,29 @@ class LengthBuckets:
         return {"kind": "LengthBuckets", "per": self.per, "field": self.field, "edges": list(self.edges)}
 
 
+def check_stream(config: Any) -> None:
+    """Raise :class:`ConfigError` for a stream config whose ``buckets`` cannot be planned: not a
+    bucket value, policy ``fixed``, a shuffle buffer or one span per worker asked for (a bucket
+    plan reads its own columns), node affinity, or a field named as a bucket output."""
+    b = config.buckets
+    if not isinstance(b, (AspectBuckets, LengthBuckets)):
+        raise ConfigError(f"buckets must be a dalistream.AspectBuckets or LengthBuckets, got {b!r}")
+    if config.policy == "fixed":
+        raise ConfigError("buckets need policy 'even' or 'exact' (a 'fixed' number of batches has no bucket plan)",
+                          hint="use policy='even'")
+    if config.interleave is False or (config.shuffle or 0) > 1:
+        raise ConfigError("buckets read in columns, one per batch position, whose batches form as each bucket "
+                          "fills: there is no shuffle buffer nor one span per worker to choose",
+                          hint="leave shuffle and interleave unset")
+    if getattr(config, "affinity", None) is not None:
+        raise ConfigError("buckets with affinity='node' are not planned: a bucket plan deals every bucket over all "
+                          "the ranks' columns, not over each node's shards", hint="leave affinity unset with buckets")
+    clash = sorted({f.name for f in config.fields} & set(b.outputs))
+    if clash:
+        raise ConfigError(f"fields {clash}: with buckets those names are the batch's bucket outputs",
+                          hint="rename the fields")
+
+
 def parse_buckets(text: str, per: str = "rank", lookahead: Optional[int] = None):
     """Buckets from a command line's ``--buckets``: ``aspect:1024x1024,1152x896,896x1152``,
     ``auto:8`` (:meth:`AspectBuckets.auto`) or ``length:txt:32,64,128,256``."""

@@ -18,8 +18,8 @@ from typing import List, Optional
 from .errors import DalistreamError, redact
 from .stream import default_cache_dir
 from .tools import demo, planview, runstats
-from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, emit, flag_spelling, mix_options,
-                         progress_bar, storage_options, stream_buckets, stream_sources)
+from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, affinity_options, emit,
+                         flag_spelling, mix_options, progress_bar, storage_options, stream_buckets, stream_sources)
 from .tools.bench import runner as bench
 
 log = logging.getLogger("dalistream")
@@ -146,7 +146,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         interleave=args.interleave,
         policy=args.policy, batches_per_epoch=args.batches_per_epoch, manifest=args.manifest,
         on_error=args.on_error, storage_options=storage_options(args), start_method=args.start_method,
-        buckets=stream_buckets(args), **mix_options(args),
+        buckets=stream_buckets(args), **mix_options(args), **affinity_options(args),
     )
     with Loader(stream) as loader:
         if args.state_in:
@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("write", help="your images (an ImageFolder tree, or a CSV/JSONL of path,label[,caption]) "
                                      "into shuffled WebDataset shards with a manifest")
     p.add_argument("source", help="a folder with one sub-folder per class, or a .csv/.jsonl listing")
-    p.add_argument("output", help="folder (created) or s3://bucket/prefix/ to write the shards and manifest to")
+    p.add_argument("output", help="folder (created) or a store's prefix (s3://, gs://, az://, hf://) to write the shards and manifest to")
     p.add_argument("--samples-per-shard", type=int, default=1000, help="samples per shard (the last one may hold fewer)")
     p.add_argument("--no-shuffle", action="store_true", help="keep the input order (default: shuffled across shards)")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle")
@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an image the loader would refuse (0 bytes, cut short, not an image): stop naming it (error) "
                         "or leave it out and count it (skip)")
     p.add_argument("--overwrite", action="store_true", help="replace the set the output already holds")
-    p.add_argument("--endpoint-url", default=None, help="S3 endpoint for an s3:// output")
+    p.add_argument("--endpoint-url", default=None, help="the output store's endpoint (an S3-compatible server, a GCS emulator, an Azure blob endpoint, a Hub mirror)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
     p.set_defaults(func=cmd_write)
 
@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("index", help="count samples and bytes per shard; write a manifest")
     add_stream_args(p, batch=False, loader=False)
     p.add_argument("-o", "--output", default=None,
-                   help="manifest file to write (local path or s3://); default: dalistream-manifest.json in the "
+                   help="manifest file to write (a local path or a store's URL); default: dalistream-manifest.json in the "
                         "shards' folder, where loaders find it unnamed; '-' writes none")
     p.add_argument("--offsets", action="store_true",
                    help="record each sample's tar offset (the default; kept for old scripts)")

@@ -15,11 +15,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .buckets import AspectBuckets, LengthBuckets
+from .buckets import AspectBuckets, LengthBuckets, check_stream
 from .errors import ConfigError, redact
 from .io.cache import parse_size
 from .kinds import IMAGE_EXTS, KINDS, Kind, is_image_ext, kind_for
 from .plan.layout import Layout, Schedule, is_int as _is_int
+from .plan.nodes import Nodes
 
 __all__ = ["Field", "IMAGE_EXTS", "StreamConfig", "is_image_ext", "parse_field", "parse_fields", "reading_order"]
 MISSING = ("error", "skip", "empty")
@@ -27,6 +28,7 @@ MISSING = ("error", "skip", "empty")
 #: Stream.open, the CLI, the demo and the ready pipelines).
 WORKERS = 2
 ON_ERROR = ("raise", "skip")
+AFFINITY = (None, "node")
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,14 @@ class StreamConfig:
     cache_limit: Optional[Union[int, str]] = None
     """The most the cache may hold: bytes, or a size like ``"800GB"`` or ``"512GiB"`` (parsed when the config is
     made); ``None``: what its disk has free, less a tenth of the disk."""
+    affinity: Optional[str] = None
+    """``"node"``: each node of the job reads a fixed share of the shards, the same every epoch, so that its
+    ``cache`` holds about 1/N of the data (:mod:`dalistream.plan.affinity`; needs per-shard counts, not for a
+    mix); ``None``: every rank reads from all shards."""
+    ranks_per_node: Optional[int] = None
+    """With ``affinity="node"``: ranks on each node, placed in blocks (rank ``r`` on node ``r // ranks_per_node``);
+    ``Stream.open``: from ``LOCAL_WORLD_SIZE`` (torchrun) or ``SLURM_NTASKS_PER_NODE`` when not given, else every
+    rank on one node."""
     buckets: Optional[Union[AspectBuckets, LengthBuckets]] = None
     """Batches by shape: :class:`~dalistream.AspectBuckets` (each batch one aspect ratio, carrying its target
     ``bucket_width``/``bucket_height``) or :class:`~dalistream.LengthBuckets` (each batch one length range,
@@ -317,25 +327,26 @@ class StreamConfig:
                 raise bad(name, "a path or None")
         if not isinstance(self.storage_options, Mapping):
             raise bad("storage_options", "a dict")
-        self._check_buckets()
+        self._check_affinity()
+        if self.buckets is not None:
+            check_stream(self)
 
-    def _check_buckets(self) -> None:
-        if self.buckets is None:
+    def _check_affinity(self) -> None:
+        if self.affinity not in AFFINITY:
+            raise ConfigError(f"affinity must be one of {AFFINITY}, got {self.affinity!r}")
+        per = self.ranks_per_node
+        if per is None:
             return
-        if not isinstance(self.buckets, (AspectBuckets, LengthBuckets)):
-            raise ConfigError(f"buckets must be a dalistream.AspectBuckets or LengthBuckets, got {self.buckets!r}")
-        if self.policy == "fixed":
-            raise ConfigError("buckets need policy 'even' or 'exact' (a 'fixed' number of batches has no bucket plan)",
-                              hint="use policy='even'")
-        if self.interleave is False or (self.shuffle or 0) > 1:
-            raise ConfigError("buckets read in columns, one per batch position, whose batches form as each bucket "
-                              "fills: there is no shuffle buffer nor one span per worker to choose",
-                              hint="leave shuffle and interleave unset")
-        names = {f.name for f in self.fields}
-        clash = sorted(names & set(self.buckets.outputs))
-        if clash:
-            raise ConfigError(f"fields {clash}: with buckets those names are the batch's bucket outputs",
-                              hint="rename the fields")
+        if self.affinity is None:
+            raise ConfigError(f"ranks_per_node={per!r} is given without affinity='node'",
+                              hint="pass affinity='node' to keep each node on its own shards, or leave ranks_per_node "
+                                   "unset")
+        if not _is_int(per) or per < 1:
+            raise ConfigError(f"ranks_per_node must be a positive integer or None, got {per!r}")
+        if self.world_size % per:
+            raise ConfigError(f"{self.world_size} ranks are not whole nodes of {per} ranks (ranks_per_node): "
+                              "affinity='node' needs the same number of ranks on every node",
+                              hint="start the same number of ranks on every node")
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -360,6 +371,15 @@ class StreamConfig:
     def schedule(self) -> Schedule:
         """Seed and epoch policy, as the plan takes them."""
         return Schedule(self.seed, self.policy, self.batches_per_epoch, self.shuffle_shards)
+
+    @property
+    def nodes(self) -> Optional[Nodes]:
+        """The job's nodes with ``affinity="node"`` (every rank on one node when ``ranks_per_node`` is
+        unset); ``None`` without affinity."""
+        if self.affinity is None:
+            return None
+        per = self.ranks_per_node or self.world_size
+        return Nodes(self.world_size // per, per)
 
     @property
     def bucket_outputs(self) -> tuple:

@@ -31,6 +31,7 @@ import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -40,10 +41,12 @@ from .config import SHUFFLE_BUFFER
 from .dataset import DataSet
 from .errors import ConfigError, StateError, redact
 from .io.local import local_path
+from .io.stores import any_remote
 from .manifest import SampleOffsets, count_samples
-from .manifest.files import manifest_urls
+from .manifest.files import manifest_reader, manifest_urls
 from .plan import Layout, MixEpoch, ResumePlan, Schedule, WorkerPlan, parse_mix, worker_plan
 from .plan import worker_columns as plan_columns
+from .plan.affinity import AffinePlan, Nodes
 from .plan.mix import PER_BATCH
 from .plan.bucketmix import BucketMix, check_bucket_mix
 from .plan.bucketresume import resumed_bucket_plan
@@ -104,7 +107,8 @@ def worker_columns(config: Any, data: DataSet, mix: Optional[Mix], epoch: int, w
     if any, ran under other layouts), whatever the data: its columns, each ``(plan, take per
     step, source)``. A single data set's: its span (taking the whole slot a step) or, read
     interleaved, one column per slot position (one sample a step), planned by
-    :mod:`dalistream.plan.ownership` (or :mod:`~dalistream.plan.resume`); a mix's: each source's
+    :mod:`dalistream.plan.ownership` (or :mod:`~dalistream.plan.resume`; with node affinity
+    :func:`affine_plan`); a mix's: each source's
     span or columns by :mod:`dalistream.plan.mix` (or :mod:`~dalistream.plan.mixresume`). The
     worker reads them all one way (:class:`dalistream.worker.feed.Feed`)."""
     c = config
@@ -114,7 +118,10 @@ def worker_columns(config: Any, data: DataSet, mix: Optional[Mix], epoch: int, w
         return mix.epoch(c.layout, c.schedule, epoch, c.interleave).worker_columns(c.rank, worker)
     counts, shards, layout = data.counts, len(data.urls), c.plan_layout
     owners = c.layout.columns(c.rank, worker) if c.interleave else ()
-    if resume and counts is not None:
+    affine = affine_plan(c, counts, epoch, resume)
+    if affine is not None:
+        plans = affine.columns_of(c.rank, worker) if c.interleave else (affine.worker(c.rank, worker),)
+    elif resume and counts is not None:
         resumed = ResumePlan(counts, layout, c.schedule, epoch, resume, c.shuffle)
         plans = tuple(resumed.worker(q, 0) for q in owners) if c.interleave else (resumed.worker(c.rank, worker),)
     elif c.interleave:
@@ -122,6 +129,27 @@ def worker_columns(config: Any, data: DataSet, mix: Optional[Mix], epoch: int, w
     else:
         plans = (worker_plan(counts, shards, layout, c.schedule, epoch, c.rank, worker),)
     return [(plan, np.full(plan.steps, plan.slot), 0) for plan in plans]
+
+
+def affine_plan(config: Any, counts: Optional[Sequence[int]], epoch: int,
+                resume: Sequence = ()) -> Optional[AffinePlan]:
+    """The node-affine plan (:mod:`dalistream.plan.affinity`) of ``epoch`` after ``resume``'s
+    segments, where it applies: ``config.affinity == "node"``, or the rest of an epoch whose
+    earlier segments ran with it (a resume onto no affinity); ``None`` otherwise (the plans of
+    :mod:`~dalistream.plan.ownership` and :mod:`~dalistream.plan.resume`). Computed once per
+    (epoch, layout, segments) in a process."""
+    resume = tuple(tuple(int(v) for v in s) for s in resume)
+    if counts is None or (config.affinity is None and all(len(s) == 4 for s in resume)):
+        return None
+    return _affine(tuple(counts), config.layout, config.nodes, config.schedule, int(epoch), bool(config.interleave),
+                   int(config.shuffle or 0), resume)
+
+
+@lru_cache(maxsize=4)
+def _affine(counts: Tuple[int, ...], layout: Layout, nodes: Optional[Nodes], schedule: Schedule, epoch: int,
+            columns: bool, shuffle: int, segments: Tuple[Tuple[int, ...], ...]) -> AffinePlan:
+    return AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns, shuffle=0 if columns else shuffle,
+                      segments=segments)
 
 
 def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
@@ -134,14 +162,15 @@ def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
     own, else the config's). ``fixed`` without a manifest
     counts nothing (workers own whole shards)."""
     options = dict(config.storage_options if storage_options is None else storage_options)
+    read = manifest_reader(config.cache_dir, options)  # (the listing and the counts read the manifest once)
     urls = expand_sources([sources] if isinstance(sources, str) else list(sources), options,
-                          named=lambda folder: manifest_urls(folder, config.cache_dir, options))
+                          named=lambda folder: manifest_urls(folder, config.cache_dir, options, read))
     if not manifest and config.policy == "fixed":
         return DataSet(tuple(urls))
     # skip: a bad shard counts the samples before its problem (what a worker delivers)
     counted = count_samples(urls, manifest=manifest, cache_dir=config.cache_dir, options=options,
                             lowercase=config.lowercase_ext, tolerant=config.on_error != "raise",
-                            scan_limit_bytes=config.scan_limit_bytes)
+                            scan_limit_bytes=config.scan_limit_bytes, read=read)
     rows = counted.rows
     per_sample = None
     sized = rows.sizes >= 0
@@ -165,7 +194,7 @@ def reading_order_for(config: Any, data: Sequence[DataSet]) -> Tuple[Any, str]:
     its shard from byte 0 up to its part); a bucket plan reads its own columns."""
     if config.buckets is not None:
         return config, "buckets: every batch one bucket, formed as the buckets fill from columns read at once"
-    remote = any(d.counts is not None and d.offsets is None and any(is_remote(u) for u in d.urls) for d in data)
+    remote = any(d.counts is not None and d.offsets is None and any_remote(d.urls) for d in data)
     if config.interleave and remote:
         log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
                     "each worker reads one span through a shuffle buffer of %d instead; write a manifest "

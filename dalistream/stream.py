@@ -20,9 +20,10 @@ from .errors import ConfigError, redact, redact_client_logs
 from .io.folder import folder_problem
 from .io.options import with_cache
 from .device import check_start_method, resolve_device
-from .mixing import Mix, bucketed, bucketed_steps, concatenated, open_mix, reading_order_for, resolve_source
+from .mixing import (Mix, affine_plan, bucketed, bucketed_steps, concatenated, open_mix, reading_order_for,
+                     resolve_source)
 from .plan import Layout, check_layout, resumed_steps, steps_per_epoch
-from .plan.affinity import ranks_per_node
+from .plan.nodes import ranks_per_node, resolve_nodes
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,25 @@ def local_processes(env: Mapping[str, str]) -> int:
     return ranks_per_node(env) or 1
 
 
+def node_ranks(rank: int, world_size: int, env: Mapping[str, str], affinity: Any, given: Any) -> Any:
+    """``ranks_per_node`` for the config, at the entry point: with ``affinity="node"``, ``given``
+    (checked against the launcher's node of this rank) or the launcher's (``LOCAL_WORLD_SIZE``,
+    ``SLURM_NTASKS_PER_NODE``; :func:`~dalistream.plan.nodes.resolve_nodes`); ``None`` when the
+    launcher names none (every rank on one node, said once). Otherwise ``given`` as it is (the
+    config refuses what does not fit, by name)."""
+    if affinity != "node" or (given is not None and not (isinstance(given, int) and not isinstance(given, bool)
+                                                         and given >= 1 and world_size % given == 0)):
+        return given
+    if given is not None:
+        return resolve_nodes(rank, world_size, env, world_size // given).ranks_per_node
+    if ranks_per_node(env) is None:
+        if world_size > 1:
+            log.warning("affinity='node': the launcher names no ranks per node (LOCAL_WORLD_SIZE, "
+                        "SLURM_NTASKS_PER_NODE): the %d ranks are taken as one node (pass ranks_per_node=)", world_size)
+        return None
+    return resolve_nodes(rank, world_size, env).ranks_per_node
+
+
 def default_cache_dir(env: Mapping[str, str]) -> str:
     """Where scanned shard counts are cached: ``$DALISTREAM_CACHE``, else ``$XDG_CACHE_HOME/dalistream``,
     else ``~/.cache/dalistream``."""
@@ -102,7 +122,8 @@ def check_data_size(config: StreamConfig, counts: Sequence[int]) -> None:
     """Raise :class:`ConfigError` (naming ``batch_size``, and what would work) when a batch is
     larger than the data: ``even`` would yield no batch at all, ``exact`` batches of mostly padding."""
     total, ranks, workers = sum(counts), config.world_size, config.workers
-
+    if config.affinity is not None:
+        check_node_data(config, counts)
     def fits(most: int) -> str:  # a batch size of at most `most` samples (every worker needs one)
         return f"a batch_size of at most {most}" if most >= workers else f"workers={most} and a batch_size of at most {most}"
 
@@ -120,6 +141,19 @@ def check_data_size(config: StreamConfig, counts: Sequence[int]) -> None:
                           hint=f"use {fits(total)}" if total else "the data set holds no samples")
 
 
+def check_node_data(config: StreamConfig, counts: Sequence[int]) -> None:
+    """Raise :class:`ConfigError` when the node-affine plan cannot run: fewer shards than nodes,
+    or (``even``) a node whose shards fill no batch of each of its ranks."""
+    nodes = config.nodes
+    plan = affine_plan(config, counts, 0)  # (fewer shards than nodes: refused here, by name)
+    if config.policy == "even" and plan.steps == 0:
+        smallest = int(plan.sequence.node_totals.min())
+        raise ConfigError(f"batch_size {config.batch_size} gives no full batch with affinity='node': the smallest of "
+                          f"{nodes.count} nodes holds {smallest} samples for its {nodes.ranks_per_node} ranks",
+                          url=redact(config.sources[0]),
+                          hint="use a smaller batch_size, policy='exact', or fewer nodes' worth of shards per node")
+
+
 def resolve(config: StreamConfig, mapping: Optional[Mapping[str, Any]] = None, *, per_batch: str = "sample",
             samples_per_epoch: Optional[int] = None,
             interleave_asked: bool = False) -> Tuple[StreamConfig, DataSet, Optional[Mix], str]:
@@ -131,6 +165,9 @@ def resolve(config: StreamConfig, mapping: Optional[Mapping[str, Any]] = None, *
     config = config.replace(storage_options=with_cache(config.storage_options, config.cache, config.cache_limit))
     if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
         usable_cache_dir(os.fspath(config.cache_dir), given=True)
+    if config.affinity is not None and mapping is not None:
+        raise ConfigError("affinity='node' is not supported for a mix: each source of a mix is planned on its own",
+                          hint="read the mix without affinity (affinity=None)")
     if mapping is not None:
         mix = open_mix(mapping, config, per_batch, samples_per_epoch, interleave_asked)
         urls, counts = concatenated(mix.sources)
@@ -142,6 +179,10 @@ def resolve(config: StreamConfig, mapping: Optional[Mapping[str, Any]] = None, *
             config, data, mix = bucketed(config, data, mix)
         return config, data, mix, why
     data = resolve_source(config.sources, config, manifest=config.manifest)
+    if config.affinity is not None and data.counts is None:
+        raise ConfigError("affinity='node' needs per-shard sample counts: policy 'fixed' without a manifest owns "
+                          "whole shards", url=redact(config.sources[0]),
+                          hint="give a manifest (`dalistream index SOURCES`), or read without affinity")
     if config.buckets is not None:
         config, data, _ = bucketed(config, data, None)
     elif data.counts is not None:
@@ -236,7 +277,8 @@ class Stream:
                 (``SLURM_LOCALID``'s) when it sees several.
             start_method: how DALI starts its worker processes: ``"auto"`` forks CPU pipelines while
                 CUDA is untouched and spawns otherwise; ``"fork"``, ``"spawn"``.
-            env: the environment to read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``SLURM_*`` and
+            env: the environment to read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``SLURM_*``,
+                ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK`` (the nodes, for ``affinity="node"``) and
                 ``DALISTREAM_CACHE`` from; ``None``: ``os.environ``.
             per_batch: a mix's composition: ``"sample"`` (every batch holds each source's share) or
                 ``"source"`` (each batch comes whole from one source, in the weighted proportion).
@@ -258,6 +300,8 @@ class Stream:
             mapping, sources = sources, [str(name) for name in sources] or ["(empty mix)"]
         elif isinstance(sources, (str, os.PathLike)):
             sources = [os.fspath(sources)]
+        options["ranks_per_node"] = node_ranks(rank, world_size, env, options.get("affinity"),
+                                               options.get("ranks_per_node"))
         config = StreamConfig(sources=tuple(os.fspath(s) for s in sources), fields=fields, batch_size=batch_size,
                               workers=workers, rank=rank, world_size=world_size, **options)
         device, device_id = resolve_device(device, device_id, local_rank)
@@ -275,6 +319,9 @@ class Stream:
             if resume:
                 return self.mix.resumed(c.layout, c.schedule, epoch, resume, c.shuffle, c.interleave).steps
             return self.mix.epoch(c.layout, c.schedule, epoch).steps
+        affine = affine_plan(c, self.data.counts, epoch, resume)
+        if affine is not None:
+            return affine.steps
         if resume and self.data.counts is not None:
             return resumed_steps(self.data.counts, c.plan_layout, c.schedule, epoch, resume, c.shuffle)
         return steps_per_epoch(self.data.counts, c.plan_layout, c.schedule, epoch, c.rank)
@@ -292,6 +339,15 @@ class Stream:
         ``epoch`` ran under other layouts."""
         return dataclasses.replace(self, start_epoch=epoch, start_step=step, resume=tuple(map(tuple, resume)),
                                    stats_dir=stats_dir if stats_dir is not None else self.stats_dir)
+
+    def segment_head(self, layout: Layout, nodes: Optional[int]) -> Tuple[int, ...]:
+        """What a loader state's segment says of a layout, all but its steps (:mod:`dalistream.plan.affinity`):
+        run with node affinity over ``nodes`` nodes, ``(world_size, workers, batch_size, nodes,
+        columns)``; without (``nodes`` None), the layout the plan splits (:meth:`planned`)."""
+        if nodes is None:
+            planned = self.planned(layout)
+            return (planned.world_size, planned.workers, planned.batch_size)
+        return (layout.world_size, layout.workers, layout.batch_size, int(nodes), int(bool(self.config.interleave)))
 
     @property
     def may_pad(self) -> bool:

@@ -163,6 +163,14 @@ def test_stats_schema_names_every_counter(tmp_path):
     with open(written) as f:
         doc = json.load(f)
     keys |= set(doc) | set(worker_sums([{**worker, "io": {"cache_hits": 1, "cache_bytes": 1}}]))
+    from dalistream.config import StreamConfig
+    from dalistream.dataset import DataSet
+    from dalistream.loader.state import node_report
+    from dalistream.stream import Stream
+
+    config = StreamConfig(sources=("a.tar", "b.tar"), fields={"key": "__key__"}, batch_size=2, world_size=2,
+                          affinity="node", ranks_per_node=1)
+    keys |= {"affinity"} | set(node_report(Stream(config, DataSet(("a.tar", "b.tar"), (3, 4))), 1))
     missing = sorted(keys - documented)
     assert not missing, f"reference/stats.md does not describe {missing}"
 

@@ -2,10 +2,12 @@
 
 A store reads a byte range of an object through :meth:`ByteCache.read` (or streams it through
 :meth:`ByteCache.open`), giving the object's version and its own ranged read ``fetch(url,
-version, start, end) -> bytes`` (bytes ``[start, end)``, fewer at the object's end). The cache
-works in aligned blocks of ``block_bytes``: a block it holds is read from the local disk; a
-missing one is fetched whole, once per node however many processes want it at the same time
-(the others wait on its lock and then read the file), written to the disk and read from there.
+version, start, end, progress) -> bytes`` (bytes ``[start, end)``, fewer at the object's end;
+``progress``, when not None, may be given them as they arrive). The cache works in aligned
+blocks of ``block_bytes``: a block it holds is read from the local disk; a missing one is
+fetched whole, once per node however many processes want it at the same time (the others wait
+on its lock and then read the file), written to the disk and read from there; a stream of the
+fetching process reads it as its bytes arrive (:mod:`.cacheflight`).
 Blocks are keyed by (URL, version): a changed object is never served stale. The files, their
 checks and the locks are :mod:`.cachefiles`'s; the eviction rule (least recently used, by size)
 is :mod:`.cachesim`'s model.
@@ -24,14 +26,15 @@ from __future__ import annotations
 import io
 import logging
 import os
-import re
 import threading
 from typing import Any, Dict, Optional, Tuple
 
 from ..errors import ConfigError, redact
 from . import cachefiles as files
+from .cachefiles import auto_limit, parse_size
 from .cachesim import eviction_slack
-from .cacherange import CachedRange, Count, Fetch, Piece
+from .cacheflight import Flight, Flights
+from .cacherange import CachedRange, Count, Fetch, Piece, Progress
 from .folder import folder_problem
 
 log = logging.getLogger(__name__)
@@ -39,27 +42,6 @@ log = logging.getLogger(__name__)
 BLOCK_BYTES = 4 << 20  # measured: hits as fast as at 8-16 MiB, half the over-fetch of 8 MiB without affinity
 COUNTERS = ("hits", "misses", "remote_bytes", "cache_bytes", "written_bytes", "uncached_bytes", "evictions",
             "evicted_bytes")
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def parse_size(value: Any, name: str = "cache_limit") -> int:
-    """Bytes from an integer or a text like ``"800GB"``, ``"1.5 TB"``, ``"512MiB"`` (kB, MB, GB,
-    TB are powers of 1000; KiB, MiB, GiB, TiB of 1024); a :class:`ConfigError` naming ``name``
-    otherwise."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value) if isinstance(value, str) else None
-    if match is None or match[2].lower() not in _UNITS:
-        raise ConfigError(f"{name} must be a size in bytes, like 800GB or 512MiB, got {value!r}")
-    return int(float(match[1]) * _UNITS[match[2].lower()])
-
-
-def auto_limit(folder: str, held: int) -> int:
-    """The limit when none is given: what the cache holds plus the free space of its file
-    system, less a tenth of that file system (room for everything else on it)."""
-    st = os.statvfs(folder)
-    return max(0, held + st.f_bavail * st.f_frsize - st.f_blocks * st.f_frsize // 10)
 
 
 class ByteCache:
@@ -86,7 +68,7 @@ class ByteCache:
                               hint="pass a folder of your own on a local disk (cache=...), or cache=None")
         self.folder, self.block_bytes = folder, block_bytes
         self._start()
-        self._tagged()
+        files.tag_folder(self.root)
         if not os.path.exists(self._ledger):
             self._rescan()
         self.limit_bytes = auto_limit(root, self.usage()) if limit is None else limit
@@ -104,6 +86,7 @@ class ByteCache:
         self._writes_off: Optional[str] = None
         self._subdirs: set = set()
         self._local = threading.local()
+        self._flights = Flights()  # blocks being fetched in this process, readable as they come
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "limit_bytes": self.limit_bytes, "block_bytes": self.block_bytes}
@@ -142,6 +125,32 @@ class ByteCache:
         del view
         return bytes(out) if got == len(out) else bytes(out[:got])
 
+    def holds(self, url: str, version: Optional[str], start: int, end: Optional[int]) -> bool:
+        """Whether every block of ``[start, end)`` of (url, version) is in the cache, by its file
+        (the reader checks each block when it reads it): a stream that finds them all needs no
+        read-ahead. False for an object without a version, or a range of unknown end."""
+        if version is None or end is None:
+            return False
+        pos = start // self.block_bytes * self.block_bytes
+        try:
+            while pos < end:
+                held = self._held(self._paths(url, version, pos // self.block_bytes)[0])
+                if held < 0:
+                    return False
+                if held < self.block_bytes:
+                    return pos + held >= end  # the object ends in this block
+                pos += self.block_bytes
+        except OSError:
+            return False
+        return True
+
+    def _held(self, path: str) -> int:
+        """The length of the block in ``path`` as its file says (-1: not there)."""
+        try:
+            return os.stat(path).st_size - files.HEADER.size
+        except FileNotFoundError:
+            return -1
+
     def warm(self, url: str, version: Optional[str], start: int, end: Optional[int], fetch: Fetch,
              count: Optional[Count] = None) -> bool:
         """Fetch the blocks of ``[start, end)`` (``end`` None: to the object's end) the cache
@@ -156,27 +165,16 @@ class ByteCache:
             while (end is None or pos < end) and self.caching:
                 index = pos // self.block_bytes
                 path, digest = self._paths(url, version, index)
-                try:
-                    held = os.stat(path).st_size - files.HEADER.size  # (the reader checks it when it reads it)
-                except FileNotFoundError:
-                    held = -1
+                held = self._held(path)  # (the reader checks it when it reads it)
                 if held >= 0:
                     if held < self.block_bytes:
                         break  # the object ends in this block
                     pos += self.block_bytes
                     continue
-                lock = path[:-4] + ".lock"
-                lock_fd = files.lock_fetch(lock)
-                try:
-                    got = self._hit(path, digest, index, False)
-                    if got is None:
-                        got = self._fill(path, digest, url, version, index, pos, end, fetch)
-                finally:
-                    files.unlock_fetch(lock_fd, lock)
-                if got.fd is not None:
-                    os.close(got.fd)
-                if got.short:
-                    break  # the object ends in this block
+                flight, _ = self._flight(path, digest, url, version, index, max(pos, start), fetch, here=True)
+                flight.wait()  # (fetched here, or by the stream that wanted it first)
+                if flight.error is not None or len(flight) < self.block_bytes:
+                    break  # the object ends in this block (a failed fetch: the reader meets it)
                 pos += self.block_bytes
         except OSError as e:
             self._warn("paths", f"blocks not cached: {e.strerror or e}; they are read without caching")
@@ -243,13 +241,35 @@ class ByteCache:
             return got
         if not self.caching:
             return self._uncached(url, version, pos, end, fetch)
-        lock = path[:-4] + ".lock"
-        lock_fd = files.lock_fetch(lock)
-        try:
-            got = self._hit(path, digest, index, True)  # fetched by another process while this one waited
-            return got if got is not None else self._fill(path, digest, url, version, index, pos, end, fetch)
-        finally:
-            files.unlock_fetch(lock_fd, lock)
+        flight, _ = self._flight(path, digest, url, version, index, pos, fetch, here=False)
+        return Piece(index * self.block_bytes, self.block_bytes, False, None, b"", False, flight)
+
+    def _flight(self, path: str, digest: bytes, url: str, version: str, index: int, entry: int, fetch: Fetch,
+                here: bool) -> "tuple[Flight, bool]":
+        """The block's :class:`~.cacheflight.Flight` in this process: the one in flight, or one
+        started (in this thread when ``here``, else in a new one) that fetches the block, its file
+        lock held (so once per node), from ``entry`` on first, keeps it if there is room, and
+        gives its bytes as they come: a block another process fetched meanwhile is read from its
+        file."""
+        count = getattr(self._local, "count", None)  # (the counters of the stream that wants it)
+
+        def fly(flight: Flight) -> None:
+            before, self._local.count = getattr(self._local, "count", None), count
+            lock = path[:-4] + ".lock"
+            lock_fd = files.lock_fetch(lock)
+            try:
+                got = self._hit(path, digest, index, True)  # fetched by another process while this one waited
+                if got is None:
+                    self._fill(path, digest, url, version, index, fetch, flight)
+                else:
+                    flight.hit = True
+                    flight.finish(os.pread(got.fd, got.length, files.HEADER.size))
+                    os.close(got.fd)  # type: ignore[arg-type]
+            finally:
+                files.unlock_fetch(lock_fd, lock)
+                self._local.count = before
+
+        return self._flights.join(path, index * self.block_bytes, entry, fly, here)
 
     def _hit(self, path: str, digest: bytes, index: int, count: bool) -> Optional[Piece]:
         try:
@@ -265,41 +285,61 @@ class ByteCache:
             self._add(hits=1)
         return Piece(index * self.block_bytes, length, length < self.block_bytes, fd, b"", count)
 
-    def _fill(self, path: str, digest: bytes, url: str, version: str, index: int, pos: int, end: Optional[int],
-              fetch: Fetch) -> Piece:
-        """Fetch a missing block (its lock held) and keep it if there is room."""
+    def _fill(self, path: str, digest: bytes, url: str, version: str, index: int, fetch: Fetch,
+              flight: Flight) -> None:
+        """Fetch a missing block (its lock held) into ``flight``, from its entry on first (its
+        bytes given out as they come), and keep it if there is room."""
         room = self.block_bytes + files.HEADER.size
-        if not self._reserve(room):
+        kept = self._reserve(room)
+        if not kept:
             self._warn("room", "the cache limit is full of blocks being read: some blocks are read without caching")
-            return self._uncached(url, version, pos, end, fetch)
+        start = index * self.block_bytes
         try:
-            start = index * self.block_bytes
-            data = self._fetch(url, version, start, start + self.block_bytes, fetch)
+            tail = self._fetch(url, version, flight.entry, start + self.block_bytes, fetch, flight.add_tail)
+            head = b""
+            if flight.entry > start:
+                head = self._fetch(url, version, start, flight.entry, fetch, flight.add_head)
         except BaseException:
-            self._release(room)
+            if kept:
+                self._release(room)
             raise
+        data = head + tail
         self._add(misses=1)
-        short = len(data) < self.block_bytes
-        try:
-            size = files.write_block(path, digest, data)
-        except OSError as e:
-            self._release(room)
-            self._writes_off = e.strerror or str(e)
-            self._warn("write", f"byte cache turned off: a block could not be written ({self._writes_off}); "
-                                "reading on without caching")
-            self._add(uncached_bytes=len(data))
-            return Piece(start, len(data), short, None, data, False)
-        self._release(room - size)
-        self._add(written_bytes=len(data))
-        got = self._hit(path, digest, index, False)  # read from the file: the fetched bytes need not stay in memory
-        return got if got is not None else Piece(start, len(data), short, None, data, False)
+        if kept:
+            try:
+                size = files.write_block(path, digest, data)
+                self._release(room - size)
+                self._add(written_bytes=len(data))
+                return
+            except OSError as e:
+                self._release(room)
+                self._writes_off = e.strerror or str(e)
+                self._warn("write", f"byte cache turned off: a block could not be written ({self._writes_off}); "
+                                    "reading on without caching")
+        self._add(uncached_bytes=len(data))
 
-    def _fetch(self, url: str, version: Optional[str], start: int, stop: int, fetch: Fetch) -> bytes:
-        data = fetch(url, version, start, stop)
+    def _fetch(self, url: str, version: Optional[str], start: int, stop: int, fetch: Fetch,
+               progress: Progress = None) -> bytes:
+        given = [0]  # (bytes the fetch gave to progress as they came: the rest is given at its end)
+
+        def step(chunk: bytes) -> None:
+            given[0] += len(chunk)
+            progress(chunk)  # type: ignore[misc]
+
+        data = fetch(url, version, start, stop, step if progress is not None else None)
         if len(data) > stop - start:
             raise ValueError(f"the store returned {len(data)} bytes for a range of {stop - start}: {redact(url)}")
         self._add(remote_bytes=len(data))
+        if progress is not None and given[0] < len(data):
+            progress(bytes(data[given[0]:]))
         return data if isinstance(data, bytes) else bytes(data)
+
+    def direct(self, url: str, version: Optional[str], start: int, stop: int, fetch: Fetch) -> bytes:
+        """Bytes ``[start, stop)`` fetched straight from the store and not kept (a stream's first
+        read that would wait long for a block in flight: :class:`~.cacherange.CachedRange`)."""
+        data = self._fetch(url, version, start, stop, fetch)
+        self._add(uncached_bytes=len(data))
+        return data
 
     def _uncached(self, url: str, version: Optional[str], pos: int, end: Optional[int], fetch: Fetch) -> Piece:
         """Bytes from ``pos`` to the end of its block (or ``end``), fetched and not kept."""
@@ -350,13 +390,3 @@ class ByteCache:
         """Set the ledger from the files (a new folder, or one whose ledger went missing)."""
         with files.FileLock(self._evict_lock), files.FileLock(self._ledger) as lock:
             lock.set(files.scan(self.root, self.block_bytes)[1])
-
-    def _tagged(self) -> None:
-        tag = os.path.join(self.root, "CACHEDIR.TAG")
-        if not os.path.lexists(tag):
-            try:
-                fd = os.open(tag, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(files.TAG)
-            except OSError:
-                pass

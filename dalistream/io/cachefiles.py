@@ -17,6 +17,9 @@ puts there is left alone; a symbolic link is never followed):
 - ``usage``: the bytes the blocks take (8 bytes, under ``flock``), kept by the writers and set
   right by every eviction's scan; ``evict.lock``: one evicting process at a time.
 
+Sizes: :func:`parse_size` reads a limit (``"800GB"``); :func:`auto_limit` is the one taken when
+none is given.
+
 Readers hold a shared ``flock`` on a block while they read it; eviction removes a block only
 with an exclusive one, taken without waiting, so a block being read is never removed.
 """
@@ -33,7 +36,9 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
+
+from ..errors import ConfigError
 
 NAMESPACE = "dalistream-bytes-v1"
 HEADER = struct.Struct("<8s32sQI16s4x")  # magic, digest, length, CRC-32, boot id of the writer
@@ -45,6 +50,41 @@ _PARTIAL = re.compile(r"([0-9a-f]{40}-[0-9a-f]{8,})\.[0-9a-f]{16}\.partial")
 _LOCK = re.compile(r"[0-9a-f]{40}-[0-9a-f]{8,}\.lock")
 _SUBDIR = re.compile(r"[0-9a-f]{2}")
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(value: Any, name: str = "cache_limit") -> int:
+    """Bytes from an integer or a text like ``"800GB"``, ``"1.5 TB"``, ``"512MiB"`` (kB, MB, GB,
+    TB are powers of 1000; KiB, MiB, GiB, TiB of 1024); a :class:`ConfigError` naming ``name``
+    otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value) if isinstance(value, str) else None
+    if match is None or match[2].lower() not in _UNITS:
+        raise ConfigError(f"{name} must be a size in bytes, like 800GB or 512MiB, got {value!r}")
+    return int(float(match[1]) * _UNITS[match[2].lower()])
+
+
+def auto_limit(folder: str, held: int) -> int:
+    """The limit when none is given: what the cache holds plus the free space of its file
+    system, less a tenth of that file system (room for everything else on it)."""
+    st = os.statvfs(folder)
+    return max(0, held + st.f_bavail * st.f_frsize - st.f_blocks * st.f_frsize // 10)
+
+
+def tag_folder(root: str) -> None:
+    """Mark ``root`` as a cache (``CACHEDIR.TAG``: backup tools skip it), once; a failure is no error."""
+    tag = os.path.join(root, "CACHEDIR.TAG")
+    if not os.path.lexists(tag):
+        try:
+            fd = os.open(tag, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(TAG)
+        except OSError:
+            pass
 
 
 def boot_id() -> bytes:

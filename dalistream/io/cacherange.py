@@ -8,18 +8,25 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional
 
 from . import cachefiles as files
+from .cacheflight import Flight
 
 if TYPE_CHECKING:
     from .cache import ByteCache
 
-Fetch = Callable[[str, Optional[str], int, int], bytes]  # (url, version, start, end) -> bytes [start, end)
+#: ``(url, version, start, end, progress)`` -> bytes ``[start, end)``; ``progress`` (None, or a
+#: function) may be given the bytes in order as they arrive
+Fetch = Callable[[str, Optional[str], int, int, "Progress"], bytes]
+Progress = Optional[Callable[[bytes], None]]
 Count = Callable[[Dict[str, int]], None]  # receives the counters of one stream's reads
+FAR_BYTES = 256 << 10  # a stream's first bytes this far from arriving in a block in flight are fetched directly,
+DIRECT_BYTES = 1 << 20  # up to this many of them
 
 
 class Piece(NamedTuple):
     """Bytes ``[base, base + length)`` of an object: a kept block's file (``fd``, locked shared)
-    or bytes in memory (``data``); ``short``: the object ends at ``base + length``; ``hit``: the
-    block was there before this read."""
+    or bytes in memory (``data``), or a block being fetched (``flight``: its bytes as they come,
+    ``length`` the block's at most); ``short``: the object ends at ``base + length``; ``hit``:
+    the block was there before this read."""
 
     base: int
     length: int
@@ -27,13 +34,19 @@ class Piece(NamedTuple):
     fd: Optional[int]
     data: bytes
     hit: bool
+    flight: Optional[Flight] = None
 
 
 
 class CachedRange(io.RawIOBase):
     """Bytes ``[start, end)`` of one object through a :class:`~.cache.ByteCache`, block by block: a kept
     block is read straight from its file into the caller's buffer (the file locked shared while
-    the stream is on it); bytes not kept are held in memory. Ends early at the object's end."""
+    the stream is on it); a block being fetched in this process is read as its bytes arrive
+    (:mod:`.cacheflight`), and a stream's first :data:`DIRECT_BYTES`, where they are far from
+    arriving (the block is fetched from an earlier offset for another stream), are taken straight
+    from the store (:meth:`~.cache.ByteCache.direct`, not kept: the first batch waits for a round
+    trip per column, not for a block); bytes not kept are held in memory. Ends early at the
+    object's end."""
 
     def __init__(self, cache: ByteCache, url: str, version: Optional[str], start: int, end: Optional[int],
                  fetch: Fetch, count: Optional[Count] = None) -> None:
@@ -42,6 +55,7 @@ class CachedRange(io.RawIOBase):
         self.cache, self.url, self.version, self.fetch, self.count = cache, url, version, fetch, count
         self.pos, self.end = int(start), end
         self._piece: Optional[Piece] = None
+        self._direct = DIRECT_BYTES  # what its first reads may still take straight from the store
 
     def readable(self) -> bool:
         return True
@@ -80,7 +94,17 @@ class CachedRange(io.RawIOBase):
             if self.pos >= p.base + p.length:
                 return 0
         n = min(left, p.base + p.length - self.pos)
-        if p.fd is not None:
+        if p.flight is not None:
+            if self._direct and p.flight.behind(self.pos - p.base) > FAR_BYTES:
+                data = self.cache.direct(self.url, self.version, self.pos, self.pos + min(n, self._direct), self.fetch)
+                n = len(data)  # (0: the object ends before pos)
+                view[:n] = data
+                self._direct -= n
+            else:
+                n = p.flight.read_into(view[:n], self.pos - p.base)  # (0: the object ends in the block, before pos)
+                if p.flight.hit:
+                    self.cache._add(cache_bytes=n)
+        elif p.fd is not None:
             n = os.preadv(p.fd, [view[:n]], files.HEADER.size + self.pos - p.base)
             if p.hit:
                 self.cache._add(cache_bytes=n)
@@ -94,6 +118,8 @@ class CachedRange(io.RawIOBase):
         p, self._piece = self._piece, None
         if p is not None and p.fd is not None:
             os.close(p.fd)
+        if p is not None and p.flight is not None:
+            p.flight.wait()  # a stream left behind is kept (or failed) when the stream moves on or closes
 
     def close(self) -> None:
         self._drop()

@@ -31,7 +31,7 @@ from typing import Deque, List, Optional, Sequence, Tuple
 from ..errors import SourceError
 from .counters import IOCounters
 from .options import RemoteOptions
-from .remote import TOTALS, RemoteRaw, is_fetched
+from .remote import TOTALS, RemoteRaw, is_ranged
 
 Range = Tuple[int, Optional[int]]  # (start byte, end byte or None for the end of the object)
 END = object()  # returned by :meth:`PartFetcher.take` at the end of a shard
@@ -92,7 +92,7 @@ class PartFetcher:
         self.counters: List[IOCounters] = [TOTALS] + ([counters] if counters is not None else [])
         self._counters = counters
         self.shards: List[Optional[_Shard]] = [
-            _Shard(url, *(ranges[i] if ranges is not None else (0, None))) if is_fetched(url) else None
+            _Shard(url, *(ranges[i] if ranges is not None else (0, None))) if is_ranged(url) else None
             for i, url in enumerate(urls)]
         self.budget = max(opts.read_ahead_bytes, opts.chunk_bytes)  # at least one chunk
         if opts.cache is not None:  # what is fetched ahead waits in the cache: no more than a small share of it

@@ -7,7 +7,8 @@ shard's first-byte latency is hidden and one worker is not capped at one connect
 A failure to fetch a shard is raised by the reader of that shard, and fetching goes on with the
 next shard (so a skipped bad shard does not stop the worker). Through the node-local byte cache
 the reader reads each shard from the cache in its own thread (a block there is a file read, as
-for a local shard) while the fetcher only fills the cache ahead of it, within the same budget.
+for a local shard) while the fetcher only fills the cache ahead of it, within the same budget,
+started at the first shard with a block missing (epochs read from the cache start no thread).
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import io
 from typing import Any, List, Optional, Sequence
 
 from .counters import IOCounters
-from .local import CHUNK
+from .local import CHUNK, copy_tail
 from .options import remote_options
 from .parts import END, PartFetcher, Range
-from .remote import RemoteRaw, is_fetched
+from .remote import RemoteRaw, cache_key, is_ranged, state_ahead
+
+STATE_AHEAD = 2  # shards after the one opened whose versions are stated ahead (through a cache)
+HEAD_BYTES = 64 << 10  # what a cached shard's first read (its gzip check) asks for
 
 
 class _Prefetched(io.RawIOBase):
@@ -65,23 +69,48 @@ class _Prefetched(io.RawIOBase):
 class _Cached(io.RawIOBase):
     """The reader's side of one shard read through the byte cache: its bytes read from the cache
     (a block the read-ahead has not fetched yet is fetched here, or waited for), the read-ahead
-    told how far the reader is."""
+    (if one runs) told how far the reader is. Unbuffered, as a local part is (:class:`~.local.FileRange`):
+    reads go straight into the caller's buffer; :meth:`peek` holds the first bytes read for the
+    gzip check."""
 
-    def __init__(self, raw: RemoteRaw, fetcher: PartFetcher, index: int) -> None:
+    def __init__(self, raw: RemoteRaw, fetcher: Optional[PartFetcher], index: int) -> None:
         self._raw, self._fetcher, self._index = raw, fetcher, index
+        self._head = memoryview(b"")
 
     def readable(self) -> bool:
         return True
 
+    def peek(self, n: int = 1) -> bytes:
+        """The next bytes (at least ``n`` unless the range ends first, up to :data:`HEAD_BYTES`), not consumed."""
+        if len(self._head) < n:
+            buffer = bytearray(max(n, HEAD_BYTES))
+            got = len(self._head)
+            buffer[:got] = self._head
+            while got < n:
+                k = self._read(memoryview(buffer)[got:])
+                if not k:
+                    break
+                got += k
+            self._head = memoryview(buffer)[:got]
+        return bytes(self._head)
+
     def readinto(self, buffer: Any) -> int:
+        if self._head:
+            n, self._head = copy_tail(memoryview(buffer).cast("B"), self._head)
+            return n
+        return self._read(buffer)
+
+    def _read(self, buffer: Any) -> int:
         n = self._raw.readinto(buffer)
-        self._fetcher.passed(self._index, self._raw.pos)
+        if self._fetcher is not None:
+            self._fetcher.passed(self._index, self._raw.pos)
         return n
 
     def close(self) -> None:
         if not self.closed:
             self._raw.close()
-            self._fetcher.cancel(self._index)
+            if self._fetcher is not None:
+                self._fetcher.cancel(self._index)
         super().close()
 
 
@@ -102,19 +131,34 @@ class ReadAhead:
         self._fetcher: Optional[PartFetcher] = None
         self._last = -1
 
-    def open(self, index: int) -> io.BufferedReader:
-        """The raw (not decompressed) stream of remote shard ``urls[index]`` (its range, if given)."""
-        if not is_fetched(self.urls[index]):
+    def open(self, index: int) -> io.RawIOBase:
+        """The raw (not decompressed) stream of remote shard ``urls[index]`` (its range, if given):
+        buffered, or (through a byte cache) unbuffered with a :meth:`~_Cached.peek`."""
+        if not is_ranged(self.urls[index]):
             raise ValueError(f"not a remote shard: index {index}")
+        if self.opts.cache is not None:
+            return self._cached(index)
         if self._fetcher is None or index <= self._last:
             self.close()
             self._fetcher = PartFetcher(self.urls, self.opts, self.counters, self.ranges, index)
         self._last = index
-        if self._fetcher.warming:  # read from the byte cache in this thread; the fetcher fills it ahead
-            start, end = self.ranges[index] if self.ranges is not None else (0, None)
-            raw = RemoteRaw(self.urls[index], start, self.opts, self.counters, end, self._fetcher.version(index))
-            return io.BufferedReader(_Cached(raw, self._fetcher, index), CHUNK)  # type: ignore[arg-type]
         return io.BufferedReader(_Prefetched(self._fetcher, index), CHUNK)  # type: ignore[arg-type]
+
+    def _cached(self, index: int) -> io.RawIOBase:
+        """Through the byte cache: the shard's range read from the cache in this thread (a block
+        being fetched is read as its bytes arrive); the read-ahead fills the cache ahead of it
+        from the first shard one of whose blocks is missing on (shards read from the cache alone
+        start no thread)."""
+        if index <= self._last:
+            self.close()
+        self._last = index
+        start, end = self.ranges[index] if self.ranges is not None else (0, None)
+        version = self._fetcher.version(index) if self._fetcher is not None else None
+        raw = RemoteRaw(self.urls[index], start, self.opts, self.counters, end, version)
+        state_ahead(self.urls[index + 1:index + 1 + STATE_AHEAD], self.opts, self.counters)  # (opened after this)
+        if self._fetcher is None and not self.opts.cache.holds(cache_key(raw.url), raw.etag, start, raw.limit()):
+            self._fetcher = PartFetcher(self.urls, self.opts, self.counters, self.ranges, index)
+        return _Cached(raw, self._fetcher, index)
 
     def close(self) -> None:
         fetcher, self._fetcher = self._fetcher, None

@@ -10,13 +10,14 @@ buckets, DNS failures and refused connections fail at once with a :class:`Source
 URL and where the credentials came from (credentials redacted; server messages, which may quote
 request details, are never copied).
 
-The node-local byte cache (``options.cache``, :mod:`.cache`) sits at one place: :meth:`RemoteRaw._open`,
+The node-local byte cache (``options.cache``, :mod:`.cache`) sits at one place: :meth:`RemoteRaw._connect`,
 the one call that opens a range of an object. With a cache, a stream first states the object
 (its version and size: one request, so a replaced object is seen; a process states an object at
-most once per ``version_check_s``) unless its version is already pinned, then reads its range
-through the cache, keyed by :func:`cache_key` and the version; the blocks the cache lacks are
-fetched by ranged reads pinned to that version, with the retries and resumes above. An object
-without a version is read without caching (said once).
+most once per ``version_check_s``, :mod:`.versions`, and a worker states those it is about to
+read ahead, in parallel: :func:`state_ahead`) unless its version is already pinned, then reads
+its range through the cache, keyed by :func:`cache_key` and the version; the blocks the cache
+lacks are fetched by ranged reads pinned to that version, with the retries and resumes above.
+An object without a version is read without caching (said once).
 """
 
 from __future__ import annotations
@@ -24,25 +25,20 @@ from __future__ import annotations
 import dataclasses
 import io
 import random
-import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from functools import partial
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import SourceError
 from .counters import IOCounters
+from . import versions
 from .options import remote_options
 from .retry import Retry, call_with_retries, classify
-from .stores import ObjectInfo, canonical, is_ranged, store_for
+from .stores import ObjectInfo, cache_name, is_ranged, store_for
 from .stores.base import Answer, Data, read_all
 
 TOTALS = IOCounters()  # every remote request of this process (see IOCounters)
-_versions: Dict[str, Tuple[Optional[str], Optional[int], float]] = {}  # key -> (version, size, when stated)
-_versions_lock = threading.Lock()
-#: Query parameters that sign or authorize a URL rather than name the object (presigned S3 and
-#: GCS URLs, Azure SAS tokens, bearer tokens): left out of the cache's key.
-SIGNATURE_PARAMS = ("x-amz-", "x-goog-", "signature", "expires", "awsaccesskeyid", "sig", "se", "sp", "sv", "sr",
-                    "st", "spr", "srt", "ss", "skoid", "sktid", "skt", "ske", "sks", "skv", "token", "access_token")
+PROGRESS_BYTES = 64 << 10  # the reads of a block being fetched for the cache, given out as they come
 #: The cache's counters as the I/O counters name them (``remote_bytes`` is ``bytes`` already).
 CACHE_COUNTERS = {"hits": "cache_hits", "misses": "cache_misses", "cache_bytes": "cache_bytes",
                   "written_bytes": "cache_written_bytes", "uncached_bytes": "cache_uncached_bytes",
@@ -51,24 +47,8 @@ CACHE_COUNTERS = {"hits": "cache_hits", "misses": "cache_misses", "cache_bytes":
 
 def cache_key(url: str) -> str:
     """The name of an object in the byte cache: ``url`` as the same object at any version its URL
-    may name (:func:`~.stores.canonical`); an ``http(s)://`` URL without user info and without
-    the query parameters that sign it (:data:`SIGNATURE_PARAMS`), so a URL signed anew names the
-    same blocks."""
-    url = canonical(url)
-    if not url.startswith(("http://", "https://")):  # (an object store's key is its name, "?" and all)
-        return url
-    parts = urlsplit(url)
-    if not parts.query and "@" not in parts.netloc:
-        return url
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
-             if not k.lower().startswith(SIGNATURE_PARAMS[:2]) and k.lower() not in SIGNATURE_PARAMS[2:]]
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, urlencode(query), ""))
-
-
-def is_fetched(url: str) -> bool:
-    """True for objects read by ranged requests (object stores and ``http(s)://``), with read-ahead
-    and resume."""
-    return is_ranged(url)
+    may name, however its URL is signed (:func:`~.stores.cache_name`)."""
+    return cache_name(url)
 
 
 class RemoteRaw(io.RawIOBase):
@@ -100,44 +80,35 @@ class RemoteRaw(io.RawIOBase):
         self._connect(first=True)
 
     def _open(self) -> Answer:
-        """Open the range from the current position: the one place a range of an object is asked
-        for, of the store or, with a cache, of the cache (module doc)."""
-        if self.cache is None:
-            self._add(requests=1)
-            return self.store.open_range(self.url, self.pos, self.end, self.etag)
-        size = self.size
-        if self.etag is None:
-            self.etag, size = self._version()
-        body = self.cache.open(cache_key(self.url), self.etag, self.pos, self.end, self._fetch, self._count)
-        return Answer(body, size, self.etag)
+        """Open the range from the current position at the store: the one place a range of an
+        object is asked for (through a cache, the cache asks: :meth:`_connect`)."""
+        self._add(requests=1)
+        return self.store.open_range(self.url, self.pos, self.end, self.etag)
 
     def _version(self) -> "tuple[Optional[str], Optional[int]]":
-        """The object's version and size: stated by the store, or as stated by this process less
-        than ``version_check_s`` ago (the columns of a worker open the same shards one after the
-        other, and each statement is a round trip)."""
-        key, now = cache_key(self.url), time.monotonic()
-        with _versions_lock:
-            known = _versions.get(key)
-        if known is not None and now - known[2] < self.opts.version_check_s:
-            return known[0], known[1]
-        self._add(requests=1)
-        info = self.store.stat(self.url)
-        with _versions_lock:
-            _versions[key] = (info.version, info.size, now)
-        return info.version, info.size
+        """The object's version and size, as this process stated it less than ``version_check_s``
+        ago, or states it now (:mod:`.versions`: one statement however many streams want it)."""
+        return versions.stated(cache_key(self.url), self.opts.version_check_s,
+                               partial(state_object, self.url, self.opts, self._counters[1:]))
 
-    def _fetch(self, url: str, version: Optional[str], start: int, stop: int) -> bytes:
+    def _fetch(self, url: str, version: Optional[str], start: int, stop: int,
+               progress: Optional[Callable[[bytes], None]] = None) -> bytes:
         """Bytes ``[start, stop)`` of this object from the store (for the cache): ranged reads
-        pinned to ``version``, retried and resumed as any stream's."""
+        pinned to ``version``, retried and resumed as any stream's; ``progress`` is given them as
+        they arrive, in reads of :data:`PROGRESS_BYTES` (a reader waiting for a block's first
+        bytes waits for those alone)."""
         opts = dataclasses.replace(self.opts, cache=None)
         raw = RemoteRaw(self.url, start, opts, self._sink, end=stop, etag=version)
         out = bytearray()
+        step = PROGRESS_BYTES if progress is not None else max(opts.chunk_bytes, 1 << 20)
         try:
             while True:
-                data = raw.read_chunk(max(opts.chunk_bytes, 1 << 20))
+                data = raw.read_chunk(step)
                 if not data:
                     return bytes(out)
                 out += data
+                if progress is not None:
+                    progress(data)
         finally:
             raw.close()
 
@@ -145,6 +116,13 @@ class RemoteRaw(io.RawIOBase):
         self._add(**{CACHE_COUNTERS[k]: v for k, v in amounts.items() if k in CACHE_COUNTERS})
 
     def _connect(self, first: bool) -> None:
+        if self.cache is not None:  # through the cache: a request only to state the object's version
+            if self.etag is None:
+                self.etag, self.size = self._version()
+            # (to the object's end at most: a block is never asked for from a byte past it)
+            self._body = self.cache.open(cache_key(self.url), self.etag, self.pos, self.limit(), self._fetch,
+                                         self._count)
+            return
         answer = call_with_retries(self._open, self.url, self.opts, self._counters, self._rng, first=first,
                                    store=self.store)
         self._body = answer.body
@@ -232,6 +210,31 @@ class RemoteRaw(io.RawIOBase):
         super().close()
 
 
+def state_object(url: str, opts: Any, counters: Sequence[IOCounters] = ()) -> "tuple[Optional[str], Optional[int]]":
+    """``(version, size)`` of the object ``url`` as its store states it now (one request, retried)."""
+    store = store_for(url, opts)
+
+    def stat() -> ObjectInfo:
+        for c in [TOTALS, *counters]:
+            c.add(requests=1)
+        return store.stat(url)
+
+    info = call_with_retries(stat, url, opts, [TOTALS, *counters], random.Random(), store=store)
+    return info.version, info.size
+
+
+def state_ahead(urls: Sequence[str], options: Any, counters: Optional[IOCounters] = None) -> None:
+    """Through a byte cache: have the versions of the remote objects ``urls`` stated ahead, in
+    parallel (:func:`.versions.ahead`), so that streams opened one after the other find them
+    stated; nothing without a cache."""
+    opts = remote_options(options)
+    if opts.cache is None:
+        return
+    sinks = [counters] if counters is not None else []
+    versions.ahead([(cache_key(url), partial(state_object, url, opts, sinks)) for url in dict.fromkeys(urls)
+                    if is_ranged(url)], opts.version_check_s)
+
+
 def open_remote(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] = None,
                 counters: Optional[IOCounters] = None) -> io.BufferedReader:
     """Open ``url`` (an object read by ranged requests) as a buffered stream of its bytes from
@@ -271,7 +274,7 @@ def stat_object(url: str, options: Optional[Mapping[str, Any]] = None) -> Object
 
 def read_bytes(url: str, options: Optional[Mapping[str, Any]] = None) -> bytes:
     """The whole content of a (small) object of any store, e.g. a manifest."""
-    if is_fetched(url):  # (a manifest, not a shard: never through the byte cache)
+    if is_ranged(url):  # (a manifest, not a shard: never through the byte cache)
         with open_remote(url, 0, dataclasses.replace(remote_options(options), cache=None)) as f:
             return f.read()
 

@@ -21,7 +21,7 @@ from .counters import IOCounters
 from .gunzip import decompressed, file_is_gzip
 from .local import CHUNK, END_OF_ARCHIVE, copy_tail, open_file, open_range
 from .readahead import ReadAhead
-from .remote import is_fetched, open_remote
+from .remote import is_ranged, open_remote
 from .stores import store_class, store_for
 
 
@@ -58,6 +58,7 @@ class _Limited(io.RawIOBase):
         self._end = end
         self._pos = pos
         self._tail = memoryview(END_OF_ARCHIVE)
+        self._readinto = getattr(stream, "readinto1", None) or stream.readinto
 
     def readable(self) -> bool:
         return True
@@ -79,12 +80,12 @@ class _Limited(io.RawIOBase):
         if n <= 0:
             n, self._tail = copy_tail(view, self._tail)
             return n
-        data = self._stream.read(n)
-        if not data:  # the shard ended before the part did: no marker, the parser reports it
+        got = self._readinto(view[:n])  # (straight into the caller's buffer: no bytes made, none copied)
+        if not got:  # the shard ended before the part did: no marker, the parser reports it
             self._tail = self._tail[:0]
-        view[:len(data)] = data
-        self._pos += len(data)
-        return len(data)
+            return 0
+        self._pos += got
+        return got
 
     def close(self) -> None:
         if not self.closed:
@@ -107,7 +108,9 @@ class _Owned(io.BufferedReader):
 
     def __init__(self, ahead: ReadAhead) -> None:
         self._ahead = ahead
-        super().__init__(ahead.open(0).detach(), CHUNK)  # type: ignore[arg-type]
+        opened = ahead.open(0)
+        raw = opened.detach() if isinstance(opened, io.BufferedReader) else opened
+        super().__init__(raw, CHUNK)  # type: ignore[arg-type]
 
     def close(self) -> None:
         try:
@@ -131,7 +134,7 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
     """
     if is_gzip_name(url):
         stream = decompressed(open_raw(url, 0, options), url, offset)
-    elif is_fetched(url):
+    elif is_ranged(url):
         return _limited(_Owned(ReadAhead([url], options, None, [(offset, end)])), offset, end, chunk_bytes(options))
     else:
         if end is not None and store_class(url).local:  # a local part: positional reads, no buffers
@@ -178,7 +181,7 @@ class ShardSequence:
         it cannot be opened)."""
         url = self.urls[i]
         start, end = self.ranges[i] if self.ranges is not None else (0, None)
-        if not is_fetched(url):
+        if not is_ranged(url):
             return open_shard(url, start, self.options, end)
         if self._ahead is None:
             fetched = None if self.ranges is None else [(0, None) if is_gzip_name(u) else r

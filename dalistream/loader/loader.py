@@ -35,13 +35,13 @@ from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
 from ..device import check_current_device, check_torch_cuda
 from ..errors import StateError
 from ..lifetime import temp_folder
-from ..plan import Layout, continued
 from ..stream import Stream
 from ..worker import read_workers, summarize
 from .convert import BufferPool, to_torch
 from .progress import WAIT_WARNING, Watch
 from .ranks import distributed_layout, relaid
-from .state import STATE_VERSION, differences, identity_of, read_state, sealed
+from .state import (STATE_VERSION, differences, identity_of, node_report, read_state, resumed_at, said_node_change,
+                    sealed)
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ class Loader:
         self._watch = Watch(progress=progress, wait_warning=wait_warning, run_dir=stats_dir,
                             counters=lambda: me().stats(), decodes=lambda: decodes_images(me()._pipe))
         self._identity: Optional[Dict[str, Any]] = None  # the sources' identity, read at the first state taken
+        self._from_nodes: Optional[int] = None  # the node count of a state loaded (affinity="node")
         self._group_seen = False  # rank and world size checked against an initialised torch.distributed
         self._samples, self._closed = 0, False  # _samples: of the last batch taken (for the figures)
         self._device_checked = stream.device != "gpu"
@@ -232,6 +233,7 @@ class Loader:
             "plan": {"seed": c.seed, "rank": c.rank, "world_size": c.world_size, "workers": c.workers,
                      "batch_size": c.batch_size, "policy": c.policy, "shuffle": c.shuffle, "interleave": c.interleave,
                      "batches_per_epoch": c.batches_per_epoch, "shuffle_shards": c.shuffle_shards,
+                     "nodes": c.nodes.count if c.nodes is not None else None,
                      "buckets": c.buckets.plain() if c.buckets is not None else None, "sources": self._identity},
             "segments": [list(s) for s in self.resume],
         })
@@ -255,17 +257,17 @@ class Loader:
         current = self.state_dict()["plan"]
         epoch, step, saved, segments, version = read_state(state, current)
         problems, doubts = differences(saved, current, self.stream.digest, allow_content_change)
-        saved_layout = (saved["world_size"], saved["workers"], saved["batch_size"])
-        layout = (current["world_size"], current["workers"], current["batch_size"])
+        saved_layout = (saved["world_size"], saved["workers"], saved["batch_size"], saved["nodes"])
+        layout = (current["world_size"], current["workers"], current["batch_size"], current["nodes"])
         if saved_layout != layout and not allow_layout_change:
-            problems.append(f"layout: saved {saved_layout}, this loader {layout} (ranks, workers, batch size)")
+            problems.append(f"layout: saved {saved_layout}, this loader {layout} (ranks, workers, batch size, nodes)")
         if problems:
             rewritten = any("rewritten" in p for p in problems)
             raise StateError("saved state does not fit this loader: " + "; ".join(problems),
                              hint="resume with the same data set, seed, policy and shuffle settings"
                              + ("; if the shards hold the same bytes as then (copied back into place), pass "
                                 "allow_content_change=True" if rewritten else ""))
-        if version < STATE_VERSION:
+        if version < 5:
             log.warning("a loader state of version %d (an older dalistream) carries no digest of itself and no "
                         "content versions of its shards: it cannot prove it is unedited, nor that the shards are "
                         "the same content; resumed on their names, counts and sizes", version)
@@ -282,15 +284,14 @@ class Loader:
                             "from its first batch (samples of its first %d steps are seen again)", epoch, step)
                 segments, step = (), 0
             else:
-                c = self.stream.config
-                planned = self.stream.planned(Layout(*saved_layout))  # what the saved plan split
-                segments, step = continued(segments, (planned.world_size, planned.workers, planned.batch_size), step,
-                                           self.stream.planned(c.layout))
+                segments, step = resumed_at(self.stream, saved, segments, step)
         steps = self.stream.steps(epoch, segments)  # validates the segments against the data set
         if step > steps:
             raise StateError(f"saved step {step} is past the end of epoch {epoch}, which has {steps} steps",
                              hint="the state does not come from this data set and layout")
         self.epoch, self.step, self.resume = epoch, step, segments
+        self._from_nodes = saved["nodes"]
+        said_node_change(node_report(self.stream, self._from_nodes))
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -300,7 +301,9 @@ class Loader:
         batches (the input pipeline was the limit; the first includes the workers' start),
         ``step_s``, the time it spent between batches (its own step), ``empty_batches``, the
         batches that held no sample (yielded empty: see the module doc), and more
-        (:meth:`dalistream.loader.progress.Watch.figures`).
+        (:meth:`dalistream.loader.progress.Watch.figures`); with ``affinity="node"``, ``affinity``:
+        this rank's node, its shards and samples, and after a resume onto another node count the
+        share of them its cache still holds (:func:`~dalistream.loader.state.node_report`).
         The totals and skips cover the epochs up to :meth:`delivered_epoch`: what a worker read
         ahead into the next epoch is counted in that epoch, under ``by_epoch`` only.
         See :mod:`dalistream.worker.stats` for the workers' counters.
@@ -320,7 +323,9 @@ class Loader:
             if time.monotonic() >= deadline or self._workers_reached(workers):
                 break
             time.sleep(0.05)
-        return {**summarize(workers, through=self.delivered_epoch()), "loader": self._watch.figures()}
+        nodes = node_report(self.stream, self._from_nodes)
+        return {**summarize(workers, through=self.delivered_epoch()), "loader": self._watch.figures(),
+                **({"affinity": nodes} if nodes is not None else {})}
 
     def summary(self) -> str:
         """One line: samples taken and samples/s, the share of the loop's time spent waiting for

@@ -1,13 +1,18 @@
 """A loader state: plain data that says where an epoch stands, and proves what it is.
 
-:meth:`dalistream.Loader.state_dict` returns (version 5)::
+:meth:`dalistream.Loader.state_dict` returns (version 6)::
 
-    {"version": 5,
+    {"version": 6,
      "loader": {"epoch": e, "step": s},
      "plan": {"seed", "rank", "world_size", "workers", "batch_size", "policy", "shuffle", "interleave",
-              "batches_per_epoch", "shuffle_shards", "buckets": BUCKETS, "sources": IDENTITY},
+              "batches_per_epoch", "shuffle_shards", "nodes", "buckets": BUCKETS, "sources": IDENTITY},
      "segments": [[world_size, workers, batch_size, steps], ...],
      "digest": "…"}
+
+``nodes`` is the node count of a stream read with ``affinity="node"`` (``None`` without it); a
+segment of an epoch that ran with node affinity is ``[world_size, workers, batch_size, steps,
+nodes, interleaved]`` (:mod:`dalistream.plan.affinity`), so the rest of the epoch can be planned
+on another node count (:func:`resumed_at`).
 
 ``digest`` is the SHA-256 of the rest (its canonical JSON): a state edited by hand (a step
 changed) or damaged on the way is refused (:class:`~dalistream.errors.StateError`). It is a
@@ -36,22 +41,31 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..errors import StateError
 from ..io.local import new_file_mode, write_atomic
+from ..io.options import remote_options
 from ..manifest.scan import content_version
-from ..plan import check_segments
+from ..plan import Layout, check_segments, continued
+from ..plan.affinity import node_owner
+from ..plan.affinityview import cache_kept
 from ..sources import is_remote
 from ..stream import Stream, relative_names
 
+log = logging.getLogger(__name__)
+
+# 6: the node count (affinity="node") in the plan and in segments;
 # 5: a digest of itself, the sources' content versions, exact's last step dealt position by
 # position; 4: interleave; 3: segments of an epoch under other layouts, sources by identity;
 # 2: spans; 1: whole shards
-STATE_VERSION = 5
-VERSIONS = (2, 3, 4, STATE_VERSION)  # those that load
+STATE_VERSION = 6
+VERSIONS = (2, 3, 4, 5, STATE_VERSION)  # those that load
 # what a resume cannot change
 INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards", "buckets")
 CONTENT = ("root", "versions")  # the identity's content part (version 5)
@@ -65,7 +79,7 @@ class SavedState(NamedTuple):
     epoch: int
     step: int
     plan: Dict[str, Any]
-    segments: Tuple[Tuple[int, int, int, int], ...]
+    segments: Tuple[Tuple[int, ...], ...]
     version: int
 
 
@@ -110,13 +124,19 @@ def read_state(state: Any, current: Mapping[str, Any]) -> SavedState:
         saved.setdefault("shuffle_shards", current.get("shuffle_shards"))
     if version < 4:  # before interleaved reading
         saved.setdefault("interleave", False)
-    saved.setdefault("buckets", None)  # a state taken before buckets existed: none
+    if version < 6:  # before node affinity
+        saved.setdefault("nodes", None)
+    saved.setdefault("buckets", None)  # a state taken without buckets (or before them): none
     missing = sorted(set(current) - set(saved))
     if missing:
         raise StateError(f"loader state: plan lacks {missing}")
     for name in ("world_size", "workers", "batch_size"):
         if not integer(saved.get(name)) or saved[name] < 1:
             raise StateError(f"loader state: {name} must be an integer >= 1, got {saved.get(name)!r}")
+    nodes = saved.get("nodes")
+    if nodes is not None and not (integer(nodes) and nodes >= 1 and saved["world_size"] % nodes == 0):
+        raise StateError(f"loader state: nodes must be None or an integer >= 1 dividing world_size "
+                         f"{saved['world_size']}, got {nodes!r}")
     segments = state.get("segments", [])
     if not isinstance(segments, list):
         raise StateError(f"loader state: segments must be a list, got {segments!r}")
@@ -209,7 +229,7 @@ def listing_root(urls: Sequence[str]) -> str:
         return ""
     first = urls[0].split("?", 1)[0] if "://" in urls[0] else urls[0]
     root = first[:len(first) - len(relative_names(urls)[0])]
-    return root if is_remote(first) or "://" in first else os.path.abspath(root or ".")
+    return root if is_remote(first) else os.path.abspath(root or ".")
 
 
 def _versions(urls: Sequence[str], options: Optional[Mapping[str, Any]]) -> List[Optional[str]]:
@@ -221,6 +241,7 @@ def content_identity(urls: Sequence[str], options: Optional[Mapping[str, Any]] =
     :func:`~dalistream.manifest.scan.content_version` in order; ``None`` when one cannot be told).
     Asked in chunks from :data:`THREADS` threads: a ``stat`` on a network file system, or a HEAD,
     waits for a round trip, and the waits overlap."""
+    options = remote_options(options)  # (checked once, not once per shard)
     chunk = 1 if urls and is_remote(urls[0]) else LOCAL_CHUNK
     pieces = [urls[i:i + chunk] for i in range(0, len(urls), chunk)]
     with ThreadPoolExecutor(max(1, min(THREADS, len(pieces)))) as pool:
@@ -269,6 +290,45 @@ def write_state_file(path: str, state: Mapping[str, Any]) -> None:
     new one), readable as any new file of this user (the umask's mode, not a temporary file's 0600)."""
     payload = json.dumps(state).encode()
     write_atomic(path, lambda f: f.write(payload), mode=new_file_mode())
+
+
+def resumed_at(stream: Stream, saved: Mapping[str, Any], segments: Sequence[Tuple[int, ...]],
+               step: int) -> Tuple[Tuple[Tuple[int, ...], ...], int]:
+    """Where a state saved at ``step`` of the plan ``saved`` (after ``segments``) goes on for
+    ``stream``: the same layout and node count at its step; another one closes the saved
+    layout's segment (:meth:`~dalistream.stream.Stream.segment_head`: with node affinity its node
+    count) and plans the rest of the epoch over this one from step 0 (:func:`~dalistream.plan.continued`)."""
+    c = stream.config
+    before = stream.segment_head(Layout(saved["world_size"], saved["workers"], saved["batch_size"]), saved.get("nodes"))
+    now = stream.segment_head(c.layout, c.nodes.count if c.nodes is not None else None)
+    return continued(segments, before, step, now)
+
+
+def node_report(stream: Stream, saved_nodes: Optional[int]) -> Optional[Dict[str, Any]]:
+    """With ``affinity="node"``: this rank's node, the job's nodes, the shards and samples its node
+    owns, and after a resume from a state of ``saved_nodes`` nodes (another count),
+    ``cache_kept``: the share of what the node now reads that it owned under the old count (what
+    its cache still holds, :func:`~dalistream.plan.affinityview.cache_kept`); ``None`` without affinity."""
+    c, counts = stream.config, stream.data.counts
+    if c.nodes is None or counts is None:
+        return None
+    nodes, node = c.nodes, c.nodes.node_of(c.rank)
+    owner = node_owner(counts, nodes.count, c.seed)
+    mine = owner == node
+    report = {"nodes": nodes.count, "node": node, "ranks_per_node": nodes.ranks_per_node, "shards": int(mine.sum()),
+              "samples": int(np.asarray(counts)[mine].sum()), "from_nodes": None, "cache_kept": None}
+    if saved_nodes is not None and saved_nodes != nodes.count:
+        kept = cache_kept(counts, saved_nodes, nodes.count, c.seed)[node]
+        report.update(from_nodes=int(saved_nodes), cache_kept=kept)
+    return report
+
+
+def said_node_change(report: Optional[Dict[str, Any]]) -> None:
+    """Log how much of this node's cache a resume onto another node count keeps (:func:`node_report`)."""
+    if report is not None and report["cache_kept"] is not None:
+        log.info("resumed on %d nodes from a state of %d (affinity='node'): node %d reads its shards of the new count; "
+                 "its cache holds %.0f%% of them", report["nodes"], report["from_nodes"], report["node"],
+                 100 * report["cache_kept"])
 
 
 @contextlib.contextmanager

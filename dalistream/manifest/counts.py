@@ -26,7 +26,7 @@ from ..io.remote import list_objects, stat_object
 from ..io.stores import any_ranged, is_local, is_ranged
 from ..io.stores.base import glob_prefix, has_magic, match_glob
 from ..sources.unfinished import MARKER, refuse_unfinished
-from .files import default_location, lookup, read_idx, read_manifest_cached
+from .files import Reader, default_location, lookup, manifest_reader, read_idx
 from .rows import ShardInfo, ShardRows
 from .scan import build_manifest, scan_tolerant
 
@@ -56,10 +56,10 @@ def _exists(url: str, options: Optional[Mapping[str, Any]]) -> bool:
         return False
 
 
-def _manifest_at(path: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]]) -> Optional[ShardRows]:
+def _manifest_at(path: str, read: Reader) -> Optional[ShardRows]:
     """The rows of the manifest at ``path``, or None where none can be read (then counted otherwise)."""
     try:
-        return read_manifest_cached(path, cache_dir, options)
+        return read(path)
     except SourceError:
         return None
 
@@ -102,20 +102,22 @@ def count_samples(
     urls: Sequence[str], *, manifest: Optional[str] = None, cache_dir: Optional[str] = None,
     options: Optional[Mapping[str, Any]] = None, lowercase: bool = False, tolerant: bool = False,
     scan_limit_bytes: Optional[int] = 1 << 30, progress: Optional[Callable[[ShardInfo], None]] = None,
-    discover: bool = True,
+    discover: bool = True, read: Optional[Reader] = None,
 ) -> Counted:
     """Every shard's row, found as the module doc says. ``tolerant`` (``on_error="skip"``): a
     scanned shard that cannot be read to its end is counted up to its problem (see
     :func:`~.scan.scan_tolerant`), its error logged as a warning and returned; ``scan_limit_bytes``
     None: always scan; ``progress`` is called with each scanned row; ``discover=False`` skips step 2
-    (``dalistream index`` scans even where a manifest already lies)."""
+    (``dalistream index`` scans even where a manifest already lies); ``read``: how manifests are
+    read (the resolution's :func:`~.files.manifest_reader`, shared with its listing)."""
+    read = read or manifest_reader(cache_dir, options)
     if manifest and manifest.endswith(".idx"):
         return Counted(ShardRows.from_infos(read_idx(_expand_idx(manifest, options), urls, options)), f"index files {redact(manifest)}")
     if manifest:
-        return Counted(lookup(urls, read_manifest_cached(manifest, cache_dir, options), manifest),
+        return Counted(lookup(urls, read(manifest), manifest),
                        f"manifest {redact(manifest)}")
     found = default_location(urls)
-    beside = _manifest_at(found, cache_dir, options) if discover and found else None
+    beside = _manifest_at(found, read) if discover and found else None
     if beside is not None:
         return Counted(lookup(urls, beside, found), f"manifest {redact(found)}")
     if found and is_ranged(found):  # remote shards named one by one: their folder was not listed

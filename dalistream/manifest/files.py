@@ -12,14 +12,14 @@ import json
 import os
 import posixpath
 import zipfile
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from ..errors import ManifestError, SourceError, redact
 from ..io.local import cache_write, local_path, new_file_mode
 from ..io.remote import read_bytes, write_bytes
-from ..io.stores import canonical, schemes_in
+from ..io.stores import canonical, schemes_in, store_class
 from ..sources import is_remote
 from .formats import FORMAT, parse_idx, parse_json
 from .members import MemberLayout
@@ -32,22 +32,22 @@ DEFAULT_NAME = "dalistream-manifest.json"
 def default_location(urls: Sequence[str]) -> Optional[str]:
     """Where ``dalistream index`` writes and where a manifest is looked for unnamed: the folder
     (or key prefix) holding all the shards. ``None`` for ``pipe:`` sources or mixed places."""
-    schemes = schemes_in(urls)
-    if not urls or "pipe" in schemes:
-        return None
+    stores = [store_class(u) for u in schemes_in(urls).values()]
+    if not urls or not all(s.local or s.ranged for s in stores):
+        return None  # a command's output (pipe:) lies in no folder
     one = _one_folder(urls)
-    if one is not None and "pipe" not in schemes:
+    if one is not None:
         return one + DEFAULT_NAME
-    if "file" not in schemes:
+    if not any(s.local for s in stores):
         folders = {u.rsplit("/", 1)[0] for u in urls}
         if len(folders) != 1:
-            common = posixpath.commonpath([f.split("://", 1)[1] for f in folders])
-            schemes = {u.split("://", 1)[0] for u in urls}
-            if not common or len(schemes) != 1:
+            scheme, _, _ = urls[0].partition("://")  # (URL syntax: SCHEME://PATH)
+            common = posixpath.commonpath([f.partition("://")[2] for f in folders])
+            if not common or len(stores) != 1:
                 return None
-            folders = {f"{schemes.pop()}://{common}"}
+            folders = {f"{scheme}://{common}"}
         return f"{folders.pop()}/{DEFAULT_NAME}"
-    if len(schemes) > 1:
+    if len(stores) > 1:
         return None
     folders = {u.rpartition("/")[0] for u in urls}  # a few folders for many shards: each checked once
     if not all(f.startswith("/") and "/." not in f and "//" not in f for f in folders):
@@ -151,6 +151,28 @@ def read_manifest_cached(path: str, cache_dir: Optional[str], options: Optional[
     version = version_of(path, options)  # remote: one HEAD instead of a GET of the whole file
     if version is None:
         return read_manifest(path, options)  # cannot tell an edited manifest (or its error comes next)
+    return _read_cached(path, version, cache_dir, options)
+
+
+Reader = Callable[[str], ShardRows]  # a manifest's path -> its rows
+
+
+def manifest_reader(cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None) -> Reader:
+    """:func:`read_manifest_cached` with ``cache_dir`` and ``options``, each path read once: what
+    one resolution of a data set uses, so that its listing and its counts, which ask for the same
+    manifest, read it once."""
+    read: Dict[str, ShardRows] = {}
+
+    def rows(path: str) -> ShardRows:
+        if path not in read:
+            read[path] = read_manifest_cached(path, cache_dir, options)
+        return read[path]
+
+    return rows
+
+
+def _read_cached(path: str, version: str, cache_dir: str, options: Optional[Mapping[str, Any]]) -> ShardRows:
+    """:func:`read_manifest_cached` from ``cache_dir`` (the rows mapped back), else parsed and kept there."""
     key = f"{PARSED_LAYOUT}|{version}".encode()
     base = os.path.join(cache_dir, "parsed", hashlib.sha256(key).hexdigest()[:32])
     try:
@@ -201,11 +223,14 @@ def _key(url: str) -> str:
     return os.path.normpath(os.path.abspath(local_path(url)))
 
 
-def manifest_urls(folder: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None) -> Optional[List[str]]:
+def manifest_urls(folder: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None,
+                  read: Optional[Reader] = None) -> Optional[List[str]]:
     """The shard URLs the manifest in ``folder`` (a URL or path ending in ``/``) names, or None
-    when there is none there: what a listing takes instead of asking for every object."""
+    when there is none there: what a listing takes instead of asking for every object (``read``:
+    the resolution's :func:`manifest_reader`)."""
     try:
-        return read_manifest_cached(folder + DEFAULT_NAME, cache_dir, options).urls
+        path = folder + DEFAULT_NAME
+        return (read(path) if read is not None else read_manifest_cached(path, cache_dir, options)).urls
     except SourceError as e:
         if e.reason == "missing":
             return None

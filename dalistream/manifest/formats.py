@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -56,8 +56,7 @@ def resolve(url: str, manifest: str, folder: Optional[str] = None) -> str:
     """A row's URL as a shard URL: relative ones joined to the manifest's folder; local paths absolute."""
     if is_remote(url):
         return url
-    if url.startswith("file://"):  # (URL syntax: the path of a file:// row)
-        url = local_path(url)
+    url = local_path(url)  # (a file:// row: its path)
     if is_remote(manifest):
         scheme, rest = manifest.split("://", 1)
         host, _, key = rest.partition("/")
@@ -133,8 +132,8 @@ def key_problem(keys: Any, samples: int) -> Optional[str]:
 def _key_columns(rows: list, samples: list, starts: np.ndarray) -> Any:
     """The rows' keys as flat columns (``None``: no row has keys), or ``False`` when one row's are
     not plainly valid (the row-by-row check then names it)."""
-    raw = [r.get("keys") for r in rows]
-    if all(k is None for k in raw):
+    raw = _column(rows, "keys")
+    if raw.count(None) == len(raw):
         return None
     if not all(k is None or (type(k) is dict and all(type(v) is list and len(v) == n for v in k.values()))
                for k, n in zip(raw, samples)):
@@ -218,17 +217,33 @@ def _simple(url: str) -> bool:
             and not url.endswith("/"))
 
 
+def _all_simple(urls: List[str]) -> bool:
+    """:func:`_simple` for every one of ``urls``, checked over their joined text at once."""
+    text = "\n" + "\n".join(urls)
+    return (text.count("\n") == len(urls) and ":" not in text and "/." not in text and "//" not in text
+            and "\n/" not in text and "\n~" not in text and "\n." not in text and "\n\n" not in text
+            and "/\n" not in text and not text.endswith("/"))
+
+
+def _column(rows: list, key: str, default: Any = None) -> list:
+    """``row.get(key, default)`` of every row (a list of dicts), without a Python loop."""
+    return list(map(dict.get, rows, repeat(key, len(rows)), repeat(default, len(rows))))
+
+
+def _only(values: list, kind: type) -> bool:
+    """True when every value is exactly of type ``kind`` (``bool`` is no ``int``)."""
+    return set(map(type, values)) <= {kind}
+
+
 def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str]) -> Optional[ShardRows]:
     """The rows as columns when every row is plainly valid (the common case, checked a column at a
-    time); ``None`` sends the manifest through the row-by-row check, which names the bad row."""
+    time, without Python per row where the rows are plain); ``None`` sends the manifest through
+    the row-by-row check, which names the bad row."""
     url_key, samples_key, bytes_key = keys
-    if not all(type(r) is dict for r in rows):
+    if not _only(rows, dict):
         return None
-    urls = [r.get(url_key) for r in rows]
-    samples = [r.get(samples_key) for r in rows]
-    sizes = [r.get(bytes_key, -1) for r in rows]
-    if not (all(type(u) is str and u for u in urls) and all(type(n) is int for n in samples)
-            and all(type(b) is int for b in sizes)):
+    urls, samples, sizes = _column(rows, url_key), _column(rows, samples_key), _column(rows, bytes_key, -1)
+    if not (_only(urls, str) and "" not in urls and _only(samples, int) and _only(sizes, int)):
         return None
     try:
         counts = np.array(samples, dtype=np.int64) if samples else np.zeros(0, dtype=np.int64)
@@ -238,9 +253,9 @@ def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str])
     if (counts < 0).any() or ((size_col < 0) & (size_col != -1)).any():
         return None
     offsets = None
-    lists = [r.get("offsets") for r in rows]
-    if any(o is not None for o in lists):
-        if not all(type(o) is list for o in lists) or any(len(o) != n for o, n in zip(lists, samples)):
+    lists = _column(rows, "offsets")
+    if lists.count(None) != len(lists):
+        if not _only(lists, list) or list(map(len, lists)) != samples:
             return None
         flat = np.array(list(chain.from_iterable(lists)))
         if flat.size and (flat.ndim != 1 or flat.dtype.kind != "i"):
@@ -256,7 +271,10 @@ def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str])
     if keys is False:
         return None
     prefix = resolve("x", manifest, folder)[:-1]  # what a plain relative name is joined to, worked out once
-    resolved = [prefix + u if _simple(u) else resolve(u, manifest, folder) for u in urls]
+    if _all_simple(urls) and "\n" not in prefix:  # (the common case: names relative to the manifest's folder)
+        resolved = (prefix + ("\n" + prefix).join(urls)).split("\n") if urls else []
+    else:
+        resolved = [prefix + u if _simple(u) else resolve(u, manifest, folder) for u in urls]
     if len(set(resolved)) != len(resolved):
         return None
     return ShardRows(resolved, counts, size_col, offsets, members, keys)
@@ -265,8 +283,8 @@ def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str])
 def _member_columns(rows: list, samples: list, offsets: Optional[np.ndarray], starts: np.ndarray) -> Any:
     """The rows' member layouts as a :class:`MemberLayout` (``None``: no row has one), or ``False``
     when one is not plainly valid (the row-by-row check then names it)."""
-    raw = [r.get("members") for r in rows]
-    if all(m is None for m in raw):
+    raw = _column(rows, "members")
+    if raw.count(None) == len(raw):
         return None
     table: dict = {}
     local_to_global: List[int] = []  # every row's patterns, in row order, as global pattern numbers

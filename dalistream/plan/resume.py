@@ -230,29 +230,36 @@ def merged_runs(runs: List[Stretch]) -> List[Stretch]:
 
 
 def check_segments(segments: Sequence[Sequence[int]]) -> Tuple[Segment, ...]:
-    """Segments as tuples of 4 integers (world_size, workers, batch_size >= workers, steps >= 0),
-    or a :class:`StateError` naming the bad one."""
+    """Segments as tuples of integers, or a :class:`StateError` naming the bad one: 4 (world_size,
+    workers, batch_size >= workers, steps >= 0), or 6 for a segment run with node affinity
+    (:mod:`.affinity`: and the node count, dividing world_size, and 1 or 0, read interleaved or not)."""
     out = []
     for i, s in enumerate(segments):
-        ok = (isinstance(s, (list, tuple)) and len(s) == 4
+        ok = (isinstance(s, (list, tuple)) and len(s) in (4, 6)
               and all(isinstance(v, int) and not isinstance(v, bool) for v in s)
               and s[0] >= 1 and s[1] >= 1 and s[2] >= s[1] and s[3] >= 0)
+        if ok and len(s) == 6:
+            ok = s[4] >= 1 and s[0] % s[4] == 0 and s[5] in (0, 1)
         if not ok:
-            raise StateError(f"loader state: segment {i} must be [world_size, workers, batch_size, steps], got {s!r}")
+            raise StateError(f"loader state: segment {i} must be [world_size, workers, batch_size, steps] or, with "
+                             f"node affinity, [world_size, workers, batch_size, steps, nodes, interleaved], got {s!r}")
         out.append(tuple(int(v) for v in s))
     return tuple(out)  # type: ignore[return-value]
 
 
-def continued(segments: Sequence[Segment], saved: Tuple[int, int, int], step: int,
-              layout: Layout) -> Tuple[Tuple[Segment, ...], int]:
-    """Where a state saved at ``step`` of layout ``saved`` (ranks, workers, batch size), after
-    ``segments``, goes on under ``layout``: ``(segments, step)``. The same layout goes on at its
-    step; another one closes the saved layout's segment and starts its own at step 0."""
-    if tuple(saved) == (layout.world_size, layout.workers, layout.batch_size):
+def continued(segments: Sequence[Segment], saved: Tuple[int, ...], step: int,
+              current: Tuple[int, ...]) -> Tuple[Tuple[Segment, ...], int]:
+    """Where a state saved at ``step`` of a layout whose segment head is ``saved`` (a segment
+    without its steps: ranks, workers, batch size, and with node affinity the node count and
+    whether it read interleaved), after ``segments``, goes on under the layout of head ``current``:
+    ``(segments, step)``. The same layout goes on at its step; another one closes the saved
+    layout's segment and starts its own at step 0."""
+    if tuple(saved) == tuple(current):
         return tuple(segments), step
     if not step:  # the saved layout ran nothing of this epoch
         return tuple(segments), 0
-    return tuple(segments) + ((int(saved[0]), int(saved[1]), int(saved[2]), int(step)),), 0
+    head = tuple(int(v) for v in saved)
+    return tuple(segments) + (head[:3] + (int(step),) + head[3:],), 0
 
 
 def resumed_steps(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,

@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import stat
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import braceexpand
 
@@ -24,23 +24,16 @@ from ..errors import SourceError, redact
 from ..io.local import check_regular, local_path
 from ..io.stores import check_schemes, store_class, store_for
 from ..io.stores.base import glob_prefix, has_magic, match_glob
-from .unfinished import MANIFEST, MARKER, PART, refuse_unfinished
+from .named import FOLDER_SCAN_MIN, WRITE_NAMES, Named, named_locally
+from .unfinished import MARKER, PART, is_shard_name, refuse_unfinished
 
 log = logging.getLogger(__name__)
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
-WRITE_NAMES = (MARKER, MANIFEST)
-FOLDER_SCAN_MIN = 64  # listed paths in one folder from which that folder's entries are read instead
 
 
 def is_remote(url: str) -> bool:
     """True for URLs that are not local files (an object store, a web server, a ``pipe:``)."""
     return not store_class(url).local
-
-
-def is_shard_name(name: str) -> bool:
-    """True for file or object names that look like shards (``.tar``, ``.tar.gz``, ``.tgz``)."""
-    return name.endswith(SHARD_SUFFIXES)
 
 
 Identity = Any  # (device, inode) of a local file, its path where it cannot be read, a remote URL
@@ -142,10 +135,6 @@ def _expand_local(pattern: str, known: Optional[Mapping[str, Identity]] = None) 
     raise SourceError("no such shard file", url=path, hint="check the path, or quote a glob so the shell does not expand it")
 
 
-#: ``named(folder)``: the shard URLs the manifest in ``folder`` (a URL ending in ``/``) names, or None
-Named = Callable[[str], Optional[List[str]]]
-
-
 def _from_manifest(item: str, named: Optional[Named], storage_options: Mapping[str, Any],
                    pins: Dict[Any, str]) -> Optional[List[str]]:
     """A folder's or a glob's shards as the manifest beside them names them: one read, where a
@@ -172,6 +161,8 @@ def _expand_objects(item: str, storage_options: Mapping[str, Any], pins: Dict[An
 
     cls = store_class(item)
     if not getattr(cls, "listable", True):
+        if item.endswith("/") and cls.ranged:  # a web server's folder (a command's output is taken as given)
+            store_for(item, storage_options).list(item)  # raises: it cannot be listed, and what to write instead
         return [item]
     if has_magic(item) or item.endswith("/") or not is_shard_name(item):
         found = _from_manifest(item, named, storage_options, pins)
@@ -243,10 +234,12 @@ def expand_sources(sources: Union[str, Sequence[str]], storage_options: Optional
     _check_named_folders([source for source in map(os.fspath, sources) if not is_remote(source)])
     items = [item for source in map(os.fspath, sources)
              for item in (expand_braces(source) if _is_brace_pattern(source) else [source])]
-    schemes = check_schemes(items)
-    if set(schemes) == {"file"} and named is not None and _named_locally(items, named):
-        return items  # every item a shard the manifest names: no stat per file
-    local = [i for i in items if store_class(i).local] if len(schemes) > 1 else items if "file" in schemes else []
+    stores = [store_class(u) for u in check_schemes(items).values()]
+    if all(s.local for s in stores) and named is not None:
+        found = named_locally(items, named)
+        if found is not None:
+            return found  # shards the manifest names: no stat per file
+    local = [i for i in items if store_class(i).local] if len(stores) > 1 else items if stores and stores[0].local else []
     known = _known_files([local_path(i) for i in local]) if len(local) >= FOLDER_SCAN_MIN else {}
     listed: List[Tuple[str, Identity]] = []
     pins: Dict[Any, str] = {}
@@ -282,25 +275,6 @@ def _check_named_folders(sources: Sequence[str]) -> None:
         if os.path.exists(os.path.join(folder or "/", MARKER)):
             refuse_unfinished(os.path.abspath(folder or "/"),
                               [n for n in WRITE_NAMES if os.path.exists(os.path.join(folder or "/", n))])
-
-
-def _named_locally(items: List[str], named: Named) -> bool:
-    """True when ``items`` are many absolute paths of one folder, each once, all of them named by
-    the manifest in that folder: checked over the whole list at once (a brace pattern of 500,000
-    shards costs no ``stat`` and no Python per path)."""
-    if len(items) < FOLDER_SCAN_MIN or not items[0].startswith("/"):
-        return False
-    folder = items[0][:items[0].rfind("/") + 1]
-    rows = named(folder)
-    if not rows:
-        return False
-    if items == rows:
-        return True  # the manifest's own list (its rows are unique and normal)
-    text = "\n".join(items)
-    if text.count("\n" + folder) != len(items) - 1 or text.count("/") != len(items) * folder.count("/") \
-            or "/./" in text or "/../" in text or "//" in text or len(set(items)) != len(items):
-        return False  # not all directly in one folder, or not in normal form, or repeated
-    return not set(items).difference(rows)
 
 
 def expand_braces(pattern: str) -> List[str]:

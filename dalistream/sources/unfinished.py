@@ -20,12 +20,17 @@ from ..errors import SourceError
 MARKER = "dalistream-write.json"
 MANIFEST = "dalistream-manifest.json"
 PART = ".part"
-_SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+def is_shard_name(name: str) -> bool:
+    """True for file or object names that look like shards (``.tar``, ``.tar.gz``, ``.tgz``)."""
+    return name.endswith(SHARD_SUFFIXES)
 
 
 def is_part(name: str) -> bool:
     """True for a shard's temporary name (``NAME.tar.part``): a shard not yet whole."""
-    return name.endswith(PART) and name[:-len(PART)].endswith(_SHARD_SUFFIXES)
+    return name.endswith(PART) and is_shard_name(name[:-len(PART)])
 
 
 def unfinished(names: Collection[str]) -> Optional[str]:

@@ -17,7 +17,7 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
     """The options every data-reading command shares; ``loader=False`` leaves out those only a
     loader uses (workers, rank, world size, epoch, seed, manifest, start method), ``batch=False``
     those of batching (batch size, shuffle, policy)."""
-    p.add_argument("sources", nargs="+" if sources_required else "*", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, s3://, http(s)://")
+    p.add_argument("sources", nargs="+" if sources_required else "*", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, or any store's URLs: s3://, gs://, az://, hf://, http(s)://, pipe:")
     if loader:
         p.add_argument("--workers", "-W", type=int, default=WORKERS, help="DALI worker processes (shard owners) per rank")
         p.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
@@ -26,7 +26,7 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
         p.add_argument("--seed", type=int, default=0, help="seed of the shard order and the shuffle")
         p.add_argument("--manifest", default=None, help="manifest file with per-shard counts (from `dalistream index`)")
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad samples/shards: stop, or count and skip")
-    p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO, Ceph, R2, moto); default from AWS config")
+    p.add_argument("--endpoint-url", default=None, help="the store's endpoint: an S3-compatible server (MinIO, Ceph, R2, moto), a GCS emulator, an Azure blob endpoint, a Hub mirror; default from the store's own configuration")
     p.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
     if loader:
         p.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
@@ -51,6 +51,11 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
         p.add_argument("--lookahead", type=int, default=None, metavar="K",
                        help="with --buckets: refuse a plan in which a worker holds more than K samples")
         if loader:
+            p.add_argument("--affinity", choices=["node"], default=None,
+                           help="node: each node reads a fixed share of the shards every epoch, so its --cache holds "
+                                "about 1/N of the data (nodes from LOCAL_WORLD_SIZE or SLURM_NTASKS_PER_NODE)")
+            p.add_argument("--ranks-per-node", type=int, default=None,
+                           help="with --affinity node: ranks on each node (default: from the launcher, else one node)")
             p.add_argument("--mix", action="append", default=None, metavar="NAME=WEIGHT:SOURCE",
                            help="one weighted source of a mix, instead of SOURCEs (repeat it for each source)")
             p.add_argument("--per-batch", choices=["sample", "source"], default="sample",
@@ -115,6 +120,11 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
+def affinity_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """``Stream.open``'s ``affinity`` and ``ranks_per_node`` from ``--affinity`` and ``--ranks-per-node``."""
+    return {"affinity": getattr(args, "affinity", None), "ranks_per_node": getattr(args, "ranks_per_node", None)}
+
+
 def storage_options(args: argparse.Namespace) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     if getattr(args, "endpoint_url", None):
@@ -147,7 +157,7 @@ def progress_bar(args: argparse.Namespace, *, total: int, unit: str):
 
 #: Options a hint may name the Python way that the command line has as flags.
 FLAGS = ("on_error", "policy", "batch_size", "workers", "world_size", "rank", "shuffle", "interleave", "manifest",
-         "batches_per_epoch", "per_batch", "samples_per_epoch", "seed", "lookahead")
+         "batches_per_epoch", "per_batch", "samples_per_epoch", "seed", "affinity", "ranks_per_node", "lookahead")
 _ASSIGNED = re.compile(r"(?<![\w./?&=-])(" + "|".join(FLAGS) + r")=('[^']*'|\"[^\"]*\"|[\w.+-]+)")
 _NAMED = re.compile(r"(?<![\w./?&=-])(" + "|".join(name for name in FLAGS if "_" in name) + r")(?![\w=])")
 

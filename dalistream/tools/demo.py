@@ -39,7 +39,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``dalistream demo`` on the CLI's subparsers."""
     p = subparsers.add_parser("demo", help=HELP, description=DESCRIPTION)
     p.add_argument("--data", nargs="+", metavar="SOURCE", default=None,
-                   help="train on these shards (paths, dirs, globs, {a..b}, s3://, http(s)://) with jpg/png + cls "
+                   help="train on these shards (paths, dirs, globs, {a..b}, any store's URLs) with jpg/png + cls "
                         "members; default: a synthetic data set")
     p.add_argument("--data-dir", default=None, metavar="PATH",
                    help="where to write (or find) the synthetic data set (default: a temporary directory, "
@@ -66,7 +66,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=50, metavar="N", help="print the loss every N steps (0: never)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print only a JSON summary on stdout")
-    p.add_argument("--endpoint-url", default=None, help="S3 endpoint for s3:// sources")
+    p.add_argument("--endpoint-url", default=None, help="the store's endpoint for --data (an S3-compatible server, a GCS emulator, an Azure blob endpoint, a Hub mirror)")
     p.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
     p.set_defaults(func=run)
     return p

@@ -13,6 +13,7 @@ import numpy as np
 from ..config import reading_order
 from ..errors import ConfigError, StateError, redact
 from ..plan import Layout, Schedule, epoch_layout, epoch_summary, owned_parts, remaining_summary, steps_per_epoch
+from ..plan.nodes import Nodes, resolve_nodes
 from ..plan.quality import shuffle_quality
 from .args import emit, storage_options
 
@@ -70,7 +71,8 @@ def resume_view(args: argparse.Namespace, urls: Sequence[str], counts) -> Dict[s
     """``--resume-from STATE.json``: what the saved epoch leaves for this layout (seed, policy and
     shuffle come from the state): samples delivered and left, steps and samples per rank."""
     from ..loader.state import differences, naming, read_state, read_state_file
-    from ..plan import ResumePlan, continued
+    from ..plan import continued
+    from ..plan.affinity import AffinePlan
     from ..stream import sources_identity
 
     with naming(args.resume_from):
@@ -84,20 +86,42 @@ def resume_view(args: argparse.Namespace, urls: Sequence[str], counts) -> Dict[s
         problems = [p for p in differences(saved, current, "")[0] if p.startswith("sources")]
         if problems:
             raise StateError("the state is not of these shards: " + "; ".join(problems))
-    interleave = bool(saved.get("interleave", False))
-    was = Layout(saved["world_size"], saved["workers"], saved["batch_size"]).planned(interleave)
-    planned = layout.planned(interleave)
-    segments, step = continued(segments, (was.world_size, was.workers, was.batch_size), step, planned)
-    plan = ResumePlan([int(c) for c in counts], planned, schedule, epoch, segments, int(saved["shuffle"]))
-    summary = remaining_summary([int(c) for c in counts], planned, schedule, epoch, segments, int(saved["shuffle"]))
+    interleave, counts = bool(saved.get("interleave", False)), [int(c) for c in counts]
+    nodes = _nodes(args, layout) if args.affinity == "node" else None
+
+    def head(of: Layout, count: Optional[int]) -> tuple:  # a segment of this layout, without its steps
+        if count is None:
+            planned = of.planned(interleave)
+            return (planned.world_size, planned.workers, planned.batch_size)
+        return (of.world_size, of.workers, of.batch_size, count, int(interleave))
+
+    was = Layout(saved["world_size"], saved["workers"], saved["batch_size"])
+    segments, step = continued(segments, head(was, saved.get("nodes")), step, head(layout, nodes and nodes.count))
+    if schedule.policy == "fixed":
+        summary = remaining_summary(counts, layout.planned(interleave), schedule, epoch, segments,
+                                    int(saved["shuffle"]))
+    plan = AffinePlan(counts, layout, nodes, schedule, epoch, columns=interleave,
+                      shuffle=0 if interleave else int(saved["shuffle"]), segments=segments)
+    if schedule.policy != "fixed":
+        left = plan.sequence.total
+        summary = {"epoch": epoch, "samples": sum(counts), "delivered": sum(counts) - left, "remaining": left,
+                   "steps": plan.steps, "left_out": plan.left_out, "segments": [list(s) for s in segments]}
     ranks = []
     for r in range(layout.world_size) if args.rank is None else [args.rank]:
-        owners = [(q, 0) for w in range(layout.workers) for q in layout.columns(r, w)] if interleave else \
-            [(r, w) for w in range(layout.workers)]
-        samples = [plan.worker(a, b).samples for a, b in owners]
+        plans = [wp for w in range(layout.workers) for wp in (plan.columns_of(r, w) if interleave else
+                                                              (plan.worker(r, w),))]
+        samples = [wp.samples for wp in plans]
         ranks.append({"rank": r, "steps": plan.steps - step, "samples": None if None in samples else sum(samples)})
     return {**summary, "step": step, "steps_left": plan.steps - step, "world_size": layout.world_size,
-            "workers": layout.workers, "batch_size": layout.batch_size, "ranks": ranks}
+            "workers": layout.workers, "batch_size": layout.batch_size, "nodes": nodes and nodes.count, "ranks": ranks}
+
+
+def _nodes(args: argparse.Namespace, layout: Layout) -> Nodes:
+    """The nodes of ``--nodes`` or ``--ranks-per-node`` (one node when neither is given)."""
+    per = getattr(args, "ranks_per_node", None)
+    if per is not None and (per < 1 or layout.world_size % per):
+        raise ConfigError(f"{layout.world_size} ranks are not whole nodes of --ranks-per-node {per}")
+    return resolve_nodes(0, layout.world_size, {}, args.nodes or (layout.world_size // per if per else 1))
 
 
 def _summary(counts, layout: Layout, schedule: Schedule, epoch: int, interleave: bool) -> Dict[str, Any]:
@@ -221,14 +245,13 @@ def affinity_view(args: argparse.Namespace, counts, layout: Layout, schedule: Sc
     samples per node, steps, left out, padding), with ``--shuffle-quality`` its batch mixing
     beside the plain order's, with ``--from-nodes M`` what each node's cache keeps after the
     job moves from M nodes to N."""
-    from ..plan.nodes import resolve_nodes
     from ..plan.affinityview import affine_shuffle_quality, affine_summary, cache_kept
 
     if counts is None:
         raise ConfigError("--affinity node needs sample counts", hint="drop --no-counts, or use --counts N:LO-HI")
     if schedule.policy == "fixed":
         raise ConfigError("--affinity node is measured for policies 'even' and 'exact'")
-    nodes = resolve_nodes(0, layout.world_size, {}, args.nodes or 1)
+    nodes = _nodes(args, layout)
     payload: Dict[str, Any] = {"affinity": [affine_summary(counts, layout, nodes, schedule, e, interleave) for e in epochs]}
     lines = [f"epoch {s['epoch']}: {s['samples']} samples in {s['shards']} shards on {s['nodes']} nodes x "
              f"{s['ranks_per_node']} ranks ({s['policy']}, node affinity): {s['steps']} steps; per node "
@@ -270,10 +293,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "one, computed from the plan and --shuffle without reading data (class-sorted labels)")
     p.add_argument("--classes", type=int, default=100,
                    help="with --shuffle-quality: labels, written in order (label = position x classes / samples)")
-    p.add_argument("--affinity", choices=["none", "node"], default="none",
-                   help="node: each node reads a fixed share of the shards every epoch (for a node-local cache); "
-                        "shows shards and samples per node, and with --shuffle-quality what it costs in mixing")
-    p.add_argument("--nodes", type=int, default=None, help="with --affinity node: nodes the world size is split in")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="with --affinity node: nodes the world size is split in (shows shards and samples per node, "
+                        "and with --shuffle-quality what affinity costs in mixing)")
     p.add_argument("--from-nodes", type=int, default=None, metavar="M",
                    help="with --affinity node: how much of each node's cache stays useful after moving from M nodes")
     from .bucketview import add_arguments as bucket_arguments

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import AbstractSet, Iterator, List, Optional
+from typing import AbstractSet, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
+from ..io.remote import state_ahead
 from ..io.streams import ShardSequence, is_gzip_name
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
@@ -122,6 +123,13 @@ class PlanReader:
                 shards.close()
             if c.policy == "fixed" and not given and not (n_pass == 0 and (start or gone)):
                 raise self.no_samples(plan)
+
+    def state_ahead(self, plans: Sequence[WorkerPlan], stats: WorkerStats) -> None:
+        """Through a byte cache: the versions of the shards ``plans`` read stated ahead, in
+        parallel (:func:`~dalistream.io.remote.state_ahead`), so that the columns, opened one after
+        the other, do not each wait for a round trip."""
+        state_ahead([self.data.urls[index] for plan in plans for index, _, _ in plan.parts],
+                    self.config.storage_options, stats.io)
 
     def no_samples(self, plan: WorkerPlan) -> SourceError:
         """The error of a ``fixed`` worker whose pass over its parts gave no usable sample."""

@@ -217,6 +217,8 @@ class WorkerSource:
             return
         columns = self.columns(epoch)
         steps = columns[0][0].steps
+        for source, reader in enumerate(self.readers):  # (through a byte cache: its objects' versions, ahead)
+            reader.state_ahead([plan for plan, _, s in columns if s == source], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
         streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
                    for plan, take, source in columns]
@@ -255,6 +257,8 @@ class WorkerSource:
         c = self.config
         resume = self.resume if epoch == self.start_epoch else ()
         run = worker_run(c, self.data, self.mix, epoch, self.worker, resume, start_step)
+        for source, reader in enumerate(self.readers):  # (through a byte cache: its objects' versions, ahead)
+            reader.state_ahead([plan for g, plan in enumerate(run.readers) if run.source[g] == source], stats)
         streams = [self.readers[run.source[g]].blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])
                    for g, plan in enumerate(run.readers)]
         feed = BucketFeed(run, streams, len(c.fields), self.data.bytes_per_sample,

@@ -25,7 +25,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 from ..errors import ConfigError
 from ..io.local import local_path
 from ..io.remote import delete_object, list_objects, read_bytes, write_bytes
-from ..io.stores import is_local
+from ..io.stores import check_writable, is_local
 from ..lifetime import alive, host_tag, owner_tag
 from ..sources import is_shard_name
 from ..sources.unfinished import MANIFEST, MARKER, is_part
@@ -39,6 +39,7 @@ class Target:
     the store protocol (:mod:`dalistream.io.remote`), where each object's write is atomic."""
 
     def __init__(self, output: str, options: Optional[Mapping[str, Any]] = None) -> None:
+        check_writable(output)  # (before anything is listed or written)
         self.remote = not is_local(output)
         self.options = options
         self.url = output.rstrip("/") + "/" if self.remote else os.path.abspath(local_path(output))

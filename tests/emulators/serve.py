@@ -4,10 +4,12 @@ stores by hand (the tests start their own: tests/stores/conftest.py)::
     python tests/emulators/serve.py FOLDER [--prefix bench] [--manifest-only 50000]
 
 uploads FOLDER's files under PREFIX/ to moto (S3), gcp-storage-emulator (GCS), Azurite (Azure;
-``npm ci`` in tests/emulators first) and the test Hub server, prints one JSON line per store with
-its source URL and the environment that reaches it, and serves until interrupted.
-``--manifest-only N`` puts only a counts-only manifest of N shards under PREFIX/ (start-up at
-scale: the shards themselves are never read).
+``npm ci`` in tests/emulators first), the test Hub server and a web server (``http://``: ranges
+and ETags, no listing), prints one JSON line per store with its ``source`` (a web server's: the
+shards named one by one, ``sources``), its ``endpoint`` and the environment that reaches it, then
+``{"ready": true}``, and serves until interrupted or terminated. ``--manifest-only N`` puts only
+a counts-only manifest of N shards under PREFIX/ (start-up at scale: the shards themselves are
+never read; the web server's source is then a brace pattern naming them).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import urllib.request
 from urllib.parse import quote
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "stores"))  # hub_server.py
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "stores"))  # hub_server.py, web_server.py
 
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 BUCKET = "bench"
@@ -67,7 +69,7 @@ def main() -> None:
     s3.create_bucket(Bucket=BUCKET)
     for name, data in files.items():
         s3.put_object(Bucket=BUCKET, Key=f"{args.prefix}/{name}", Body=data)
-    out.append({"store": "s3", "source": f"s3://{BUCKET}/{args.prefix}/",
+    out.append({"store": "s3", "source": f"s3://{BUCKET}/{args.prefix}/", "endpoint": f"http://127.0.0.1:{port}",
                 "env": {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
                         "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}})
 
@@ -81,7 +83,7 @@ def main() -> None:
             f"http://127.0.0.1:{port}/upload/storage/v1/b/{BUCKET}/o?uploadType=media&name="
             f"{quote(f'{args.prefix}/{name}', safe='')}", data=data, method="POST")
         urllib.request.urlopen(request).read()
-    out.append({"store": "gs", "source": f"gs://{BUCKET}/{args.prefix}/",
+    out.append({"store": "gs", "source": f"gs://{BUCKET}/{args.prefix}/", "endpoint": f"http://127.0.0.1:{port}",
                 "env": {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}})
 
     azurite = None
@@ -104,18 +106,30 @@ def main() -> None:
         container.create_container()
         for name, data in files.items():
             container.upload_blob(f"{args.prefix}/{name}", data, overwrite=True)
-        out.append({"store": "az", "source": f"az://{BUCKET}/{args.prefix}/",
+        out.append({"store": "az", "source": f"az://{BUCKET}/{args.prefix}/", "endpoint": endpoint,
                     "env": {"AZURE_STORAGE_CONNECTION_STRING": connection}})
 
     from hub_server import HubServer
 
     hub = HubServer().__enter__()
     hub.hub.commit("org/bench", {f"{args.prefix}/{name}": data for name, data in files.items()})
-    out.append({"store": "hf", "source": f"hf://datasets/org/bench/{args.prefix}/",
+    out.append({"store": "hf", "source": f"hf://datasets/org/bench/{args.prefix}/", "endpoint": hub.endpoint,
                 "env": {"HF_ENDPOINT": hub.endpoint}})
+
+    from web_server import WebServer
+
+    web = WebServer().__enter__()
+    for name, data in files.items():
+        web.put(f"{args.prefix}/{name}", data)
+    shards = [f"{web.endpoint}/{args.prefix}/{name}" for name in files if name.endswith((".tar", ".tgz", ".tar.gz"))]
+    if args.manifest_only:
+        shards = [f"{web.endpoint}/{args.prefix}/part-{{000000..{args.manifest_only - 1:06d}}}.tar"]
+    out.append({"store": "http", "source": shards[0] if args.manifest_only else None, "sources": shards,
+                "endpoint": web.endpoint, "env": {}})
 
     for line in out:
         print(json.dumps(line), flush=True)
+    print(json.dumps({"ready": True}), flush=True)
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
     try:
@@ -126,6 +140,7 @@ def main() -> None:
     finally:
         moto.stop()
         gcs.stop()
+        web.__exit__(None, None, None)
         if azurite is not None:
             azurite.terminate()
             azurite.wait()

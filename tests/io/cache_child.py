@@ -8,14 +8,16 @@ to LOG (one line, O_APPEND) and then sleeps DELAY seconds. The child builds its 
 ``ready``, waits for a line on stdin, then:
 
 - ``read``: reads [START, END) and prints ``sha256 <hex>`` and ``counters <json>``;
-- ``hold``: reads one byte (its block stays open, locked shared), prints ``holding``, waits for a
-  line on stdin, reads the rest, prints ``sha256 <hex>``;
+- ``hold``: reads byte START into the cache, then opens [START, END) and reads one byte (its
+  block, now read from its file, stays open, locked shared), prints ``holding``, waits for a line on
+  stdin, reads the rest, prints ``sha256 <hex>``;
 - ``fetched``: as ``read``, but each fetch prints ``fetched`` before returning its bytes (a test
   kills the process then, while it writes the block);
 - ``fsize``: as ``read``, with the largest file it may write set to half a block (the kernel
   kills it with SIGXFSZ in the middle of writing a block);
 - ``stall``: as ``fsize``, but SIGXFSZ is caught: the process prints ``writing`` and waits there,
-  half a block written, for the test's ``kill -9``.
+  half a block written, for the test's ``kill -9`` (it fills the cache with ``warm``, which
+  fetches and writes in the calling thread, where Python runs the signal's handler).
 """
 
 import hashlib
@@ -42,7 +44,7 @@ def main() -> None:
     delay = float(sys.argv[11]) if len(sys.argv) > 11 else 0.0
     start, end, block = int(start), int(end), int(block)
 
-    def fetch(u, v, a, b):
+    def fetch(u, v, a, b, progress=None):
         with open(os.path.join(origin, u), "rb") as f:
             f.seek(a)
             data = f.read(b - a)
@@ -61,6 +63,7 @@ def main() -> None:
     print("ready", flush=True)
     sys.stdin.readline()
     if mode == "hold":
+        cache.read(url, version, start, start + 1, fetch)
         stream = cache.open(url, version, start, end, fetch)
         first = stream.read(1)
         print("holding", flush=True)
@@ -68,6 +71,8 @@ def main() -> None:
         data = first + stream.read()
         stream.close()
     else:
+        if mode == "stall":
+            cache.warm(url, version, start, end, fetch)
         data = cache.read(url, version, start, end, fetch)
     print("sha256", hashlib.sha256(data).hexdigest(), flush=True)
     print("counters", json.dumps(cache.counters()), flush=True)

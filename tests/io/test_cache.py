@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -38,7 +39,7 @@ class Origin:
             f.write(data)
         return data
 
-    def fetch(self, url, version, start, end):
+    def fetch(self, url, version, start, end, progress=None):
         self.calls.append((url, version, start, end))
         with open(os.path.join(self.folder, url), "rb") as f:
             f.seek(start)
@@ -68,7 +69,13 @@ def test_a_range_reads_the_same_bytes_from_the_store_and_from_the_cache(tmp_path
     fetched = len(origin.calls)
     assert cache.read("a.tar", "v1", start, end, origin.fetch) == data[start:end]
     assert len(origin.calls) == fetched  # the second read fetched nothing
-    assert all(b - a == 64 * KB and a % (64 * KB) == 0 for _, _, a, b in origin.calls)  # aligned whole blocks
+    # whole blocks, each fetched once: from where the read starts in it, then the bytes before that
+    by_block = {}
+    for _, _, a, b in origin.calls:
+        by_block.setdefault(a // (64 * KB), []).append((a, b))
+    for k, ranges in by_block.items():
+        assert len(ranges) <= 2 and ranges[0][1] == (k + 1) * 64 * KB
+        assert sorted(ranges)[0][0] == k * 64 * KB and sum(b - a for a, b in ranges) == 64 * KB
     with cache.open("a.tar", "v1", start, None, origin.fetch) as stream:
         assert stream.read() == data[start:]
 
@@ -160,10 +167,12 @@ def test_a_limit_below_one_block_streams_and_says_so_once(tmp_path, origin, capl
 
 
 def test_a_full_limit_of_blocks_being_read_streams_instead_of_waiting(tmp_path, origin, caplog):
-    """Room for one block, held open by a reader: another block is read without caching (no
-    deadlock, no eviction of the block being read), said once."""
+    """Room for one block, held open by a reader (reading its file: a stream that fetched the
+    block itself reads it from memory): another block is read without caching (no deadlock, no
+    eviction of the block being read), said once."""
     a, b = origin.put("a.tar", os.urandom(64 * KB)), origin.put("b.tar", os.urandom(128 * KB))
     cache = ByteCache(tmp_path / "c", 64 * KB + cachefiles.HEADER.size, block_bytes=64 * KB)
+    assert cache.read("a.tar", "v", 0, 64 * KB, origin.fetch) == a
     with caplog.at_level(logging.WARNING, logger="dalistream"):
         with cache.open("a.tar", "v", 0, 64 * KB, origin.fetch) as held:
             assert held.read(10) == a[:10]
@@ -350,9 +359,12 @@ def test_processes_racing_for_a_block_fetch_it_once(tmp_path, origin, readers, r
     results = [c.result() for c in children]
     for (a, b), (digest, _) in zip(ranges, results):
         assert digest == sha(data[a:b])
-    starts = [int(row[3]) for row in fetch_log(log)]
-    assert sorted(starts) == sorted(set(starts))  # no block fetched twice
-    assert set(starts) == {i * 64 * KB for i in {k for a, b in ranges for k in blocks(a, b, 64 * KB)}}
+    # a block is fetched from where its first reader starts, then the bytes before that
+    fetches = [(int(row[3]), int(row[4])) for row in fetch_log(log)]
+    got = sorted((a // (64 * KB), b - a) for a, b in fetches)
+    wanted = {k for a, b in ranges for k in blocks(a, b, 64 * KB)}
+    assert {k for k, _ in got} == wanted  # every block wanted, fetched
+    assert all(sum(n for j, n in got if j == k) == 64 * KB for k in wanted)  # and once (its bytes once)
     assert sum(counters["hits"] for _, counters in results) > 0
 
 
@@ -441,10 +453,59 @@ def test_the_cache_pickles_as_its_settings(tmp_path, origin):
 def test_a_failing_store_leaves_the_ledger_as_it_was(tmp_path, origin):
     cache = ByteCache(tmp_path / "c", "1GB", block_bytes=64 * KB)
 
-    def broken(url, version, start, end):
+    def broken(url, version, start, end, progress=None):
         raise OSError(errno.ECONNRESET, "connection reset")
 
     with pytest.raises(OSError):
         cache.read("a.tar", "v", 0, 10, broken)
     assert cache.usage() == 0 and block_files(tmp_path / "c") == []
     assert not [n for _, _, names in os.walk(tmp_path / "c") for n in names if cachefiles.is_ours(n)]
+
+
+# -- a block being fetched, read as its bytes arrive ------------------------------------------------
+
+class Trickle(Origin):
+    """A store that gives a range's first ``first`` bytes at once, then holds the rest until
+    ``go`` is set (a far link: a block takes seconds to arrive)."""
+
+    def __init__(self, folder, first):
+        super().__init__(folder)
+        self.first, self.go = first, threading.Event()
+
+    def fetch(self, url, version, start, end, progress=None):
+        data = super().fetch(url, version, start, end)
+        if progress is not None and len(data) > self.first:
+            progress(data[:self.first])
+            assert self.go.wait(30), "the test never let the rest of the block come"
+            progress(data[self.first:])
+        return data
+
+
+def test_a_stream_reads_a_block_being_fetched_as_its_bytes_arrive_from_where_it_starts(tmp_path):
+    origin = Trickle(tmp_path / "origin", first=16 * KB)
+    data = origin.put("a.tar", os.urandom(1 << 20))
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=1 << 20)
+    with cache.open("a.tar", "v", 200 * KB, 1 << 20, origin.fetch) as stream:
+        assert stream.read(10 * KB) == data[200 * KB:210 * KB]  # before the rest of the block came
+        assert origin.calls[0][2] == 200 * KB  # the block fetched from where the stream starts
+        origin.go.set()
+        assert stream.read() == data[210 * KB:]
+    assert sorted((a, b) for _, _, a, b in origin.calls) == [(0, 200 * KB), (200 * KB, 1 << 20)]
+    assert cache.read("a.tar", "v", 0, 1 << 20, origin.fetch) == data and len(origin.calls) == 2  # kept whole
+
+
+def test_a_stream_starting_far_into_a_block_in_flight_takes_its_first_bytes_directly(tmp_path):
+    """Two streams in one block, the second far past what has come of it: its first reads are
+    fetched straight from the store (not kept); it then reads the block; every byte as stored."""
+    origin = Trickle(tmp_path / "origin", first=16 * KB)
+    data = origin.put("a.tar", os.urandom(1 << 20))
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=1 << 20)
+    with cache.open("a.tar", "v", 0, 1 << 20, origin.fetch) as first, \
+            cache.open("a.tar", "v", 600 * KB, 1 << 20, origin.fetch) as second:
+        assert first.read(8 * KB) == data[:8 * KB]
+        assert second.read(8 * KB) == data[600 * KB:608 * KB]  # while the block is held back
+        assert (600 * KB, 608 * KB) in [(a, b) for _, _, a, b in origin.calls]
+        assert cache.counters()["uncached_bytes"] == 8 * KB
+        origin.go.set()
+        assert second.read() == data[608 * KB:] and first.read() == data[8 * KB:]
+    assert cache.counters()["misses"] == 1 and cache.counters()["written_bytes"] == 1 << 20

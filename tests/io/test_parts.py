@@ -243,7 +243,8 @@ def test_options_and_shape_parsing():
 def test_through_a_byte_cache_the_reader_reads_what_the_read_ahead_fetched(shards, tmp_path, part_kib):
     """Through a cache the read-ahead fetches parts of any size into it (each block once, parts on
     its blocks' bounds) and the reader reads them from there: the bytes of a direct read; read
-    again, nothing is fetched."""
+    again, nothing is fetched, no read-ahead starts and no version is asked again (this process
+    stated them less than version_check_s ago)."""
     from dalistream.io.cache import ByteCache
     from dalistream.io.cachesim import blocks
 
@@ -262,6 +263,7 @@ def test_through_a_byte_cache_the_reader_reads_what_the_read_ahead_fetched(shard
     assert cold.cache_hits <= wanted  # read from the cache by the reader (but those it reached first and fetched)
     assert bytes_of(urls, options, warm, ranges) == direct
     assert (warm.cache_misses, warm.bytes, warm.cache_hits) == (0, 0, wanted)
+    assert (warm.parts, warm.requests) == (0, 0)  # no read-ahead started, versions known: not a request
 
 
 def test_aligned_part_sizes():

@@ -133,6 +133,8 @@ def test_what_cannot_be_bucketed_is_refused_by_name(photos, tmp_path):
         stream(photos, policy="fixed", batches_per_epoch=3)
     with pytest.raises(ConfigError, match="shuffle buffer"):
         stream(photos, shuffle=10)
+    with pytest.raises(ConfigError, match="buckets with affinity='node'"):
+        stream(photos, affinity="node")
     with pytest.raises(ConfigError, match=r"fields \['bucket'\]"):
         Stream.open(photos[0], fields={"bucket": "cls"}, batch_size=2, device="cpu", buckets=AspectBuckets(PHOTO_SIZES))
     with pytest.raises(ConfigError, match="per_batch='sample'"):

@@ -58,6 +58,9 @@ GARBLED = [  # (where, new value or KeyError for "removed", words in the error)
     (("plan", "seed"), KeyError, "seed"),
     (("plan", "sources"), KeyError, "sources"),
     (("plan", "batch_size"), "4", "batch_size"),
+    (("plan", "nodes"), KeyError, "nodes"),
+    (("plan", "nodes"), "2", "nodes"),
+    (("plan", "nodes"), 3, "nodes"),
 ]
 
 
@@ -109,7 +112,8 @@ def test_a_version_2_state_loads_on_its_layout_and_names_moved_shards(loader):
         loader.load_state_dict(state)
 
 
-@pytest.mark.parametrize("segments", [[[1, 2]], "1,2,4,3", [[1, 2, 4, 99]]])
+@pytest.mark.parametrize("segments", [[[1, 2]], "1,2,4,3", [[1, 2, 4, 99]], [[4, 1, 2, 1, 3, 1]], [[2, 1, 2, 1, 2, 2]],
+                                      [[2, 1, 2, 1, 2]]])
 def test_bad_segments_are_refused_by_name(loader, segments):
     state = loader.state_dict()
     state["segments"] = segments

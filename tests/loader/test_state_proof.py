@@ -44,7 +44,7 @@ def folder(tmp_path):
 
 def test_a_state_carries_a_digest_and_loads_as_it_was_saved(folder):
     state = saved_at(folder, 3)
-    assert state["version"] == STATE_VERSION == 5 and len(state["digest"]) == 64
+    assert state["version"] == STATE_VERSION == 6 and len(state["digest"]) == 64
     assert {"root", "versions"} <= set(state["plan"]["sources"])
     with open_loader(folder) as loader:
         loader.load_state_dict(json.loads(json.dumps(state)))
@@ -153,6 +153,19 @@ def test_an_old_state_loads_with_a_warning_that_it_proves_nothing(folder, caplog
         loader.load_state_dict(old)
         assert (loader.epoch, loader.step) == (0, 1)
     assert "version 4" in caplog.text and "cannot prove" in caplog.text
+
+
+def test_a_version_5_state_loads_without_a_word(folder, caplog):
+    """Version 6 adds the node count (affinity="node"); a version 5 state is one without affinity."""
+    state = saved_at(folder, 3)
+    old = copy.deepcopy(state)
+    old["version"] = 5
+    del old["plan"]["nodes"]
+    old = sealed(old)
+    with caplog.at_level(logging.WARNING, logger="dalistream"), open_loader(folder) as loader:
+        loader.load_state_dict(old)
+        assert (loader.epoch, loader.step, loader.resume) == (0, 3, ())
+    assert "older dalistream" not in caplog.text
 
 
 def test_an_old_exact_state_inside_an_epoch_restarts_it(folder, caplog):

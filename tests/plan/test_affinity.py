@@ -147,6 +147,36 @@ def test_large_layouts(counts, nodes, fraction, policy, columns):
         assert len(delivered) == total
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(1, 300), min_size=128, max_size=300), nodes=st.integers(1, 128),
+       per_node=st.integers(1, 8), policy=st.sampled_from(["exact", "even"]), columns=st.booleans(),
+       seed=st.integers(0, 99))
+def test_large_layouts_keep_each_node_on_the_same_balanced_shards(counts, nodes, per_node, policy, columns, seed):
+    """R up to 1,024 (nodes 1 to 128 of 1 to 8 ranks): in every epoch each rank reads only its
+    node's shards, the same set (exact: all of them) in two epochs of different orders, the nodes'
+    samples within one shard's count of each other."""
+    layout, spec, schedule = Layout(nodes * per_node, 1, 2), Nodes(nodes, per_node), Schedule(seed, policy)
+    owner = node_owner(counts, nodes, seed)
+    sums = np.bincount(owner, weights=counts, minlength=nodes)
+    assert sums.max() - sums.min() <= max(counts)
+    read_by_epoch = []
+    for epoch in range(2):
+        plan = AffinePlan(counts, layout, spec, schedule, epoch, columns=columns)
+        if plan.steps == 0:
+            return
+        read = [set() for _ in range(nodes)]
+        for r in range(layout.world_size):
+            for wp in (plan.columns_of(r, 0) if columns else [plan.worker(r, 0)]):
+                read[r // per_node] |= {s for s, a, b in wp.parts if b > a}
+        for n in range(nodes):
+            assert {int(owner[s]) for s in read[n]} <= {n}
+            if policy == "exact":
+                assert read[n] == set(np.flatnonzero(owner == n).tolist())
+        read_by_epoch.append(read)
+    if policy == "exact":
+        assert read_by_epoch[0] == read_by_epoch[1]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(counts=st.lists(st.integers(0, 40), min_size=1, max_size=20),
        layouts=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3), st.integers(1, 10)), min_size=1, max_size=3),

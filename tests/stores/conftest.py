@@ -14,11 +14,11 @@ An emulator that cannot be started here is a skip naming why, except where ``.ci
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -43,15 +43,25 @@ def unavailable(reason: str) -> None:
 
 
 class Backend:
-    """One store with the data set under ``root`` (``SCHEME://…/ds``)."""
+    """One store with the data set under ``root`` (``SCHEME://…/ds``).
 
-    def __init__(self, name: str, root: str, options: Dict[str, Any], endpoint: str,
-                 put: Callable[[str, bytes], None], through: Callable[[str], Dict[str, Any]],
-                 wrong: Callable[[], Any], env: Optional[Dict[str, str]] = None, secret: str = SECRET) -> None:
+    ``listable`` and ``writable``: what the store can do (a web server neither); ``remote``:
+    reached over a connection (not local files); ``credential``: read with a credential a test can
+    make wrong. ``via(endpoint)`` is the same store reached through another endpoint (a
+    fault-injecting or shaping proxy); ``wrong_credential()`` the same store with a wrong secret."""
+
+    listable = writable = remote = credential = True
+
+    def __init__(self, name: str, root: str, options: Dict[str, Any], endpoint: Optional[str],
+                 put: Callable[[str, bytes], None], through: Optional[Callable[[str], Dict[str, Any]]] = None,
+                 wrong: Optional[Callable[[], Any]] = None, env: Optional[Dict[str, str]] = None,
+                 secret: str = SECRET, reroot: Optional[Callable[[str], str]] = None,
+                 wrong_root: Optional[str] = None) -> None:
         self.name, self.root, self.options, self.endpoint = name, root, options, endpoint
         self._put, self.through, self.wrong = put, through, wrong
         self.env = env or {}
         self.secret = secret  # the wrong credential's secret part, which nothing may print
+        self._reroot, self._wrong_root = reroot, wrong_root
 
     def url(self, key: str) -> str:
         return f"{self.root}/{key}"
@@ -63,6 +73,24 @@ class Backend:
     def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``root/key`` with the server's own client."""
         self._put(key, data)
+
+    def via(self, endpoint: str) -> "Backend":
+        """This store reached through ``endpoint`` (a proxy in front of :attr:`endpoint`)."""
+        other = copy.copy(self)
+        other.options = self.through(endpoint)
+        if self._reroot is not None:
+            other.root = self._reroot(endpoint)
+        return other
+
+    @contextlib.contextmanager
+    def wrong_credential(self) -> Iterator["Backend"]:
+        """This store with a wrong credential (whose secret part is :attr:`secret`)."""
+        with self.wrong() as options:
+            other = copy.copy(self)
+            other.options = options
+            if self._wrong_root is not None:
+                other.root = self._wrong_root
+            yield other
 
     def __repr__(self) -> str:
         return self.name
@@ -327,7 +355,47 @@ def hub_backend(local_set) -> Iterator[Backend]:
         yield _fill(backend, local_set)
 
 
-FIXTURES = {"s3": "s3_backend", "gs": "gcs_backend", "az": "azure_backend", "hf": "hub_backend"}
+# -- a web server (http://): web_server.py, basic authentication always on ----------------------
+
+@pytest.fixture(scope="module")
+def http_backend(local_set) -> Iterator[Backend]:
+    from web_server import WebServer
+
+    with WebServer(auth=("reader", "right-password")) as server:
+        host = server.endpoint[len("http://"):]
+
+        @contextlib.contextmanager
+        def wrong() -> Iterator[Dict[str, Any]]:
+            yield {}
+
+        backend = Backend("http", f"http://reader:right-password@{host}", {}, server.endpoint, server.put,
+                          lambda other: {}, wrong, wrong_root=f"http://reader:{SECRET}@{host}",
+                          reroot=lambda other: f"http://reader:right-password@{other[len('http://'):]}")
+        backend.listable = backend.writable = False
+        backend.server = server
+        yield _fill(backend, local_set)
+
+
+# -- local files ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def local_backend(local_set, tmp_path_factory) -> Iterator[Backend]:
+    root = str(tmp_path_factory.mktemp("local-store"))
+
+    def put(key: str, data: bytes) -> None:  # as a writer does: a new file renamed into place
+        path = os.path.join(root, key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".new", "wb") as f:
+            f.write(data)
+        os.replace(path + ".new", path)
+
+    backend = Backend("local", root, {}, None, put)
+    backend.remote = backend.credential = False
+    yield _fill(backend, local_set)
+
+
+FIXTURES = {"s3": "s3_backend", "gs": "gcs_backend", "az": "azure_backend", "hf": "hub_backend",
+            "http": "http_backend", "local": "local_backend"}
 
 
 @pytest.fixture(params=list(FIXTURES))

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.server
 import json
 import re
 import threading
 from typing import Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from web_server import FileHandler, Served
 
 
 class Hub:
@@ -59,22 +60,7 @@ class Hub:
 
 
 def _handler(hub: Hub):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args) -> None:
-            pass
-
-        def _send(self, status: int, body: bytes = b"", headers: Optional[Dict[str, str]] = None,
-                  head: bool = False) -> None:
-            self.send_response(status)
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if not head:
-                self.wfile.write(body)
-
+    class Handler(FileHandler):
         def _json(self, value, headers=None) -> None:
             self._send(200, json.dumps(value).encode(), dict(headers or {}, **{"Content-Type": "application/json"}))
 
@@ -134,16 +120,7 @@ def _handler(hub: Hub):
             self._json(page, headers)
 
         def _file(self, data: bytes, sha: str, head: bool) -> None:
-            headers = {"X-Repo-Commit": sha, "ETag": _etag(data), "Accept-Ranges": "bytes"}
-            wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-            if not wanted:
-                return self._send(200, data, headers, head)
-            start = int(wanted[1])
-            end = min(len(data), int(wanted[2]) + 1) if wanted[2] else len(data)
-            if start >= len(data):
-                return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"}, head)
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
-            self._send(206, data[start:end], headers, head)
+            self._ranged(data, {"X-Repo-Commit": sha, "ETag": _etag(data), "Accept-Ranges": "bytes"}, head)
 
         def do_POST(self) -> None:
             hub.requests.append(f"POST {self.path}")
@@ -178,20 +155,9 @@ def _etag(data: bytes) -> str:
     return '"' + hashlib.sha256(data).hexdigest() + '"'
 
 
-class HubServer:
+class HubServer(Served):
     """The server in a thread of this process: ``endpoint`` is its ``http://127.0.0.1:PORT``."""
 
     def __init__(self) -> None:
         self.hub = Hub()
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.hub))
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> "HubServer":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(_handler(self.hub))

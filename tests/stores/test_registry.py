@@ -135,3 +135,13 @@ def test_a_local_brace_pattern_the_manifest_names_is_not_stated_file_by_file(tmp
         expand_sources(str(tmp_path / "t-{0000..0099}.tar"), named=lambda folder: named(folder, None))
     with pytest.raises(SourceError, match="no such shard file"):  # a name the manifest lacks is checked too
         expand_sources(str(tmp_path / "s-{0000..0300}.tar"), named=lambda folder: named(folder, None))
+
+
+@pytest.mark.parametrize("output", ["https://host/out/", "http://user:pw@host/out/", "pipe:cat > out.tar"])
+def test_a_store_that_cannot_be_written_says_so_before_anything_is_asked(output):
+    """(No server is running: a listing or a write attempt would fail otherwise, naming a connection.)"""
+    from dalistream.writer.commit import Target
+
+    with pytest.raises(SourceError, match="cannot be written") as info:
+        Target(output)
+    assert "pw" not in str(info.value) and "object store" in info.value.hint

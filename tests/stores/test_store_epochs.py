@@ -1,6 +1,6 @@
 """Training on every store through DALI: an epoch read by interleaved ranged reads (a manifest with
-offsets written to the store by ``dalistream index``) delivers the local copy's keys batch by
-batch; a state saved reading from S3 resumes reading the same set from GCS; a mix of sources on
+offsets written to the store by ``dalistream index``; on a web server, put there) delivers the
+local copy's keys batch by batch; a state saved reading from S3 resumes reading the same set from GCS; a mix of sources on
 different stores delivers what the same mix of local copies does."""
 
 from __future__ import annotations
@@ -17,11 +17,26 @@ KEYS = {"key": "__key__"}
 COMMON = dict(fields=KEYS, batch_size=4, workers=2, rank=0, world_size=1, device="cpu", seed=3, cache_dir=None)
 
 
-def _index(backend, monkeypatch) -> None:
-    """``dalistream index`` onto the store, configured from the environment as a user's shell is."""
+def _source(backend, local_set):
+    """The data set on ``backend``: its folder, or on a web server (which cannot be listed) its shards."""
+    if backend.listable:
+        return backend.url("ds/")
+    return [backend.url(f"ds/{n}") for n in local_set["names"] if n.endswith((".tar", ".tgz"))]
+
+
+def _index(backend, monkeypatch, local_set, tmp_path) -> None:
+    """``dalistream index`` onto the store, configured from the environment as a user's shell is (a
+    web server cannot be written: the manifest is put there by the server's own means)."""
     for name, value in backend.env.items():
         monkeypatch.setenv(name, value)
-    assert cli.main(["index", backend.url("ds/"), "-o", backend.url("ds/dalistream-manifest.json")]) == 0
+    target = backend.url("ds/dalistream-manifest.json")
+    if backend.writable:
+        assert cli.main(["index", backend.url("ds/"), "-o", target]) == 0
+        return
+    written = str(tmp_path / "dalistream-manifest.json")
+    assert cli.main(["index", *_source(backend, local_set), "-o", written]) == 0
+    with open(written, "rb") as f:
+        backend.put("ds/dalistream-manifest.json", f.read())
 
 
 def _batches(stream, state=None, stop=None):
@@ -36,18 +51,18 @@ def _batches(stream, state=None, stop=None):
         return out, None
 
 
-def test_an_epoch_by_interleaved_ranged_reads_equals_the_local_copy(backend, local_set, monkeypatch):
-    _index(backend, monkeypatch)
-    remote = dalistream.Stream.open(backend.url("ds/"), storage_options=backend.options, **COMMON)
+def test_an_epoch_by_interleaved_ranged_reads_equals_the_local_copy(backend, local_set, monkeypatch, tmp_path):
+    _index(backend, monkeypatch, local_set, tmp_path)
+    remote = dalistream.Stream.open(_source(backend, local_set), storage_options=backend.options, **COMMON)
     assert remote.config.interleave and remote.data.offsets is not None  # columns read by ranged reads
     local = dalistream.Stream.open(local_set["folder"], **COMMON)
     got, _ = _batches(remote)
     assert got == _batches(local)[0] and len(got) >= 3
 
 
-def test_a_state_saved_on_s3_resumes_on_gcs(s3_backend, gcs_backend, local_set, monkeypatch):
-    _index(s3_backend, monkeypatch)
-    _index(gcs_backend, monkeypatch)
+def test_a_state_saved_on_s3_resumes_on_gcs(s3_backend, gcs_backend, local_set, monkeypatch, tmp_path):
+    _index(s3_backend, monkeypatch, local_set, tmp_path)
+    _index(gcs_backend, monkeypatch, local_set, tmp_path)
     on_s3 = dalistream.Stream.open(s3_backend.url("ds/"), storage_options=s3_backend.options, **COMMON)
     first, state = _batches(on_s3, stop=2)
     moved = dict(COMMON, workers=1)  # and elastic: another layout
@@ -62,7 +77,7 @@ def test_a_state_saved_on_s3_resumes_on_gcs(s3_backend, gcs_backend, local_set, 
 def test_a_mix_of_sources_on_different_stores(s3_backend, hub_backend, azure_backend, local_set, tmp_path,
                                               monkeypatch):
     for backend in (s3_backend, hub_backend, azure_backend):
-        _index(backend, monkeypatch)
+        _index(backend, monkeypatch, local_set, tmp_path)
     copies = [str(tmp_path / name) for name in ("a", "b", "c")]
     for copy in copies:
         shutil.copytree(local_set["folder"], copy)

@@ -77,6 +77,9 @@ def test_feed_pipeline_splits_cpu_between_main_and_workers(shards, tmp_path):
     assert report["config"]["pipeline"] == "feed"
     positive(report, ("samples_per_s", "first_batch_s"))
     split_or_unmeasured(report)
+    if report["steady_cpu_ms_per_sample"] is not None:  # CPU per MB of the shards read: the same CPU
+        per_sample = report["config"]["shard_bytes_per_sample"]
+        assert report["cpu_ms_per_mb"] == pytest.approx(report["steady_cpu_ms_per_sample"] / per_sample * 1e6)
     for name, peer in report["peers"].items():
         positive(peer, ("samples_per_s", "first_batch_s"))
         split_or_unmeasured(peer)

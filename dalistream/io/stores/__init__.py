@@ -140,9 +140,30 @@ def canonical(url: str) -> str:
     return fn(url) if fn is not None else url
 
 
+def cache_name(url: str) -> str:
+    """The name of ``url``'s object in the node-local byte cache: the same object at any version
+    its URL may name (:func:`canonical`) and however the URL is signed (a store's own
+    ``cache_name``: a web server's URL without user info and signature parameters)."""
+    fn = getattr(store_class(url), "cache_name", None)
+    return fn(url) if fn is not None else canonical(url)
+
+
+def check_writable(url: str) -> None:
+    """The store's own error for ``url`` when its store cannot be written (before anything is
+    listed or written there)."""
+    cls = store_class(url)
+    if not getattr(cls, "writable", True):
+        cls(remote_options(None)).write(url, b"")  # raises, naming the stores that can be written
+
+
 def any_ranged(urls: Sequence[str]) -> bool:
     """True when some of ``urls`` are read by ranged requests (without Python per URL)."""
     return any(store_class(u).ranged for u in schemes_in(urls).values())
+
+
+def any_remote(urls: Sequence[str]) -> bool:
+    """True when some of ``urls`` are not local files (without Python per URL)."""
+    return any(not store_class(u).local for u in schemes_in(urls).values())
 
 
 def is_ranged(url: str) -> bool:
@@ -157,5 +178,5 @@ def missing_extra(package: str, extra: str) -> ConfigError:
                        hint=f'pip install "dalistream[{extra}]"')
 
 
-__all__ = ["Answer", "ObjectInfo", "any_ranged", "canonical", "RemoteOptions", "SCHEMES", "Store", "check_schemes", "is_local", "is_ranged",
+__all__ = ["Answer", "ObjectInfo", "any_ranged", "any_remote", "cache_name", "canonical", "check_writable", "RemoteOptions", "SCHEMES", "Store", "check_schemes", "is_local", "is_ranged",
            "missing_extra", "scheme_of", "schemes_in", "store_class", "store_for", "supported"]

@@ -100,6 +100,7 @@ class ObjectStore:
     local = False
     ranged = True
     listable = True
+    writable = True
     credential_source = ""
     environment: "tuple[str, ...]" = ()  # the variables its client reads when it is made
 

@@ -8,13 +8,17 @@ import base64
 import os
 import threading
 from typing import Any, Dict, List, Optional, Tuple
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ...errors import SourceError
 from ..options import RemoteOptions
 from ..retry import Retry, changed, status_error
 from .base import ObjectStore, Answer, Data, Empty, ObjectInfo, no_write, range_header, total_size
 
+#: Query parameters that sign or authorize a URL rather than name the object (presigned S3 and
+#: GCS URLs, Azure SAS tokens, bearer tokens): left out of the byte cache's name of the object.
+SIGNATURE_PARAMS = ("x-amz-", "x-goog-", "signature", "expires", "awsaccesskeyid", "sig", "se", "sp", "sv", "sr",
+                    "st", "spr", "srt", "ss", "skoid", "sktid", "skt", "ske", "sks", "skv", "token", "access_token")
 _pools: Dict[tuple, Any] = {}
 _pools_lock = threading.Lock()
 
@@ -98,6 +102,7 @@ class HTTPStore(ObjectStore):
 
     scheme = "http"
     listable = False
+    writable = False
     credential_source = "the URL's user info (https://USER:PASSWORD@host/…)"
 
     def list(self, prefix: str) -> List[ObjectInfo]:
@@ -117,6 +122,17 @@ class HTTPStore(ObjectStore):
     def open_range(self, url: str, start: int, end: Optional[int], version: Optional[str]) -> Answer:
         plain, headers = http_parts(url)
         return ranged_get(http_pool(self.opts), plain, headers, start, end, version, self.credential_source, url)
+
+    @staticmethod
+    def cache_name(url: str) -> str:
+        """``url`` without user info and without the query parameters that sign it
+        (:data:`SIGNATURE_PARAMS`): a URL signed anew names the same cached blocks."""
+        parts = urlsplit(url)
+        if not parts.query and "@" not in parts.netloc:
+            return url
+        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                 if not k.lower().startswith(SIGNATURE_PARAMS[:2]) and k.lower() not in SIGNATURE_PARAMS[2:]]
+        return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, urlencode(query), ""))
 
     def write(self, url: str, data: Data) -> None:
         raise no_write("http(s)://", url)

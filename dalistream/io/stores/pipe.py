@@ -16,6 +16,7 @@ class PipeStore(ObjectStore):
     scheme = "pipe"
     ranged = False
     listable = False
+    writable = False
     credential_source = "the command's own"
 
     def list(self, prefix: str) -> List[ObjectInfo]:

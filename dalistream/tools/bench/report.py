@@ -25,7 +25,7 @@ def format_report(report: Dict[str, Any]) -> str:
     cols = [("samples/s", "samples_per_s", 0), ("MB/s", "mb_per_s", 1), ("1st batch s", "first_batch_s", 2),
             ("RSS MB", "peak_rss_mb", 0), ("PSS MB", "peak_pss_mb", 0), ("shm MB", "peak_shm_mb", 1),
             ("CPU µs/smp", "steady_cpu_us_per_sample", 1), ("main µs", "main_cpu_us_per_sample", 1),
-            ("workers µs", "workers_cpu_us_per_sample", 1)]
+            ("workers µs", "workers_cpu_us_per_sample", 1), ("CPU ms/MB", "cpu_ms_per_mb", 1)]
     head = f"{'system':18s}" + "".join(f"{c[0]:>12s}" for c in cols)
     lines = [head, "-" * len(head)]
     c = report.get("config", {})
@@ -44,7 +44,7 @@ def format_report(report: Dict[str, Any]) -> str:
             continue
         lines.append(f"{'dalistream / ' + name:30s} throughput {fmt(r['samples_per_s'], 5, 2)}x   first batch "
                      f"{fmt(r['first_batch_s'], 5, 2)}x   peak RSS {fmt(r['peak_rss_mb'], 5, 2)}x   "
-                     f"CPU/sample {fmt(r['steady_cpu_ms_per_sample'], 5, 2)}x")
+                     f"CPU/sample {fmt(r['steady_cpu_ms_per_sample'], 5, 2)}x   CPU/MB {fmt(r['cpu_ms_per_mb'], 5, 2)}x")
     epochs = [(name, fig.get("epoch_samples_per_s")) for name, fig in rows]
     if any(len(rates or ()) > 1 for _, rates in epochs):
         lines.append("samples/s per epoch (the first from its first batch on):")

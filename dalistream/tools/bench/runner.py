@@ -39,7 +39,8 @@ from .report import fmt, format_report, format_sweep, plot_sweep
 PEERS = ("dali-native", "webdataset")
 PIPELINES = ("classification_train", "feed", "read-only")
 METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "peak_rss_mb", "peak_pss_mb", "peak_shm_mb",
-           "cpu_ms_per_sample", "steady_cpu_ms_per_sample", "main_cpu_ms_per_sample", "workers_cpu_ms_per_sample")
+           "cpu_ms_per_sample", "steady_cpu_ms_per_sample", "main_cpu_ms_per_sample", "workers_cpu_ms_per_sample",
+           "cpu_ms_per_mb")
 SWEEPABLE = {"workers": "workers", "batch-size": "batch_size", "batch_size": "batch_size", "threads": "threads",
              "shards": "shards",  # shards=N: the first N shards of the sources (memory as the data set grows)
              "parts_in_flight": "parts_in_flight", "part_bytes": "part_bytes",  # storage options of remote reads
@@ -85,7 +86,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
     p.add_argument("--json", action="store_true", help="progress on stderr; the last stdout line is one JSON object")
     p.add_argument("--shape", default=None, metavar="LATENCY,RATE",
-                   help="read s3:// (plain http endpoint) and http:// sources through a loopback proxy giving every "
+                   help="read object store sources (a plain http --endpoint-url) and http:// sources through a loopback proxy giving every "
                         "connection this latency to first byte and bandwidth, e.g. 40ms,3MB/s")
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=INT",
                    help="an integer storage option for the runs, e.g. parts_in_flight=4 or part_bytes=1048576")
@@ -182,6 +183,8 @@ def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequenc
                 result = run_child(spec, args.timeout, args.lean_main)
             if bytes_per_sample and result.get("samples_per_s"):
                 result["mb_per_s"] = result["samples_per_s"] * bytes_per_sample / 1e6
+            if bytes_per_sample and result.get("steady_cpu_ms_per_sample"):  # CPU per MB of shards read
+                result["cpu_ms_per_mb"] = result["steady_cpu_ms_per_sample"] / bytes_per_sample * 1e6
             if base["pipeline"] == "read-only" and result.get("payload_mb_per_s"):
                 result["mb_per_s"] = result["payload_mb_per_s"]
             runs[system].append(result)
@@ -318,6 +321,7 @@ def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: 
             "epoch": args.epoch, "shuffle": args.shuffle, "interleave": args.interleave, "policy": args.policy,
             "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error,
             "mix": mix, "per_batch": args.per_batch, "samples_per_epoch": args.samples_per_epoch,
+            "affinity": args.affinity, "ranks_per_node": args.ranks_per_node,
             "buckets": args.buckets, "bucket_per": args.bucket_per, "lookahead": args.lookahead,
             "local_urls": list(local_urls)}
     sweep = _parse_sweep(args.sweep)
