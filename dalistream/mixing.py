@@ -47,7 +47,7 @@ from .manifest.files import manifest_reader, manifest_urls
 from .plan import Layout, MixEpoch, ResumePlan, Schedule, WorkerPlan, parse_mix, worker_plan
 from .plan import worker_columns as plan_columns
 from .plan.affinity import AffinePlan, Nodes
-from .plan.mix import PER_BATCH
+from .plan.mix import check_options
 from .plan.bucketmix import BucketMix, check_bucket_mix
 from .plan.bucketresume import resumed_bucket_plan
 from .plan.buckets import BucketEpoch, bucket_steps, bucket_totals
@@ -214,11 +214,7 @@ def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
     """Resolve every source of ``mapping`` (see the module doc) for ``config``
     (:func:`resolve_source`: its storage options, cache, scan limit and error policy apply to
     every source without its own) and check the mix."""
-    if per_batch not in PER_BATCH:
-        raise ConfigError(f"per_batch must be one of {PER_BATCH}, got {per_batch!r}")
-    if samples_per_epoch is not None and (isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int)
-                                          or samples_per_epoch < 1):
-        raise ConfigError(f"samples_per_epoch must be a positive integer or None, got {samples_per_epoch!r}")
+    check_options(per_batch, samples_per_epoch)  # (before any source is listed)
     if config.policy != "even":
         raise ConfigError(f"a mix's epoch is set by its weights (or samples_per_epoch), not by policy {config.policy!r}",
                           hint="leave policy unset (even) for a mix")

@@ -4,8 +4,9 @@ item, the middle, the epoch boundary, the last item) its state is taken, a *fres
 made from that state alone, and what it yields must be exactly the rest of the uninterrupted
 run, across the epoch boundary. Stages: a worker's source (spans, interleaved columns, a shuffle
 buffer, ``exact`` padding, ``fixed`` passes, a mix read interleaved and in spans, an elastic
-resume's segment, each under buckets too) and the loader itself (state_dict / load_state_dict,
-through DALI, with buckets too)."""
+resume's segment; a bucket plan's, over one data set, a mix and a segment) and the loader itself
+(state_dict / load_state_dict, through DALI; over one data set, read interleaved or in spans, over
+a mix, and with buckets)."""
 
 from __future__ import annotations
 
@@ -153,13 +154,17 @@ def test_a_worker_s_source_with_buckets_in_an_elastic_resume_s_segment(bucketed)
 
 
 @pytest.mark.dali
-@pytest.mark.parametrize("options", [dict(), dict(interleave=False, shuffle=5, policy="exact"), "buckets"])
+@pytest.mark.parametrize("options", [dict(), dict(interleave=False, shuffle=5, policy="exact"), dict(mix=True),
+                                     dict(buckets=True)])
 def test_the_loader(shards, options, tmp_path):
     d, paths, _ = shards
-    if options == "buckets":
+    options = dict(options)
+    if options.pop("buckets", False):
         stream = bucket_stream(str(tmp_path), length_shards_folder(tmp_path), policy="exact")
     else:
-        stream = Stream.open(paths, fields={"key": "__key__"}, batch_size=6, workers=2, device="cpu", seed=4,
+        sources = ({"a": (os.path.join(d, "a"), 0.6), "b": (os.path.join(d, "b"), 0.4)} if options.pop("mix", False)
+                   else paths)
+        stream = Stream.open(sources, fields={"key": "__key__"}, batch_size=6, workers=2, device="cpu", seed=4,
                              cache_dir=os.path.join(d, "cache"), **options)
 
     def make(state):

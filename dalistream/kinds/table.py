@@ -140,13 +140,12 @@ class BytesKind(Kind):
         return is_image_ext(ext)
 
     def parse_run(self, field: Any, cells: Cells) -> list:
-        view = cells.view
-        rows = [view[a:a + m] for a, m in zip(cells.starts.tolist(), cells.lengths.tolist())]
+        data = cells.data  # (rows as array views, as decoded alone: unlike memoryviews, arrays are
+        # not tracked by the garbage collector, whose scans many live rows would slow down)
+        rows = [data[a:a + m] for a, m in zip(cells.starts.tolist(), cells.lengths.tolist())]
         check = cells.flags & ~cells.bad
         if check.any():
-            cells.bad[images_bad(cells.data, cells.starts, cells.lengths, check, bulk=cells.bulk)] = True
-        if self.travels(field) != "blob":  # not a blob: arrays, as decoded alone
-            rows = [np.frombuffer(r, np.uint8) for r in rows]
+            cells.bad[images_bad(data, cells.starts, cells.lengths, check, bulk=cells.bulk)] = True
         return rows
 
     def travels(self, field: Any) -> str:

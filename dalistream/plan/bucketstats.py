@@ -49,7 +49,7 @@ def bucket_quality(plan: BucketEpoch, classes: int = 100, labels: Optional[np.nd
     labels = sorted_labels(total, classes) if labels is None else np.asarray(labels, dtype=np.int64)
     table = plan.rank_batches()
     ids = plan.written(table)
-    rng = np.random.default_rng(seeds.shard_order(plan.schedule.seed, plan.epoch) + [0xB0C4E7])
+    rng = np.random.default_rng(seeds.random_reference(plan.schedule.seed, plan.epoch, 0xB0C4E7))
     out = []
     for k in range(plan.buckets):
         at = plan.step_bucket == k

@@ -110,6 +110,15 @@ def _check_per_batch(per_batch: str) -> None:
         raise ConfigError(f"mix: per_batch must be one of {PER_BATCH}, got {per_batch!r}")
 
 
+def check_options(per_batch: str, samples_per_epoch: Optional[int]) -> None:
+    """Raise :class:`~dalistream.errors.ConfigError` for a mix's ``per_batch`` or
+    ``samples_per_epoch`` (``None``: set by the weights) that no plan can take."""
+    _check_per_batch(per_batch)
+    if samples_per_epoch is not None and (isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int)
+                                          or samples_per_epoch < 1):
+        raise ConfigError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
+
+
 def batch_sources(weights: Sequence[float], batch_size: int, steps: int, per_batch: str = "sample",
                   first_step: int = 0) -> np.ndarray:
     """Samples of each source in each rank batch of steps ``[first_step, first_step + steps)``:
@@ -180,12 +189,10 @@ def mix_steps(totals: Sequence[int], weights: Sequence[float], layout: Layout, p
               samples_per_epoch: Optional[int] = None, names: Optional[Sequence[str]] = None) -> int:
     """Steps of an epoch, the same on every rank: ``samples_per_epoch // (R·B)``, or by default
     the largest t for which ``R × (samples of s in the first t steps) ≤ T_s`` for every source."""
-    _check_per_batch(per_batch)
+    check_options(per_batch, samples_per_epoch)
     per_step = layout.world_size * layout.batch_size
     names = _names(names, len(totals))
     if samples_per_epoch is not None:
-        if isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int) or samples_per_epoch < 1:
-            raise ConfigError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
         if samples_per_epoch < per_step:
             raise ConfigError(f"mix: samples_per_epoch {samples_per_epoch} is less than one step "
                               f"({layout.world_size} ranks x batch {layout.batch_size} = {per_step})")

@@ -224,7 +224,7 @@ def compared(batches: np.ndarray, total: int, layout: Layout, schedule: Schedule
         raise ConfigError(f"{len(labels)} labels for {total} samples")
     shuffled_ids = batches.copy()
     real = shuffled_ids >= 0
-    rng = np.random.default_rng(seeds.shard_order(schedule.seed, epoch) + [0xC1A55])
+    rng = np.random.default_rng(seeds.random_reference(schedule.seed, epoch, 0xC1A55))
     shuffled_ids[real] = rng.permutation(shuffled_ids[real])
     result: Dict[str, Any] = {
         "epoch": epoch, "samples": total, "classes": int(labels.max()) + 1 if total else 0,

@@ -24,6 +24,13 @@ def left_out(seed: int, epoch: int) -> List[int]:
     return shard_order(seed, epoch) + [0x1EF7]
 
 
+def random_reference(seed: int, epoch: int, measure: int) -> List[int]:
+    """Seed sequence of the random order a measure compares an epoch's batches with (the
+    shuffle quality's ``0xC1A55``, the buckets' ``0xB0C4E7``): drawn apart from every order
+    that delivers data."""
+    return shard_order(seed, epoch) + [int(measure)]
+
+
 def pass_order(seed: int, epoch: int, n_pass: int) -> List[int]:
     """Seed sequence of the order in which a ``fixed``-policy worker re-reads its shards on pass
     ``n_pass`` (1, 2, …) of ``epoch``."""

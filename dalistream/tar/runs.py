@@ -3,17 +3,22 @@
 Where the manifest knows a shard's member layout, every member of a part lies at a known offset
 with a known size (:mod:`dalistream.manifest.members`). :func:`sliced_runs` reads the part's
 samples in runs of whole samples (at least one; about ``max(chunk, MIN_RUN_BYTES)`` bytes: a
-short part is one run), each into a buffer of its own, and checks each run's member headers
-with array operations: the ``ustar`` magic and the size field of every header at once, as :func:`~dalistream.tar.sliced.sliced_samples` checks them one by
-one. A :class:`Run` is the run's bytes with its samples' member positions; its members are views
-of those bytes (:mod:`dalistream.worker.rows` decodes them in bulk). A run whose check fails, or
-whose bytes end early, is handed to ``sliced_samples``, which yields its samples up to the damage
-and raises the same error, naming the same offsets, as for a part read sample by sample.
+short part is one run; the first runs of a part as long as asked), each into a worker's
+:class:`Arena` (or a buffer of its own), and checks each run's member headers in one gather: the
+``ustar`` magic and the size field of every header at once, as
+:func:`~dalistream.tar.sliced.sliced_samples` checks them one by one. A :class:`Run` is the run's
+bytes with its samples' member positions; its members are views of those bytes
+(:mod:`dalistream.worker.rows` decodes them in bulk); :meth:`Run.split` cuts it in two over the
+same bytes. A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``,
+which yields its samples up to the damage and raises the same error, naming the same offsets,
+as for a part read sample by sample.
 """
 
 from __future__ import annotations
 
+import bisect
 import io
+import sys
 from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -33,17 +38,19 @@ MIN_RUN_SAMPLES = 8
 
 _USTAR = np.frombuffer(b"ustar", np.uint8)
 _OCTAL_SHIFTS = 3 * np.arange(10, -1, -1, dtype=np.int64)  # the 11 digits of "%011o"
+# where a member header's checked bytes lie, from its start: the magic (5 bytes at 257), the size (11 at 124)
+_CHECKED = np.concatenate([257 + np.arange(5), 124 + np.arange(11)]).astype(np.int64) - BLOCK
 
 
 class Run:
     """Consecutive samples of one regular shard, in one buffer (see the module doc)."""
 
     __slots__ = ("url", "first", "data", "offsets", "kinds", "names", "member_base", "member_at", "member_size",
-                 "nbytes", "decoded", "buffer", "at")
+                 "nbytes", "decoded", "buffer", "at", "whole")
 
     def __init__(self, url: str, first: int, data: bytearray, offsets: np.ndarray, kinds: np.ndarray,
                  names: Sequence[Tuple[str, ...]], member_base: np.ndarray, member_at: np.ndarray,
-                 member_size: np.ndarray, nbytes: int) -> None:
+                 member_size: np.ndarray, nbytes: int, where: Optional[tuple] = None) -> None:
         self.url = url
         self.first = first  # the number of its first sample in its shard
         self.data = data  # the run's bytes, from its first sample's first header
@@ -56,10 +63,28 @@ class Run:
         self.nbytes = nbytes  # bytes of the members wanted
         self.decoded: Optional[tuple] = None  # (columns, bad), when a worker decoded it with others
         # the buffer ``data`` is a part of (an Arena's, shared by a worker's runs), and where
-        self.buffer, self.at = (data.obj, _start(data)) if isinstance(data, memoryview) else (data, 0)
+        if where is None:
+            where = (data.obj, _start(data)) if isinstance(data, memoryview) else (data, 0)
+        self.buffer, self.at = where
+        self.whole: Optional["Run"] = None  # the run this one was cut from (:meth:`split`)
 
     def __len__(self) -> int:
         return len(self.kinds)
+
+    def split(self, k: int) -> Tuple["Run", "Run"]:
+        """Samples ``0 … k - 1`` and ``k …`` as two runs over the same bytes (``nbytes`` goes with
+        the head: the whole run was read), each knowing the run it was cut from (``whole``): the
+        first decoded decodes that, for both (:func:`dalistream.worker.rows.decode_runs`)."""
+        head, tail = self._cut(0, k, self.nbytes), self._cut(k, len(self), 0)
+        head.whole = tail.whole = self
+        return head, tail
+
+    def _cut(self, a: int, b: int, nbytes: int) -> "Run":
+        """Samples ``a`` to ``b`` as a run over the same bytes."""
+        m0, m1 = int(self.member_base[a]), int(self.member_base[b])
+        return Run(self.url, self.first + a, self.data, self.offsets[a:b], self.kinds[a:b], self.names,
+                   self.member_base[a:b + 1] - m0, self.member_at[m0:m1], self.member_size[m0:m1], nbytes,
+                   (self.buffer, self.at))
 
     def url_of(self, i: int) -> str:
         """Sample ``i``'s shard (the run's)."""
@@ -87,7 +112,7 @@ class Geometry:
     each sample's pattern (``kinds``) and members' sizes, relative to the first sample's offset.
     Worked out once per shard (:meth:`part` cuts a part's share out of it without more work)."""
 
-    __slots__ = ("names", "kinds", "sizes", "member_base", "member_at", "sample_start", "want_member", "digits")
+    __slots__ = ("names", "kinds", "sizes", "member_base", "member_at", "sample_start", "want_member", "checks")
 
     def __init__(self, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray, sizes: np.ndarray,
                  want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False) -> None:
@@ -112,7 +137,9 @@ class Geometry:
         self.sample_start = member_start[member_base]  # n + 1 entries: the last is the end
         want = np.array([want_ext(e) for exts in names for e in exts], dtype=bool)
         self.want_member = want[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, bool)
-        self.digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
+        digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
+        # each member header's checked bytes as they must read: the magic, then its size in octal
+        self.checks = np.concatenate([np.broadcast_to(_USTAR, (len(sizes), 5)), digits], axis=1).astype(np.uint8)
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -126,7 +153,7 @@ class Geometry:
         out.member_base = self.member_base[first:stop + 1] - a
         out.member_at = self.member_at[a:b] - base
         out.sample_start = self.sample_start[first:stop + 1] - base
-        out.want_member, out.digits = self.want_member[a:b], self.digits[a:b]
+        out.want_member, out.checks = self.want_member[a:b], self.checks[a:b]
         return out
 
 
@@ -140,30 +167,59 @@ class Arena:
     """Buffers for a worker's runs, end to end: runs read one after the other (a worker's columns
     at a step, read ahead) lie side by side in one buffer, so they are decoded together with no
     copy (:func:`dalistream.worker.rows.decode_runs`). A new buffer of ``size`` (or of the run,
-    when larger) when the current one is full; a buffer lives while any run's rows refer to it."""
+    when larger) when the current one is full: one of its earlier buffers that nothing refers to
+    any more (no run, row or view of it is alive), else a fresh one (fresh memory costs a page
+    fault per page on its first write: as much as the read itself); at most ``keep`` are kept for
+    reuse. One arena serves a worker for all its epochs."""
 
-    def __init__(self, size: int = 8 << 20) -> None:
+    def __init__(self, size: int = 8 << 20, keep: int = 16) -> None:
         self.size = size
+        self.keep = keep
         self._buffer: Optional[bytearray] = None
         self._used = 0
+        self._pool: list = []  # buffers handed out, reused once nothing else refers to them
+        self.last: tuple = (None, 0)
 
     def take(self, n: int) -> memoryview:
         """``n`` bytes of the current buffer (writable)."""
         if self._buffer is None or self._used + n > len(self._buffer):
-            self._buffer, self._used = bytearray(max(self.size, n)), 0
+            self._buffer, self._used, self.last = None, 0, (None, 0)
+            self._buffer = self._unused(n)
         view = memoryview(self._buffer)[self._used:self._used + n]
+        self.last = (self._buffer, self._used)  # where the view lies (Run's ``where``)
         self._used += n
         return view
 
+    def _unused(self, n: int) -> bytearray:
+        for buffer in self._pool:
+            if len(buffer) >= n and sys.getrefcount(buffer) <= _FREE_REFS:
+                return buffer
+        buffer = bytearray(max(self.size, n))
+        if len(buffer) == self.size and len(self._pool) < self.keep:
+            self._pool.append(buffer)
+        return buffer
+
     def __getstate__(self) -> dict:  # buffers never travel to a worker
-        return {"size": self.size, "_buffer": None, "_used": 0}
+        return {"size": self.size, "keep": self.keep, "_buffer": None, "_used": 0, "_pool": [], "last": (None, 0)}
+
+
+def _refs_when_free() -> int:
+    """What ``sys.getrefcount`` says of a buffer of :meth:`Arena._unused`'s loop that only the
+    pool holds (every view of it, any array or memoryview over it, holds one more)."""
+    pool = [bytearray(1)]
+    for buffer in pool:
+        return sys.getrefcount(buffer)
+    return 0
+
+
+_FREE_REFS = _refs_when_free()
 
 
 def sliced_runs(
     stream: BinaryIO, url: str, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray,
     sizes: np.ndarray, *, first: int, offset: int, want_ext: Callable[[str], bool] = lambda ext: True,
     lowercase: bool = False, last: bool = False, clock: Optional[ReadClock] = None, chunk: int = CHUNK,
-    geometry: Optional[Geometry] = None, arena: Optional[Arena] = None, first_run: Optional[int] = None,
+    geometry: Optional[Geometry] = None, arena: Optional[Arena] = None, first_runs: Sequence[int] = (),
 ) -> Iterator[Union[Run, Sample]]:
     """Samples ``first, first + 1, …`` of a regular shard as :class:`Run` s of about
     ``max(chunk, MIN_RUN_BYTES)`` bytes; the arguments are :func:`~dalistream.tar.sliced.sliced_samples`'
@@ -171,32 +227,37 @@ def sliced_runs(
     for a part whose samples are too large for runs of :data:`MIN_RUN_SAMPLES`). ``last``: as
     there, the end-of-archive marker is checked after the last sample. ``geometry``: the
     :class:`Geometry` of these samples, when worked out already. ``arena``: where the runs' bytes
-    go (else a buffer of its own each). ``first_run``: the bytes of the part's first run, when
-    it is to be shorter (a first batch waits for it)."""
+    go (else a buffer of its own each). ``first_runs``: the bytes of the part's first runs, when
+    they are to differ (a first batch waits for the first; the columns a worker reads at once
+    start their runs out of step, so that they do not all need their next run at once)."""
     g = geometry if geometry is not None else Geometry(patterns, kinds, sizes, want_ext, lowercase)
     names, kinds, sizes = g.names, g.kinds, g.sizes
     member_base, member_at, sample_start, want_member = g.member_base, g.member_at, g.sample_start, g.want_member
     n = len(kinds)
-    run_bytes = max(chunk, MIN_RUN_BYTES)
+    run_bytes = run_length(chunk)
     if n and int(sample_start[n] - sample_start[0]) * MIN_RUN_SAMPLES > n * run_bytes:
         yield from sliced_samples(stream, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=want_ext,
                                   lowercase=lowercase, last=last, clock=clock, chunk=chunk)
         return
-    digits = g.digits
+    checks = g.checks
     r = StreamBuffer(stream, url, clock, 16 * BLOCK)  # (runs are read into their own buffers: this one reads the end)
+    starts, bases = sample_start.tolist(), member_base.tolist()  # (plain ints: no NumPy scalar per run)
+    wanted = np.concatenate([[0], np.cumsum(np.where(want_member, sizes, 0))]).tolist()  # the wanted bytes before each member
     i = 0
+    runs_read = 0
     while i < n:
         # (a worker's many columns are read ahead and decoded together: a short part is one run)
-        limit = sample_start[i] + max(first_run if first_run and not i else run_bytes,
-                                      int(sample_start[i + 1] - sample_start[i]))
-        k = max(i + 1, int(np.searchsorted(sample_start, limit, "right")) - 1)
-        k = min(k, n)
-        size = int(sample_start[k] - sample_start[i])
+        limit = starts[i] + max(first_runs[runs_read] if runs_read < len(first_runs) else run_bytes,
+                                starts[i + 1] - starts[i])
+        runs_read += 1
+        k = min(n, max(i + 1, bisect.bisect_right(starts, limit) - 1))
+        size = starts[k] - starts[i]
         data = arena.take(size) if arena is not None else bytearray(size)
+        where = arena.last if arena is not None else (data, 0)
         got, error = _read(r, memoryview(data))
-        a, b = int(member_base[i]), int(member_base[k])
-        at = member_at[a:b] - sample_start[i]
-        if got < size or not _headers_ok(data, at, digits[a:b]):
+        a, b = bases[i], bases[k]
+        at = member_at[a:b] - starts[i]
+        if got < size or not _headers_ok(data, at, checks[a:b]):
             # sample by sample from the bytes read: its samples up to the damage, then the same error
             whole = 0
             try:
@@ -215,12 +276,16 @@ def sliced_runs(
                 raise error
             i = k
             continue
-        nbytes = int(sizes[a:b][want_member[a:b]].sum())
         yield Run(url, first + i, data, offset + sample_start[i:k], kinds[i:k], names, member_base[i:k + 1] - a,
-                  at, sizes[a:b], nbytes)
+                  at, sizes[a:b], wanted[b] - wanted[a], where)
         i = k
     if last:
         yield from after_last(r, url, first + n, offset + int(sample_start[n]))
+
+
+def run_length(chunk: int) -> int:
+    """The bytes of a run (its samples permitting) read through buffers of ``chunk`` bytes."""
+    return max(chunk, MIN_RUN_BYTES)
 
 
 _NAMES: dict = {}
@@ -257,13 +322,10 @@ def _read(r: StreamBuffer, view: memoryview) -> Tuple[int, Optional[DalistreamEr
     return got, None
 
 
-def _headers_ok(data: bytearray, at: np.ndarray, digits: np.ndarray) -> bool:
+def _headers_ok(data: bytearray, at: np.ndarray, checks: np.ndarray) -> bool:
     """Every member header (the block before each data offset ``at``) has the ``ustar`` magic and
-    the size ``digits`` (``%011o``) the layout says."""
+    the size (``%011o``) the layout says: ``checks``, each header's 16 checked bytes, in one
+    gather and one comparison for the whole run."""
     if not len(at):
         return True
-    arr = np.frombuffer(data, np.uint8)
-    head = at - BLOCK
-    magic = arr[head[:, None] + 257 + np.arange(5)]
-    size = arr[head[:, None] + 124 + np.arange(11)]
-    return bool((magic == _USTAR).all() and (size == digits).all())
+    return bool((np.frombuffer(data, np.uint8)[at[:, None] + _CHECKED] == checks).all())

@@ -9,7 +9,7 @@ are pulled in its order, the round's rows laid end to end per field, and each st
 gathered from them with one slice (or one index list) per field.
 So a worker reading 128 interleaved columns pays per column once per round, not per step.
 A round's first is one step (the first batch waits for little), then rounds double up to
-:data:`ROUND_BYTES` of samples. A column that runs short (skipped samples, ``exact``'s last
+:data:`ROUND_BYTES` of samples, and at most half a run of each of several columns. A column that runs short (skipped samples, ``exact``'s last
 step) gives fewer rows: the step is padded at its end.
 
 :func:`shuffled_blocks` is the shuffle buffer over a column's blocks: the emission order is
@@ -26,13 +26,17 @@ import numpy as np
 
 from ..plan.bucketworker import KEY_SHIFT
 from ..plan.shuffle import shuffled
+from ..tar import runs
 from .reader import ColumnReader
 from .rows import Rows, decode_runs
 
-ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields)
+ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields), and of each
+# of several columns at most half a run: their next runs, out of step, are read a few per round, and
+# no round reads much more than the others (a worker's batches cost about the same each)
 MAX_ROUND_STEPS = 64
-ROUND_ROWS = 2048  # when the bytes per sample are unknown, a round of at most this many samples
-FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the first batch
+ROUND_ROWS = 2048  # when the bytes per sample are unknown, a round of at most this many samples …
+COLUMN_ROUND_ROWS = 16  # … and of this many of each of several columns'
+FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for an epoch's first batch
 
 
 class _Column:
@@ -82,11 +86,10 @@ class _Column:
 class Feed:
     """Each step's slot from ``streams`` (one per column), ``takes[t, c]`` rows of column ``c`` at
     step ``t``, from step ``start`` on (see the module doc). ``bytes_per_sample`` (when known)
-    sizes the rounds. ``first_batch``: the pipeline's first batch (after a start or a resume):
-    the parts opened for it start with a short run (:data:`FIRST_RUN_BYTES`), so it waits for
-    little. ``keyed``: every step's rows come with one more list, each row's key ``c << 40 |
-    ordinal`` (``c`` its column, the ordinal its place in the column: a bucket plan's emissions
-    name them)."""
+    sizes the rounds. ``first_batch``: the parts opened for the first batch start with a short
+    run (:data:`FIRST_RUN_BYTES`), so it waits for little. ``keyed``: every step's rows come with
+    one more list, each row's key ``c × KEY_SHIFT + ordinal`` (``c`` its column, the ordinal its
+    place in the column: a bucket plan's emissions name them)."""
 
     def __init__(self, streams: Sequence[Iterator[Rows]], takes: np.ndarray, n_fields: int, start: int = 0,
                  bytes_per_sample: Optional[float] = None, first_batch: bool = False, keyed: bool = False) -> None:
@@ -95,16 +98,29 @@ class Feed:
         # (a worker a bucket plan gives no sample has no column: its steps are padding)
         self.takes = takes.reshape(-1, len(self.columns)) if self.columns else takes.reshape(len(takes), 0)
         self.n_fields = n_fields + keyed
-        # rows a step reads, on average (a bucket plan's steps read unevenly: a few read much)
-        per_step = max(1, int(np.ceil(self.takes.sum(axis=1).mean()))) if len(self.takes) else 1
-        if bytes_per_sample:
-            self.max_steps = int(max(1, min(MAX_ROUND_STEPS, ROUND_BYTES // (per_step * bytes_per_sample))))
+        if keyed and len(self.takes):  # a bucket plan's reads are uneven (a few steps read much): by their mean
+            per_column = max(1, int(np.ceil(self.takes.mean(axis=0).max(initial=1))))
         else:
-            self.max_steps = int(max(1, min(MAX_ROUND_STEPS, ROUND_ROWS // per_step)))
+            per_column = max(1, int(self.takes.max(initial=1)))
+        several = len(self.columns) > 1
+        # the columns' runs (a reader's: every source's reads through the same share of the budget)
+        self.run_bytes = max((s.reader.run_bytes for s in streams if isinstance(s, ColumnReader)),
+                             default=runs.MIN_RUN_BYTES)
+        per_step = per_column * max(1, len(self.columns))
+        if bytes_per_sample:
+            steps = ROUND_BYTES // (per_step * bytes_per_sample)
+            if several:
+                steps = min(steps, (self.run_bytes // 2) // (per_column * bytes_per_sample))
+        else:
+            steps = min(ROUND_ROWS // per_step, COLUMN_ROUND_ROWS // per_column if several else ROUND_ROWS)
+        self.max_steps = int(max(1, min(MAX_ROUND_STEPS, steps)))
         self.step = start
         self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
         self._size = 1
-        self._first_batch = first_batch  # the pipeline's first batch: its columns start with short runs
+        self._first_batch = first_batch  # the first batch's columns start with short runs
+        self._phased = [False] * len(self.columns)  # whether a column's first part is opened
+        column_bytes = self.takes.sum(axis=0).max(initial=0) * (bytes_per_sample or 0)
+        self._phase = several and column_bytes > 2 * self.run_bytes
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
         """Step ``step``'s slot (the steps are taken in order): one list per field, the number of
@@ -121,6 +137,20 @@ class Feed:
                                [np.zeros(0, np.int64)]).tolist()
         return [[values[i] for i in index] for values in flat], len(index), counts
 
+    def _first_runs(self, c: int) -> Tuple[int, ...]:
+        """The bytes of the first runs of the part column ``c`` opens now: the first batch waits
+        for its round alone, so the parts it opens start with a short run; and where the columns
+        read several runs each in an epoch, they start out of step, their first full run
+        ``(c + 1) / C`` of a run long, so that later they need their next runs a few at a time,
+        not all at one step (columns of a run or two each are read at once: cutting them would
+        cost more runs than it spreads)."""
+        first = (FIRST_RUN_BYTES,) if self._first_batch else ()
+        if not self._phased[c]:
+            self._phased[c] = True
+            if self._phase:
+                first += (max(1, self.run_bytes * (c + 1) // len(self.columns)),)
+        return first
+
     def _read_round(self, t0: int) -> None:
         t1 = min(len(self.takes), t0 + self._size)
         self._size = min(self.max_steps, 2 * self._size)
@@ -133,10 +163,9 @@ class Feed:
             stream = column.stream
             if need[c] > column.queued and isinstance(stream, ColumnReader):
                 decoder = stream.reader.rows  # (every source's reader decodes the same fields)
-                # the first batch waits for its round alone: the parts it opens start with short runs
-                stream.reader.first_run = FIRST_RUN_BYTES if self._first_batch else None
+                stream.reader.first_runs = self._first_runs(c)
                 pending += [(run, stream.reader.source_name) for run in stream.read_ahead(int(need[c] - column.queued))]
-                stream.reader.first_run = None
+                stream.reader.first_runs = ()
         self._first_batch = False
         if pending:
             decode_runs(decoder, pending)

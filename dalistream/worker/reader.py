@@ -3,12 +3,10 @@ order and decoded, as blocks of rows (:class:`~.rows.Rows`): the one item type o
 stream. A lone sample is a block of one.
 
 :meth:`PlanReader.blocks` opens the plan's parts in sequence (:class:`~dalistream.io.ShardSequence`),
-reads their samples (a regular shard's a run at a time, cut out by the manifest's member layout,
-:mod:`dalistream.tar.runs`; others by header walk, :mod:`dalistream.tar.samples`), decodes
-them (:class:`~.rows.RowDecoder` for a run, :class:`~.fields.FieldDecoder` for one sample) and
-applies the error policy where a problem is found, in order: a bad sample is raised or counted
-and left out, a damaged or stale shard likewise after the samples before its damage. Nothing but
-rows comes out.
+reads their samples a run at a time (cut out by the member layout, :mod:`dalistream.tar.runs`;
+or found by header walk and gathered, :mod:`dalistream.tar.walked`), decodes them (a run by
+:class:`~.rows.RowDecoder`, a sample alone by :class:`~.fields.FieldDecoder`) and applies the
+error policy where a problem is found, in order. Nothing but rows comes out.
 
 Samples are numbered in plan order by their *ordinal* (the parts' samples less the plan's
 drops). A resume reads from ``start`` on: each part opens at its first sample still to read (a
@@ -20,14 +18,14 @@ is its first).
 A column's blocks come from a :class:`ColumnReader`, which reads the tar reader's raw items
 ahead on request, so that the :class:`~.feed.Feed` decodes the runs of all of a worker's columns
 together (:func:`~.rows.decode_runs`) before each column turns its items into blocks, in its own
-order: the problems of a shard are acted on before the item read just before them.
+order: the problems of a shard are acted on before the sample read just before them.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import AbstractSet, Iterator, List, Optional, Sequence
+from typing import AbstractSet, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,11 +33,12 @@ from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
 from ..io.remote import state_ahead
-from ..io.streams import ShardSequence, is_gzip_name
+from ..io.streams import ShardSequence, chunk_bytes, is_gzip_name
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
-from ..tar.runs import Arena, Geometry, Run, sliced_runs
+from ..tar.runs import Arena, Geometry, Run, run_length, sliced_runs
+from ..tar.walked import walked_runs
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
@@ -60,8 +59,13 @@ class PlanReader:
         self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
         self._geometry: dict = {}  # shard index -> its members' Geometry (worked out once per worker)
         self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
-        #: while a worker reads for its first batch, the parts it opens start with a run of this
-        self.first_run: Optional[int] = None
+        #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
+        self.first_runs: Tuple[int, ...] = ()
+
+    @property
+    def run_bytes(self) -> int:
+        """The bytes of the runs this reader reads (the runs of a regular shard's parts)."""
+        return run_length(chunk_bytes(self.config.storage_options))
 
     def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:
@@ -74,10 +78,11 @@ class PlanReader:
     def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0,
               gone: AbstractSet[int] = frozenset()) -> Iterator[list]:
         """The tar reader's raw items of the plan (runs, single samples) as ``[item, its part's
-        :class:`Numbering`, its pass, the shard problems met before it]``: each item is given out
-        once the next one is read, so a shard's problem (met at the end of its part) comes with
-        the item before it and is acted on first (see :meth:`_part`); problems with no item left
-        after them come with an item ``None``."""
+        :class:`Numbering`, its pass, the shard problems met before it]``: a sample is given out
+        once the next is read (a run at once, but for its last sample, cut off by
+        :meth:`~dalistream.tar.runs.Run.split`), so a shard's problem, met at the end of its part,
+        is acted on before the sample before it, as when samples are read one by one; problems
+        with no item left after them come with an item ``None``."""
         c = self.config
         ordinal = 0
         passes = itertools.count() if c.policy == "fixed" else range(1)
@@ -109,6 +114,12 @@ class PlanReader:
                         if held is not None:
                             given += 1
                             yield held
+                            held = None
+                        if isinstance(item, Run) and len(item) > 1:  # only its last sample waits for the next item
+                            head, item = item.split(len(item) - 1)
+                            given += 1
+                            yield [head, numbering, n_pass, problems]
+                            problems = []
                         held, problems = [item, numbering, n_pass, problems], []
                     if numbering.problem is not None:  # it overtakes the item held back
                         (held[3] if held is not None else problems).append(numbering.problem)
@@ -151,16 +162,12 @@ class PlanReader:
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
               start: Optional[int], end: Optional[int], stats: WorkerStats,
               numbering: Optional["Numbering"] = None) -> Iterator:
-        """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None), from
-        ``shards.open(position)``: the bytes from ``start`` (``first``'s offset, a seek or a ranged
-        GET) to ``end`` (``stop``'s, closed by an end-of-archive marker) when the offsets are known,
-        else from the shard's start, the samples before ``first`` passed over by header;
-        ``numbering`` gives each sample's ordinal and the samples passed over. A stale count is found where it shows: a shard ending before
-        ``stop``, or holding more samples than its count after its last part. Yields the raw
-        items of the tar reader (runs, samples: :meth:`_blocks` decodes them); the shard's
-        problem, if any, is left in ``numbering.problem``: :meth:`items` gives it with the item
-        before it, so the error of a shard that ends badly, and of the unreadable shards after
-        it, is met before its last samples, and before the samples the plan counted run out."""
+        """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None) from
+        ``shards.open(position)``: bytes ``start`` to ``end`` when the offsets are known (a seek or
+        a ranged GET), else from the shard's start, the samples before ``first`` passed over by
+        header; ``numbering`` numbers them. A stale count shows as a shard ending before ``stop`` or
+        holding more samples than counted. Yields the tar reader's raw items; the shard's problem is
+        left in ``numbering.problem``, which :meth:`items` gives with the sample before it."""
         c = self.config
         numbering = numbering or Numbering(first, None if stop is None else stop - first)
         skip = numbering.skip
@@ -180,15 +187,18 @@ class PlanReader:
                                         want_ext=self.decoder.wants, lowercase=c.lowercase_ext, last=stop == count,
                                         clock=stats.io_clock, chunk=shards.chunk,
                                         geometry=self.geometry(index).part(first, stop), arena=self.arena,
-                                        first_run=self.first_run)
-                else:
-                    items = iter_samples(
-                        f, url, keep=lambda i: first <= i and (stop is None or i < stop) and not skip(i),
-                        want_ext=self.decoder.wants, lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes,
-                        mark_errors=True, first_index=first if start is not None else 0, clock=stats.io_clock,
-                        chunk=shards.chunk)
+                                        first_runs=self.first_runs)
+                else:  # the header walk; its whole samples gathered into runs
+                    def keep(i: int) -> bool:
+                        return first <= i and (stop is None or i < stop) and not skip(i)
+
+                    items = walked_runs(iter_samples(
+                        f, url, keep=keep, want_ext=self.decoder.wants, lowercase=c.lowercase_ext,
+                        max_member_bytes=c.max_member_bytes, mark_errors=True,
+                        first_index=first if start is not None else 0, clock=stats.io_clock, chunk=shards.chunk),
+                        url, self.arena, run_length(shards.chunk), self.first_runs)
                 for item in items:
-                    found_at = item.first + len(item) if type(item) is Run else item["__index__"] + 1
+                    found_at = item.first + len(item) if isinstance(item, Run) else item["__index__"] + 1
                     if found_at <= first:
                         continue  # another worker's sample, passed over by header
                     if stop is not None and found_at > stop:
@@ -210,7 +220,7 @@ class PlanReader:
 
     def _blocks(self, item, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
         """A raw item of the tar reader (a :class:`Run`, or one sample) as blocks."""
-        if type(item) is Run:
+        if isinstance(item, Run):
             return self._run_blocks(item, numbering, policy, stats)
         return self._sample_blocks(item, numbering, policy, stats)
 
@@ -219,10 +229,20 @@ class PlanReader:
         blocks between the samples passed over and those that do not pass, which are settled one
         by one in their place: the error policy meets them in the order it would meet them read
         one by one."""
-        stats.add(bytes=run.nbytes)
+        if run.nbytes:
+            stats.add(bytes=run.nbytes)
         columns, bad = run.decoded if run.decoded is not None else self.rows.decode(run, self.source_name)
+        run.decoded = None
+        n = len(run)
+        passed = [i - run.first for i in numbering.passed(run.first, run.first + n)]
+        if not bad and not passed:  # (the usual case: the run is one block)
+            return iter((Rows(columns, n, numbering.ordinal(run.first)),))
+        return self._split_blocks(run, numbering, policy, stats, columns, bad, passed)
+
+    def _split_blocks(self, run: Run, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats,
+                      columns: List[list], bad: List[int], passed: List[int]) -> Iterator[Rows]:
+        """:meth:`_run_blocks` of a run with samples passed over or settled alone."""
         skip, n = numbering.skip, len(run)
-        passed = [i for i in range(n) if skip(run.first + i)] if numbering.skips else []
         lowercase, wants = self.config.lowercase_ext, self.decoder.wants
         begin = 0
         for i in (sorted(set(bad) | set(passed)) if passed else bad) + [n]:
@@ -340,7 +360,7 @@ class ColumnReader:
                 break
             self.ahead.append(item)
             self.ahead_samples += _samples(item[0])
-            if type(item[0]) is Run:
+            if isinstance(item[0], Run):
                 runs.append(item[0])
         return runs
 
@@ -377,4 +397,4 @@ class ColumnReader:
 
 
 def _samples(item: object) -> int:
-    return len(item) if type(item) is Run else 0 if item is None else 1  # type: ignore[arg-type]
+    return len(item) if isinstance(item, Run) else 0 if item is None else 1  # type: ignore[arg-type]

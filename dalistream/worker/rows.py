@@ -78,7 +78,12 @@ class RowDecoder:
         settle (their entries in the columns are placeholders), in order; ``source``: the name of
         the mix's source the run comes from (a ``__source__`` field's value)."""
         n = len(run)
-        members, flags = self.member_maps(run.names)
+        tables = getattr(run, "tables", None)  # runs decoded together: their tables end to end
+        if tables is None:
+            members, flags = self.member_maps(run.names)
+        else:
+            maps = [self.member_maps(t) for t in tables]
+            members, flags = np.concatenate([m for m, _ in maps], axis=1), np.concatenate([f for _, f in maps], axis=1)
         kinds = run.kinds
         data = np.frombuffer(run.data, np.uint8)
         view = memoryview(run.data)
@@ -103,22 +108,33 @@ class RowDecoder:
 
 
 class _Joined:
-    """Runs of one pattern table laid end to end, as :meth:`RowDecoder.decode` reads a run: side
-    by side in one buffer (``data``: from the first run's start, each run at ``starts[k]``) or,
-    without, copied end to end."""
+    """Runs laid end to end, as :meth:`RowDecoder.decode` reads a run: runs of one buffer (an
+    Arena's) read where they lie (``data``: the buffer from ``lo``; each run at ``r.at - lo``),
+    whatever their order or the bytes between them; runs of buffers of their own copied end to
+    end. Their pattern tables are laid end to end too (``names``; each run's ``kinds`` shifted by
+    its table's place), so runs of shards with different member layouts decode together."""
 
-    def __init__(self, runs: Sequence[Run], data: Optional[memoryview] = None,
-                 starts: Optional[Sequence[int]] = None) -> None:
-        self.names = runs[0].names
+    def __init__(self, runs: Sequence[Run], shared: bool) -> None:
         self.runs = runs
-        if data is None:
+        if shared:
+            lo = min(r.at for r in runs)
+            self.data = memoryview(runs[0].buffer)[lo:max(r.at + len(r.data) for r in runs)]
+            starts = [r.at - lo for r in runs]
+        else:
             self.data = b"".join(r.data for r in runs)
             starts = np.cumsum([0] + [len(r.data) for r in runs])[:-1].tolist()
-        else:
-            self.data = data
+        tables: Dict[int, int] = {}  # id of a pattern table -> where its patterns start in names
+        names: List[Tuple[str, ...]] = []
+        self.tables: List[Sequence[Tuple[str, ...]]] = []  # the runs' pattern tables, in names' order
+        for r in runs:
+            if id(r.names) not in tables:
+                tables[id(r.names)] = len(names)
+                names += r.names
+                self.tables.append(r.names)
+        self.names = tuple(names)
         self.row_starts = np.cumsum([0] + [len(r) for r in runs])
         members = np.cumsum([0] + [len(r.member_at) for r in runs])
-        self.kinds = np.concatenate([r.kinds for r in runs])
+        self.kinds = np.concatenate([r.kinds + tables[id(r.names)] for r in runs])
         self.member_at = np.concatenate([r.member_at + a for r, a in zip(runs, starts)])
         self.member_size = np.concatenate([r.member_size for r in runs])
         self.member_base = np.concatenate([r.member_base[:-1] + m for r, m in zip(runs, members[:-1])] + [members[-1:]])
@@ -138,40 +154,50 @@ class _Joined:
         return self._run(i)[0].url
 
 
-def _side_by_side(runs: List[Run]) -> List[List[Run]]:
-    """``runs`` in groups that lie end to end in one buffer (an Arena's), in buffer order."""
-    groups: List[List[Run]] = []
-    for run in sorted(runs, key=lambda r: (id(r.buffer), r.at)):
-        last = groups[-1][-1] if groups else None
-        if last is not None and last.buffer is run.buffer and last.at + len(last.data) == run.at:
-            groups[-1].append(run)
-        else:
-            groups.append([run])
-    return groups
-
-
 def decode_runs(decoder: RowDecoder, runs: Sequence[Tuple[Run, str]]) -> None:
     """Decode many runs together (their rows in one pass of array operations per field, which
     pays where each run alone holds few rows: a worker's many interleaved columns): each run's
-    share of the result in ``run.decoded``; ``runs`` as ``(run, its source's name)``. Runs side by
-    side in one buffer (a worker's :class:`~dalistream.tar.runs.Arena`) are read where they
-    lie; others are copied end to end."""
-    by_table: Dict[Tuple[int, str], List[Run]] = {}
+    share of the result in ``run.decoded``; ``runs`` as ``(run, its source's name)``. Runs of one
+    buffer (a worker's :class:`~dalistream.tar.runs.Arena`) are read where they lie, whatever
+    shard (and member layout) they come from; others are copied end to end. A run cut from a
+    larger one (:meth:`~dalistream.tar.runs.Run.split`) is decoded with it: the whole run's
+    rows once, each part taking its share."""
+    todo: Dict[int, Tuple[Run, str]] = {}
     for run, source in runs:
-        by_table.setdefault((id(run.names), source), []).append(run)
-    for (_, source), members in by_table.items():
-        together = _side_by_side(members)
-        loose = [g[0] for g in together if len(g) == 1]
-        batches = [(g, memoryview(g[0].buffer)[g[0].at:g[-1].at + len(g[-1].data)], [r.at - g[0].at for r in g])
-                   for g in together if len(g) > 1]
-        if len(loose) > 1:
-            batches.append((loose, None, None))
-        elif loose:
-            loose[0].decoded = decoder.decode(loose[0], source)
-        for group, data, starts in batches:
-            joined = _Joined(group, data, starts)
-            columns, bad = decoder.decode(joined, source)  # type: ignore[arg-type]
-            bad_rows = np.asarray(bad, dtype=np.int64)
-            for run, a, b in zip(group, joined.row_starts[:-1].tolist(), joined.row_starts[1:].tolist()):
-                mine = bad_rows[(bad_rows >= a) & (bad_rows < b)] - a
-                run.decoded = ([column[a:b] for column in columns], mine.tolist())
+        whole = run.whole if run.whole is not None else run
+        if whole.decoded is None and run.decoded is None:
+            todo[id(whole)] = (whole, source)
+    groups: Dict[Tuple[int, str], List[Run]] = {}
+    for whole, source in todo.values():
+        groups.setdefault((id(whole.buffer), source), []).append(whole)
+    loose: Dict[str, List[Run]] = {}  # runs in buffers of their own, by source
+    for (_, source), members in groups.items():
+        if len(members) == 1 and members[0].buffer is members[0].data:
+            loose.setdefault(source, []).append(members[0])
+        elif len(members) == 1:
+            members[0].decoded = decoder.decode(members[0], source)
+        else:
+            _decode_together(decoder, members, source, shared=True)
+    for source, members in loose.items():
+        if len(members) == 1:
+            members[0].decoded = decoder.decode(members[0], source)
+        else:
+            _decode_together(decoder, members, source, shared=False)
+    for run, _ in runs:
+        if run.whole is not None and run.decoded is None:
+            run.decoded = _share(run.whole.decoded, run.first - run.whole.first, len(run))
+            run.whole = None
+
+
+def _decode_together(decoder: RowDecoder, members: Sequence[Run], source: str, shared: bool) -> None:
+    joined = _Joined(members, shared)
+    columns, bad = decoder.decode(joined, source)  # type: ignore[arg-type]
+    for run, a in zip(members, joined.row_starts[:-1].tolist()):
+        run.decoded = _share((columns, bad), a, len(run))
+
+
+def _share(decoded: Tuple[List[list], List[int]], a: int, n: int) -> Tuple[List[list], List[int]]:
+    """Rows ``a … a + n - 1`` of a decoded block: its columns' slice, its bad rows among them."""
+    columns, bad = decoded
+    b = a + n
+    return [column[a:b] for column in columns], [i - a for i in bad if a <= i < b]

@@ -30,6 +30,7 @@ end of every epoch.
 from __future__ import annotations
 
 import cProfile
+import gc
 import os
 import signal
 import threading
@@ -89,6 +90,7 @@ class WorkerSource:
         # read where the sources are made (the main process): the workers may not see its environment
         self.profile_dir = os.environ.get(PROFILE_ENV) or None
         self._profile: Optional[cProfile.Profile] = None
+        self._arena: Optional[Arena] = None  # (made in the worker; its buffers serve every epoch)
 
     def _readers(self) -> None:
         c = self.config
@@ -136,6 +138,12 @@ class WorkerSource:
             return self
         if self._iters == 0:  # first use in the DALI worker process
             redact_client_logs()  # the S3/HTTP reads happen here
+            if self._probe_pid is not None:  # (handed to DALI: this is its worker process)
+                # what the worker inherited or imported (the training script's modules, torch)
+                # stays out of the collector's scans, which the many short-lived rows of
+                # interleaved columns trigger often (a full scan of a forked heap costs tens of
+                # ms; a collection first would cost as much, on the way to the first batch)
+                gc.freeze()
             # a terminal's Ctrl-C reaches the whole process group: the main process stops the
             # workers; theirs would only print one more KeyboardInterrupt traceback each
             if threading.current_thread() is threading.main_thread():
@@ -182,6 +190,7 @@ class WorkerSource:
         state = dict(self.__dict__)
         state["_gen"] = None  # generators never travel to the worker
         state["_profile"] = None
+        state["_arena"] = None
         return state
 
     # -- one epoch -------------------------------------------------------------------------
@@ -208,9 +217,10 @@ class WorkerSource:
         stats.epoch, stats.step = epoch, start_step
         policy = ErrorPolicy(c.on_error, c.max_skip_fraction, rank=c.rank, worker=self.worker)
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
-        arena = Arena()  # the runs of all columns side by side: decoded together with no copy
+        if self._arena is None:  # the runs of all columns side by side: decoded together with no copy
+            self._arena = Arena()
         for reader in self.readers:
-            reader.arena = arena
+            reader.arena = self._arena
         if c.buckets is not None:
             yield from self._bucket_batches(epoch, start_step, policy, stats)
             stats.write()
@@ -223,7 +233,7 @@ class WorkerSource:
         streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
                    for plan, take, source in columns]
         feed = Feed(streams, takes, len(c.fields), start_step, self.data.bytes_per_sample,
-                    first_batch=epoch == self.start_epoch)
+                    first_batch=True)  # (every epoch's: DALI's prefetch of two batches hides no longer wait)
         # a mix counts what each step took of each source: columns summed by source
         by_source = np.zeros((len(columns), len(self.readers)), np.int64)
         by_source[np.arange(len(columns)), [source for _, _, source in columns]] = 1

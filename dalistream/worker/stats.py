@@ -86,7 +86,9 @@ class WorkerStats:
 
     def add(self, **amounts: int) -> None:
         """Add to the :data:`TOTALS` named, in all and in the current ``epoch``."""
-        epoch = self.totals_by_epoch.setdefault(self.epoch, Counter())
+        epoch = self.totals_by_epoch.get(self.epoch)
+        if epoch is None:
+            epoch = self.totals_by_epoch[self.epoch] = Counter()
         for name, value in amounts.items():
             setattr(self, name, getattr(self, name) + value)
             epoch[name] += value

@@ -171,3 +171,51 @@ def test_a_run_holds_views_of_its_own_buffer(tmp_path, monkeypatch):
         got = list(sliced_runs(f, path, patterns, kinds, sizes, first=0, offset=0, last=True, chunk=4096))
     assert all(isinstance(r, Run) for r in got) and len({id(r.data) for r in got}) == len(got)
     assert [r.sample(i) for r in got for i in range(len(r))] == by_headers(path, 0, 30)  # still intact after all reads
+
+
+def test_an_arena_reuses_a_buffer_only_once_nothing_refers_to_it():
+    arena = runs.Arena(size=64)
+    a = arena.take(40)
+    a[:] = b"a" * 40
+    kept = np.frombuffer(a, np.uint8)[:10]  # a view of a view: it holds the buffer too
+    first = arena.last[0]
+    del a
+    b = arena.take(40)  # no room left: a second buffer (the first is still referred to)
+    assert arena.last[0] is not first
+    b[:] = b"b" * 40
+    c = arena.take(40)  # no room again: the first buffer is still held by `kept`
+    assert arena.last[0] is not first and bytes(kept) == b"a" * 10
+    del kept, b
+    arena.take(40)  # the first buffer is free now (the second too): one of them is reused
+    assert len(arena._pool) == 3 and any(arena.last[0] is buf for buf in arena._pool[:2])
+    del c
+    big = arena.take(100)  # larger than a buffer: one of its own, not kept
+    assert len(big) == 100 and len(arena._pool) == 3
+
+
+def test_a_run_split_in_two_gives_the_samples_of_the_whole(tmp_path):
+    path = shard(tmp_path, "pax", 1, n=12)
+    info = scan_shard(path, offsets=True)
+    patterns, kinds, sizes, _ = layout(info)
+    with open(path, "rb") as f:
+        (run,) = list(sliced_runs(f, path, patterns, kinds, sizes, first=0, offset=0, last=True, chunk=1 << 20))
+    whole = [run.sample(i) for i in range(len(run))]
+    for k in (1, 5, 11):
+        head, tail = run.split(k)
+        assert (len(head), len(tail), tail.first) == (k, 12 - k, k)
+        assert [head.sample(i) for i in range(k)] + [tail.sample(i) for i in range(12 - k)] == whole
+        assert head.whole is run and tail.whole is run and head.nbytes == run.nbytes and tail.nbytes == 0
+        assert [tail.key(i) for i in range(12 - k)] == [s["__key__"] for s in whole[k:]]
+
+
+def test_a_part_s_first_runs_have_the_lengths_asked(tmp_path):
+    """A short first run (a first batch), then a phased one, then runs of the usual length."""
+    path = shard(tmp_path, "ustar", 4, n=40)
+    info = scan_shard(path, offsets=True)
+    patterns, kinds, sizes, starts = layout(info)
+    spans = ShardRows.from_infos([info]).members.spans()
+    with open(path, "rb") as f:
+        got = list(sliced_runs(f, path, patterns, kinds, sizes, first=0, offset=0, last=True, chunk=0,
+                               first_runs=(1, int(spans[:10].sum()))))
+    assert [len(r) for r in got][:2] == [1, 10]  # (a run holds one sample at least)
+    assert sum(len(r) for r in got) == 40 and [r.sample(i) for r in got for i in range(len(r))] == by_headers(path, 0, 40)

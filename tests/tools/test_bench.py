@@ -411,3 +411,13 @@ def test_the_webdataset_peer_copies_to_the_gpu_from_pinned_memory(monkeypatch, s
         assert opened.extra() == {"device": "gpu" if visible else "cpu", "pin_memory": pinned}
     finally:
         opened.close()
+
+
+def test_a_peer_s_ratio_is_the_median_of_each_round_s_own_ratio():
+    """Each round's ratio, then their median (2.0 here), not the ratio of the medians (1.2): a
+    round slow for both systems cancels in its own ratio."""
+    ours = [{"samples_per_s": 100.0, "epoch_samples_per_s": [100.0]}, {"samples_per_s": 120.0},
+            {"samples_per_s": 300.0, "epoch_samples_per_s": [300.0]}]
+    peer = [{"samples_per_s": 50.0}, {"samples_per_s": 200.0}, {"samples_per_s": 100.0}]
+    assert bench.round_ratios(ours, peer)["samples_per_s"] == 2.0
+    assert bench.ratios(bench.summarize(ours), bench.summarize(peer))["samples_per_s"] == 1.2

@@ -228,3 +228,35 @@ def test_an_elastic_resume_reads_the_rest_once_by_every_reading(tmp_path, readin
         seen += [k for batch in full for k in batch]
         assert resumed_keys(second, paths, sizes, resume, 0, w, off, start_step=2) == full[2:]
     assert sorted(seen) == sorted(f"s{s:03d}/{i:05d}" for s, n in enumerate(sizes) for i in range(n))
+
+
+def test_a_part_s_numbering_bisects_what_a_walk_over_its_samples_counts():
+    """Ordinals, samples passed over and the head of a part, against a walk over its samples
+    (drops take no ordinal; a start position and a shuffle buffer's window do)."""
+    from dalistream.worker.numbering import Numbering
+
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        first, size, raw, base = (int(x) for x in rng.integers(0, 40, 4))
+        drop = sorted({int(x) for x in rng.integers(0, 120, int(rng.integers(0, 12)))})
+        start = int(rng.integers(0, 60)) if rng.random() < 0.5 else 0
+        gone = frozenset(int(x) for x in rng.integers(0, 80, int(rng.integers(0, 6)))) if rng.random() < 0.3 else frozenset()
+        numbering = Numbering(first, size, raw, base, drop, start, gone)
+        ordinal, walked, passed = base, [], []
+        for i in range(size):
+            walked.append(ordinal)
+            if raw + i in drop:
+                passed.append(first + i)
+                continue
+            if ordinal < start or ordinal in gone:
+                passed.append(first + i)
+            ordinal += 1
+        head = 0
+        while head < size and first + head in passed:
+            head += 1
+        assert numbering.head == head
+        assert [numbering.skip(first + i) for i in range(size)] == [first + i in passed for i in range(size)]
+        assert [numbering.ordinal(first + i) for i in range(size) if first + i not in passed] == \
+            [o for i, o in enumerate(walked) if first + i not in passed]
+        lo, hi = sorted(int(x) for x in rng.integers(first, first + size + 1, 2))
+        assert numbering.passed(lo, hi) == [n for n in passed if lo <= n < hi]

@@ -275,3 +275,41 @@ def test_rows_count_as_samples_passed(tmp_path, monkeypatch):
 
     policy = ErrorPolicy("skip")
     assert list(policy.watched(iter([Rows([[1, 2, 3]], 3), Rows([[1]], 1)]))) and policy.passed == 4
+
+
+def test_runs_of_shards_with_other_layouts_decode_together_as_alone(tmp_path, monkeypatch):
+    """Runs of several shards (each its own member layout) read into one arena, and parts cut
+    from runs, decode together to what each decodes to alone (the rows a worker's round holds)."""
+    from dalistream.tar.runs import Arena
+    from dalistream.worker.rows import decode_runs
+
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 20000)  # runs of a few samples
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    arena = Arena()
+    decoder = FieldDecoder([parse_field(k, v) for k, v in FIELDS.items()])
+    items = []
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        path = write_tar(str(tmp_path / f"layout-{seed}.tar"), [m for i in range(30) for m in sample_members(i, rng)])
+        patterns, kinds, sizes, _ = ShardRows.from_infos([scan_shard(path, offsets=True)]).members.at(0)
+        with open(path, "rb") as f:
+            items += [(r, f"source-{seed % 2}") for r in sliced_runs(f, path, patterns, kinds, sizes, first=0, offset=0,
+                                                                     want_ext=decoder.wants, last=True, chunk=4096,
+                                                                     arena=arena)]
+    assert len({id(r.names) for r, _ in items}) == 3 and len({id(r.buffer) for r, _ in items}) == 1
+    rows = RowDecoder(decoder.fields)
+    alone = [rows.decode(r, source) for r, source in items]
+    cut, parts_of = [], []
+    for k, (r, source) in enumerate(items):  # some runs cut in two: a part decodes with its whole run
+        parts = list(r.split(len(r) - 1)) if len(r) > 1 and k % 3 else [r]
+        cut += [(part, source) for part in parts]
+        parts_of.append(parts)
+    assert any(len(p) == 2 for p in parts_of) and any(len(p) == 1 for p in parts_of)
+    decode_runs(rows, cut[::-1])  # (in any order)
+    for (run, _), parts, (columns, bad) in zip(items, parts_of, alone):
+        assert sum(len(p) for p in parts) == len(run)
+        assert [i + (p.first - run.first) for p in parts for i in p.decoded[1]] == bad
+        for f, column in enumerate(columns):
+            together = [v for p in parts for v in p.decoded[0][f]]
+            assert len(together) == len(column)
+            assert all(i in bad or same(a, b) for i, (a, b) in enumerate(zip(together, column)))

@@ -149,6 +149,17 @@ def ratios(ours: Dict[str, Any], peer: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def round_ratios(ours: List[Dict[str, Any]], peer: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """dalistream / peer for each metric: the median of each round's own ratio (:func:`ratios` of
+    the runs that alternated), so that drift between rounds cancels."""
+    rounds = [ratios(a, b) for a, b in zip(ours, peer)]
+    out: Dict[str, Any] = {k: _median([r for r in rounds], k) for k in METRICS}
+    epochs = max((len(r["epoch_samples_per_s"]) for r in rounds), default=0)
+    out["epoch_samples_per_s"] = [_median([{"x": (r["epoch_samples_per_s"] + [None] * epochs)[e]} for r in rounds], "x")
+                                  for e in range(epochs)]
+    return out
+
+
 @contextlib.contextmanager
 def _system_spec(args: argparse.Namespace, base: Dict[str, Any], system: str) -> Iterator[Dict[str, Any]]:
     """The spec of one run of ``system``: dalistream's through a new, empty cache folder under
@@ -207,7 +218,7 @@ def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequenc
     peers = {}
     for system in systems[1:]:
         figures = summarize(runs[system])
-        figures["ratio"] = ratios(report, figures)
+        figures["ratio"] = round_ratios(runs["dalistream"], runs[system])
         peers[system] = figures
     if peers:
         report["peers"] = peers

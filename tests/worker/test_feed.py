@@ -1,0 +1,89 @@
+"""A worker's rounds (worker/feed.py): its interleaved columns start out of step, so that in an
+epoch they need their next runs a few at a time, not all at one step; what a worker delivers
+is the same either way, and the same as when every sample is read alone."""
+
+import os
+
+import numpy as np
+import pytest
+
+from dalistream.config import StreamConfig
+from dalistream.dataset import DataSet
+from dalistream.manifest import build_manifest
+from dalistream.manifest.offsets import SampleOffsets
+from dalistream.manifest.rows import ShardRows
+from dalistream.tar import runs
+from dalistream.worker import WorkerSource, feed
+
+from helpers import write_tar
+
+COLUMNS = 16
+
+
+@pytest.fixture
+def shards(tmp_path, monkeypatch):
+    """4 shards x 60 samples of ~8 kB, with offsets and member layouts; runs of about 8 samples
+    (the columns' share of the read buffers is 64 kB)."""
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 64 << 10)
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    rng = np.random.default_rng(5)
+    paths = []
+    for s in range(4):
+        members = []
+        for i in range(60):
+            members += [(f"s{s}/{i:03d}.bin", bytes(rng.integers(0, 256, 8000, dtype=np.uint8))),
+                        (f"s{s}/{i:03d}.cls", str(i).encode())]
+        paths.append(write_tar(str(tmp_path / f"f-{s}.tar"), members))
+    rows = ShardRows.from_infos(build_manifest(paths, offsets=True))
+    offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
+    config = StreamConfig(sources=tuple(paths), fields={"key": "__key__", "raw": "bin", "label": "cls"},
+                          batch_size=COLUMNS, workers=1, interleave=True, seed=1)
+    per_sample = sum(os.path.getsize(p) for p in paths) / 240
+    return config, DataSet(tuple(paths), (60,) * 4, offsets, bytes_per_sample=per_sample)
+
+
+def epoch(config, data, monkeypatch, e=1):
+    """The batches of epoch ``e``, and how many runs were read in each round."""
+    per_round = []
+    take = runs.Arena.take
+
+    def counted(self, n):
+        per_round[-1] += 1
+        return take(self, n)
+
+    def round_(self, t0, original=feed.Feed._read_round):
+        per_round.append(0)
+        return original(self, t0)
+
+    monkeypatch.setattr(runs.Arena, "take", counted)
+    monkeypatch.setattr(feed.Feed, "_read_round", round_)
+    source = WorkerSource(config, data, 0)
+    batches = [[np.asarray(v).tobytes() for v in b[0]] + [np.asarray(b[2]).tobytes()] for b in source.epoch_batches(e)]
+    monkeypatch.undo()
+    return batches, per_round
+
+
+def test_columns_start_out_of_step_and_deliver_the_same(shards, monkeypatch):
+    config, data = shards
+    phased, reads = epoch(config, data, monkeypatch)
+    # each column reads ~15 samples: a short first run (the epoch's first batch waits for little),
+    # then one phased to (c + 1) / C of a run, then runs of ~8 samples
+    assert len(phased) == 15 and reads[:2] == [COLUMNS, COLUMNS]
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 64 << 10)
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    monkeypatch.setattr(feed.Feed, "_first_runs", lambda self, c: ())  # every column in step
+    in_step, reads_in_step = epoch(config, data, monkeypatch)
+    assert in_step == phased  # the same samples, in the same batches
+    assert max(reads_in_step[2:]) == COLUMNS  # in step: every column needs its next run at the same round
+    assert max(reads[2:]) <= COLUMNS * 3 // 4  # out of step: some at a time
+
+
+def test_short_columns_are_not_cut(shards, monkeypatch):
+    """Columns of a run or two each read their part at once (more runs would cost more than they spread)."""
+    config, data = shards
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 1 << 20)  # a run holds a column's whole share
+    source = WorkerSource(config, data, 0)
+    plans = [plan for plan, _, _ in source.columns(1)]
+    f = feed.Feed([iter(())] * len(plans), np.ones((15, len(plans)), np.int64), 3,
+                  bytes_per_sample=data.bytes_per_sample)
+    assert f._first_runs(3) == ()
