@@ -99,7 +99,7 @@ class Feed:
         self.takes = takes.reshape(-1, len(self.columns)) if self.columns else takes.reshape(len(takes), 0)
         self.n_fields = n_fields + keyed
         if keyed and len(self.takes):  # a bucket plan's reads are uneven (a few steps read much): by their mean
-            per_column = max(1, int(np.ceil(self.takes.mean(axis=0).max(initial=1))))
+            per_column = max(1.0, float(self.takes.mean(axis=0).max(initial=1)))
         else:
             per_column = max(1, int(self.takes.max(initial=1)))
         several = len(self.columns) > 1
