@@ -50,7 +50,8 @@ def cmd_write(args: argparse.Namespace) -> int:
     def terminated(signum: int, frame: object) -> None:  # stop the writer's processes and leave a set a read refuses
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, terminated)
+    # (restored after: cmd_write may run inside a caller's process, whose later children inherit it)
+    before = signal.signal(signal.SIGTERM, terminated)
     options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
     try:
         with progress_bar(args, total=0, unit="sample") as bar:
@@ -67,6 +68,8 @@ def cmd_write(args: argparse.Namespace) -> int:
             print("dalistream write: stopped by SIGTERM; the write did not finish (a read of the output refuses it)",
                   file=sys.stderr)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, before)
     classes = f", {len(done['classes'])} classes" if done["classes"] else ""
     skipped = ""
     if done["skipped"]:
