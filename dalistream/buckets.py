@@ -11,7 +11,8 @@ which samples form which batch is the pure plan's (:mod:`dalistream.plan.buckets
   up to ``edges[i]`` (and above ``edges[i-1]``), the last one those above ``edges[-1]``.
 
 ``per="rank"`` (default): each rank's batch is one bucket (ranks may hold different buckets at
-the same step); ``per="global"``: the whole global batch is one bucket. All values are frozen,
+the same step); ``per="global"``: the whole global batch is one bucket. A stream opened with
+``buckets=`` carries each batch's bucket in the outputs ``outputs`` names, at every position. All values are frozen,
 picklable and checked when made (:class:`~dalistream.errors.ConfigError`).
 """
 
@@ -44,13 +45,22 @@ def _lookahead(value: Any) -> Optional[int]:
     return None if value is None else _positive_int(value, "lookahead")
 
 
-def missing_keys(columns: Sequence[str], keys: Optional[Mapping[str, np.ndarray]], what: str) -> ManifestError:
-    """The error for buckets asked of a data set whose manifest lacks their keys."""
+def _table(buckets: Any) -> np.ndarray:
+    """Per bucket, then for a step of padding only (index ``-1``, bucket 0's sizes), the values of
+    ``buckets.outputs``: its index, then its :meth:`describe` values."""
+    rows = [[k] + [buckets.describe(k)[name[len("bucket_"):]] for name in buckets.outputs[1:]]
+            for k in range(len(buckets))]
+    return np.array(rows + [[-1] + rows[0][1:]], dtype=np.int32)
+
+
+def missing_keys(columns: Sequence[str], keys: Optional[Mapping[str, np.ndarray]], what: str,
+                 url: Optional[str] = None) -> ManifestError:
+    """The error for buckets asked of a data set whose manifest lacks their keys (``url``: one of its shards)."""
     spec = "image" if "width" in columns else ",".join(c.split(":", 1)[1] for c in columns)
     have = f"it has {sorted(keys)}" if keys else "it has none (a counts-only or older manifest)"
     return ManifestError(f"{what} need the per-sample keys {list(columns)} in the manifest; {have}",
-                         reason="no_keys", hint=f"run `dalistream index SOURCES --keys {spec}` (writes the manifest "
-                                                f"beside the shards), or give that manifest")
+                         url=url, reason="no_keys", hint=f"run `dalistream index SOURCES --keys {spec}` (writes the "
+                                                         f"manifest beside the shards), or give that manifest")
 
 
 def _columns(keys: Optional[Mapping[str, np.ndarray]], columns: Sequence[str], what: str) -> list:
@@ -211,6 +221,18 @@ class AspectBuckets:
         w, h = self.sizes[bucket]  # type: ignore[index]
         return {"width": w, "height": h}
 
+    #: The outputs of a stream bucketed by these that carry each batch's bucket, at every position:
+    #: its index (``-1``: a step of padding only) and target size.
+    outputs = ("bucket", "bucket_height", "bucket_width")
+
+    def table(self) -> np.ndarray:
+        """Per bucket (then for a step of padding only) the values of :attr:`outputs`."""
+        return _table(self)
+
+    def plain(self) -> Dict[str, Any]:
+        """These (resolved) buckets as plain data, as a loader state records them."""
+        return {"kind": "AspectBuckets", "per": self.per, "sizes": [list(s) for s in self.sizes or ()]}
+
 
 @dataclass(frozen=True)
 class LengthBuckets:
@@ -258,6 +280,40 @@ class LengthBuckets:
         """What a batch of ``bucket`` carries: its ``length`` (the bucket's upper edge; ``-1`` for
         the last, open bucket: pad to the batch's longest)."""
         return {"length": self.edges[bucket] if bucket < len(self.edges) else -1}
+
+    #: As :attr:`AspectBuckets.outputs`: the index and the length (``-1``: the open last bucket).
+    outputs = ("bucket", "bucket_length")
+
+    def table(self) -> np.ndarray:
+        """Per bucket (then for a step of padding only) the values of :attr:`outputs`."""
+        return _table(self)
+
+    def plain(self) -> Dict[str, Any]:
+        """These buckets as plain data, as a loader state records them."""
+        return {"kind": "LengthBuckets", "per": self.per, "field": self.field, "edges": list(self.edges)}
+
+
+def check_stream(config: Any) -> None:
+    """Raise :class:`ConfigError` for a stream config whose ``buckets`` cannot be planned: not a
+    bucket value, policy ``fixed``, a shuffle buffer or one span per worker asked for (a bucket
+    plan reads its own columns), node affinity, or a field named as a bucket output."""
+    b = config.buckets
+    if not isinstance(b, (AspectBuckets, LengthBuckets)):
+        raise ConfigError(f"buckets must be a dalistream.AspectBuckets or LengthBuckets, got {b!r}")
+    if config.policy == "fixed":
+        raise ConfigError("buckets need policy 'even' or 'exact' (a 'fixed' number of batches has no bucket plan)",
+                          hint="use policy='even'")
+    if config.interleave is False or (config.shuffle or 0) > 1:
+        raise ConfigError("buckets read in columns, one per batch position, whose batches form as each bucket "
+                          "fills: there is no shuffle buffer nor one span per worker to choose",
+                          hint="leave shuffle and interleave unset")
+    if getattr(config, "affinity", None) is not None:
+        raise ConfigError("buckets with affinity='node' are not planned: a bucket plan deals every bucket over all "
+                          "the ranks' columns, not over each node's shards", hint="leave affinity unset with buckets")
+    clash = sorted({f.name for f in config.fields} & set(b.outputs))
+    if clash:
+        raise ConfigError(f"fields {clash}: with buckets those names are the batch's bucket outputs",
+                          hint="rename the fields")
 
 
 def parse_buckets(text: str, per: str = "rank", lookahead: Optional[int] = None):

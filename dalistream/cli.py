@@ -19,7 +19,7 @@ from .errors import DalistreamError, redact
 from .stream import default_cache_dir
 from .tools import demo, planview, runstats
 from .tools.args import (LOG_LEVELS, HelpFormatter, add_log_level, add_stream_args, affinity_options, emit,
-                         flag_spelling, mix_options, progress_bar, storage_options, stream_sources)
+                         flag_spelling, mix_options, progress_bar, storage_options, stream_buckets, stream_sources)
 from .tools.bench import runner as bench
 
 log = logging.getLogger("dalistream")
@@ -50,7 +50,8 @@ def cmd_write(args: argparse.Namespace) -> int:
     def terminated(signum: int, frame: object) -> None:  # stop the writer's processes and leave a set a read refuses
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, terminated)
+    # (restored after: cmd_write may run inside a caller's process, whose later children inherit it)
+    before = signal.signal(signal.SIGTERM, terminated)
     options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
     try:
         with progress_bar(args, total=0, unit="sample") as bar:
@@ -67,6 +68,8 @@ def cmd_write(args: argparse.Namespace) -> int:
             print("dalistream write: stopped by SIGTERM; the write did not finish (a read of the output refuses it)",
                   file=sys.stderr)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, before)
     classes = f", {len(done['classes'])} classes" if done["classes"] else ""
     skipped = ""
     if done["skipped"]:
@@ -146,7 +149,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         interleave=args.interleave,
         policy=args.policy, batches_per_epoch=args.batches_per_epoch, manifest=args.manifest,
         on_error=args.on_error, storage_options=storage_options(args), start_method=args.start_method,
-        **mix_options(args), **affinity_options(args),
+        buckets=stream_buckets(args), **mix_options(args), **affinity_options(args),
     )
     with Loader(stream) as loader:
         if args.state_in:
@@ -159,12 +162,13 @@ def cmd_keys(args: argparse.Namespace) -> int:
         for batch in (loader if args.stop_after != 0 else ()):
             bar.update(1)
             keys = [f"{s}:{k}" for s, k in zip(batch["source"], batch["key"])] if mixed else batch["key"]
+            bucket = {"bucket": int(batch["bucket"][0]) if len(batch["bucket"]) else -1} if "bucket" in batch else {}
             if args.json:
                 print(json.dumps({"rank": stream.config.rank, "epoch": loader.epoch, "step": loader.step - 1,
-                                  "keys": keys}), flush=True)
+                                  **bucket, "keys": keys}), flush=True)
             else:
-                print(f"rank {stream.config.rank} epoch {loader.epoch} step {loader.step - 1}: "
-                      + " ".join(keys), flush=True)
+                print(f"rank {stream.config.rank} epoch {loader.epoch} step {loader.step - 1}"
+                      + (f" bucket {bucket['bucket']}" if bucket else "") + ": " + " ".join(keys), flush=True)
             done += 1
             delivered += len(batch["key"])
             if args.stop_after is not None and done >= args.stop_after:

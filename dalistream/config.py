@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from .buckets import AspectBuckets, LengthBuckets, check_stream
 from .errors import ConfigError, redact
 from .io.cache import parse_size
 from .kinds import IMAGE_EXTS, KINDS, Kind, is_image_ext, kind_for
@@ -266,6 +267,11 @@ class StreamConfig:
     """With ``affinity="node"``: ranks on each node, placed in blocks (rank ``r`` on node ``r // ranks_per_node``);
     ``Stream.open``: from ``LOCAL_WORLD_SIZE`` (torchrun) or ``SLURM_NTASKS_PER_NODE`` when not given, else every
     rank on one node."""
+    buckets: Optional[Union[AspectBuckets, LengthBuckets]] = None
+    """Batches by shape: :class:`~dalistream.AspectBuckets` (each batch one aspect ratio, carrying its target
+    ``bucket_width``/``bucket_height``) or :class:`~dalistream.LengthBuckets` (each batch one length range,
+    carrying ``bucket_length``), from per-sample keys in the manifest (``dalistream index --keys``); policy
+    ``even`` or ``exact``, read in columns (no shuffle buffer). See :mod:`dalistream.buckets`."""
 
     def __post_init__(self) -> None:
         if isinstance(self.sources, (str, bytes)):
@@ -278,6 +284,8 @@ class StreamConfig:
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_size(self.cache_limit, "cache_limit"))
         self._check()
+        if self.buckets is not None:  # a bucket plan reads in columns, as interleaved reading does
+            object.__setattr__(self, "interleave", True if self.interleave is None else self.interleave)
         interleave, shuffle = reading_order(self.policy, self.interleave, self.shuffle,
                                             counts_known=bool(self.manifest) or self.policy != "fixed")
         object.__setattr__(self, "interleave", interleave)
@@ -320,6 +328,8 @@ class StreamConfig:
         if not isinstance(self.storage_options, Mapping):
             raise bad("storage_options", "a dict")
         self._check_affinity()
+        if self.buckets is not None:
+            check_stream(self)
 
     def _check_affinity(self) -> None:
         if self.affinity not in AFFINITY:
@@ -370,6 +380,11 @@ class StreamConfig:
             return None
         per = self.ranks_per_node or self.world_size
         return Nodes(self.world_size // per, per)
+
+    @property
+    def bucket_outputs(self) -> tuple:
+        """The outputs that carry each batch's bucket (none without buckets: ``buckets.outputs``)."""
+        return self.buckets.outputs if self.buckets is not None else ()
 
     def replace(self, **changes: Any) -> "StreamConfig":
         """A copy with some fields changed (validated again)."""

@@ -1,15 +1,17 @@
 """One resolved data set: what :meth:`dalistream.Stream.open` found, passed as one value to the workers.
 
 A :class:`DataSet` is small and immutable: the shard URLs, their sample counts, every sample's
-tar offset with the member layouts (where known), where the counts came from, and the stored
-bytes per sample and per shard. It does no I/O; it pickles as it is (the offsets by path when
-saved to the cache directory), so each DALI worker receives it whole.
+tar offset with the member layouts (where known), where the counts came from, the stored bytes
+per sample and per shard, and for a bucketed stream every sample's bucket (from the manifest's
+per-sample keys: :mod:`dalistream.buckets`). It does no I/O; it pickles as it is (the offsets by
+path when saved to the cache directory), so each DALI worker receives it whole.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Tuple
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -38,9 +40,20 @@ class DataSet:
     bytes_per_sample: Optional[float] = None
     #: Stored bytes per shard, where every shard's is known: part of the sources' identity.
     sizes: Optional[Tuple[int, ...]] = None
+    #: The manifest's per-sample key columns (name → one integer per sample in written order, ``-1``
+    #: unknown), for a stream opened with buckets; ``None`` without buckets, and once every sample's
+    #: bucket is known (:meth:`with_buckets`).
+    keys: Optional[Mapping[str, np.ndarray]] = field(default=None, compare=False)
+    #: Every sample's bucket (``int16``, written order), for a bucketed stream; ``None`` otherwise.
+    buckets: Optional[np.ndarray] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.urls)
+        total = None if self.counts is None else sum(self.counts)
+        columns = list((self.keys or {}).items()) + ([("buckets", self.buckets)] if self.buckets is not None else [])
+        for name, column in columns:
+            if total is None or len(column) != total:
+                raise ConfigError(f"data set: {len(column)} values of {name!r} for {total} samples")
         if self.counts is not None and len(self.counts) != n:
             raise ConfigError(f"data set: {len(self.counts)} counts for {n} shard URLs")
         if self.sizes is not None and len(self.sizes) != n:
@@ -51,6 +64,11 @@ class DataSet:
                 raise ConfigError(f"data set: offsets for {shards} shards, {n} shard URLs")
             if self.counts is not None and not np.array_equal(np.diff(self.offsets.starts), self.counts):
                 raise ConfigError("data set: the offsets' per-shard sample counts disagree with counts")
+
+    def with_buckets(self, ids: np.ndarray) -> "DataSet":
+        """This data set with every sample's bucket ``ids`` (and its keys, now used, left out:
+        the workers receive the buckets alone)."""
+        return dataclasses.replace(self, keys=None, buckets=np.asarray(ids, dtype=np.int16))
 
     def shown(self) -> str:
         """The first shard URLs, redacted (no credentials in logs), and how many there are."""

@@ -13,21 +13,33 @@ source's span per worker through the shuffle buffer instead. A shard listed by t
 refused (:func:`check_disjoint`). The composition is the mix's own, stratified per batch. On
 another layout mid-epoch it goes on by
 :mod:`dalistream.plan.mixresume` (default epochs, ``per_batch="sample"``).
+
+**Buckets** (``buckets=``): :func:`bucketed` is the last step of the resolution: the buckets are
+resolved from the manifests' per-sample keys (``AspectBuckets.auto`` from every source's), every
+sample's bucket is kept in its data set (:attr:`~dalistream.dataset.DataSet.buckets`), and the
+first epoch is planned once, so that a layout the plan refuses fails before any worker starts.
+A mix is bucketed with ``per_batch="source"`` only (:mod:`dalistream.plan.bucketmix`). The plans
+(:mod:`dalistream.plan.buckets`, after an elastic resume :mod:`~dalistream.plan.bucketresume`)
+are kept for the few calls that ask for them again; :func:`worker_run` is what one worker
+executes of them (:func:`~dalistream.plan.bucketworker.bucket_run`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .buckets import missing_keys
 from .config import SHUFFLE_BUFFER
 from .dataset import DataSet
-from .errors import ConfigError
+from .errors import ConfigError, StateError, redact
 from .io.local import local_path
 from .io.stores import any_remote
 from .manifest import SampleOffsets, count_samples
@@ -36,6 +48,10 @@ from .plan import Layout, MixEpoch, ResumePlan, Schedule, WorkerPlan, parse_mix,
 from .plan import worker_columns as plan_columns
 from .plan.affinity import AffinePlan, Nodes
 from .plan.mix import check_options
+from .plan.bucketmix import BucketMix, check_bucket_mix
+from .plan.bucketresume import resumed_bucket_plan
+from .plan.buckets import BucketEpoch, bucket_steps, bucket_totals
+from .plan.bucketworker import BucketRun, bucket_run
 from .plan.mixresume import MixResume
 from .sources import expand_sources, is_remote
 
@@ -140,9 +156,10 @@ def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
                    storage_options: Optional[Mapping[str, Any]] = None) -> DataSet:
     """One data set resolved: its shards listed and their samples counted, with offsets and
     member layouts where a manifest or a scan has them (cached in ``config.cache_dir``), shard
-    sizes and bytes per sample. The one way every data set is resolved, a mix's sources and a
-    single set alike (``config``: its policy, cache, scan limit, error policy; ``manifest`` the
-    source's, ``storage_options`` its own, else the config's). ``fixed`` without a manifest
+    sizes and bytes per sample, and (with ``config.buckets``) the manifest's per-sample keys. The
+    one way every data set is resolved, a mix's sources and a single set alike (``config``: its
+    policy, cache, scan limit, error policy; ``manifest`` the source's, ``storage_options`` its
+    own, else the config's). ``fixed`` without a manifest
     counts nothing (workers own whole shards)."""
     options = dict(config.storage_options if storage_options is None else storage_options)
     read = manifest_reader(config.cache_dir, options)  # (the listing and the counts read the manifest once)
@@ -165,15 +182,18 @@ def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
         if config.cache_dir:
             offsets = offsets.saved(config.cache_dir)
     sizes = tuple(rows.sizes.tolist()) if bool(sized.all()) else None
+    keys = rows.keys if config.buckets is not None else None  # (bucketed() uses and checks them)
     return DataSet(tuple(urls), tuple(rows.samples.tolist()), offsets, count_source=counted.source,
-                   bytes_per_sample=per_sample, sizes=sizes)
+                   bytes_per_sample=per_sample, sizes=sizes, keys=keys)
 
 
 def reading_order_for(config: Any, data: Sequence[DataSet]) -> Tuple[Any, str]:
     """The reading order of ``config`` once its data sets are known, and why: the config's rule
     (:func:`~dalistream.config.reading_order`), except that remote shards whose counts came
     without sample offsets read one span per worker through a buffer (each column would fetch
-    its shard from byte 0 up to its part)."""
+    its shard from byte 0 up to its part); a bucket plan reads its own columns."""
+    if config.buckets is not None:
+        return config, "buckets: every batch one bucket, formed as the buckets fill from columns read at once"
     remote = any(d.counts is not None and d.offsets is None and any_remote(d.urls) for d in data)
     if config.interleave and remote:
         log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
@@ -240,3 +260,120 @@ def check_disjoint(name: str, urls: Sequence[str], owners: dict) -> None:
 def concatenated(sources: Sequence[MixedSource]) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
     """All sources' shard URLs and counts end to end (the stream's own view, for sizing and messages)."""
     return (tuple(u for s in sources for u in s.data.urls), tuple(c for s in sources for c in s.data.counts))
+
+
+# -- buckets ------------------------------------------------------------------------------------
+
+# a few recent epochs' plans, by their inputs: (plan, the buckets' arrays it was made of, kept
+# alive so that no other array takes their id)
+_PLANS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_KEEP = 4
+
+
+def _kept(key: tuple, make) -> Any:
+    found = _PLANS.get(key)
+    if found is None:
+        found = _PLANS[key] = make()
+        while len(_PLANS) > _KEEP:
+            _PLANS.popitem(last=False)
+    _PLANS.move_to_end(key)
+    return found[0]
+
+
+def bucketed(config: Any, data: DataSet, mix: Any) -> Tuple[Any, DataSet, Any]:
+    """``(config, data, mix)`` with the buckets resolved and every sample's bucket known (see
+    the module doc); a data set without the keys its buckets need is a
+    :class:`~dalistream.errors.ManifestError` that names the ``dalistream index … --keys``
+    command to run."""
+    buckets = config.buckets
+    kind = type(buckets).__name__
+    if mix is not None:
+        check_bucket_mix(mix.per_batch, mix.samples_per_epoch)
+    sets = [(None, data)] if mix is None else [(s.name, s.data) for s in mix.sources]
+    for name, d in sets:
+        if not d.keys or any(c not in d.keys for c in buckets.columns):
+            what = kind + (f" (mix source {name!r})" if name is not None else "")
+            raise missing_keys(buckets.columns, d.keys, what, d.urls[0] if d.urls else None)
+    every = {c: np.concatenate([d.keys[c] for _, d in sets]) for c in buckets.columns}
+    resolved = buckets.resolve(every)
+    config = config.replace(buckets=resolved)
+    assigned = []
+    for _, d in sets:
+        starts = np.concatenate([[0], np.cumsum(d.counts)])
+        assigned.append(d.with_buckets(resolved.assign(d.keys, d.urls, starts)))
+    if mix is None:
+        data = assigned[0]
+    else:
+        mix = dataclasses.replace(mix, sources=tuple(dataclasses.replace(s, data=d)
+                                                     for s, d in zip(mix.sources, assigned)))
+    check_buckets(config, data, mix)
+    return config, data, mix
+
+
+def check_buckets(config: Any, data: DataSet, mix: Any) -> None:
+    """Plan the first epoch of a bucketed stream on ``config``'s layout: a
+    :class:`~dalistream.errors.ConfigError` when it holds no batch, or needs a worker to hold
+    more than the buckets' ``lookahead``."""
+    steps = (bucket_mix(config, mix, 0) if mix is not None else bucket_epoch(config, data, 0)).steps
+    if steps == 0:
+        sets = [data] if mix is None else [s.data for s in mix.sources]
+        totals = sum(bucket_totals(d.buckets, len(config.buckets)) for d in sets)
+        raise ConfigError(f"batch_size {config.batch_size} gives no batch of one bucket: buckets of "
+                          f"{totals.tolist()} samples over {config.world_size} ranks",
+                          url=redact(config.sources[0]),
+                          hint="use a smaller batch_size, fewer buckets, or policy='exact'")
+
+
+def bucket_epoch(config: Any, data: DataSet, epoch: int, resume: Sequence = (),
+                 rank: Optional[int] = None) -> BucketEpoch:
+    """The bucket plan of ``epoch`` for every rank and worker (the rest of it after ``resume``'s
+    segments ran under other layouts); ``rank``: laid out for that rank's workers only (what a
+    worker needs: the whole plan's cost spread over the ranks' workers would grow with the ranks)."""
+    b, ids = config.buckets, data.buckets
+    key = ("one", id(ids), len(ids), config.layout, config.schedule, int(epoch), b.per, tuple(map(tuple, resume)),
+           b.lookahead, rank)
+
+    def make() -> tuple:
+        if resume:
+            return resumed_bucket_plan(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per, resume,
+                                       b.lookahead), ids
+        return BucketEpoch(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per,
+                           lookahead=b.lookahead, ranks=None if rank is None else (rank,)), ids
+
+    return _kept(key, make)
+
+
+def bucket_mix(config: Any, mix: Any, epoch: int) -> BucketMix:
+    """The bucket plan of a mix's ``epoch`` (``per_batch="source"``)."""
+    b = config.buckets
+    ids = [s.data.buckets for s in mix.sources]
+    key = ("mix", tuple(map(id, ids)), config.layout, config.schedule, int(epoch), b.per, b.lookahead)
+    return _kept(key, lambda: (BucketMix([s.data.counts for s in mix.sources], ids, len(b),
+                                         [s.weight for s in mix.sources], config.layout, config.schedule, epoch,
+                                         b.per, mix.names, mix.per_batch, mix.samples_per_epoch), ids))
+
+
+def bucketed_steps(config: Any, data: DataSet, mix: Any, epoch: int, resume: Sequence = ()) -> int:
+    """Batches every rank yields in ``epoch`` (its rest after ``resume``'s segments), from the
+    per-bucket counts alone where no resume is involved."""
+    b = config.buckets
+    if mix is not None:
+        if resume:
+            raise StateError("a mix with buckets resumes on the layout it was saved under only (the same ranks, "
+                             "workers and batch size)", hint="resume with the saved layout, or start the epoch over")
+        return bucket_mix(config, mix, epoch).steps
+    if resume:
+        return bucket_epoch(config, data, epoch, resume).steps
+    return bucket_steps(bucket_totals(data.buckets, len(b)), config.layout, config.schedule, b.per)
+
+
+def worker_run(config: Any, data: DataSet, mix: Any, epoch: int, worker: int, resume: Sequence = (),
+               first: int = 0) -> BucketRun:
+    """What worker ``worker`` of ``config``'s rank executes of ``epoch`` from step ``first`` on
+    (after ``resume``'s segments, if any, ran under other layouts)."""
+    if mix is not None:
+        if resume:
+            bucketed_steps(config, data, mix, epoch, resume)  # refused, in words
+        plans, source, source_step = bucket_mix(config, mix, epoch).worker(config.rank, worker)
+        return bucket_run(plans, first, source, source_step)
+    return bucket_run([bucket_epoch(config, data, epoch, resume, config.rank).worker(config.rank, worker)], first)

@@ -2,11 +2,11 @@
 GPU when there is one, the same graph on the CPU otherwise. Defined in :mod:`dalistream.dali.ops`
 (and device selection in :mod:`dalistream.device`); this module is their public name."""
 
-from .dali.ops import (DECODER_OPTIONS, GPU_DECODER_OPTIONS, IMAGENET_MEAN, IMAGENET_STD, PLACEHOLDER_JPEG, coin_flip,
-                       color_jitter, decode_images, normalize, random_resized_crop, resize_shorter, to_device,
-                       with_placeholder)
+from .dali.ops import (DECODER_OPTIONS, GPU_DECODER_OPTIONS, IMAGENET_MEAN, IMAGENET_STD, PLACEHOLDER_JPEG,
+                       bucket_size, coin_flip, color_jitter, decode_images, normalize, pad_tokens,
+                       random_resized_crop, resize_cover, resize_shorter, to_device, with_placeholder)
 from .device import gpu_count, resolve_device
 
-__all__ = ["DECODER_OPTIONS", "GPU_DECODER_OPTIONS", "IMAGENET_MEAN", "IMAGENET_STD", "PLACEHOLDER_JPEG", "coin_flip",
-           "color_jitter", "decode_images", "gpu_count", "normalize", "random_resized_crop", "resize_shorter",
-           "resolve_device", "to_device", "with_placeholder"]
+__all__ = ["DECODER_OPTIONS", "GPU_DECODER_OPTIONS", "IMAGENET_MEAN", "IMAGENET_STD", "PLACEHOLDER_JPEG", "bucket_size",
+           "coin_flip", "color_jitter", "decode_images", "gpu_count", "normalize", "pad_tokens", "random_resized_crop",
+           "resize_cover", "resize_shorter", "resolve_device", "to_device", "with_placeholder"]

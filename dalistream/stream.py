@@ -20,7 +20,8 @@ from .errors import ConfigError, redact, redact_client_logs
 from .io.folder import folder_problem
 from .io.options import with_cache
 from .device import check_start_method, resolve_device
-from .mixing import Mix, affine_plan, concatenated, open_mix, reading_order_for, resolve_source
+from .mixing import (Mix, affine_plan, bucketed, bucketed_steps, concatenated, open_mix, reading_order_for,
+                     resolve_source)
 from .plan import Layout, check_layout, resumed_steps, steps_per_epoch
 from .plan.nodes import ranks_per_node, resolve_nodes
 
@@ -159,7 +160,8 @@ def resolve(config: StreamConfig, mapping: Optional[Mapping[str, Any]] = None, *
     """Every data set, mix or not, resolved in one way: each source listed and counted
     (:func:`~dalistream.mixing.resolve_source`; a single data set is a mix of one source, without
     a name), the data checked against the layout, and the reading order decided once the data is
-    known (:func:`~dalistream.mixing.reading_order_for`): ``(config, data set, mix or None, why)``."""
+    known (:func:`~dalistream.mixing.reading_order_for`): ``(config, data set, mix or None, why)``;
+    with buckets, every sample's bucket is known by then (:func:`~dalistream.mixing.bucketed`)."""
     config = config.replace(storage_options=with_cache(config.storage_options, config.cache, config.cache_limit))
     if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
         usable_cache_dir(os.fspath(config.cache_dir), given=True)
@@ -172,13 +174,18 @@ def resolve(config: StreamConfig, mapping: Optional[Mapping[str, Any]] = None, *
         known = [s.data for s in mix.sources if s.data.sizes is not None]
         per_sample = (sum(sum(d.sizes) for d in known) / max(1, sum(sum(d.counts) for d in known))) if known else None
         config, why = reading_order_for(config, [s.data for s in mix.sources])
-        return config, DataSet(urls, counts, count_source="mix", bytes_per_sample=per_sample), mix, why
+        data = DataSet(urls, counts, count_source="mix", bytes_per_sample=per_sample)
+        if config.buckets is not None:
+            config, data, mix = bucketed(config, data, mix)
+        return config, data, mix, why
     data = resolve_source(config.sources, config, manifest=config.manifest)
     if config.affinity is not None and data.counts is None:
         raise ConfigError("affinity='node' needs per-shard sample counts: policy 'fixed' without a manifest owns "
                           "whole shards", url=redact(config.sources[0]),
                           hint="give a manifest (`dalistream index SOURCES`), or read without affinity")
-    if data.counts is not None:
+    if config.buckets is not None:
+        config, data, _ = bucketed(config, data, None)
+    elif data.counts is not None:
         check_data_size(config, data.counts)
     else:
         check_layout(len(data.urls), config.layout)  # whole shards: one per global worker at least
@@ -306,6 +313,8 @@ class Stream:
     def steps(self, epoch: int, resume: Sequence = ()) -> int:
         """Batches this rank yields in ``epoch`` (its rest after the segments ``resume``)."""
         c = self.config
+        if c.buckets is not None:
+            return bucketed_steps(c, self.data, self.mix, epoch, resume)
         if self.mix is not None:
             if resume:
                 return self.mix.resumed(c.layout, c.schedule, epoch, resume, c.shuffle, c.interleave).steps
@@ -320,8 +329,10 @@ class Stream:
     def planned(self, layout: Layout) -> Layout:
         """The layout the plan splits an epoch over: a single data set read interleaved splits it
         over ``layout``'s columns (:attr:`~dalistream.plan.Layout.column_layout`); a mix plans its
-        columns within its own plan, over ``layout`` itself."""
-        return layout if self.mix is not None else layout.planned(bool(self.config.interleave))
+        columns within its own plan, over ``layout`` itself; so does a bucket plan."""
+        if self.mix is not None or self.config.buckets is not None:
+            return layout
+        return layout.planned(bool(self.config.interleave))
 
     def at(self, epoch: int, step: int = 0, stats_dir: Optional[str] = None, resume: Sequence = ()) -> "Stream":
         """The same stream starting at (``epoch``, ``step``), after the segments ``resume`` of

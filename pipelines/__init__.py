@@ -10,11 +10,16 @@ Each module has a ``pipeline`` (a :func:`dalistream.pipeline_def` function, for 
   normalize; every sample once (``exact`` policy).
 - :mod:`~dalistream.pipelines.image_text`: image + caption pairs for CLIP-style training,
   captions as Python ``str``.
+- :mod:`~dalistream.pipelines.aspect_bucket_train`: every batch one aspect-ratio bucket, its
+  images resized to cover the bucket's size and cropped to it at random, flipped, normalized.
+- :mod:`~dalistream.pipelines.caption_buckets`: every batch one length bucket, a member's tokens
+  padded to the bucket's length.
 
 Importing this package does not import DALI or torch.
 """
 
-from . import classification_eval, classification_train, image_text
+from . import aspect_bucket_train, caption_buckets, classification_eval, classification_train, image_text
 from .fields import merged_fields
 
-__all__ = ["classification_train", "classification_eval", "image_text", "merged_fields"]
+__all__ = ["classification_train", "classification_eval", "image_text", "aspect_bucket_train", "caption_buckets",
+           "merged_fields"]

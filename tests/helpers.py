@@ -7,6 +7,7 @@ import io
 import itertools
 import os
 import subprocess
+import sys
 import tarfile
 from typing import Dict, List, Optional, Sequence
 
@@ -65,6 +66,72 @@ def key_shards(directory: str, sizes: Sequence[int], prefix: str = "s") -> List[
             members.append((f"{prefix}{s:03d}/{i:05d}.bin", bytes([s % 256, i % 256]) * 3))
         paths.append(write_tar(os.path.join(directory, f"{prefix}-{s:04d}.tar"), members))
     return paths
+
+
+def length_shards(directory: str, sizes: Sequence[int], seed: int = 0, longest: int = 60,
+                  bad_labels: Sequence[str] = ()) -> Dict[str, int]:
+    """:func:`key_shards`-like shards whose samples also hold a ``txt`` caption of 1 to ``longest``
+    bytes, indexed by ``dalistream index --keys txt`` (the manifest beside them, with each sample's
+    ``length:txt``); the samples ``bad_labels`` have a ``cls`` that is no number. Returns ``{key:
+    caption length}``."""
+    from dalistream.cli import main
+
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    lengths = {}
+    for s, n in enumerate(sizes):
+        members = []
+        for i in range(n):
+            key = f"s{s:03d}/{i:05d}"
+            lengths[key] = int(rng.integers(1, longest + 1))
+            members += [(f"{key}.cls", b"x7" if key in bad_labels else str((s * 1000 + i) % 7).encode()),
+                        (f"{key}.txt", bytes(97 + (s + i + k) % 26 for k in range(lengths[key])))]
+        write_tar(os.path.join(directory, f"s-{s:04d}.tar"), members)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["index", directory, "--keys", "txt"]) == 0
+    return lengths
+
+
+#: Aspect ratios of :func:`photo_shards` (4:3, 3:2, 16:9, 1:1, 2:3, 3:4) and small target sizes near them.
+PHOTO_RATIOS = ((4, 3), (3, 2), (16, 9), (1, 1), (2, 3), (3, 4))
+PHOTO_SIZES = ((64, 48), (72, 48), (80, 45), (56, 56), (48, 72), (48, 64))
+
+
+def photo_shards(directory: str, n: int = 60, seed: int = 0, per_shard: int = 13) -> Dict[str, dict]:
+    """``n`` images of the :data:`PHOTO_RATIOS` (in turn; 30 to 110 pixels on the short side,
+    JPEG and PNG), each with a caption of 1 to 50 bytes, listed in a JSONL file and written into
+    ``directory/shards`` by ``dalistream write`` (its manifest records ``image,txt`` keys).
+    Returns ``{key: {"width", "height", "label", "caption"}}``."""
+    import json
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    images = os.path.join(directory, "images")
+    os.makedirs(images, exist_ok=True)
+    rows, truth = [], {}
+    for i in range(n):
+        rw, rh = PHOTO_RATIOS[i % len(PHOTO_RATIOS)]
+        short = int(rng.integers(30, 110))
+        w, h = (short * rw // rh, short) if rw >= rh else (short, short * rh // rw)
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        name = f"img{i:04d}.{'png' if i % 4 == 0 else 'jpg'}"
+        Image.fromarray(pixels).save(os.path.join(images, name))
+        caption = "".join(chr(97 + int(c)) for c in rng.integers(0, 26, int(rng.integers(1, 51))))
+        rows.append({"path": f"images/{name}", "label": i % 5, "caption": caption})
+        truth[name] = {"width": w, "height": h, "label": i % 5, "caption": caption}
+    listing = os.path.join(directory, "listing.jsonl")
+    with open(listing, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    out = os.path.join(directory, "shards")
+    # a process of its own, as users run it (the command sets its own SIGTERM handler, which DALI
+    # workers forked later from this process would inherit)
+    done = subprocess.run([sys.executable, "-m", "dalistream", "write", listing, out, "--samples-per-shard",
+                           str(per_shard), "--processes", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with open(os.path.join(out, "dalistream-manifest.json")) as f:
+        files = json.load(f)["source"]["keys"]  # key -> its image file, relative to the listing's folder
+    return {key: truth[os.path.basename(path)] for key, path in files.items()}
 
 
 def shard_keys(sizes: Sequence[int], prefix: str = "s") -> List[str]:

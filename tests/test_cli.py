@@ -87,6 +87,27 @@ def test_plan_with_node_affinity_reports_its_mixing_and_the_cache_kept():
     assert bad.returncode != 0 and "dividing the world size 8" in bad.stderr
 
 
+def test_keys_with_buckets_prints_each_batch_s_bucket(tmp_path):
+    from helpers import length_shards
+
+    lengths = length_shards(str(tmp_path / "d"), [9, 14, 6], seed=3)
+    keys = []
+    for rank in range(2):
+        lines = json_lines(cli("keys", tmp_path / "d", "--rank", rank, "--world-size", 2, "-W", 2, "-B", 4,
+                               "--policy", "exact", "--buckets", "length:txt:20,40", "--json",
+                               env={"DALISTREAM_CACHE": str(tmp_path / "cache")}))
+        for line in lines:
+            assert {sum(lengths[k] > e for e in (20, 40)) for k in line["keys"]} <= {line["bucket"]}
+            keys += line["keys"]
+    assert sorted(keys) == sorted(lengths)
+    text = cli("keys", tmp_path / "d", "-B", 4, "--buckets", "length:txt:20,40", "--stop-after", 1,
+               env={"DALISTREAM_CACHE": str(tmp_path / "cache")}).stdout
+    assert text.startswith("rank 0 epoch 0 step 0 bucket ")
+    failed = cli("keys", tmp_path / "d", "-B", 4, "--buckets", "length:txt:20,40", "--policy", "fixed",
+                 "--batches-per-epoch", 2, check=False)
+    assert failed.returncode == 2 and "policy 'even' or 'exact'" in failed.stderr and "--policy even" in failed.stderr
+
+
 @pytest.mark.dali
 @pytest.mark.slow
 def test_keys_per_rank_exact_covers_everything_once(shards):

@@ -154,7 +154,8 @@ def clean_env(tmp_path) -> dict:
 RUN_LINE = re.compile(r"^# run: (.+)$", re.M)
 LAUNCHERS = {"python": [sys.executable], "torchrun": [sys.executable, "-m", "torch.distributed.run"],
              "accelerate": [sys.executable, "-m", "accelerate.commands.launch"]}
-STEPS = re.compile(r"^rank (\d+): (\d+) steps\b", re.M)
+# two ranks' lines can interleave in one pipe ("rank 1: 16 stepsrank 0: 16 steps\n\n"): no anchors
+STEPS = re.compile(r"rank (\d+): (\d+) steps")
 
 
 def recipe_command(path: str) -> List[str]:

@@ -4,8 +4,9 @@ item, the middle, the epoch boundary, the last item) its state is taken, a *fres
 made from that state alone, and what it yields must be exactly the rest of the uninterrupted
 run, across the epoch boundary. Stages: a worker's source (spans, interleaved columns, a shuffle
 buffer, ``exact`` padding, ``fixed`` passes, a mix read interleaved and in spans, an elastic
-resume's segment) and the loader itself (state_dict / load_state_dict, through DALI; over one data
-set, read interleaved or in spans, and over a mix)."""
+resume's segment; a bucket plan's, over one data set, a mix and a segment) and the loader itself
+(state_dict / load_state_dict, through DALI; over one data set, read interleaved or in spans, over
+a mix, and with buckets)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
-from dalistream import Loader, Stream
+from dalistream import LengthBuckets, Loader, Stream
 from dalistream.config import StreamConfig
 from dalistream.worker import WorkerSource
 from dalistream.worker.batch import rows
 
-from helpers import data_set, key_shards
+from helpers import data_set, key_shards, length_shards
 
 EPOCHS = 2
 
@@ -119,15 +120,52 @@ def test_a_worker_s_source_in_an_elastic_resume_s_segment(shards, interleave):
     run_save_load(worker_stage(config, data_set(paths, counts), 1, resume=(planned + (2,),)))
 
 
+@pytest.fixture(scope="module")
+def bucketed(tmp_path_factory):
+    d = tmp_path_factory.mktemp("saveload-buckets")
+    length_shards(str(d / "one"), [13, 4, 22, 9, 15, 6], seed=1)
+    length_shards(str(d / "two"), [11, 17], seed=2)
+    return str(d)
+
+
+def bucket_stream(d, sources, **kw):
+    return Stream.open(sources, fields={"key": "__key__"}, batch_size=5, workers=2, device="cpu", seed=2,
+                       cache_dir=os.path.join(d, "cache"), buckets=LengthBuckets("txt", [10, 25, 45]), **kw)
+
+
+@pytest.mark.parametrize("options", [dict(policy="exact"), dict(policy="even", rank=1, world_size=2)])
+@pytest.mark.parametrize("worker", [0, 1])
+def test_a_worker_s_source_with_buckets(bucketed, options, worker):
+    stream = bucket_stream(bucketed, os.path.join(bucketed, "one"), **options)
+    run_save_load(worker_stage(stream.config, stream.data, worker))
+
+
+def test_a_worker_s_source_with_buckets_over_a_mix(bucketed):
+    stream = bucket_stream(bucketed, {"a": (os.path.join(bucketed, "one"), 0.6), "b": (os.path.join(bucketed, "two"), 0.4)},
+                           per_batch="source")
+    for worker in range(2):
+        run_save_load(worker_stage(stream.config, stream.data, worker, mix=stream.mix))
+
+
+def test_a_worker_s_source_with_buckets_in_an_elastic_resume_s_segment(bucketed):
+    """The first epoch is the rest of one that ran 2 steps on 2 ranks x 1 worker x batch 4."""
+    stream = bucket_stream(bucketed, os.path.join(bucketed, "one"), policy="exact")
+    run_save_load(worker_stage(stream.config, stream.data, 1, resume=((2, 1, 4, 2),)))
+
+
 @pytest.mark.dali
-@pytest.mark.parametrize("options", [dict(), dict(interleave=False, shuffle=5, policy="exact"), dict(mix=True)])
-def test_the_loader(shards, options):
+@pytest.mark.parametrize("options", [dict(), dict(interleave=False, shuffle=5, policy="exact"), dict(mix=True),
+                                     dict(buckets=True)])
+def test_the_loader(shards, options, tmp_path):
     d, paths, _ = shards
     options = dict(options)
-    sources = ({"a": (os.path.join(d, "a"), 0.6), "b": (os.path.join(d, "b"), 0.4)} if options.pop("mix", False)
-               else paths)
-    stream = Stream.open(sources, fields={"key": "__key__"}, batch_size=6, workers=2, device="cpu", seed=4,
-                         cache_dir=os.path.join(d, "cache"), **options)
+    if options.pop("buckets", False):
+        stream = bucket_stream(str(tmp_path), length_shards_folder(tmp_path), policy="exact")
+    else:
+        sources = ({"a": (os.path.join(d, "a"), 0.6), "b": (os.path.join(d, "b"), 0.4)} if options.pop("mix", False)
+                   else paths)
+        stream = Stream.open(sources, fields={"key": "__key__"}, batch_size=6, workers=2, device="cpu", seed=4,
+                             cache_dir=os.path.join(d, "cache"), **options)
 
     def make(state):
         loader = Loader(stream)
@@ -146,3 +184,9 @@ def test_the_loader(shards, options):
 
     n = stream.steps(0)
     run_save_load(make, cuts=[0, 1, n, n + 1])
+
+
+def length_shards_folder(tmp_path) -> str:
+    folder = str(tmp_path / "lengths")
+    length_shards(folder, [13, 4, 22, 9], seed=3)
+    return folder

@@ -129,6 +129,32 @@ def test_the_cli_writes_with_a_summary(photos, tmp_path):
     assert summary["shards"] == 3 and summary["samples"] == 60
 
 
+@pytest.mark.parametrize("fails", [False, True], ids=["written", "refused"])
+def test_the_cli_write_run_in_a_process_gives_back_its_sigterm_handler(photos, tmp_path, fails):
+    """``dalistream write`` turns SIGTERM into a clean stop while it writes; called inside a caller's
+    process (a notebook, a test) it leaves that process's handler as it found it: DALI workers
+    forked later inherit it (with the writer's, a worker stopped by SIGTERM exits 143 instead of
+    ending quietly)."""
+    import signal
+
+    from dalistream.cli import main
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        out = tmp_path / "out"
+        if fails:
+            out.mkdir()
+            (out / "other.tar").write_bytes(b"")  # a folder holding something else: refused
+        code = main(["write", photos, str(out), "--samples-per-shard", "25", "--processes", "1"])
+        assert (code != 0) == fails
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 @pytest.mark.slow
 @pytest.mark.dali
 @pytest.mark.parametrize("where", ["local", "s3"])

@@ -6,40 +6,37 @@ or one-dimensional (labels, encoded bytes, keys: the usual case), the merge need
 conditionals: each position's scalars are the sum over workers (all but the owner give zero) and
 its arrays the concatenation over workers (all but the owner give nothing) (:func:`merge_by_concat`).
 This costs no AutoGraph conversion when the
-pipeline is defined and no split/merge per worker when it runs. Otherwise a constant
-per-position *owner* index (which worker fills position ``i``) drives a chain of conditionals
-(``if owner == w``): DALI splits each source's batch by the predicate and merges the selected
-samples back in batch order (:func:`merge`). Padding positions never reach anything but the merge.
+pipeline is defined and no split/merge per worker when it runs. Otherwise a per-position *owner*
+index (which worker fills position ``i``, read off the workers' ``valid`` outputs, so it follows
+whatever positions a plan gives each worker at each step: :func:`owner_of`) drives a chain of
+conditionals (``if owner == w``): DALI splits each source's batch by the predicate and merges the
+selected samples back in batch order (:func:`merge`). Padding positions never reach anything but
+the merge. A bucketed stream's sources ship, after the fields, each batch's bucket index (one
+worker fills it at every position, the others ship zeros): it is summed, and the bucket's sizes
+are read off it by lookup tables in the graph (:func:`bucket_nodes`), so a worker ships one small
+array more, not one per size.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 from typing import Any, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from ..config import StreamConfig
 from ..dataset import DataSet
-from ..plan import Layout
 from ..worker import WorkerSource, stats_path
 from ..worker.batch import rows, shm_hint
 from .compat import do_not_convert, on_receive, tensor_list
 
-_names = itertools.count()
+@do_not_convert
+def owner_of(valids: Sequence) -> Any:
+    """The owner index of every position from the workers' ``valid`` outputs: ``Σ_w w·valid_w``
+    (a padding position, valid nowhere, gets worker 0, whose value there is the empty one as
+    everybody's)."""
+    from nvidia.dali import fn, types
 
-
-class OwnerIndex:
-    """Main-process source of the constant owner index (the same arrays every iteration)."""
-
-    def __init__(self, batch_size: int, workers: int) -> None:
-        owners = [w for w, n in enumerate(Layout(1, workers, batch_size).slots) for _ in range(n)]
-        self.batch = [np.array(w, np.int32) for w in owners]
-
-    def __call__(self) -> List[np.ndarray]:
-        return self.batch
+    return functools.reduce(operator.add, [fn.cast(v, dtype=types.INT32) * w for w, v in enumerate(valids) if w])
 
 
 def merge(owner, branches: Sequence[Sequence]) -> list:
@@ -63,18 +60,18 @@ def sharded_sources(
 ) -> Tuple[Optional[object], List[Sequence], List[WorkerSource]]:
     """Create the W parallel sources of ``data``; return ``(owner, branches, sources)``: the owner
     index node (``None`` with one worker, or when :func:`merge_by_concat` can merge the fields),
-    per worker its output nodes (the fields, then ``valid``), and the W sources (not yet shipped
-    to their workers: :meth:`~WorkerSource.leave_out` may still narrow them). ``data.bytes_per_sample`` (shard bytes
-    / samples, when known) sizes the shared memory once for the whole run.
+    per worker its output nodes (the fields, a bucketed stream's bucket index, then ``valid``),
+    and the W sources (not yet shipped to their workers: :meth:`~WorkerSource.leave_out` may still
+    narrow them). ``data.bytes_per_sample`` (shard bytes / samples, when known) sizes the shared
+    memory once for the whole run.
 
     Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.dali.pipeline`),
     whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge`, or with
     :func:`merge_by_concat` when the owner is ``None``.
     """
-    from nvidia.dali import fn, types
+    from nvidia.dali import fn
 
-    prefix = f"dalistream{next(_names)}"
-    n_out = len(config.fields) + 1  # the fields, then valid
+    n_out = len(config.fields) + (config.buckets is not None) + 1  # the fields, the bucket's index, then valid
     branches, sources = [], []
     for w in range(config.workers):
         source = WorkerSource(
@@ -91,9 +88,7 @@ def sharded_sources(
         sources.append(source)
     if config.workers == 1 or concat_mergeable(config.fields):
         return None, branches, sources
-    owner = fn.external_source(source=OwnerIndex(config.batch_size, config.workers), batch=True,
-                               dtype=types.INT32, name=f"{prefix}_owner")
-    return owner, branches, sources
+    return owner_of([b[-1] for b in branches]), branches, sources
 
 
 @do_not_convert  # runs once per batch: never as AutoGraph-converted code (a pipeline with conditionals converts what it calls)
@@ -123,7 +118,7 @@ def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
     n = len(config.fields) + 1
     out = []
     for i in range(n):
-        columns = [b[i] for b in branches]
+        columns = [b[i] if i < n - 1 else b[-1] for b in branches]
         if len(columns) == 1:
             out.append(columns[0])
         elif i == n - 1 or config.fields[i].spec.merge(config.fields[i]) == "sum":
@@ -131,3 +126,22 @@ def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
         else:
             out.append(fn.cat(*columns, axis=0))
     return out
+
+
+@do_not_convert
+def bucket_nodes(config: StreamConfig, branches: Sequence[Sequence]) -> list:
+    """A bucketed stream's nodes that carry each batch's bucket at every position, named by
+    ``config.bucket_outputs``: the index (shipped after the fields by every branch, one filled,
+    summed over the W branches), then its sizes by lookup tables (a step of padding only, index
+    ``-1``, gets bucket 0's)."""
+    from nvidia.dali import fn, types
+
+    if config.buckets is None:
+        return []
+    n = len(config.fields)
+    bucket = functools.reduce(operator.add, [b[n] for b in branches])
+    table = config.buckets.table()
+    keys = list(range(len(table) - 1))
+    return [bucket] + [fn.lookup_table(bucket, keys=keys, values=table[:-1, j].tolist(),
+                                       default_value=int(table[-1, j]), dtype=types.INT32)
+                       for j in range(1, table.shape[1])]

@@ -124,12 +124,62 @@ def resize_shorter(images, device: str, shorter: int):
 
 
 @do_not_convert
-def normalize(images, device: str, *, crop: Optional[Sequence[int]] = None, mirror=None,
-              mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD, fp16: bool = False):
-    """Centre-crop (optional), flip where ``mirror`` is 1, normalize, and lay out as ``CHW`` float."""
+def bucket_size(data) -> tuple:
+    """``(height, width)``: each batch's aspect bucket, one float per sample, from the
+    ``bucket_height``/``bucket_width`` nodes of :func:`dalistream.read` over a stream opened with
+    :class:`~dalistream.AspectBuckets` (what :func:`resize_cover` and :func:`normalize` take)."""
     from nvidia.dali import fn, types
 
-    kwargs = {"crop": list(crop)} if crop else {}
+    if "bucket_height" not in data:
+        raise ConfigError("bucket_size: the stream has no aspect buckets",
+                          hint="open it with buckets=dalistream.AspectBuckets(...)")
+    return tuple(fn.cast(data[name], dtype=types.FLOAT) for name in ("bucket_height", "bucket_width"))
+
+
+@do_not_convert
+def resize_cover(images, device: str, height, width, scale=None):
+    """Resize, keeping the aspect ratio, so that each image covers ``height`` × ``width``
+    (numbers, or one per sample: :func:`bucket_size`), times ``scale`` (a factor per sample, e.g.
+    ``fn.random.uniform(range=[1, 1.1])``, for a random crop within it; ``None``: 1)."""
+    from nvidia.dali import fn, types
+
+    if scale is not None:
+        height, width = height * scale, width * scale
+    return fn.resize(images, device=device, resize_x=width, resize_y=height, mode="not_smaller",
+                     interp_type=types.INTERP_LINEAR)
+
+
+@do_not_convert
+def pad_tokens(data, length, *, token_bytes: int = 1):
+    """A member's bytes as tokens, each row padded with zeros to ``length`` bytes (one per sample:
+    a length bucket's ``bucket_length``; ``-1`` pads to the batch's longest), then read as tokens
+    of ``token_bytes`` bytes (1: each byte a token; 2 or 4: little-endian ``int16``/``int32``
+    token ids, as a tokenizer wrote them): ``int32`` rows of ``length / token_bytes`` tokens."""
+    from nvidia.dali import fn, types
+
+    if token_bytes not in (1, 2, 4):
+        raise ConfigError(f"pad_tokens: token_bytes must be 1, 2 or 4, got {token_bytes!r}")
+    padded = fn.pad(data, fill_value=0, axes=[0], shape=fn.reshape(length, shape=[1]), align=[token_bytes])
+    if token_bytes == 1:
+        return fn.cast(padded, dtype=types.INT32)
+    return fn.cast(fn.reinterpret(padded, dtype=types.INT16 if token_bytes == 2 else types.INT32), dtype=types.INT32)
+
+
+@do_not_convert
+def normalize(images, device: str, *, crop: Optional[Sequence] = None, random_crop: bool = False, mirror=None,
+              mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD, fp16: bool = False):
+    """Crop to ``crop`` = (height, width) (numbers, or nodes of one per sample: :func:`bucket_size`;
+    centred, or at a random place with ``random_crop``), flip where ``mirror`` is 1, normalize,
+    and lay out as ``CHW`` float."""
+    from nvidia.dali import fn, types
+
+    kwargs: dict = {}
+    if crop and all(isinstance(c, int) for c in crop):
+        kwargs["crop"] = list(crop)
+    elif crop:
+        kwargs["crop_h"], kwargs["crop_w"] = crop
+    if crop and random_crop:
+        kwargs["crop_pos_x"], kwargs["crop_pos_y"] = (fn.random.uniform(range=[0.0, 1.0]) for _ in range(2))
     if mirror is not None:
         kwargs["mirror"] = mirror
     return fn.crop_mirror_normalize(images, device=device, dtype=types.FLOAT16 if fp16 else types.FLOAT,

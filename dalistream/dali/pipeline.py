@@ -39,7 +39,7 @@ from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
 from .compat import check_versions, converted, current_pipeline, do_not_convert, quiet_pruned_sources, upstream
 from ..worker.source import SOURCE_NAME
-from .graph import concat_mergeable, merge, merge_by_concat, sharded_sources
+from .graph import bucket_nodes, concat_mergeable, merge, merge_by_concat, sharded_sources
 
 if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
     from ..stream import Stream
@@ -104,17 +104,20 @@ _merge = converted(merge)  # its `if` is on data; converted at first use, not at
 
 
 class Read(dict):
-    """What :func:`read` returns: ``{field: node, "valid": node}``, and what the pipeline needs
+    """What :func:`read` returns: ``{field: node, "valid": node}`` (and a bucketed stream's
+    ``bucket``, ``bucket_height``/``bucket_width`` or ``bucket_length``: the batch's bucket at
+    every position: the buckets' ``outputs``), and what the pipeline needs
     of them once the pipeline function has returned: the W sources (:attr:`sources`), the field
     nodes (:attr:`fields`) and, for the fields whose kind has a raw form, the kind that makes a
     node returned as read reach torch (:attr:`torch_kinds`; others are tensors). The pipeline being
     defined holds it (an attribute of DALI's pipeline object), where :func:`pipeline_def` finds it
     when the function returns: no state outside the values."""
 
-    def __init__(self, nodes: Dict[str, Any], sources: Sequence[Any], torch_kinds: Dict[str, str]) -> None:
+    def __init__(self, nodes: Dict[str, Any], sources: Sequence[Any], torch_kinds: Dict[str, str],
+                 fields: Sequence[str]) -> None:
         super().__init__(nodes)
         self.sources = tuple(sources)
-        self.fields = {name: node for name, node in nodes.items() if name != "valid"}
+        self.fields = {name: nodes[name] for name in fields}
         self.torch_kinds = {id(nodes[name]): kind for name, kind in torch_kinds.items()}
 
     @property
@@ -132,7 +135,7 @@ class Read(dict):
 @do_not_convert
 def read(stream: "Stream") -> Read:
     """Create the sharded parallel sources and their merge; return ``{field: node, "valid": node}``
-    (a :class:`Read`).
+    (a :class:`Read`; with buckets also the nodes that carry each batch's bucket).
 
     Call it once inside a function decorated with :func:`pipeline_def`. Fields that the pipeline's
     outputs do not depend on are not read at all (the workers leave them out).
@@ -147,12 +150,15 @@ def read(stream: "Stream") -> Read:
     owner, branches, sources = sharded_sources(config, stream.data, start_epoch=stream.start_epoch,
                                                start_step=stream.start_step, stats_dir=stream.stats_dir,
                                                resume=stream.resume, mix=stream.mix)
+    n = len(config.fields)
     if owner is None:  # no conditionals needed (one worker, or fields that a sum/concatenation merges)
         merged = merge_by_concat(config, branches)
-    else:
-        merged = _merge(owner, branches)
-    nodes = dict(zip([f.name for f in config.fields] + ["valid"], merged))
-    data = Read(nodes, sources, {f.name: f.kind for f in config.fields if f.spec.raw})
+    else:  # the fields and valid by the owner's conditionals
+        merged = _merge(owner, [list(b[:n]) + [b[-1]] for b in branches])
+    names = [f.name for f in config.fields]
+    nodes = dict(zip(names + list(config.bucket_outputs) + ["valid"],
+                     merged[:n] + bucket_nodes(config, branches) + merged[-1:]))
+    data = Read(nodes, sources, {f.name: f.kind for f in config.fields if f.spec.raw}, names)
     setattr(pipe, _READ, data)
     return data
 

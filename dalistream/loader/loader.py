@@ -221,7 +221,7 @@ class Loader:
         (epoch, step), the layout it stands in, the ``segments`` of this epoch that ran under
         earlier layouts (``[world_size, workers, batch_size, steps]`` each, of the layout the plan
         split: its columns ``[R·B, 1, 1, steps]`` when reading interleaved), what must not change
-        (seed, policy, shuffle, interleave, the sources' identity and content versions), and a
+        (seed, policy, shuffle, interleave, buckets, the sources' identity and content versions), and a
         digest of it all. Rank 0's state resumes every rank. The sources' content versions are
         read the first time (a ``stat`` per local shard, a HEAD per remote one), then kept."""
         c = self._current().config
@@ -233,7 +233,8 @@ class Loader:
             "plan": {"seed": c.seed, "rank": c.rank, "world_size": c.world_size, "workers": c.workers,
                      "batch_size": c.batch_size, "policy": c.policy, "shuffle": c.shuffle, "interleave": c.interleave,
                      "batches_per_epoch": c.batches_per_epoch, "shuffle_shards": c.shuffle_shards,
-                     "nodes": c.nodes.count if c.nodes is not None else None, "sources": self._identity},
+                     "nodes": c.nodes.count if c.nodes is not None else None,
+                     "buckets": c.buckets.plain() if c.buckets is not None else None, "sources": self._identity},
             "segments": [list(s) for s in self.resume],
         })
 

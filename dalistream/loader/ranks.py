@@ -16,6 +16,7 @@ import logging
 from typing import Optional, Tuple
 
 from ..errors import ConfigError
+from ..mixing import check_buckets
 from ..plan import check_layout
 from ..stream import Stream, check_data_size
 
@@ -58,7 +59,9 @@ def relaid(stream: Stream, group: Optional[Tuple[int, int]]) -> Stream:
     if (new_rank, new_world) == (c.rank, c.world_size):
         return stream
     config = c.replace(rank=new_rank, world_size=new_world)
-    if stream.mix is not None:
+    if config.buckets is not None:
+        check_buckets(config, stream.data, stream.mix)  # the bucket plan, on the group's layout
+    elif stream.mix is not None:
         stream.mix.epoch(config.layout, config.schedule, 0)  # every share, on the group's layout
     elif stream.data.counts is not None:
         check_data_size(config, stream.data.counts)

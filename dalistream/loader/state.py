@@ -5,7 +5,7 @@
     {"version": 6,
      "loader": {"epoch": e, "step": s},
      "plan": {"seed", "rank", "world_size", "workers", "batch_size", "policy", "shuffle", "interleave",
-              "batches_per_epoch", "shuffle_shards", "nodes", "sources": IDENTITY},
+              "batches_per_epoch", "shuffle_shards", "nodes", "buckets": BUCKETS, "sources": IDENTITY},
      "segments": [[world_size, workers, batch_size, steps], ...],
      "digest": "…"}
 
@@ -17,6 +17,11 @@ on another node count (:func:`resumed_at`).
 ``digest`` is the SHA-256 of the rest (its canonical JSON): a state edited by hand (a step
 changed) or damaged on the way is refused (:class:`~dalistream.errors.StateError`). It is a
 checksum, not a signature: whoever edits a state on purpose can compute it again.
+
+``BUCKETS`` is ``None``, or the stream's buckets as plain data (their kind, sizes or field and
+edges, and ``per``: ``AspectBuckets.plain()``, ``auto``'s sizes as
+computed): the batches of a bucket plan are its own, so a state resumes only the same buckets;
+its segments are the layouts themselves (a bucket plan reads its own columns).
 
 ``IDENTITY`` says what the shards are (:func:`dalistream.stream.sources_identity`): their number,
 names relative to their folder or bucket prefix, per-shard sample counts and sizes (digests), and
@@ -61,7 +66,8 @@ log = logging.getLogger(__name__)
 # 2: spans; 1: whole shards
 STATE_VERSION = 6
 VERSIONS = (2, 3, 4, 5, STATE_VERSION)  # those that load
-INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards")  # a resume cannot change these
+# what a resume cannot change
+INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards", "buckets")
 CONTENT = ("root", "versions")  # the identity's content part (version 5)
 THREADS = 32  # shards' versions asked for at once (stat on a network file system, HEAD)
 LOCAL_CHUNK = 4096  # local shards per task (a stat on a local disk takes microseconds)
@@ -120,6 +126,7 @@ def read_state(state: Any, current: Mapping[str, Any]) -> SavedState:
         saved.setdefault("interleave", False)
     if version < 6:  # before node affinity
         saved.setdefault("nodes", None)
+    saved.setdefault("buckets", None)  # a state taken without buckets (or before them): none
     missing = sorted(set(current) - set(saved))
     if missing:
         raise StateError(f"loader state: plan lacks {missing}")

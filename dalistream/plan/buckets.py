@@ -159,11 +159,14 @@ class BucketEpoch:
     samples, then shard 1's, …), ``0 … buckets-1``; ``positions``: the epoch positions to plan
     (sorted; default all: the unresumed epoch); ``columns``: stretches each rank reads (default
     its batch size: one per batch position, as interleaved reading); ``lookahead``: the most
-    samples a worker may hold, a :class:`ConfigError` when the plan needs more (``None``: no limit)."""
+    samples a worker may hold, a :class:`ConfigError` when the plan needs more (``None``: no limit);
+    ``ranks``: the ranks whose batches to lay out (default all; a worker needs its own rank's only)."""
 
     def __init__(self, counts: Sequence[int], ids: np.ndarray, buckets: int, layout: Layout, schedule: Schedule,
                  epoch: int, per: str = "rank", positions: Optional[np.ndarray] = None,
-                 lookahead: Optional[int] = None, columns: Optional[int] = None) -> None:
+                 lookahead: Optional[int] = None, columns: Optional[int] = None,
+                 ranks: Optional[Sequence[int]] = None) -> None:
+        self.ranks = frozenset(range(layout.world_size) if ranks is None else ranks)
         check_bucket_schedule(schedule, per)
         self.counts = np.asarray(counts, dtype=np.int64)
         ids = np.asarray(ids)
@@ -246,8 +249,8 @@ class BucketEpoch:
             own = by_rank[edges[r + 1]:edges[r + 2]]  # sequence indices in reading order
             cut = (len(own) * slot_starts) // b  # its workers' shares, by their slots
             worker = np.repeat(np.arange(layout.workers), np.diff(cut))
-            if not len(own):
-                merged.append((own, np.zeros(0)))
+            if not len(own) or (r not in self.ranks and self.per == "rank"):  # (global: every rank's order counts)
+                merged.append((own[:0], np.zeros(0)))
                 continue
             # a worker's readers: its samples of one column each (a stretch of the epoch), in order
             change = np.r_[True, (worker[1:] != worker[:-1]) | (self.column[own][1:] != self.column[own][:-1])]
@@ -265,7 +268,7 @@ class BucketEpoch:
                 self._rank_steps(r, m)
         else:
             self._global_steps(merged)
-        for r in range(layout.world_size):
+        for r in sorted(self.ranks):
             self._layout_batches(r, by_rank[edges[r + 1]:edges[r + 2]])
 
     def _units_of(self, m: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -372,9 +375,10 @@ class BucketEpoch:
         take = np.bincount(step, minlength=steps)[:steps]
         starts = np.full(steps, np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(starts, step, self.place[mine])
+        fill = np.bincount(self.step_of[(self.owner == rank) & (self.step_of >= 0)], minlength=steps)[:steps]
         return BucketWorkerPlan(rank, worker, self.epoch, steps, layout.global_worker(rank, worker), tuple(readers),
                                 reader[order], self.index_of[mine][order], take, np.where(take > 0, starts, 0),
-                                self.step_bucket[rank].copy(), int(self.lookahead[rank, worker]))
+                                self.step_bucket[rank].copy(), int(self.lookahead[rank, worker]), fill)
 
     def bound(self) -> int:
         """The look-ahead bound of ``per="rank"``: ``B + (k − 1)(B − 1)``, ``k`` the buckets with samples."""

@@ -43,6 +43,13 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
                        help="batches per epoch: even (the same on every rank), exact (every sample once), "
                             "fixed (--batches-per-epoch)")
         p.add_argument("--batches-per-epoch", type=int, default=None, help="with --policy fixed")
+        p.add_argument("--buckets", default=None, metavar="SPEC",
+                       help="batches by shape, each batch one bucket: aspect:WxH,WxH,… | auto:N | "
+                            "length:FIELD:EDGE,EDGE,… (keys from the manifest: `dalistream index --keys`)")
+        p.add_argument("--bucket-per", choices=["rank", "global"], default="rank",
+                       help="with --buckets: each rank's batch one bucket, or the whole global batch")
+        p.add_argument("--lookahead", type=int, default=None, metavar="K",
+                       help="with --buckets: refuse a plan in which a worker holds more than K samples")
         if loader:
             p.add_argument("--affinity", choices=["node"], default=None,
                            help="node: each node reads a fixed share of the shards every epoch, so its --cache holds "
@@ -75,6 +82,16 @@ def stream_sources(args: argparse.Namespace) -> Any:
     if not args.sources:
         raise ConfigError("give shard SOURCEs, or --mix NAME=WEIGHT:SOURCE for each source of a mix")
     return args.sources
+
+
+def stream_buckets(args: argparse.Namespace) -> Any:
+    """The ``buckets`` option of ``Stream.open`` from ``--buckets``, ``--bucket-per`` and
+    ``--lookahead`` (``None`` without ``--buckets``)."""
+    from ..buckets import parse_buckets
+
+    if not getattr(args, "buckets", None):
+        return None
+    return parse_buckets(args.buckets, args.bucket_per, args.lookahead)
 
 
 def mix_options(args: argparse.Namespace) -> Dict[str, Any]:
@@ -140,7 +157,7 @@ def progress_bar(args: argparse.Namespace, *, total: int, unit: str):
 
 #: Options a hint may name the Python way that the command line has as flags.
 FLAGS = ("on_error", "policy", "batch_size", "workers", "world_size", "rank", "shuffle", "interleave", "manifest",
-         "batches_per_epoch", "per_batch", "samples_per_epoch", "seed", "affinity", "ranks_per_node")
+         "batches_per_epoch", "per_batch", "samples_per_epoch", "seed", "affinity", "ranks_per_node", "lookahead")
 _ASSIGNED = re.compile(r"(?<![\w./?&=-])(" + "|".join(FLAGS) + r")=('[^']*'|\"[^\"]*\"|[\w.+-]+)")
 _NAMED = re.compile(r"(?<![\w./?&=-])(" + "|".join(name for name in FLAGS if "_" in name) + r")(?![\w=])")
 

@@ -9,13 +9,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..buckets import AspectBuckets, LengthBuckets, parse_buckets
+from ..buckets import AspectBuckets, LengthBuckets
 from ..errors import ConfigError
 from ..plan import Layout, Schedule
 from ..plan.bucketstats import (PHOTO_MIX, bucket_quality, bucket_summary, caption_tokens, photo_sizes, pixel_cost,
                                 token_padding)
 from ..plan.buckets import BucketEpoch
-from .args import emit, storage_options
+from .args import emit, storage_options, stream_buckets
 
 
 def _name(buckets: Any, k: int) -> str:
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, cache_dir: str, synthetic: Optional[np.ndarray
         return cost_view(args)
     layout = Layout(args.world_size, args.workers, args.batch_size)
     schedule = Schedule(args.seed, args.policy, args.batches_per_epoch)
-    buckets = parse_buckets(args.buckets, args.bucket_per, args.lookahead)
+    buckets = stream_buckets(args)
     counts, ids, buckets = _keys(args, cache_dir, buckets, synthetic)
     views: List[Dict[str, Any]] = []
     lines = []
@@ -152,15 +152,9 @@ def cost_view(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``plan`` command's bucket options."""
-    p.add_argument("--buckets", default=None, metavar="SPEC",
-                   help="plan batches by bucket: aspect:WxH,WxH,… | auto:N | length:FIELD:EDGE,EDGE,… (keys from the "
-                        "manifest: `dalistream index --keys`; with --counts, --bucket-shares)")
-    p.add_argument("--bucket-per", choices=["rank", "global"], default="rank",
-                   help="with --buckets: each rank's batch one bucket, or the whole global batch")
+    """The ``plan`` command's own bucket options (``--buckets``, ``--bucket-per`` and
+    ``--lookahead`` are every batching command's: :func:`~dalistream.tools.args.add_stream_args`)."""
     p.add_argument("--bucket-shares", default=None, metavar="S,S,…",
                    help="with --counts and --buckets: each bucket's share of the synthetic samples (default equal)")
-    p.add_argument("--lookahead", type=int, default=None, metavar="K",
-                   help="with --buckets: refuse a plan in which a worker holds more than K samples")
     p.add_argument("--bucket-cost", type=int, default=None, metavar="N",
                    help="measure what bucketing saves on N images and N captions of stated distributions")

@@ -24,9 +24,10 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..plan.bucketworker import KEY_SHIFT
 from ..plan.shuffle import shuffled
 from ..tar import runs
-from .reader import ColumnReader
+from .column import ColumnReader
 from .rows import Rows, decode_runs
 
 ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields), and of each
@@ -39,16 +40,18 @@ FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for an epoch's first ba
 
 
 class _Column:
-    """One column's blocks not yet delivered (the first ``at`` rows of the first block are gone)."""
+    """One column's blocks not yet delivered (the first ``at`` rows of the first block are gone);
+    ``key``: with keys, the first key of its rows (``column × KEY_SHIFT``; a row's key adds its ordinal)."""
 
-    __slots__ = ("stream", "blocks", "at", "queued", "done")
+    __slots__ = ("stream", "blocks", "at", "queued", "done", "key")
 
-    def __init__(self, stream: Iterator[Rows]) -> None:
+    def __init__(self, stream: Iterator[Rows], key: Optional[int] = None) -> None:
         self.stream = stream
         self.blocks: List[Rows] = []
         self.at = 0
         self.queued = 0
         self.done = False
+        self.key = key
 
     def fill(self, need: int) -> None:
         while self.queued < need and not self.done:
@@ -68,6 +71,9 @@ class _Column:
             m = min(k - got, block.n - self.at)
             for dest, values in zip(out, block.columns):
                 dest.extend(values[self.at:self.at + m])
+            if self.key is not None:  # the keys: one more list after the fields'
+                first = self.key + block.ordinal + self.at
+                out[-1].extend(range(first, first + m))
             self.at += m
             got += m
             if self.at == block.n:
@@ -81,19 +87,26 @@ class Feed:
     """Each step's slot from ``streams`` (one per column), ``takes[t, c]`` rows of column ``c`` at
     step ``t``, from step ``start`` on (see the module doc). ``bytes_per_sample`` (when known)
     sizes the rounds. ``first_batch``: the parts opened for the first batch start with a short
-    run (:data:`FIRST_RUN_BYTES`), so it waits for little."""
+    run (:data:`FIRST_RUN_BYTES`), so it waits for little. ``keyed``: every step's rows come with
+    one more list, each row's key ``c × KEY_SHIFT + ordinal`` (``c`` its column, the ordinal its
+    place in the column: a bucket plan's emissions name them)."""
 
     def __init__(self, streams: Sequence[Iterator[Rows]], takes: np.ndarray, n_fields: int, start: int = 0,
-                 bytes_per_sample: Optional[float] = None, first_batch: bool = False) -> None:
-        self.columns = [_Column(s) for s in streams]
-        self.takes = np.asarray(takes, dtype=np.int64).reshape(-1, len(self.columns))
-        self.n_fields = n_fields
-        per_column = max(1, int(self.takes.max(initial=1)))
+                 bytes_per_sample: Optional[float] = None, first_batch: bool = False, keyed: bool = False) -> None:
+        self.columns = [_Column(s, c * KEY_SHIFT if keyed else None) for c, s in enumerate(streams)]
+        takes = np.asarray(takes, dtype=np.int64)
+        # (a worker a bucket plan gives no sample has no column: its steps are padding)
+        self.takes = takes.reshape(-1, len(self.columns)) if self.columns else takes.reshape(len(takes), 0)
+        self.n_fields = n_fields + keyed
+        if keyed and len(self.takes):  # a bucket plan's reads are uneven (a few steps read much): by their mean
+            per_column = max(1.0, float(self.takes.mean(axis=0).max(initial=1)))
+        else:
+            per_column = max(1, int(self.takes.max(initial=1)))
         several = len(self.columns) > 1
         # the columns' runs (a reader's: every source's reads through the same share of the budget)
         self.run_bytes = max((s.reader.run_bytes for s in streams if isinstance(s, ColumnReader)),
                              default=runs.MIN_RUN_BYTES)
-        per_step = per_column * len(self.columns)
+        per_step = per_column * max(1, len(self.columns))
         if bytes_per_sample:
             steps = ROUND_BYTES // (per_step * bytes_per_sample)
             if several:

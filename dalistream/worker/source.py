@@ -11,6 +11,9 @@ What a worker reads (:meth:`WorkerSource.plans`): its span of the epoch, through
 buffer; or, reading interleaved (the default of training streams), the *columns* of its slot —
 one span per batch position, all open at once, one sample of each per step — so every batch
 draws from as many places of the epoch as it has positions (:mod:`dalistream.plan.ownership`).
+A bucketed stream's worker executes its part of the bucket plan instead
+(:class:`~.bucketfeed.BucketFeed`): its samples sit at positions that change from step to step,
+and one more output carries the step's bucket.
 
 Epochs: the loader builds sources with ``cycle="quiet"``; DALI's worker calls ``__iter__`` again
 right after our ``StopIteration``, so the worker's epoch is ``start_epoch`` plus the number of
@@ -43,7 +46,8 @@ from ..plan import WorkerPlan, seeds
 from ..tar.runs import Arena
 from . import batch
 from .policy import ErrorPolicy
-from ..mixing import Mix, worker_columns
+from ..mixing import Mix, bucket_epoch, worker_columns, worker_run
+from .bucketfeed import BucketFeed, bucket_column
 from ..io.options import shared_budget
 from ..io.parts import PartFetcher
 from .feed import Feed, shuffled_blocks
@@ -72,6 +76,7 @@ class WorkerSource:
         layout = config.layout
         lo = layout.slot_offsets[worker]
         self._slot = (lo, lo + layout.slots[worker])  # this worker's positions in every batch
+        self._span = self._slot  # where the batch being shipped holds its samples (a bucket plan's step: its own)
         self.left_out: Tuple[int, ...] = ()  # outputs no graph output needs: a placeholder ships (leave_out)
         self._readers()
         self.start_epoch = start_epoch
@@ -176,7 +181,7 @@ class WorkerSource:
             self._gen = self.epoch_batches(self.epoch, self._skip)
         plain = next(self._gen)
         t0 = time.perf_counter()
-        packed = batch.pack(plain, self._byte_fields, *self._slot)
+        packed = batch.pack(plain, self._byte_fields, *self._span)
         if self.left_out:
             packed = batch.with_placeholders(packed, self.left_out)
         if self._stats is not None:
@@ -214,16 +219,20 @@ class WorkerSource:
         stats.epoch, stats.step = epoch, start_step
         policy = ErrorPolicy(c.on_error, c.max_skip_fraction, rank=c.rank, worker=self.worker)
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
-        columns = self.columns(epoch)
-        steps = columns[0][0].steps
-        for source, reader in enumerate(self.readers):  # (through a byte cache: its objects' versions, ahead)
-            reader.state_ahead([plan for plan, _, s in columns if s == source], stats)
         if self._arena is None:  # the runs of all columns side by side: decoded together with no copy
             self._arena = Arena()
         if self._fetcher is None:  # the columns' remote parts, fetched together (no thread for local ones)
             self._fetcher = PartFetcher()
         for reader in self.readers:
             reader.arena, reader.fetcher = self._arena, self._fetcher
+        if c.buckets is not None:
+            yield from self._bucket_batches(epoch, start_step, policy, stats)
+            stats.write()
+            return
+        columns = self.columns(epoch)
+        steps = columns[0][0].steps
+        for source, reader in enumerate(self.readers):  # (through a byte cache: its objects' versions, ahead)
+            reader.state_ahead([plan for plan, _, s in columns if s == source], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
         streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
                    for plan, take, source in columns]
@@ -253,6 +262,44 @@ class WorkerSource:
         if c.policy == "even" and self.mix is None:  # a span is exactly steps x slot: only the job's tail is left out
             stats.add(dropped=sum(plan.left_out for plan, _, _ in columns))
         stats.write()
+
+    def _bucket_batches(self, epoch: int, start_step: int, policy: ErrorPolicy,
+                        stats: WorkerStats) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
+        """The batches of ``epoch`` under its bucket plan from ``start_step`` on
+        (:class:`~.bucketfeed.BucketFeed`): each step's samples at its own positions, then the
+        bucket's index (:func:`~.bucketfeed.bucket_column`), then ``valid``."""
+        c = self.config
+        resume = self.resume if epoch == self.start_epoch else ()
+        run = worker_run(c, self.data, self.mix, epoch, self.worker, resume, start_step)
+        for source, reader in enumerate(self.readers):  # (through a byte cache: its objects' versions, ahead)
+            reader.state_ahead([plan for g, plan in enumerate(run.readers) if run.source[g] == source], stats)
+        streams = [self.readers[run.source[g]].blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])
+                   for g, plan in enumerate(run.readers)]
+        feed = BucketFeed(run, streams, len(c.fields), self.data.bytes_per_sample,
+                          first_batch=epoch == self.start_epoch)
+        empty = batch.templates(c.fields, c.batch_size)
+        first = self.worker == 0
+        for step in range(start_step, run.steps):
+            t0 = time.perf_counter()
+            columns, n = feed.take(step)
+            if self.mix is not None:
+                stats.add_source(self.names[int(run.step_source[step])], n)
+            if step == run.steps - 1:
+                policy.check(final=True)  # the epoch's skips judged before its last batch
+            t1 = time.perf_counter()
+            stats.read_s += t1 - t0
+            lo = int(run.offset[step])
+            plain = batch.assemble(empty, columns, lo, n)
+            self._span = (lo, lo + n)
+            outputs = plain[:-1] + (bucket_column(int(run.bucket[step]), c.batch_size, first),) + plain[-1:]
+            planned = int(run.bounds[step + 1] - run.bounds[step])
+            stats.step = step + 1
+            stats.add(samples=n, padded=planned - n + (c.batch_size - int(run.fill[step]) if first else 0))
+            stats.batch_s += time.perf_counter() - t1
+            stats.maybe_write()
+            yield outputs
+        if c.policy == "even" and self.mix is None and (c.rank, self.worker) == (c.world_size - 1, c.workers - 1):
+            stats.add(dropped=len(bucket_epoch(c, self.data, epoch, resume, c.rank).left_out))  # the job's last worker
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
                 reader: PlanReader) -> Iterator[Rows]:

@@ -10,6 +10,7 @@ import dalistream
 from dalistream.config import StreamConfig
 from dalistream.errors import ConfigError
 from dalistream.dali.graph import concat_mergeable
+from dalistream.mixing import worker_run
 
 from helpers import write_wds
 
@@ -96,6 +97,39 @@ def test_every_sample_exactly_once_with_its_bytes(shards, fields, workers, layou
         kw["manifest"] = str(tmp_path / "no-members.json")
         write_manifest([dataclasses.replace(i, members=None) for i in infos], kw["manifest"])
     assert delivered(directory, fields, workers, **kw) == expected(truth, fields is WITH_2D)
+
+
+@pytest.mark.parametrize("fields", [BASE, WITH_2D], ids=["concat", "conditionals"])
+def test_a_bucket_plan_s_positions_change_every_step_and_both_merges_follow(shards, fields, tmp_path):
+    """Under buckets a worker's samples sit at other positions each step: the owner index (read
+    off the workers' ``valid``) follows them, and the bucket's outputs are summed."""
+    import shutil
+
+    from dalistream.cli import main
+
+    directory, truth = shards
+    copy = str(tmp_path / "copy")
+    shutil.copytree(directory, copy)
+    assert main(["index", copy, "--keys", "bin", "--json"]) == 0
+    edges = [100, 1000]
+    stream = dalistream.Stream.open(copy, fields=fields, batch_size=5, workers=3, device="cpu", policy="exact",
+                                    missing="empty", buckets=dalistream.LengthBuckets("bin", edges),
+                                    cache_dir=str(tmp_path / "cache"))
+    out, moved = {}, set()
+    with dalistream.Loader(stream) as loader:
+        for batch in loader:
+            bucket = int(batch["bucket"][0])
+            assert batch["bucket"].tolist() == [bucket] * len(batch["key"])
+            for j, key in enumerate(batch["key"]):
+                assert int(np.searchsorted(edges, len(truth[key]["bin"]))) == bucket
+                out[key] = {"data": bytes(batch["data"][j]), "label": int(batch["label"][j]),
+                            "vec": np.asarray(batch["vec"][j]).tolist(), "text": bytes(batch["text"][j]),
+                            **({"arr": np.asarray(batch["arr"][j]).tolist()} if "arr" in batch else {})}
+    for w in range(3):  # the plan moves every worker's samples around the batch
+        run = worker_run(stream.config, stream.data, None, 0, w)
+        moved |= {int(o) for o, n in zip(run.offset, np.diff(run.bounds)) if n}
+    assert len(moved) > 3
+    assert out == expected(truth, fields is WITH_2D)
 
 
 # -- conditionals only when the graph needs them ---------------------------------------------------

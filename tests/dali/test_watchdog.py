@@ -175,7 +175,8 @@ def test_spawn_with_the_guard_runs(tmp_path):
     body = ON_ERROR.format(data=str(tmp_path / "data"), cache=str(tmp_path / "cache"), prefix="    ")
     done = run_script(tmp_path / "train.py", SCRIPT.format(body=GUARD + "\n" + body))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["BODY", "BODY", "BODY", "6"]  # the workers import it, the guard holds
+    # the workers import it, the guard holds; their lines can interleave ("BODYBODY\n\n"): count words
+    assert done.stdout.count("BODY") == 3 and done.stdout.split()[-1] == "6", done.stdout
 
 
 @pytest.mark.dali

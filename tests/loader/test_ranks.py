@@ -71,3 +71,16 @@ def test_the_group_is_checked_against_the_data(folder):
                          env={})
     with pytest.raises(ConfigError, match="batch_size 8 gives no full batch"):
         relaid(stream, (0, 4))  # 29 samples cannot fill a batch of 8 on 4 ranks
+
+
+def test_a_bucketed_stream_takes_the_group_s_layout_and_is_checked_on_it(tmp_path):
+    from dalistream import LengthBuckets
+    from helpers import length_shards
+
+    length_shards(str(tmp_path), [10, 7, 12], seed=1)
+    stream = Stream.open(str(tmp_path), fields={"key": "__key__"}, batch_size=3, workers=1, device="cpu", env={},
+                         cache_dir=str(tmp_path / "cache"), buckets=LengthBuckets("txt", [30]))
+    now = relaid(stream, (1, 2))
+    assert (now.config.rank, now.config.world_size) == (1, 2) and 0 < now.steps(0) < stream.steps(0)
+    with pytest.raises(ConfigError, match="gives no batch of one bucket"):
+        relaid(stream, (0, 16))  # 29 samples in two buckets: fewer than 16 batches of 3 of one bucket

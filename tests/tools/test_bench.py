@@ -182,6 +182,23 @@ def test_cache_against_no_cache_and_the_local_copy(shards, tmp_path, moto_endpoi
 
 
 @pytest.mark.slow
+def test_buckets_against_the_same_sources_without(shards, tmp_path):
+    import shutil
+
+    from dalistream.cli import main
+
+    copy = str(tmp_path / "keyed")
+    shutil.copytree(shards, copy)
+    assert main(["index", copy, "--keys", "image", "--json"]) == 0
+    report, proc = run_bench(tmp_path, copy, "--pipeline", "feed", "--workers", 2, "--batch-size", 8, "--repeats", 1,
+                             "--epochs", 2, "--buckets", "auto:3")
+    figures_ok(report)
+    assert set(report["peers"]) == {"dalistream-nobuckets"}
+    positive(report["peers"]["dalistream-nobuckets"]["ratio"], ("samples_per_s", "first_batch_s"))
+    assert "dalistream / dalistream-nobuckets" in proc.stderr
+
+
+@pytest.mark.slow
 def test_sweep_over_shards(shards, tmp_path):
     report, _ = run_bench(tmp_path, shards, "--pipeline", "read-only", "--batch-size", 16, "--repeats", 1,
                           "--compare", "dali-native", "--sweep", "shards=2,4", "--lean-main")

@@ -67,11 +67,11 @@ class TinySource:
 def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
     """Child side: ms per batch of W tiny sources, merged (``spec["merge"]``) or returned as is."""
     import dill
-    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali import fn, pipeline_def
 
     from ...config import StreamConfig
     from ...dali.compat import on_receive, shutdown
-    from ...dali.graph import OwnerIndex, merge, merge_by_concat, received_rows
+    from ...dali.graph import merge, merge_by_concat, owner_of, received_rows
     from .monitor import tree_cpu_s
 
     workers, batch = spec["workers"], spec["batch_size"]
@@ -97,8 +97,7 @@ def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
         if workers == 1:
             merged = list(branches[0])
         else:
-            owner = fn.external_source(source=OwnerIndex(batch, workers), batch=True, dtype=types.INT32)
-            merged = merge(owner, branches)
+            merged = merge(owner_of([b[-1] for b in branches]), branches)
         return tuple(merged)
 
     pipe = merged()

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ...buckets import parse_buckets
 from ...dali import ops
 from ...dali.compat import shutdown
 from ...dali.ops import IMAGENET_MEAN, IMAGENET_STD
@@ -94,6 +95,7 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
     pipeline = spec["pipeline"]
     mix = spec.get("mix")
     mixed = {"per_batch": spec.get("per_batch", "sample"), "samples_per_epoch": spec.get("samples_per_epoch")} if mix else {}
+    buckets = spec.get("buckets") and parse_buckets(spec["buckets"], spec.get("bucket_per", "rank"), spec.get("lookahead"))
     stream = dalistream.Stream.open(
         {name: (list(urls), weight) for name, (urls, weight) in mix.items()} if mix else spec["urls"],
         cache=spec.get("cache"), cache_limit=spec.get("cache_limit"),
@@ -103,7 +105,7 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
         policy=spec.get("policy", "even"), batches_per_epoch=spec.get("batches_per_epoch"),
         on_error=spec.get("on_error", "raise"), storage_options=spec.get("storage_options") or {},
         manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"), affinity=spec.get("affinity"),
-        ranks_per_node=spec.get("ranks_per_node"), **mixed,
+        ranks_per_node=spec.get("ranks_per_node"), buckets=buckets, **mixed,
     )
     kwargs: Dict[str, Any] = {"num_threads": spec["threads"]}
     if pipeline == "read-only":
@@ -363,9 +365,10 @@ def open_fake(spec: Dict[str, Any], sleep: Callable[[float], None] = time.sleep)
 # name -> (libraries imported before the clock, opener); every system runs through run_system
 SYSTEMS: Dict[str, Tuple[Tuple[str, ...], Callable[[Dict[str, Any]], Opened]]] = {
     "dalistream": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
-    # (the bench's --cache and --local-copy: dalistream without the cache, and on the local copy)
-    "dalistream-nocache": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
-    "dalistream-local": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
+    # (the bench's --cache, --local-copy and --buckets: dalistream without the cache, on the local copy, without
+    # the buckets)
+    **{name: (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream)
+       for name in ("dalistream-nocache", "dalistream-local", "dalistream-nobuckets")},
     "dali-native": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch"), open_dali_native),
     "webdataset": (("torch", "webdataset"), open_webdataset),
     "sequential-read": ((), open_sequential_read),

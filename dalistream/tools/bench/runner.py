@@ -7,6 +7,7 @@
     dalistream bench /data/*.tar --pipeline read-only --compare dali-native,webdataset
     dalistream bench /data/*.tar --sweep workers=1,2,4 --plot docs/assets/bench_workers.png
     dalistream bench --merge-only --merge-workers 1,2,4,8 --batch-size 64
+    dalistream bench /data/*.tar --pipeline feed --buckets auto:8    # alternating with dalistream-nobuckets
 
 Every measurement runs in a fresh process (:mod:`.child`, :mod:`.peers`) whose whole process
 tree is sampled from ``/proc`` (:mod:`.monitor`). Runs alternate between the
@@ -53,6 +54,8 @@ def add_parser(subparsers: Any) -> None:
     for action in p._actions:  # sources are optional with --merge-only
         if action.dest == "sources":
             action.nargs, action.required = "*", False
+        if action.dest == "buckets":
+            action.help += "; dalistream reads with them, alternating with dalistream-nobuckets (the same without)"
     p.set_defaults(batch_size=64, func=run)
     p.add_argument("--epochs", type=int, default=1, help="epochs per run (each system's own epochs)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto", help="where images are decoded")
@@ -160,8 +163,11 @@ def round_ratios(ours: List[Dict[str, Any]], peer: List[Dict[str, Any]]) -> Dict
 @contextlib.contextmanager
 def _system_spec(args: argparse.Namespace, base: Dict[str, Any], system: str) -> Iterator[Dict[str, Any]]:
     """The spec of one run of ``system``: dalistream's through a new, empty cache folder under
-    ``--cache`` (removed after the run); dalistream-local's on the ``--local-copy``."""
+    ``--cache`` (removed after the run); dalistream-local's on the ``--local-copy``;
+    dalistream-nobuckets' without ``--buckets``."""
     spec = dict(base, system=system)
+    if system == "dalistream-nobuckets":
+        spec.update(buckets=None)
     if system == "dalistream-local":
         spec.update(urls=base["local_urls"], storage_options={}, manifest=None)
     if system != "dalistream" or not args.cache:
@@ -314,7 +320,8 @@ def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: 
                   shard_bytes: Sequence[int], peers: Sequence[str], options: Dict[str, Any], log,
                   mix: Optional[Dict[str, Any]] = None, local_urls: Sequence[str] = ()) -> Dict[str, Any]:
     """One pipeline's comparison (or sweep): its report (``several``: one of several pipelines)."""
-    systems = (["dalistream"] + (["dalistream-nocache"] if args.cache else [])
+    systems = (["dalistream"] + (["dalistream-nobuckets"] if args.buckets else [])
+               + (["dalistream-nocache"] if args.cache else [])
                + (["dalistream-local"] if args.local_copy else []) + list(peers)
                + (["sequential-read"] if pipeline == "read-only" else []))
     base = {"urls": urls, "counts": counts, "batch_size": args.batch_size, "workers": args.workers,
@@ -325,7 +332,9 @@ def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: 
             "epoch": args.epoch, "shuffle": args.shuffle, "interleave": args.interleave, "policy": args.policy,
             "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error,
             "mix": mix, "per_batch": args.per_batch, "samples_per_epoch": args.samples_per_epoch,
-            "affinity": args.affinity, "ranks_per_node": args.ranks_per_node, "local_urls": list(local_urls)}
+            "affinity": args.affinity, "ranks_per_node": args.ranks_per_node,
+            "buckets": args.buckets, "bucket_per": args.bucket_per, "lookahead": args.lookahead,
+            "local_urls": list(local_urls)}
     sweep = _parse_sweep(args.sweep)
     if sweep is None:
         log(f"bench: {len(urls)} shards, {sum(counts)} samples, batch {args.batch_size}, workers {args.workers}, "
