@@ -124,19 +124,22 @@ def check_data_size(config: StreamConfig, counts: Sequence[int]) -> None:
     total, ranks, workers = sum(counts), config.world_size, config.workers
     if config.affinity is not None:
         check_node_data(config, counts)
+    def samples(n: int) -> str:
+        return f"{n} sample" + ("s" if n != 1 else "")
+
     def fits(most: int) -> str:  # a batch size of at most `most` samples (every worker needs one)
         return f"a batch_size of at most {most}" if most >= workers else f"workers={most} and a batch_size of at most {most}"
 
     if config.policy == "even" and steps_per_epoch(counts, config.layout, config.schedule, 0, config.rank) == 0:
         per_rank = total // ranks
-        raise ConfigError(f"batch_size {config.batch_size} gives no full batch: {total} samples over "
+        raise ConfigError(f"batch_size {config.batch_size} gives no full batch: {samples(total)} over "
                           f"{ranks} ranks x {workers} workers", url=redact(config.sources[0]),
                           hint=(f"use {fits(per_rank)}, or policy='exact'" if per_rank else
                                 "use policy='exact'" + (f" with {fits(total)}" if config.batch_size > total else "")
                                 + " (fewer samples than ranks: under 'even' no rank gets a full batch)")
                           if total else "the data set holds no samples")
     if config.policy == "exact" and config.batch_size > total:
-        raise ConfigError(f"batch_size {config.batch_size} is larger than the whole data set ({total} samples)",
+        raise ConfigError(f"batch_size {config.batch_size} is larger than the whole data set ({samples(total)})",
                           url=redact(config.sources[0]),
                           hint=f"use {fits(total)}" if total else "the data set holds no samples")
 

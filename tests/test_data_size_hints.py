@@ -30,6 +30,7 @@ def test_the_issue_case():
         check_data_size(config("exact", 1, 3, 3), [1])
     assert "batch_size of at most 1" in info.value.hint and "workers=1" in info.value.hint
     assert "3" not in info.value.hint
+    assert "(1 sample)" in str(info.value)  # (not "1 samples")
 
 
 @pytest.mark.parametrize("policy", ["even", "exact"])

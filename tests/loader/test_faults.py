@@ -168,7 +168,10 @@ def test_ctrl_c_leaves_no_processes_and_no_shared_memory(shards, tmp_path, targe
     script.write_text(SCRIPT.format(root=ROOT, shards=shards, raise_in_body=target == "loop-body",
                                     start_method=start_method))
     proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # its own process group
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,  # its own process group
+                            # as from a terminal: SIGINT at its default (a test run started in the
+                            # background inherits it ignored, and Python then never raises KeyboardInterrupt)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().strip() == "running", proc.stderr.read()
         tree = _processes(lambda pid, parent, group: group == proc.pid) | {proc.pid}
