@@ -18,8 +18,10 @@ first answer (its size) the first parts of the following shards may start, withi
 the bytes reserved before it, so room always comes back. Across streams, the next part goes to
 the stream with the fewest bytes ahead of its reader (in the order the streams were added when
 they hold as many): the order a reader that takes a little of each stream in turn needs them.
-Threads: ``parts_in_flight``, or one per stream up to :data:`MAX_THREADS` (each column's first
-bytes are asked for at once: a first batch waits for about one round trip, not one per column).
+Threads: ``parts_in_flight`` when given, the bound whatever is read; else
+:data:`~.options.SPAN_IN_FLIGHT` for one stream, and for several one per stream (at least that,
+at most :data:`MAX_THREADS`), so that each column's first bytes are asked for at once: a first
+batch waits for about one round trip, not one per column.
 
 The first part of a shard learns the object's size and ETag; the following parts are pinned to
 that ETag (``If-Match``), so two versions are never spliced. Each part retries throttling and
@@ -94,7 +96,8 @@ class PartFetcher:
                     if is_ranged(url) else None
                 self.owners[lo + i] = stream
             self.streams.append(stream)
-            wanted = max(opts.parts_in_flight, min(len(self.streams), MAX_THREADS) if self.open_to_more else 0)
+            wanted = opts.in_flight if opts.parts_in_flight is not None or not self.open_to_more else \
+                max(opts.in_flight, min(len(self.streams), MAX_THREADS))  # (a number given is the bound)
             self.threads = [t for t in self.threads if t.is_alive()]
             for k in range(len(self.threads), wanted):
                 thread = threading.Thread(target=self._work, name=f"dalistream-part-{lo}-{k}", daemon=True)

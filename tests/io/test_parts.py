@@ -227,7 +227,7 @@ def test_failed_shard_is_raised_in_its_place_and_the_next_one_is_read(shards):
 
 
 def test_options_and_shape_parsing():
-    assert remote_options({}).parts_in_flight >= 4 and remote_options({}).part_bytes >= 1 << 20
+    assert remote_options({}).in_flight >= 4 and remote_options({}).part_bytes >= 1 << 20
     for bad in ({"parts_in_flight": 0}, {"part_bytes": 10}):
         with pytest.raises(ConfigError, match="parts_in_flight"):
             remote_options(bad)

@@ -127,6 +127,18 @@ def test_a_workers_columns_are_fetched_together_within_its_budget(far):
     assert io["bytes"] == proxy.counts()["body_bytes"] <= 2 * sum(os.path.getsize(p) for p in far["paths"])
 
 
+def test_parts_in_flight_given_bounds_a_workers_columns(far):
+    """A store that throttles: ``parts_in_flight`` given is the most requests the worker's 8
+    columns keep in flight together (the proxy sees at most 2 waiting), with the same batches."""
+    from dalistream.tools.proxy import ShapingProxy
+
+    with ShapingProxy(far["endpoint"], latency_s=0.1) as proxy:
+        remote = far["stream"]({"endpoint_url": proxy.endpoint, "read_ahead_bytes": 128 << 10, "parts_in_flight": 2})
+        got, source = worker_batches(remote)
+    assert got == worker_batches(far["stream"]())[0]
+    assert 1 <= proxy.peak_waiting <= 2 and source._stats.io.as_dict()["peak_in_flight"] <= 2
+
+
 def test_a_cut_connection_and_a_replaced_object_are_handled_by_their_column(far):
     """Columns read together still resume a cut transfer from its byte (the same batches), and a
     shard replaced while its columns read it is a named error for the column that meets it,

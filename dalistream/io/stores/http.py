@@ -25,7 +25,7 @@ _pools_lock = threading.Lock()
 
 def http_pool(opts: RemoteOptions) -> Any:
     """The urllib3 pool manager for ``opts`` (one per process and timeouts; retries are ours)."""
-    size = max(MAX_IN_FLIGHT, opts.parts_in_flight)  # a connection for each request a worker keeps in flight
+    size = max(MAX_IN_FLIGHT, opts.in_flight)  # a connection for each request a worker keeps in flight
     key = (os.getpid(), opts.connect_timeout_s, opts.read_timeout_s, size)
     with _pools_lock:
         pool = _pools.get(key)

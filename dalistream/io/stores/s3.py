@@ -52,7 +52,7 @@ class S3Store(ObjectStore):
                 except ProfileNotFound:
                     raise ConfigError(f"AWS profile {opts.get('profile')!r} is not configured") from None
                 config = Config(retries={"total_max_attempts": 1}, connect_timeout=opts.connect_timeout_s,
-                                read_timeout=opts.read_timeout_s, max_pool_connections=max(MAX_IN_FLIGHT, opts.parts_in_flight), tcp_keepalive=True,
+                                read_timeout=opts.read_timeout_s, max_pool_connections=max(MAX_IN_FLIGHT, opts.in_flight), tcp_keepalive=True,
                                 signature_version=botocore.UNSIGNED if opts.anon else None)
                 self._client = session.client("s3", endpoint_url=opts.endpoint_url, region_name=opts.get("region"),
                                               config=config)
