@@ -39,7 +39,9 @@ class RemoteOptions:
     store: Tuple[Tuple[str, Any], ...] = ()
     read_ahead_bytes: int = 64 << 20
     chunk_bytes: int = 1 << 20
-    parts_in_flight: int = 8
+    # requests a worker keeps in flight: None, SPAN_IN_FLIGHT for a span, one per interleaved column
+    # up to MAX_IN_FLIGHT; a number given bounds both
+    parts_in_flight: Optional[int] = None
     part_bytes: int = 8 << 20
     max_attempts: int = 8
     backoff_s: float = 0.2
@@ -61,6 +63,11 @@ class RemoteOptions:
         shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "store"]
         shown += [f"{k}={'***' if k in SECRET_OPTIONS else v!r}" for k, v in self.store]
         return "RemoteOptions(" + ", ".join(shown) + ")"
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in flight for one span: ``parts_in_flight``, :data:`SPAN_IN_FLIGHT` if not given."""
+        return self.parts_in_flight if self.parts_in_flight is not None else SPAN_IN_FLIGHT
 
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based): full jitter."""
@@ -86,31 +93,35 @@ def remote_options(options: Optional[Mapping[str, Any]]) -> RemoteOptions:
         raise ConfigError("storage_options: stall_warning_s, give_up_s and the timeouts must be > 0")
     if not opts.version_check_s >= 0:
         raise ConfigError("storage_options: version_check_s must be >= 0")
-    if (opts.max_attempts < 1 or opts.chunk_bytes < 1 or opts.read_ahead_bytes < 0 or opts.parts_in_flight < 1
+    if (opts.max_attempts < 1 or opts.chunk_bytes < 1 or opts.read_ahead_bytes < 0
+            or (opts.parts_in_flight is not None and opts.parts_in_flight < 1)
             or opts.part_bytes < 1024):
         raise ConfigError("storage_options: max_attempts, chunk_bytes and parts_in_flight must be >= 1, part_bytes "
                           ">= 1024, read_ahead_bytes >= 0")
     return opts
 
 
-MIN_SHARED_PART = 1 << 20  # a part of a shared budget is still a large ranged read
-MIN_SHARED_CHUNK = 64 << 10  # and a read of a local file, or of a parser's buffer, still a large one
+MIN_SHARED_CHUNK = 64 << 10  # a read of a local file, or of a parser's buffer, still a large one
+SPAN_IN_FLIGHT = 8  # the requests a worker reading one span keeps in flight, unless told
+MAX_IN_FLIGHT = 32  # the most requests a worker keeps in flight for its columns (and a client's connections)
 
 
 def shared_budget(options: Optional[Mapping[str, Any]], share: int) -> Dict[str, Any]:
-    """``options`` for one of ``share`` byte streams a worker reads at once (interleaved columns):
-    the read-ahead, the parts in flight and, when needed, the part size divided among them, so the
-    worker's remote memory stays what one stream's budget allows (parts no smaller than
-    :data:`MIN_SHARED_PART`); so is ``chunk_bytes``, the size of each stream's read buffers
-    (local files and the tar parser; no smaller than :data:`MIN_SHARED_CHUNK`)."""
+    """``options`` for one of ``share`` byte streams a worker reads at once (interleaved columns,
+    fetched by one :class:`~.parts.PartFetcher`): the read-ahead divided among them, so the
+    worker's remote memory stays within its ``read_ahead_bytes``, and parts of at most half a
+    stream's share, so each stream's next part is fetched while it reads the one before; the
+    requests in flight are the worker's, shared by its streams (``parts_in_flight`` if given, else one per
+    stream, at least :data:`SPAN_IN_FLIGHT` and at most :data:`MAX_IN_FLIGHT`). So is ``chunk_bytes``, the size of each stream's read
+    buffers (local files, the tar parser, the reads of a part; no smaller than :data:`MIN_SHARED_CHUNK`
+    unless its read-ahead is)."""
     options = dict(options or {})
     if share <= 1:
         return options
     opts = remote_options(options)
-    ahead = max(MIN_SHARED_PART, opts.read_ahead_bytes // share)
-    options.update(read_ahead_bytes=ahead, parts_in_flight=max(1, opts.parts_in_flight // share),
-                   part_bytes=max(MIN_SHARED_PART, min(opts.part_bytes, ahead)),
-                   chunk_bytes=max(MIN_SHARED_CHUNK, opts.chunk_bytes // share))
+    ahead = max(2048, opts.read_ahead_bytes // share)
+    options.update(read_ahead_bytes=ahead, part_bytes=max(1024, min(opts.part_bytes, ahead // 2)),
+                   chunk_bytes=min(ahead, max(MIN_SHARED_CHUNK, opts.chunk_bytes // share)))
     return options
 
 

@@ -4,6 +4,9 @@
 one :class:`~.parts.PartFetcher` keeps ``parts_in_flight`` ranged GETs of ``part_bytes`` open,
 running on from the end of one shard into the next, within ``read_ahead_bytes``: the next
 shard's first-byte latency is hidden and one worker is not capped at one connection's speed.
+A worker reading many columns has one fetcher for all of them: each column's sequence is one of
+its streams, added when the column is made, so every column's first parts are asked for at once
+and later ones in the order the columns need them, within the worker's budget.
 A failure to fetch a shard is raised by the reader of that shard, and fetching goes on with the
 next shard (so a skipped bad shard does not stop the worker). Through the node-local byte cache
 the reader reads each shard from the cache in its own thread (a block there is a file read, as
@@ -116,20 +119,34 @@ class _Cached(io.RawIOBase):
 
 class ReadAhead:
     """Opens the remote shards of ``urls`` (bytes ``ranges[i]`` of shard ``i`` if given) through
-    one :class:`~.parts.PartFetcher` (see module doc).
+    one :class:`~.parts.PartFetcher` (see module doc): its own, made when a shard is first opened,
+    or ``fetcher``, a worker's, shared by its columns' sequences, which fetches this one's parts
+    with theirs from now on (through a byte cache, from the first shard with a block missing).
 
     ``open(i)`` is fast for increasing ``i``; re-opening an earlier or the same shard restarts
-    the fetcher there. ``close()`` stops the fetcher (its threads exit after their current chunk).
+    the fetching there. ``close()`` stops it (its threads exit after their current chunk).
     """
 
     def __init__(self, urls: Sequence[str], options: Any = None, counters: Optional[IOCounters] = None,
-                 ranges: Optional[Sequence[Range]] = None) -> None:
+                 ranges: Optional[Sequence[Range]] = None, fetcher: Optional[PartFetcher] = None) -> None:
         self.urls: List[str] = list(urls)
         self.ranges = list(ranges) if ranges is not None else None
         self.opts = remote_options(options)
         self.counters = counters
+        self._shared = fetcher
         self._fetcher: Optional[PartFetcher] = None
+        self._base = 0  # where this sequence's shards are in the fetcher's list
         self._last = -1
+        if fetcher is not None and self.opts.cache is None:
+            self._start(0)
+
+    def _start(self, index: int) -> None:
+        """Have this sequence's shards fetched from ``index`` on."""
+        if self._shared is not None:
+            self._fetcher = self._shared
+            self._base = self._shared.add(self.urls, self.opts, self.counters, self.ranges, index)
+        else:
+            self._fetcher, self._base = PartFetcher(self.urls, self.opts, self.counters, self.ranges, index), 0
 
     def open(self, index: int) -> io.RawIOBase:
         """The raw (not decompressed) stream of remote shard ``urls[index]`` (its range, if given):
@@ -140,9 +157,9 @@ class ReadAhead:
             return self._cached(index)
         if self._fetcher is None or index <= self._last:
             self.close()
-            self._fetcher = PartFetcher(self.urls, self.opts, self.counters, self.ranges, index)
+            self._start(index)
         self._last = index
-        return io.BufferedReader(_Prefetched(self._fetcher, index), CHUNK)  # type: ignore[arg-type]
+        return io.BufferedReader(_Prefetched(self._fetcher, self._base + index), CHUNK)  # type: ignore[arg-type]
 
     def _cached(self, index: int) -> io.RawIOBase:
         """Through the byte cache: the shard's range read from the cache in this thread (a block
@@ -153,14 +170,16 @@ class ReadAhead:
             self.close()
         self._last = index
         start, end = self.ranges[index] if self.ranges is not None else (0, None)
-        version = self._fetcher.version(index) if self._fetcher is not None else None
+        version = self._fetcher.version(self._base + index) if self._fetcher is not None else None
         raw = RemoteRaw(self.urls[index], start, self.opts, self.counters, end, version)
         state_ahead(self.urls[index + 1:index + 1 + STATE_AHEAD], self.opts, self.counters)  # (opened after this)
         if self._fetcher is None and not self.opts.cache.holds(cache_key(raw.url), raw.etag, start, raw.limit()):
-            self._fetcher = PartFetcher(self.urls, self.opts, self.counters, self.ranges, index)
-        return _Cached(raw, self._fetcher, index)
+            self._start(index)
+        return _Cached(raw, self._fetcher, self._base + index)
 
     def close(self) -> None:
         fetcher, self._fetcher = self._fetcher, None
-        if fetcher is not None:
+        if fetcher is self._shared and fetcher is not None:
+            fetcher.drop(self._base)  # (the worker's fetcher goes on with its other sequences)
+        elif fetcher is not None:
             fetcher.stop()

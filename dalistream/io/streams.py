@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, List, Mapping, Optional, Sequence, Tuple
 from .counters import IOCounters
 from .gunzip import decompressed, file_is_gzip
 from .local import CHUNK, END_OF_ARCHIVE, copy_tail, open_file, open_range
+from .parts import PartFetcher
 from .readahead import ReadAhead
 from .remote import is_ranged, open_remote
 from .stores import store_class, store_for
@@ -161,12 +162,15 @@ class ShardSequence:
     reader by at most ``options["read_ahead_bytes"]`` (default 64 MiB) across shard boundaries
     and never past a range's end. Opening shards in order is the fast path; opening any other
     index restarts the fetcher there. ``counters`` (an :class:`IOCounters`) receives this
-    sequence's requests, retries, resumes and parts.
+    sequence's requests, retries, resumes and parts. ``fetcher``: a worker's
+    :class:`~.parts.PartFetcher`, shared by its columns' sequences, which fetches this one's remote
+    shards from now on, with theirs (see :mod:`.readahead`).
     """
 
     def __init__(self, urls: Sequence[str], options: Optional[Mapping[str, Any]] = None,
                  counters: Optional[IOCounters] = None,
-                 ranges: Optional[Sequence[Tuple[int, Optional[int]]]] = None) -> None:
+                 ranges: Optional[Sequence[Tuple[int, Optional[int]]]] = None,
+                 fetcher: Optional[PartFetcher] = None) -> None:
         self.urls: List[str] = list(urls)
         self.options = dict(options or {})
         self.counters = counters
@@ -175,6 +179,16 @@ class ShardSequence:
         self.ranges = [(int(s), None if e is None else int(e)) for s, e in ranges] if ranges is not None else None
         self.chunk = chunk_bytes(self.options)
         self._ahead: Optional[ReadAhead] = None
+        self._fetcher = fetcher
+        if fetcher is not None and any(is_ranged(u) for u in self.urls):
+            self._read_ahead()
+
+    def _read_ahead(self) -> ReadAhead:
+        if self._ahead is None:
+            fetched = None if self.ranges is None else [(0, None) if is_gzip_name(u) else r
+                                                        for u, r in zip(self.urls, self.ranges)]
+            self._ahead = ReadAhead(self.urls, self.options, self.counters, fetched, self._fetcher)
+        return self._ahead
 
     def open(self, i: int) -> BinaryIO:
         """The stream of ``urls[i]`` (its range), decompressed if gzip (a :class:`SourceError` if
@@ -183,11 +197,7 @@ class ShardSequence:
         start, end = self.ranges[i] if self.ranges is not None else (0, None)
         if not is_ranged(url):
             return open_shard(url, start, self.options, end)
-        if self._ahead is None:
-            fetched = None if self.ranges is None else [(0, None) if is_gzip_name(u) else r
-                                                        for u, r in zip(self.urls, self.ranges)]
-            self._ahead = ReadAhead(self.urls, self.options, self.counters, fetched)
-        raw = self._ahead.open(i)
+        raw = self._read_ahead().open(i)
         # (a worker's many columns share ``chunk_bytes``: each part's buffer is its share)
         return _limited(decompressed(raw, url, start) if is_gzip_name(url) else decompressed(raw, url), start, end,
                         self.chunk)

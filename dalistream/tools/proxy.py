@@ -94,7 +94,8 @@ class ShapingProxy:
 
     ``endpoint`` is the proxy's ``http://127.0.0.1:PORT``. ``connections`` counts accepted
     connections, ``injected`` the faults injected so far, ``peak_open`` the most connections open
-    at once.
+    at once, ``peak_waiting`` the most requests waiting for their answer's first byte at once
+    (requests in flight together, however the client pools its connections).
     """
 
     def __init__(self, upstream: str, *, latency_s: float = 0.0, rate: Optional[float] = None, cut_after: int = 0,
@@ -105,7 +106,7 @@ class ShapingProxy:
         self.upstream = (parts.hostname or "127.0.0.1", parts.port)
         self.latency_s, self.rate = latency_s, rate
         self.cut_after, self.status, self.left = cut_after, status, faults
-        self.injected = self.connections = self.open = self.peak_open = 0
+        self.injected = self.connections = self.open = self.peak_open = self.waiting = self.peak_waiting = 0
         self.requests: Counter = Counter()  # by method
         self.body_bytes = 0  # bytes of answer bodies forwarded
         self.lock = threading.Lock()
@@ -155,6 +156,11 @@ class ShapingProxy:
 
         return Framing(request), Framing(answer)
 
+    def _wait(self, change: int) -> None:
+        with self.lock:
+            self.waiting += change
+            self.peak_waiting = max(self.peak_waiting, self.waiting)
+
     def _fault(self) -> bool:
         with self.lock:
             if self.left <= 0:
@@ -177,6 +183,7 @@ class ShapingProxy:
 
     def _handle(self, client: socket.socket) -> None:
         upstream = None
+        asked: list = [None]
         with self.lock:
             self.open += 1
             self.peak_open = max(self.peak_open, self.open)
@@ -192,7 +199,8 @@ class ShapingProxy:
                                b"Connection: close\r\n\r\n%s" % (self.status, len(_SLOWDOWN), _SLOWDOWN))
                 return
             upstream = socket.create_connection(self.upstream)
-            asked = [time.monotonic()]  # when the request now being answered went out (None: answer started)
+            asked[0] = time.monotonic()  # when the request now being answered went out (None: answer started)
+            self._wait(1)
             requests, answers = self._framings()
             requests.feed(head)
             upstream.sendall(head)
@@ -203,6 +211,8 @@ class ShapingProxy:
         finally:
             with self.lock:
                 self.open -= 1
+            if asked[0] is not None:  # (a request the connection's end left unanswered)
+                self._wait(-1)
             for s in (client, upstream):
                 if s is not None:
                     try:
@@ -220,6 +230,7 @@ class ShapingProxy:
                     break
                 if asked[0] is None:
                     asked[0] = time.monotonic()
+                    self._wait(1)
                 framing.feed(data)
                 upstream.sendall(data)
         except OSError:
@@ -241,6 +252,7 @@ class ShapingProxy:
                 if wait > 0:
                     time.sleep(wait)
                 asked[0] = None
+                self._wait(-1)
                 began, paced = time.monotonic(), 0
             if self.cut_after and sent + len(data) >= self.cut_after and self._fault():
                 client.sendall(data[: self.cut_after - sent])

@@ -27,7 +27,7 @@ import numpy as np
 from ..plan.bucketworker import KEY_SHIFT
 from ..plan.shuffle import shuffled
 from ..tar import runs
-from .reader import ColumnReader
+from .column import ColumnReader
 from .rows import Rows, decode_runs
 
 ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields), and of each

@@ -15,16 +15,17 @@ buffer's delivered window) and the plan's drops (an elastic resume's) are passed
 decoded (:class:`~.numbering.Numbering`). Every block holds consecutive ordinals (``Rows.ordinal``
 is its first).
 
-A column's blocks come from a :class:`ColumnReader`, which reads the tar reader's raw items
+A column's blocks come from a :class:`~.column.ColumnReader`, which reads the tar reader's raw items
 ahead on request, so that the :class:`~.feed.Feed` decodes the runs of all of a worker's columns
 together (:func:`~.rows.decode_runs`) before each column turns its items into blocks, in its own
-order: the problems of a shard are acted on before the sample read just before them.
+order: the problems of a shard are acted on before the sample read just before them. A column's
+remote parts are fetched by the worker's read-ahead (``PlanReader.fetcher``, one for all its
+columns), from the moment the column is made.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from typing import AbstractSet, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -32,6 +33,7 @@ import numpy as np
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
+from ..io.parts import PartFetcher
 from ..io.remote import state_ahead
 from ..io.streams import ShardSequence, chunk_bytes, is_gzip_name
 from ..manifest.scan import forget
@@ -42,6 +44,7 @@ from ..tar.walked import walked_runs
 from .fields import FieldDecoder
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
+from .column import ColumnReader
 from .rows import RowDecoder, Rows
 from .stats import WorkerStats
 
@@ -61,6 +64,10 @@ class PlanReader:
         self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
         #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
         self.first_runs: Tuple[int, ...] = ()
+        self.fetcher: Optional[PartFetcher] = None  # the worker's read-ahead of remote parts (shared by its columns)
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, fetcher=None)  # (its threads stay in the process that made it)
 
     @property
     def run_bytes(self) -> int:
@@ -82,32 +89,44 @@ class PlanReader:
         once the next is read (a run at once, but for its last sample, cut off by
         :meth:`~dalistream.tar.runs.Run.split`), so a shard's problem, met at the end of its part,
         is acted on before the sample before it, as when samples are read one by one; problems
-        with no item left after them come with an item ``None``."""
+        with no item left after them come with an item ``None``. The first pass's parts are
+        handed to the worker's read-ahead (``fetcher``) now, fetched with the other columns'."""
+        return self._items(plan, stats, start, gone, self._pass(plan, 0, 0, start, gone, stats))
+
+    def _pass(self, plan: WorkerPlan, n_pass: int, ordinal: int, start: int, gone: AbstractSet[int],
+              stats: WorkerStats) -> tuple:
+        """``(reads, their ShardSequence, the ordinal after them)`` of pass ``n_pass`` of the plan's parts."""
+        parts = list(plan.parts)
+        if n_pass:
+            perm = np.random.default_rng(seeds.pass_order(self.config.seed, plan.epoch, n_pass)).permutation(len(parts))
+            parts = [parts[int(i)] for i in perm]
+        drop = plan.drop if not n_pass else ()  # an elastic resume's raw positions (first pass only)
+        reads = []
+        raw = 0
+        for index, first, stop in parts:
+            size = None if stop is None else stop - first
+            numbering = Numbering(first, size, raw, ordinal, drop, start, gone)
+            if size is not None:
+                ordinal += size - _between(drop, raw, raw + size)
+                raw += size
+            opened_at = first + numbering.head
+            if stop is None or opened_at < stop or stop == first == 0:  # (an empty shard is opened: it is checked)
+                reads.append((index, opened_at, stop, numbering, self.byte_range(index, opened_at, stop)))
+        shards = ShardSequence([self.data.urls[r[0]] for r in reads], self.config.storage_options, stats.io,
+                               ranges=[(r[4][0] or 0, r[4][1]) for r in reads], fetcher=self.fetcher)
+        return reads, shards, ordinal
+
+    def _items(self, plan: WorkerPlan, stats: WorkerStats, start: int, gone: AbstractSet[int],
+               first: tuple) -> Iterator[list]:
         c = self.config
-        ordinal = 0
+        reads, shards, ordinal = first
         passes = itertools.count() if c.policy == "fixed" else range(1)
         for n_pass in passes:
-            parts = list(plan.parts)
             if n_pass:
-                perm = np.random.default_rng(seeds.pass_order(c.seed, plan.epoch, n_pass)).permutation(len(parts))
-                parts = [parts[int(i)] for i in perm]
-            drop = plan.drop if not n_pass else ()  # an elastic resume's raw positions (first pass only)
-            reads = []
-            raw = 0
-            for index, first, stop in parts:
-                size = None if stop is None else stop - first
-                numbering = Numbering(first, size, raw, ordinal, drop, start, gone)
-                if size is not None:
-                    ordinal += size - _between(drop, raw, raw + size)
-                    raw += size
-                opened_at = first + numbering.head
-                if stop is None or opened_at < stop or stop == first == 0:  # (an empty shard is opened: it is checked)
-                    reads.append((index, opened_at, stop, numbering, self.byte_range(index, opened_at, stop)))
+                reads, shards, ordinal = self._pass(plan, n_pass, ordinal, start, gone, stats)
             held = None  # the raw item read last: given out once the next one is read
             problems: list = []  # met before any item of this pass: they come with its first
             given = 0
-            shards = ShardSequence([self.data.urls[r[0]] for r in reads], c.storage_options, stats.io,
-                                   ranges=[(r[4][0] or 0, r[4][1]) for r in reads])
             try:
                 for position, (index, first, stop, numbering, (begin, end)) in enumerate(reads):
                     for item in self._part(shards, position, index, first, stop, begin, end, stats, numbering):
@@ -218,7 +237,7 @@ class PlanReader:
         numbering.found = found_at
         numbering.problem = problem.at(rank=c.rank, worker=self.worker) if problem is not None else None
 
-    def _blocks(self, item, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
+    def item_blocks(self, item, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
         """A raw item of the tar reader (a :class:`Run`, or one sample) as blocks."""
         if isinstance(item, Run):
             return self._run_blocks(item, numbering, policy, stats)
@@ -330,71 +349,3 @@ class PlanReader:
             f"shard holds {found} samples but {counted} were counted{f' ({source})' if source else ''}: {said}",
             url=url, reason="stale_count", rank=self.config.rank, worker=self.worker, hint=hint,
         )
-
-
-class ColumnReader:
-    """One column's blocks of rows (an iterator of :class:`~.rows.Rows`), their raw items read
-    ahead on request (:meth:`read_ahead`): so a worker's columns have their runs decoded together,
-    in bulk (:func:`~.rows.decode_runs`), before each is turned into blocks in the column's order.
-    Counts the rows it gives out as samples that passed (the error policy's judgement, made at
-    the end too)."""
-
-    def __init__(self, reader: PlanReader, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
-                 gone: AbstractSet[int] = frozenset()) -> None:
-        self.reader, self.plan, self.policy, self.stats = reader, plan, policy, stats
-        self.items = reader.items(plan, stats, start, gone)
-        self.ahead: deque = deque()
-        self.ahead_samples = 0
-        self.current: Iterator[Rows] = iter(())
-        self.resumed = bool(start or gone)
-        self.pass_rows = [0, 0]  # (pass, rows given in it)
-        self.ended = False
-
-    def read_ahead(self, samples: int) -> List[Run]:
-        """Read raw items until ``samples`` are read ahead (or the column ends); the runs read."""
-        runs = []
-        while self.ahead_samples < samples and not self.ended:
-            item = next(self.items, None)
-            if item is None:
-                self.ended = True
-                break
-            self.ahead.append(item)
-            self.ahead_samples += _samples(item[0])
-            if isinstance(item[0], Run):
-                runs.append(item[0])
-        return runs
-
-    def __iter__(self) -> "ColumnReader":
-        return self
-
-    def __next__(self) -> Rows:
-        while True:
-            block = next(self.current, None)
-            if block is not None:
-                self.policy.passed += block.n
-                self.pass_rows[1] += block.n
-                return block
-            if self.ahead:
-                item = self.ahead.popleft()
-                self.ahead_samples -= _samples(item[0])
-            else:
-                item = None if self.ended else next(self.items, None)
-            if item is None:
-                self.ended = True
-                self.policy.check(final=True)
-                raise StopIteration
-            raw, numbering, n_pass, problems = item
-            for problem in problems:  # met before this item, acted on before it (see PlanReader.items)
-                self.policy.handle(problem, "shards")
-                self.stats.flush_skips()
-            if raw is None:
-                continue
-            if n_pass != self.pass_rows[0]:  # a pass over the parts gave nothing: cycling on would never end
-                if not self.pass_rows[1] and not (self.pass_rows[0] == 0 and self.resumed):
-                    raise self.reader.no_samples(self.plan)
-                self.pass_rows = [n_pass, 0]
-            self.current = self.reader._blocks(raw, numbering, self.policy, self.stats)
-
-
-def _samples(item: object) -> int:
-    return len(item) if isinstance(item, Run) else 0 if item is None else 1  # type: ignore[arg-type]

@@ -49,6 +49,7 @@ from .policy import ErrorPolicy
 from ..mixing import Mix, bucket_epoch, worker_columns, worker_run
 from .bucketfeed import BucketFeed, bucket_column
 from ..io.options import shared_budget
+from ..io.parts import PartFetcher
 from .feed import Feed, shuffled_blocks
 from .reader import PlanReader
 from .rows import Rows
@@ -91,6 +92,7 @@ class WorkerSource:
         self.profile_dir = os.environ.get(PROFILE_ENV) or None
         self._profile: Optional[cProfile.Profile] = None
         self._arena: Optional[Arena] = None  # (made in the worker; its buffers serve every epoch)
+        self._fetcher: Optional[PartFetcher] = None  # (made in the worker; its threads serve every epoch)
 
     def _readers(self) -> None:
         c = self.config
@@ -190,7 +192,7 @@ class WorkerSource:
         state = dict(self.__dict__)
         state["_gen"] = None  # generators never travel to the worker
         state["_profile"] = None
-        state["_arena"] = None
+        state["_arena"] = state["_fetcher"] = None
         return state
 
     # -- one epoch -------------------------------------------------------------------------
@@ -219,8 +221,10 @@ class WorkerSource:
         policy.skipped = stats.skipped_by_epoch.setdefault(epoch, policy.skipped)  # this epoch's skips
         if self._arena is None:  # the runs of all columns side by side: decoded together with no copy
             self._arena = Arena()
+        if self._fetcher is None:  # the columns' remote parts, fetched together (no thread for local ones)
+            self._fetcher = PartFetcher()
         for reader in self.readers:
-            reader.arena = self._arena
+            reader.arena, reader.fetcher = self._arena, self._fetcher
         if c.buckets is not None:
             yield from self._bucket_batches(epoch, start_step, policy, stats)
             stats.write()

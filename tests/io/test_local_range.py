@@ -9,7 +9,7 @@ import pytest
 
 from dalistream.errors import ShardFormatError
 from dalistream.io.local import END_OF_ARCHIVE, FileRange
-from dalistream.io.options import MIN_SHARED_CHUNK, MIN_SHARED_PART, remote_options, shared_budget
+from dalistream.io.options import MIN_SHARED_CHUNK, remote_options, shared_budget
 from dalistream.io.streams import open_shard
 from dalistream.tar import iter_samples
 from dalistream.manifest import build_manifest
@@ -61,10 +61,16 @@ def test_gzip_content_under_a_tar_name_is_decompressed(tmp_path):
 
 
 def test_columns_share_one_streams_budget():
+    """The columns' read-ahead adds up to the worker's (no floor that grows with the columns), each
+    column's parts half its share (its next part fetched while it reads one), the requests in
+    flight the worker's (not divided)."""
     one = remote_options({})
-    shared = shared_budget({}, 32)
-    assert shared["read_ahead_bytes"] * 32 <= max(one.read_ahead_bytes, MIN_SHARED_PART * 32)
-    assert shared["part_bytes"] >= MIN_SHARED_PART and shared["parts_in_flight"] >= 1
-    assert shared["chunk_bytes"] == max(MIN_SHARED_CHUNK, one.chunk_bytes // 32)
+    for share in (2, 32, 128, 4096):
+        shared = remote_options(shared_budget({}, share))
+        assert shared.read_ahead_bytes * share <= max(one.read_ahead_bytes, 2048 * share)
+        assert shared.part_bytes <= max(1024, shared.read_ahead_bytes // 2) and shared.part_bytes <= one.part_bytes
+        assert shared.parts_in_flight == one.parts_in_flight
+        assert shared.chunk_bytes == min(shared.read_ahead_bytes, max(MIN_SHARED_CHUNK, one.chunk_bytes // share))
     assert shared_budget({"endpoint_url": "http://x"}, 1) == {"endpoint_url": "http://x"}
-    assert remote_options(shared_budget({"parts_in_flight": 16, "read_ahead_bytes": 128 << 20}, 4)).parts_in_flight == 4
+    assert remote_options(shared_budget({"parts_in_flight": 16, "read_ahead_bytes": 128 << 20}, 4)).parts_in_flight == 16
+    assert remote_options(shared_budget({"read_ahead_bytes": 128 << 20}, 4)).part_bytes == 8 << 20

@@ -227,7 +227,7 @@ def test_failed_shard_is_raised_in_its_place_and_the_next_one_is_read(shards):
 
 
 def test_options_and_shape_parsing():
-    assert remote_options({}).parts_in_flight >= 4 and remote_options({}).part_bytes >= 1 << 20
+    assert remote_options({}).in_flight >= 4 and remote_options({}).part_bytes >= 1 << 20
     for bad in ({"parts_in_flight": 0}, {"part_bytes": 10}):
         with pytest.raises(ConfigError, match="parts_in_flight"):
             remote_options(bad)
@@ -267,7 +267,7 @@ def test_through_a_byte_cache_the_reader_reads_what_the_read_ahead_fetched(shard
 
 
 def test_aligned_part_sizes():
-    from dalistream.io.parts import aligned_part
+    from dalistream.io.partstate import aligned_part
 
     assert aligned_part(8 << 20, 4 << 20) == 8 << 20 and aligned_part(10 << 20, 4 << 20) == 8 << 20
     assert aligned_part(1 << 20, 4 << 20) == 1 << 20 and aligned_part(3 << 20, 4 << 20) == 2 << 20
@@ -281,3 +281,64 @@ def test_aligned_part_sizes():
     assert fetcher._length(5000, None) == 30000  # without a cache: part_bytes from anywhere
     fetcher.align = aligned_part(30000, 12288)  # (what a cache of 12 KiB blocks sets)
     assert [fetcher._length(p, 100_000) for p in (5000, 24576, 90000)] == [19576, 24576, 8304]  # to the next bound
+
+
+def test_a_workers_streams_share_one_fetcher_and_its_budget(shards):
+    """Six columns' sequences on one fetcher (a worker's): opened and not read, they fetch their
+    first parts together and no more than the worker's budget between them; read a chunk of each
+    in turn (as a worker's rounds do), each gives exactly its range's bytes, the bytes held never
+    above the budget; a sequence closed early stops being fetched."""
+    from dalistream.io.options import shared_budget
+    from dalistream.io.parts import PartFetcher
+
+    urls = [u for u in shards["s3"] if not u.endswith(".gz")]
+    tars = {u: tar_bytes(p) for u, p in zip(shards["s3"], shards["paths"]) if u in urls}
+    cuts = [(u, (0, len(tars[u]) // 2)) for u in urls] + [(u, (len(tars[u]) // 2, None)) for u in urls]
+    budget = 192 * KiB
+    with ShapingProxy(shards["endpoint"], latency_s=0.2) as proxy:
+        options = shared_budget({"endpoint_url": proxy.endpoint, "read_ahead_bytes": budget, "chunk_bytes": 8 * KiB},
+                                len(cuts))  # 32 KiB a column, parts of 16 KiB
+        fetcher, counters = PartFetcher(), IOCounters()
+        seqs = [ShardSequence([u], options, counters, [r], fetcher=fetcher) for u, r in cuts]
+        with fetcher.cond:  # nothing read: the columns' first parts, then as much as the budget holds
+            fetcher.cond.wait_for(lambda: fetcher.in_flight == 0 and fetcher.held == budget, timeout=60)
+        assert proxy.peak_waiting == len(cuts) and proxy.counts()["body_bytes"] == budget
+        streams = [seq.open(0) for seq in seqs]
+        got = [b""] * len(seqs)
+        while any(s is not None for s in streams):
+            for k, stream in enumerate(streams):
+                data = stream.read(4 * KiB) if stream is not None else b""
+                if stream is not None and not data:
+                    stream.close()
+                    streams[k] = None
+                got[k] += data
+        assert got == [tars[u][s:e] + (END_OF_ARCHIVE if e is not None else b"") for u, (s, e) in cuts]
+        assert 0 < counters.peak_buffered_bytes <= budget and counters.retries == 0
+        assert counters.bytes == sum(len(tars[u]) for u in urls)  # nothing fetched twice
+        before = proxy.counts()["requests"]
+        late = ShardSequence([urls[0]], options, counters, [(0, None)], fetcher=fetcher)
+        late.close()  # closed before it is read: nothing more of it is fetched (at most its first parts)
+        fetcher.stop()
+        assert proxy.counts()["requests"] - before <= 2
+        for seq in seqs:
+            seq.close()
+
+
+def test_the_next_part_goes_to_the_stream_with_the_fewest_bytes_ahead(shards):
+    """The scheduling order of a fetcher of three streams (its threads held back): each stream's
+    first part in the order the streams were added, then each one's next in the same turn (the
+    order a reader taking a little of each in turn needs them), never past a stream's budget."""
+    from dalistream.io.parts import PartFetcher
+
+    opts = remote_options({"endpoint_url": shards["endpoint"], "read_ahead_bytes": 96 * KiB, "part_bytes": 24 * KiB})
+    fetcher = PartFetcher()
+    fetcher.stopped = True  # (no thread fetches: the order is read from the scheduler alone)
+    bases = [fetcher.add(shards["s3"][:1] + shards["s3"][2:3], opts) for _ in range(3)]
+    with fetcher.cond:
+        order = []
+        while (slot := fetcher._next_part()) is not None:
+            order.append((bases.index(slot.owner.lo), slot.index - slot.owner.lo, slot.offset))
+    # each stream: its first shard's first part, then (its size unknown until that part answers)
+    # the next shard's first part, ahead, within the stream's budget less a part
+    assert order == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 0), (1, 1, 0), (2, 1, 0)]
+    assert fetcher.held == 3 * 48 * KiB and all(s.held == 48 * KiB for s in fetcher.streams)

@@ -191,7 +191,8 @@ def test_s3_cut_connections_through_dali_deliver_exactly_once(dataset):
     local = open_stream(dataset["local"], dataset, **kw)
     remote = open_stream(f"s3://{BUCKET}/ds/", dataset, storage_options=dataset["opts"], **kw)
     with ShapingProxy(dataset["opts"]["endpoint_url"], cut_after=30_000, faults=4) as proxy:  # inside a part
-        opts = {"endpoint_url": proxy.endpoint, "chunk_bytes": 16 << 10, "read_ahead_bytes": 64 << 10,
+        # (4 columns a worker: parts of 64 KiB, each cut once past 30,000 bytes)
+        opts = {"endpoint_url": proxy.endpoint, "chunk_bytes": 16 << 10, "read_ahead_bytes": 512 << 10,
                 "backoff_s": 0.01}
         through_proxy = dataclasses.replace(remote, config=remote.config.replace(storage_options=opts))
         (got,), stats = loader_batches(through_proxy)

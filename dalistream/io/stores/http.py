@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ...errors import SourceError
-from ..options import RemoteOptions
+from ..options import MAX_IN_FLIGHT, RemoteOptions
 from ..retry import Retry, changed, status_error
 from .base import ObjectStore, Answer, Data, Empty, ObjectInfo, no_write, range_header, total_size
 
@@ -25,14 +25,15 @@ _pools_lock = threading.Lock()
 
 def http_pool(opts: RemoteOptions) -> Any:
     """The urllib3 pool manager for ``opts`` (one per process and timeouts; retries are ours)."""
-    key = (os.getpid(), opts.connect_timeout_s, opts.read_timeout_s)
+    size = max(MAX_IN_FLIGHT, opts.in_flight)  # a connection for each request a worker keeps in flight
+    key = (os.getpid(), opts.connect_timeout_s, opts.read_timeout_s, size)
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
             import urllib3
 
             pool = _pools[key] = urllib3.PoolManager(
-                num_pools=16, maxsize=16, timeout=urllib3.Timeout(connect=opts.connect_timeout_s, read=opts.read_timeout_s),
+                num_pools=16, maxsize=size, timeout=urllib3.Timeout(connect=opts.connect_timeout_s, read=opts.read_timeout_s),
                 retries=urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5))
         return pool
 

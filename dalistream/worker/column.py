@@ -1,0 +1,85 @@
+"""A column's blocks of rows, read ahead on request: :class:`ColumnReader` (see
+:mod:`.reader`, which reads a plan's parts, and :class:`~.feed.Feed`, which asks for the runs of
+all of a worker's columns before decoding them together)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, AbstractSet, Iterator, List
+
+from ..plan import WorkerPlan
+from ..tar.runs import Run
+from .policy import ErrorPolicy
+from .rows import Rows
+from .stats import WorkerStats
+
+if TYPE_CHECKING:
+    from .reader import PlanReader
+
+
+class ColumnReader:
+    """One column's blocks of rows (an iterator of :class:`~.rows.Rows`), their raw items read
+    ahead on request (:meth:`read_ahead`): so a worker's columns have their runs decoded together,
+    in bulk (:func:`~.rows.decode_runs`), before each is turned into blocks in the column's order.
+    Counts the rows it gives out as samples that passed (the error policy's judgement, made at
+    the end too)."""
+
+    def __init__(self, reader: PlanReader, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
+                 gone: AbstractSet[int] = frozenset()) -> None:
+        self.reader, self.plan, self.policy, self.stats = reader, plan, policy, stats
+        self.items = reader.items(plan, stats, start, gone)
+        self.ahead: deque = deque()
+        self.ahead_samples = 0
+        self.current: Iterator[Rows] = iter(())
+        self.resumed = bool(start or gone)
+        self.pass_rows = [0, 0]  # (pass, rows given in it)
+        self.ended = False
+
+    def read_ahead(self, samples: int) -> List[Run]:
+        """Read raw items until ``samples`` are read ahead (or the column ends); the runs read."""
+        runs = []
+        while self.ahead_samples < samples and not self.ended:
+            item = next(self.items, None)
+            if item is None:
+                self.ended = True
+                break
+            self.ahead.append(item)
+            self.ahead_samples += _samples(item[0])
+            if isinstance(item[0], Run):
+                runs.append(item[0])
+        return runs
+
+    def __iter__(self) -> "ColumnReader":
+        return self
+
+    def __next__(self) -> Rows:
+        while True:
+            block = next(self.current, None)
+            if block is not None:
+                self.policy.passed += block.n
+                self.pass_rows[1] += block.n
+                return block
+            if self.ahead:
+                item = self.ahead.popleft()
+                self.ahead_samples -= _samples(item[0])
+            else:
+                item = None if self.ended else next(self.items, None)
+            if item is None:
+                self.ended = True
+                self.policy.check(final=True)
+                raise StopIteration
+            raw, numbering, n_pass, problems = item
+            for problem in problems:  # met before this item, acted on before it (see PlanReader.items)
+                self.policy.handle(problem, "shards")
+                self.stats.flush_skips()
+            if raw is None:
+                continue
+            if n_pass != self.pass_rows[0]:  # a pass over the parts gave nothing: cycling on would never end
+                if not self.pass_rows[1] and not (self.pass_rows[0] == 0 and self.resumed):
+                    raise self.reader.no_samples(self.plan)
+                self.pass_rows = [n_pass, 0]
+            self.current = self.reader.item_blocks(raw, numbering, self.policy, self.stats)
+
+
+def _samples(item: object) -> int:
+    return len(item) if isinstance(item, Run) else 0 if item is None else 1  # type: ignore[arg-type]
