@@ -171,7 +171,7 @@ class ByteCache:
                         break  # the object ends in this block
                     pos += self.block_bytes
                     continue
-                flight, _ = self._flight(path, digest, url, version, index, max(pos, start), fetch, here=True)
+                flight = self._flight(path, digest, url, version, index, max(pos, start), fetch, here=True)
                 flight.wait()  # (fetched here, or by the stream that wanted it first)
                 if flight.error is not None or len(flight) < self.block_bytes:
                     break  # the object ends in this block (a failed fetch: the reader meets it)
@@ -241,11 +241,11 @@ class ByteCache:
             return got
         if not self.caching:
             return self._uncached(url, version, pos, end, fetch)
-        flight, _ = self._flight(path, digest, url, version, index, pos, fetch, here=False)
+        flight = self._flight(path, digest, url, version, index, pos, fetch, here=False)
         return Piece(index * self.block_bytes, self.block_bytes, False, None, b"", False, flight)
 
     def _flight(self, path: str, digest: bytes, url: str, version: str, index: int, entry: int, fetch: Fetch,
-                here: bool) -> "tuple[Flight, bool]":
+                here: bool) -> Flight:
         """The block's :class:`~.cacheflight.Flight` in this process: the one in flight, or one
         started (in this thread when ``here``, else in a new one) that fetches the block, its file
         lock held (so once per node), from ``entry`` on first, keeps it if there is room, and

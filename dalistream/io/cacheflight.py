@@ -101,14 +101,13 @@ class Flights:
         self._flights: Dict[str, Flight] = {}
 
     def join(self, path: str, base: int, entry: int, fly: Callable[[Flight], Any],
-             here: bool) -> "tuple[Flight, bool]":
-        """``(flight, started)``: the flight of ``path``; a new one (from ``entry`` first) is
-        fetched by ``fly`` in this thread (``here``, returning once it is done) or in a new daemon
-        thread."""
+             here: bool) -> Flight:
+        """The flight of ``path``: the one in flight, or a new one (from ``entry`` first), fetched
+        by ``fly`` in this thread (``here``, returning once it is done) or in a new daemon thread."""
         with self._lock:
             flight = self._flights.get(path)
             if flight is not None:
-                return flight, False
+                return flight
             flight = self._flights[path] = Flight(base, entry)
 
         def run() -> None:
@@ -126,4 +125,4 @@ class Flights:
             run()
         else:
             threading.Thread(target=run, name="dalistream-block", daemon=True).start()
-        return flight, True
+        return flight

@@ -69,6 +69,11 @@ class RemoteOptions:
         """Requests in flight for one span: ``parts_in_flight``, :data:`SPAN_IN_FLIGHT` if not given."""
         return self.parts_in_flight if self.parts_in_flight is not None else SPAN_IN_FLIGHT
 
+    @property
+    def connections(self) -> int:
+        """A client's connection pool: one for each request a worker may keep in flight."""
+        return max(MAX_IN_FLIGHT, self.in_flight)
+
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based): full jitter."""
         return rng.uniform(0, min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1))))

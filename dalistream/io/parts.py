@@ -20,7 +20,7 @@ the stream with the fewest bytes ahead of its reader (in the order the streams w
 they hold as many): the order a reader that takes a little of each stream in turn needs them.
 Threads: ``parts_in_flight`` when given, the bound whatever is read; else
 :data:`~.options.SPAN_IN_FLIGHT` for one stream, and for several one per stream (at least that,
-at most :data:`MAX_THREADS`), so that each column's first bytes are asked for at once: a first
+at most :data:`~.options.MAX_IN_FLIGHT`), so that each column's first bytes are asked for at once: a first
 batch waits for about one round trip, not one per column.
 
 The first part of a shard learns the object's size and ETag; the following parts are pinned to
@@ -45,7 +45,6 @@ from .remote import RemoteRaw, is_ranged
 
 Range = Tuple[int, Optional[int]]  # (start byte, end byte or None for the end of the object)
 END = object()  # returned by :meth:`PartFetcher.take` at the end of a shard
-MAX_THREADS = MAX_IN_FLIGHT  # the most threads (requests in flight) one fetcher of several streams runs
 IDLE_S = 30.0  # a thread of a fetcher open to more streams ends after this long with nothing to fetch
 
 
@@ -76,12 +75,8 @@ class PartFetcher:
         self.stopped = False
         self.threads: List[threading.Thread] = []
         self.open_to_more = not urls  # (a fetcher of one stream ends its threads once it is fetched)
-        if opts is not None:  # (the one stream's settings, as attributes: budget, part_bytes, align, warming)
-            default = StreamState(0, 0, 0, opts, counters)
-            self.budget, self.part_bytes, self.align, self.warming = (
-                default.budget, default.part_bytes, default.align, default.warming)
-            if urls:
-                self.add(urls, opts, counters, ranges, start)
+        if urls and opts is not None:
+            self.add(urls, opts, counters, ranges, start)
 
     def add(self, urls: Sequence[str], opts: RemoteOptions, counters: Optional[IOCounters] = None,
             ranges: Optional[Sequence[Range]] = None, start: int = 0) -> int:
@@ -97,7 +92,7 @@ class PartFetcher:
                 self.owners[lo + i] = stream
             self.streams.append(stream)
             wanted = opts.in_flight if opts.parts_in_flight is not None or not self.open_to_more else \
-                max(opts.in_flight, min(len(self.streams), MAX_THREADS))  # (a number given is the bound)
+                max(opts.in_flight, min(len(self.streams), MAX_IN_FLIGHT))  # (a number given is the bound)
             self.threads = [t for t in self.threads if t.is_alive()]
             for k in range(len(self.threads), wanted):
                 thread = threading.Thread(target=self._work, name=f"dalistream-part-{lo}-{k}", daemon=True)
@@ -153,7 +148,7 @@ class PartFetcher:
                 shard.state = "done"
                 self._advance(stream)
                 continue
-            length = self._length(shard.next, limit, stream)
+            length = stream.part_length(shard.next, limit)
             if stream.held and stream.held + length > stream.budget:
                 return None
             return self._schedule(stream, stream.cursor, shard, length)
@@ -180,18 +175,11 @@ class PartFetcher:
             if shard.end is not None and shard.next >= shard.end:
                 shard.state = "done"
                 continue
-            length = self._length(shard.next, shard.end, stream)
+            length = stream.part_length(shard.next, shard.end)
             if stream.held + length > stream.budget - stream.part_bytes:
                 return None
             return self._schedule(stream, index, shard, length)
         return None
-
-    def _length(self, start: int, limit: Optional[int], stream: Optional[StreamState] = None) -> int:
-        """The length of a part from ``start``: ``part_bytes``, or up to the next multiple of
-        ``align`` (``stream``'s, else this fetcher's); none past ``limit``."""
-        part, align = (stream.part_bytes, stream.align) if stream is not None else (self.part_bytes, self.align)
-        n = (start // align + 1) * align - start if align else part
-        return n if limit is None else min(n, limit - start)
 
     def _schedule(self, stream: StreamState, index: int, shard: ShardState, length: int) -> PartSlot:
         slot = PartSlot(stream, shard, index, shard.next, length, first=shard.state == "new")

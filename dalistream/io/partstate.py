@@ -42,6 +42,12 @@ class StreamState:
         self.align = aligned_part(self.part_bytes, cache.block_bytes) if cache is not None else 0
         self.warming = cache is not None
 
+    def part_length(self, start: int, limit: Optional[int]) -> int:
+        """The length of a part from ``start``: ``part_bytes``, or up to the next multiple of
+        ``align``; none past ``limit``."""
+        n = (start // self.align + 1) * self.align - start if self.align else self.part_bytes
+        return n if limit is None else min(n, limit - start)
+
 
 class ShardState:
     """What the scheduler knows of one remote shard."""

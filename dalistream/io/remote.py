@@ -212,14 +212,12 @@ class RemoteRaw(io.RawIOBase):
 
 def state_object(url: str, opts: Any, counters: Sequence[IOCounters] = ()) -> "tuple[Optional[str], Optional[int]]":
     """``(version, size)`` of the object ``url`` as its store states it now (one request, retried)."""
-    store = store_for(url, opts)
-
-    def stat() -> ObjectInfo:
+    def stat(store: Any) -> ObjectInfo:
         for c in [TOTALS, *counters]:
             c.add(requests=1)
         return store.stat(url)
 
-    info = call_with_retries(stat, url, opts, [TOTALS, *counters], random.Random(), store=store)
+    info = _retried(url, opts, stat, counters=counters)
     return info.version, info.size
 
 
@@ -246,12 +244,13 @@ def open_remote(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] 
 
 # -- listing, metadata, small objects: any store, with retries ----------------------------------
 
-def _retried(url: str, options: Optional[Mapping[str, Any]], fn, what: str = "object") -> Any:
+def _retried(url: str, options: Any, fn, what: str = "object", counters: Sequence[IOCounters] = ()) -> Any:
     opts = remote_options(options)
     store = store_for(url, opts)
     if store.local:  # nothing to retry, and no stall timer per call (a scan states every file)
         return fn(store)
-    return call_with_retries(lambda: fn(store), url, opts, [TOTALS], random.Random(), what=what, store=store)
+    return call_with_retries(lambda: fn(store), url, opts, [TOTALS, *counters], random.Random(), what=what,
+                             store=store)
 
 
 def list_objects(prefix: str, options: Optional[Mapping[str, Any]] = None) -> List[ObjectInfo]:

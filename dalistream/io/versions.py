@@ -20,13 +20,12 @@ AHEAD_THREADS = 16  # statements in flight at once for the read-ahead of version
 
 
 class _Entry:
-    """One object's statement: pending until ``done`` is set, then its result (or error)."""
+    """One object's statement: pending until ``done`` is set, then its result (none: it failed)."""
 
     def __init__(self, asked: float, previous: Optional["_Entry"] = None) -> None:
         self.asked = asked
         self.done = threading.Event()
         self.result: Optional[Stated] = None
-        self.error: Optional[BaseException] = None
         self.previous = previous  # a statement ahead replaces this one, still trusted until it expires
 
 
@@ -65,8 +64,7 @@ def _run(key: str, entry: _Entry, state: Callable[[], Stated]) -> Stated:
         entry.result = state()
         entry.previous = None
         return entry.result
-    except BaseException as e:
-        entry.error = e
+    except BaseException:
         with _lock:
             if _book.get(key) is entry:
                 del _book[key]

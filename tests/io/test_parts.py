@@ -275,12 +275,12 @@ def test_aligned_part_sizes():
     for part in range(1000, 20000, 777):
         size = aligned_part(part, 12288)
         assert size <= max(part, 12288) and (size % 12288 == 0 or 12288 % size == 0)
-    from dalistream.io.parts import PartFetcher
+    from dalistream.io.partstate import StreamState
 
-    fetcher = PartFetcher([], remote_options({"part_bytes": 30000}), start=0)
-    assert fetcher._length(5000, None) == 30000  # without a cache: part_bytes from anywhere
-    fetcher.align = aligned_part(30000, 12288)  # (what a cache of 12 KiB blocks sets)
-    assert [fetcher._length(p, 100_000) for p in (5000, 24576, 90000)] == [19576, 24576, 8304]  # to the next bound
+    stream = StreamState(0, 0, 0, remote_options({"part_bytes": 30000}), None)
+    assert stream.part_length(5000, None) == 30000  # without a cache: part_bytes from anywhere
+    stream.align = aligned_part(30000, 12288)  # (what a cache of 12 KiB blocks sets)
+    assert [stream.part_length(p, 100_000) for p in (5000, 24576, 90000)] == [19576, 24576, 8304]  # to the next bound
 
 
 def test_a_workers_streams_share_one_fetcher_and_its_budget(shards):

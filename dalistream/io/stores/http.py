@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ...errors import SourceError
-from ..options import MAX_IN_FLIGHT, RemoteOptions
+from ..options import RemoteOptions
 from ..retry import Retry, changed, status_error
 from .base import ObjectStore, Answer, Data, Empty, ObjectInfo, no_write, range_header, total_size
 
@@ -25,7 +25,7 @@ _pools_lock = threading.Lock()
 
 def http_pool(opts: RemoteOptions) -> Any:
     """The urllib3 pool manager for ``opts`` (one per process and timeouts; retries are ours)."""
-    size = max(MAX_IN_FLIGHT, opts.in_flight)  # a connection for each request a worker keeps in flight
+    size = opts.connections
     key = (os.getpid(), opts.connect_timeout_s, opts.read_timeout_s, size)
     with _pools_lock:
         pool = _pools.get(key)

@@ -10,7 +10,7 @@ import threading
 from typing import Any, List, Optional
 
 from ...errors import ConfigError, SourceError
-from ..options import MAX_IN_FLIGHT, RemoteOptions
+from ..options import RemoteOptions
 from ..retry import status_error
 from .base import ObjectStore, split_bucket, Answer, Data, Empty, ObjectInfo, data_file, range_header, total_size
 
@@ -52,7 +52,7 @@ class S3Store(ObjectStore):
                 except ProfileNotFound:
                     raise ConfigError(f"AWS profile {opts.get('profile')!r} is not configured") from None
                 config = Config(retries={"total_max_attempts": 1}, connect_timeout=opts.connect_timeout_s,
-                                read_timeout=opts.read_timeout_s, max_pool_connections=max(MAX_IN_FLIGHT, opts.in_flight), tcp_keepalive=True,
+                                read_timeout=opts.read_timeout_s, max_pool_connections=opts.connections, tcp_keepalive=True,
                                 signature_version=botocore.UNSIGNED if opts.anon else None)
                 self._client = session.client("s3", endpoint_url=opts.endpoint_url, region_name=opts.get("region"),
                                               config=config)
