@@ -421,3 +421,21 @@ def test_a_peer_s_ratio_is_the_median_of_each_round_s_own_ratio():
     peer = [{"samples_per_s": 50.0}, {"samples_per_s": 200.0}, {"samples_per_s": 100.0}]
     assert bench.round_ratios(ours, peer)["samples_per_s"] == 2.0
     assert bench.ratios(bench.summarize(ours), bench.summarize(peer))["samples_per_s"] == 1.2
+
+
+def test_with_and_without_buckets_differ_in_buckets_alone(tmp_path):
+    """--buckets with --cache: both runs read through a cache folder of their own (removed after),
+    so the pair compares buckets, not a cache against none."""
+    import argparse
+
+    from dalistream.tools.bench.runner import _system_spec
+
+    args = argparse.Namespace(cache=str(tmp_path), cache_limit=None)
+    base = {"buckets": "auto:8", "urls": ["s3://b/x.tar"]}
+    folders = {}
+    for system in ("dalistream", "dalistream-nobuckets"):
+        with _system_spec(args, base, system) as spec:
+            folders[system] = spec.get("cache")
+            assert spec["cache"] and os.path.isdir(spec["cache"])
+            assert spec["buckets"] == (None if system == "dalistream-nobuckets" else "auto:8")
+    assert folders["dalistream"] != folders["dalistream-nobuckets"] and os.listdir(tmp_path) == []

@@ -162,15 +162,15 @@ def round_ratios(ours: List[Dict[str, Any]], peer: List[Dict[str, Any]]) -> Dict
 
 @contextlib.contextmanager
 def _system_spec(args: argparse.Namespace, base: Dict[str, Any], system: str) -> Iterator[Dict[str, Any]]:
-    """The spec of one run of ``system``: dalistream's through a new, empty cache folder under
-    ``--cache`` (removed after the run); dalistream-local's on the ``--local-copy``;
-    dalistream-nobuckets' without ``--buckets``."""
+    """The spec of one run of ``system``: dalistream's (and dalistream-nobuckets', so that the two
+    differ only in buckets) through a new, empty cache folder under ``--cache`` (removed after the
+    run); dalistream-local's on the ``--local-copy``; dalistream-nobuckets' without ``--buckets``."""
     spec = dict(base, system=system)
     if system == "dalistream-nobuckets":
         spec.update(buckets=None)
     if system == "dalistream-local":
         spec.update(urls=base["local_urls"], storage_options={}, manifest=None)
-    if system != "dalistream" or not args.cache:
+    if system not in ("dalistream", "dalistream-nobuckets") or not args.cache:
         yield spec
         return
     folder = tempfile.mkdtemp(prefix="dalistream-bench-cache-", dir=args.cache)
