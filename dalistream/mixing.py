@@ -164,7 +164,7 @@ def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
     options = dict(config.storage_options if storage_options is None else storage_options)
     read = manifest_reader(config.cache_dir, options)  # (the listing and the counts read the manifest once)
     urls = expand_sources([sources] if isinstance(sources, str) else list(sources), options,
-                          named=lambda folder: manifest_urls(folder, config.cache_dir, options, read))
+                          named=lambda folder: manifest_urls(folder, read))
     if not manifest and config.policy == "fixed":
         return DataSet(tuple(urls))
     # skip: a bad shard counts the samples before its problem (what a worker delivers)
@@ -331,7 +331,7 @@ def bucket_epoch(config: Any, data: DataSet, epoch: int, resume: Sequence = (),
     worker needs: the whole plan's cost spread over the ranks' workers would grow with the ranks)."""
     b, ids = config.buckets, data.buckets
     key = ("one", id(ids), len(ids), config.layout, config.schedule, int(epoch), b.per, tuple(map(tuple, resume)),
-           b.lookahead, rank)
+           b.lookahead, None if resume else rank)  # (a resumed plan lays out every rank: one for all)
 
     def make() -> tuple:
         if resume:
@@ -364,7 +364,9 @@ def bucketed_steps(config: Any, data: DataSet, mix: Any, epoch: int, resume: Seq
         return bucket_mix(config, mix, epoch).steps
     if resume:
         return bucket_epoch(config, data, epoch, resume).steps
-    return bucket_steps(bucket_totals(data.buckets, len(b)), config.layout, config.schedule, b.per)
+    ids = data.buckets  # (its per-bucket totals counted once, not at every len() of a loader)
+    totals = _kept(("totals", id(ids), len(ids), len(b)), lambda: (bucket_totals(ids, len(b)), ids))
+    return bucket_steps(totals, config.layout, config.schedule, b.per)
 
 
 def worker_run(config: Any, data: DataSet, mix: Any, epoch: int, worker: int, resume: Sequence = (),

@@ -164,9 +164,10 @@ def manifest_reader(cache_dir: Optional[str], options: Optional[Mapping[str, Any
     read: Dict[str, ShardRows] = {}
 
     def rows(path: str) -> ShardRows:
-        if path not in read:
-            read[path] = read_manifest_cached(path, cache_dir, options)
-        return read[path]
+        key = _key(path)  # (the listing names it as given, the counts by its absolute path)
+        if key not in read:
+            read[key] = read_manifest_cached(path, cache_dir, options)
+        return read[key]
 
     return rows
 
@@ -223,14 +224,12 @@ def _key(url: str) -> str:
     return os.path.normpath(os.path.abspath(local_path(url)))
 
 
-def manifest_urls(folder: str, cache_dir: Optional[str], options: Optional[Mapping[str, Any]] = None,
-                  read: Optional[Reader] = None) -> Optional[List[str]]:
+def manifest_urls(folder: str, read: Reader) -> Optional[List[str]]:
     """The shard URLs the manifest in ``folder`` (a URL or path ending in ``/``) names, or None
     when there is none there: what a listing takes instead of asking for every object (``read``:
     the resolution's :func:`manifest_reader`)."""
     try:
-        path = folder + DEFAULT_NAME
-        return (read(path) if read is not None else read_manifest_cached(path, cache_dir, options)).urls
+        return read(folder + DEFAULT_NAME).urls
     except SourceError as e:
         if e.reason == "missing":
             return None

@@ -17,6 +17,7 @@ import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..io.local import local_path
+from ..io.stores.base import has_magic
 from .unfinished import MANIFEST, MARKER, PART, is_shard_name, refuse_unfinished
 
 #: ``named(folder)``: the shard URLs the manifest in ``folder`` (a URL ending in ``/``) names, or None
@@ -89,7 +90,7 @@ def named_glob(pattern: str, named: Named) -> Optional[List[str]]:
     characters) as ``glob.glob`` and a check that each is a file give them, when the folder's
     manifest names every match; ``None`` otherwise."""
     folder, _, last = pattern.rpartition("/")
-    if not folder or "**" in last or glob_magic(folder):
+    if not folder or "**" in last or has_magic(folder):
         return None
     listed = _listed(folder, named)
     if listed is None:
@@ -102,11 +103,6 @@ def named_glob(pattern: str, named: Named) -> Optional[List[str]]:
         return None  # no match (named by the caller's error), or a match the manifest does not name
     matched.sort()
     return _joined(folder + "/", matched)
-
-
-def glob_magic(text: str) -> bool:
-    """True when ``text`` holds glob characters (as :func:`glob.has_magic`)."""
-    return any(c in text for c in "*?[")
 
 
 def named_list(items: List[str], named: Named) -> bool:
@@ -136,6 +132,6 @@ def named_locally(items: List[str], named: Named) -> Optional[List[str]]:
     if len(items) != 1:
         return None
     path = local_path(items[0])
-    if glob_magic(path):
+    if has_magic(path):
         return named_glob(path, named) if not os.path.lexists(path) else None
     return named_folder(path, named) if os.path.isdir(path) else None

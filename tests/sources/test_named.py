@@ -12,7 +12,7 @@ import pytest
 import dalistream
 from dalistream.errors import SourceError
 from dalistream.manifest import ShardInfo, write_manifest
-from dalistream.manifest.files import manifest_urls
+from dalistream.manifest.files import manifest_reader, manifest_urls
 from dalistream.sources import expand_sources
 from dalistream.sources.named import FOLDER_SCAN_MIN, named_folder, named_glob, names_in
 
@@ -22,7 +22,7 @@ SHARDS = FOLDER_SCAN_MIN + 6
 
 
 def named(folder):
-    return manifest_urls(folder, None)
+    return manifest_urls(folder, manifest_reader(None))
 
 
 @pytest.fixture

@@ -126,7 +126,8 @@ def test_a_local_brace_pattern_the_manifest_names_is_not_stated_file_by_file(tmp
     names = [f"s-{i:04d}.tar" for i in range(300)]
     _counts_only_manifest(str(tmp_path), names)
     pattern = str(tmp_path / "s-{0000..0299}.tar")
-    named = dalistream.manifest.files.manifest_urls
+    files = dalistream.manifest.files
+    named = lambda folder, read: files.manifest_urls(folder, files.manifest_reader(None))  # noqa: E731
     assert expand_sources(pattern, named=lambda folder: named(folder, None)) == [str(tmp_path / n) for n in names]
     stream = dalistream.Stream.open(pattern, fields={"k": "__key__"}, batch_size=4, device="cpu", rank=0,
                                     world_size=1, policy="exact", cache_dir=str(tmp_path / "cache"))
