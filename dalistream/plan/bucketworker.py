@@ -50,7 +50,7 @@ class BucketWorkerPlan:
     offset: np.ndarray
     bucket: np.ndarray
     lookahead: int
-    fill: Optional[np.ndarray] = None
+    fill: np.ndarray
 
     @property
     def samples(self) -> int:
@@ -138,13 +138,13 @@ def bucket_run(plans: Sequence[BucketWorkerPlan], first: int = 0, source: Option
         gone.append(frozenset(np.setdiff1d(np.arange(lo, hi), needed).tolist()) if hi - lo > len(needed) else frozenset())
     reads = np.diff(rows, axis=1, prepend=0).T if steps else np.zeros((0, len(readers)), np.int64)
 
-    def per_step(name: str, default: int) -> np.ndarray:
-        return np.array([getattr(plans[s], name)[j] if getattr(plans[s], name) is not None else default
-                         for s, j in zip(source.tolist(), source_step.tolist())], dtype=np.int64)
+    def per_step(name: str) -> np.ndarray:
+        return np.array([getattr(plans[s], name)[j] for s, j in zip(source.tolist(), source_step.tolist())],
+                        dtype=np.int64)
 
     return BucketRun(int(first), steps, tuple(readers), tuple(reader_source), tuple(start), tuple(gone),
                      np.ascontiguousarray(reads), key, np.searchsorted(time, np.arange(steps + 1)),
-                     per_step("offset", 0), per_step("bucket", -1), source, per_step("fill", 0))
+                     per_step("offset"), per_step("bucket"), source, per_step("fill"))
 
 
 def holdings(reader: np.ndarray, index: np.ndarray, step: np.ndarray, steps: int) -> np.ndarray:

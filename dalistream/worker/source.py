@@ -231,8 +231,7 @@ class WorkerSource:
             return
         columns = self.columns(epoch)
         steps = columns[0][0].steps
-        for source, reader in enumerate(self.readers):  # (through a byte cache: its objects' versions, ahead)
-            reader.state_ahead([plan for plan, _, s in columns if s == source], stats)
+        self._state_ahead([plan for plan, _, _ in columns], [s for _, _, s in columns], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
         streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
                    for plan, take, source in columns]
@@ -263,6 +262,12 @@ class WorkerSource:
             stats.add(dropped=sum(plan.left_out for plan, _, _ in columns))
         stats.write()
 
+    def _state_ahead(self, plans: Sequence[WorkerPlan], sources: Sequence[int], stats: WorkerStats) -> None:
+        """Through a byte cache: the versions of the objects ``plans`` read (each through reader
+        ``sources[i]``) stated ahead (:meth:`~.reader.PlanReader.state_ahead`)."""
+        for source, reader in enumerate(self.readers):
+            reader.state_ahead([plan for plan, s in zip(plans, sources) if s == source], stats)
+
     def _bucket_batches(self, epoch: int, start_step: int, policy: ErrorPolicy,
                         stats: WorkerStats) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         """The batches of ``epoch`` under its bucket plan from ``start_step`` on
@@ -271,8 +276,7 @@ class WorkerSource:
         c = self.config
         resume = self.resume if epoch == self.start_epoch else ()
         run = worker_run(c, self.data, self.mix, epoch, self.worker, resume, start_step)
-        for source, reader in enumerate(self.readers):  # (through a byte cache: its objects' versions, ahead)
-            reader.state_ahead([plan for g, plan in enumerate(run.readers) if run.source[g] == source], stats)
+        self._state_ahead(run.readers, run.source, stats)
         streams = [self.readers[run.source[g]].blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])
                    for g, plan in enumerate(run.readers)]
         feed = BucketFeed(run, streams, len(c.fields), self.data.bytes_per_sample,
