@@ -24,6 +24,7 @@ from .mixing import (Mix, affine_plan, bucketed, bucketed_steps, concatenated, o
                      resolve_source)
 from .plan import Layout, check_layout, resumed_steps, steps_per_epoch
 from .plan.nodes import ranks_per_node, resolve_nodes
+from .plan.resume import segment_head
 
 log = logging.getLogger(__name__)
 
@@ -347,10 +348,7 @@ class Stream:
         """What a loader state's segment says of a layout, all but its steps (:mod:`dalistream.plan.affinity`):
         run with node affinity over ``nodes`` nodes, ``(world_size, workers, batch_size, nodes,
         columns)``; without (``nodes`` None), the layout the plan splits (:meth:`planned`)."""
-        if nodes is None:
-            planned = self.planned(layout)
-            return (planned.world_size, planned.workers, planned.batch_size)
-        return (layout.world_size, layout.workers, layout.batch_size, int(nodes), int(bool(self.config.interleave)))
+        return segment_head(layout, self.planned(layout), nodes, bool(self.config.interleave))
 
     @property
     def may_pad(self) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -245,6 +245,15 @@ def check_segments(segments: Sequence[Sequence[int]]) -> Tuple[Segment, ...]:
                              f"node affinity, [world_size, workers, batch_size, steps, nodes, interleaved], got {s!r}")
         out.append(tuple(int(v) for v in s))
     return tuple(out)  # type: ignore[return-value]
+
+
+def segment_head(layout: Layout, planned: Layout, nodes: Optional[int], columns: bool) -> Tuple[int, ...]:
+    """What a segment says of ``layout``, all but its steps: with node affinity over ``nodes``
+    nodes, ``(world_size, workers, batch_size, nodes, columns)``; without (``nodes`` None), the
+    ``planned`` layout the plan splits an epoch over."""
+    if nodes is None:
+        return (planned.world_size, planned.workers, planned.batch_size)
+    return (layout.world_size, layout.workers, layout.batch_size, int(nodes), int(bool(columns)))
 
 
 def continued(segments: Sequence[Segment], saved: Tuple[int, ...], step: int,

@@ -14,6 +14,7 @@ from ..config import reading_order
 from ..errors import ConfigError, StateError, redact
 from ..plan import Layout, Schedule, epoch_layout, epoch_summary, owned_parts, remaining_summary, steps_per_epoch
 from ..plan.nodes import Nodes, resolve_nodes
+from ..plan.resume import segment_head
 from ..plan.quality import shuffle_quality
 from .args import emit, storage_options
 
@@ -90,10 +91,7 @@ def resume_view(args: argparse.Namespace, urls: Sequence[str], counts) -> Dict[s
     nodes = _nodes(args, layout) if args.affinity == "node" else None
 
     def head(of: Layout, count: Optional[int]) -> tuple:  # a segment of this layout, without its steps
-        if count is None:
-            planned = of.planned(interleave)
-            return (planned.world_size, planned.workers, planned.batch_size)
-        return (of.world_size, of.workers, of.batch_size, count, int(interleave))
+        return segment_head(of, of.planned(interleave), count, interleave)
 
     was = Layout(saved["world_size"], saved["workers"], saved["batch_size"])
     segments, step = continued(segments, head(was, saved.get("nodes")), step, head(layout, nodes and nodes.count))
