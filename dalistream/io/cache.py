@@ -304,19 +304,19 @@ class ByteCache:
                 self._release(room)
             raise
         data = head + tail
-        self._add(misses=1)
+        # counted before the block's file is there: a reader that finds the file has the fetch's
+        # counts (this thread may still be on the ledger when the reader is done)
+        self._add(misses=1, **{"written_bytes" if kept else "uncached_bytes": len(data)})
         if kept:
             try:
                 size = files.write_block(path, digest, data)
                 self._release(room - size)
-                self._add(written_bytes=len(data))
-                return
             except OSError as e:
+                self._add(written_bytes=-len(data), uncached_bytes=len(data))
                 self._release(room)
                 self._writes_off = e.strerror or str(e)
                 self._warn("write", f"byte cache turned off: a block could not be written ({self._writes_off}); "
                                     "reading on without caching")
-        self._add(uncached_bytes=len(data))
 
     def _fetch(self, url: str, version: Optional[str], start: int, stop: int, fetch: Fetch,
                progress: Progress = None) -> bytes:

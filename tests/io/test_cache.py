@@ -305,6 +305,8 @@ def test_a_full_disk_turns_the_cache_off_with_one_warning(tmp_path, origin, capl
         assert 0 < written < 1 << 20 and cache.counters()["written_bytes"] == written  # stopped writing
         assert caplog.text.count("turned off") == 1 and "No space left on device" in caplog.text
         assert cache.counters()["hits"] >= written // (128 * KB)  # what it holds is still read
+        c = cache.counters()  # the block whose write failed counted as fetched and not kept, not as written
+        assert c["written_bytes"] + c["uncached_bytes"] == c["remote_bytes"] and c["uncached_bytes"] > 0
         assert not [p for p in os.listdir(disk / "c" / cachefiles.NAMESPACE) if p.endswith(".partial")]
 
 
