@@ -50,6 +50,7 @@ from .plan.affinity import AffinePlan, Nodes
 from .plan.mix import check_options
 from .plan.bucketmix import BucketMix, check_bucket_mix
 from .plan.bucketresume import resumed_bucket_plan
+from .plan.bucketseq import BucketIndex
 from .plan.buckets import BucketEpoch, bucket_steps, bucket_totals
 from .plan.bucketworker import BucketRun, bucket_run
 from .plan.mixresume import MixResume
@@ -324,11 +325,18 @@ def check_buckets(config: Any, data: DataSet, mix: Any) -> None:
                           hint="use a smaller batch_size, fewer buckets, or policy='exact'")
 
 
+def bucket_index(data: DataSet, buckets: int) -> BucketIndex:
+    """The :class:`~.plan.bucketseq.BucketIndex` of ``data``'s buckets, made once per process
+    (before DALI's workers fork, they share the main process's)."""
+    ids = data.buckets
+    return _kept(("index", id(ids), len(ids), buckets), lambda: (BucketIndex(data.counts, ids, buckets), ids))
+
+
 def bucket_epoch(config: Any, data: DataSet, epoch: int, resume: Sequence = (),
                  rank: Optional[int] = None) -> BucketEpoch:
     """The bucket plan of ``epoch`` for every rank and worker (the rest of it after ``resume``'s
     segments ran under other layouts); ``rank``: laid out for that rank's workers only (what a
-    worker needs: the whole plan's cost spread over the ranks' workers would grow with the ranks)."""
+    worker needs: its cost is its rank's samples and the epoch's column counts, not the epoch)."""
     b, ids = config.buckets, data.buckets
     key = ("one", id(ids), len(ids), config.layout, config.schedule, int(epoch), b.per, tuple(map(tuple, resume)),
            b.lookahead, None if resume else rank)  # (a resumed plan lays out every rank: one for all)
@@ -338,19 +346,23 @@ def bucket_epoch(config: Any, data: DataSet, epoch: int, resume: Sequence = (),
             return resumed_bucket_plan(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per, resume,
                                        b.lookahead), ids
         return BucketEpoch(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per,
-                           lookahead=b.lookahead, ranks=None if rank is None else (rank,)), ids
+                           lookahead=b.lookahead, ranks=None if rank is None else (rank,),
+                           index=bucket_index(data, len(b)) if b.per == "rank" else None), ids
 
     return _kept(key, make)
 
 
-def bucket_mix(config: Any, mix: Any, epoch: int) -> BucketMix:
-    """The bucket plan of a mix's ``epoch`` (``per_batch="source"``)."""
+def bucket_mix(config: Any, mix: Any, epoch: int, rank: Optional[int] = None) -> BucketMix:
+    """The bucket plan of a mix's ``epoch`` (``per_batch="source"``); ``rank``: laid out for that
+    rank's workers only."""
     b = config.buckets
     ids = [s.data.buckets for s in mix.sources]
-    key = ("mix", tuple(map(id, ids)), config.layout, config.schedule, int(epoch), b.per, b.lookahead)
+    key = ("mix", tuple(map(id, ids)), config.layout, config.schedule, int(epoch), b.per, b.lookahead, rank)
+    indexes = [bucket_index(s.data, len(b)) for s in mix.sources] if b.per == "rank" else None
     return _kept(key, lambda: (BucketMix([s.data.counts for s in mix.sources], ids, len(b),
                                          [s.weight for s in mix.sources], config.layout, config.schedule, epoch,
-                                         b.per, mix.names, mix.per_batch, mix.samples_per_epoch), ids))
+                                         b.per, mix.names, mix.per_batch, mix.samples_per_epoch,
+                                         None if rank is None else (rank,), indexes), ids))
 
 
 def bucketed_steps(config: Any, data: DataSet, mix: Any, epoch: int, resume: Sequence = ()) -> int:
@@ -376,6 +388,6 @@ def worker_run(config: Any, data: DataSet, mix: Any, epoch: int, worker: int, re
     if mix is not None:
         if resume:
             bucketed_steps(config, data, mix, epoch, resume)  # refused, in words
-        plans, source, source_step = bucket_mix(config, mix, epoch).worker(config.rank, worker)
+        plans, source, source_step = bucket_mix(config, mix, epoch, config.rank).worker(config.rank, worker)
         return bucket_run(plans, first, source, source_step)
     return bucket_run([bucket_epoch(config, data, epoch, resume, config.rank).worker(config.rank, worker)], first)

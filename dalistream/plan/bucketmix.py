@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .buckets import BucketEpoch, BucketWorkerPlan
+from .bucketseq import BucketIndex
 from .layout import Layout, Schedule
 from .mix import check_share, cumulative
 
@@ -43,13 +44,15 @@ def check_bucket_mix(per_batch: str, samples_per_epoch: Optional[int] = None) ->
 
 class BucketMix:
     """One epoch of a mix with buckets (``per_batch="source"``): ``plans[s]`` is source s's
-    :class:`~.buckets.BucketEpoch`; ``source[t]`` and ``source_step[t]`` say which source's
-    batch step t is, and which of its plan's steps."""
+    :class:`~.buckets.BucketEpoch` (laid out for ``ranks``, default all; ``indexes``: the
+    sources' :class:`~.bucketseq.BucketIndex`, if made before); ``source[t]`` and
+    ``source_step[t]`` say which source's batch step t is, and which of its plan's steps."""
 
     def __init__(self, counts: Sequence[Sequence[int]], ids: Sequence[np.ndarray], buckets: int,
                  weights: Sequence[float], layout: Layout, schedule: Schedule, epoch: int, per: str = "rank",
                  names: Optional[Sequence[str]] = None, per_batch: str = "source",
-                 samples_per_epoch: Optional[int] = None) -> None:
+                 samples_per_epoch: Optional[int] = None, ranks: Optional[Sequence[int]] = None,
+                 indexes: Optional[Sequence[BucketIndex]] = None) -> None:
         check_bucket_mix(per_batch, samples_per_epoch)
         if not (len(counts) == len(ids) == len(weights)):
             raise ConfigError(f"mix: {len(counts)} sources' counts, {len(ids)} sources' buckets, {len(weights)} weights")
@@ -57,8 +60,9 @@ class BucketMix:
         self.layout = layout
         totals = [int(np.sum(c)) for c in counts]
         check_share(weights, totals, layout.batch_size, "source", None, self.names)
-        self.plans: List[BucketEpoch] = [BucketEpoch(c, i, buckets, layout, schedule, epoch, per)
-                                         for c, i in zip(counts, ids)]
+        indexes = [None] * len(ids) if indexes is None else indexes
+        self.plans: List[BucketEpoch] = [BucketEpoch(c, i, buckets, layout, schedule, epoch, per, ranks=ranks, index=x)
+                                         for c, i, x in zip(counts, ids, indexes)]
         limits = np.array([p.steps for p in self.plans], dtype=np.int64)
         # the largest t whose dealt batches stay within every source's plan (dealt counts grow with t)
         lo, hi = 0, int(limits.sum())

@@ -55,6 +55,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .layout import Layout, Schedule
+from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather, rank_cuts
 from .bucketworker import BucketWorkerPlan, holdings
 from .mix import span_layout
 from .ownership import epoch_order
@@ -107,51 +108,6 @@ def bucket_totals(ids: np.ndarray, buckets: int) -> np.ndarray:
     return np.bincount(np.asarray(ids, dtype=np.int64), minlength=buckets)[:buckets]
 
 
-def _round_units(target: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Integers within ``[lo, hi]`` summing to ``total``, nearest ``target`` (largest remainders)."""
-    v = np.clip(np.floor(target + 0.5).astype(np.int64), lo, hi)
-    while int(v.sum()) < total:
-        room = np.where(v < hi, target - v, -np.inf)
-        v[int(np.argmax(room))] += 1
-    while int(v.sum()) > total:
-        room = np.where(v > lo, target - v, np.inf)
-        v[int(np.argmin(room))] -= 1
-    return v
-
-
-def rank_cuts(pos: List[np.ndarray], units: np.ndarray, layout: Layout, policy: str) -> np.ndarray:
-    """``(R + 1, k)``: units of each bucket before each rank (``per="rank"``; see the module doc).
-    ``pos[b]``: the sequence indices of bucket b's samples."""
-    r_count, b = layout.world_size, layout.batch_size
-    n = np.array([len(p) for p in pos], dtype=np.int64)
-    cap = np.minimum(n, units * b)  # samples of each bucket in units
-    total_units = int(units.sum())
-    cum_units = (np.arange(r_count + 1, dtype=np.int64) * total_units) // r_count if policy == "exact" else \
-        np.arange(r_count + 1, dtype=np.int64) * (total_units // r_count)
-    length = int(sum(len(p) for p in pos))
-    cuts = np.zeros((r_count + 1, len(pos)), dtype=np.int64)
-    cuts[-1] = units
-    if r_count == 1 or total_units == 0:
-        return cuts
-    # a position counts when it is within its bucket's units: the rank boundaries are where the
-    # count reaches each rank's share of them
-    counted = np.zeros(length, dtype=np.int64)
-    for k, p in enumerate(pos):
-        counted[p[:cap[k]]] = 1
-    running = np.cumsum(counted)
-    used = int(cap.sum())
-    thresholds = -(-cum_units[1:-1] * used // total_units)
-    at = np.searchsorted(running, thresholds, side="left") + 1  # sequence lengths reaching each threshold
-    before = np.stack([np.minimum(np.searchsorted(p, at, side="left"), cap[k]) for k, p in enumerate(pos)], axis=1)
-    for i in range(1, r_count):
-        target = before[i - 1] / b
-        s = target.sum()
-        if s > 0:
-            target = target * (cum_units[i] / s)
-        cuts[i] = _round_units(target, int(cum_units[i]), cuts[i - 1], units)
-    return cuts
-
-
 class BucketEpoch:
     """One epoch's bucket plan for every rank and worker (see the module doc), computed once.
 
@@ -165,7 +121,7 @@ class BucketEpoch:
     def __init__(self, counts: Sequence[int], ids: np.ndarray, buckets: int, layout: Layout, schedule: Schedule,
                  epoch: int, per: str = "rank", positions: Optional[np.ndarray] = None,
                  lookahead: Optional[int] = None, columns: Optional[int] = None,
-                 ranks: Optional[Sequence[int]] = None) -> None:
+                 ranks: Optional[Sequence[int]] = None, index: Optional[BucketIndex] = None) -> None:
         self.ranks = frozenset(range(layout.world_size) if ranks is None else ranks)
         check_bucket_schedule(schedule, per)
         self.counts = np.asarray(counts, dtype=np.int64)
@@ -180,27 +136,11 @@ class BucketEpoch:
             raise ConfigError(f"buckets: columns must be a positive integer, got {columns!r}")
         order = epoch_order(len(self.counts), schedule.seed, epoch, schedule.shuffle_shards)
         self.shards = span_layout(self.counts, order, np.zeros(2, dtype=np.int64), 0)
-        written = np.zeros(len(self.counts) + 1, dtype=np.int64)
-        np.cumsum(self.counts, out=written[1:])
-        shift = np.repeat(written[order] - self.shards.starts[:-1], self.counts[order])
-        total = int(self.counts.sum())
-        planned = np.arange(total, dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
-        # reading order: the planned sequence cut into R·C column stretches, column q = p·R + r read
-        # by rank r (its C columns spread over the whole sequence), ranks one after the other
-        n_cols = layout.world_size * self.columns
-        column = (np.arange(len(planned), dtype=np.int64) * n_cols) // max(len(planned), 1)
-        reading = np.argsort((column % layout.world_size) * self.columns + column // layout.world_size, kind="stable")
-        self.positions = planned[reading]  # epoch position of each sequence index, in reading order
-        self.column = column[reading]
-        self.sample_ids = shift[self.positions] + self.positions  # written-order id of each
-        seq = np.asarray(ids, dtype=np.int64)[self.sample_ids]
-        by_bucket = np.argsort(seq, kind="stable")
-        edges = np.searchsorted(seq[by_bucket], np.arange(buckets + 1))
-        self.pos = [by_bucket[edges[k]:edges[k + 1]] for k in range(buckets)]  # sequence indices of each bucket
-        self.seq = seq
-        self.totals = np.diff(edges)
-        self.units, self.steps = bucket_units(self.totals, layout, schedule.policy, per)
-        self._plan()
+        if per == "rank" and positions is None:  # (a rank's plan from counts: :mod:`.bucketseq`)
+            owner = self._from_counts(index if index is not None else BucketIndex(self.counts, ids, buckets), order)
+        else:
+            owner = self._laid_out(ids, order, positions)
+        self._plan(owner)
         most = int(self.lookahead.max(initial=0))
         if lookahead is not None and most > lookahead:
             r, w = (int(x) for x in np.unravel_index(int(np.argmax(self.lookahead)), self.lookahead.shape))
@@ -212,26 +152,73 @@ class BucketEpoch:
 
     # -- who owns what ------------------------------------------------------------------------
 
-    def _owner(self) -> np.ndarray:
-        """Rank of every sequence index (``-1``: left out)."""
-        layout, b = self.layout, self.layout.batch_size
-        owner = np.full(len(self.seq), -1, dtype=np.int64)
+    def _laid_out(self, ids: np.ndarray, order: np.ndarray, positions: Optional[np.ndarray]) -> np.ndarray:
+        """The epoch laid out sample by sample (``positions``: those planned, default all), in
+        reading order: the planned sequence cut into R·C column stretches, column q = p·R + r read
+        by rank r (its C columns spread over the whole sequence), ranks one after the other; the
+        rank of every sample (``-1``: left out)."""
+        layout = self.layout
+        written = np.zeros(len(self.counts) + 1, dtype=np.int64)
+        np.cumsum(self.counts, out=written[1:])
+        shift = np.repeat(written[order] - self.shards.starts[:-1], self.counts[order])
+        planned = np.arange(int(self.counts.sum()), dtype=np.int64) if positions is None else \
+            np.asarray(positions, dtype=np.int64)
+        n_cols = layout.world_size * self.columns
+        column = (np.arange(len(planned), dtype=np.int64) * n_cols) // max(len(planned), 1)
+        reading = np.argsort((column % layout.world_size) * self.columns + column // layout.world_size, kind="stable")
+        self.positions = planned[reading]  # epoch position of each sequence index, in reading order
+        self.column = column[reading]
+        self.sample_ids = shift[self.positions] + self.positions  # written-order id of each
+        seq = np.asarray(ids, dtype=np.int64)[self.sample_ids]
+        by_bucket = np.argsort(seq, kind="stable")
+        edges = np.searchsorted(seq[by_bucket], np.arange(self.buckets + 1))
+        pos = [by_bucket[edges[k]:edges[k + 1]] for k in range(self.buckets)]  # sequence indices of each bucket
+        self.seq = seq
+        self.totals = np.diff(edges)
+        self.units, self.steps = bucket_units(self.totals, layout, self.schedule.policy, self.per)
+        b = layout.batch_size
         r = np.arange(layout.world_size + 1, dtype=np.int64)
         if self.per == "rank":
-            self.cuts = rank_cuts(self.pos, self.units, layout, self.schedule.policy)
-            bounds = np.minimum(self.cuts * b, self.totals[None, :])
+            bounds = np.minimum(rank_cuts(pos, self.units, layout, self.schedule.policy) * b, self.totals[None, :])
         elif self.schedule.policy == "exact":
             bounds = (self.totals[None, :] * r[:, None]) // layout.world_size
         else:
             bounds = r[:, None] * (self.units * b)[None, :]
-        for k, p in enumerate(self.pos):
+        self.kept = bounds[-1]
+        owner = np.full(len(seq), -1, dtype=np.int64)
+        for k, p in enumerate(pos):
             rank = np.searchsorted(bounds[:, k], np.arange(len(p)), side="right") - 1
             owner[p] = np.where(rank < layout.world_size, rank, -1)
         return owner
 
-    def _plan(self) -> None:
+    def _from_counts(self, index: BucketIndex, order: np.ndarray) -> np.ndarray:
+        """``per="rank"`` from the epoch's column counts (:mod:`.bucketseq`): the same plan, with
+        only the samples of the columns its ranks read (or where a cut falls) laid out."""
+        layout, c, b = self.layout, self.columns, self.layout.batch_size
+        starts = self.shards.starts
+        blocks = column_counts(index, order, starts, layout.world_size, c)
+        self.totals = blocks.cum[-1]
+        self.units, self.steps = bucket_units(self.totals, layout, self.schedule.policy, self.per)
+        cuts = cuts_of(self.totals, self.units, layout, self.schedule.policy,
+                       lambda cap, t: cut_before(index, order, starts, blocks, layout.world_size, c, cap, t))
+        bounds = np.minimum(cuts * b, self.totals[None, :])
+        self.kept = bounds[-1]
+        if len(self.ranks) == layout.world_size:
+            which = np.arange(len(blocks.size))  # (every rank: the left out too)
+        else:  # the blocks holding a sample some rank asked for owns
+            lo, hi = (bounds[sorted(self.ranks)][:, None, :], bounds[[r + 1 for r in sorted(self.ranks)]][:, None, :])
+            which = np.flatnonzero(((blocks.cum[None, :-1] < hi) & (blocks.cum[None, 1:] > lo)).any(axis=(0, 2)))
+        got = gather(index, order, starts, blocks, layout.world_size, c, which)
+        self.positions, self.column, self.sample_ids, self.seq = got.position, got.column, got.sample_id, got.bucket
+        rank = np.empty(len(got.nth), dtype=np.int64)
+        for k in range(self.buckets):
+            at = got.bucket == k
+            rank[at] = np.searchsorted(bounds[:, k], got.nth[at], side="right") - 1
+        return np.where(rank < layout.world_size, rank, -1)
+
+    def _plan(self, owner: np.ndarray) -> None:
         layout, b = self.layout, self.layout.batch_size
-        self.owner = owner = self._owner()
+        self.owner = owner
         by_rank = np.argsort(owner, kind="stable")
         edges = np.searchsorted(owner[by_rank], np.arange(-1, layout.world_size + 1))
         self.left_out = by_rank[edges[0]:edges[1]]
@@ -379,6 +366,12 @@ class BucketEpoch:
         return BucketWorkerPlan(rank, worker, self.epoch, steps, layout.global_worker(rank, worker), tuple(readers),
                                 reader[order], self.index_of[mine][order], take, np.where(take > 0, starts, 0),
                                 self.step_bucket[rank].copy(), int(self.lookahead[rank, worker]), fill)
+
+    @property
+    def left_out_count(self) -> int:
+        """Samples of the epoch no rank owns (``even``: the buckets' tails), however few ranks
+        were laid out."""
+        return int((self.totals - np.minimum(self.kept, self.totals)).sum())
 
     def bound(self) -> int:
         """The look-ahead bound of ``per="rank"``: ``B + (k − 1)(B − 1)``, ``k`` the buckets with samples."""

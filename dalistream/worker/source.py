@@ -303,7 +303,7 @@ class WorkerSource:
             stats.maybe_write()
             yield outputs
         if c.policy == "even" and self.mix is None and (c.rank, self.worker) == (c.world_size - 1, c.workers - 1):
-            stats.add(dropped=len(bucket_epoch(c, self.data, epoch, resume, c.rank).left_out))  # the job's last worker
+            stats.add(dropped=bucket_epoch(c, self.data, epoch, resume, c.rank).left_out_count)  # the job's last worker
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
                 reader: PlanReader) -> Iterator[Rows]:
