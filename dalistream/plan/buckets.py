@@ -56,7 +56,7 @@ import numpy as np
 from ..errors import ConfigError
 from .layout import Layout, Schedule
 from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather, rank_cuts
-from .bucketworker import BucketWorkerPlan, holdings
+from .bucketworker import BucketWorkerPlan, holdings, stable_argsort
 from .mix import span_layout
 from .ownership import epoch_order
 from .resume import Stretch, runs_to_parts
@@ -170,7 +170,7 @@ class BucketEpoch:
         self.column = column[reading]
         self.sample_ids = shift[self.positions] + self.positions  # written-order id of each
         seq = np.asarray(ids, dtype=np.int64)[self.sample_ids]
-        by_bucket = np.argsort(seq, kind="stable")
+        by_bucket = stable_argsort(seq)
         edges = np.searchsorted(seq[by_bucket], np.arange(self.buckets + 1))
         pos = [by_bucket[edges[k]:edges[k + 1]] for k in range(self.buckets)]  # sequence indices of each bucket
         self.seq = seq
@@ -219,7 +219,7 @@ class BucketEpoch:
     def _plan(self, owner: np.ndarray) -> None:
         layout, b = self.layout, self.layout.batch_size
         self.owner = owner
-        by_rank = np.argsort(owner, kind="stable")
+        by_rank = stable_argsort(owner)
         edges = np.searchsorted(owner[by_rank], np.arange(-1, layout.world_size + 1))
         self.left_out = by_rank[edges[0]:edges[1]]
         slot_starts = np.asarray(layout.slot_offsets + (b,), dtype=np.int64)
@@ -258,35 +258,33 @@ class BucketEpoch:
         for r in sorted(self.ranks):
             self._layout_batches(r, by_rank[edges[r + 1]:edges[r + 2]])
 
-    def _units_of(self, m: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _units_of(self, m: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For a rank's samples in merged order: each one's bucket, its unit within the bucket
-        (k-th B of the bucket's samples) and the merged index at which its unit completes (the
-        unit's last sample)."""
+        (k-th B of the bucket's samples), the merged index at which its unit completes (the
+        unit's last sample) and its unit's size."""
         b = self.layout.batch_size
         bucket = self.seq[m]
-        by = np.argsort(bucket, kind="stable")
-        start = np.searchsorted(bucket[by], np.arange(self.buckets + 1))
+        by = stable_argsort(bucket)  # by[start[k] + j]: the merged index of bucket k's j-th sample
+        count = np.bincount(bucket, minlength=self.buckets)
+        start = np.zeros(self.buckets + 1, dtype=np.int64)
+        np.cumsum(count, out=start[1:])
         rank_in = np.empty(len(m), dtype=np.int64)
-        rank_in[by] = np.arange(len(m)) - np.repeat(start[:-1], np.diff(start))
+        rank_in[by] = np.arange(len(m)) - np.repeat(start[:-1], count)
         unit = rank_in // b
-        last = np.zeros(len(m), dtype=np.int64)  # merged index of each sample's unit's last sample
-        key = bucket * (len(m) + 1) + unit
-        order = np.argsort(key, kind="stable")
-        bounds = np.flatnonzero(np.r_[True, key[order][1:] != key[order][:-1], True])
-        ends = order[bounds[1:] - 1]
-        last[order] = np.repeat(ends, np.diff(bounds))
-        return bucket, unit, last
+        end = np.minimum((unit + 1) * b, count[bucket])  # its unit's end within the bucket
+        return bucket, unit, by[start[bucket] + end - 1], end - unit * b
 
     def _rank_steps(self, r: int, m: np.ndarray) -> None:
         """``per="rank"``: rank r's steps in completion order of its units (partial ones last)."""
         if not len(m):
             return
-        bucket, unit, last = self._units_of(m)
-        _, which, size = np.unique(bucket * (len(m) + 1) + unit, return_inverse=True, return_counts=True)
-        done = np.where(size[which] == self.layout.batch_size, last, len(m) + bucket)  # partial units after full
-        order, step = np.unique(done, return_inverse=True)  # one unit completes at each merged index
-        if len(order) > self.steps:
-            raise RuntimeError(f"rank {r}: {len(order)} batches for {self.steps} steps")  # a defect, never an input
+        bucket, unit, last, size = self._units_of(m)
+        done = np.where(size == self.layout.batch_size, last, len(m) + bucket)  # partial units after full
+        completes = np.zeros(len(m) + self.buckets, dtype=np.int64)  # one unit completes at each merged index
+        completes[done] = 1
+        if int(completes.sum()) > self.steps:
+            raise RuntimeError(f"rank {r}: {int(completes.sum())} batches for {self.steps} steps")  # a defect, never an input
+        step = np.cumsum(completes)[done] - 1
         self.step_of[m] = step
         self.step_bucket[r, step] = bucket
 
@@ -300,7 +298,7 @@ class BucketEpoch:
             if not len(m):
                 per_rank.append(None)
                 continue
-            bucket, unit, last = self._units_of(m)
+            bucket, unit, last, _ = self._units_of(m)
             g = base[bucket] + unit
             np.maximum.at(ready, g, time[last])
             per_rank.append((m, g))
@@ -320,7 +318,8 @@ class BucketEpoch:
         if not len(own):
             return
         step, worker, reader, index = self.step_of[own], self.worker_of[own], self.reader_of[own], self.index_of[own]
-        order = np.lexsort((index, reader, worker, step))
+        # by step, then worker, reader and ordinal: the reading order ``own`` is already ordered by those
+        order = stable_argsort(step)
         s = step[order]
         self.place[own[order]] = np.arange(len(own)) - np.searchsorted(s, s, side="left")
         for w in range(self.layout.workers):
@@ -349,9 +348,10 @@ class BucketEpoch:
         layout, steps = self.layout, self.steps
         mine = np.flatnonzero((self.owner == rank) & (self.worker_of == worker))  # in reading order
         readers = []
-        reader = self.reader_of[mine]
-        for j in range(int(reader.max()) + 1 if len(mine) else 0):
-            at = self.positions[mine[reader == j]]  # increasing: a reader is a stretch of one column
+        reader = self.reader_of[mine]  # (increasing: its readers are numbered in reading order)
+        edges = np.searchsorted(reader, np.arange(int(reader.max()) + 2 if len(mine) else 1))
+        for j in range(len(edges) - 1):
+            at = self.positions[mine[edges[j]:edges[j + 1]]]  # increasing: a reader is a stretch of one column
             lo, hi = int(at[0]), int(at[-1]) + 1
             keep = np.zeros(hi - lo, dtype=bool)
             keep[at - lo] = True

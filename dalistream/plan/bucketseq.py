@@ -20,6 +20,7 @@ from typing import Callable, List, NamedTuple, Sequence
 
 import numpy as np
 
+from .bucketworker import stable_argsort
 from .layout import Layout
 
 
@@ -118,7 +119,7 @@ def gather(index: BucketIndex, order: np.ndarray, starts: np.ndarray, blocks: Co
     read = np.repeat(blocks.read_start[which], size) + position - np.repeat(blocks.seq_start[which], size)
     # (the n-th of its bucket: those of earlier blocks, then its rank among its block's)
     key = np.repeat(np.arange(len(which), dtype=np.int64), size) * index.buckets + bucket
-    by = np.argsort(key, kind="stable")
+    by = stable_argsort(key)
     group_first = np.searchsorted(key[by], key[by], side="left")
     nth = np.empty(len(key), dtype=np.int64)
     nth[by] = np.arange(len(key)) - group_first

@@ -12,7 +12,7 @@ its step comes: the step holds one sample fewer (padding at its end).
 
 from __future__ import annotations
 
-from itertools import repeat
+from operator import itemgetter
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -24,29 +24,66 @@ from .rows import Rows
 
 class BucketFeed:
     """Each step's emitted samples of ``run`` from ``streams`` (one per reader, read from its
-    ``start`` passing over ``gone``), ``n_fields`` per sample. ``most``: the most samples held at
-    once, the step's own included (the plan's look-ahead bounds it)."""
+    ``start`` passing over ``gone``), ``n_fields`` per sample. ``held``: the keys of the samples
+    read in earlier rounds and not yet emitted; ``most``: the most samples held at once, the
+    step's own included (the plan's look-ahead bounds it).
+
+    It works a round of the feed's steps at a time: the round's rows and those held from earlier
+    rounds form a pool, every emission of the round is found in it at once (one sort and search
+    of keys, not a dictionary's work per sample), and a step's samples are one gather per field."""
 
     def __init__(self, run: BucketRun, streams: Sequence[Iterator[Rows]], n_fields: int,
                  bytes_per_sample: Optional[float] = None, first_batch: bool = False) -> None:
         self.run = run
         self.n_fields = n_fields
         self.feed = Feed(streams, run.reads, n_fields, run.first, bytes_per_sample, first_batch, keyed=True)
-        self.held: dict = {}
+        self.held: List[int] = []
+        self._held_rows: List[list] = [[] for _ in range(n_fields)]
         self.most = 0
+        self._t0 = self._t1 = run.first
+        self._pool: List[list] = []
+        self._index: List[int] = []
+        self._bounds = np.zeros(1, np.int64)
 
     def take(self, step: int) -> Tuple[List[Sequence], int]:
         """Step ``step``'s samples (the steps are taken in order), one sequence per field, in
         batch order, and how many."""
-        values, _, _ = self.feed.take(step)
-        keys = values.pop()
-        held = self.held
-        held.update(zip(keys, zip(*values)))
-        self.most = max(self.most, len(held))
-        rows = [row for row in map(held.pop, self.run.emitted(step).tolist(), repeat(None)) if row is not None]
-        if not rows:
+        if step >= self._t1:
+            self._next_round(step)
+        lo, hi = int(self._bounds[step - self._t0]), int(self._bounds[step - self._t0 + 1])
+        if hi == lo:
             return [() for _ in range(self.n_fields)], 0
-        return list(zip(*rows)), len(rows)
+        if hi - lo == 1:
+            i = self._index[lo]
+            return [(values[i],) for values in self._pool], 1
+        get = itemgetter(*self._index[lo:hi])
+        return [get(values) for values in self._pool], hi - lo
+
+    def _next_round(self, step: int) -> None:
+        run = self.run
+        t0, t1, flat, reads = self.feed.round_of(step)
+        keys = flat.pop()
+        self._pool = [old + new for old, new in zip(self._held_rows, flat)]
+        pool_keys = np.asarray(self.held + keys, dtype=np.int64)
+        emitted = run.emit[run.bounds[t0]:run.bounds[t1]]
+        by_key = np.argsort(pool_keys)
+        at = np.minimum(np.searchsorted(pool_keys[by_key], emitted), max(len(pool_keys) - 1, 0))
+        # (an emission not in the pool: skipped by the error policy; its step holds one fewer)
+        found = pool_keys[by_key[at]] == emitted if len(pool_keys) else np.zeros(len(emitted), bool)
+        index = by_key[at[found]]
+        step_of = np.repeat(np.arange(t1 - t0), np.diff(run.bounds[t0:t1 + 1]))[found]
+        self._bounds = np.searchsorted(step_of, np.arange(t1 - t0 + 1))
+        self._index = index.tolist()
+        # held at each step, its own included: those held before, the rows read up to it, less
+        # those emitted before it
+        emitted_by = np.cumsum(np.diff(self._bounds)) - np.diff(self._bounds)
+        self.most = max(self.most, int((len(self.held) + np.cumsum(reads) - emitted_by).max(initial=0)))
+        rest = np.ones(len(pool_keys), bool)
+        rest[index] = False
+        left = np.flatnonzero(rest).tolist()
+        self.held = pool_keys[left].tolist()
+        self._held_rows = [[values[i] for i in left] for values in self._pool]
+        self._t0, self._t1 = t0, t1
 
 
 def bucket_column(bucket: int, batch_size: int, filled: bool) -> np.ndarray:

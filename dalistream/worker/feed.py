@@ -133,9 +133,17 @@ class Feed:
         if lattice:  # every column gave one row a step: step r's rows are every M-th row from r
             m = self._round[1] - t0  # type: ignore[index]
             return [values[r::m] for values in flat], len(self.columns), counts
-        index = np.concatenate([np.arange(a, b) for a, b in zip(lo[r].tolist(), hi[r].tolist()) if b > a] or
-                               [np.zeros(0, np.int64)]).tolist()
+        index = (np.arange(int(counts.sum())) + np.repeat(lo[r] - (np.cumsum(counts) - counts), counts)).tolist()
         return [[values[i] for i in index] for values in flat], len(index), counts
+
+    def round_of(self, step: int) -> Tuple[int, int, List[list], np.ndarray]:
+        """The round holding ``step`` (read now if it is the next; the steps are taken in order):
+        its steps ``t0 … t1 − 1``, all its rows laid end to end per field, and how many of them
+        each of its steps reads."""
+        if self._round is None or step >= self._round[1]:
+            self._read_round(step)
+        t0, t1, flat, lo, hi, _ = self._round  # type: ignore[misc]
+        return t0, t1, flat, (hi - lo).sum(axis=1)
 
     def _first_runs(self, c: int) -> Tuple[int, ...]:
         """The bytes of the first runs of the part column ``c`` opens now: the first batch waits
