@@ -283,22 +283,27 @@ class WorkerSource:
                           first_batch=epoch == self.start_epoch)
         empty = batch.templates(c.fields, c.batch_size)
         first = self.worker == 0
+        # (per step: plain numbers, and one bucket column per bucket, not made again each step)
+        offset, bucket, fill, source = (a.tolist() for a in (run.offset, run.bucket, run.fill, run.step_source))
+        planned = np.diff(run.bounds).tolist()
+        shipped: dict = {}
         for step in range(start_step, run.steps):
             t0 = time.perf_counter()
             columns, n = feed.take(step)
             if self.mix is not None:
-                stats.add_source(self.names[int(run.step_source[step])], n)
+                stats.add_source(self.names[source[step]], n)
             if step == run.steps - 1:
                 policy.check(final=True)  # the epoch's skips judged before its last batch
             t1 = time.perf_counter()
             stats.read_s += t1 - t0
-            lo = int(run.offset[step])
+            lo = offset[step]
             plain = batch.assemble(empty, columns, lo, n)
             self._span = (lo, lo + n)
-            outputs = plain[:-1] + (bucket_column(int(run.bucket[step]), c.batch_size, first),) + plain[-1:]
-            planned = int(run.bounds[step + 1] - run.bounds[step])
+            if bucket[step] not in shipped:
+                shipped[bucket[step]] = bucket_column(bucket[step], c.batch_size, first)
+            outputs = plain[:-1] + (shipped[bucket[step]],) + plain[-1:]
             stats.step = step + 1
-            stats.add(samples=n, padded=planned - n + (c.batch_size - int(run.fill[step]) if first else 0))
+            stats.add(samples=n, padded=planned[step] - n + (c.batch_size - fill[step] if first else 0))
             stats.batch_s += time.perf_counter() - t1
             stats.maybe_write()
             yield outputs
