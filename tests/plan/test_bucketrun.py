@@ -14,7 +14,7 @@ from dalistream.plan import Layout, Schedule
 from dalistream.plan.bucketmix import BucketMix
 from dalistream.plan.bucketresume import resumed_bucket_plan
 from dalistream.plan.buckets import BucketEpoch
-from dalistream.plan.bucketworker import KEY_SHIFT, bucket_run
+from dalistream.plan.bucketworker import KEY_SHIFT, bucket_run, stable_argsort
 
 
 def reader_ids(run, g, written):
@@ -157,3 +157,15 @@ def test_a_plan_laid_out_for_one_rank_gives_that_rank_s_workers_the_same(case, r
         assert a.readers == b.readers and a.lookahead == b.lookahead
         for name in ("emit_reader", "emit_index", "take", "offset", "bucket", "fill"):
             assert np.array_equal(getattr(a, name), getattr(b, name)), name
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(1 << 40), 1 << 40), max_size=60), st.sampled_from([0, 1, 1 << 14, 1 << 15, 1 << 20]),
+       st.sampled_from([np.int64, np.int32, np.uint16, np.int16]))
+def test_the_plans_stable_sort_is_numpy_s_whatever_the_keys_range(values, scale, dtype):
+    """The plans' sort (radix where the keys fit 16 bits) orders as numpy's stable sort does, ties
+    in their first order: keys in range, just out of it either side, negative, unsigned, empty."""
+    info = np.iinfo(dtype)
+    keys = (np.asarray(values, dtype=np.int64) % (scale + 1) - (scale // 2 if info.min < 0 else 0))
+    keys = np.clip(keys, info.min, info.max).astype(dtype)
+    assert stable_argsort(keys).tolist() == np.argsort(keys, kind="stable").tolist()
