@@ -282,8 +282,9 @@ class BucketEpoch:
         done = np.where(size == self.layout.batch_size, last, len(m) + bucket)  # partial units after full
         completes = np.zeros(len(m) + self.buckets, dtype=np.int64)  # one unit completes at each merged index
         completes[done] = 1
-        if int(completes.sum()) > self.steps:
-            raise RuntimeError(f"rank {r}: {int(completes.sum())} batches for {self.steps} steps")  # a defect, never an input
+        batches = int(completes.sum())
+        if batches > self.steps:
+            raise RuntimeError(f"rank {r}: {batches} batches for {self.steps} steps")  # a defect, never an input
         step = np.cumsum(completes)[done] - 1
         self.step_of[m] = step
         self.step_bucket[r, step] = bucket

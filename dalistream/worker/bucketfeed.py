@@ -77,8 +77,7 @@ class BucketFeed:
         self._index = index.tolist()
         # held at each step, its own included: those held before, the rows read up to it, less
         # those emitted before it
-        emitted_by = np.cumsum(np.diff(self._bounds)) - np.diff(self._bounds)
-        self.most = max(self.most, int((len(self.held) + np.cumsum(reads) - emitted_by).max(initial=0)))
+        self.most = max(self.most, int((len(self.held) + np.cumsum(reads) - self._bounds[:-1]).max(initial=0)))
         rest = np.ones(len(pool_keys), bool)
         rest[index] = False
         left = np.flatnonzero(rest).tolist()

@@ -125,14 +125,11 @@ class Feed:
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
         """Step ``step``'s slot (the steps are taken in order): one list per field, the number of
         rows, and how many came from each column."""
-        if self._round is None or step >= self._round[1]:
-            self._read_round(step)
-        t0, _, flat, lo, hi, lattice = self._round  # type: ignore[misc]
+        t0, t1, flat, lo, hi, lattice = self._round_at(step)
         r = step - t0
         counts = hi[r] - lo[r]
         if lattice:  # every column gave one row a step: step r's rows are every M-th row from r
-            m = self._round[1] - t0  # type: ignore[index]
-            return [values[r::m] for values in flat], len(self.columns), counts
+            return [values[r::t1 - t0] for values in flat], len(self.columns), counts
         index = (np.arange(int(counts.sum())) + np.repeat(lo[r] - (np.cumsum(counts) - counts), counts)).tolist()
         return [[values[i] for i in index] for values in flat], len(index), counts
 
@@ -140,10 +137,14 @@ class Feed:
         """The round holding ``step`` (read now if it is the next; the steps are taken in order):
         its steps ``t0 … t1 − 1``, all its rows laid end to end per field, and how many of them
         each of its steps reads."""
+        t0, t1, flat, lo, hi, _ = self._round_at(step)
+        return t0, t1, flat, (hi - lo).sum(axis=1)
+
+    def _round_at(self, step: int) -> Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]:
+        """The round holding ``step``, read first if it is the next."""
         if self._round is None or step >= self._round[1]:
             self._read_round(step)
-        t0, t1, flat, lo, hi, _ = self._round  # type: ignore[misc]
-        return t0, t1, flat, (hi - lo).sum(axis=1)
+        return self._round  # type: ignore[return-value]
 
     def _first_runs(self, c: int) -> Tuple[int, ...]:
         """The bytes of the first runs of the part column ``c`` opens now: the first batch waits

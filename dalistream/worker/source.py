@@ -283,10 +283,9 @@ class WorkerSource:
                           first_batch=epoch == self.start_epoch)
         empty = batch.templates(c.fields, c.batch_size)
         first = self.worker == 0
-        # (per step: plain numbers, and one bucket column per bucket, not made again each step)
+        # (per step: plain numbers, read once an epoch)
         offset, bucket, fill, source = (a.tolist() for a in (run.offset, run.bucket, run.fill, run.step_source))
         planned = np.diff(run.bounds).tolist()
-        shipped: dict = {}
         for step in range(start_step, run.steps):
             t0 = time.perf_counter()
             columns, n = feed.take(step)
@@ -299,9 +298,7 @@ class WorkerSource:
             lo = offset[step]
             plain = batch.assemble(empty, columns, lo, n)
             self._span = (lo, lo + n)
-            if bucket[step] not in shipped:
-                shipped[bucket[step]] = bucket_column(bucket[step], c.batch_size, first)
-            outputs = plain[:-1] + (shipped[bucket[step]],) + plain[-1:]
+            outputs = plain[:-1] + (bucket_column(bucket[step], c.batch_size, first),) + plain[-1:]
             stats.step = step + 1
             stats.add(samples=n, padded=planned[step] - n + (c.batch_size - fill[step] if first else 0))
             stats.batch_s += time.perf_counter() - t1
