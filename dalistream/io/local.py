@@ -9,7 +9,8 @@ import os
 import stat
 import subprocess
 import tempfile
-from typing import BinaryIO, Callable, Optional
+import threading
+from typing import BinaryIO, Callable, Dict, Optional
 
 from ..errors import SourceError
 
@@ -123,15 +124,18 @@ def copy_tail(view: memoryview, tail: memoryview) -> "tuple[int, memoryview]":
 class FileRange(io.RawIOBase):
     """A part of a local shard as a tar of its own: bytes ``[start, end)`` of the file, read by
     positional reads straight into the caller's buffer (no buffer of its own and no copy, so a
-    worker reading many parts at once, interleaved columns, holds a file descriptor per part and
-    nothing more), then an end-of-archive marker when all of them came: a file shorter than the
-    range stays a truncated tar. ``marker=False``: the bytes alone (a store's plain range)."""
+    worker reading many parts at once, interleaved columns, holds nothing per part but this),
+    then an end-of-archive marker when all of them came: a file shorter than the range stays a
+    truncated tar. ``marker=False``: the bytes alone (a store's plain range). Closing it closes
+    ``f``, or hands it back when it is ``shared`` (:func:`open_range`)."""
 
-    def __init__(self, f: io.FileIO, start: int, end: int, marker: bool = True) -> None:
+    def __init__(self, f: io.FileIO, start: int, end: int, marker: bool = True,
+                 shared: Optional["_Shared"] = None) -> None:
         self._f = f
         self._pos, self._end = start, max(start, end)
         self._tail = memoryview(b"")
         self._marker = marker
+        self._shared = shared
 
     def readable(self) -> bool:
         return True
@@ -168,16 +172,80 @@ class FileRange(io.RawIOBase):
         return n
 
     def close(self) -> None:
+        if self.closed:
+            return
         try:
-            self._f.close()
+            if self._shared is not None:
+                self._shared.release()
+            else:
+                self._f.close()
         finally:
             super().close()
 
+    def is_gzip(self) -> bool:
+        """Whether the file is gzip content (its first bytes; read once per shared file)."""
+        from .gunzip import file_is_gzip
+
+        if self._shared is None:
+            return file_is_gzip(self)
+        if self._shared.gzip is None:
+            self._shared.gzip = file_is_gzip(self)
+        return self._shared.gzip
+
+
+class _Shared:
+    """One open shard file (of :data:`_open_files`) and how many :class:`FileRange` s read it now."""
+
+    __slots__ = ("path", "file", "identity", "users", "gzip")
+
+    def __init__(self, path: str, f: io.FileIO, identity: tuple) -> None:
+        self.path, self.file, self.identity, self.users = path, f, identity, 0
+        self.gzip: Optional[bool] = None
+
+    def current(self) -> bool:
+        """Whether the path still names this file."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
+
+    def release(self) -> None:
+        """One reader less: the file closes with the last."""
+        with _open_files_lock:
+            self.users -= 1
+            if self.users:
+                return
+            if _open_files.get(self.path) is self:
+                del _open_files[self.path]
+        self.file.close()
+
+
+_open_files: Dict[str, _Shared] = {}
+_open_files_pid = os.getpid()
+_open_files_lock = threading.Lock()
+
 
 def open_range(url: str, start: int, end: int) -> FileRange:
-    """Bytes ``[start, end)`` of a local shard as a :class:`FileRange` (errors as :func:`open_file`'s)."""
-    f = open_file(url, 0, 0)
-    return FileRange(f, start, end)  # type: ignore[arg-type]
+    """Bytes ``[start, end)`` of a local shard as a :class:`FileRange` (errors as :func:`open_file`'s).
+
+    The parts of one file open at once in a process share its descriptor: a worker's interleaved
+    columns read many parts of each shard side by side, and an open, a check of its first bytes
+    and a close for every one of them cost more than their reads (a worker reading 128 columns of
+    8 shards opened 128 files an epoch, not 8). The file is closed with the last part that reads
+    it; one replaced under the same path meanwhile (another inode) is opened anew."""
+    global _open_files, _open_files_pid
+    path = local_path(url)
+    with _open_files_lock:
+        if _open_files_pid != os.getpid():  # a forked child: the parent's parts are not its own to count
+            _open_files, _open_files_pid = {}, os.getpid()
+        shared = _open_files.get(path)
+        if shared is None or not shared.current():
+            f = open_file(url, 0, 0)  # (its errors: missing, not a regular file, unreadable)
+            st = os.fstat(f.fileno())
+            shared = _open_files[path] = _Shared(path, f, (st.st_dev, st.st_ino))  # type: ignore[arg-type]
+        shared.users += 1
+    return FileRange(shared.file, start, end, shared=shared)
 
 
 def open_file(url: str, offset: int = 0, buffering: int = CHUNK) -> BinaryIO:

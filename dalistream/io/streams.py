@@ -140,7 +140,7 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
     else:
         if end is not None and store_class(url).local:  # a local part: positional reads, no buffers
             part = open_range(url, offset, end)
-            if not file_is_gzip(part):
+            if not part.is_gzip():
                 return part
             part.close()  # gzip content under a .tar name: read through the decompressor below
         stream = open_raw(url, 0, options)

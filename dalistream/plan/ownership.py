@@ -169,28 +169,47 @@ class EpochLayout:
 
     def drops(self, g: int) -> Tuple[int, ...]:
         """Raw ordinals, over the samples of :meth:`parts` ``(g)``, of those left out."""
-        lo, hi = int(self.edges[g]), int(self.edges[g + 1])
-        inside = self.left[(self.left >= lo) & (self.left < hi)]
-        return tuple((inside - lo).tolist())
+        return self.drops_of([g])[0]
+
+    def drops_of(self, spans: Sequence[int]) -> List[Tuple[int, ...]]:
+        """:meth:`drops` of each span of ``spans`` (``left`` is sorted: a search each)."""
+        g = np.asarray(spans, dtype=np.int64)
+        if not len(self.left):
+            return [()] * len(g)
+        lo, hi = self.edges[g], self.edges[g + 1]
+        a, b = np.searchsorted(self.left, lo, side="left"), np.searchsorted(self.left, hi, side="left")
+        return [tuple((self.left[i:j] - x).tolist()) for i, j, x in zip(a.tolist(), b.tolist(), lo.tolist())]
 
     def parts(self, g: int) -> List[Part]:
         """The shard parts of global worker ``g``'s stretch of the sequence, in reading order
         (samples left out inside it are :meth:`drops`). An empty shard is a part ``(s, 0, 0)`` of
         the span it sits in (the last span's when it sits at the end), so that it is still opened
         once: a shard that has gained samples or is damaged shows."""
-        lo, hi = int(self.edges[g]), int(self.edges[g + 1])
+        return self.parts_of([g])[0]
+
+    def parts_of(self, spans: Sequence[int]) -> List[List[Part]]:
+        """:meth:`parts` of each span of ``spans``, worked out together (a worker reading
+        interleaved plans hundreds of columns an epoch: one pass of array operations, not one per
+        column)."""
+        g = np.asarray(spans, dtype=np.int64)
+        lo, hi = self.edges[g], self.edges[g + 1]
         last = g == len(self.bounds) - 2
         heads = self.starts[:-1]
-        i = int(np.searchsorted(heads, lo, side="left"))  # first shard starting at or after lo
-        if i > 0 and int(self.starts[i]) > lo:
-            i -= 1  # the shard before it holds lo
-        j = int(np.searchsorted(heads, hi, side="right" if last else "left"))  # shards starting before hi
-        a, b, shard = self.starts[i:j], self.starts[i + 1:j + 1], self.order[i:j]
+        i = np.searchsorted(heads, lo, side="left")  # first shard starting at or after lo
+        i -= (i > 0) & (self.starts[i] > lo)  # the shard before it holds lo
+        j = np.where(last, np.searchsorted(heads, hi, side="right"), np.searchsorted(heads, hi, side="left"))
+        n = np.maximum(j - i, 0)  # shards starting before hi, each span's
+        head = np.cumsum(n) - n  # where each span's candidates start among all
+        k = np.repeat(i - head, n) + np.arange(int(n.sum()), dtype=np.int64)
+        lo, hi, last = np.repeat(lo, n), np.repeat(hi, n), np.repeat(last, n)
+        a, b, shard = self.starts[k], self.starts[k + 1], self.order[k]
         full = b > a
         keep = np.where(full, np.minimum(hi, b) > np.maximum(lo, a), (a >= lo) & ((a < hi) | last))
         first = np.where(full, np.maximum(lo, a) - a, 0)[keep]
         stop = np.where(full, np.minimum(hi, b) - a, 0)[keep]
-        return list(zip(shard[keep].tolist(), first.tolist(), stop.tolist()))
+        found = list(zip(shard[keep].tolist(), first.tolist(), stop.tolist()))
+        kept = np.concatenate([[0], np.cumsum(keep)])[np.append(head, len(keep))].tolist()  # each span's, among found
+        return [found[x:y] for x, y in zip(kept[:-1], kept[1:])]
 
 
 def epoch_layout(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int) -> EpochLayout:
@@ -291,12 +310,13 @@ def worker_columns(counts: Sequence[int], num_shards: int, layout: Layout, sched
         raise ManifestError(f"{len(counts)} counts for {num_shards} shards")
     plan = epoch_layout(counts, columns, schedule, epoch)  # once: a worker may read hundreds of columns
     total, last = plan.total, columns.global_workers - 1
+    qs = list(layout.columns(rank, worker))
     out = []
-    for q in layout.columns(rank, worker):
+    for q, parts, drop in zip(qs, plan.parts_of(qs), plan.drops_of(qs)):
         samples = int(plan.bounds[q + 1] - plan.bounds[q])
         if schedule.policy == "fixed" and samples == 0:
             raise ConfigError(f"column {q} owns no sample: {total} samples cannot fill every position of every "
                               f"rank's batch ({columns.global_workers} in all)", hint="use a smaller batch")
-        out.append(WorkerPlan(q, 0, epoch, tuple(plan.parts(q)), plan.steps, 1, 0, samples, q,
-                              total - int(plan.bounds[-1]) if q == last else 0, plan.drops(q)))
+        out.append(WorkerPlan(q, 0, epoch, tuple(parts), plan.steps, 1, 0, samples, q,
+                              total - int(plan.bounds[-1]) if q == last else 0, drop))
     return tuple(out)

@@ -1,13 +1,16 @@
 """Local shard parts read by positional reads (``dalistream.io.local.FileRange``): exactly the
 bytes of the range, seekable within it, then an end-of-archive marker, only after all of them
 came (a cut shard stays a truncated tar); gzip content under a ``.tar`` name read through the
-decompressor, a part of it a tar too; and the read budget a worker's columns share (``shared_budget``)."""
+decompressor, a part of it a tar too; the parts of one file open at once share its descriptor
+(a worker's interleaved columns), a file replaced under its path is opened anew; and the read
+budget a worker's columns share (``shared_budget``)."""
 
 import gzip
+import os
 
 import pytest
 
-from dalistream.errors import ShardFormatError
+from dalistream.errors import ShardFormatError, SourceError
 from dalistream.io.local import END_OF_ARCHIVE, FileRange
 from dalistream.io.options import MIN_SHARED_CHUNK, remote_options, shared_budget
 from dalistream.io.streams import open_shard
@@ -58,6 +61,76 @@ def test_gzip_content_under_a_tar_name_is_decompressed(tmp_path):
     part = open_shard(path, 1024, None, 2048)
     assert not isinstance(part, FileRange)
     assert read_all(part) == data[1024:2048] + END_OF_ARCHIVE
+
+
+def open_descriptors(path):
+    """This process's descriptors open on ``path``."""
+    fds = os.listdir("/proc/self/fd")
+    out = []
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == os.path.abspath(path):
+                out.append(fd)
+        except OSError:
+            pass
+    return out
+
+
+def test_the_parts_of_a_file_open_at_once_share_one_descriptor(tmp_path):
+    path = key_shards(str(tmp_path), [9])[0]
+    data = open(path, "rb").read()
+    parts = [open_shard(path, a, None, b) for a, b in ((512, 1536), (1536, 4096), (0, 1024))]
+    assert len(open_descriptors(path)) == 1
+    assert read_all(parts[1], 500) == data[1536:4096] + END_OF_ARCHIVE  # each still its own bytes
+    parts[1].close()
+    parts[1].close()  # (closing twice hands it back once)
+    assert read_all(parts[0]) == data[512:1536] + END_OF_ARCHIVE and len(open_descriptors(path)) == 1
+    parts[0].close()
+    del parts[2]  # (dropped unclosed: closed as it goes)
+    assert open_descriptors(path) == []
+    again = open_shard(path, 0, None, 512)
+    assert read_all(again) == data[:512] + END_OF_ARCHIVE and len(open_descriptors(path)) == 1
+    again.close()
+    assert open_descriptors(path) == []
+
+
+def test_a_file_replaced_under_its_path_is_opened_anew(tmp_path):
+    path = key_shards(str(tmp_path), [9])[0]
+    old = open(path, "rb").read()
+    held = open_shard(path, 0, None, 1024)  # a part of the old file, still open
+    new = bytes(reversed(old))
+    with open(path + ".tmp", "wb") as f:
+        f.write(new)
+    os.replace(path + ".tmp", path)
+    fresh = open_shard(path, 0, None, 1024)
+    assert read_all(fresh) == new[:1024] + END_OF_ARCHIVE
+    assert read_all(held) == old[:1024] + END_OF_ARCHIVE  # (what was open reads what it opened)
+    held.close(), fresh.close()
+    os.remove(path)
+    with pytest.raises(SourceError) as e:
+        open_shard(path, 0, None, 1024)
+    assert e.value.reason == "missing"
+
+
+def test_a_forked_child_reads_the_parts_it_opens_and_the_parent_keeps_its_own(tmp_path):
+    path = key_shards(str(tmp_path), [9])[0]
+    data = open(path, "rb").read()
+    held = open_shard(path, 0, None, 1024)
+    pid = os.fork()
+    if pid == 0:  # the child: its own table; the parent's part closes here without touching the parent's
+        ok = False
+        try:
+            part = open_shard(path, 1024, None, 2048)
+            ok = read_all(part) == data[1024:2048] + END_OF_ARCHIVE
+            part.close()
+            held.close()
+            ok = ok and open_descriptors(path) == []
+        finally:
+            os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert read_all(held) == data[:1024] + END_OF_ARCHIVE
+    held.close()
+    assert open_descriptors(path) == []
 
 
 def test_columns_share_one_streams_budget():

@@ -88,3 +88,17 @@ def test_issue_layouts_leave_out_at_most_a_batch_per_rank():
         assert s["left_out"] < R * B, s
         e = epoch_summary(counts, Layout(R, W, B), Schedule(0, "exact"), 0)
         assert e["left_out"] == 0 and e["padding"] < R * B, e
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), st.integers(0, 2**31))
+def test_spans_worked_out_together_are_each_its_own(case, seed):
+    """``parts_of``/``drops_of`` of many spans at once (any order, repeats: a worker's columns)
+    give each span what it gives alone: no part crosses into a neighbour's list."""
+    layout, schedule, counts, epoch = case
+    plan = epoch_layout(counts, layout, schedule, epoch)
+    G = len(plan.bounds) - 1
+    spans = np.random.default_rng(seed).integers(0, G, min(G, 300) + 3).tolist() + [0, G - 1]
+    together, drops = plan.parts_of(spans), plan.drops_of(spans)
+    assert together == [plan.parts_of([g])[0] for g in spans] and drops == [plan.drops_of([g])[0] for g in spans]
+    assert plan.parts_of([]) == [] and plan.drops_of([]) == []
