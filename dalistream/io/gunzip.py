@@ -9,12 +9,12 @@ import zlib
 from typing import BinaryIO
 
 from ..errors import SourceError
-from .local import CHUNK
+from .local import CHUNK, GZIP_MAGIC, starts_gzip
 
 
 def is_gzip(stream: BinaryIO) -> bool:
     """True if the stream starts with the gzip magic (peeked, not consumed)."""
-    return stream.peek(2)[:2] == b"\x1f\x8b"
+    return stream.peek(2)[:2] == GZIP_MAGIC
 
 
 def file_is_gzip(stream: BinaryIO) -> bool:
@@ -22,7 +22,7 @@ def file_is_gzip(stream: BinaryIO) -> bool:
     file when it has one: a peek would fill the whole read buffer, which a worker reading a small
     part far into the file never needs."""
     try:
-        return os.pread(stream.fileno(), 2, 0) == b"\x1f\x8b"
+        return starts_gzip(stream.fileno())
     except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
         return is_gzip(stream)
 

@@ -112,6 +112,12 @@ def check_regular(path: str, st: os.stat_result) -> None:
 
 
 END_OF_ARCHIVE = bytes(1024)  # two zero blocks: a tar's end
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def starts_gzip(fd: int) -> bool:
+    """Whether the file open as ``fd`` starts with the gzip magic (a 2-byte positional read)."""
+    return os.pread(fd, 2, 0) == GZIP_MAGIC
 
 
 def copy_tail(view: memoryview, tail: memoryview) -> "tuple[int, memoryview]":
@@ -184,12 +190,10 @@ class FileRange(io.RawIOBase):
 
     def is_gzip(self) -> bool:
         """Whether the file is gzip content (its first bytes; read once per shared file)."""
-        from .gunzip import file_is_gzip
-
         if self._shared is None:
-            return file_is_gzip(self)
+            return starts_gzip(self._f.fileno())
         if self._shared.gzip is None:
-            self._shared.gzip = file_is_gzip(self)
+            self._shared.gzip = starts_gzip(self._f.fileno())
         return self._shared.gzip
 
 
