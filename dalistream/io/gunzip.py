@@ -4,7 +4,6 @@ decompressed on the fly, concatenated members included."""
 from __future__ import annotations
 
 import io
-import os
 import zlib
 from typing import BinaryIO
 
