@@ -226,8 +226,18 @@ class _Shared:
 
 
 _open_files: Dict[str, _Shared] = {}
-_open_files_pid = os.getpid()
 _open_files_lock = threading.Lock()
+
+
+def _forget_open_files() -> None:
+    """In a process just forked (a DALI worker): a table and a lock of its own. The parent's parts
+    are not the child's to count (those it inherited close their copies of the files), and a lock
+    another thread held at the fork would never be released here."""
+    global _open_files, _open_files_lock
+    _open_files, _open_files_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_open_files)
 
 
 def open_range(url: str, start: int, end: int) -> FileRange:
@@ -238,11 +248,8 @@ def open_range(url: str, start: int, end: int) -> FileRange:
     and a close for every one of them cost more than their reads (a worker reading 128 columns of
     8 shards opened 128 files an epoch, not 8). The file is closed with the last part that reads
     it; one replaced under the same path meanwhile (another inode) is opened anew."""
-    global _open_files, _open_files_pid
     path = local_path(url)
     with _open_files_lock:
-        if _open_files_pid != os.getpid():  # a forked child: the parent's parts are not its own to count
-            _open_files, _open_files_pid = {}, os.getpid()
         shared = _open_files.get(path)
         if shared is None or not shared.current():
             f = open_file(url, 0, 0)  # (its errors: missing, not a regular file, unreadable)

@@ -133,6 +133,29 @@ def test_a_forked_child_reads_the_parts_it_opens_and_the_parent_keeps_its_own(tm
     assert open_descriptors(path) == []
 
 
+def test_a_child_forked_while_the_table_is_locked_still_opens_parts(tmp_path):
+    """Another thread of the parent holds the table's lock at the fork (a reader opening a part):
+    the child has a lock of its own and does not wait for ever."""
+    import signal
+
+    from dalistream.io import local
+
+    path = key_shards(str(tmp_path), [9])[0]
+    data = open(path, "rb").read()
+    with local._open_files_lock:
+        pid = os.fork()
+        if pid == 0:
+            ok = False
+            try:
+                signal.alarm(20)  # (a deadlock ends the child, and the test fails, instead of hanging)
+                part = open_shard(path, 0, None, 512)
+                ok = read_all(part) == data[:512] + END_OF_ARCHIVE
+                part.close()
+            finally:
+                os._exit(0 if ok else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
 def test_columns_share_one_streams_budget():
     """The columns' read-ahead adds up to the worker's (no floor that grows with the columns), each
     column's parts half its share (its next part fetched while it reads one), the requests in
