@@ -1,9 +1,9 @@
 """What one loader worker spends per sample, reading interleaved and reading one span: its
 source run in a process of its own, without DALI (the batches it would hand to DALI are made
-and dropped), timed by the thread's CPU clock. The CPU per sample of a worker is what the
-feed benchmark's workers' share measures, without the main process, the shipping and the
-other worker on the same cores: steadier figures (a few % from run to run, where a whole
-pipeline's vary by tens of %), to tell a change to the worker's path apart from noise::
+and dropped; the fields are the bench's), timed by the thread's CPU clock. The CPU per sample
+of a worker is what the feed benchmark's workers' share measures, without the main process,
+the shipping and the other worker on the same cores: steadier figures (a few % from run to
+run, where a whole pipeline's vary by tens of %), to tell a change to the worker's path apart from noise::
 
     python notebooks/worker_cost.py DATA [-B 256] [-W 2] [--epochs 4] [--rounds 5] [--code DIR]
 
@@ -26,10 +26,11 @@ import sys
 CHILD = r"""
 import json, sys, time
 import dalistream
+from dalistream.tools.bench.peers import IMAGE_EXTS, LABEL_EXTS
 from dalistream.worker.source import WorkerSource
 data, mode, batch, workers, epochs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 options = dict(interleave=False, shuffle=0) if mode == "span" else {}
-stream = dalistream.Stream.open(data, fields={"image": "jpg;jpeg;png", "label": "cls"}, batch_size=batch,
+stream = dalistream.Stream.open(data, fields={"image": IMAGE_EXTS, "label": LABEL_EXTS}, batch_size=batch,
                                 workers=workers, device="cpu", seed=0, **options)
 at = stream.at(0, 0)
 source = WorkerSource(at.config, at.data, 0)
