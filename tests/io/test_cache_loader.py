@@ -209,7 +209,9 @@ def test_two_ranks_of_one_node_fetch_each_block_once(store, tmp_path):
     *_, proxy, _, sizes = store
     folder = cache_folder(tmp_path)
     opening, _, _ = fetched(proxy, lambda: open_stream(store, cache=folder, rank=0, world_size=2))
-    specs = [child_spec(tmp_path, store, folder, rank, 2) for rank in range(2)]
+    # (the ranks end together, as a DDP job's do: a rank closing its loader while one of its
+    # workers fetched a block would end that fetch, and the other rank would fetch the block again)
+    specs = [child_spec(tmp_path, store, folder, rank, 2, together=str(tmp_path)) for rank in range(2)]
     before = proxy.counts()
     procs = [start_child(spec) for spec, _ in specs]
     try:
