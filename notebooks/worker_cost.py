@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, sys, time
+import gc, json, sys, time
 import dalistream
 from dalistream.tools.bench.peers import IMAGE_EXTS, LABEL_EXTS
 from dalistream.worker.source import WorkerSource
@@ -34,6 +34,7 @@ stream = dalistream.Stream.open(data, fields={"image": IMAGE_EXTS, "label": LABE
                                 workers=workers, device="cpu", seed=0, **options)
 at = stream.at(0, 0)
 source = WorkerSource(at.config, at.data, 0)
+gc.freeze()  # as a DALI worker does (WorkerSource.__iter__): the imports' heap kept out of collections
 times, samples = [], 0
 for epoch in range(epochs):
     t = time.thread_time()
