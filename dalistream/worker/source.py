@@ -236,7 +236,7 @@ class WorkerSource:
         streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
                    for plan, take, source in columns]
         feed = Feed(streams, takes, len(c.fields), start_step, self.data.bytes_per_sample,
-                    first_batch=True)  # (every epoch's: DALI's prefetch of two batches hides no longer wait)
+                    first_batch=epoch == self.start_epoch)
         # a mix counts what each step took of each source: columns summed by source
         by_source = np.zeros((len(columns), len(self.readers)), np.int64)
         by_source[np.arange(len(columns)), [source for _, _, source in columns]] = 1

@@ -65,17 +65,34 @@ def epoch(config, data, monkeypatch, e=1):
 
 def test_columns_start_out_of_step_and_deliver_the_same(shards, monkeypatch):
     config, data = shards
-    phased, reads = epoch(config, data, monkeypatch)
-    # each column reads ~15 samples: a short first run (the epoch's first batch waits for little),
+    phased, reads = epoch(config, data, monkeypatch, e=0)
+    # each column reads ~15 samples: a short first run (the job's first batch waits for little),
     # then one phased to (c + 1) / C of a run, then runs of ~8 samples
     assert len(phased) == 15 and reads[:2] == [COLUMNS, COLUMNS]
     monkeypatch.setattr(runs, "MIN_RUN_BYTES", 64 << 10)
     monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
     monkeypatch.setattr(feed.Feed, "_first_runs", lambda self, c: ())  # every column in step
-    in_step, reads_in_step = epoch(config, data, monkeypatch)
+    in_step, reads_in_step = epoch(config, data, monkeypatch, e=0)
     assert in_step == phased  # the same samples, in the same batches
     assert max(reads_in_step[2:]) == COLUMNS  # in step: every column needs its next run at the same round
     assert max(reads[2:]) <= COLUMNS * 3 // 4  # out of step: some at a time
+
+
+def test_only_the_first_epoch_starts_with_short_runs(shards, monkeypatch):
+    """A later epoch's columns start with their phased runs: a short first run there would only
+    move the reading of each column's first whole run to the next round, one more run each."""
+    config, data = shards
+    later, reads = epoch(config, data, monkeypatch, e=1)
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 64 << 10)
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    init = feed.Feed.__init__
+    monkeypatch.setattr(feed.Feed, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "first_batch": True}))
+    short, reads_short = epoch(config, data, monkeypatch, e=1)
+    assert later == short  # the same samples, in the same batches
+    assert reads_short[:2] == [COLUMNS, COLUMNS]  # short runs, then the phased ones a round later
+    # the phased runs in the first round (a column whose phased run holds a sample or two reads
+    # its next one too: a run's last sample waits for the next item), and fewer runs in all
+    assert COLUMNS <= reads[0] < 2 * COLUMNS and sum(reads) < sum(reads_short)
 
 
 def test_short_columns_are_not_cut(shards, monkeypatch):
