@@ -60,7 +60,7 @@ class PlanReader:
         self.decoder = FieldDecoder(config.fields, config.missing)
         self.rows = RowDecoder(config.fields, config.lowercase_ext)
         self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
-        self._geometry: dict = {}  # shard index -> its members' Geometry (worked out once per worker)
+        self._shards: dict = {}  # shard index -> its member layout and Geometry, or None (:meth:`_shard_layout`)
         self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
         #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
         self.first_runs: Tuple[int, ...] = ()
@@ -310,30 +310,48 @@ class PlanReader:
         to ``stop`` of shard ``index`` when they can be cut out by its member layout (a regular
         shard, its part opened at ``first``'s offset, no member over ``max_member_bytes``: that one
         the header path refuses by name, nor two extensions equal once lowercased); else ``None``."""
-        members = getattr(self.data.offsets, "members", None)
-        if members is None or stop is None or self.data.counts is None or is_gzip_name(self.data.urls[index]):
+        if stop is None or self.data.counts is None:
             return None
-        found = members.at(index)
-        offset = self.data.offsets.at(index, first)
-        if found is None or offset is None or offset != (start or 0) or len(found[1]) != self.data.counts[index]:
+        shard = self._shard_layout(index)
+        offset = self.data.offsets.at(index, first) if shard is not None else None
+        if shard is None or offset is None or offset != (start or 0):
             return None
-        patterns, kinds, sizes, member_starts = found
-        if self.config.lowercase_ext and any(len({e.lower() for e in exts}) < len(exts) for exts, _ in patterns):
-            return None  # two members differing only in case: the header walk names the duplicate
+        patterns, kinds, sizes, member_starts, _ = shard
         sizes = sizes[member_starts[first]:member_starts[stop]]
         if sizes.size and int(sizes.max()) > self.config.max_member_bytes:
             return None
         return patterns, kinds[first:stop], sizes, offset
 
+    def _shard_layout(self, index: int) -> Optional[tuple]:
+        """Shard ``index``'s member layout when its samples can be cut out by it (a regular, plain
+        shard whose layout holds its counted samples, no two extensions equal once lowercased),
+        with its :class:`Geometry` once worked out; else ``None``. Looked up once per shard, not
+        once per part: a worker reading interleaved opens a part of a shard for each of its columns."""
+        if index in self._shards:
+            return self._shards[index]
+        members = getattr(self.data.offsets, "members", None)
+        found = None
+        if members is not None and self.data.counts is not None and not is_gzip_name(self.data.urls[index]):
+            found = members.at(index)
+        if found is not None and len(found[1]) != self.data.counts[index]:
+            found = None
+        if found is not None and self.config.lowercase_ext and \
+                any(len({e.lower() for e in exts}) < len(exts) for exts, _ in found[0]):
+            found = None  # two members differing only in case: the header walk names the duplicate
+        if len(self._shards) >= 1024:
+            self._shards.clear()
+        self._shards[index] = shard = None if found is None else [*found, None]
+        return shard
+
     def geometry(self, index: int) -> Geometry:
         """Where the members of shard ``index`` lie (its member layout worked out once)."""
-        found = self._geometry.get(index)
-        if found is None:
-            patterns, kinds, sizes, _ = self.data.offsets.members.at(index)
-            if len(self._geometry) >= 1024:
-                self._geometry.clear()
-            found = self._geometry[index] = Geometry(patterns, kinds, sizes, self.decoder.wants, self.config.lowercase_ext)
-        return found
+        shard = self._shard_layout(index)
+        if shard is None:
+            raise ValueError(f"shard {index} has no member layout to cut its samples by")
+        if shard[4] is None:
+            patterns, kinds, sizes, _, _ = shard
+            shard[4] = Geometry(patterns, kinds, sizes, self.decoder.wants, self.config.lowercase_ext)
+        return shard[4]
 
     def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
         """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""
