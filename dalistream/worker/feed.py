@@ -36,7 +36,7 @@ ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all f
 MAX_ROUND_STEPS = 64
 ROUND_ROWS = 2048  # when the bytes per sample are unknown, a round of at most this many samples …
 COLUMN_ROUND_ROWS = 16  # … and of this many of each of several columns'
-FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for an epoch's first batch
+FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the job's first batch (its first epoch's)
 
 
 class _Column:
