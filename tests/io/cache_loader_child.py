@@ -24,6 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import dalistream  # noqa: E402
+from dalistream.io.cachefiles import NAMESPACE  # noqa: E402
 
 FIELDS = {"key": "__key__", "data": "bin"}
 
@@ -49,7 +50,7 @@ def end_together(folder: str, rank: int, world_size: int, cache: str, seconds: f
         if time.monotonic() > deadline:
             sys.exit("the other ranks did not end their epochs")
         time.sleep(0.05)
-    while glob.glob(os.path.join(cache, "dalistream-bytes-v1", "*", "*.lock")):
+    while glob.glob(os.path.join(cache, NAMESPACE, "*", "*.lock")):
         if time.monotonic() > deadline:
             sys.exit("block fetches did not end")
         time.sleep(0.05)

@@ -24,7 +24,7 @@ import dalistream
 from dalistream import cli
 from dalistream.errors import ConfigError
 from dalistream.io.cache import BLOCK_BYTES, ByteCache
-from dalistream.io.cachefiles import HEADER
+from dalistream.io.cachefiles import HEADER, NAMESPACE
 from dalistream.io.cachesim import LRUModel, eviction_slack
 from dalistream.plan import worker_plan
 from dalistream.tools.proxy import ShapingProxy
@@ -252,7 +252,7 @@ def test_a_worker_killed_mid_write_leaves_nothing_a_new_run_trusts(store, refere
         proc = start_child(spec)
         try:
             if how == "kill -9 while fetching":
-                root = os.path.join(folder, "dalistream-bytes-v1")
+                root = os.path.join(folder, NAMESPACE)
                 locked = lambda: any(n.endswith(".lock") for _, _, names in os.walk(root) for n in names)  # noqa: E731
                 assert wait_until(locked, 300), "no block fetch began"
                 os.killpg(proc.pid, signal.SIGKILL)
