@@ -60,7 +60,7 @@ class PlanReader:
         self.decoder = FieldDecoder(config.fields, config.missing)
         self.rows = RowDecoder(config.fields, config.lowercase_ext)
         self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
-        self._shards: dict = {}  # shard index -> its member layout and Geometry, or None (:meth:`_shard_layout`)
+        self._shards: dict = {}  # shard index -> its _ShardLayout, or None (:meth:`_shard_layout`)
         self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
         #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
         self.first_runs: Tuple[int, ...] = ()
@@ -310,23 +310,20 @@ class PlanReader:
         to ``stop`` of shard ``index`` when they can be cut out by its member layout (a regular
         shard, its part opened at ``first``'s offset, no member over ``max_member_bytes``: that one
         the header path refuses by name, nor two extensions equal once lowercased); else ``None``."""
-        if stop is None or self.data.counts is None:
-            return None
-        shard = self._shard_layout(index)
+        shard = self._shard_layout(index) if stop is not None else None
         offset = self.data.offsets.at(index, first) if shard is not None else None
         if shard is None or offset is None or offset != (start or 0):
             return None
-        patterns, kinds, sizes, member_starts, _ = shard
-        sizes = sizes[member_starts[first]:member_starts[stop]]
+        sizes = shard.sizes[shard.member_starts[first]:shard.member_starts[stop]]
         if sizes.size and int(sizes.max()) > self.config.max_member_bytes:
             return None
-        return patterns, kinds[first:stop], sizes, offset
+        return shard.patterns, shard.kinds[first:stop], sizes, offset
 
-    def _shard_layout(self, index: int) -> Optional[tuple]:
+    def _shard_layout(self, index: int) -> Optional["_ShardLayout"]:
         """Shard ``index``'s member layout when its samples can be cut out by it (a regular, plain
-        shard whose layout holds its counted samples, no two extensions equal once lowercased),
-        with its :class:`Geometry` once worked out; else ``None``. Looked up once per shard, not
-        once per part: a worker reading interleaved opens a part of a shard for each of its columns."""
+        shard whose layout holds its counted samples, no two extensions equal once lowercased);
+        else ``None``. Looked up once per shard, not once per part: a worker reading interleaved
+        opens a part of a shard for each of its columns."""
         if index in self._shards:
             return self._shards[index]
         members = getattr(self.data.offsets, "members", None)
@@ -340,7 +337,7 @@ class PlanReader:
             found = None  # two members differing only in case: the header walk names the duplicate
         if len(self._shards) >= 1024:
             self._shards.clear()
-        self._shards[index] = shard = None if found is None else [*found, None]
+        self._shards[index] = shard = None if found is None else _ShardLayout(*found)
         return shard
 
     def geometry(self, index: int) -> Geometry:
@@ -348,10 +345,10 @@ class PlanReader:
         shard = self._shard_layout(index)
         if shard is None:
             raise ValueError(f"shard {index} has no member layout to cut its samples by")
-        if shard[4] is None:
-            patterns, kinds, sizes, _, _ = shard
-            shard[4] = Geometry(patterns, kinds, sizes, self.decoder.wants, self.config.lowercase_ext)
-        return shard[4]
+        if shard.geometry is None:
+            shard.geometry = Geometry(shard.patterns, shard.kinds, shard.sizes, self.decoder.wants,
+                                      self.config.lowercase_ext)
+        return shard.geometry
 
     def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
         """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""
@@ -367,3 +364,14 @@ class PlanReader:
             f"shard holds {found} samples but {counted} were counted{f' ({source})' if source else ''}: {said}",
             url=url, reason="stale_count", rank=self.config.rank, worker=self.worker, hint=hint,
         )
+
+
+class _ShardLayout:
+    """One shard's member layout as :meth:`PlanReader.layout` cuts parts from it (the manifest's
+    :meth:`~dalistream.manifest.members.MemberLayout.at`), and its :class:`Geometry` once worked out."""
+
+    __slots__ = ("patterns", "kinds", "sizes", "member_starts", "geometry")
+
+    def __init__(self, patterns: list, kinds: np.ndarray, sizes: np.ndarray, member_starts: np.ndarray) -> None:
+        self.patterns, self.kinds, self.sizes, self.member_starts = patterns, kinds, sizes, member_starts
+        self.geometry: Optional[Geometry] = None
