@@ -132,16 +132,18 @@ class FileRange(io.RawIOBase):
     positional reads straight into the caller's buffer (no buffer of its own and no copy, so a
     worker reading many parts at once, interleaved columns, holds nothing per part but this),
     then an end-of-archive marker when all of them came: a file shorter than the range stays a
-    truncated tar. ``marker=False``: the bytes alone (a store's plain range). Closing it closes
+    truncated tar. ``marker=False``: the bytes alone (a store's plain range; the rest of a whole
+    shard, whose size is then ``file_size``, for the tar reader's checks). Closing it closes
     ``f``, or hands it back when it is ``shared`` (:func:`open_range`)."""
 
     def __init__(self, f: io.FileIO, start: int, end: int, marker: bool = True,
-                 shared: Optional["_Shared"] = None) -> None:
+                 shared: Optional["_Shared"] = None, file_size: Optional[int] = None) -> None:
         self._f = f
         self._pos, self._end = start, max(start, end)
         self._tail = memoryview(b"")
         self._marker = marker
         self._shared = shared
+        self.file_size = file_size  # the file's size, when the range is the rest of the file
 
     def readable(self) -> bool:
         return True
@@ -240,8 +242,11 @@ def _forget_open_files() -> None:
 os.register_at_fork(after_in_child=_forget_open_files)
 
 
-def open_range(url: str, start: int, end: int) -> FileRange:
-    """Bytes ``[start, end)`` of a local shard as a :class:`FileRange` (errors as :func:`open_file`'s).
+def open_range(url: str, start: int, end: Optional[int] = None) -> FileRange:
+    """Bytes ``[start, end)`` of a local shard as a :class:`FileRange` (errors as :func:`open_file`'s);
+    ``end`` None: to the end of the file as it is now, with no end-of-archive marker of ours (a whole
+    shard has its own; no buffer of a megabyte per shard opened, the bytes go straight where the
+    reader wants them).
 
     The parts of one file open at once in a process share its descriptor: a worker's interleaved
     columns read many parts of each shard side by side, and an open, a check of its first bytes
@@ -256,6 +261,9 @@ def open_range(url: str, start: int, end: int) -> FileRange:
             st = os.fstat(f.fileno())
             shared = _open_files[path] = _Shared(path, f, (st.st_dev, st.st_ino))  # type: ignore[arg-type]
         shared.users += 1
+    if end is None:
+        size = os.fstat(shared.file.fileno()).st_size
+        return FileRange(shared.file, start, size, marker=False, shared=shared, file_size=size)
     return FileRange(shared.file, start, end, shared=shared)
 
 

@@ -138,7 +138,7 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
     elif is_ranged(url):
         return _limited(_Owned(ReadAhead([url], options, None, [(offset, end)])), offset, end, chunk_bytes(options))
     else:
-        if end is not None and store_class(url).local:  # a local part: positional reads, no buffers
+        if store_class(url).local:  # a local part or shard: positional reads, no buffers
             part = open_range(url, offset, end)
             if not part.is_gzip():
                 return part

@@ -1,5 +1,5 @@
-"""Local shard parts read by positional reads (``dalistream.io.local.FileRange``): exactly the
-bytes of the range, seekable within it, then an end-of-archive marker, only after all of them
+"""Local shards and their parts read by positional reads (``dalistream.io.local.FileRange``):
+a whole shard its bytes to the end of the file; a part exactly the bytes of the range, seekable within it, then an end-of-archive marker, only after all of them
 came (a cut shard stays a truncated tar); gzip content under a ``.tar`` name read through the
 decompressor, a part of it a tar too; the parts of one file open at once share its descriptor
 (a worker's interleaved columns), a file replaced under its path is opened anew; and the read
@@ -28,6 +28,20 @@ def read_all(stream, size=1000):
         if not n:
             return bytes(out)
         out += buf[:n]
+
+
+def test_a_whole_local_shard_is_its_bytes_read_in_place(tmp_path):
+    """Without an end, a local shard is read by positional reads to the end of the file, with no
+    marker of ours (it has its own) and no buffer of its own; its size known, for the tar
+    reader's checks."""
+    path = key_shards(str(tmp_path), [9])[0]
+    data = open(path, "rb").read()
+    whole = open_shard(path)
+    assert isinstance(whole, FileRange) and whole.file_size == len(data) and not hasattr(whole, "peek")
+    assert read_all(whole, 777) == data
+    rest = open_shard(path, 1536)
+    assert rest.tell() == 1536 and read_all(rest) == data[1536:]
+    assert [s["__key__"] for s in iter_samples(open_shard(path), path)] == [f"s000/{i:05d}" for i in range(9)]
 
 
 def test_a_local_part_is_its_bytes_then_the_marker(tmp_path):
