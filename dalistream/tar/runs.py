@@ -75,12 +75,12 @@ class Run:
         """Samples ``0 … k - 1`` and ``k …`` as two runs over the same bytes (``nbytes`` goes with
         the head: the whole run was read), each knowing the run it was cut from (``whole``): the
         first decoded decodes that, for both (:func:`dalistream.worker.rows.decode_runs`)."""
-        head, tail = self._cut(0, k, self.nbytes), self._cut(k, len(self), 0)
+        head, tail = self.cut(0, k, self.nbytes), self.cut(k, len(self), 0)
         head.whole = tail.whole = self
         return head, tail
 
-    def _cut(self, a: int, b: int, nbytes: int) -> "Run":
-        """Samples ``a`` to ``b`` as a run over the same bytes."""
+    def cut(self, a: int, b: int, nbytes: int) -> "Run":
+        """Samples ``a`` to ``b - 1`` as a run over the same bytes, ``nbytes`` of them wanted."""
         m0, m1 = int(self.member_base[a]), int(self.member_base[b])
         return Run(self.url, self.first + a, self.data, self.offsets[a:b], self.kinds[a:b], self.names,
                    self.member_base[a:b + 1] - m0, self.member_at[m0:m1], self.member_size[m0:m1], nbytes,
@@ -112,7 +112,8 @@ class Geometry:
     each sample's pattern (``kinds``) and members' sizes, relative to the first sample's offset.
     Worked out once per shard (:meth:`part` cuts a part's share out of it without more work)."""
 
-    __slots__ = ("names", "kinds", "sizes", "member_base", "member_at", "sample_start", "want_member", "checks")
+    __slots__ = ("names", "kinds", "sizes", "member_base", "member_at", "sample_start", "want_member", "checks",
+                 "wanted")
 
     def __init__(self, patterns: Sequence[Tuple[Sequence[str], Sequence[int]]], kinds: np.ndarray, sizes: np.ndarray,
                  want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False) -> None:
@@ -137,6 +138,8 @@ class Geometry:
         self.sample_start = member_start[member_base]  # n + 1 entries: the last is the end
         want = np.array([want_ext(e) for exts in names for e in exts], dtype=bool)
         self.want_member = want[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, bool)
+        self.wanted = np.zeros(len(sizes) + 1, dtype=np.int64)  # the wanted bytes before each member
+        np.cumsum(np.where(self.want_member, sizes, 0), out=self.wanted[1:])
         digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
         # each member header's checked bytes as they must read: the magic, then its size in octal
         self.checks = np.concatenate([np.broadcast_to(_USTAR, (len(sizes), 5)), digits], axis=1).astype(np.uint8)
@@ -154,6 +157,7 @@ class Geometry:
         out.member_at = self.member_at[a:b] - base
         out.sample_start = self.sample_start[first:stop + 1] - base
         out.want_member, out.checks = self.want_member[a:b], self.checks[a:b]
+        out.wanted = self.wanted[a:b + 1] - self.wanted[a]
         return out
 
 
@@ -232,7 +236,7 @@ def sliced_runs(
     start their runs out of step, so that they do not all need their next run at once)."""
     g = geometry if geometry is not None else Geometry(patterns, kinds, sizes, want_ext, lowercase)
     names, kinds, sizes = g.names, g.kinds, g.sizes
-    member_base, member_at, sample_start, want_member = g.member_base, g.member_at, g.sample_start, g.want_member
+    member_base, member_at, sample_start = g.member_base, g.member_at, g.sample_start
     n = len(kinds)
     run_bytes = run_length(chunk)
     if n and int(sample_start[n] - sample_start[0]) * MIN_RUN_SAMPLES > n * run_bytes:
@@ -242,7 +246,7 @@ def sliced_runs(
     checks = g.checks
     r = StreamBuffer(stream, url, clock, 16 * BLOCK)  # (runs are read into their own buffers: this one reads the end)
     starts, bases = sample_start.tolist(), member_base.tolist()  # (plain ints: no NumPy scalar per run)
-    wanted = np.concatenate([[0], np.cumsum(np.where(want_member, sizes, 0))]).tolist()  # the wanted bytes before each member
+    wanted = g.wanted.tolist()  # the wanted bytes before each member
     i = 0
     runs_read = 0
     while i < n:

@@ -32,8 +32,8 @@ class WalkedRun(Run):
     def sample(self, i: int, lowercase: bool = False, wanted: Callable[[str], bool] = lambda ext: True) -> Sample:
         return self.samples[i]
 
-    def _cut(self, a: int, b: int, nbytes: int) -> "WalkedRun":
-        run = Run._cut(self, a, b, nbytes)
+    def cut(self, a: int, b: int, nbytes: int) -> "WalkedRun":
+        run = Run.cut(self, a, b, nbytes)
         out = WalkedRun(run.url, run.first, run.data, run.offsets, run.kinds, run.names, run.member_base,
                         run.member_at, run.member_size, nbytes, (run.buffer, run.at))
         out.keys, out.samples = self.keys[a:b], self.samples[a:b]

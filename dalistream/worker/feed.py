@@ -8,9 +8,10 @@ array operations over all the round's rows), then each column's blocks (:class:`
 are pulled in its order, the round's rows laid end to end per field, and each step's slot
 gathered from them with one slice (or one index list) per field.
 So a worker reading 128 interleaved columns pays per column once per round, not per step.
-A round's first is one step (the first batch waits for little), then rounds double up to
-:data:`ROUND_BYTES` of samples, and at most half a run of each of several columns. A column that runs short (skipped samples, ``exact``'s last
-step) gives fewer rows: the step is padded at its end.
+The job's first round is one step (its first batch waits for little), then rounds double up to
+:data:`ROUND_BYTES` of samples, and at most half a run of each of several columns; a later
+epoch's rounds are whole from its start. A column that runs short (skipped samples, ``exact``'s
+last step) gives fewer rows: the step is padded at its end.
 
 :func:`shuffled_blocks` is the shuffle buffer over a column's blocks: the emission order is
 that of :func:`~dalistream.plan.shuffle.shuffled` over the column's ordinals (a pure function of
@@ -30,7 +31,7 @@ from ..tar import runs
 from .column import ColumnReader
 from .rows import Rows, decode_runs
 
-ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields), and of each
+ROUND_BYTES = 16 << 20  # a round reads about this much (the columns' rows, all fields), and of each
 # of several columns at most half a run: their next runs, out of step, are read a few per round, and
 # no round reads much more than the others (a worker's batches cost about the same each)
 MAX_ROUND_STEPS = 64
@@ -116,7 +117,9 @@ class Feed:
         self.max_steps = int(max(1, min(MAX_ROUND_STEPS, steps)))
         self.step = start
         self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
-        self._size = 1
+        # rounds grow from one step for the job's first batch (it waits for its round alone);
+        # a later epoch's first batch waits for nothing (the pipeline's queue is full): whole rounds
+        self._size = 1 if first_batch else self.max_steps
         self._first_batch = first_batch  # the first batch's columns start with short runs
         self._phased = [False] * len(self.columns)  # whether a column's first part is opened
         column_bytes = self.takes.sum(axis=0).max(initial=0) * (bytes_per_sample or 0)

@@ -45,6 +45,7 @@ from .fields import FieldDecoder
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
 from .column import ColumnReader
+from .neighbours import Neighbours
 from .rows import RowDecoder, Rows
 from .stats import WorkerStats
 
@@ -65,9 +66,15 @@ class PlanReader:
         #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
         self.first_runs: Tuple[int, ...] = ()
         self.fetcher: Optional[PartFetcher] = None  # the worker's read-ahead of remote parts (shared by its columns)
+        self.neighbours = Neighbours()  # the parts of this epoch's columns, read together where they can be
 
-    def __getstate__(self) -> dict:
-        return dict(self.__dict__, fetcher=None)  # (its threads stay in the process that made it)
+    def __getstate__(self) -> dict:  # (the fetcher's threads stay in the process that made it; runs never travel)
+        return dict(self.__dict__, fetcher=None, neighbours=Neighbours())
+
+    def read_together(self, plans: Sequence[WorkerPlan]) -> None:
+        """The plans of the columns this reader reads in the epoch starting now: a column's part
+        that is one run is read with the parts after it that the others read (:mod:`.neighbours`)."""
+        self.neighbours = Neighbours(plans)
 
     @property
     def run_bytes(self) -> int:
@@ -193,6 +200,13 @@ class PlanReader:
         url = self.data.urls[index]
         count = self.data.counts[index] if self.data.counts is not None else None
         found_at = first if start is not None else 0
+        if stop is not None:
+            run = self.neighbours.take(index, first, stop) or self.neighbours.read(self, index, first, stop, start, stats,
+                                                                                  shards.chunk)
+            if run is not None:  # read with its neighbours' parts
+                numbering.found, numbering.problem = stop, None
+                yield run
+                return
         layout = self.layout(index, first, stop, start)
         problem: Optional[DalistreamError] = None
         try:

@@ -233,6 +233,8 @@ class WorkerSource:
         steps = columns[0][0].steps
         self._state_ahead([plan for plan, _, _ in columns], [s for _, _, s in columns], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
+        for k, reader in enumerate(self.readers):  # (a column's part may be read with its neighbours')
+            reader.read_together([plan for plan, _, source in columns if source == k])
         streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
                    for plan, take, source in columns]
         feed = Feed(streams, takes, len(c.fields), start_step, self.data.bytes_per_sample,

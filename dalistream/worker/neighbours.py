@@ -1,0 +1,101 @@
+"""Parts of neighbouring columns read as one run.
+
+A worker reading interleaved columns of a data set whose epoch is small beside its batch reads
+each column's part of the epoch as one run, and the columns' parts lie end to end in their
+shards (column ``c + 1``'s part starts where column ``c``'s ends). Read one by one, each costs a
+part's opening, a read, a header check and a run of its own. :class:`Neighbours` knows which
+part follows which in the columns' plans of an epoch; the first column to read its part reads
+the parts after it too, up to :data:`TOGETHER_BYTES`, as one run (:meth:`Neighbours.read`),
+cut at the parts' bounds; the other columns take theirs when they open them. What each column
+reads, and in which order, is unchanged: only how many reads bring it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import DalistreamError
+from ..io.stores import is_ranged
+from ..io.streams import open_shard
+from ..plan import WorkerPlan
+from ..tar.runs import Geometry, Run, sliced_runs
+from .stats import WorkerStats
+
+if TYPE_CHECKING:
+    from .reader import PlanReader
+
+TOGETHER_BYTES = 1 << 20  # parts read as one run: at most this many bytes
+
+
+class Neighbours:
+    """The parts of one reader's columns in an epoch (``plans``), and the runs read for a column
+    by its neighbour, until it takes them; one per reader and epoch (made anew when the columns
+    are, so nothing read for a column that never comes outlives its epoch)."""
+
+    def __init__(self, plans: Sequence[WorkerPlan] = ()) -> None:
+        #: (shard, first sample) -> the stop of the part that starts there
+        self.next: Dict[Tuple[int, int], int] = {
+            (index, first): stop for plan in plans for index, first, stop in plan.parts if stop is not None}
+        self.ahead: Dict[Tuple[int, int, int], Run] = {}
+
+    def take(self, index: int, first: int, stop: int) -> Optional[Run]:
+        """The run of part ``first … stop`` of shard ``index``, when a neighbour read it."""
+        return self.ahead.pop((index, first, stop), None) if self.ahead else None
+
+    def bounds(self, index: int, first: int, stop: int, starts: np.ndarray, count: int, run_bytes: int) -> List[int]:
+        """Where part ``first … stop`` of shard ``index`` and the parts right after it that other
+        columns read end, as one read would bring them: ``[first, stop, …]`` (``[first, stop]``
+        alone: nothing to read with it). ``starts``: each sample's byte offset in the shard. Only
+        a part that is one run goes with others (each column's runs stay as long as they were),
+        and never a shard's last part (its end-of-archive check is its own)."""
+        out = [first, stop]
+        if not self.next or int(starts[stop] - starts[first]) > run_bytes:
+            return out
+        while True:
+            after = self.next.get((index, out[-1]))
+            if after is None or after >= count or int(starts[after] - starts[first]) > TOGETHER_BYTES:
+                return out
+            out.append(after)
+
+    def keep(self, index: int, run: Run, bounds: Sequence[int], geometry: Geometry) -> Run:
+        """``run`` (samples ``bounds[0] … bounds[-1]`` of shard ``index``, whose :class:`Geometry`
+        is ``geometry``) cut at ``bounds``: the first part's run; the others kept for their columns."""
+        base, wanted = geometry.member_base, geometry.wanted
+        parts = [run.cut(a - run.first, b - run.first, int(wanted[base[b]] - wanted[base[a]]))
+                 for a, b in zip(bounds, bounds[1:])]
+        for a, b, part in zip(bounds[1:], bounds[2:], parts[1:]):
+            self.ahead[(index, a, b)] = part
+        return parts[0]
+
+    def read(self, reader: "PlanReader", index: int, first: int, stop: int, start: Optional[int], stats: WorkerStats,
+             chunk: int) -> Optional[Run]:
+        """Part ``first … stop`` of shard ``index`` (opened at byte ``start``) read by ``reader``
+        with the parts right after it that other columns read (:meth:`bounds`), as one run cut at
+        their bounds: this part's run; ``None`` (it is read alone) where none is to be read with
+        it, the shard is remote or has no member layout, the part is to start with a short run
+        (``reader.first_runs``), or the read finds anything amiss (each part's problem is then
+        found by its own column, reading it alone)."""
+        url = reader.data.urls[index]
+        if reader.first_runs or not self.next or is_ranged(url) or reader.layout(index, first, stop, start) is None:
+            return None
+        g = reader.geometry(index)
+        bounds = self.bounds(index, first, stop, g.sample_start, reader.data.counts[index], reader.run_bytes)
+        layout = reader.layout(index, first, bounds[-1], start) if len(bounds) > 2 else None
+        if layout is None:
+            return None
+        patterns, kinds, sizes, offset = layout
+        try:
+            with stats.io_clock.timed():
+                opened = open_shard(url, offset, reader.config.storage_options, reader.data.offsets.at(index, bounds[-1]))
+            with opened as f:
+                items = list(sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset,
+                                         want_ext=reader.decoder.wants, lowercase=reader.config.lowercase_ext,
+                                         clock=stats.io_clock, chunk=chunk, geometry=g.part(first, bounds[-1]),
+                                         arena=reader.arena, first_runs=(TOGETHER_BYTES,)))
+        except (DalistreamError, OSError, EOFError):
+            return None
+        if len(items) != 1 or not isinstance(items[0], Run) or len(items[0]) != bounds[-1] - first:
+            return None
+        return self.keep(index, items[0], bounds, g)

@@ -1,0 +1,125 @@
+"""Parts of neighbouring columns read as one run (worker/neighbours.py): in a later epoch, a
+worker whose interleaved columns each read their part as one run reads neighbouring parts
+together; what it delivers, skips and reports is the same as when each part is read alone (as
+the job's first epoch reads them)."""
+
+import os
+import pickle
+import tarfile
+
+import numpy as np
+import pytest
+
+from dalistream.config import StreamConfig
+from dalistream.dataset import DataSet
+from dalistream.manifest import build_manifest
+from dalistream.manifest.offsets import SampleOffsets
+from dalistream.manifest.rows import ShardRows
+from dalistream.tar import runs
+from dalistream.worker import WorkerSource
+from dalistream.worker.neighbours import TOGETHER_BYTES, Neighbours
+
+from helpers import write_tar
+
+COLUMNS = 16
+
+
+def make_shards(d, n_shards=3, per_shard=40, size=2000):
+    rng = np.random.default_rng(3)
+    paths = []
+    for s in range(n_shards):
+        members = []
+        for i in range(per_shard):
+            members += [(f"s{s}/{i:03d}.bin", bytes(rng.integers(0, 256, size + i, dtype=np.uint8))),
+                        (f"s{s}/{i:03d}.cls", str(i).encode())]
+        paths.append(write_tar(str(d / f"n-{s}.tar"), members))
+    return paths
+
+
+def data_set(paths, per_shard=40):
+    rows = ShardRows.from_infos(build_manifest(paths, offsets=True))
+    offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
+    per_sample = sum(os.path.getsize(p) for p in paths) / (per_shard * len(paths))
+    return DataSet(tuple(paths), (per_shard,) * len(paths), offsets, bytes_per_sample=per_sample)
+
+
+def config(paths, **kw):
+    options = dict(sources=tuple(paths), fields={"key": "__key__", "raw": "bin", "label": "cls"},
+                   batch_size=COLUMNS, workers=1, interleave=True, seed=1)
+    options.update(kw)
+    return StreamConfig(**options)
+
+
+def read_epoch(source, e, monkeypatch):
+    """Epoch ``e``'s batches (as bytes), the runs read for it, and the source's skips after it."""
+    reads = [0]
+    take = runs.Arena.take
+
+    def counted(self, n):
+        reads[0] += 1
+        return take(self, n)
+
+    monkeypatch.setattr(runs.Arena, "take", counted)
+    batches = [[[np.asarray(x).tobytes() for x in v] if isinstance(v, list) else np.asarray(v).tobytes() for v in b]
+               for b in source.epoch_batches(e)]
+    monkeypatch.undo()
+    return batches, reads[0], dict(source._stats.skipped)
+
+
+@pytest.mark.parametrize("policy", ["exact", "even"])
+def test_a_later_epoch_reads_neighbouring_parts_together_and_delivers_the_same(tmp_path, monkeypatch, policy):
+    paths = make_shards(tmp_path)
+    c = config(paths, policy=policy)
+    data = data_set(paths)
+    going = WorkerSource(c, data, 0)
+    read_epoch(going, 0, monkeypatch)
+    together, reads, _ = read_epoch(going, 1, monkeypatch)
+    alone, reads_alone, _ = read_epoch(WorkerSource(c, data, 0, start_epoch=1), 1, monkeypatch)
+    assert together == alone  # the same samples, in the same batches
+    # each column's part (7 or 8 samples of ~2 kB) is one run; read alone, a part per column
+    # (a short first run, then the rest: the job's first batch waits for little)
+    assert reads_alone >= COLUMNS
+    # together: a read per shard, and one for its last part (whose end-of-archive check is its own)
+    assert reads <= 2 * len(paths) + 1
+    assert not going.readers[0].neighbours.ahead  # every part read ahead was taken by its column
+
+
+def test_a_damaged_neighbour_is_found_by_its_own_column(tmp_path, monkeypatch):
+    """A part whose header check fails in the read with its neighbours is read again alone: its
+    problem is its own column's (the same skips, the same samples delivered)."""
+    paths = make_shards(tmp_path)
+    data = data_set(paths)  # (indexed before the damage)
+    with tarfile.open(paths[1]) as tar:
+        member = tar.getmember("s1/020.bin")
+    with open(paths[1], "r+b") as f:  # the member header's ustar magic overwritten
+        f.seek(member.offset + 257)
+        f.write(b"xxxxx")
+    c = config(paths, on_error="skip", max_skip_fraction=1.0)
+    going = WorkerSource(c, data, 0)
+    read_epoch(going, 0, monkeypatch)
+    together, _, skipped = read_epoch(going, 1, monkeypatch)
+    alone, _, skipped_alone = read_epoch(WorkerSource(c, data, 0, start_epoch=1), 1, monkeypatch)
+    assert together == alone
+    assert sum(skipped.values()) - sum(skipped_alone.values()) == sum(skipped_alone.values()) > 0  # (epochs 0 and 1)
+
+
+def test_bounds_stop_at_a_shards_last_part_a_runs_bytes_and_the_limit():
+    plans = [type("Plan", (), {"parts": parts})() for parts in
+             [((0, 0, 10),), ((0, 10, 20),), ((0, 20, 30),), ((0, 30, 40),), ((1, 0, 10),)]]
+    n = Neighbours(plans)
+    starts = np.arange(41) * 1000  # 1 kB a sample
+    assert n.bounds(0, 0, 10, starts, 40, 1 << 20) == [0, 10, 20, 30]  # not the shard's last part (30 … 40)
+    assert n.bounds(0, 30, 40, starts, 40, 1 << 20) == [30, 40]
+    assert n.bounds(0, 0, 10, starts, 40, 5000) == [0, 10]  # a part of more than one run reads alone
+    big = np.arange(41) * (TOGETHER_BYTES // 15)
+    assert n.bounds(0, 0, 10, big, 40, 1 << 30) == [0, 10]  # 20 samples would pass the limit
+    assert Neighbours().bounds(0, 0, 10, starts, 40, 1 << 20) == [0, 10]  # no plans: nothing to read with it
+
+
+def test_nothing_read_ahead_travels_with_a_reader(tmp_path, monkeypatch):
+    paths = make_shards(tmp_path)
+    source = WorkerSource(config(paths), data_set(paths), 0)
+    reader = source.readers[0]
+    read_epoch(source, 0, monkeypatch)
+    reader.neighbours.ahead[(0, 0, 1)] = "a run"
+    assert pickle.loads(pickle.dumps(reader)).neighbours.ahead == {}
