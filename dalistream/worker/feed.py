@@ -31,7 +31,7 @@ from ..tar import runs
 from .column import ColumnReader
 from .rows import Rows, decode_runs
 
-ROUND_BYTES = 16 << 20  # a round reads about this much (the columns' rows, all fields), and of each
+ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields), and of each
 # of several columns at most half a run: their next runs, out of step, are read a few per round, and
 # no round reads much more than the others (a worker's batches cost about the same each)
 MAX_ROUND_STEPS = 64

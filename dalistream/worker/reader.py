@@ -201,8 +201,9 @@ class PlanReader:
         count = self.data.counts[index] if self.data.counts is not None else None
         found_at = first if start is not None else 0
         if stop is not None:
-            run = self.neighbours.take(index, first, stop) or self.neighbours.read(self, index, first, stop, start, stats,
-                                                                                  shards.chunk)
+            run = self.neighbours.take(index, first, stop)
+            if run is None:
+                run = self.neighbours.read(self, index, first, stop, start, stats, shards.chunk)
             if run is not None:  # read with its neighbours' parts
                 numbering.found, numbering.problem = stop, None
                 yield run
