@@ -8,10 +8,9 @@ array operations over all the round's rows), then each column's blocks (:class:`
 are pulled in its order, the round's rows laid end to end per field, and each step's slot
 gathered from them with one slice (or one index list) per field.
 So a worker reading 128 interleaved columns pays per column once per round, not per step.
-The job's first round is one step (its first batch waits for little), then rounds double up to
-:data:`ROUND_BYTES` of samples, and at most half a run of each of several columns; a later
-epoch's rounds are whole from its start. A column that runs short (skipped samples, ``exact``'s
-last step) gives fewer rows: the step is padded at its end.
+A round's first is one step (the first batch waits for little), then rounds double up to
+:data:`ROUND_BYTES` of samples, and at most half a run of each of several columns. A column that
+runs short (skipped samples, ``exact``'s last step) gives fewer rows: the step is padded at its end.
 
 :func:`shuffled_blocks` is the shuffle buffer over a column's blocks: the emission order is
 that of :func:`~dalistream.plan.shuffle.shuffled` over the column's ordinals (a pure function of
@@ -117,9 +116,7 @@ class Feed:
         self.max_steps = int(max(1, min(MAX_ROUND_STEPS, steps)))
         self.step = start
         self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
-        # rounds grow from one step for the job's first batch (it waits for its round alone);
-        # a later epoch's first batch waits for nothing (the pipeline's queue is full): whole rounds
-        self._size = 1 if first_batch else self.max_steps
+        self._size = 1
         self._first_batch = first_batch  # the first batch's columns start with short runs
         self._phased = [False] * len(self.columns)  # whether a column's first part is opened
         column_bytes = self.takes.sum(axis=0).max(initial=0) * (bytes_per_sample or 0)
