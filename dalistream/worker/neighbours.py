@@ -40,13 +40,15 @@ class Neighbours:
             (index, first): stop for plan in plans for index, first, stop in plan.parts if stop is not None}
         self.ahead: Dict[Tuple[int, int, int], Run] = {}
 
-    def take(self, index: int, first: int, stop: int) -> Optional[Run]:
-        """The run of part ``first … stop`` of shard ``index``, when a neighbour read it."""
+    def opened(self, index: int, first: int, stop: int) -> Optional[Run]:
+        """Part ``first … stop`` of shard ``index`` is opened by its column now (no other column's
+        read brings it from now on): its run, when a neighbour read it."""
+        self.next.pop((index, first), None)
         return self.ahead.pop((index, first, stop), None) if self.ahead else None
 
     def bounds(self, index: int, first: int, stop: int, starts: np.ndarray, count: int, run_bytes: int) -> List[int]:
         """Where part ``first … stop`` of shard ``index`` and the parts right after it that other
-        columns read end, as one read would bring them: ``[first, stop, …]`` (``[first, stop]``
+        columns read (and have not opened, nor had read for them) end, as one read would bring them: ``[first, stop, …]`` (``[first, stop]``
         alone: nothing to read with it). ``starts``: each sample's byte offset in the shard. Only
         a part that is one run goes with others (each column's runs stay as long as they were),
         and never a shard's last part (its end-of-archive check is its own)."""
@@ -67,6 +69,7 @@ class Neighbours:
                  for a, b in zip(bounds, bounds[1:])]
         for a, b, part in zip(bounds[1:], bounds[2:], parts[1:]):
             self.ahead[(index, a, b)] = part
+            del self.next[(index, a)]  # (read: no other read brings it)
         return parts[0]
 
     def read(self, reader: "PlanReader", index: int, first: int, stop: int, start: Optional[int], stats: WorkerStats,

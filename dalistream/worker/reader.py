@@ -201,7 +201,9 @@ class PlanReader:
         count = self.data.counts[index] if self.data.counts is not None else None
         found_at = first if start is not None else 0
         if stop is not None:
-            run = self.neighbours.take(index, first, stop)
+            run = self.neighbours.opened(index, numbering.first, stop)
+            if run is not None and first != numbering.first:  # a resumed part: read from where it resumes
+                run = None
             if run is None:
                 run = self.neighbours.read(self, index, first, stop, start, stats, shards.chunk)
             if run is not None:  # read with its neighbours' parts
