@@ -1,13 +1,15 @@
 """Parts of neighbouring columns read as one run.
 
 A worker reading interleaved columns of a data set whose epoch is small beside its batch reads
-each column's part of the epoch as one run, and the columns' parts lie end to end in their
-shards (column ``c + 1``'s part starts where column ``c``'s ends). Read one by one, each costs a
-part's opening, a read, a header check and a run of its own. :class:`Neighbours` knows which
-part follows which in the columns' plans of an epoch; the first column to read its part reads
-the parts after it too, up to :data:`TOGETHER_BYTES`, as one run (:meth:`Neighbours.read`),
-cut at the parts' bounds; the other columns take theirs when they open them. What each column
-reads, and in which order, is unchanged: only how many reads bring it.
+each column's part of the epoch as one run, and in a job of one rank the columns' parts lie end
+to end in their shards (column ``c + 1``'s part starts where column ``c``'s ends; with ``R``
+ranks a worker's columns lie ``R`` spans apart). Read one by one, each costs a part's opening, a
+read, a header check and a run of its own. :class:`Neighbours` knows which part follows which
+in the columns' plans of an epoch; in a later epoch (the first's parts start with short runs,
+for its first batch), the first column to open its part reads the parts after it that no
+column opened yet, up to :data:`TOGETHER_BYTES` of a local file, as one run
+(:meth:`Neighbours.read`), cut at the parts' bounds; the other columns take theirs when they
+open them. What each column reads, and in which order, is unchanged: only how many reads bring it.
 """
 
 from __future__ import annotations
