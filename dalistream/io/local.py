@@ -10,7 +10,7 @@ import stat
 import subprocess
 import tempfile
 import threading
-from typing import BinaryIO, Callable, Dict, Optional
+from typing import BinaryIO, Callable, Dict, List, Optional
 
 from ..errors import SourceError
 
@@ -217,26 +217,46 @@ class _Shared:
         return (st.st_dev, st.st_ino) == self.identity
 
     def release(self) -> None:
-        """One reader less: the file closes with the last."""
-        with _open_files_lock:
-            self.users -= 1
-            if self.users:
-                return
-            if _open_files.get(self.path) is self:
-                del _open_files[self.path]
-        self.file.close()
+        """One reader less: the file closes with the last. Counted when the table's lock is free
+        (:func:`_settle`): a part closed while the lock is held — by the garbage collector
+        finalizing a dropped reader inside :func:`open_range`, in the same thread — must not wait
+        for it (it would wait for ever), nor change the count under the holder's feet."""
+        _released.append(self)
+        _settle()
 
 
 _open_files: Dict[str, _Shared] = {}
 _open_files_lock = threading.Lock()
+_released: List[_Shared] = []  # readers let go of, not yet counted (list appends and pops are atomic)
+
+
+def _settle() -> None:
+    """Count the releases waiting, if the table's lock is free (else its holder counts them when
+    it lets go), and close the files no part reads any more."""
+    while _released:
+        if not _open_files_lock.acquire(blocking=False):
+            return
+        unused = []
+        try:
+            while _released:
+                shared = _released.pop()
+                shared.users -= 1
+                if not shared.users:
+                    if _open_files.get(shared.path) is shared:
+                        del _open_files[shared.path]
+                    unused.append(shared)
+        finally:
+            _open_files_lock.release()
+        for shared in unused:
+            shared.file.close()
 
 
 def _forget_open_files() -> None:
     """In a process just forked (a DALI worker): a table and a lock of its own. The parent's parts
     are not the child's to count (those it inherited close their copies of the files), and a lock
     another thread held at the fork would never be released here."""
-    global _open_files, _open_files_lock
-    _open_files, _open_files_lock = {}, threading.Lock()
+    global _open_files, _open_files_lock, _released
+    _open_files, _open_files_lock, _released = {}, threading.Lock(), []
 
 
 os.register_at_fork(after_in_child=_forget_open_files)
@@ -261,6 +281,7 @@ def open_range(url: str, start: int, end: Optional[int] = None) -> FileRange:
             st = os.fstat(f.fileno())
             shared = _open_files[path] = _Shared(path, f, (st.st_dev, st.st_ino))  # type: ignore[arg-type]
         shared.users += 1
+    _settle()  # (parts released while the lock was held)
     if end is None:
         size = os.fstat(shared.file.fileno()).st_size
         return FileRange(shared.file, start, size, marker=False, shared=shared, file_size=size)

@@ -184,3 +184,32 @@ def test_columns_share_one_streams_budget():
     assert shared_budget({"endpoint_url": "http://x"}, 1) == {"endpoint_url": "http://x"}
     assert remote_options(shared_budget({"parts_in_flight": 16, "read_ahead_bytes": 128 << 20}, 4)).parts_in_flight == 16
     assert remote_options(shared_budget({"read_ahead_bytes": 128 << 20}, 4)).part_bytes == 8 << 20
+
+
+def test_a_part_closed_while_the_table_is_locked_does_not_wait(tmp_path):
+    """The garbage collector may finalize a dropped reader's part inside ``open_range``, in the
+    same thread, while the table of open files is locked: the part's release is counted once the
+    lock is free (it used to wait for the lock for ever), and the file closes with its last part."""
+    import threading
+
+    from dalistream.io import local
+
+    path = key_shards(str(tmp_path), [9])[0]
+    seen = {}
+
+    def scenario():
+        part = open_shard(path, 0, None, 1024)
+        shared_file = part.fileno()
+        with local._open_files_lock:
+            part.close()  # as a finalizer run by the collector inside open_range would
+            seen["open while locked"] = path in local._open_files
+        other = open_shard(path, 1024, None, 2048)  # counts the release waiting: one part reads the file
+        seen["same file"] = other.fileno() == shared_file
+        other.close()
+        seen["closed with its last part"] = path not in local._open_files
+
+    t = threading.Thread(target=scenario, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "closing a part while the table was locked waited for the lock"
+    assert seen == {"open while locked": True, "same file": True, "closed with its last part": True}
