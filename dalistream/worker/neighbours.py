@@ -50,8 +50,8 @@ class Neighbours:
 
     def bounds(self, index: int, first: int, stop: int, starts: np.ndarray, count: int, run_bytes: int) -> List[int]:
         """Where part ``first … stop`` of shard ``index`` and the parts right after it that other
-        columns read (and have not opened, nor had read for them) end, as one read would bring them: ``[first, stop, …]`` (``[first, stop]``
-        alone: nothing to read with it). ``starts``: each sample's byte offset in the shard. Only
+        columns read (and have not opened, nor had read for them) end, as one read would bring
+        them: ``[first, stop, …]`` (``[first, stop]`` alone: nothing to read with it). ``starts``: each sample's byte offset in the shard. Only
         a part that is one run goes with others (each column's runs stay as long as they were),
         and never a shard's last part (its end-of-archive check is its own)."""
         out = [first, stop]
@@ -76,14 +76,14 @@ class Neighbours:
 
     def read(self, reader: "PlanReader", index: int, first: int, stop: int, start: Optional[int], stats: WorkerStats,
              chunk: int) -> Optional[Run]:
-        """Part ``first … stop`` of shard ``index`` (opened at byte ``start``) read by ``reader``
-        with the parts right after it that other columns read (:meth:`bounds`), as one run cut at
-        their bounds: this part's run; ``None`` (it is read alone) where none is to be read with
-        it, the shard is remote or has no member layout, the part is to start with a short run
-        (``reader.first_runs``), or the read finds anything amiss (each part's problem is then
-        found by its own column, reading it alone)."""
+        """Part ``first … stop`` of shard ``index`` (opened at byte ``start``; one the member layout
+        cuts out: :meth:`~.reader.PlanReader.layout` found it) read by ``reader`` with the parts
+        right after it that other columns read (:meth:`bounds`), as one run cut at their bounds:
+        this part's run; ``None`` (it is read alone) where none is to be read with it, the shard is
+        remote, the part is to start with a short run (``reader.first_runs``), or the read finds
+        anything amiss (each part's problem is then found by its own column, reading it alone)."""
         url = reader.data.urls[index]
-        if reader.first_runs or not self.next or is_ranged(url) or reader.layout(index, first, stop, start) is None:
+        if reader.first_runs or not self.next or is_ranged(url):
             return None
         g = reader.geometry(index)
         bounds = self.bounds(index, first, stop, g.sample_start, reader.data.counts[index], reader.run_bytes)

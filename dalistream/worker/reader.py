@@ -200,17 +200,16 @@ class PlanReader:
         url = self.data.urls[index]
         count = self.data.counts[index] if self.data.counts is not None else None
         found_at = first if start is not None else 0
-        if stop is not None:
-            run = self.neighbours.opened(index, numbering.first, stop)
-            if run is not None and first != numbering.first:  # a resumed part: read from where it resumes
-                run = None
-            if run is None:
-                run = self.neighbours.read(self, index, first, stop, start, stats, shards.chunk)
-            if run is not None:  # read with its neighbours' parts
-                numbering.found, numbering.problem = stop, None
-                yield run
-                return
-        layout = self.layout(index, first, stop, start)
+        run = self.neighbours.opened(index, numbering.first, stop) if stop is not None else None
+        if run is not None and first != numbering.first:  # a resumed part: read from where it resumes
+            run = None
+        layout = self.layout(index, first, stop, start) if run is None else None
+        if layout is not None:
+            run = self.neighbours.read(self, index, first, stop, start, stats, shards.chunk)  # type: ignore[arg-type]
+        if run is not None:  # read with its neighbours' parts
+            numbering.found, numbering.problem = stop, None
+            yield run
+            return
         problem: Optional[DalistreamError] = None
         try:
             with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too
