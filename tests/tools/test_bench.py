@@ -442,3 +442,41 @@ def test_with_and_without_buckets_differ_in_buckets_alone(tmp_path):
             assert spec["cache"] and os.path.isdir(spec["cache"])
             assert spec["buckets"] == (None if system == "dalistream-nobuckets" else "auto:8")
     assert folders["dalistream"] != folders["dalistream-nobuckets"] and os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_every_system_reads_one_rank_s_share(shards):
+    """``--rank r --world-size R``: each system reads rank ``r``'s share alone (dalistream its plan's,
+    DALI's reader its ``shard_id`` of ``num_shards``, webdataset and the sequential read every
+    ``R``-th shard): the two ranks of a job read disjoint samples, between them the data set (less
+    what a rank's last partial batch drops)."""
+    import glob
+
+    import numpy as np
+
+    from dalistream.tools.bench import peers
+
+    urls = sorted(glob.glob(os.path.join(shards, "*.tar")))
+    base = dict(urls=urls, counts=[40] * len(urls), batch_size=8, workers=1, threads=1, device="cpu", seed=0,
+                size=64, epochs=1, pipeline="read-only", start_method="fork", world_size=2)
+    for name, opener in [("dalistream", peers.open_dalistream), ("dali-native", peers.open_dali_native),
+                         ("webdataset", peers.open_webdataset)]:
+        seen = []
+        for rank in (0, 1):
+            opened = opener(dict(base, rank=rank))
+            try:
+                images = [x if isinstance(x, bytes) else np.asarray(x).tobytes() for b in opened.batches
+                          for x in (b["image"] if isinstance(b, dict) else b[0])]
+            finally:
+                opened.close()
+            assert len(images) == len(set(images)), name
+            seen.append(set(images))
+        assert not seen[0] & seen[1], f"{name}: the two ranks read the same samples"
+        assert 160 - 2 * 8 <= len(seen[0] | seen[1]) <= 160 and abs(len(seen[0]) - len(seen[1])) <= 8, \
+            (name, len(seen[0]), len(seen[1]))
+    for rank in (0, 1):
+        opened = peers.open_sequential_read(dict(base, rank=rank, storage_options={}))
+        assert sum(n for n, _ in opened.batches) == 80
+    from dalistream.cli import main
+
+    assert main(["bench", shards, "--rank", "2", "--world-size", "2"]) == 2  # (a rank outside the job: refused)

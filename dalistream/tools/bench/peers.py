@@ -19,7 +19,8 @@ Every system is an *opener* (spec → :class:`~.timing.Opened`) timed by the one
 ``pipeline``: ``"classification_train"`` decodes and augments; ``"feed"`` brings the encoded
 bytes into the graph and ends in a cheap op (:func:`feed_graph`: the byte count of each image)
 plus the labels, so that only the cost of feeding remains; ``"read-only"`` delivers the encoded
-bytes to Python (counted). Every system runs ``epochs`` of its own epochs.
+bytes to Python (counted). Every system runs ``epochs`` of its own epochs, of rank ``rank``'s
+share of a job of ``world_size`` ranks (measured alone: :func:`rank_share`).
 Module-level imports stay light: DALI worker processes (spawned) import this module as their
 main module.
 """
@@ -41,7 +42,7 @@ from ...dali import ops
 from ...dali.compat import shutdown
 from ...dali.ops import IMAGENET_MEAN, IMAGENET_STD
 from ...device import resolve_device, start_method
-from .timing import Opened, run_system
+from .timing import Opened, open_fake, run_system
 
 IMAGE_EXTS = "jpg;jpeg;png"
 LABEL_EXTS = "cls"
@@ -82,6 +83,14 @@ def _dalistream_train(stream, size: int = 224):
     return {"image": image, "label": data["label"]}
 
 
+def rank_share(spec: Dict[str, Any], key: str = "urls") -> list:
+    """``spec[key]`` (the shards, or their counts) of the shards one rank of ``world_size`` reads
+    where a system has no rank of its own to split by (webdataset, the sequential read): every
+    ``world_size``-th from ``rank``, as ``webdataset.split_by_node`` gives them. (dalistream plans
+    the rank's share; DALI's reader reads shard ``rank`` of ``num_shards``, a contiguous share.)"""
+    return list(spec[key])[spec.get("rank", 0)::spec.get("world_size", 1)]
+
+
 # -- dalistream ----------------------------------------------------------------------------------
 
 def _byte_count(values) -> int:
@@ -105,7 +114,8 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
         policy=spec.get("policy", "even"), batches_per_epoch=spec.get("batches_per_epoch"),
         on_error=spec.get("on_error", "raise"), storage_options=spec.get("storage_options") or {},
         manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"), affinity=spec.get("affinity"),
-        ranks_per_node=spec.get("ranks_per_node"), buckets=buckets, **mixed,
+        ranks_per_node=spec.get("ranks_per_node"), buckets=buckets, rank=spec.get("rank", 0),
+        world_size=spec.get("world_size", 1), **mixed,
     )
     kwargs: Dict[str, Any] = {"num_threads": spec["threads"]}
     if pipeline == "read-only":
@@ -169,7 +179,8 @@ def open_dali_native(spec: Dict[str, Any]) -> Opened:
                   seed=spec["seed"] & 0x7FFFFFFF)
     def native():
         image, label = fn.readers.webdataset(paths=list(spec["urls"]), ext=[IMAGE_EXTS, LABEL_EXTS], name="reader",
-                                             missing_component_behavior="error")
+                                             missing_component_behavior="error", shard_id=spec.get("rank", 0),
+                                             num_shards=spec.get("world_size", 1))
         if pipeline == "read-only":
             return image, label
         if pipeline == "feed":
@@ -179,7 +190,8 @@ def open_dali_native(spec: Dict[str, Any]) -> Opened:
     pipe = native()
     if pipeline == "read-only":  # bytes of different lengths: no dense tensor, so per sample, as before
         pipe.build()
-        per_epoch = pipe.epoch_size("reader") // spec["batch_size"]
+        total, rank, world = pipe.epoch_size("reader"), spec.get("rank", 0), spec.get("world_size", 1)
+        per_epoch = (total * (rank + 1) // world - total * rank // world) // spec["batch_size"]  # (its shard's share)
 
         def raw():
             for _ in range(spec["epochs"] * per_epoch):
@@ -307,7 +319,7 @@ def open_webdataset(spec: Dict[str, Any]) -> Opened:
     pipeline = spec["pipeline"]
     read_only = pipeline == "read-only"
     _register_s3_gopen(spec.get("storage_options") or {})
-    dataset = wds.WebDataset(list(spec["urls"]), shardshuffle=False, empty_check=False).to_tuple(IMAGE_EXTS, LABEL_EXTS)
+    dataset = wds.WebDataset(rank_share(spec), shardshuffle=False, empty_check=False).to_tuple(IMAGE_EXTS, LABEL_EXTS)
     dataset = dataset.map(_raw if read_only else _feed if pipeline == "feed" else Augment(spec["size"], spec["seed"]))
     device, device_id = resolve_device(spec["device"])  # decoding stays on the CPU, as usual with PIL
     use_gpu = device == "gpu"
@@ -335,7 +347,7 @@ def open_sequential_read(spec: Dict[str, Any]) -> Opened:
 
     def shards():
         for _ in range(spec["epochs"]):
-            for url, n in zip(spec["urls"], spec["counts"]):
+            for url, n in zip(rank_share(spec), rank_share(spec, "counts")):
                 nbytes = 0
                 with open_raw(url, 0, spec.get("storage_options") or {}) as f:
                     while True:
@@ -346,20 +358,6 @@ def open_sequential_read(spec: Dict[str, Any]) -> Opened:
                 yield n, nbytes
 
     return Opened(shards(), lambda b: b, extra=lambda: {"device": "cpu"})
-
-
-# -- a system of known cost (tests the rule) ------------------------------------------------------
-
-def open_fake(spec: Dict[str, Any], sleep: Callable[[float], None] = time.sleep) -> Opened:
-    """``spec["batches"]`` batches of ``batch_size`` samples; opening takes ``open_s``, the first
-    batch ``first_s``, every other ``per_batch_s`` (slept through ``sleep``)."""
-    def batches():
-        for i in range(spec["batches"]):
-            sleep(spec["first_s"] if i == 0 else spec["per_batch_s"])
-            yield spec["batch_size"]
-
-    sleep(spec.get("open_s", 0.0))
-    return Opened(batches(), lambda b: (b, 0), extra=lambda: {"device": "cpu"})
 
 
 # name -> (libraries imported before the clock, opener); every system runs through run_system

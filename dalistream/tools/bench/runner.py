@@ -206,7 +206,8 @@ def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequenc
     report: Dict[str, Any] = {key: ours[key] for key in METRICS}
     report.update(runs=ours["runs"], samples_per_s_runs=ours["samples_per_s_runs"],
                   epoch_samples_per_s=ours["epoch_samples_per_s"], config={
-        k: base[k] for k in ("pipeline", "batch_size", "workers", "threads", "epochs", "size", "device")})
+        k: base[k] for k in ("pipeline", "batch_size", "workers", "threads", "epochs", "size", "device", "rank",
+                             "world_size")})
     report["config"]["device"] = runs["dalistream"][-1].get("device", base["device"])  # resolved
     report["config"]["start_method"] = runs["dalistream"][-1].get("start_method", base["start_method"])
     report["config"].update(shards=len(urls), samples=sum(counts), shard_bytes_per_sample=bytes_per_sample,
@@ -265,6 +266,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--compare: unknown peers {unknown}; choose from {list(PEERS)}")
     if args.repeats < 1 or args.epochs < 1:
         raise ConfigError("--repeats and --epochs must be at least 1")
+    from ...stream import resolve_layout
+
+    # one rank of a job measured alone: every system reads that rank's share (see peers.rank_share)
+    args.rank, args.world_size = resolve_layout(args.rank, args.world_size, os.environ)
+    if args.world_size < 1 or not 0 <= args.rank < args.world_size:
+        raise ConfigError(f"--rank {args.rank} of --world-size {args.world_size}: a rank is 0 … world size − 1")
     options = storage_options(args)
     for item in args.storage_option:
         key, _, value = item.partition("=")
@@ -333,6 +340,7 @@ def _run_pipeline(args: argparse.Namespace, pipeline: str, several: bool, urls: 
             "batches_per_epoch": args.batches_per_epoch, "on_error": args.on_error,
             "mix": mix, "per_batch": args.per_batch, "samples_per_epoch": args.samples_per_epoch,
             "affinity": args.affinity, "ranks_per_node": args.ranks_per_node,
+            "rank": args.rank, "world_size": args.world_size,
             "buckets": args.buckets, "bucket_per": args.bucket_per, "lookahead": args.lookahead,
             "local_urls": list(local_urls)}
     sweep = _parse_sweep(args.sweep)

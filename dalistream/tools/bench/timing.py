@@ -12,6 +12,8 @@ the bench takes times. The rule:
 - CPU per sample is the CPU time of the process tree between the first batch and the end, split
   into the main process (all its threads, DALI's thread pool included) and its descendants
   (DALI's Python workers, DataLoader workers).
+
+:func:`open_fake` is a system of known cost: the rule's own test.
 """
 
 from __future__ import annotations
@@ -100,3 +102,17 @@ def run_system(spec: Mapping[str, Any], systems: Mapping[str, Tuple[Sequence[str
         opened.close()
     result["system"] = spec["system"]
     return result
+
+
+# -- a system of known cost (tests the rule) ------------------------------------------------------
+
+def open_fake(spec: Dict[str, Any], sleep: Callable[[float], None] = time.sleep) -> Opened:
+    """``spec["batches"]`` batches of ``batch_size`` samples; opening takes ``open_s``, the first
+    batch ``first_s``, every other ``per_batch_s`` (slept through ``sleep``)."""
+    def batches():
+        for i in range(spec["batches"]):
+            sleep(spec["first_s"] if i == 0 else spec["per_batch_s"])
+            yield spec["batch_size"]
+
+    sleep(spec.get("open_s", 0.0))
+    return Opened(batches(), lambda b: (b, 0), extra=lambda: {"device": "cpu"})
