@@ -90,3 +90,44 @@ def test_merged_by_dali_and_delivered_to_torch(tmp_path):
             assert all(isinstance(w, str) for w in batch["w"])
             got.update(zip(batch["key"], batch["w"]))
     assert got == truth
+
+
+def test_the_bulk_jpeg_walk_passes_only_what_the_one_at_a_time_check_passes():
+    """:func:`~dalistream.kinds.images.jpeg_whole` walks many rows' segments at once: a row it
+    passes passes :func:`~dalistream.kinds.images.image_problem` too, and every whole JPEG passes
+    (its verdict on the others is left to the check alone). Variants: JPEGs with extra segments
+    (APPn, comments, fill bytes, markers without a length), cut anywhere, bytes flipped in the
+    headers, and rows side by side in one buffer, so a walk that strays reads its neighbour."""
+    import io
+
+    from PIL import Image
+
+    from dalistream.kinds.images import image_problem, jpeg_whole
+
+    rng = np.random.default_rng(7)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (16, 24, 3), dtype=np.uint8)).save(buf, format="JPEG")
+    base = buf.getvalue()
+    segments = [b"\xff\xe1" + (12).to_bytes(2, "big") + b"Exif\0\0abcd", b"\xff\xfe\x00\x05hi!",
+                b"\xff", b"\xff\x01", b"\xff\xd0", b"\xff\xee\x00\x02"]
+    rows, intact = [], []
+    for _ in range(400):
+        extra = b"".join(segments[int(i)] for i in rng.integers(0, len(segments), rng.integers(0, 5)))
+        row = bytearray(base[:2] + extra + base[2:])
+        kind = rng.integers(0, 4)
+        intact.append(kind == 0)
+        if kind == 1:  # cut short
+            row = row[:int(rng.integers(4, len(row)))]
+        elif kind == 2:  # a header byte flipped
+            at = int(rng.integers(2, min(len(row), 200)))
+            row[at] = int(rng.integers(0, 256))
+        elif kind == 3:  # a segment's length too long
+            row[5] = 0xFF
+        rows.append(bytes(row))
+    data = np.frombuffer(b"".join(rows), np.uint8)
+    lengths = np.array([len(r) for r in rows])
+    starts = np.cumsum(lengths) - lengths
+    ok = jpeg_whole(data, starts, lengths, np.ones(len(rows), bool))
+    problems = [image_problem(r) for r in rows]
+    assert not [i for i in np.flatnonzero(ok) if problems[i] is not None]  # never passes what the check refuses
+    assert ok[intact].all() and 50 < sum(intact) < len(rows)  # every whole one walked to its scan

@@ -11,6 +11,13 @@ import numpy as np
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "bmp", "tif", "tiff", "webp", "gif", "ppm", "pgm", "pbm", "pnm", "jp2"})
 _JPEG_STEPS = 64  # segments walked in bulk before a row is checked alone
+_QUAD = np.arange(4)
+# by marker byte, how far the walk moves past a marker: fill bytes (0xFF) one, markers without a
+# length (RSTn, SOI, EOI, TEM) two, the others two plus the length that follows them
+_STEP = np.full(256, 2, np.int64)
+_STEP[0xFF] = 1
+_HAS_LENGTH = np.ones(256, np.int64)
+_HAS_LENGTH[[*range(0xD0, 0xD9), 0x01, 0xFF]] = 0
 
 
 def is_image_ext(ext: str) -> bool:
@@ -124,22 +131,23 @@ def jpeg_whole(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, rows: 
     marker, and the row ends with the end-of-image marker (after it, then). ``False`` is no
     verdict: those rows are checked alone."""
     ok = np.zeros(len(starts), bool)
-    ends = starts + lengths
     active = np.flatnonzero(rows)
-    active = active[(data[ends[active] - 2] == 0xFF) & (data[ends[active] - 1] == 0xD9)]
-    i = np.full(len(active), 2, np.int64)
+    ends = starts[active] + lengths[active]
+    whole = (data[ends - 2] == 0xFF) & (data[ends - 1] == 0xD9)
+    # each walking row's next marker (absolute) and the last place a marker's 4 bytes fit; the
+    # arrays shrink to the rows still walking, so a step costs the same few operations (their
+    # count, not the rows', is what a call of a few hundred rows pays)
+    active, at, last = active[whole], (starts[active] + 2)[whole], (ends - 4)[whole]
+    walking = at <= last
     for _ in range(_JPEG_STEPS):
+        if not walking.all():
+            active, at, last = active[walking], at[walking], last[walking]
         if not len(active):
             break
-        n = lengths[active]
-        live = i + 4 <= n
-        at = starts[active] + np.where(live, i, 0)
-        live &= data[at] == 0xFF
-        marker = data[at + 1].astype(np.int64)
-        found = live & (marker == 0xDA)
-        ok[active[found]] = True
-        no_length = ((marker >= 0xD0) & (marker <= 0xD8)) | (marker == 0x01)
-        step = np.where(marker == 0xFF, 1, np.where(no_length, 2, 2 + data[at + 2].astype(np.int64) * 256 + data[at + 3]))
-        live &= ~found & (i + step + 4 <= n)
-        active, i = active[live], (i + step)[live]
+        quad = data[at[:, None] + _QUAD]  # each row's marker and the segment length after it
+        marker = quad[:, 1]
+        found = marker == 0xDA
+        ok[active[found & (quad[:, 0] == 0xFF)]] = True
+        at = at + _STEP[marker] + _HAS_LENGTH[marker] * (quad[:, 2].astype(np.int64) << 8 | quad[:, 3])
+        walking = (quad[:, 0] == 0xFF) & ~found & (at <= last)
     return ok
