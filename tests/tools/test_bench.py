@@ -480,3 +480,41 @@ def test_every_system_reads_one_rank_s_share(shards):
     from dalistream.cli import main
 
     assert main(["bench", shards, "--rank", "2", "--world-size", "2"]) == 2  # (a rank outside the job: refused)
+
+
+def test_every_option_of_the_data_reaches_the_systems(shards, tmp_path, monkeypatch):
+    """The class of ``--rank``/``--world-size`` (accepted, then ignored: every run measured a job
+    of one rank): every option the bench shares with the loader, given a value other than its
+    default, is in the spec every system is opened with."""
+    import shutil
+
+    from dalistream.cli import main
+
+    shards = shutil.copytree(shards, str(tmp_path / "shards"))  # (the module's shards stay without a manifest)
+    assert main(["index", shards]) == 0
+    manifest = os.path.join(shards, "dalistream-manifest.json")
+    given = {"--workers": ("workers", 3), "--rank": ("rank", 1), "--world-size": ("world_size", 3),
+             "--epoch": ("epoch", 2), "--seed": ("seed", 5), "--manifest": ("manifest", manifest),
+             "--on-error": ("on_error", "skip"), "--start-method": ("start_method", "spawn"),
+             "--batch-size": ("batch_size", 12), "--shuffle": ("shuffle", 7), "--policy": ("policy", "fixed"),
+             "--batches-per-epoch": ("batches_per_epoch", 4), "--buckets": ("buckets", "aspect:1x1,2x1"),
+             "--bucket-per": ("bucket_per", "global"), "--lookahead": ("lookahead", 9),
+             "--affinity": ("affinity", "node"), "--ranks-per-node": ("ranks_per_node", 1),
+             "--epochs": ("epochs", 3), "--threads": ("threads", 3), "--size": ("size", 48)}
+    seen = {}
+
+    class Opened(Exception):
+        pass
+
+    def compare(args, base, shard_bytes, systems, log):
+        seen.update(base)
+        raise Opened
+
+    monkeypatch.setattr(bench, "compare", compare)
+    argv = ["bench", shards, "--no-interleave", "--endpoint-url", "http://127.0.0.1:9"]
+    for option, (_, value) in given.items():
+        argv += [option, str(value)]
+    with pytest.raises(Opened):
+        main(argv)
+    assert {key: seen[key] for key, _ in given.values()} == dict(given.values())
+    assert seen["interleave"] is False and seen["storage_options"]["endpoint_url"] == "http://127.0.0.1:9"
