@@ -145,9 +145,9 @@ def jpeg_whole(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, rows: 
         if not len(active):
             break
         quad = data[at[:, None] + _QUAD]  # each row's marker and the segment length after it
-        marker = quad[:, 1]
-        found = marker == 0xDA
-        ok[active[found & (quad[:, 0] == 0xFF)]] = True
+        marker, is_marker = quad[:, 1], quad[:, 0] == 0xFF
+        found = is_marker & (marker == 0xDA)
+        ok[active[found]] = True
         at = at + _STEP[marker] + _HAS_LENGTH[marker] * (quad[:, 2].astype(np.int64) << 8 | quad[:, 3])
-        walking = (quad[:, 0] == 0xFF) & ~found & (at <= last)
+        walking = is_marker & ~found & (at <= last)
     return ok

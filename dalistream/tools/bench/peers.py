@@ -83,12 +83,17 @@ def _dalistream_train(stream, size: int = 224):
     return {"image": image, "label": data["label"]}
 
 
+def rank_of(spec: Dict[str, Any]) -> Tuple[int, int]:
+    """The rank measured and the job's ranks (rank 0 of 1 where the spec names none)."""
+    return spec.get("rank", 0), spec.get("world_size", 1)
+
+
 def rank_share(spec: Dict[str, Any], key: str = "urls") -> list:
-    """``spec[key]`` (the shards, or their counts) of the shards one rank of ``world_size`` reads
-    where a system has no rank of its own to split by (webdataset, the sequential read): every
-    ``world_size``-th from ``rank``, as ``webdataset.split_by_node`` gives them. (dalistream plans
-    the rank's share; DALI's reader reads shard ``rank`` of ``num_shards``, a contiguous share.)"""
-    return list(spec[key])[spec.get("rank", 0)::spec.get("world_size", 1)]
+    """``spec[key]`` (the shards, or their counts) one rank reads where a system has no rank of its
+    own to split by (webdataset, the sequential read): every ``world_size``-th from ``rank``, as
+    ``webdataset.split_by_node`` gives them (DALI's reader takes ``shard_id``/``num_shards``)."""
+    rank, world = rank_of(spec)
+    return list(spec[key])[rank::world]
 
 
 # -- dalistream ----------------------------------------------------------------------------------
@@ -104,18 +109,17 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
     pipeline = spec["pipeline"]
     mix = spec.get("mix")
     mixed = {"per_batch": spec.get("per_batch", "sample"), "samples_per_epoch": spec.get("samples_per_epoch")} if mix else {}
+    rank, world = rank_of(spec)
     buckets = spec.get("buckets") and parse_buckets(spec["buckets"], spec.get("bucket_per", "rank"), spec.get("lookahead"))
     stream = dalistream.Stream.open(
         {name: (list(urls), weight) for name, (urls, weight) in mix.items()} if mix else spec["urls"],
         cache=spec.get("cache"), cache_limit=spec.get("cache_limit"),
         fields={"image": IMAGE_EXTS, "label": LABEL_EXTS}, batch_size=spec["batch_size"],
         workers=spec["workers"], device=spec["device"], seed=spec["seed"], shuffle=spec.get("shuffle"),
-        interleave=spec.get("interleave"),
-        policy=spec.get("policy", "even"), batches_per_epoch=spec.get("batches_per_epoch"),
+        interleave=spec.get("interleave"), policy=spec.get("policy", "even"), batches_per_epoch=spec.get("batches_per_epoch"),
         on_error=spec.get("on_error", "raise"), storage_options=spec.get("storage_options") or {},
         manifest=spec.get("manifest"), start_method=spec.get("start_method", "auto"), affinity=spec.get("affinity"),
-        ranks_per_node=spec.get("ranks_per_node"), buckets=buckets, rank=spec.get("rank", 0),
-        world_size=spec.get("world_size", 1), **mixed,
+        ranks_per_node=spec.get("ranks_per_node"), buckets=buckets, rank=rank, world_size=world, **mixed,
     )
     kwargs: Dict[str, Any] = {"num_threads": spec["threads"]}
     if pipeline == "read-only":
@@ -174,13 +178,13 @@ def open_dali_native(spec: Dict[str, Any]) -> Opened:
 
     device, device_id = resolve_device(spec["device"])
     pipeline = spec["pipeline"]
+    rank, world = rank_of(spec)
 
     @pipeline_def(batch_size=spec["batch_size"], num_threads=spec["threads"], device_id=device_id,
                   seed=spec["seed"] & 0x7FFFFFFF)
     def native():
         image, label = fn.readers.webdataset(paths=list(spec["urls"]), ext=[IMAGE_EXTS, LABEL_EXTS], name="reader",
-                                             missing_component_behavior="error", shard_id=spec.get("rank", 0),
-                                             num_shards=spec.get("world_size", 1))
+                                             missing_component_behavior="error", shard_id=rank, num_shards=world)
         if pipeline == "read-only":
             return image, label
         if pipeline == "feed":
@@ -190,7 +194,7 @@ def open_dali_native(spec: Dict[str, Any]) -> Opened:
     pipe = native()
     if pipeline == "read-only":  # bytes of different lengths: no dense tensor, so per sample, as before
         pipe.build()
-        total, rank, world = pipe.epoch_size("reader"), spec.get("rank", 0), spec.get("world_size", 1)
+        total = pipe.epoch_size("reader")
         per_epoch = (total * (rank + 1) // world - total * rank // world) // spec["batch_size"]  # (its shard's share)
 
         def raw():
