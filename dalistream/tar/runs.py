@@ -8,8 +8,8 @@ short part is one run; the first runs of a part as long as asked), each into a w
 ``ustar`` magic and the size field of every header at once, as
 :func:`~dalistream.tar.sliced.sliced_samples` checks them one by one. A :class:`Run` is the run's
 bytes with its samples' member positions; its members are views of those bytes
-(:mod:`dalistream.worker.rows` decodes them in bulk); :meth:`Run.split` cuts it in two over the
-same bytes. A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``,
+(:mod:`dalistream.worker.rows` decodes them in bulk); :meth:`Run.cut` cuts a share of it over
+the same bytes. A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``,
 which yields its samples up to the damage and raises the same error, naming the same offsets,
 as for a part read sample by sample.
 """
@@ -46,7 +46,7 @@ class Run:
     """Consecutive samples of one regular shard, in one buffer (see the module doc)."""
 
     __slots__ = ("url", "first", "data", "offsets", "kinds", "names", "member_base", "member_at", "member_size",
-                 "nbytes", "decoded", "buffer", "at", "whole")
+                 "nbytes", "decoded", "buffer", "at")
 
     def __init__(self, url: str, first: int, data: bytearray, offsets: np.ndarray, kinds: np.ndarray,
                  names: Sequence[Tuple[str, ...]], member_base: np.ndarray, member_at: np.ndarray,
@@ -66,18 +66,9 @@ class Run:
         if where is None:
             where = (data.obj, _start(data)) if isinstance(data, memoryview) else (data, 0)
         self.buffer, self.at = where
-        self.whole: Optional["Run"] = None  # the run this one was cut from (:meth:`split`)
 
     def __len__(self) -> int:
         return len(self.kinds)
-
-    def split(self, k: int) -> Tuple["Run", "Run"]:
-        """Samples ``0 … k - 1`` and ``k …`` as two runs over the same bytes (``nbytes`` goes with
-        the head: the whole run was read), each knowing the run it was cut from (``whole``): the
-        first decoded decodes that, for both (:func:`dalistream.worker.rows.decode_runs`)."""
-        head, tail = self.cut(0, k, self.nbytes), self.cut(k, len(self), 0)
-        head.whole = tail.whole = self
-        return head, tail
 
     def cut(self, a: int, b: int, nbytes: int) -> "Run":
         """Samples ``a`` to ``b - 1`` as a run over the same bytes, ``nbytes`` of them wanted."""
@@ -264,8 +255,11 @@ def sliced_runs(
         if got < size or not _headers_ok(data, at, checks[a:b]):
             # sample by sample from the bytes read: its samples up to the damage, then the same error
             whole = 0
+            read = io.BytesIO(bytes(data[:got]))
+            if r.size is not None:  # the file's size known: a member passed over past its end is cut, as
+                read.file_size = got  # sample by sample (StreamBuffer.skip); unknown, the next header is missing
             try:
-                for sample in sliced_samples(io.BytesIO(bytes(data[:got])), url, patterns, kinds[i:k], sizes[a:b],
+                for sample in sliced_samples(read, url, patterns, kinds[i:k], sizes[a:b],
                                              first=first + i, offset=offset + int(sample_start[i]), want_ext=want_ext,
                                              lowercase=lowercase, last=False, chunk=chunk):
                     whole += 1

@@ -32,13 +32,6 @@ class WalkedRun(Run):
     def sample(self, i: int, lowercase: bool = False, wanted: Callable[[str], bool] = lambda ext: True) -> Sample:
         return self.samples[i]
 
-    def cut(self, a: int, b: int, nbytes: int) -> "WalkedRun":
-        run = Run.cut(self, a, b, nbytes)
-        out = WalkedRun(run.url, run.first, run.data, run.offsets, run.kinds, run.names, run.member_base,
-                        run.member_at, run.member_size, nbytes, (run.buffer, run.at))
-        out.keys, out.samples = self.keys[a:b], self.samples[a:b]
-        return out
-
 
 def walked_runs(samples: Iterator[Sample], url: str, arena: Optional[Arena], run_bytes: int,
                 first_runs: Sequence[int] = ()) -> Iterator[Union[Run, Sample]]:

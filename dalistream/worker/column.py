@@ -4,6 +4,7 @@ all of a worker's columns before decoding them together)."""
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, AbstractSet, Iterator, List
 
@@ -34,11 +35,16 @@ class ColumnReader:
         self.resumed = bool(start or gone)
         self.pass_rows = [0, 0]  # (pass, rows given in it)
         self.ended = False
+        self.waiting = 0  # 1 while the current run's last row waits for the next item (:meth:`next_read`)
+        # what the blocks' generators call back (:meth:`next_read`), by a weak reference: a strong one
+        # would make each a cycle with this reader, whose runs' buffers then wait for a collection
+        me = weakref.ref(self)
+        self._next_read = lambda read: me().next_read(read)
 
     def read_ahead(self, samples: int) -> List[Run]:
         """Read raw items until ``samples`` are read ahead (or the column ends); the runs read."""
         runs = []
-        while self.ahead_samples < samples and not self.ended:
+        while self._ready() < samples and not self.ended:
             item = next(self.items, None)
             if item is None:
                 self.ended = True
@@ -48,6 +54,38 @@ class ColumnReader:
             if isinstance(item[0], Run):
                 runs.append(item[0])
         return runs
+
+    def _ready(self) -> int:
+        """The samples read that can be given without reading more: a run's last waits for the item after it."""
+        last_is_run = isinstance(self.ahead[-1][0], Run) if self.ahead else self.waiting
+        return self.waiting + self.ahead_samples - bool(last_is_run)
+
+    def next_read(self, read: bool) -> bool:
+        """Whether the current run's last row can be given: the item after it read (now, if
+        ``read``) and the shard problems met before that item acted on (only if ``read``: they
+        come after the run's other rows), as when samples are read one by one
+        (:meth:`PlanReader.items`)."""
+        if not read:
+            ready = (self.ended and not self.ahead) or (bool(self.ahead) and not self.ahead[0][3])  # (none met before it)
+            self.waiting = int(not ready)
+            return ready
+        if not self.ahead and not self.ended:
+            item = next(self.items, None)
+            if item is None:
+                self.ended = True
+            else:
+                self.ahead.append(item)
+                self.ahead_samples += _samples(item[0])
+        self.waiting = 0
+        if self.ahead:
+            problems, self.ahead[0][3] = self.ahead[0][3], []
+            self._act_on(problems)
+        return True
+
+    def _act_on(self, problems: list) -> None:
+        for problem in problems:  # met before an item, acted on before it (see PlanReader.items)
+            self.policy.handle(problem, "shards")
+            self.stats.flush_skips()
 
     def __iter__(self) -> "ColumnReader":
         return self
@@ -68,17 +106,15 @@ class ColumnReader:
                 self.ended = True
                 self.policy.check(final=True)
                 raise StopIteration
-            raw, numbering, n_pass, problems = item
-            for problem in problems:  # met before this item, acted on before it (see PlanReader.items)
-                self.policy.handle(problem, "shards")
-                self.stats.flush_skips()
+            raw, numbering, n_pass, before, after = item
+            self._act_on(before + after)
             if raw is None:
                 continue
             if n_pass != self.pass_rows[0]:  # a pass over the parts gave nothing: cycling on would never end
                 if not self.pass_rows[1] and not (self.pass_rows[0] == 0 and self.resumed):
                     raise self.reader.no_samples(self.plan)
                 self.pass_rows = [n_pass, 0]
-            self.current = self.reader.item_blocks(raw, numbering, self.policy, self.stats)
+            self.current = self.reader.item_blocks(raw, numbering, self.policy, self.stats, self._next_read)
 
 
 def _samples(item: object) -> int:

@@ -26,7 +26,7 @@ columns), from the moment the column is made.
 from __future__ import annotations
 
 import itertools
-from typing import AbstractSet, Iterator, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,18 +35,19 @@ from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
 from ..io.parts import PartFetcher
 from ..io.remote import state_ahead
-from ..io.streams import ShardSequence, chunk_bytes, is_gzip_name
+from ..io.streams import ShardSequence, chunk_bytes
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
 from ..tar.runs import Arena, Geometry, Run, run_length, sliced_runs
 from ..tar.walked import walked_runs
 from .fields import FieldDecoder
+from .layouts import ShardLayout, shard_layout
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
 from .column import ColumnReader
 from .neighbours import Neighbours
-from .rows import RowDecoder, Rows
+from .rows import last_waits, RowDecoder, Rows
 from .stats import WorkerStats
 
 
@@ -61,7 +62,7 @@ class PlanReader:
         self.decoder = FieldDecoder(config.fields, config.missing)
         self.rows = RowDecoder(config.fields, config.lowercase_ext)
         self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
-        self._shards: dict = {}  # shard index -> its _ShardLayout, or None (:meth:`_shard_layout`)
+        self._shards: dict = {}  # shard index -> its ShardLayout, or None (:meth:`_shard_layout`)
         self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
         #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
         self.first_runs: Tuple[int, ...] = ()
@@ -92,10 +93,11 @@ class PlanReader:
     def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0,
               gone: AbstractSet[int] = frozenset()) -> Iterator[list]:
         """The tar reader's raw items of the plan (runs, single samples) as ``[item, its part's
-        :class:`Numbering`, its pass, the shard problems met before it]``: a sample is given out
-        once the next is read (a run at once, but for its last sample, cut off by
-        :meth:`~dalistream.tar.runs.Run.split`), so a shard's problem, met at the end of its part,
-        is acted on before the sample before it, as when samples are read one by one; problems
+        :class:`Numbering`, its pass, the shard problems met before it, those met after it]``. A
+        shard's problem, met at the end of its part, is acted on before the sample read just before
+        it, as when samples are read one by one: a single sample is given out once the next is read
+        (a problem met after it comes with it), a run at once, its last sample waiting in the
+        column for the next item and the problems met before that (:meth:`item_blocks`); problems
         with no item left after them come with an item ``None``. The first pass's parts are
         handed to the worker's read-ahead (``fetcher``) now, fetched with the other columns'."""
         return self._items(plan, stats, start, gone, self._pass(plan, 0, 0, start, gone, stats))
@@ -141,21 +143,21 @@ class PlanReader:
                             given += 1
                             yield held
                             held = None
-                        if isinstance(item, Run) and len(item) > 1:  # only its last sample waits for the next item
-                            head, item = item.split(len(item) - 1)
+                        if isinstance(item, Run):  # at once: its last sample waits in the column
                             given += 1
-                            yield [head, numbering, n_pass, problems]
+                            yield [item, numbering, n_pass, problems, []]
                             problems = []
-                        held, problems = [item, numbering, n_pass, problems], []
-                    if numbering.problem is not None:  # it overtakes the item held back
-                        (held[3] if held is not None else problems).append(numbering.problem)
+                            continue
+                        held, problems = [item, numbering, n_pass, problems, []], []
+                    if numbering.problem is not None:  # it overtakes the item held back (met after it)
+                        (held[4] if held is not None else problems).append(numbering.problem)
                     if stop is None:  # a whole shard of unknown count: its samples number the next
                         ordinal = numbering.base + numbering.found
                 if held is not None:
                     given += 1
                     yield held
                 if problems:
-                    yield [None, None, n_pass, problems]
+                    yield [None, None, n_pass, problems, []]
             finally:
                 shards.close()
             if c.policy == "fixed" and not given and not (n_pass == 0 and (start or gone)):
@@ -253,40 +255,59 @@ class PlanReader:
         numbering.found = found_at
         numbering.problem = problem.at(rank=c.rank, worker=self.worker) if problem is not None else None
 
-    def item_blocks(self, item, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
-        """A raw item of the tar reader (a :class:`Run`, or one sample) as blocks."""
+    def item_blocks(self, item, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats,
+                    next_read: Callable[[bool], bool]) -> Iterator[Rows]:
+        """A raw item of the tar reader (a :class:`Run`, or one sample) as blocks. A run's last
+        sample waits for the item after it: ``next_read(read)`` says whether that item is read
+        (reading it now if ``read``), the problems met before it acted on (the column's:
+        :meth:`~.column.ColumnReader.next_read`)."""
         if isinstance(item, Run):
-            return self._run_blocks(item, numbering, policy, stats)
+            return self._run_blocks(item, numbering, policy, stats, next_read)
         return self._sample_blocks(item, numbering, policy, stats)
 
-    def _run_blocks(self, run: Run, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats) -> Iterator[Rows]:
+    def _run_blocks(self, run: Run, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats,
+                    next_read: Callable[[bool], bool]) -> Iterator[Rows]:
         """A run's samples decoded together (or already, with other runs: ``run.decoded``), as
         blocks between the samples passed over and those that do not pass, which are settled one
         by one in their place: the error policy meets them in the order it would meet them read
-        one by one."""
+        one by one (the last sample, once the next item is read)."""
         if run.nbytes:
             stats.add(bytes=run.nbytes)
         columns, bad = run.decoded if run.decoded is not None else self.rows.decode(run, self.source_name)
         run.decoded = None
         n = len(run)
         passed = [i - run.first for i in numbering.passed(run.first, run.first + n)]
-        if not bad and not passed:  # (the usual case: the run is one block)
-            return iter((Rows(columns, n, numbering.ordinal(run.first)),))
-        return self._split_blocks(run, numbering, policy, stats, columns, bad, passed)
+        if not bad and not passed:  # (the usual case: the run is one block, or two while the next is not read)
+            if next_read(False):
+                return iter((Rows(columns, n, numbering.ordinal(run.first)),))
+            return last_waits(columns, n, numbering.ordinal(run.first), next_read)
+        return self._split_blocks(run, numbering, policy, stats, columns, bad, passed, next_read)
 
     def _split_blocks(self, run: Run, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats,
-                      columns: List[list], bad: List[int], passed: List[int]) -> Iterator[Rows]:
+                      columns: List[list], bad: List[int], passed: List[int],
+                      next_read: Callable[[bool], bool]) -> Iterator[Rows]:
         """:meth:`_run_blocks` of a run with samples passed over or settled alone."""
-        skip, n = numbering.skip, len(run)
+        skip, n, first = numbering.skip, len(run), run.first
         lowercase, wants = self.config.lowercase_ext, self.decoder.wants
         begin = 0
         for i in (sorted(set(bad) | set(passed)) if passed else bad) + [n]:
+            if i == n and begin < n:  # the last rows: the last waits for the next item
+                waits = last_waits([column[begin:] for column in columns], n - begin,
+                                   numbering.ordinal(first + begin), next_read)
+                del columns, run, next_read  # (see last_waits)
+                yield from waits
+                return
             if i > begin:
-                yield Rows([column[begin:i] for column in columns], i - begin, numbering.ordinal(run.first + begin))
-            if i < n and not skip(run.first + i):
-                value = self.settle(run.sample(i, lowercase, wants), policy, stats)
+                yield Rows([column[begin:i] for column in columns], i - begin, numbering.ordinal(first + begin))
+            if i == n - 1:  # the last sample, passed over or settled alone, once the next item is read
+                next_read(True)
+            if i < n and not skip(first + i):
+                sample = run.sample(i, lowercase, wants)
+                if i == n - 1:
+                    del columns, run, next_read  # (see last_waits)
+                value = self.settle(sample, policy, stats)
                 if value is not None:
-                    yield Rows([[v] for v in value], 1, numbering.ordinal(run.first + i))
+                    yield Rows([[v] for v in value], 1, numbering.ordinal(first + i))
             begin = i + 1
 
     def _sample_blocks(self, sample: dict, numbering: "Numbering", policy: ErrorPolicy,
@@ -335,26 +356,15 @@ class PlanReader:
             return None
         return shard.patterns, shard.kinds[first:stop], sizes, offset
 
-    def _shard_layout(self, index: int) -> Optional["_ShardLayout"]:
-        """Shard ``index``'s member layout when its samples can be cut out by it (a regular, plain
-        shard whose layout holds its counted samples, no two extensions equal once lowercased);
-        else ``None``. Looked up once per shard, not once per part: a worker reading interleaved
-        opens a part of a shard for each of its columns."""
-        if index in self._shards:
-            return self._shards[index]
-        members = getattr(self.data.offsets, "members", None)
-        found = None
-        if members is not None and self.data.counts is not None and not is_gzip_name(self.data.urls[index]):
-            found = members.at(index)
-        if found is not None and len(found[1]) != self.data.counts[index]:
-            found = None
-        if found is not None and self.config.lowercase_ext and \
-                any(len({e.lower() for e in exts}) < len(exts) for exts, _ in found[0]):
-            found = None  # two members differing only in case: the header walk names the duplicate
-        if len(self._shards) >= 1024:
-            self._shards.clear()
-        self._shards[index] = shard = None if found is None else _ShardLayout(*found)
-        return shard
+    def _shard_layout(self, index: int) -> Optional[ShardLayout]:
+        """Shard ``index``'s member layout when its samples can be cut out by it (:func:`~.layouts.shard_layout`),
+        looked up once per shard, not once per part: a worker reading interleaved opens a part of a
+        shard for each of its columns."""
+        if index not in self._shards:
+            if len(self._shards) >= 1024:
+                self._shards.clear()
+            self._shards[index] = shard_layout(self.data, index, self.config.lowercase_ext)
+        return self._shards[index]
 
     def geometry(self, index: int) -> Geometry:
         """Where the members of shard ``index`` lie (its member layout worked out once)."""
@@ -380,14 +390,3 @@ class PlanReader:
             f"shard holds {found} samples but {counted} were counted{f' ({source})' if source else ''}: {said}",
             url=url, reason="stale_count", rank=self.config.rank, worker=self.worker, hint=hint,
         )
-
-
-class _ShardLayout:
-    """One shard's member layout as :meth:`PlanReader.layout` cuts parts from it (the manifest's
-    :meth:`~dalistream.manifest.members.MemberLayout.at`), and its :class:`Geometry` once worked out."""
-
-    __slots__ = ("patterns", "kinds", "sizes", "member_starts", "geometry")
-
-    def __init__(self, patterns: list, kinds: np.ndarray, sizes: np.ndarray, member_starts: np.ndarray) -> None:
-        self.patterns, self.kinds, self.sizes, self.member_starts = patterns, kinds, sizes, member_starts
-        self.geometry: Optional[Geometry] = None

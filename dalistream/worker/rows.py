@@ -12,7 +12,7 @@ what the per-sample path delivers, value for value). :class:`Rows` is a decoded 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -159,17 +159,11 @@ def decode_runs(decoder: RowDecoder, runs: Sequence[Tuple[Run, str]]) -> None:
     pays where each run alone holds few rows: a worker's many interleaved columns): each run's
     share of the result in ``run.decoded``; ``runs`` as ``(run, its source's name)``. Runs of one
     buffer (a worker's :class:`~dalistream.tar.runs.Arena`) are read where they lie, whatever
-    shard (and member layout) they come from; others are copied end to end. A run cut from a
-    larger one (:meth:`~dalistream.tar.runs.Run.split`) is decoded with it: the whole run's
-    rows once, each part taking its share."""
-    todo: Dict[int, Tuple[Run, str]] = {}
-    for run, source in runs:
-        whole = run.whole if run.whole is not None else run
-        if whole.decoded is None and run.decoded is None:
-            todo[id(whole)] = (whole, source)
+    shard (and member layout) they come from; others are copied end to end."""
     groups: Dict[Tuple[int, str], List[Run]] = {}
-    for whole, source in todo.values():
-        groups.setdefault((id(whole.buffer), source), []).append(whole)
+    for run, source in runs:
+        if run.decoded is None:
+            groups.setdefault((id(run.buffer), source), []).append(run)
     loose: Dict[str, List[Run]] = {}  # runs in buffers of their own, by source
     for (_, source), members in groups.items():
         if len(members) == 1 and members[0].buffer is members[0].data:
@@ -183,10 +177,6 @@ def decode_runs(decoder: RowDecoder, runs: Sequence[Tuple[Run, str]]) -> None:
             members[0].decoded = decoder.decode(members[0], source)
         else:
             _decode_together(decoder, members, source, shared=False)
-    for run, _ in runs:
-        if run.whole is not None and run.decoded is None:
-            run.decoded = _share(run.whole.decoded, run.first - run.whole.first, len(run))
-            run.whole = None
 
 
 def _decode_together(decoder: RowDecoder, members: Sequence[Run], source: str, shared: bool) -> None:
@@ -201,3 +191,17 @@ def _share(decoded: Tuple[List[list], List[int]], a: int, n: int) -> Tuple[List[
     columns, bad = decoded
     b = a + n
     return [column[a:b] for column in columns], [i - a for i in bad if a <= i < b]
+
+
+def last_waits(columns: List[list], n: int, ordinal: int, next_read: Callable[[bool], bool]) -> Iterator[Rows]:
+    """``n`` decoded rows of consecutive ordinals from ``ordinal`` as blocks, the last given once
+    ``next_read(True)`` has read the item after them (a run's last sample: see
+    :meth:`~dalistream.worker.column.ColumnReader.next_read`)."""
+    if n > 1:
+        yield Rows([column[:n - 1] for column in columns], n - 1, ordinal)
+    next_read(True)
+    last = Rows([column[n - 1:] for column in columns], 1, ordinal + n - 1)
+    # (a column may take no more rows for a while after this one: suspended at its last yield,
+    # the generator does not hold the run's rows, which would keep its buffer from the arena)
+    del columns, next_read
+    yield last

@@ -193,7 +193,7 @@ def test_an_arena_reuses_a_buffer_only_once_nothing_refers_to_it():
     assert len(big) == 100 and len(arena._pool) == 3
 
 
-def test_a_run_split_in_two_gives_the_samples_of_the_whole(tmp_path):
+def test_a_run_cut_in_two_gives_the_samples_of_the_whole(tmp_path):
     path = shard(tmp_path, "pax", 1, n=12)
     info = scan_shard(path, offsets=True)
     patterns, kinds, sizes, _ = layout(info)
@@ -201,10 +201,10 @@ def test_a_run_split_in_two_gives_the_samples_of_the_whole(tmp_path):
         (run,) = list(sliced_runs(f, path, patterns, kinds, sizes, first=0, offset=0, last=True, chunk=1 << 20))
     whole = [run.sample(i) for i in range(len(run))]
     for k in (1, 5, 11):
-        head, tail = run.split(k)
+        head, tail = run.cut(0, k, run.nbytes), run.cut(k, len(run), 0)
         assert (len(head), len(tail), tail.first) == (k, 12 - k, k)
         assert [head.sample(i) for i in range(k)] + [tail.sample(i) for i in range(12 - k)] == whole
-        assert head.whole is run and tail.whole is run and head.nbytes == run.nbytes and tail.nbytes == 0
+        assert head.buffer is run.buffer and tail.buffer is run.buffer and head.nbytes == run.nbytes and tail.nbytes == 0
         assert [tail.key(i) for i in range(12 - k)] == [s["__key__"] for s in whole[k:]]
 
 

@@ -85,10 +85,3 @@ def test_a_stream_problem_comes_after_the_samples_gathered_before_it(tmp_path):
     delivered = flattened(got)
     assert delivered and delivered == whole[:len(delivered)] and len(delivered) < 20
     assert error.value.reason == "truncated"
-
-
-def test_parts_of_a_walked_run_are_its_samples(tmp_path):
-    path = shard(tmp_path, "pax", 4, n=12)
-    (run,) = [i for i in walked(path, Arena(), 1 << 20) if isinstance(i, Run)]
-    head, tail = run.split(len(run) - 1)
-    assert isinstance(tail, WalkedRun) and flattened([head, tail]) == flattened([run])

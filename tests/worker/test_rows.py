@@ -207,6 +207,44 @@ def test_a_shard_damaged_mid_run_gives_the_same_batches_and_skips(tmp_path, monk
             assert "no tar header at offset" in singles[0][-1][1]
 
 
+@pytest.mark.parametrize("damage", ["header", "cut"])
+def test_a_problem_met_at_a_run_s_bounds_comes_where_read_one_by_one(tmp_path, monkeypatch, damage):
+    """A run's last sample waits for the next read: a shard damaged at the first sample of a run
+    (its header, or the file cut there), or at the one after, gives the same batches, skips and
+    errors read in runs as one sample at a time, on error skip and raise, in spans and interleaved."""
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 20000)
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    paths, counts, offsets = shards_with_problems(tmp_path, 11, [30, 30])
+    info = scan_shard(paths[0], offsets=True)
+    patterns, kinds, sizes, _ = ShardRows.from_infos([info]).members.at(0)
+    with open(paths[0], "rb") as f:
+        firsts = [r.first for r in sliced_runs(f, paths[0], patterns, kinds, sizes, first=0, offset=0, last=True,
+                                               chunk=4096)]
+    assert len(firsts) >= 3, "the shard is read in several runs"
+    original = open(paths[0], "rb").read()
+    fields = {"key": "__key__", "raw": "bin"}
+    for victim in (firsts[1], firsts[1] + 1, firsts[2]):
+        data = bytearray(original)
+        at = offsets.at(0, victim)
+        if damage == "header":
+            data[at + 257:at + 262] = b"xxxxx"  # no tar header any more
+        else:
+            del data[at + 700:]  # the shard ends inside this sample
+        with open(paths[0], "wb") as f:
+            f.write(bytes(data))
+        for on_error, workers, interleave in (("skip", 1, False), ("raise", 1, False), ("skip", 2, True),
+                                              ("raise", 2, True)):
+            config = StreamConfig(sources=tuple(paths), fields=fields, batch_size=4, workers=workers, policy="exact",
+                                  shuffle=0, interleave=interleave, on_error=on_error, missing="skip",
+                                  shuffle_shards=False, storage_options={"chunk_bytes": 4096})  # (runs of 20 kB)
+            met = 0
+            for w in range(workers):
+                singles = reader_output(config, paths, counts, offsets, False, w)
+                assert reader_output(config, paths, counts, offsets, True, w) == singles, (victim, on_error, w)
+                met += sum(singles[1].values()) if on_error == "skip" else isinstance(singles[0][-1], tuple)
+            assert met > 0, "the damage was met"
+
+
 def test_an_elastic_resume_s_dropped_positions_read_the_same_either_way(tmp_path, monkeypatch):
     """Samples delivered before a preemption are dropped by raw position inside a part (a run
     is then read sample by sample): the same samples either way, none of the dropped."""
@@ -300,8 +338,8 @@ def test_runs_of_shards_with_other_layouts_decode_together_as_alone(tmp_path, mo
     rows = RowDecoder(decoder.fields)
     alone = [rows.decode(r, source) for r, source in items]
     cut, parts_of = [], []
-    for k, (r, source) in enumerate(items):  # some runs cut in two: a part decodes with its whole run
-        parts = list(r.split(len(r) - 1)) if len(r) > 1 and k % 3 else [r]
+    for k, (r, source) in enumerate(items):  # some runs cut in two over the same bytes (as neighbours' parts are)
+        parts = [r.cut(0, len(r) - 1, r.nbytes), r.cut(len(r) - 1, len(r), 0)] if len(r) > 1 and k % 3 else [r]
         cut += [(part, source) for part in parts]
         parts_of.append(parts)
     assert any(len(p) == 2 for p in parts_of) and any(len(p) == 1 for p in parts_of)
