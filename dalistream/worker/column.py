@@ -64,7 +64,7 @@ class ColumnReader:
         """Whether the current run's last row can be given: the item after it read (now, if
         ``read``) and the shard problems met before that item acted on (only if ``read``: they
         come after the run's other rows), as when samples are read one by one
-        (:meth:`PlanReader.items`)."""
+        (:meth:`~.reader.PlanReader.items`)."""
         if not read:
             ready = (self.ended and not self.ahead) or (bool(self.ahead) and not self.ahead[0][3])  # (none met before it)
             self.waiting = int(not ready)
