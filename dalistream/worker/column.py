@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, AbstractSet, Iterator, List
+from typing import TYPE_CHECKING, AbstractSet, Iterator, List, Optional
 
 from ..plan import WorkerPlan
 from ..tar.runs import Run
@@ -45,20 +45,27 @@ class ColumnReader:
         """Read raw items until ``samples`` are read ahead (or the column ends); the runs read."""
         runs = []
         while self._ready() < samples and not self.ended:
-            item = next(self.items, None)
-            if item is None:
-                self.ended = True
-                break
-            self.ahead.append(item)
-            self.ahead_samples += _samples(item[0])
-            if isinstance(item[0], Run):
+            item = self._pull()
+            if item is not None and isinstance(item[0], Run):
                 runs.append(item[0])
         return runs
 
+    def _pull(self) -> Optional[list]:
+        """The next raw item, read into ``ahead`` (``None``, and the column ended, at its end)."""
+        item = next(self.items, None)
+        if item is None:
+            self.ended = True
+        else:
+            self.ahead.append(item)
+            self.ahead_samples += _samples(item[0])
+        return item
+
     def _ready(self) -> int:
-        """The samples read that can be given without reading more: a run's last waits for the item after it."""
-        last_is_run = isinstance(self.ahead[-1][0], Run) if self.ahead else self.waiting
-        return self.waiting + self.ahead_samples - bool(last_is_run)
+        """The samples read that can be given without reading more: a run's last waits for the
+        item after it (the current run's, ``waiting``, once one is read ahead)."""
+        if not self.ahead:
+            return 0
+        return self.waiting + self.ahead_samples - isinstance(self.ahead[-1][0], Run)
 
     def next_read(self, read: bool) -> bool:
         """Whether the current run's last row can be given: the item after it read (now, if
@@ -70,12 +77,7 @@ class ColumnReader:
             self.waiting = int(not ready)
             return ready
         if not self.ahead and not self.ended:
-            item = next(self.items, None)
-            if item is None:
-                self.ended = True
-            else:
-                self.ahead.append(item)
-                self.ahead_samples += _samples(item[0])
+            self._pull()
         self.waiting = 0
         if self.ahead:
             problems, self.ahead[0][3] = self.ahead[0][3], []
