@@ -4,10 +4,11 @@ mix source's share).
 
 :class:`Feed` reads the columns a *round* of steps at a time: each column's raw items for the
 round are read ahead and their runs decoded together (:func:`~.rows.decode_runs`: one pass of
-array operations over all the round's rows), then each column's blocks (:class:`~.rows.Rows`)
-are pulled in its order, the round's rows laid end to end per field, and each step's slot
-gathered from them with one slice (or one index list) per field.
-So a worker reading 128 interleaved columns pays per column once per round, not per step.
+array operations over all the round's rows), then the columns' blocks (:class:`~.rows.Rows`)
+are pulled as needed and the round's rows of all columns taken at once (:class:`_Queues`: a few
+operations over all the columns' heads, not a loop body per column), laid end to end per field;
+each step's slot is gathered from them with one slice (or one index list) per field.
+So a worker reading 128 interleaved columns pays little per column, and that once per round.
 A round's first is one step (the first batch waits for little), then rounds double up to
 :data:`ROUND_BYTES` of samples, and at most half a run of each of several columns. A column that
 runs short (skipped samples, ``exact``'s last step) gives fewer rows: the step is padded at its end.
@@ -20,6 +21,9 @@ indices, which resume relies on), rows held until their turn.
 from __future__ import annotations
 
 import itertools
+from collections import deque
+from itertools import chain
+from operator import getitem
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -39,48 +43,108 @@ COLUMN_ROUND_ROWS = 16  # … and of this many of each of several columns'
 FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the job's first batch (its first epoch's)
 
 
-class _Column:
-    """One column's blocks not yet delivered (the first ``at`` rows of the first block are gone);
-    ``key``: with keys, the first key of its rows (``column × KEY_SHIFT``; a row's key adds its ordinal)."""
+class _Queues:
+    """The blocks of every column not yet delivered, kept side by side so that a round takes its
+    rows of all columns in a few operations over all of them, not a loop body per column (a
+    worker reading 256 interleaved columns one row a step would pay that per sample): each
+    column's *head* block (its first ``at`` rows gone, ``left`` to go; every field's list of
+    it in ``heads[f][c]``), the blocks after it in ``rest``; ``queued``: the rows to go in all.
+    ``keyed``: a row's key is ``c × KEY_SHIFT`` plus its ordinal (``origin``: the head's first)."""
 
-    __slots__ = ("stream", "blocks", "at", "queued", "done", "key")
+    def __init__(self, streams: Sequence[Iterator[Rows]], n_fields: int, keyed: bool) -> None:
+        n = len(streams)
+        self.streams = list(streams)
+        self.n_fields = n_fields
+        self.keyed = keyed
+        self.heads: List[list] = [[_NONE] * n for _ in range(n_fields)]
+        self.rest: List[deque] = [deque() for _ in range(n)]
+        self.origin = np.arange(n, dtype=np.int64) * KEY_SHIFT
+        self.at = np.zeros(n, np.int64)
+        self.left = np.zeros(n, np.int64)
+        self.queued = np.zeros(n, np.int64)
+        self.done = [False] * n
 
-    def __init__(self, stream: Iterator[Rows], key: Optional[int] = None) -> None:
-        self.stream = stream
-        self.blocks: List[Rows] = []
-        self.at = 0
-        self.queued = 0
-        self.done = False
-        self.key = key
-
-    def fill(self, need: int) -> None:
-        while self.queued < need and not self.done:
-            block = next(self.stream, None)
+    def fill(self, c: int, need: int) -> None:
+        """Pull column ``c``'s blocks until ``need`` rows are queued or its stream ends."""
+        queued = int(self.queued[c])
+        while queued < need and not self.done[c]:
+            block = next(self.streams[c], None)
             if block is None:
-                self.done = True
-                break
-            if block.n:
-                self.blocks.append(block)
-                self.queued += block.n
+                self.done[c] = True
+            elif block.n:
+                queued += block.n
+                if self.left[c]:
+                    self.rest[c].append(block)
+                else:
+                    self._head(c, block)
+        self.queued[c] = queued
 
-    def take(self, k: int, out: List[list]) -> int:
-        """Move up to ``k`` rows into ``out`` (one list per field); how many."""
-        got = 0
-        while got < k and self.blocks:
-            block = self.blocks[0]
-            m = min(k - got, block.n - self.at)
-            for dest, values in zip(out, block.columns):
-                dest.extend(values[self.at:self.at + m])
-            if self.key is not None:  # the keys: one more list after the fields'
-                first = self.key + block.ordinal + self.at
-                out[-1].extend(range(first, first + m))
-            self.at += m
+    def _head(self, c: int, block: Optional[Rows]) -> None:
+        """Make ``block`` column ``c``'s head (``None``: it has none; the last one's rows, views
+        of a run's buffer, are let go at once, for the arena to reuse it)."""
+        for f, heads in enumerate(self.heads):
+            heads[c] = block.columns[f] if block is not None else _NONE
+        self.at[c] = 0
+        self.left[c] = block.n if block is not None else 0
+        if block is not None:
+            self.origin[c] = c * KEY_SHIFT + block.ordinal
+
+    def take(self, need: np.ndarray) -> Tuple[List[list], np.ndarray]:
+        """Up to ``need[c]`` rows of each column ``c``: one list per field (and the keys, when
+        keyed), column after column, and how many each gave (fewer where a column ran out)."""
+        for c in np.flatnonzero(self.queued < need).tolist():
+            self.fill(c, int(need[c]))
+        now = np.minimum(need, self.left)  # what each head gives
+        short = now < need  # (a column that needs more than its head holds, or ran out)
+        end = self.at + now
+        at = self.at.tolist()
+        one = not short.any() and bool((need == 1).all())  # one row of each: no slices
+        if one:
+            pieces = [list(map(getitem, heads, at)) for heads in self.heads]
+        else:
+            cuts = list(map(slice, at, end.tolist()))
+            pieces = [list(map(getitem, heads, cuts)) for heads in self.heads]
+        if self.keyed:
+            first = self.origin + self.at
+            pieces.append(first.tolist() if one else list(map(range, first.tolist(), (first + now).tolist())))
+        self.at = end
+        self.left -= now
+        self.queued -= now
+        for c in np.flatnonzero((self.left == 0) & (now > 0) & ~short).tolist():  # heads used up
+            self._head(c, self.rest[c].popleft() if self.rest[c] else None)
+        if one:
+            return pieces, now
+        got = now.copy()
+        for c in np.flatnonzero(short).tolist():
+            got[c] = self._more(c, int(now[c]), int(need[c]), pieces)
+        return [list(chain.from_iterable(piece)) for piece in pieces], got
+
+    def _more(self, c: int, k: int, need: int, pieces: List[list]) -> int:
+        """Column ``c`` gave ``k`` rows, all its head held: up to ``need`` from the blocks after
+        it, added to its piece of each of ``pieces``; how many in all."""
+        own = [[piece[c]] for piece in pieces]
+        rest = self.rest[c]
+        self._head(c, None)
+        got = k
+        while got < need and rest:
+            block = rest.popleft()
+            m = min(need - got, block.n)
+            for parts, values in zip(own, block.columns):
+                parts.append(values[:m])
+            if self.keyed:
+                first = c * KEY_SHIFT + block.ordinal
+                own[-1].append(range(first, first + m))
             got += m
-            if self.at == block.n:
-                self.blocks.pop(0)
-                self.at = 0
-        self.queued -= got
+            if m < block.n:  # the rest of it is the head
+                self._head(c, block)
+                self.at[c], self.left[c] = m, block.n - m
+        for piece, parts in zip(pieces, own):
+            piece[c] = list(chain.from_iterable(parts))
+        self.queued[c] -= got - k
         return got
+
+
+_NONE: list = []  # the head of a column that holds none
 
 
 class Feed:
@@ -93,20 +157,21 @@ class Feed:
 
     def __init__(self, streams: Sequence[Iterator[Rows]], takes: np.ndarray, n_fields: int, start: int = 0,
                  bytes_per_sample: Optional[float] = None, first_batch: bool = False, keyed: bool = False) -> None:
-        self.columns = [_Column(s, c * KEY_SHIFT if keyed else None) for c, s in enumerate(streams)]
+        self.streams = list(streams)
+        self.queues = _Queues(self.streams, n_fields, keyed)
         takes = np.asarray(takes, dtype=np.int64)
         # (a worker a bucket plan gives no sample has no column: its steps are padding)
-        self.takes = takes.reshape(-1, len(self.columns)) if self.columns else takes.reshape(len(takes), 0)
+        self.takes = takes.reshape(-1, len(streams)) if len(streams) else takes.reshape(len(takes), 0)
         self.n_fields = n_fields + keyed
         if keyed and len(self.takes):  # a bucket plan's reads are uneven (a few steps read much): by their mean
             per_column = max(1.0, float(self.takes.mean(axis=0).max(initial=1)))
         else:
             per_column = max(1, int(self.takes.max(initial=1)))
-        several = len(self.columns) > 1
+        several = len(streams) > 1
         # the columns' runs (a reader's: every source's reads through the same share of the budget)
         self.run_bytes = max((s.reader.run_bytes for s in streams if isinstance(s, ColumnReader)),
                              default=runs.MIN_RUN_BYTES)
-        per_step = per_column * max(1, len(self.columns))
+        per_step = per_column * max(1, len(streams))
         if bytes_per_sample:
             steps = ROUND_BYTES // (per_step * bytes_per_sample)
             if several:
@@ -118,7 +183,7 @@ class Feed:
         self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
         self._size = 1
         self._first_batch = first_batch  # the first batch's columns start with short runs
-        self._phased = [False] * len(self.columns)  # whether a column's first part is opened
+        self._phased = [False] * len(streams)  # whether a column's first part is opened
         column_bytes = self.takes.sum(axis=0).max(initial=0) * (bytes_per_sample or 0)
         self._phase = several and column_bytes > 2 * self.run_bytes
 
@@ -129,7 +194,7 @@ class Feed:
         r = step - t0
         counts = hi[r] - lo[r]
         if lattice:  # every column gave one row a step: step r's rows are every M-th row from r
-            return [values[r::t1 - t0] for values in flat], len(self.columns), counts
+            return [values[r::t1 - t0] if t1 - t0 > 1 else values for values in flat], len(self.streams), counts
         index = (np.arange(int(counts.sum())) + np.repeat(lo[r] - (np.cumsum(counts) - counts), counts)).tolist()
         return [[values[i] for i in index] for values in flat], len(index), counts
 
@@ -157,7 +222,7 @@ class Feed:
         if not self._phased[c]:
             self._phased[c] = True
             if self._phase:
-                first += (max(1, self.run_bytes * (c + 1) // len(self.columns)),)
+                first += (max(1, self.run_bytes * (c + 1) // len(self.streams)),)
         return first
 
     def _read_round(self, t0: int) -> None:
@@ -168,21 +233,18 @@ class Feed:
         # the columns' runs for the round read first, then decoded together: one pass of array
         # operations over all their rows, not one per column's few
         pending, decoder = [], None
-        for c, column in enumerate(self.columns):
-            stream = column.stream
-            if need[c] > column.queued and isinstance(stream, ColumnReader):
+        for c in np.flatnonzero(need > self.queues.queued).tolist():
+            stream = self.streams[c]
+            if isinstance(stream, ColumnReader):
                 decoder = stream.reader.rows  # (every source's reader decodes the same fields)
                 stream.reader.first_runs = self._first_runs(c)
-                pending += [(run, stream.reader.source_name) for run in stream.read_ahead(int(need[c] - column.queued))]
+                ahead = int(need[c] - self.queues.queued[c])
+                pending += [(run, stream.reader.source_name) for run in stream.read_ahead(ahead)]
                 stream.reader.first_runs = ()
         self._first_batch = False
         if pending:
             decode_runs(decoder, pending)
-        flat: List[list] = [[] for _ in range(self.n_fields)]
-        got = np.zeros(len(self.columns), np.int64)
-        for c, column in enumerate(self.columns):  # once per column per round: pulls its blocks
-            column.fill(int(need[c]))
-            got[c] = column.take(int(need[c]), flat)
+        flat, got = self.queues.take(need)  # (pulls the columns' blocks: once per column per round)
         base = np.concatenate([[0], np.cumsum(got)[:-1]])
         starts = np.cumsum(takes, axis=0) - takes
         lo = base + np.minimum(starts, got)

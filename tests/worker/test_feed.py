@@ -3,6 +3,7 @@ epoch they need their next runs a few at a time, not all at one step; what a wor
 is the same either way, and the same as when every sample is read alone."""
 
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -12,8 +13,10 @@ from dalistream.dataset import DataSet
 from dalistream.manifest import build_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
+from dalistream.plan.bucketworker import KEY_SHIFT
 from dalistream.tar import runs
 from dalistream.worker import WorkerSource, feed
+from dalistream.worker.rows import Rows
 
 from helpers import write_tar
 
@@ -104,3 +107,74 @@ def test_short_columns_are_not_cut(shards, monkeypatch):
     f = feed.Feed([iter(())] * len(plans), np.ones((15, len(plans)), np.int64), 3,
                   bytes_per_sample=data.bytes_per_sample)
     assert f._first_runs(3) == ()
+
+
+class _Values(list):
+    """A block's field values (a list that can be watched with a weak reference)."""
+
+
+def _blocks(rng, c, lengths, watch):
+    """Column ``c``'s blocks of ``lengths`` rows, made as they are asked for; their ordinals
+    consecutive within a block, with gaps between some (rows skipped); every value list watched."""
+    ordinal = 0
+    for n in lengths:
+        ordinal += int(rng.integers(0, 2))
+        yield _block(c, n, ordinal, watch)  # (not held by this generator while it waits)
+        ordinal += n
+
+
+def _block(c, n, ordinal, watch):
+    rows = range(ordinal, ordinal + n)
+    columns = [_Values((c, o) for o in rows), _Values(f"{c}:{o}" for o in rows)]
+    watch += [weakref.ref(v) for v in columns]
+    return Rows(columns, n, ordinal)
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+@pytest.mark.parametrize("pattern", ["one row each", "a span's slot", "shares", "uneven, some columns short"])
+def test_each_step_takes_each_column_s_rows_in_order(pattern, keyed):
+    """Whatever the takes (a row of every column a step; one column's whole slot; a mix's
+    shares; uneven and zero takes with columns that run out) and the blocks (1 to 9 rows), step
+    ``t`` holds column after column the next ``takes[t, c]`` rows of each (fewer where it ran
+    out), with their keys when keyed; and the blocks used up are let go (no reference kept,
+    no cycle)."""
+    rng = np.random.default_rng(["one row each", "a span's slot", "shares", "uneven, some columns short"].index(pattern))
+    n_columns, steps = 6, 40
+    if pattern == "one row each":
+        takes = np.ones((steps, n_columns), np.int64)
+    elif pattern == "a span's slot":
+        takes = np.zeros((steps, n_columns), np.int64)
+        takes[:, 2] = 12
+    elif pattern == "shares":
+        takes = np.tile(np.array([3, 0, 1, 2, 1, 5]), (steps, 1))
+    else:
+        takes = rng.integers(0, 4, (steps, n_columns))
+    totals = takes.sum(axis=0)
+    if pattern == "uneven, some columns short":
+        totals = totals - np.array([0, 7, 0, 30, 0, 1])  # columns 1, 3 and 5 run short
+    watch: list = []
+    expected = []
+    streams = []
+    for c in range(n_columns):
+        lengths = []
+        while sum(lengths) < totals[c]:
+            lengths.append(int(min(rng.integers(1, 10), totals[c] - sum(lengths))))
+        rows = [(v0, v1, c * KEY_SHIFT + v0[1]) for b in _blocks(np.random.default_rng(c), c, lengths, [])
+                for v0, v1 in zip(*b.columns)]
+        expected.append(rows)
+        streams.append(_blocks(np.random.default_rng(c), c, lengths, watch))
+    f = feed.Feed(streams, takes, 2, keyed=keyed)
+    at = [0] * n_columns
+    for t in range(steps):
+        values, n, counts = f.take(t)
+        want = []
+        for c in range(n_columns):
+            got = expected[c][at[c]:at[c] + takes[t, c]]
+            assert counts[c] == len(got), (t, c)
+            at[c] += len(got)
+            want += got
+        assert n == len(want)
+        assert [list(v) for v in values] == [list(v) for v in zip(*want)][:2 + keyed] if want else all(not len(v) for v in values)
+    assert at == [len(rows) for rows in expected]
+    del values
+    assert not [w for w in watch if w() is not None]
