@@ -117,12 +117,13 @@ class _Joined:
     def __init__(self, runs: Sequence[Run], shared: bool) -> None:
         self.runs = runs
         if shared:
-            lo = min(r.at for r in runs)
+            ats = [r.at for r in runs]
+            lo = min(ats)
             self.data = memoryview(runs[0].buffer)[lo:max(r.at + len(r.data) for r in runs)]
-            starts = [r.at - lo for r in runs]
+            starts = np.array(ats, np.int64) - lo
         else:
             self.data = b"".join(r.data for r in runs)
-            starts = np.cumsum([0] + [len(r.data) for r in runs])[:-1].tolist()
+            starts = np.cumsum([0] + [len(r.data) for r in runs])[:-1]
         tables: Dict[int, int] = {}  # id of a pattern table -> where its patterns start in names
         names: List[Tuple[str, ...]] = []
         self.tables: List[Sequence[Tuple[str, ...]]] = []  # the runs' pattern tables, in names' order
@@ -132,12 +133,17 @@ class _Joined:
                 names += r.names
                 self.tables.append(r.names)
         self.names = tuple(names)
-        self.row_starts = np.cumsum([0] + [len(r) for r in runs])
-        members = np.cumsum([0] + [len(r.member_at) for r in runs])
-        self.kinds = np.concatenate([r.kinds + tables[id(r.names)] for r in runs])
-        self.member_at = np.concatenate([r.member_at + a for r, a in zip(runs, starts)])
+        # (each run's arrays shifted by its place: one concatenation and one addition per array for
+        # all the runs, not one per run: a worker's round decodes tens of short runs)
+        rows = [len(r.kinds) for r in runs]
+        members = [len(r.member_at) for r in runs]
+        self.row_starts = np.cumsum([0] + rows)
+        member_starts = np.cumsum([0] + members)
+        self.kinds = np.concatenate([r.kinds for r in runs]) + np.repeat([tables[id(r.names)] for r in runs], rows)
+        self.member_at = np.concatenate([r.member_at for r in runs]) + np.repeat(starts, members)
         self.member_size = np.concatenate([r.member_size for r in runs])
-        self.member_base = np.concatenate([r.member_base[:-1] + m for r, m in zip(runs, members[:-1])] + [members[-1:]])
+        self.member_base = np.concatenate([r.member_base[:-1] for r in runs] + [np.zeros(1, np.int64)]) + \
+            np.repeat(member_starts, rows + [1])
 
     def __len__(self) -> int:
         return len(self.kinds)
