@@ -3,7 +3,8 @@
 Where the manifest knows a shard's member layout, every member of a part lies at a known offset
 with a known size (:mod:`dalistream.manifest.members`). :func:`sliced_runs` reads the part's
 samples in runs of whole samples (at least one; about ``max(chunk, MIN_RUN_BYTES)`` bytes: a
-short part is one run; the first runs of a part as long as asked), each into a worker's
+short part is one run, and so is a part's tail of less than half a run with the run before it;
+the first runs of a part as long as asked), each into a worker's
 :class:`Arena` (or a buffer of its own), and checks each run's member headers in one gather: the
 ``ustar`` magic and the size field of every header at once, as
 :func:`~dalistream.tar.sliced.sliced_samples` checks them one by one. A :class:`Run` is the run's
@@ -246,6 +247,8 @@ def sliced_runs(
                                 starts[i + 1] - starts[i])
         runs_read += 1
         k = min(n, max(i + 1, bisect.bisect_right(starts, limit) - 1))
+        if starts[n] - starts[k] < run_bytes // 2 and runs_read > len(first_runs):  # a short tail joins
+            k = n  # the run before it (one run less a part, for a run of at most 1.5x the bytes)
         size = starts[k] - starts[i]
         data = arena.take(size) if arena is not None else bytearray(size)
         where = arena.last if arena is not None else (data, 0)

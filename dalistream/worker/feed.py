@@ -66,17 +66,19 @@ class _Queues:
 
     def fill(self, c: int, need: int) -> None:
         """Pull column ``c``'s blocks until ``need`` rows are queued or its stream ends."""
-        queued = int(self.queued[c])
+        queued, held = int(self.queued[c]), bool(self.left[c])
+        stream, rest = self.streams[c], self.rest[c]
         while queued < need and not self.done[c]:
-            block = next(self.streams[c], None)
+            block = next(stream, None)
             if block is None:
                 self.done[c] = True
             elif block.n:
                 queued += block.n
-                if self.left[c]:
-                    self.rest[c].append(block)
+                if held:
+                    rest.append(block)
                 else:
                     self._head(c, block)
+                    held = True
         self.queued[c] = queued
 
     def _head(self, c: int, block: Optional[Rows]) -> None:
