@@ -94,13 +94,13 @@ class _Queues:
     def take(self, need: np.ndarray) -> Tuple[List[list], np.ndarray]:
         """Up to ``need[c]`` rows of each column ``c``: one list per field (and the keys, when
         keyed), column after column, and how many each gave (fewer where a column ran out)."""
-        for c in np.flatnonzero(self.queued < need).tolist():
+        for c in (self.queued < need).nonzero()[0].tolist():
             self.fill(c, int(need[c]))
         now = np.minimum(need, self.left)  # what each head gives
-        short = now < need  # (a column that needs more than its head holds, or ran out)
         end = self.at + now
         at = self.at.tolist()
-        one = not short.any() and bool((need == 1).all())  # one row of each: no slices
+        short = (now < need).nonzero()[0].tolist()  # (needs more than its head holds, or ran out)
+        one = not short and bool((need == 1).all())  # one row of each: no slices
         if one:
             pieces = [list(map(getitem, heads, at)) for heads in self.heads]
         else:
@@ -112,36 +112,36 @@ class _Queues:
         self.at = end
         self.left -= now
         self.queued -= now
-        for c in np.flatnonzero((self.left == 0) & (now > 0) & ~short).tolist():  # heads used up
+        for c in ((self.left == 0) & (now > 0)).nonzero()[0].tolist():  # heads used up
             self._head(c, self.rest[c].popleft() if self.rest[c] else None)
         if one:
             return pieces, now
-        got = now.copy()
-        for c in np.flatnonzero(short).tolist():
+        got = now.copy() if short else now
+        for c in short:
             got[c] = self._more(c, int(now[c]), int(need[c]), pieces)
         return [list(chain.from_iterable(piece)) for piece in pieces], got
 
     def _more(self, c: int, k: int, need: int, pieces: List[list]) -> int:
-        """Column ``c`` gave ``k`` rows, all its head held: up to ``need`` from the blocks after
-        it, added to its piece of each of ``pieces``; how many in all."""
+        """Column ``c`` gave ``k`` rows, all its head held (the block after it is its head now):
+        up to ``need`` in all from its next heads, added to its piece of each of ``pieces``;
+        how many in all."""
         own = [[piece[c]] for piece in pieces]
-        rest = self.rest[c]
-        self._head(c, None)
         got = k
-        while got < need and rest:
-            block = rest.popleft()
-            m = min(need - got, block.n)
-            for parts, values in zip(own, block.columns):
-                parts.append(values[:m])
+        while got < need and self.left[c]:
+            at, left = int(self.at[c]), int(self.left[c])
+            m = min(need - got, left)
+            for parts, heads in zip(own, self.heads):
+                parts.append(heads[c][at:at + m])
             if self.keyed:
-                first = c * KEY_SHIFT + block.ordinal
+                first = int(self.origin[c]) + at
                 own[-1].append(range(first, first + m))
             got += m
-            if m < block.n:  # the rest of it is the head
-                self._head(c, block)
-                self.at[c], self.left[c] = m, block.n - m
+            if m < left:
+                self.at[c], self.left[c] = at + m, left - m
+            else:
+                self._head(c, self.rest[c].popleft() if self.rest[c] else None)
         for piece, parts in zip(pieces, own):
-            piece[c] = list(chain.from_iterable(parts))
+            piece[c] = chain.from_iterable(parts)  # (laid out with the others' pieces: one copy)
         self.queued[c] -= got - k
         return got
 
@@ -235,7 +235,7 @@ class Feed:
         # the columns' runs for the round read first, then decoded together: one pass of array
         # operations over all their rows, not one per column's few
         pending, decoder = [], None
-        for c in np.flatnonzero(need > self.queues.queued).tolist():
+        for c in (need > self.queues.queued).nonzero()[0].tolist():
             stream = self.streams[c]
             if isinstance(stream, ColumnReader):
                 decoder = stream.reader.rows  # (every source's reader decodes the same fields)
