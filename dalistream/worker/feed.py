@@ -54,7 +54,6 @@ class _Queues:
     def __init__(self, streams: Sequence[Iterator[Rows]], n_fields: int, keyed: bool) -> None:
         n = len(streams)
         self.streams = list(streams)
-        self.n_fields = n_fields
         self.keyed = keyed
         self.heads: List[list] = [[_NONE] * n for _ in range(n_fields)]
         self.rest: List[deque] = [deque() for _ in range(n)]
