@@ -109,8 +109,7 @@ class ColumnReader:
                 self.policy.check(final=True)
                 raise StopIteration
             raw, numbering, n_pass, before, after = item
-            if before or after:
-                self._act_on(before + after)
+            self._act_on(before + after)
             if raw is None:
                 continue
             if n_pass != self.pass_rows[0]:  # a pass over the parts gave nothing: cycling on would never end

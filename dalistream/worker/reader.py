@@ -276,7 +276,7 @@ class PlanReader:
         columns, bad = run.decoded if run.decoded is not None else self.rows.decode(run, self.source_name)
         run.decoded = None
         n = len(run)
-        passed = [i - run.first for i in numbering.passed(run.first, run.first + n)] if numbering.skips else []
+        passed = [i - run.first for i in numbering.passed(run.first, run.first + n)]
         if not bad and not passed:  # (the usual case: the run is one block, or two while the next is not read)
             if next_read(False):
                 return iter((Rows(columns, n, numbering.ordinal(run.first)),))
