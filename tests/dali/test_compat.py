@@ -122,6 +122,9 @@ def test_torch_utils_feed_a_tensor():
     out = torch.empty(2, 3, dtype=utils.to_torch_type[TensorCPU(source).dtype])
     utils.feed_ndarray(TensorCPU(source), out)
     assert out.tolist() == source.tolist()
+    tensor = TensorCPU(source)
+    shared = utils.to_torch_tensor(tensor, copy=False)  # DLPack: the CPU tensor's own memory
+    assert shared.data_ptr() == tensor.data_ptr() and shared.tolist() == source.tolist()
 
 
 def test_only_reference_sees_every_kind_of_holder():

@@ -167,7 +167,7 @@ def test_gpu_outputs_reach_torch_without_a_copy_under_the_dynamic_executor(dynam
     pipe.build()
     (out,) = compat.run_batch(pipe, compat.consumer_stream(pipe))
     dali_ptr = out.as_tensor().data_ptr()
-    batch = to_torch([("x", "array")], [out], zero_copy=compat.exec_dynamic(pipe))
+    batch = to_torch([("x", "tensor")], [out], zero_copy=compat.exec_dynamic(pipe))
     assert compat.exec_dynamic(pipe) is dynamic
     assert (compat.consumer_stream(pipe) is not None) is dynamic  # DALI 2.4 takes a stream under that executor only
     assert batch["x"].is_cuda and tuple(batch["x"].shape) == (2, 4, 3)

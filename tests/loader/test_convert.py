@@ -43,6 +43,35 @@ def test_other_shapes_get_their_own_buffer():
 
 
 @pytest.mark.dali
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_cpu_outputs_reach_torch_without_a_copy_under_the_dynamic_executor(dynamic):
+    """The dynamic executor's outputs stay valid while referenced: torch gets DALI's memory
+    (DLPack), and the batches DALI makes after it leave it as it was; the other executor reuses
+    its buffers, so its outputs are copied into the pool's."""
+    from nvidia.dali import fn, pipeline_def
+
+    from dalistream.dali import compat
+    from dalistream.loader.convert import to_torch
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, exec_dynamic=dynamic, prefetch_queue_depth=2)
+    def graph():
+        return fn.random.uniform(range=[0.0, 1.0], shape=[64, 3])
+
+    pipe = graph()
+    pipe.build()
+    (out,) = pipe.run()
+    dali_ptr, expected = out.as_tensor().data_ptr(), out.as_array().copy()
+    batch = to_torch([("x", "tensor")], [out], BufferPool(), zero_copy=compat.exec_dynamic(pipe))
+    del out
+    later = [pipe.run()[0].as_array() for _ in range(4)]
+    assert compat.exec_dynamic(pipe) is dynamic
+    assert (batch["x"].data_ptr() == dali_ptr) is dynamic
+    assert tuple(batch["x"].shape) == (2, 64, 3) and not batch["x"].is_cuda
+    np.testing.assert_array_equal(batch["x"].numpy(), expected)
+    assert not any(np.array_equal(a, expected) for a in later)  # (the later batches are other numbers)
+
+
+@pytest.mark.dali
 def test_images_of_different_sizes_come_as_a_list_and_it_is_said_once(tmp_path, caplog):
     """Without a resize, decoded images of different sizes cannot stack: the output comes as a list
     of tensors, and a warning says so once (with the shapes), instead of a silent change of type."""
