@@ -72,6 +72,34 @@ def test_cpu_outputs_reach_torch_without_a_copy_under_the_dynamic_executor(dynam
 
 
 @pytest.mark.dali
+def test_a_cpu_batch_that_outlives_close_stays_valid_and_the_process_exits_cleanly(tmp_path):
+    """A batch is DALI's memory (the dynamic executor): kept past ``close()`` (pipeline and workers
+    gone) it reads the same, and the interpreter exits cleanly with it still alive."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from dalistream.tools.synth import SynthSpec, write_dataset
+
+    write_dataset(str(tmp_path), SynthSpec(shards=2, samples_per_shard=16, seed=5))
+    code = textwrap.dedent(f"""
+        import json
+        from dalistream.pipelines import classification_train
+        loader = classification_train.loader({str(tmp_path)!r}, batch_size=8, size=32, workers=2, device="cpu")
+        batch = next(iter(loader))
+        before = batch["image"].double().sum().item()
+        loader.close()
+        after = batch["image"].double().sum().item()
+        print(json.dumps({{"before": before, "after": after, "shape": list(batch["image"].shape)}}))
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["before"] == seen["after"] and seen["shape"] == [8, 3, 32, 32]
+
+
+@pytest.mark.dali
 def test_images_of_different_sizes_come_as_a_list_and_it_is_said_once(tmp_path, caplog):
     """Without a resize, decoded images of different sizes cannot stack: the output comes as a list
     of tensors, and a warning says so once (with the shapes), instead of a silent change of type."""
