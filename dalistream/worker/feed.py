@@ -90,6 +90,10 @@ class _Queues:
         if block is not None:
             self.origin[c] = c * KEY_SHIFT + block.ordinal
 
+    def _next_head(self, c: int) -> None:
+        """Column ``c``'s head is used up: the block after it is its head (none if none is queued)."""
+        self._head(c, self.rest[c].popleft() if self.rest[c] else None)
+
     def take(self, need: np.ndarray) -> Tuple[List[list], np.ndarray]:
         """Up to ``need[c]`` rows of each column ``c``: one list per field (and the keys, when
         keyed), column after column, and how many each gave (fewer where a column ran out)."""
@@ -112,7 +116,7 @@ class _Queues:
         self.left -= now
         self.queued -= now
         for c in ((self.left == 0) & (now > 0)).nonzero()[0].tolist():  # heads used up
-            self._head(c, self.rest[c].popleft() if self.rest[c] else None)
+            self._next_head(c)
         if one:
             return pieces, now
         got = now.copy() if short else now
@@ -138,7 +142,7 @@ class _Queues:
             if m < left:
                 self.at[c], self.left[c] = at + m, left - m
             else:
-                self._head(c, self.rest[c].popleft() if self.rest[c] else None)
+                self._next_head(c)
         for piece, parts in zip(pieces, own):
             piece[c] = chain.from_iterable(parts)  # (laid out with the others' pieces: one copy)
         self.queued[c] -= got - k
