@@ -59,6 +59,7 @@ def test_the_kind_is_inferred_from_its_extension_and_checked_like_any():
 @pytest.mark.parametrize("blocks", [False, True])
 def test_parsed_per_sample_and_per_run_alike(tmp_path, monkeypatch, blocks):
     monkeypatch.setattr(runs, "MIN_RUN_BYTES", 2000)  # runs of a few samples
+    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
     monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
     paths, truth = shards(tmp_path)
     infos = build_manifest(paths, offsets=True)

@@ -134,7 +134,10 @@ def _worker_died(dead: list) -> WorkerError:
     if len(dead) > 1:
         others = "; then " + ", ".join(f"worker {w} {_exit_text(p.exitcode)}" for w, p in dead[1:])
     hint = ("SIGKILL is usually the out-of-memory killer: check `dmesg`, the memory limit and the size of /dev/shm; "
-            if code == -signal.SIGKILL else "")
+            if code == -signal.SIGKILL else
+            "SIGBUS is usually a local shard cut short while it was read (workers read local shards through "
+            "memory maps): replace a shard by writing a new file and renaming it over the old one, never by "
+            "rewriting it in place; " if code == -signal.SIGBUS else "")
     return WorkerError(
         f"DALI worker process {worker} (pid {process.pid}) {how}{others}; the pipeline cannot go on", worker=worker,
         hint=hint + "the pipeline has been stopped; iterating the loader again starts new workers where it stood")

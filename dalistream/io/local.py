@@ -1,22 +1,31 @@
-"""Local byte streams: shard files (large buffered reads) and ``pipe:CMD`` (a shell command's
-stdout, as in the webdataset library)."""
+"""Local byte streams: shard files (positional reads, or views of the file's memory map) and
+``pipe:CMD`` (a shell command's stdout, as in the webdataset library).
+
+A local shard is mapped read-only while a worker reads runs of it (:meth:`FileRange.view`), as
+DALI's own readers map the files they read: a shard cut short *in place* while it is read kills
+the reading process with SIGBUS (the kernel's answer to a mapped page past the file's end; the
+loader's error says so). Replace shards by writing a new file and renaming it over the old one
+(what :mod:`dalistream.writer` does): a reader goes on with the file it opened."""
 
 from __future__ import annotations
 
 import io
 import logging
+import mmap
 import os
 import stat
 import subprocess
 import tempfile
 import threading
-from typing import BinaryIO, Callable, Dict, List, Optional
+from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
 from ..errors import SourceError
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
+#: A file's mapping gives out views of at most this many bytes, then a new one is made (:meth:`_Shared.view`)
+MAP_BYTES = 16 << 20
 
 
 def local_path(url: str) -> str:
@@ -129,8 +138,9 @@ def copy_tail(view: memoryview, tail: memoryview) -> "tuple[int, memoryview]":
 
 class FileRange(io.RawIOBase):
     """A part of a local shard as a tar of its own: bytes ``[start, end)`` of the file, read by
-    positional reads straight into the caller's buffer (no buffer of its own and no copy, so a
-    worker reading many parts at once, interleaved columns, holds nothing per part but this),
+    positional reads straight into the caller's buffer, or given as views of the file's mapping
+    (:meth:`view`; no buffer of its own and no copy, so a worker reading many parts at once,
+    interleaved columns, holds nothing per part but this),
     then an end-of-archive marker when all of them came: a file shorter than the range stays a
     truncated tar. ``marker=False``: the bytes alone (a store's plain range; the rest of a whole
     shard, whose size is then ``file_size``, for the tar reader's checks). Closing it closes
@@ -167,6 +177,17 @@ class FileRange(io.RawIOBase):
         """Bytes of the range not read yet."""
         return self._end - self._pos
 
+    def view(self, n: int) -> Optional[memoryview]:
+        """The next ``n`` bytes of the range (fewer where the file ends first) as a read-only view
+        of the file's mapped bytes (:meth:`_Shared.view`), with no copy; ``None`` where the file
+        cannot be mapped (then it is read by :meth:`readinto`)."""
+        view = self._shared.view(self._pos, min(n, self._end - self._pos)) if self._shared is not None else None
+        if view is not None:
+            self._pos += len(view)
+            if len(view) and self._pos == self._end and self._marker:
+                self._tail = memoryview(END_OF_ARCHIVE)
+        return view
+
     def readinto(self, buffer) -> int:
         view = memoryview(buffer).cast("B")
         n = min(len(view), self._end - self._pos)
@@ -202,11 +223,35 @@ class FileRange(io.RawIOBase):
 class _Shared:
     """One open shard file (of :data:`_open_files`) and how many :class:`FileRange` s read it now."""
 
-    __slots__ = ("path", "file", "identity", "users", "gzip")
+    __slots__ = ("path", "file", "identity", "users", "gzip", "mapping", "mapped_out")
 
     def __init__(self, path: str, f: io.FileIO, identity: tuple) -> None:
         self.path, self.file, self.identity, self.users = path, f, identity, 0
         self.gzip: Optional[bool] = None
+        self.mapping: Any = None  # the file mapped (an mmap), once a view is asked; False: it cannot be
+        self.mapped_out = 0  # the bytes of views the mapping gave out
+
+    def view(self, at: int, n: int) -> Optional[memoryview]:
+        """Bytes ``at`` to ``at + n`` of the file (fewer where it ends first) as a read-only view of
+        its mapping, ``None`` where it cannot be mapped (an empty file; a file system that maps
+        nothing: then never). A view keeps its mapping alive (unmapped with the last view of it),
+        and a mapping gives out :data:`MAP_BYTES` of views at most, then a new one is made: what
+        stays mapped is what the readers still hold, and not much more. Never past the file's end
+        as it is now (a mapping of a file that grew or shrank since is made anew)."""
+        if self.mapping is False:
+            return None
+        try:
+            size = os.fstat(self.file.fileno()).st_size
+            n = max(0, min(n, size - at))
+            if n and (self.mapping is None or self.mapped_out >= MAP_BYTES or len(self.mapping) != size):
+                self.mapping, self.mapped_out = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ), 0
+        except (OSError, ValueError):
+            self.mapping = False
+            return None
+        if not n:
+            return memoryview(b"")
+        self.mapped_out += n
+        return memoryview(self.mapping)[at:at + n]
 
     def current(self) -> bool:
         """Whether the path still names this file."""
@@ -249,6 +294,7 @@ def _settle() -> None:
             _open_files_lock.release()
         for shared in unused:
             shared.file.close()
+            shared.mapping = None  # (unmapped with the last view of it)
 
 
 def _forget_open_files() -> None:

@@ -5,7 +5,11 @@ with a known size (:mod:`dalistream.manifest.members`). :func:`sliced_runs` read
 samples in runs of whole samples (at least one; about ``max(chunk, MIN_RUN_BYTES)`` bytes: a
 short part is one run, and so is a part's tail of less than half a run with the run before it;
 the first runs of a part as long as asked), each into a worker's
-:class:`Arena` (or a buffer of its own), and checks each run's member headers in one gather: the
+:class:`Arena` (or a buffer of its own); a local file's part of more than a run and a half is
+cut instead into runs of up to :data:`MAPPED_RUN_BYTES`, views of the file's mapping
+(:meth:`dalistream.io.local.FileRange.view`: no copy, and no buffer, so their length costs no
+memory: a worker reading many columns reads each column's part in a run or a few, not in tens).
+It checks each run's member headers in one gather: the
 ``ustar`` magic and the size field of every header at once, as
 :func:`~dalistream.tar.sliced.sliced_samples` checks them one by one. A :class:`Run` is the run's
 bytes with its samples' member positions; its members are views of those bytes
@@ -34,6 +38,8 @@ from .sliced import after_last, sliced_samples
 #: A run is at least this long (a worker reading many columns at once reads each with a small
 #: share of the buffer: runs of a few samples would cost more than they save)
 MIN_RUN_BYTES = 256 << 10
+#: A run of a local file's mapped bytes is at most this long (no copy: its length costs no memory)
+MAPPED_RUN_BYTES = 4 << 20
 #: A part whose samples are larger on average than a run of this many is read sample by sample
 MIN_RUN_SAMPLES = 8
 
@@ -230,7 +236,12 @@ def sliced_runs(
     names, kinds, sizes = g.names, g.kinds, g.sizes
     member_base, member_at, sample_start = g.member_base, g.member_at, g.sample_start
     n = len(kinds)
-    run_bytes = run_length(chunk)
+    # a local file's part that would take several runs: runs are views of its mapped bytes, and
+    # long (no copy, no buffer: a run's length costs no memory; fewer runs cost less)
+    view = getattr(stream, "view", None)
+    one_run = max(run_length(chunk), first_runs[0] if first_runs else 0)
+    mapped = view is not None and 2 * int(sample_start[n] - sample_start[0]) > 3 * one_run
+    run_bytes = run_length(chunk, mapped)
     if n and int(sample_start[n] - sample_start[0]) * MIN_RUN_SAMPLES > n * run_bytes:
         yield from sliced_samples(stream, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=want_ext,
                                   lowercase=lowercase, last=last, clock=clock, chunk=chunk)
@@ -250,9 +261,14 @@ def sliced_runs(
         if starts[n] - starts[k] < run_bytes // 2 and runs_read > len(first_runs):  # a short tail joins
             k = n  # the run before it (one run less a part, for a run of at most 1.5x the bytes)
         size = starts[k] - starts[i]
-        data = arena.take(size) if arena is not None else bytearray(size)
-        where = arena.last if arena is not None else (data, 0)
-        got, error = _read(r, memoryview(data))
+        data = view(size) if mapped else None
+        if data is not None:
+            where, got, error = None, len(data), None
+            r.base += got
+        else:  # (read into a buffer: the arena's, or its own; also where the file cannot be mapped)
+            data = arena.take(size) if arena is not None else bytearray(size)
+            where = arena.last if arena is not None else (data, 0)
+            got, error = _read(r, memoryview(data))
         a, b = bases[i], bases[k]
         at = member_at[a:b] - starts[i]
         if got < size or not _headers_ok(data, at, checks[a:b]):
@@ -284,9 +300,11 @@ def sliced_runs(
         yield from after_last(r, url, first + n, offset + int(sample_start[n]))
 
 
-def run_length(chunk: int) -> int:
-    """The bytes of a run (its samples permitting) read through buffers of ``chunk`` bytes."""
-    return max(chunk, MIN_RUN_BYTES)
+def run_length(chunk: int, mapped: bool = False) -> int:
+    """The bytes of a run (its samples permitting) read through buffers of ``chunk`` bytes, or
+    cut out of a local file's mapped bytes (``mapped``)."""
+    length = max(chunk, MIN_RUN_BYTES)
+    return max(length, MAPPED_RUN_BYTES) if mapped else length
 
 
 _NAMES: dict = {}

@@ -35,7 +35,8 @@ from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
 from ..io.parts import PartFetcher
 from ..io.remote import state_ahead
-from ..io.streams import ShardSequence, chunk_bytes
+from ..io.stores import store_class
+from ..io.streams import ShardSequence, chunk_bytes, is_gzip_name
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
@@ -79,8 +80,11 @@ class PlanReader:
 
     @property
     def run_bytes(self) -> int:
-        """The bytes of the runs this reader reads (the runs of a regular shard's parts)."""
-        return run_length(chunk_bytes(self.config.storage_options))
+        """The bytes of the runs this reader reads (the runs of a regular shard's parts: longer
+        for local files, whose runs are views of their mapped bytes)."""
+        urls = self.data.urls
+        mapped = bool(urls) and store_class(urls[0]).local and not is_gzip_name(urls[0])
+        return run_length(chunk_bytes(self.config.storage_options), mapped)
 
     def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:

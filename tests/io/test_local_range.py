@@ -1,16 +1,20 @@
 """Local shards and their parts read by positional reads (``dalistream.io.local.FileRange``):
 a whole shard its bytes to the end of the file; a part exactly the bytes of the range, seekable within it, then an end-of-archive marker, only after all of them
-came (a cut shard stays a truncated tar); gzip content under a ``.tar`` name read through the
+came (a cut shard stays a truncated tar); its bytes as views of the file's mapping (no copy),
+never past the file's end as it is now, and mapped only as long as views of them are held; gzip content under a ``.tar`` name read through the
 decompressor, a part of it a tar too; the parts of one file open at once share its descriptor
 (a worker's interleaved columns), a file replaced under its path is opened anew; and the read
 budget a worker's columns share (``shared_budget``)."""
 
+import gc
 import gzip
+import mmap
 import os
 
 import pytest
 
 from dalistream.errors import ShardFormatError, SourceError
+from dalistream.io import local
 from dalistream.io.local import END_OF_ARCHIVE, FileRange
 from dalistream.io.options import MIN_SHARED_CHUNK, remote_options, shared_budget
 from dalistream.io.streams import open_shard
@@ -213,3 +217,75 @@ def test_a_part_closed_while_the_table_is_locked_does_not_wait(tmp_path):
     t.join(30)
     assert not t.is_alive(), "closing a part while the table was locked waited for the lock"
     assert seen == {"open while locked": True, "same file": True, "closed with its last part": True}
+
+
+def mappings_of(path):
+    """This process's mappings of ``path`` (``/proc/self/maps``)."""
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as f:
+        return [line for line in f if line.rstrip().endswith(real)]
+
+
+def test_a_local_part_s_bytes_come_as_views_of_its_mapping_then_the_marker(tmp_path):
+    """``view(n)``: the range's next bytes mapped, no copy (read-only, the mapping their
+    ``obj``), the position moved on; fewer at the range's end, then the marker by ``readinto``."""
+    path = key_shards(str(tmp_path), [9])[0]
+    data = open(path, "rb").read()
+    part = open_shard(path, 1536, None, 4096)
+    first = part.view(1000)
+    assert bytes(first) == data[1536:2536] and first.readonly and isinstance(first.obj, mmap.mmap)
+    assert part.tell() == 2536
+    rest = part.view(5000)  # (the range ends first)
+    assert bytes(rest) == data[2536:4096] and rest.obj is first.obj and part.remaining == 0
+    assert read_all(part) == END_OF_ARCHIVE and len(part.view(10)) == 0
+    whole = open_shard(path)
+    assert bytes(whole.view(len(data) + 99)) == data and read_all(whole) == b""  # (a whole shard: its own marker)
+    part.close(), whole.close()
+
+
+def test_a_mapping_follows_the_file_as_it_is_now(tmp_path):
+    """A shard rewritten in place (its inode kept) while a part of it is open: views never reach
+    past the file's end as it is now (touching a mapped page past it would kill the process), and
+    the bytes it gained are mapped anew; views given out before keep their bytes' pages mapped."""
+    path = key_shards(str(tmp_path), [9])[0]
+    data = open(path, "rb").read()
+    part = open_shard(path, 0, None)
+    early = part.view(512)
+    with open(path, "r+b") as f:
+        f.truncate(3000)
+    assert bytes(part.view(10 ** 6)) == data[512:3000] and part.tell() == 3000
+    with open(path, "ab") as f:
+        f.write(b"x" * 1000)
+    assert bytes(part.view(10 ** 6)) == b"x" * 1000
+    assert bytes(early) == data[:512]
+    part.close()
+
+
+def test_a_mapping_gives_out_so_much_then_a_new_one_is_made_and_none_outlives_its_views(tmp_path, monkeypatch):
+    """What stays mapped is what the readers hold: a file's mapping gives out ``MAP_BYTES`` of
+    views at most, then a new one serves; a mapping goes with its last view, once the file's
+    parts are closed."""
+    monkeypatch.setattr(local, "MAP_BYTES", 2048)
+    path = key_shards(str(tmp_path), [9])[0]
+    data = open(path, "rb").read()
+    part = open_shard(path, 0, None)
+    views = [part.view(1024) for _ in range(4)]
+    assert [bytes(v) for v in views] == [data[i:i + 1024] for i in range(0, 4096, 1024)]
+    assert views[0].obj is views[1].obj and views[2].obj is views[3].obj and views[1].obj is not views[2].obj
+    assert len(mappings_of(path)) >= 1
+    part.close()
+    kept = views[3]
+    del views
+    gc.collect()
+    assert len(mappings_of(path)) == 1 and bytes(kept) == data[3072:4096]  # (the mapping of the view kept)
+    del kept
+    gc.collect()
+    assert mappings_of(path) == []
+
+
+def test_an_empty_file_gives_empty_views(tmp_path):
+    path = str(tmp_path / "empty.tar")
+    open(path, "wb").close()
+    part = open_shard(path, 0, None)
+    assert part.view(100) is not None and len(part.view(100)) == 0 and part.tell() == 0
+    part.close()

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from dalistream import Loader, Stream, WorkerError
+from dalistream.io.streams import open_shard
 
 from helpers import REPO as ROOT, key_shards, shm_mapped
 
@@ -104,6 +105,37 @@ def test_killed_worker_is_a_worker_error_within_seconds(shards, start_method):
         assert time.monotonic() - t0 < 20
     assert dali_workers() - before == set()
 
+
+
+def _touch_past_a_cut(path, ready):
+    """A worker's part of ``path`` read as views of its mapping; the file then cut short in place
+    (another process rewriting it), and the view read again: past the file's end now."""
+    part = open_shard(path, 0, None)
+    view = part.view(10 ** 6)
+    with open(path, "r+b") as f:
+        f.truncate(0)
+    ready.set()
+    bytes(view)  # the kernel kills the process here (SIGBUS)
+
+
+def test_a_worker_killed_by_sigbus_is_told_of_shards_rewritten_in_place(tmp_path):
+    """Local shards are read through memory maps: one cut short in place while a worker holds its
+    bytes kills the worker with SIGBUS (as DALI's own readers, which map files too); the error
+    says what that usually is, and how to replace shards instead."""
+    import multiprocessing
+
+    from dalistream.dali.watchdog import _worker_died
+
+    path = key_shards(str(tmp_path), [40])[0]
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    child = ctx.Process(target=_touch_past_a_cut, args=(path, ready))
+    child.start()
+    child.join(60)
+    assert ready.is_set() and child.exitcode == -signal.SIGBUS
+    error = _worker_died([(1, child)])
+    assert isinstance(error, WorkerError) and "was killed by signal SIGBUS" in str(error) and error.worker == 1
+    assert "rewriting it in place" in str(error) and "renaming it over the old one" in str(error)
 
 def test_a_shutdown_blocked_after_a_worker_died_is_cut_short(shards, monkeypatch):
     """A worker killed while holding a lock the others share can leave DALI's own shutdown

@@ -4,11 +4,13 @@ any part of a shard, any extensions wanted; and a damaged shard gives the same s
 the damage and the same error, at the same offsets."""
 
 import io
+import mmap
 
 import numpy as np
 import pytest
 
 from dalistream.errors import DalistreamError
+from dalistream.io.local import open_range
 from dalistream.manifest import scan_shard
 from dalistream.manifest.rows import ShardRows
 from dalistream.tar import runs
@@ -48,13 +50,21 @@ def read(reader, path, info, first, stop, stream=None, **kw):
 def small_runs(request, monkeypatch):
     """Runs of one sample (0), a few, many: the run length is the larger of chunk and MIN_RUN_BYTES."""
     monkeypatch.setattr(runs, "MIN_RUN_BYTES", request.param)
+    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
     monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)  # no part is too large for runs here
     return request.param
 
 
+def opener(how):
+    """How a part is opened: a plain file (its runs read into buffers), or as a worker opens a
+    local shard (:func:`~dalistream.io.local.open_range`: its runs views of the file's mapping)."""
+    return (lambda path: open(path, "rb")) if how == "file" else (lambda path: open_range(path, 0, None))
+
+
+@pytest.mark.parametrize("how", ["file", "mapped"])
 @pytest.mark.parametrize("writer", ["ustar", "gnu", "pax", "webdataset"])
 @pytest.mark.parametrize("seed", range(3))
-def test_runs_deliver_what_the_header_walk_reads(tmp_path, writer, seed, small_runs):
+def test_runs_deliver_what_the_header_walk_reads(tmp_path, writer, seed, small_runs, how):
     path = shard(tmp_path, writer, seed)
     info = scan_shard(path, offsets=True)
     rng = np.random.default_rng(200 + seed)
@@ -62,7 +72,7 @@ def test_runs_deliver_what_the_header_walk_reads(tmp_path, writer, seed, small_r
     for first, stop in parts:
         for want, lowercase in ((None, False), ({"jpg", "cls"}, False), ({"png"}, True)):
             kw = dict(lowercase=lowercase, chunk=4096, **({"want_ext": want.__contains__} if want else {}))
-            got, error, n_runs = read(sliced_runs, path, info, first, stop, **kw)
+            got, error, n_runs = read(sliced_runs, path, info, first, stop, stream=opener(how)(path), **kw)
             assert error is None
             assert got == by_headers(path, first, stop, lowercase=lowercase, **({"want_ext": want.__contains__} if want else {}))
             if stop > first and small_runs == 0:
@@ -95,15 +105,18 @@ def damaged_copies(tmp_path, path, info):
     return out
 
 
-def test_a_damaged_shard_gives_the_same_samples_and_error_run_by_run(tmp_path, small_runs):
+@pytest.mark.parametrize("how", ["stream", "mapped"])
+def test_a_damaged_shard_gives_the_same_samples_and_error_run_by_run(tmp_path, small_runs, how):
     path = shard(tmp_path, "ustar", 1, n=10)
     info = scan_shard(path, offsets=True)
     for name, copy in damaged_copies(tmp_path, path, info).items():
         for first in (0, 3, 5):
-            # (as the reader opens a part: a stream of unknown size, which a seek past the end does
-            # not tell; a plain file's known size names a cut one member earlier)
-            expected = read(sliced_samples, copy, info, first, 10, stream=io.BytesIO(open(copy, "rb").read()), chunk=4096)
-            got = read(sliced_runs, copy, info, first, 10, stream=io.BytesIO(open(copy, "rb").read()), chunk=4096)
+            # (as the reader opens a part: a remote one, a stream of unknown size, which a seek past
+            # the end does not tell; a local one, of known size, which names a cut one member earlier)
+            def opened():
+                return io.BytesIO(open(copy, "rb").read()) if how == "stream" else open_range(copy, 0, None)
+            expected = read(sliced_samples, copy, info, first, 10, stream=opened(), chunk=4096)
+            got = read(sliced_runs, copy, info, first, 10, stream=opened(), chunk=4096)
             assert got[:2] == expected[:2], name
             assert expected[1] is not None or name in ("short", "longer"), name
     assert expected[0][-1]["__index__"] == 10  # one more than counted: the caller reports it
@@ -219,3 +232,57 @@ def test_a_part_s_first_runs_have_the_lengths_asked(tmp_path):
                                first_runs=(1, int(spans[:10].sum()))))
     assert [len(r) for r in got][:2] == [1, 10]  # (a run holds one sample at least)
     assert sum(len(r) for r in got) == 40 and [r.sample(i) for r in got for i in range(len(r))] == by_headers(path, 0, 40)
+
+
+def test_a_local_part_of_several_runs_is_read_as_views_of_the_file_s_mapping(tmp_path, monkeypatch):
+    """A local part that would take several runs is cut into long runs of the file's mapped bytes,
+    no byte copied nor any buffer taken; one of at most one run and a half is read into a buffer."""
+    path = shard(tmp_path, "pax", 2, n=40)
+    info = scan_shard(path, offsets=True)
+    patterns, kinds, sizes, starts = layout(info)
+    spans = ShardRows.from_infos([info]).members.spans()
+    arena = runs.Arena(size=1 << 20)
+    taken = []
+    monkeypatch.setattr(arena, "take", lambda n, take=arena.take: taken.append(n) or take(n))
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    run_bytes = int(spans[:8].sum())  # a run of about 8 samples if read into buffers
+
+    def part(first, stop):
+        f = open_range(path, int(info.offsets[first]), int(info.offsets[stop]) if stop < 40 else None)
+        with f:
+            return list(sliced_runs(f, path, patterns, kinds[first:stop], sizes[starts[first]:starts[stop]], first=first,
+                                    offset=int(info.offsets[first]), last=stop == 40, chunk=run_bytes, arena=arena))
+
+    got = part(0, 40)  # 40 samples, 5 runs' worth: views, runs of up to MAPPED_RUN_BYTES (one here)
+    assert len(got) == 1 and not taken and isinstance(got[0].buffer, mmap.mmap)
+    assert got[0].data.readonly and [got[0].sample(i) for i in range(40)] == by_headers(path, 0, 40)
+    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 2 * run_bytes)
+    got = part(0, 40)  # mapped runs of 16 samples or so, one mapping for all
+    assert len(got) >= 2 and not taken and len({id(r.buffer) for r in got}) == 1
+    assert [r.sample(i) for r in got for i in range(len(r))] == by_headers(path, 0, 40)
+    got = part(0, 10)  # a run and a quarter: one run, read into the arena
+    assert len(got) == 1 and taken and not isinstance(got[0].buffer, mmap.mmap)
+    assert [got[0].sample(i) for i in range(10)] == by_headers(path, 0, 10)
+
+
+def test_a_file_that_cannot_be_mapped_is_read_into_buffers(tmp_path, monkeypatch):
+    """A file system that maps nothing (``mmap`` fails): the part's runs are read into buffers,
+    the same samples; the file is not asked again."""
+    import errno
+
+    from dalistream.io import local
+
+    def no_maps(*args, **kwargs):
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(local.mmap, "mmap", no_maps)
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 0)  # runs of one chunk: a part of several
+    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    path = shard(tmp_path, "gnu", 1, n=30)
+    info = scan_shard(path, offsets=True)
+    got, error, n_runs = read(sliced_runs, path, info, 0, 30, stream=open_range(path, 0, None), chunk=2048)
+    assert error is None and n_runs >= 2 and got == by_headers(path, 0, 30)
+    f = open_range(path, 0, None)
+    assert f.view(100) is None and f._shared.mapping is False and f.tell() == 0
+    f.close()

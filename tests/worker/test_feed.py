@@ -10,6 +10,7 @@ import pytest
 
 from dalistream.config import StreamConfig
 from dalistream.dataset import DataSet
+from dalistream.io.local import FileRange
 from dalistream.manifest import build_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
@@ -28,6 +29,7 @@ def shards(tmp_path, monkeypatch):
     """4 shards x 60 samples of ~8 kB, with offsets and member layouts; runs of about 8 samples
     (the columns' share of the read buffers is 64 kB)."""
     monkeypatch.setattr(runs, "MIN_RUN_BYTES", 64 << 10)
+    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
     monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
     rng = np.random.default_rng(5)
     paths = []
@@ -48,17 +50,22 @@ def shards(tmp_path, monkeypatch):
 def epoch(config, data, monkeypatch, e=1):
     """The batches of epoch ``e``, and how many runs were read in each round."""
     per_round = []
-    take = runs.Arena.take
+    take, view = runs.Arena.take, FileRange.view
 
     def counted(self, n):
         per_round[-1] += 1
         return take(self, n)
+
+    def viewed(self, n):  # (a run of a local file's mapped bytes)
+        per_round[-1] += n > 0
+        return view(self, n)
 
     def round_(self, t0, original=feed.Feed._read_round):
         per_round.append(0)
         return original(self, t0)
 
     monkeypatch.setattr(runs.Arena, "take", counted)
+    monkeypatch.setattr(FileRange, "view", viewed)
     monkeypatch.setattr(feed.Feed, "_read_round", round_)
     source = WorkerSource(config, data, 0)
     batches = [[np.asarray(v).tobytes() for v in b[0]] + [np.asarray(b[2]).tobytes()] for b in source.epoch_batches(e)]
@@ -73,6 +80,7 @@ def test_columns_start_out_of_step_and_deliver_the_same(shards, monkeypatch):
     # then one phased to (c + 1) / C of a run, then runs of ~8 samples
     assert len(phased) == 15 and reads[:2] == [COLUMNS, COLUMNS]
     monkeypatch.setattr(runs, "MIN_RUN_BYTES", 64 << 10)
+    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
     monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
     monkeypatch.setattr(feed.Feed, "_first_runs", lambda self, c: ())  # every column in step
     in_step, reads_in_step = epoch(config, data, monkeypatch, e=0)
@@ -87,6 +95,7 @@ def test_only_the_first_epoch_starts_with_short_runs(shards, monkeypatch):
     config, data = shards
     later, reads = epoch(config, data, monkeypatch, e=1)
     monkeypatch.setattr(runs, "MIN_RUN_BYTES", 64 << 10)
+    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
     monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
     init = feed.Feed.__init__
     monkeypatch.setattr(feed.Feed, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "first_batch": True}))
@@ -102,6 +111,7 @@ def test_short_columns_are_not_cut(shards, monkeypatch):
     """Columns of a run or two each read their part at once (more runs would cost more than they spread)."""
     config, data = shards
     monkeypatch.setattr(runs, "MIN_RUN_BYTES", 1 << 20)  # a run holds a column's whole share
+    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
     source = WorkerSource(config, data, 0)
     plans = [plan for plan, _, _ in source.columns(1)]
     f = feed.Feed([iter(())] * len(plans), np.ones((15, len(plans)), np.int64), 3,

@@ -12,6 +12,7 @@ import pytest
 
 from dalistream.config import StreamConfig
 from dalistream.dataset import DataSet
+from dalistream.io.local import FileRange
 from dalistream.manifest import build_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
@@ -57,13 +58,18 @@ def as_bytes(outputs):
 def read_epoch(source, e, monkeypatch):
     """Epoch ``e``'s batches (as bytes), the runs read for it, and the source's skips after it."""
     reads = [0]
-    take = runs.Arena.take
+    take, view = runs.Arena.take, FileRange.view
 
     def counted(self, n):
         reads[0] += 1
         return take(self, n)
 
+    def viewed(self, n):  # (a run of a local file's mapped bytes)
+        reads[0] += n > 0
+        return view(self, n)
+
     monkeypatch.setattr(runs.Arena, "take", counted)
+    monkeypatch.setattr(FileRange, "view", viewed)
     batches = [as_bytes(b) for b in source.epoch_batches(e)]
     monkeypatch.undo()
     return batches, reads[0], dict(source._stats.skipped)
