@@ -18,11 +18,19 @@ from dalistream.dataset import DataSet
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.plan import Layout, ResumePlan, epoch_layout
 from dalistream.plan.shuffle import shuffled
-from dalistream.tar import iter_samples
+from dalistream.tar import iter_samples, runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 # real shards written by the webdataset project (copied into the repository: tests read nothing outside it)
 PEER_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "peer", "webdataset")
+
+
+def short_runs(monkeypatch, run_bytes: int) -> None:
+    """Runs of about ``run_bytes`` (a few samples: many runs, and runs across steps), whether read
+    into buffers or cut out of a local file's mapping, and no part too large for runs."""
+    monkeypatch.setattr(runs, "MIN_RUN_BYTES", run_bytes)
+    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
+    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
 
 
 def write_tar(path: str, members: Sequence[tuple], fmt=tarfile.USTAR_FORMAT) -> str:

@@ -13,7 +13,7 @@ from dalistream.manifest import build_manifest, default_location, write_manifest
 from dalistream.tar import runs
 from dalistream.worker import WorkerSource
 
-from helpers import data_set, write_tar
+from helpers import data_set, short_runs, write_tar
 
 
 class Words(kinds.Kind):
@@ -58,9 +58,7 @@ def test_the_kind_is_inferred_from_its_extension_and_checked_like_any():
 
 @pytest.mark.parametrize("blocks", [False, True])
 def test_parsed_per_sample_and_per_run_alike(tmp_path, monkeypatch, blocks):
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 2000)  # runs of a few samples
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 2000)  # runs of a few samples
     paths, truth = shards(tmp_path)
     infos = build_manifest(paths, offsets=True)
     from dalistream.manifest.offsets import SampleOffsets

@@ -106,7 +106,6 @@ def test_killed_worker_is_a_worker_error_within_seconds(shards, start_method):
     assert dali_workers() - before == set()
 
 
-
 def _touch_past_a_cut(path, ready):
     """A worker's part of ``path`` read as views of its mapping; the file then cut short in place
     (another process rewriting it), and the view read again: past the file's end now."""
@@ -136,6 +135,7 @@ def test_a_worker_killed_by_sigbus_is_told_of_shards_rewritten_in_place(tmp_path
     error = _worker_died([(1, child)])
     assert isinstance(error, WorkerError) and "was killed by signal SIGBUS" in str(error) and error.worker == 1
     assert "rewriting it in place" in str(error) and "renaming it over the old one" in str(error)
+
 
 def test_a_shutdown_blocked_after_a_worker_died_is_cut_short(shards, monkeypatch):
     """A worker killed while holding a lock the others share can leave DALI's own shutdown

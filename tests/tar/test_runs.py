@@ -17,7 +17,7 @@ from dalistream.tar import runs
 from dalistream.tar.runs import Run, sliced_runs
 from dalistream.tar.sliced import sliced_samples
 
-from helpers import by_headers, random_samples, shard, write_tarfile
+from helpers import by_headers, random_samples, shard, short_runs, write_tarfile
 
 
 def layout(info):
@@ -49,9 +49,7 @@ def read(reader, path, info, first, stop, stream=None, **kw):
 @pytest.fixture(params=[0, 3000, 20000])
 def small_runs(request, monkeypatch):
     """Runs of one sample (0), a few, many: the run length is the larger of chunk and MIN_RUN_BYTES."""
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", request.param)
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)  # no part is too large for runs here
+    short_runs(monkeypatch, request.param)
     return request.param
 
 

@@ -19,7 +19,7 @@ from dalistream.tar import runs
 from dalistream.worker import WorkerSource, feed
 from dalistream.worker.rows import Rows
 
-from helpers import write_tar
+from helpers import short_runs, write_tar
 
 COLUMNS = 16
 
@@ -28,9 +28,7 @@ COLUMNS = 16
 def shards(tmp_path, monkeypatch):
     """4 shards x 60 samples of ~8 kB, with offsets and member layouts; runs of about 8 samples
     (the columns' share of the read buffers is 64 kB)."""
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 64 << 10)
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 64 << 10)
     rng = np.random.default_rng(5)
     paths = []
     for s in range(4):
@@ -79,9 +77,7 @@ def test_columns_start_out_of_step_and_deliver_the_same(shards, monkeypatch):
     # each column reads ~15 samples: a short first run (the job's first batch waits for little),
     # then one phased to (c + 1) / C of a run, then runs of ~8 samples
     assert len(phased) == 15 and reads[:2] == [COLUMNS, COLUMNS]
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 64 << 10)
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 64 << 10)
     monkeypatch.setattr(feed.Feed, "_first_runs", lambda self, c: ())  # every column in step
     in_step, reads_in_step = epoch(config, data, monkeypatch, e=0)
     assert in_step == phased  # the same samples, in the same batches
@@ -94,9 +90,7 @@ def test_only_the_first_epoch_starts_with_short_runs(shards, monkeypatch):
     move the reading of each column's first whole run to the next round, one more run each."""
     config, data = shards
     later, reads = epoch(config, data, monkeypatch, e=1)
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 64 << 10)
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 64 << 10)
     init = feed.Feed.__init__
     monkeypatch.setattr(feed.Feed, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "first_batch": True}))
     short, reads_short = epoch(config, data, monkeypatch, e=1)

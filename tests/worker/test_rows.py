@@ -23,7 +23,7 @@ from dalistream.worker import WorkerSource
 from dalistream.worker.fields import FieldDecoder
 from dalistream.worker.rows import BULK_ROWS, RowDecoder, Rows
 
-from helpers import data_set, write_tar
+from helpers import data_set, short_runs, write_tar
 
 
 def image(fmt, seed):
@@ -74,9 +74,7 @@ def sample_members(i, rng):
 
 
 def runs_of(tmp_path, seed, n, monkeypatch, run_bytes):
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", run_bytes)
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, run_bytes)
     rng = np.random.default_rng(seed)
     path = write_tar(str(tmp_path / f"rows-{seed}.tar"), [m for i in range(n) for m in sample_members(i, rng)])
     info = scan_shard(path, offsets=True)
@@ -167,9 +165,7 @@ def shards_with_problems(tmp_path, seed, counts):
                                                        (3, True, "exact"), (2, False, "fixed")])
 def test_blocks_and_single_samples_give_the_same_batches_skips_and_errors(tmp_path, monkeypatch, on_error, missing,
                                                                          workers, interleave, policy):
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 6000)  # runs of a few samples: many runs, and runs across steps
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 6000)  # runs of a few samples: many runs, and runs across steps
     paths, counts, offsets = shards_with_problems(tmp_path, workers, [37, 23, 41])
     fields = {k: v for k, v in FIELDS.items() if k != "text"} if on_error == "raise" else FIELDS
     config = StreamConfig(sources=tuple(paths), fields=fields, batch_size=8, workers=workers, policy=policy,
@@ -189,9 +185,7 @@ def test_blocks_and_single_samples_give_the_same_batches_skips_and_errors(tmp_pa
 
 
 def test_a_shard_damaged_mid_run_gives_the_same_batches_and_skips(tmp_path, monkeypatch):
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 20000)
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 20000)
     paths, counts, offsets = shards_with_problems(tmp_path, 7, [30, 30])
     data = bytearray(open(paths[0], "rb").read())
     at = offsets.at(0, 12)
@@ -215,9 +209,7 @@ def test_a_problem_met_at_a_run_s_bounds_comes_where_read_one_by_one(tmp_path, m
     """A run's last sample waits for the next read: a shard damaged at the first sample of a run
     (its header, or the file cut there), or at the one after, gives the same batches, skips and
     errors read in runs as one sample at a time, on error skip and raise, in spans and interleaved."""
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 20000)
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 20000)
     paths, counts, offsets = shards_with_problems(tmp_path, 11, [30, 30])
     info = scan_shard(paths[0], offsets=True)
     patterns, kinds, sizes, _ = ShardRows.from_infos([info]).members.at(0)
@@ -259,9 +251,7 @@ def test_an_elastic_resume_s_dropped_positions_read_the_same_either_way(tmp_path
     from dalistream.worker.reader import PlanReader
     from dalistream.worker.stats import WorkerStats
 
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 6000)
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 6000)
     paths, counts, offsets = shards_with_problems(tmp_path, 3, [40, 40])
     config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=8, workers=1, policy="exact",
                           shuffle=0, interleave=False)
@@ -287,9 +277,7 @@ def test_a_mix_of_indexed_sources_reads_the_same_either_way(tmp_path, monkeypatc
     from dalistream import Stream
     from dalistream.manifest import default_location, write_manifest
 
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 6000)
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 6000)
     mix = {}
     for name, counts, weight in (("a", [30, 25], 0.6), ("b", [12, 9], 0.4)):
         d = tmp_path / name
@@ -327,9 +315,7 @@ def test_runs_of_shards_with_other_layouts_decode_together_as_alone(tmp_path, mo
     from dalistream.tar.runs import Arena
     from dalistream.worker.rows import decode_runs
 
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 20000)  # runs of a few samples
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 20000)  # runs of a few samples
     arena = Arena()
     decoder = FieldDecoder([parse_field(k, v) for k, v in FIELDS.items()])
     items = []
