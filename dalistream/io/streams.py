@@ -138,7 +138,7 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
     elif is_ranged(url):
         return _limited(_Owned(ReadAhead([url], options, None, [(offset, end)])), offset, end, chunk_bytes(options))
     else:
-        if store_class(url).local:  # a local part or shard: positional reads, no buffers
+        if maps_parts(url):  # a local part or shard: positional reads or mapped views, no buffers
             part = open_range(url, offset, end)
             if not part.is_gzip():
                 return part
@@ -149,6 +149,13 @@ def open_shard(url: str, offset: int = 0, options: Optional[Mapping[str, Any]] =
         else:
             stream = decompressed(stream, url, offset)
     return _limited(stream, offset, end, chunk_bytes(options))
+
+
+def maps_parts(url: str) -> bool:
+    """Whether :func:`open_shard` opens ``url``'s parts as local file ranges, whose runs can be
+    views of the file's mapping (:meth:`~.local.FileRange.view`): a local shard not named as gzip
+    (gzip content under a ``.tar`` name is told only once opened, and read through the decompressor)."""
+    return not is_gzip_name(url) and store_class(url).local
 
 
 class ShardSequence:

@@ -35,8 +35,7 @@ from ..dataset import DataSet
 from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
 from ..io.parts import PartFetcher
 from ..io.remote import state_ahead
-from ..io.stores import store_class
-from ..io.streams import ShardSequence, chunk_bytes, is_gzip_name
+from ..io.streams import ShardSequence, chunk_bytes, maps_parts
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import iter_samples, read_error
@@ -83,8 +82,7 @@ class PlanReader:
         """The bytes of the runs this reader reads (the runs of a regular shard's parts: longer
         for local files, whose runs are views of their mapped bytes)."""
         urls = self.data.urls
-        mapped = bool(urls) and store_class(urls[0]).local and not is_gzip_name(urls[0])
-        return run_length(chunk_bytes(self.config.storage_options), mapped)
+        return run_length(chunk_bytes(self.config.storage_options), bool(urls) and maps_parts(urls[0]))
 
     def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:
