@@ -22,13 +22,13 @@ from ..errors import DalistreamError
 from ..io.stores import is_ranged
 from ..io.streams import open_shard
 from ..plan import WorkerPlan
-from ..tar.runs import Geometry, Run, sliced_runs
+from ..tar.runs import Geometry, Run, run_length, sliced_runs
 from .stats import WorkerStats
 
 if TYPE_CHECKING:
     from .reader import PlanReader
 
-TOGETHER_BYTES = 1 << 20  # parts read as one run: at most this many bytes
+TOGETHER_BYTES = 4 << 20  # parts read as one run: at most this many bytes (half an arena buffer)
 
 
 class Neighbours:
@@ -52,10 +52,12 @@ class Neighbours:
         """Where part ``first … stop`` of shard ``index`` and the parts right after it that other
         columns read (and have not opened, nor had read for them) end, as one read would bring
         them: ``[first, stop, …]`` (``[first, stop]`` alone: nothing to read with it). ``starts``: each sample's byte offset in the shard. Only
-        a part that is one run goes with others (each column's runs stay as long as they were),
-        and never a shard's last part (its end-of-archive check is its own)."""
+        a part read as one run of ``run_bytes`` goes with others (at most a run and a half, as
+        :func:`~dalistream.tar.runs.sliced_runs` reads it: a longer local part is cut out of the
+        file's mapping, which copies nothing a read together would save), and never a shard's
+        last part (its end-of-archive check is its own)."""
         out = [first, stop]
-        if not self.next or int(starts[stop] - starts[first]) > run_bytes:
+        if not self.next or 2 * int(starts[stop] - starts[first]) > 3 * run_bytes:
             return out
         while True:
             after = self.next.get((index, out[-1]))
@@ -86,7 +88,7 @@ class Neighbours:
         if reader.first_runs or not self.next or is_ranged(url):
             return None
         g = reader.geometry(index)
-        bounds = self.bounds(index, first, stop, g.sample_start, reader.data.counts[index], reader.run_bytes)
+        bounds = self.bounds(index, first, stop, g.sample_start, reader.data.counts[index], run_length(chunk))
         layout = reader.layout(index, first, bounds[-1], start) if len(bounds) > 2 else None
         if layout is None:
             return None

@@ -95,6 +95,35 @@ def test_a_later_epoch_reads_neighbouring_parts_together_and_delivers_the_same(t
     assert not going.readers[0].neighbours.ahead  # every part read ahead was taken by its column
 
 
+def test_parts_cut_out_of_the_mapping_are_not_copied_together(tmp_path, monkeypatch):
+    """A later epoch's parts of more than a run and a half are views of their file's mapping, as
+    in the first epoch: none is read into the worker's buffers with its neighbours (a copy that
+    saves nothing), and the batches are those of reading each part alone. (With a bound of the
+    mapped run length instead, these parts were copied together.)"""
+    paths = make_shards(tmp_path, size=20000)  # parts of 7–8 samples of ~20 kB: ~150 kB
+    short = {"MIN_RUN_BYTES": 1, "MIN_RUN_SAMPLES": 0}  # runs of a chunk (64 kB): each part is mapped
+    for name, value in short.items():
+        monkeypatch.setattr(runs, name, value)
+    c = config(paths, storage_options={"chunk_bytes": 64 << 10})
+    data = data_set(paths)
+    going = WorkerSource(c, data, 0)
+    read_epoch(going, 0, monkeypatch)  # (undoes the patches)
+    for name, value in short.items():
+        monkeypatch.setattr(runs, name, value)
+    grouped = [0]
+    keep = Neighbours.keep
+
+    def counted(self, *args):
+        grouped[0] += 1
+        return keep(self, *args)
+
+    monkeypatch.setattr(Neighbours, "keep", counted)
+    together = [as_bytes(b) for b in going.epoch_batches(1)]
+    assert grouped[0] == 0  # no part copied with its neighbours: each a view of the mapping
+    alone = [as_bytes(b) for b in WorkerSource(c, data, 0, start_epoch=1).epoch_batches(1)]
+    assert together == alone
+
+
 def test_a_damaged_neighbour_is_found_by_its_own_column(tmp_path, monkeypatch):
     """A part whose header check fails in the read with its neighbours is read again alone: its
     problem is its own column's (the same skips, the same samples delivered)."""
@@ -125,6 +154,18 @@ def test_bounds_stop_at_a_shards_last_part_a_runs_bytes_and_the_limit():
     big = np.arange(41) * (TOGETHER_BYTES // 15)
     assert n.bounds(0, 0, 10, big, 40, 1 << 30) == [0, 10]  # 20 samples would pass the limit
     assert Neighbours().bounds(0, 0, 10, starts, 40, 1 << 20) == [0, 10]  # no plans: nothing to read with it
+
+
+def test_only_parts_read_into_the_buffers_go_with_others():
+    """A part of up to a run and a half is one run in the worker's buffers and goes with its
+    neighbours; a longer one is cut out of its file's mapping (no copy), so a read together would
+    only copy it: it reads alone (``sliced_runs``' rule for a mapped part, the same bound)."""
+    plans = [type("Plan", (), {"parts": ((0, a, a + 10),)})() for a in range(0, 40, 10)]
+    n = Neighbours(plans)
+    starts = np.arange(41) * 1000  # parts of 10 kB
+    assert n.bounds(0, 0, 10, starts, 40, 8000) == [0, 10, 20, 30]  # 1.25 runs: one run, read together
+    assert n.bounds(0, 0, 10, starts, 40, 6000) == [0, 10]  # 1.67 runs: mapped alone
+    assert n.bounds(0, 0, 10, starts, 40, 20000 // 3 + 1) == [0, 10, 20, 30]  # just a run and a half
 
 
 def test_nothing_read_ahead_travels_with_a_reader(tmp_path, monkeypatch):
