@@ -240,7 +240,7 @@ def sliced_runs(
     # long (no copy, no buffer: a run's length costs no memory; fewer runs cost less)
     view = getattr(stream, "view", None)
     one_run = max(run_length(chunk), first_runs[0] if first_runs else 0)
-    mapped = view is not None and 2 * int(sample_start[n] - sample_start[0]) > 3 * one_run
+    mapped = view is not None and not is_one_run(int(sample_start[n] - sample_start[0]), one_run)
     run_bytes = run_length(chunk, mapped)
     if n and int(sample_start[n] - sample_start[0]) * MIN_RUN_SAMPLES > n * run_bytes:
         yield from sliced_samples(stream, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=want_ext,
@@ -298,6 +298,13 @@ def sliced_runs(
         i = k
     if last:
         yield from after_last(r, url, first + n, offset + int(sample_start[n]))
+
+
+def is_one_run(part_bytes: int, run_bytes: int) -> bool:
+    """Whether a part of ``part_bytes`` is read as one run of ``run_bytes`` into a buffer: at most
+    a run and a half (a part's tail of less than half a run joins the run before it). A longer
+    local part is cut out of its file's mapping (:func:`sliced_runs`)."""
+    return 2 * part_bytes <= 3 * run_bytes
 
 
 def run_length(chunk: int, mapped: bool = False) -> int:

@@ -174,8 +174,8 @@ class Feed:
             per_column = max(1, int(self.takes.max(initial=1)))
         several = len(streams) > 1
         # the columns' runs (a reader's: every source's reads through the same share of the budget)
-        self.run_bytes = max((s.reader.run_bytes for s in streams if isinstance(s, ColumnReader)),
-                             default=runs.MIN_RUN_BYTES)
+        readers = {id(s.reader): s.reader for s in streams if isinstance(s, ColumnReader)}  # (one per source)
+        self.run_bytes = max((reader.run_bytes for reader in readers.values()), default=runs.MIN_RUN_BYTES)
         per_step = per_column * max(1, len(streams))
         if bytes_per_sample:
             steps = ROUND_BYTES // (per_step * bytes_per_sample)

@@ -22,7 +22,7 @@ from ..errors import DalistreamError
 from ..io.stores import is_ranged
 from ..io.streams import open_shard
 from ..plan import WorkerPlan
-from ..tar.runs import Geometry, Run, run_length, sliced_runs
+from ..tar.runs import Geometry, Run, is_one_run, run_length, sliced_runs
 from .stats import WorkerStats
 
 if TYPE_CHECKING:
@@ -52,12 +52,11 @@ class Neighbours:
         """Where part ``first … stop`` of shard ``index`` and the parts right after it that other
         columns read (and have not opened, nor had read for them) end, as one read would bring
         them: ``[first, stop, …]`` (``[first, stop]`` alone: nothing to read with it). ``starts``: each sample's byte offset in the shard. Only
-        a part read as one run of ``run_bytes`` goes with others (at most a run and a half, as
-        :func:`~dalistream.tar.runs.sliced_runs` reads it: a longer local part is cut out of the
-        file's mapping, which copies nothing a read together would save), and never a shard's
-        last part (its end-of-archive check is its own)."""
+        a part read as one run of ``run_bytes`` goes with others (:func:`~dalistream.tar.runs.is_one_run`:
+        a longer local part is cut out of the file's mapping, which copies nothing a read together
+        would save), and never a shard's last part (its end-of-archive check is its own)."""
         out = [first, stop]
-        if not self.next or 2 * int(starts[stop] - starts[first]) > 3 * run_bytes:
+        if not self.next or not is_one_run(int(starts[stop] - starts[first]), run_bytes):
             return out
         while True:
             after = self.next.get((index, out[-1]))

@@ -274,9 +274,7 @@ def test_a_file_that_cannot_be_mapped_is_read_into_buffers(tmp_path, monkeypatch
         raise OSError(errno.ENODEV, "No such device")
 
     monkeypatch.setattr(local.mmap, "mmap", no_maps)
-    monkeypatch.setattr(runs, "MIN_RUN_BYTES", 0)  # runs of one chunk: a part of several
-    monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)
-    monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
+    short_runs(monkeypatch, 0)  # runs of one chunk: a part of several
     path = shard(tmp_path, "gnu", 1, n=30)
     info = scan_shard(path, offsets=True)
     got, error, n_runs = read(sliced_runs, path, info, 0, 30, stream=open_range(path, 0, None), chunk=2048)
