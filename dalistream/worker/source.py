@@ -50,6 +50,7 @@ from ..mixing import Mix, bucket_epoch, worker_columns, worker_run
 from .bucketfeed import BucketFeed, bucket_column
 from ..io.options import shared_budget
 from ..io.parts import PartFetcher
+from .epochfeed import EpochFeed, read_epoch
 from .feed import Feed, shuffled_blocks
 from .reader import PlanReader
 from .rows import Rows
@@ -233,12 +234,16 @@ class WorkerSource:
         steps = columns[0][0].steps
         self._state_ahead([plan for plan, _, _ in columns], [s for _, _, s in columns], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
-        for k, reader in enumerate(self.readers):  # (a column's part may be read with its neighbours')
-            reader.read_together([plan for plan, _, source in columns if source == k])
-        streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
-                   for plan, take, source in columns]
-        feed = Feed(streams, takes, len(c.fields), start_step, self.data.bytes_per_sample,
-                    first_batch=epoch == self.start_epoch)
+        feed: Union[Feed, EpochFeed, None] = None
+        if c.interleave and epoch != self.start_epoch and self.mix is None:  # a small epoch: read at once
+            feed = read_epoch(self.readers[0], [plan for plan, _, _ in columns], takes, policy, stats)
+        if feed is None:
+            for k, reader in enumerate(self.readers):  # (a column's part may be read with its neighbours')
+                reader.read_together([plan for plan, _, source in columns if source == k])
+            streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
+                       for plan, take, source in columns]
+            feed = Feed(streams, takes, len(c.fields), start_step, self.data.bytes_per_sample,
+                        first_batch=epoch == self.start_epoch)
         # a mix counts what each step took of each source: columns summed by source
         by_source = np.zeros((len(columns), len(self.readers)), np.int64)
         by_source[np.arange(len(columns)), [source for _, _, source in columns]] = 1

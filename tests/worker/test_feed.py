@@ -16,7 +16,7 @@ from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
 from dalistream.plan.bucketworker import KEY_SHIFT
 from dalistream.tar import runs
-from dalistream.worker import WorkerSource, feed
+from dalistream.worker import WorkerSource, epochfeed, feed
 from dalistream.worker.rows import Rows
 
 from helpers import short_runs, write_tar
@@ -46,8 +46,10 @@ def shards(tmp_path, monkeypatch):
 
 
 def epoch(config, data, monkeypatch, e=1):
-    """The batches of epoch ``e``, and how many runs were read in each round."""
+    """The batches of epoch ``e``, and how many runs were read in each round (by the columns:
+    a later epoch this small would be read at once, worker/epochfeed.py)."""
     per_round = []
+    monkeypatch.setattr(epochfeed, "EPOCH_BYTES", 0)
     take, view = runs.Arena.take, FileRange.view
 
     def counted(self, n):

@@ -1,0 +1,149 @@
+"""A worker's small later epoch read at once (worker/epochfeed.py): the same batches, byte for
+byte, as its columns read them (worker/feed.py), in a read per run of neighbouring parts; the
+columns read every epoch it does not take (the job's first, one span per worker, over its budget),
+and one in which anything is amiss, meeting the problem where it lies."""
+
+import tarfile
+
+import numpy as np
+import pytest
+
+from dalistream.errors import DalistreamError
+from dalistream.io.local import FileRange
+from dalistream.tar import runs
+from dalistream.worker import WorkerSource, epochfeed
+from dalistream.worker.epochfeed import EpochFeed
+from dalistream.worker.policy import ErrorPolicy
+
+from tests.worker.test_neighbours import as_bytes, config, data_set, make_shards
+
+
+def read(source, e, monkeypatch, budget=None):
+    """Epoch ``e``'s batches (as bytes), how many reads brought them, whether it was read at
+    once, and the source's skips after it (``budget``: :data:`~epochfeed.EPOCH_BYTES`)."""
+    reads, at_once = [0], [0]
+    take, view, feed = runs.Arena.take, FileRange.view, epochfeed._feed
+
+    def counted(self, n):
+        reads[0] += 1
+        return take(self, n)
+
+    def viewed(self, n):
+        reads[0] += n > 0
+        return view(self, n)
+
+    def made(*args):
+        out = feed(*args)
+        at_once[0] += out is not None
+        return out
+
+    monkeypatch.setattr(runs.Arena, "take", counted)
+    monkeypatch.setattr(FileRange, "view", viewed)
+    monkeypatch.setattr(epochfeed, "_feed", made)
+    if budget is not None:
+        monkeypatch.setattr(epochfeed, "EPOCH_BYTES", budget)
+    try:
+        batches = [as_bytes(b) for b in source.epoch_batches(e)]
+    finally:
+        monkeypatch.undo()
+    return batches, reads[0], at_once[0], dict(source._stats.skipped)
+
+
+def by_columns(c, data, worker, epochs, monkeypatch):
+    """Each of ``epochs``' batches as the columns read them (no epoch read at once)."""
+    source = WorkerSource(c, data, worker)
+    return [read(source, e, monkeypatch, budget=0)[0] for e in epochs]
+
+
+@pytest.mark.parametrize("policy", ["exact", "even"])
+@pytest.mark.parametrize("workers,world_size,rank", [(1, 1, 0), (2, 1, 0), (2, 2, 1), (3, 1, 0)])
+def test_a_small_later_epoch_is_read_at_once_and_delivers_the_same(tmp_path, monkeypatch, policy, workers,
+                                                                    world_size, rank):
+    paths = make_shards(tmp_path, n_shards=4, per_shard=37)
+    data = data_set(paths, per_shard=37)
+    c = config(paths, policy=policy, workers=workers, world_size=world_size, rank=rank)
+    for worker in range(workers):
+        source = WorkerSource(c, data, worker)
+        first, _, first_at_once, _ = read(source, 0, monkeypatch)
+        got = [read(source, e, monkeypatch) for e in (1, 2)]
+        assert first_at_once == 0  # the job's first epoch: its columns, short first runs and all
+        assert all(at_once == 1 for _, _, at_once, _ in got)
+        assert [batches for batches, _, _, _ in got] == by_columns(c, data, worker, (1, 2), monkeypatch)
+        assert first == by_columns(c, data, worker, (0,), monkeypatch)[0]
+        # a read per run of neighbouring parts: at most one per shard at R = 1
+        if world_size == 1:
+            assert all(0 < reads <= len(paths) for _, reads, _, _ in got)
+
+
+def test_the_columns_read_the_first_epoch_one_span_and_over_the_budget(tmp_path, monkeypatch):
+    paths = make_shards(tmp_path)
+    data = data_set(paths)
+    c = config(paths)
+    source = WorkerSource(c, data, 0)
+    assert read(source, 0, monkeypatch)[2] == 0
+    later, _, at_once, _ = read(source, 1, monkeypatch, budget=1000)  # (fewer bytes than the epoch's)
+    assert at_once == 0 and later == by_columns(c, data, 0, (0, 1), monkeypatch)[1]
+    for span in (config(paths, interleave=False, shuffle=0), config(paths, interleave=False, shuffle=8)):
+        source = WorkerSource(span, data, 0)  # one span per worker: its one column
+        read(source, 0, monkeypatch)
+        got, _, at_once, _ = read(source, 1, monkeypatch)
+        assert at_once == 0 and got == by_columns(span, data, 0, (0, 1), monkeypatch)[1]
+    resumed = WorkerSource(c, data, 0, start_epoch=1)  # (its first epoch: its columns)
+    assert read(resumed, 1, monkeypatch)[2] == 0
+
+
+@pytest.mark.parametrize("damage", ["header", "label"])
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_anything_amiss_is_met_by_the_columns_where_it_lies(tmp_path, monkeypatch, damage, on_error):
+    """A header that fails its check, or a sample the decoder refuses, in a later epoch: the
+    columns read that epoch, and skip or raise as they do in the first (the same batches, the
+    same skips, the same error)."""
+    paths = make_shards(tmp_path)
+    data = data_set(paths)  # (indexed before the damage)
+    with tarfile.open(paths[1]) as tar:
+        member = tar.getmember("s1/020.bin" if damage == "header" else "s1/020.cls")
+    with open(paths[1], "r+b") as f:
+        if damage == "header":  # the member header's ustar magic overwritten
+            f.seek(member.offset + 257)
+            f.write(b"xxxxx")
+        else:  # a label that is no decimal ("20" -> "2x")
+            f.seek(member.offset_data + 1)
+            f.write(b"x")
+    c = config(paths, on_error=on_error, max_skip_fraction=1.0)
+
+    def epochs(budget):
+        source = WorkerSource(c, data, 0)
+        out, at_once = [], 0
+        for e in (0, 1):
+            try:
+                batches, _, once, skipped = read(source, e, monkeypatch, budget=budget)
+                out.append((batches, skipped))
+                at_once += once
+            except DalistreamError as error:  # (the same error, either way)
+                out.append((type(error), str(error)))
+        return out, at_once
+
+    (ours, at_once), (theirs, _) = epochs(None), epochs(0)
+    assert ours == theirs and at_once == 0
+    if on_error == "skip":
+        assert sum(ours[1][1].values()) == 2 * sum(ours[0][1].values()) > 0  # (the skips of epochs 0 and 1)
+    else:
+        assert all(isinstance(o[1], str) and paths[1] in o[1] for o in ours)  # (named by the shard)
+
+
+def test_steps_take_their_rows_by_index():
+    """Each step's rows: what it takes of each column, column after column, in the column's
+    order, and counted as passed; a step may take nothing of some columns (an uneven tail)."""
+    rows = [np.array([4, 5, 6]), np.array([0, 1]), np.array([2, 3, 7, 8])]
+    flat = [[f"r{i}" for i in range(9)], list(range(100, 109))]
+    takes = np.array([[1, 1, 2], [2, 0, 1], [0, 1, 1]])
+    policy = ErrorPolicy("raise")
+    feed = EpochFeed(flat, rows, takes, policy)
+    expected = [[4, 0, 2, 3], [5, 6, 7], [1, 8]]
+    for step, index in enumerate(expected):
+        values, n, counts = feed.take(step)
+        assert values == [[flat[0][i] for i in index], [flat[1][i] for i in index]]
+        assert n == len(index) and counts.tolist() == takes[step].tolist()
+    assert policy.passed == 9
+    lattice = EpochFeed(flat, [np.array([3, 1]), np.array([0, 2])], np.ones((2, 2), np.int64), ErrorPolicy("raise"))
+    assert [lattice.take(t)[0][1] for t in (0, 1)] == [[103, 100], [101, 102]]
