@@ -31,10 +31,10 @@ import numpy as np
 
 from ..errors import DalistreamError
 from ..io.stores import is_ranged
-from ..io.streams import chunk_bytes, open_shard
+from ..io.streams import chunk_bytes
 from ..plan import WorkerPlan
-from ..tar.runs import Run, sliced_runs
-from .neighbours import TOGETHER_BYTES
+from ..tar.runs import Run
+from .neighbours import TOGETHER_BYTES, range_runs
 from .policy import ErrorPolicy
 from .rows import decode_runs
 from .stats import WorkerStats
@@ -127,21 +127,12 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
 
 def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> Optional[List[Tuple[int, Run]]]:
     """Each range's runs, decoded (``(shard, run)`` in order), or ``None`` where anything is amiss."""
-    c = reader.config
+    chunk = chunk_bytes(reader.config.storage_options)
     out: List[Tuple[int, Run]] = []
     try:
-        for index, first, stop, (patterns, kinds, sizes, offset), size in ranges:
-            url = reader.data.urls[index]
-            count = reader.data.counts[index]
-            end = reader.data.offsets.at(index, stop) if stop < count else None
-            with stats.io_clock.timed():
-                opened = open_shard(url, offset, c.storage_options, end)
-            with opened as f:  # (a range of up to half a buffer goes to the arena; a longer one is mapped)
-                items = list(sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset,
-                                         want_ext=reader.decoder.wants, lowercase=c.lowercase_ext,
-                                         last=stop == count, clock=stats.io_clock, chunk=chunk_bytes(c.storage_options),
-                                         geometry=reader.geometry(index).part(first, stop), arena=reader.arena,
-                                         first_runs=(size,) if size <= TOGETHER_BYTES else ()))
+        for index, first, stop, layout, size in ranges:
+            # (a range of up to half a buffer is one run in the arena; a longer one is cut out of the mapping)
+            items = range_runs(reader, index, first, stop, layout, stats, chunk, (size,) if size <= TOGETHER_BYTES else ())
             if not all(isinstance(item, Run) for item in items) or sum(len(r) for r in items) != stop - first:
                 return None
             out += [(index, run) for run in items]

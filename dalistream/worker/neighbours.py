@@ -91,17 +91,28 @@ class Neighbours:
         layout = reader.layout(index, first, bounds[-1], start) if len(bounds) > 2 else None
         if layout is None:
             return None
-        patterns, kinds, sizes, offset = layout
         try:
-            with stats.io_clock.timed():
-                opened = open_shard(url, offset, reader.config.storage_options, reader.data.offsets.at(index, bounds[-1]))
-            with opened as f:
-                items = list(sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset,
-                                         want_ext=reader.decoder.wants, lowercase=reader.config.lowercase_ext,
-                                         clock=stats.io_clock, chunk=chunk, geometry=g.part(first, bounds[-1]),
-                                         arena=reader.arena, first_runs=(TOGETHER_BYTES,)))
+            items = range_runs(reader, index, first, bounds[-1], layout, stats, chunk, (TOGETHER_BYTES,))
         except (DalistreamError, OSError, EOFError):
             return None
         if len(items) != 1 or not isinstance(items[0], Run) or len(items[0]) != bounds[-1] - first:
             return None
         return self.keep(index, items[0], bounds, g)
+
+
+def range_runs(reader: "PlanReader", index: int, first: int, stop: int, layout: tuple, stats: WorkerStats, chunk: int,
+               first_runs: Sequence[int]) -> list:
+    """Samples ``first … stop`` of local shard ``index``, cut out by its member ``layout``
+    (:meth:`~.reader.PlanReader.layout`), as ``sliced_runs`` reads them (its runs, its first ones
+    of ``first_runs`` bytes; sample dicts up to any damage; the end-of-archive check where
+    ``stop`` is the shard's end): the read of parts together, a later epoch's neighbours' here and
+    a small epoch's ranges (:mod:`.epochfeed`). Raises what opening and reading raise."""
+    patterns, kinds, sizes, offset = layout
+    url, count, c = reader.data.urls[index], reader.data.counts[index], reader.config
+    with stats.io_clock.timed():
+        opened = open_shard(url, offset, c.storage_options, reader.data.offsets.at(index, stop) if stop < count else None)
+    with opened as f:
+        return list(sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=reader.decoder.wants,
+                                lowercase=c.lowercase_ext, last=stop == count, clock=stats.io_clock, chunk=chunk,
+                                geometry=reader.geometry(index).part(first, stop), arena=reader.arena,
+                                first_runs=first_runs))
