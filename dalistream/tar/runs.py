@@ -14,7 +14,8 @@ It checks each run's member headers in one gather: the
 :func:`~dalistream.tar.sliced.sliced_samples` checks them one by one. A :class:`Run` is the run's
 bytes with its samples' member positions; its members are views of those bytes
 (:mod:`dalistream.worker.rows` decodes them in bulk); :meth:`Run.cut` cuts a share of it over
-the same bytes. A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``,
+the same bytes (:func:`ranges_runs` reads ranges of a shard that lie apart side by side into one
+buffer, a run each). A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``,
 which yields its samples up to the damage and raises the same error, naming the same offsets,
 as for a part read sample by sample.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import bisect
 import io
 import sys
+import time
 from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -298,6 +300,47 @@ def sliced_runs(
         i = k
     if last:
         yield from after_last(r, url, first + n, offset + int(sample_start[n]))
+
+
+def ranges_runs(stream: BinaryIO, url: str, geometry: Geometry, ranges: Sequence[Tuple[int, int, int]],
+                arena: Optional[Arena] = None, clock: Optional[ReadClock] = None) -> Optional[list]:
+    """Several ranges of one shard's samples, each ``(first, stop, offset)`` (``offset``: sample
+    ``first``'s, ``stop`` never the shard's end), read side by side into one buffer from
+    ``stream`` (the whole shard, seekable: a read per range at its offset), their member headers
+    checked in one gather: a :class:`Run` each, as :func:`sliced_runs` reads a range that is one
+    run. ``None`` where a range's bytes end early or a check fails: :func:`sliced_runs` reads
+    them then, and finds and names the problem. ``geometry``: the whole shard's."""
+    g = geometry
+    starts, bases = g.sample_start, g.member_base
+    sizes = [int(starts[stop] - starts[first]) for first, stop, _ in ranges]
+    data = arena.take(sum(sizes)) if arena is not None else memoryview(bytearray(sum(sizes)))
+    where = arena.last if arena is not None else (data.obj, 0)
+    t0 = time.perf_counter()
+    at = 0
+    for (first, stop, offset), size in zip(ranges, sizes):
+        stream.seek(offset)
+        got = 0
+        while got < size:
+            k = stream.readinto(data[at + got:at + size])
+            if not k:
+                return None
+            got += k
+        at += size
+    if clock is not None:
+        clock.seconds += time.perf_counter() - t0
+    runs, members, checks, at = [], [], [], 0
+    for (first, stop, offset), size in zip(ranges, sizes):
+        a, b, base = int(bases[first]), int(bases[stop]), int(starts[first])
+        member_at = g.member_at[a:b] - base
+        members.append(member_at + at)
+        checks.append(g.checks[a:b])
+        runs.append(Run(url, first, data[at:at + size], offset + starts[first:stop] - base, g.kinds[first:stop],
+                        g.names, bases[first:stop + 1] - a, member_at, g.sizes[a:b], int(g.wanted[b] - g.wanted[a]),
+                        (where[0], where[1] + at)))
+        at += size
+    if runs and not _headers_ok(data, np.concatenate(members), np.concatenate(checks)):
+        return None
+    return runs
 
 
 def is_one_run(part_bytes: int, run_bytes: int) -> bool:

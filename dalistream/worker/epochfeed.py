@@ -1,39 +1,46 @@
-"""A worker's later epoch read at once, when it is small: :func:`read_epoch` and :class:`EpochFeed`.
+"""A worker's epoch read at once, when it is small: :func:`read_epoch` and :class:`EpochFeed`.
 
-A worker reading interleaved columns of a small data set reads every column's part of a later
-epoch in its first round anyway (each part is one run). Through the columns (:class:`~.feed.Feed`)
+A worker reading interleaved columns of a small data set reads every column's part of an epoch
+in a round or two anyway (each part is a run or two). Through the columns (:class:`~.feed.Feed`)
 each part then costs its column an opening, a numbering, a cut of its neighbours' read, items
 through the column and slicings of its rows at every round: ~50 µs per column and epoch, which is
-~2 µs a sample when 256 columns read 23 samples each. Here the same epoch is read by ranges: the
-parts of a shard that lie end to end are one read (``sliced_runs``, the column path's own reader
-and header check), every run is decoded together (:func:`~.rows.decode_runs`), each column's
-rows are an index array over the decoded rows (less the plan's drops), and each step takes its
-rows by index. What each step holds, in which order, is the column path's, byte for byte
+~2 µs a sample when 256 columns read 23 samples each. Here the same epoch is read by ranges:
+the parts of a shard that lie end to end are one range, each column's parts cut where its last
+step's rows end (:func:`_taken`: what ``even`` leaves out is not read). The shard's file is held
+open across its ranges; the ranges that lie apart (with ``R`` ranks a worker's parts lie ``R``
+spans apart) are read side by side into one buffer, a read each, their headers checked in one
+gather (:func:`~dalistream.tar.runs.ranges_runs`); a long range, and the one that ends the shard
+(its end-of-archive check), through ``sliced_runs``, the column path's own reader. Every run is
+decoded together (:func:`~.rows.decode_runs`), each column's rows are an index array over the
+decoded rows (less the plan's drops, an elastic resume's included), and each step takes its rows
+by index. What each step holds, in which order, is the column path's, byte for byte
 (``tests/worker/test_epochfeed.py``).
 
-Only the plain case is read this way, and the column path reads every other: the job's first
-epoch (its first batch waits for short first runs, and a resumed epoch starts mid-way), one span
-per worker (its one column pays nothing per column), a mix, the ``fixed`` policy (a column reads
-its parts again), a part of a remote or unlaid-out shard, a part read twice, more than
-:data:`EPOCH_BYTES` (or :data:`COPIED_BYTES` into the worker's buffers), and anything amiss in
-the reading (a damaged or changed shard, a sample the decoder refuses): the column path then
-reads the epoch from its start and meets the problem where it lies, in order, as it always does.
-Nothing is given out before the whole epoch is read, so a fallback repeats no sample.
+Only the plain case is read this way, and the column path reads every other: an epoch resumed
+mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
+column), a mix, the ``fixed`` policy (a column reads its parts again), a part of a remote or
+unlaid-out shard, a part read twice, more than :data:`EPOCH_BYTES` (or :data:`COPIED_BYTES` into
+the worker's buffers), and anything amiss in the reading (a damaged or changed shard, a sample the
+decoder refuses): the column path then reads the epoch from its start and meets the problem where
+it lies, in order, as it always does. Nothing is given out before the whole epoch is read, so a
+fallback repeats no sample, and the epoch's first batch waits for the whole read (the job's first
+included: measured against the columns' short first runs in ``docs/performance.md``).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import DalistreamError
-from ..io.stores import is_ranged
-from ..io.streams import chunk_bytes
+from ..io.local import FileRange
+from ..io.streams import chunk_bytes, maps_parts, open_shard
 from ..plan import WorkerPlan
-from ..tar.runs import Run
+from ..tar.runs import Run, ranges_runs
 from .neighbours import TOGETHER_BYTES, range_runs
 from .policy import ErrorPolicy
 from .rows import decode_runs
@@ -88,17 +95,18 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
     data = reader.data
     if not len(takes) or not plans or reader.config.policy == "fixed" or data.offsets is None or data.counts is None:
         return None  # (``fixed`` reads a column's parts again; without offsets no part has a layout)
+    if any(stop is None or stop <= first for plan in plans for _, first, stop in plan.parts):
+        return None
+    taken = [_taken(plan, int(take)) for plan, take in zip(plans, takes.sum(axis=0).tolist())]
     by_shard: Dict[int, List[Tuple[int, int]]] = {}
-    for plan in plans:
-        for index, first, stop in plan.parts:
-            if stop is None or stop <= first:
-                return None
+    for own in taken:
+        for index, first, stop in own:
             by_shard.setdefault(index, []).append((first, stop))
     ranges = []  # (index, first, stop, layout, bytes)
     total = copied = 0
     for index, parts in sorted(by_shard.items()):
         url = reader.data.urls[index]
-        if is_ranged(url):
+        if not maps_parts(url):  # (a remote or gzip shard: no positions to read by)
             return None
         merged: List[List[int]] = []
         for first, stop in sorted(parts):
@@ -122,7 +130,26 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
     runs = _read(reader, ranges, stats)
     if runs is None:
         return None
-    return _feed(reader, plans, takes, policy, runs)
+    stats.add(bytes=sum(run.nbytes for _, run in runs))  # (the columns count their runs' so)
+    return _feed(reader, plans, taken, takes, policy, runs)
+
+
+def _taken(plan: WorkerPlan, rows: int) -> List[Tuple[int, int, int]]:
+    """``plan``'s parts up to the sample that gives its ``rows``-th row (its drops passed over):
+    what its column reads of them (under ``even`` the job's tail is left out; under ``exact`` a
+    column that runs short reads them all)."""
+    raw = rows
+    for d in sorted(plan.drop):  # (raw positions: each before the end moves the end one on)
+        if d >= raw:
+            break
+        raw += 1
+    out = []
+    for index, first, stop in plan.parts:
+        if raw <= 0:
+            break
+        out.append((index, first, min(stop, first + raw)))
+        raw -= out[-1][2] - first
+    return out
 
 
 def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> Optional[List[Tuple[int, Run]]]:
@@ -130,12 +157,40 @@ def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> 
     chunk = chunk_bytes(reader.config.storage_options)
     out: List[Tuple[int, Run]] = []
     try:
-        for index, first, stop, layout, size in ranges:
-            # (a range of up to half a buffer is one run in the arena; a longer one is cut out of the mapping)
-            items = range_runs(reader, index, first, stop, layout, stats, chunk, (size,) if size <= TOGETHER_BYTES else ())
-            if not all(isinstance(item, Run) for item in items) or sum(len(r) for r in items) != stop - first:
-                return None
-            out += [(index, run) for run in items]
+        for index, group in itertools.groupby(ranges, key=operator.itemgetter(0)):
+            url, count = reader.data.urls[index], reader.data.counts[index]
+            # the shard's file held open across its ranges (a range's opening shares its descriptor:
+            # :func:`~dalistream.io.local.open_range`). A range longer than half a buffer is cut out of the mapping
+            # (``range_runs``), as is the shard's last (its end-of-archive check); the others are read
+            # side by side into a buffer, half a buffer at a time, a read each (``ranges_runs``)
+            with stats.io_clock.timed():
+                whole = open_shard(url, 0, reader.config.storage_options)
+            with whole:
+                if not isinstance(whole, FileRange):  # (gzip content under a .tar name: no positions)
+                    return None
+                runs: List[Run] = []
+                beside: List[List[Tuple[int, int, int]]] = [[]]
+                held = 0
+                for _, first, stop, layout, size in group:
+                    if size > TOGETHER_BYTES or stop == count:
+                        items = range_runs(reader, index, first, stop, layout, stats, chunk,
+                                           (size,) if size <= TOGETHER_BYTES else ())
+                        if not all(isinstance(item, Run) for item in items) or sum(len(r) for r in items) != stop - first:
+                            return None
+                        runs += items
+                        continue
+                    if held + size > TOGETHER_BYTES:
+                        beside.append([])
+                        held = 0
+                    beside[-1].append((first, stop, layout[3]))
+                    held += size
+                for share in beside:
+                    got = ranges_runs(whole, url, reader.geometry(index), share, reader.arena, stats.io_clock) \
+                        if share else []
+                    if got is None:
+                        return None
+                    runs += got
+                out += [(index, run) for run in sorted(runs, key=operator.attrgetter("first"))]
     except (DalistreamError, OSError, EOFError):
         return None
     decode_runs(reader.rows, [(run, reader.source_name) for _, run in out])
@@ -144,9 +199,10 @@ def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> 
     return out
 
 
-def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, policy: ErrorPolicy,
-          runs: Sequence[Tuple[int, Run]]) -> EpochFeed:
-    """The feed of the decoded ``runs``: each column's rows, its parts' in its order, less its drops."""
+def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], parts: Sequence[Sequence[Tuple[int, int, int]]],
+          takes: np.ndarray, policy: ErrorPolicy, runs: Sequence[Tuple[int, Run]]) -> EpochFeed:
+    """The feed of the decoded ``runs``: each column's rows, its ``parts`` (:func:`_taken`) in its
+    order, less its plan's drops."""
     flat: List[list] = [[] for _ in reader.config.fields]
     # shard -> its runs' first samples, and each run's (first sample, samples, first row in flat)
     where: Dict[int, Tuple[List[int], List[Tuple[int, int, int]]]] = {}
@@ -159,9 +215,9 @@ def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, 
         spans.append((run.first, len(run), at))
         at += len(run)
     rows = []
-    for c, plan in enumerate(plans):
+    for plan, own_parts in zip(plans, parts):
         pieces = []
-        for index, first, stop in plan.parts:
+        for index, first, stop in own_parts:
             firsts, spans = where[index]
             k = bisect.bisect_right(firsts, first) - 1
             while first < stop:  # (a part may span runs: a mapped range is cut into runs)
@@ -171,6 +227,7 @@ def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, 
                 first, k = end, k + 1
         own = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
         if len(plan.drop):
-            own = np.delete(own, np.asarray(plan.drop, np.int64))
+            drop = np.asarray(plan.drop, np.int64)
+            own = np.delete(own, drop[drop < len(own)])  # (drops past what it reads: not read)
         rows.append(own)
     return EpochFeed(flat, rows, takes, policy)

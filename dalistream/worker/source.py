@@ -235,8 +235,10 @@ class WorkerSource:
         self._state_ahead([plan for plan, _, _ in columns], [s for _, _, s in columns], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
         feed: Union[Feed, EpochFeed, None] = None
-        if c.interleave and epoch != self.start_epoch and self.mix is None:  # a small epoch: read at once
+        if c.interleave and start_step == 0 and self.mix is None:  # a small epoch: read at once (not from mid-way)
+            t0 = time.perf_counter()
             feed = read_epoch(self.readers[0], [plan for plan, _, _ in columns], takes, policy, stats)
+            stats.read_s += time.perf_counter() - t0
         if feed is None:
             for k, reader in enumerate(self.readers):  # (a column's part may be read with its neighbours')
                 reader.read_together([plan for plan, _, source in columns if source == k])

@@ -282,3 +282,42 @@ def test_a_file_that_cannot_be_mapped_is_read_into_buffers(tmp_path, monkeypatch
     f = open_range(path, 0, None)
     assert f.view(100) is None and f._shared.mapping is False and f.tell() == 0
     f.close()
+
+
+@pytest.mark.parametrize("writer", ["ustar", "gnu", "pax", "webdataset"])
+def test_ranges_read_side_by_side_are_the_runs_sliced_runs_reads(tmp_path, writer):
+    """Ranges of a shard (with gaps between them, and neighbours) read into one buffer, a read
+    each (``ranges_runs``): each range one run of that buffer, holding what ``sliced_runs``
+    reads for it alone; a header that fails its check, or a file cut short, and none is given."""
+    path = shard(tmp_path, writer, 2, n=30)
+    info = scan_shard(path, offsets=True)
+    patterns, kinds, sizes, starts = layout(info)
+    geometry = runs.Geometry(patterns, kinds, sizes)
+    ranges = [(0, 3), (5, 9), (9, 10), (14, 29)]  # (the shard's last sample is its end check's: not here)
+
+    def side_by_side(file):
+        with open_range(file, 0, None) as f:
+            return runs.ranges_runs(f, file, geometry, [(a, b, info.offsets[a]) for a, b in ranges],
+                                    runs.Arena(1 << 20))
+
+    got = side_by_side(path)
+    assert [(r.first, len(r)) for r in got] == [(a, b - a) for a, b in ranges]
+    assert all(r.buffer is got[0].buffer for r in got)  # (one buffer: decoded together)
+    for run, (a, b) in zip(got, ranges):
+        with open(path, "rb") as f:
+            f.seek(info.offsets[a])
+            (alone,) = sliced_runs(f, path, patterns, kinds[a:b], sizes[starts[a]:starts[b]], first=a,
+                                   offset=info.offsets[a], chunk=1 << 20)
+        assert [run.sample(i) for i in range(len(run))] == [alone.sample(i) for i in range(b - a)] == \
+            by_headers(path, a, b)
+        assert run.nbytes == alone.nbytes and run.offsets.tolist() == alone.offsets.tolist()
+        assert bytes(run.data) == bytes(alone.data)
+    data = bytearray(open(path, "rb").read())
+    bad = bytearray(data)
+    header = info.offsets[0] + int(geometry.member_at[geometry.member_base[6]]) - 512  # (sample 6's first member's)
+    bad[header + 257:header + 262] = b"xxxxx"  # (in the second range)
+    for name, blob in (("magic", bad), ("cut", data[:info.offsets[20]])):
+        copy = str(tmp_path / f"{name}.tar")
+        with open(copy, "wb") as f:
+            f.write(bytes(blob))
+        assert side_by_side(copy) is None

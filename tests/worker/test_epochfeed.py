@@ -1,7 +1,8 @@
-"""A worker's small later epoch read at once (worker/epochfeed.py): the same batches, byte for
-byte, as its columns read them (worker/feed.py), in a read per run of neighbouring parts; the
-columns read every epoch it does not take (the job's first, one span per worker, over its budget),
-and one in which anything is amiss, meeting the problem where it lies."""
+"""A worker's small epoch read at once (worker/epochfeed.py): the same batches, byte for byte, as
+its columns read them (worker/feed.py), in a read per run of neighbouring parts, the job's first
+epoch and an elastic resume's rest included; the columns read every epoch it does not take (one
+resumed mid-way, one span per worker, over its budget), and one in which anything is amiss,
+meeting the problem where it lies."""
 
 import tarfile
 
@@ -18,9 +19,10 @@ from dalistream.worker.policy import ErrorPolicy
 from tests.worker.test_neighbours import as_bytes, config, data_set, make_shards
 
 
-def read(source, e, monkeypatch, budget=None):
-    """Epoch ``e``'s batches (as bytes), how many reads brought them, whether it was read at
-    once, and the source's skips after it (``budget``: :data:`~epochfeed.EPOCH_BYTES`)."""
+def read(source, e, monkeypatch, budget=None, start_step=0):
+    """Epoch ``e``'s batches from ``start_step`` on (as bytes), how many reads brought them,
+    whether it was read at once, and the source's skips after it (``budget``:
+    :data:`~epochfeed.EPOCH_BYTES`)."""
     reads, at_once = [0], [0]
     take, view, feed = runs.Arena.take, FileRange.view, epochfeed._feed
 
@@ -43,44 +45,61 @@ def read(source, e, monkeypatch, budget=None):
     if budget is not None:
         monkeypatch.setattr(epochfeed, "EPOCH_BYTES", budget)
     try:
-        batches = [as_bytes(b) for b in source.epoch_batches(e)]
+        batches = [as_bytes(b) for b in source.epoch_batches(e, start_step)]
     finally:
         monkeypatch.undo()
     return batches, reads[0], at_once[0], dict(source._stats.skipped)
 
 
-def by_columns(c, data, worker, epochs, monkeypatch):
-    """Each of ``epochs``' batches as the columns read them (no epoch read at once)."""
-    source = WorkerSource(c, data, worker)
+def by_columns(c, data, worker, epochs, monkeypatch, **resumed):
+    """Each of ``epochs``' batches as the columns read them (no epoch read at once); ``resumed``:
+    the source's ``start_epoch`` and ``resume``."""
+    source = WorkerSource(c, data, worker, **resumed)
     return [read(source, e, monkeypatch, budget=0)[0] for e in epochs]
 
 
 @pytest.mark.parametrize("policy", ["exact", "even"])
 @pytest.mark.parametrize("workers,world_size,rank", [(1, 1, 0), (2, 1, 0), (2, 2, 1), (3, 1, 0)])
-def test_a_small_later_epoch_is_read_at_once_and_delivers_the_same(tmp_path, monkeypatch, policy, workers,
-                                                                    world_size, rank):
+def test_a_small_epoch_is_read_at_once_and_delivers_the_same(tmp_path, monkeypatch, policy, workers,
+                                                             world_size, rank):
     paths = make_shards(tmp_path, n_shards=4, per_shard=37)
     data = data_set(paths, per_shard=37)
     c = config(paths, policy=policy, workers=workers, world_size=world_size, rank=rank)
     for worker in range(workers):
         source = WorkerSource(c, data, worker)
-        first, _, first_at_once, _ = read(source, 0, monkeypatch)
-        got = [read(source, e, monkeypatch) for e in (1, 2)]
-        assert first_at_once == 0  # the job's first epoch: its columns, short first runs and all
+        got = [read(source, e, monkeypatch) for e in (0, 1, 2)]  # the job's first epoch too
         assert all(at_once == 1 for _, _, at_once, _ in got)
-        assert [batches for batches, _, _, _ in got] == by_columns(c, data, worker, (1, 2), monkeypatch)
-        assert first == by_columns(c, data, worker, (0,), monkeypatch)[0]
-        # a read per run of neighbouring parts: at most one per shard at R = 1
+        columns = WorkerSource(c, data, worker)
+        assert [batches for batches, _, _, _ in got] == [read(columns, e, monkeypatch, budget=0)[0] for e in (0, 1, 2)]
+        for e in (0, 1, 2):  # the same samples, padding and drops; bytes read: at most the columns' (whose
+            ours, theirs = source._stats.totals_by_epoch[e], columns._stats.totals_by_epoch[e]  # runs read ahead)
+            assert 0 < ours.pop("bytes") <= theirs.pop("bytes") and ours == theirs
+        # a read per run of neighbouring parts: at most one per shard at R = 1 (one more under ``even``,
+        # where the samples it leaves out are not read: a shard's range may end before its last part)
         if world_size == 1:
-            assert all(0 < reads <= len(paths) for _, reads, _, _ in got)
+            assert all(0 < reads <= len(paths) + (policy == "even") for _, reads, _, _ in got)
 
 
-def test_the_columns_read_the_first_epoch_one_span_and_over_the_budget(tmp_path, monkeypatch):
+@pytest.mark.parametrize("policy", ["exact", "even"])
+@pytest.mark.parametrize("segment", [(8, 1, 1, 2), (4, 1, 1, 3)])
+def test_an_elastic_resume_s_rest_is_read_at_once_and_delivers_the_same(tmp_path, monkeypatch, segment, policy):
+    """The first epoch of a job resumed on another layout (``segment``: the one it ran under, and
+    its steps): the rest of it, the plan's drops left out, as its columns read it."""
+    paths = make_shards(tmp_path, n_shards=4, per_shard=37)
+    data = data_set(paths, per_shard=37)
+    c = config(paths, workers=2, policy=policy)
+    for worker in range(2):
+        resumed = dict(start_epoch=1, resume=(segment,))
+        batches, _, at_once, _ = read(WorkerSource(c, data, worker, **resumed), 1, monkeypatch)
+        assert at_once == 1 and batches == by_columns(c, data, worker, (1,), monkeypatch, **resumed)[0]
+        assert batches != by_columns(c, data, worker, (1,), monkeypatch)[0]  # (the segment's samples left out)
+
+
+def test_the_columns_read_an_epoch_resumed_mid_way_one_span_and_over_the_budget(tmp_path, monkeypatch):
     paths = make_shards(tmp_path)
     data = data_set(paths)
     c = config(paths)
     source = WorkerSource(c, data, 0)
-    assert read(source, 0, monkeypatch)[2] == 0
     later, _, at_once, _ = read(source, 1, monkeypatch, budget=1000)  # (fewer bytes than the epoch's)
     assert at_once == 0 and later == by_columns(c, data, 0, (0, 1), monkeypatch)[1]
     for span in (config(paths, interleave=False, shuffle=0), config(paths, interleave=False, shuffle=8)):
@@ -88,8 +107,9 @@ def test_the_columns_read_the_first_epoch_one_span_and_over_the_budget(tmp_path,
         read(source, 0, monkeypatch)
         got, _, at_once, _ = read(source, 1, monkeypatch)
         assert at_once == 0 and got == by_columns(span, data, 0, (0, 1), monkeypatch)[1]
-    resumed = WorkerSource(c, data, 0, start_epoch=1)  # (its first epoch: its columns)
-    assert read(resumed, 1, monkeypatch)[2] == 0
+    resumed = WorkerSource(c, data, 0, start_epoch=1, start_step=2)  # (resumed mid-way: its columns, from step 2)
+    got, _, at_once, _ = read(resumed, 1, monkeypatch, start_step=2)
+    assert at_once == 0 and got == by_columns(c, data, 0, (1,), monkeypatch)[0][2:]
 
 
 @pytest.mark.parametrize("damage", ["header", "label"])
@@ -129,6 +149,32 @@ def test_anything_amiss_is_met_by_the_columns_where_it_lies(tmp_path, monkeypatc
         assert sum(ours[1][1].values()) == 2 * sum(ours[0][1].values()) > 0  # (the skips of epochs 0 and 1)
     else:
         assert all(isinstance(o[1], str) and paths[1] in o[1] for o in ours)  # (named by the shard)
+
+
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_damage_in_ranges_read_side_by_side_is_met_by_the_columns(tmp_path, monkeypatch, on_error):
+    """At R = 2 a worker's parts of a shard lie apart, read side by side into one buffer (a read
+    each): a header there that fails its check, and the columns read the epoch, as they would."""
+    paths = make_shards(tmp_path, n_shards=4, per_shard=37)
+    data = data_set(paths, per_shard=37)  # (indexed before the damage)
+    c = config(paths, on_error=on_error, max_skip_fraction=1.0, workers=2, world_size=2, rank=1)
+    index, first, _ = next(part for plan in WorkerSource(c, data, 0).plans(1) for part in plan.parts if part[2] < 37)
+    with tarfile.open(paths[index]) as tar:
+        member = tar.getmember(f"s{index}/{first:03d}.bin")
+    with open(paths[index], "r+b") as f:
+        f.seek(member.offset + 257)
+        f.write(b"xxxxx")
+
+    def epoch_1(budget):
+        try:
+            batches, _, at_once, skipped = read(WorkerSource(c, data, 0), 1, monkeypatch, budget=budget)
+            return (batches, skipped), at_once
+        except DalistreamError as error:
+            return (type(error), str(error)), 0
+
+    (ours, at_once), (theirs, _) = epoch_1(None), epoch_1(0)
+    assert ours == theirs and at_once == 0
+    assert sum(ours[1].values()) > 0 if on_error == "skip" else paths[index] in ours[1]
 
 
 def test_steps_take_their_rows_by_index():

@@ -17,7 +17,7 @@ from dalistream.manifest import build_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
 from dalistream.tar import runs
-from dalistream.worker import WorkerSource
+from dalistream.worker import WorkerSource, epochfeed
 from dalistream.worker.neighbours import TOGETHER_BYTES, Neighbours
 
 from helpers import write_tar
@@ -56,8 +56,10 @@ def as_bytes(outputs):
 
 
 def read_epoch(source, e, monkeypatch):
-    """Epoch ``e``'s batches (as bytes), the runs read for it, and the source's skips after it."""
+    """Epoch ``e``'s batches (as bytes), the runs read for it, and the source's skips after it
+    (read by the columns: an epoch this small would be read at once, worker/epochfeed.py)."""
     reads = [0]
+    monkeypatch.setattr(epochfeed, "EPOCH_BYTES", 0)
     take, view = runs.Arena.take, FileRange.view
 
     def counted(self, n):
