@@ -160,9 +160,9 @@ def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> 
         for index, group in itertools.groupby(ranges, key=operator.itemgetter(0)):
             url, count = reader.data.urls[index], reader.data.counts[index]
             # the shard's file held open across its ranges (a range's opening shares its descriptor:
-            # :func:`~dalistream.io.local.open_range`). A range longer than half a buffer is cut out of the mapping
-            # (``range_runs``), as is the shard's last (its end-of-archive check); the others are read
-            # side by side into a buffer, half a buffer at a time, a read each (``ranges_runs``)
+            # :func:`~dalistream.io.local.open_range`). A range longer than half a buffer (cut out of the
+            # mapping) and the shard's last (its end-of-archive check) are read by ``range_runs``; the
+            # others side by side into a buffer, half a buffer at a time, a read each (``ranges_runs``)
             with stats.io_clock.timed():
                 whole = open_shard(url, 0, reader.config.storage_options)
             with whole:
