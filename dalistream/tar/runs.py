@@ -160,6 +160,14 @@ class Geometry:
         out.wanted = self.wanted[a:b + 1] - self.wanted[a]
         return out
 
+    def run(self, url: str, first: int, i: int, k: int, data, offset: int, where: Optional[tuple]) -> "Run":
+        """Samples ``i`` to ``k - 1`` as a :class:`Run` over ``data`` (their bytes, at ``where`` in its
+        buffer), the geometry's sample 0 being sample ``first`` of its shard, at tar offset ``offset``."""
+        a, b, base = int(self.member_base[i]), int(self.member_base[k]), int(self.sample_start[i])
+        return Run(url, first + i, data, offset + self.sample_start[i:k], self.kinds[i:k], self.names,
+                   self.member_base[i:k + 1] - a, self.member_at[a:b] - base, self.sizes[a:b],
+                   int(self.wanted[b] - self.wanted[a]), where)
+
 
 def _start(view: memoryview) -> int:
     """Where ``view`` starts in the buffer it is a view of."""
@@ -235,8 +243,7 @@ def sliced_runs(
     they are to differ (a first batch waits for the first; the columns a worker reads at once
     start their runs out of step, so that they do not all need their next run at once)."""
     g = geometry if geometry is not None else Geometry(patterns, kinds, sizes, want_ext, lowercase)
-    names, kinds, sizes = g.names, g.kinds, g.sizes
-    member_base, member_at, sample_start = g.member_base, g.member_at, g.sample_start
+    kinds, sizes, member_base, sample_start = g.kinds, g.sizes, g.member_base, g.sample_start
     n = len(kinds)
     # a local file's part that would take several runs: runs are views of its mapped bytes, and
     # long (no copy, no buffer: a run's length costs no memory; fewer runs cost less)
@@ -251,7 +258,6 @@ def sliced_runs(
     checks = g.checks
     r = StreamBuffer(stream, url, clock, 16 * BLOCK)  # (runs are read into their own buffers: this one reads the end)
     starts, bases = sample_start.tolist(), member_base.tolist()  # (plain ints: no NumPy scalar per run)
-    wanted = g.wanted.tolist()  # the wanted bytes before each member
     i = 0
     runs_read = 0
     while i < n:
@@ -272,8 +278,8 @@ def sliced_runs(
             where = arena.last if arena is not None else (data, 0)
             got, error = _read(r, memoryview(data))
         a, b = bases[i], bases[k]
-        at = member_at[a:b] - starts[i]
-        if got < size or not _headers_ok(data, at, checks[a:b]):
+        run = g.run(url, first, i, k, data, offset, where)
+        if got < size or not _headers_ok(data, run.member_at, checks[a:b]):
             # sample by sample from the bytes read: its samples up to the damage, then the same error
             whole = 0
             read = io.BytesIO(bytes(data[:got]))
@@ -295,8 +301,7 @@ def sliced_runs(
                 raise error
             i = k
             continue
-        yield Run(url, first + i, data, offset + sample_start[i:k], kinds[i:k], names, member_base[i:k + 1] - a,
-                  at, sizes[a:b], wanted[b] - wanted[a], where)
+        yield run
         i = k
     if last:
         yield from after_last(r, url, first + n, offset + int(sample_start[n]))
@@ -304,20 +309,19 @@ def sliced_runs(
 
 def ranges_runs(stream: BinaryIO, url: str, geometry: Geometry, ranges: Sequence[Tuple[int, int, int]],
                 arena: Optional[Arena] = None, clock: Optional[ReadClock] = None) -> Optional[list]:
-    """Several ranges of one shard's samples, each ``(first, stop, offset)`` (``offset``: sample
-    ``first``'s, ``stop`` never the shard's end), read side by side into one buffer from
-    ``stream`` (the whole shard, seekable: a read per range at its offset), their member headers
-    checked in one gather: a :class:`Run` each, as :func:`sliced_runs` reads a range that is one
-    run. ``None`` where a range's bytes end early or a check fails: :func:`sliced_runs` reads
-    them then, and finds and names the problem. ``geometry``: the whole shard's."""
+    """Ranges of one shard's samples, each ``(first, stop, offset)`` (``offset``: sample ``first``'s,
+    ``stop`` never the shard's end), read side by side into one buffer from ``stream`` (the whole
+    shard, seekable: a read per range), their headers checked in one gather: a :class:`Run` each, as
+    :func:`sliced_runs` reads a range that is one run; ``None`` where a range's bytes end early or
+    a check fails (:func:`sliced_runs` then finds and names it). ``geometry``: the whole shard's."""
     g = geometry
     starts, bases = g.sample_start, g.member_base
     sizes = [int(starts[stop] - starts[first]) for first, stop, _ in ranges]
     data = arena.take(sum(sizes)) if arena is not None else memoryview(bytearray(sum(sizes)))
     where = arena.last if arena is not None else (data.obj, 0)
-    t0 = time.perf_counter()
-    at = 0
+    runs, members, checks, at = [], [], [], 0
     for (first, stop, offset), size in zip(ranges, sizes):
+        t0 = time.perf_counter()
         stream.seek(offset)
         got = 0
         while got < size:
@@ -325,18 +329,12 @@ def ranges_runs(stream: BinaryIO, url: str, geometry: Geometry, ranges: Sequence
             if not k:
                 return None
             got += k
-        at += size
-    if clock is not None:
-        clock.seconds += time.perf_counter() - t0
-    runs, members, checks, at = [], [], [], 0
-    for (first, stop, offset), size in zip(ranges, sizes):
-        a, b, base = int(bases[first]), int(bases[stop]), int(starts[first])
-        member_at = g.member_at[a:b] - base
-        members.append(member_at + at)
-        checks.append(g.checks[a:b])
-        runs.append(Run(url, first, data[at:at + size], offset + starts[first:stop] - base, g.kinds[first:stop],
-                        g.names, bases[first:stop + 1] - a, member_at, g.sizes[a:b], int(g.wanted[b] - g.wanted[a]),
-                        (where[0], where[1] + at)))
+        if clock is not None:
+            clock.seconds += time.perf_counter() - t0
+        run = g.run(url, 0, first, stop, data[at:at + size], offset - int(starts[first]), (where[0], where[1] + at))
+        runs.append(run)
+        members.append(run.member_at + at)
+        checks.append(g.checks[bases[first]:bases[stop]])
         at += size
     if runs and not _headers_ok(data, np.concatenate(members), np.concatenate(checks)):
         return None

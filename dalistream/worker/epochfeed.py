@@ -105,8 +105,7 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
     ranges = []  # (index, first, stop, layout, bytes)
     total = copied = 0
     for index, parts in sorted(by_shard.items()):
-        url = reader.data.urls[index]
-        if not maps_parts(url):  # (a remote or gzip shard: no positions to read by)
+        if not maps_parts(reader.data.urls[index]):  # (a remote or gzip shard: no positions to read by)
             return None
         merged: List[List[int]] = []
         for first, stop in sorted(parts):
@@ -120,8 +119,8 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
             layout = reader.layout(index, first, stop, reader.data.offsets.at(index, first) if first else None)
             if layout is None:
                 return None
-            g = reader.geometry(index)
-            size = int(g.sample_start[stop] - g.sample_start[first])
+            starts = reader.geometry(index).sample_start
+            size = int(starts[stop] - starts[first])
             total += size
             copied += size if size <= TOGETHER_BYTES else 0
             if copied > COPIED_BYTES or total > EPOCH_BYTES:
@@ -169,7 +168,7 @@ def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> 
                 if not isinstance(whole, FileRange):  # (gzip content under a .tar name: no positions)
                     return None
                 runs: List[Run] = []
-                beside: List[List[Tuple[int, int, int]]] = [[]]
+                beside: List[List[Tuple[int, int, int]]] = []  # (shares of up to half a buffer)
                 held = 0
                 for _, first, stop, layout, size in group:
                     if size > TOGETHER_BYTES or stop == count:
@@ -179,14 +178,13 @@ def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> 
                             return None
                         runs += items
                         continue
-                    if held + size > TOGETHER_BYTES:
+                    if not beside or held + size > TOGETHER_BYTES:
                         beside.append([])
                         held = 0
                     beside[-1].append((first, stop, layout[3]))
                     held += size
                 for share in beside:
-                    got = ranges_runs(whole, url, reader.geometry(index), share, reader.arena, stats.io_clock) \
-                        if share else []
+                    got = ranges_runs(whole, url, reader.geometry(index), share, reader.arena, stats.io_clock)
                     if got is None:
                         return None
                     runs += got
