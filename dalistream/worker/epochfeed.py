@@ -10,7 +10,9 @@ step's rows end (:func:`_taken`: what ``even`` leaves out is not read). The shar
 open across its ranges; the ranges that lie apart (with ``R`` ranks a worker's parts lie ``R``
 spans apart) are read side by side into one buffer, a read each, their headers checked in one
 gather (:func:`~dalistream.tar.runs.ranges_runs`); a long range, and the one that ends the shard
-(its end-of-archive check), through ``sliced_runs``, the column path's own reader. Every run is
+(its end-of-archive check), through ``sliced_runs``, the column path's own reader. A range of a
+shard without a member layout (an index of offsets only, samples of differing members) is found
+by header walk between its offsets, as a column finds it (:func:`walked_range`). Every run is
 decoded together (:func:`~.rows.decode_runs`), each column's rows are an index array over the
 decoded rows (less the plan's drops, an elastic resume's included), and each step takes its rows
 by index. What each step holds, in which order, is the column path's, byte for byte
@@ -19,17 +21,21 @@ by index. What each step holds, in which order, is the column path's, byte for b
 Only the plain case is read this way, and the column path reads every other: an epoch resumed
 mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
 column), a mix, the ``fixed`` policy (a column reads its parts again), a part of a remote or
-unlaid-out shard, a part read twice, more than :data:`EPOCH_BYTES` (or :data:`COPIED_BYTES` into
-the worker's buffers), and anything amiss in the reading (a damaged or changed shard, a sample the
-decoder refuses): the column path then reads the epoch from its start and meets the problem where
-it lies, in order, as it always does. Nothing is given out before the whole epoch is read, so a
-fallback repeats no sample, and the epoch's first batch waits for the whole read (the job's first
-included: measured against the columns' short first runs in ``docs/performance.md``).
+gzipped shard or of one without offsets, a part read twice, more than :data:`EPOCH_BYTES` (or
+:data:`COPIED_BYTES` into the worker's buffers), and anything amiss in the reading (a damaged or
+changed shard, a sample the decoder refuses, one the header walk leaves alone: too large for a
+run, or without a wanted member): the column path then reads the epoch from its start and meets
+the problem where it lies, in order, as it always does, and every later epoch of the worker too
+(``PlanReader.whole_epochs``: what stopped one read stays, and is not read twice each epoch).
+Nothing is given out before the whole epoch is read, so a fallback repeats no sample, and the
+epoch's first batch waits for the whole read (the job's first included: measured against the
+columns' short first runs in ``docs/performance.md``).
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 import itertools
 import operator
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
@@ -37,11 +43,11 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import DalistreamError
-from ..io.local import FileRange
+from ..io.local import FileRange, local_path
 from ..io.streams import chunk_bytes, maps_parts, open_shard
 from ..plan import WorkerPlan
 from ..tar.runs import Run, ranges_runs
-from .neighbours import TOGETHER_BYTES, range_runs
+from .neighbours import TOGETHER_BYTES, range_runs, walk_runs
 from .policy import ErrorPolicy
 from .rows import decode_runs
 from .stats import WorkerStats
@@ -94,7 +100,9 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
     path is to read it."""
     data = reader.data
     if not len(takes) or not plans or reader.config.policy == "fixed" or data.offsets is None or data.counts is None:
-        return None  # (``fixed`` reads a column's parts again; without offsets no part has a layout)
+        return None  # (``fixed`` reads a column's parts again; without offsets no part has a known place)
+    if not reader.whole_epochs:
+        return None
     if any(stop is None or stop <= first for plan in plans for _, first, stop in plan.parts):
         return None
     taken = [_taken(plan, int(take)) for plan, take in zip(plans, takes.sum(axis=0).tolist())]
@@ -117,17 +125,21 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
                 merged.append([first, stop])
         for first, stop in merged:
             layout = reader.layout(index, first, stop, reader.data.offsets.at(index, first) if first else None)
-            if layout is None:
-                return None
-            starts = reader.geometry(index).sample_start
-            size = int(starts[stop] - starts[first])
+            if layout is not None:
+                starts = reader.geometry(index).sample_start
+                size = int(starts[stop] - starts[first])
+            else:  # (found by header walk: every member copied)
+                size = _walked_bytes(reader, index, first, stop)
+                if size is None:
+                    return None
             total += size
-            copied += size if size <= TOGETHER_BYTES else 0
+            copied += size if size <= TOGETHER_BYTES or layout is None else 0
             if copied > COPIED_BYTES or total > EPOCH_BYTES:
                 return None
             ranges.append((index, first, stop, layout, size))
     runs = _read(reader, ranges, stats)
     if runs is None:
+        reader.whole_epochs = False  # (what stopped it stays: later epochs go to the columns at once)
         return None
     stats.add(bytes=sum(run.nbytes for _, run in runs))  # (the columns count their runs' so)
     return _feed(reader, plans, taken, takes, policy, runs)
@@ -171,10 +183,13 @@ def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> 
                 beside: List[List[Tuple[int, int, int]]] = []  # (shares of up to half a buffer)
                 held = 0
                 for _, first, stop, layout, size in group:
-                    if size > TOGETHER_BYTES or stop == count:
-                        items = range_runs(reader, index, first, stop, layout, stats, chunk,
-                                           (size,) if size <= TOGETHER_BYTES else ())
-                        if not all(isinstance(item, Run) for item in items) or sum(len(r) for r in items) != stop - first:
+                    if layout is None or size > TOGETHER_BYTES or stop == count:
+                        if layout is None:
+                            items = walked_range(reader, index, first, stop, stats, chunk)
+                        else:
+                            items = range_runs(reader, index, first, stop, layout, stats, chunk,
+                                               (size,) if size <= TOGETHER_BYTES else ())
+                        if not _whole(items, first, stop):
                             return None
                         runs += items
                         continue
@@ -195,6 +210,40 @@ def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> 
     if any(run.decoded[1] for _, run in out):  # a sample the per-sample path must settle
         return None
     return out
+
+
+def _walked_bytes(reader: "PlanReader", index: int, first: int, stop: int) -> Optional[int]:
+    """The bytes of samples ``first … stop`` of local shard ``index`` as its offsets place them
+    (to the file's end for its last), or ``None`` where they do not."""
+    start, end = reader.byte_range(index, first, stop)
+    if (first and start is None) or (end is None and stop < reader.data.counts[index]):
+        return None
+    try:
+        return (os.path.getsize(local_path(reader.data.urls[index])) if end is None else end) - (start or 0)
+    except OSError:
+        return None
+
+
+def walked_range(reader: "PlanReader", index: int, first: int, stop: int, stats: WorkerStats, chunk: int) -> list:
+    """Samples ``first … stop`` of local shard ``index`` found by header walk
+    (:func:`~.neighbours.walk_runs`), between the offsets of its first and its stop (to the end,
+    checked, where ``stop`` is the shard's end): runs of up to :data:`TOGETHER_BYTES`, and
+    sample dicts where anything is amiss. Raises what opening and reading raise."""
+    url = reader.data.urls[index]
+    start, end = reader.byte_range(index, first, stop)
+    with stats.io_clock.timed():
+        opened = open_shard(url, start or 0, reader.config.storage_options, end)
+    with opened as f:
+        return list(walk_runs(reader, f, url, first, lambda i: True, stats, chunk, TOGETHER_BYTES, ()))
+
+
+def _whole(items: Sequence, first: int, stop: int) -> bool:
+    """Whether ``items`` are runs of samples ``first`` to ``stop``, one after the other."""
+    for item in items:
+        if not isinstance(item, Run) or item.first != first:
+            return False
+        first += len(item)
+    return first == stop
 
 
 def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], parts: Sequence[Sequence[Tuple[int, int, int]]],

@@ -14,7 +14,7 @@ open them. What each column reads, and in which order, is unchanged: only how ma
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -22,7 +22,9 @@ from ..errors import DalistreamError
 from ..io.stores import is_ranged
 from ..io.streams import open_shard
 from ..plan import WorkerPlan
+from ..tar import iter_samples
 from ..tar.runs import Geometry, Run, is_one_run, run_length, sliced_runs
+from ..tar.walked import walked_runs
 from .stats import WorkerStats
 
 if TYPE_CHECKING:
@@ -116,3 +118,18 @@ def range_runs(reader: "PlanReader", index: int, first: int, stop: int, layout: 
                                 lowercase=c.lowercase_ext, last=stop == count, clock=stats.io_clock, chunk=chunk,
                                 geometry=reader.geometry(index).part(first, stop), arena=reader.arena,
                                 first_runs=first_runs))
+
+
+def walk_runs(reader: "PlanReader", f: BinaryIO, url: str, first_index: int, keep: Callable[[int], bool],
+              stats: WorkerStats, chunk: int, run_bytes: int, first_runs: Sequence[int]) -> Iterator:
+    """The header walk of ``f`` (shard ``url`` opened at its sample ``first_index``) as ``reader``
+    reads a shard without a member layout: the samples ``keep`` keeps, marked where they have a
+    problem (:func:`~dalistream.tar.samples.iter_samples`), the whole ones gathered into runs of
+    about ``run_bytes`` (:func:`~dalistream.tar.walked.walked_runs`; ``first_runs``: the first
+    runs' bytes). A column's part (:meth:`~.reader.PlanReader.items`) and a small epoch's ranges
+    (:mod:`.epochfeed`) are walked by it."""
+    c = reader.config
+    samples = iter_samples(f, url, keep=keep, want_ext=reader.decoder.wants, lowercase=c.lowercase_ext,
+                           max_member_bytes=c.max_member_bytes, mark_errors=True, first_index=first_index,
+                           clock=stats.io_clock, chunk=chunk)
+    return walked_runs(samples, url, reader.arena, run_bytes, first_runs)

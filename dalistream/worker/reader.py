@@ -38,15 +38,14 @@ from ..io.remote import state_ahead
 from ..io.streams import ShardSequence, chunk_bytes, maps_parts
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
-from ..tar import iter_samples, read_error
+from ..tar import read_error
 from ..tar.runs import Arena, Geometry, Run, run_length, sliced_runs
-from ..tar.walked import walked_runs
 from .fields import FieldDecoder
 from .layouts import ShardLayout, shard_layout
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
 from .column import ColumnReader
-from .neighbours import Neighbours
+from .neighbours import Neighbours, walk_runs
 from .rows import last_waits, RowDecoder, Rows
 from .stats import WorkerStats
 
@@ -68,6 +67,7 @@ class PlanReader:
         self.first_runs: Tuple[int, ...] = ()
         self.fetcher: Optional[PartFetcher] = None  # the worker's read-ahead of remote parts (shared by its columns)
         self.neighbours = Neighbours()  # the parts of this epoch's columns, read together where they can be
+        self.whole_epochs = True  # False once an epoch read at once met what the columns must settle (:mod:`.epochfeed`)
 
     def __getstate__(self) -> dict:  # (the fetcher's threads stay in the process that made it; runs never travel)
         return dict(self.__dict__, fetcher=None, neighbours=Neighbours())
@@ -231,11 +231,8 @@ class PlanReader:
                     def keep(i: int) -> bool:
                         return first <= i and (stop is None or i < stop) and not skip(i)
 
-                    items = walked_runs(iter_samples(
-                        f, url, keep=keep, want_ext=self.decoder.wants, lowercase=c.lowercase_ext,
-                        max_member_bytes=c.max_member_bytes, mark_errors=True,
-                        first_index=first if start is not None else 0, clock=stats.io_clock, chunk=shards.chunk),
-                        url, self.arena, run_length(shards.chunk), self.first_runs)
+                    items = walk_runs(self, f, url, first if start is not None else 0, keep, stats,
+                                      shards.chunk, run_length(shards.chunk), self.first_runs)
                 for item in items:
                     found_at = item.first + len(item) if isinstance(item, Run) else item["__index__"] + 1
                     if found_at <= first:

@@ -4,6 +4,8 @@ epoch and an elastic resume's rest included; the columns read every epoch it doe
 resumed mid-way, one span per worker, over its budget), and one in which anything is amiss,
 meeting the problem where it lies."""
 
+import dataclasses
+import io
 import tarfile
 
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 
 from dalistream.errors import DalistreamError
 from dalistream.io.local import FileRange
+from dalistream.manifest.offsets import SampleOffsets
 from dalistream.tar import runs
 from dalistream.worker import WorkerSource, epochfeed
 from dalistream.worker.epochfeed import EpochFeed
@@ -51,6 +54,34 @@ def read(source, e, monkeypatch, budget=None, start_step=0):
     return batches, reads[0], at_once[0], dict(source._stats.skipped)
 
 
+def unlaid_shards(d, unlaid, n_shards=4, per_shard=37, large=()):
+    """Shards and their data set with no member layout: ``offsets only`` (an index without one),
+    or ``a folder entry`` (as ``tar cf`` of a folder writes it: not a regular shard). ``large``:
+    samples of the first shard over a walked run's share (:func:`~epochfeed.walked_range`)."""
+    if unlaid == "offsets only":
+        paths = make_shards(d, n_shards=n_shards, per_shard=per_shard)
+        data = data_set(paths, per_shard=per_shard)
+        offsets = SampleOffsets.from_flat(data.offsets.starts, np.asarray(data.offsets.flat))
+        return paths, dataclasses.replace(data, offsets=offsets)
+    rng, paths = np.random.default_rng(5), []
+    for s in range(n_shards):
+        paths.append(str(d / f"f-{s}.tar"))
+        with tarfile.open(paths[-1], "w", format=tarfile.USTAR_FORMAT) as tar:
+            folder = tarfile.TarInfo(f"s{s}")
+            folder.type = tarfile.DIRTYPE
+            tar.addfile(folder)
+            for i in range(per_shard):
+                size = 600_000 if s == 0 and i in large else 2000 + i
+                for name, value in ((f"s{s}/{i:03d}.bin", bytes(rng.integers(0, 256, size, dtype=np.uint8))),
+                                    (f"s{s}/{i:03d}.cls", str(i).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(value)
+                    tar.addfile(info, io.BytesIO(value))
+    data = data_set(paths, per_shard=per_shard)
+    assert data.offsets is not None and data.offsets.members is None  # (found by header walk)
+    return paths, data
+
+
 def by_columns(c, data, worker, epochs, monkeypatch, **resumed):
     """Each of ``epochs``' batches as the columns read them (no epoch read at once); ``resumed``:
     the source's ``start_epoch`` and ``resume``."""
@@ -78,6 +109,76 @@ def test_a_small_epoch_is_read_at_once_and_delivers_the_same(tmp_path, monkeypat
         # where the samples it leaves out are not read: a shard's range may end before its last part)
         if world_size == 1:
             assert all(0 < reads <= len(paths) + (policy == "even") for _, reads, _, _ in got)
+
+
+@pytest.mark.parametrize("policy", ["exact", "even"])
+@pytest.mark.parametrize("unlaid", ["offsets only", "a folder entry"])
+@pytest.mark.parametrize("workers,world_size,rank", [(1, 1, 0), (2, 1, 0), (2, 2, 1)])
+def test_shards_without_a_member_layout_are_walked_at_once_and_deliver_the_same(tmp_path, monkeypatch, policy, unlaid,
+                                                                               workers, world_size, rank):
+    """Each range found by header walk between its offsets, as a column finds it: the same
+    batches, samples, padding and drops as the columns', the job's first epoch too."""
+    paths, data = unlaid_shards(tmp_path, unlaid)
+    c = config(paths, policy=policy, workers=workers, world_size=world_size, rank=rank)
+    for worker in range(workers):
+        source, columns = WorkerSource(c, data, worker), WorkerSource(c, data, worker)
+        got = [read(source, e, monkeypatch) for e in (0, 1, 2)]
+        assert all(at_once == 1 for _, _, at_once, _ in got)
+        assert [batches for batches, _, _, _ in got] == [read(columns, e, monkeypatch, budget=0)[0] for e in (0, 1, 2)]
+        for e in (0, 1, 2):  # (bytes: the walk reads the samples a column passes over by header, its plan's drops)
+            ours, theirs = source._stats.totals_by_epoch[e], columns._stats.totals_by_epoch[e]
+            drops = sum(len(plan.drop) for plan in source.plans(e))
+            assert 0 < ours.pop("bytes") <= theirs.pop("bytes") + drops * 2100 and ours == theirs
+
+
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_what_the_walk_leaves_alone_sends_every_epoch_to_the_columns(tmp_path, monkeypatch, on_error):
+    """A sample too large for a walked run (the header walk gives it alone), or a damaged header
+    in a shard without a layout: the columns read the epoch, with the same batches, skips and
+    error, and the worker's later epochs too, with no read at once tried again."""
+    paths, data = unlaid_shards(tmp_path, "a folder entry", large=range(0, 37, 2))
+    (tmp_path / "d").mkdir()
+    damaged, _ = unlaid_shards(tmp_path / "d", "a folder entry")
+    damaged_data = data_set(damaged, per_shard=37)  # (indexed before the damage)
+    plans = WorkerSource(config(damaged, workers=2), damaged_data, 0).plans(0)
+    index, first, _ = next(part for plan in plans for part in plan.parts if part[1] > 0)  # (one worker 0 reads)
+    with tarfile.open(damaged[index]) as tar:
+        member = tar.getmember(f"s{index}/{first:03d}.bin")
+    with open(damaged[index], "r+b") as f:
+        f.seek(member.offset + 257)
+        f.write(b"xxxxx")
+    walked = [0]
+    walk = epochfeed.walked_range
+
+    def counted(*args):
+        walked[0] += 1
+        return walk(*args)
+
+    for shards, shards_data in ((paths, data), (damaged, damaged_data)):
+        c = config(shards, on_error=on_error, max_skip_fraction=1.0, workers=2)
+
+        def epochs(budget):
+            source, out, at_once, tried = WorkerSource(c, shards_data, 0), [], 0, []
+            for e in (0, 1, 2):
+                monkeypatch.setattr(epochfeed, "walked_range", counted)  # (``read`` undoes it)
+                try:
+                    batches, _, once, skipped = read(source, e, monkeypatch, budget=budget)
+                    out.append((batches, skipped))
+                    at_once += once
+                except DalistreamError as error:
+                    out.append((type(error), str(error)))
+                tried.append(walked[0])
+            return out, at_once, tried
+
+        walked[0] = 0
+        ours, at_once, tried = epochs(None)
+        assert ours == epochs(0)[0] and at_once == 0
+        assert 0 < tried[0] == tried[2]  # (the first epoch's try alone: none after it)
+        if shards is damaged:  # (met in epoch 0, whose plan reads the damaged sample on worker 0)
+            if on_error == "skip":
+                assert sum(ours[0][1].values()) > 0
+            else:
+                assert isinstance(ours[0][1], str) and f"f-{index}.tar" in ours[0][1]  # (named by the shard)
 
 
 @pytest.mark.parametrize("policy", ["exact", "even"])
