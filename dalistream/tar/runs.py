@@ -4,20 +4,19 @@ Where the manifest knows a shard's member layout, every member of a part lies at
 with a known size (:mod:`dalistream.manifest.members`). :func:`sliced_runs` reads the part's
 samples in runs of whole samples (at least one; about ``max(chunk, MIN_RUN_BYTES)`` bytes: a
 short part is one run, and so is a part's tail of less than half a run with the run before it;
-the first runs of a part as long as asked), each into a worker's
-:class:`Arena` (or a buffer of its own); a local file's part of more than a run and a half is
-cut instead into runs of up to :data:`MAPPED_RUN_BYTES`, views of the file's mapping
-(:meth:`dalistream.io.local.FileRange.view`: no copy, and no buffer, so their length costs no
-memory: a worker reading many columns reads each column's part in a run or a few, not in tens).
-It checks each run's member headers in one gather: the
-``ustar`` magic and the size field of every header at once, as
+the first runs of a part as long as asked), each into a worker's :class:`Arena` (or a buffer of
+its own); a local file's part of more than a run and a half is cut instead into runs of up to
+:data:`MAPPED_RUN_BYTES`, views of the file's mapping (:meth:`dalistream.io.local.FileRange.view`:
+no copy, and no buffer, so their length costs no memory: a worker reading many columns reads each
+column's part in a run or a few, not in tens). It checks each run's member headers in one
+gather: the ``ustar`` magic and the size field of every header at once, as
 :func:`~dalistream.tar.sliced.sliced_samples` checks them one by one. A :class:`Run` is the run's
 bytes with its samples' member positions; its members are views of those bytes
 (:mod:`dalistream.worker.rows` decodes them in bulk); :meth:`Run.cut` cuts a share of it over
-the same bytes (:func:`ranges_runs` reads ranges of a shard that lie apart side by side into one
-buffer, a run each). A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``,
-which yields its samples up to the damage and raises the same error, naming the same offsets,
-as for a part read sample by sample.
+the same bytes (:func:`ranges_runs` cuts ranges of a shard that lie apart out of its mapping, a
+run each). A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``, which
+yields its samples up to the damage and raises the same error, naming the same offsets, as for a
+part read sample by sample.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ from __future__ import annotations
 import bisect
 import io
 import sys
-import time
-from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -307,37 +305,33 @@ def sliced_runs(
         yield from after_last(r, url, first + n, offset + int(sample_start[n]))
 
 
-def ranges_runs(stream: BinaryIO, url: str, geometry: Geometry, ranges: Sequence[Tuple[int, int, int]],
-                arena: Optional[Arena] = None, clock: Optional[ReadClock] = None) -> Optional[list]:
-    """Ranges of one shard's samples, each ``(first, stop, offset)`` (``offset``: sample ``first``'s,
-    ``stop`` never the shard's end), read side by side into one buffer from ``stream`` (the whole
-    shard, seekable: a read per range), their headers checked in one gather: a :class:`Run` each, as
-    :func:`sliced_runs` reads a range that is one run; ``None`` where a range's bytes end early or
-    a check fails (:func:`sliced_runs` then finds and names it). ``geometry``: the whole shard's."""
-    g = geometry
+def ranges_runs(stream: BinaryIO, url: str, geometry: Geometry, ranges: Sequence[Tuple[int, int, int]]) -> Optional[list]:
+    """Ranges of one shard's samples, each ``(first, stop, offset)`` (``offset``: sample ``first``'s),
+    each a view of the file's mapping (``stream`` the whole local shard:
+    :meth:`~dalistream.io.local.FileRange.view`, no copy and no buffer), their headers checked in
+    one gather per mapping, and where ``stop`` is the shard's end its end-of-archive marker: a
+    :class:`Run` each, as :func:`sliced_runs` reads a range that is one run; ``None`` where the
+    file cannot be mapped, a range's bytes end early or a check fails (:func:`sliced_runs` then
+    finds and names it). ``geometry``: the whole shard's."""
+    g, view = geometry, getattr(stream, "view", None)
     starts, bases = g.sample_start, g.member_base
-    sizes = [int(starts[stop] - starts[first]) for first, stop, _ in ranges]
-    data = arena.take(sum(sizes)) if arena is not None else memoryview(bytearray(sum(sizes)))
-    where = arena.last if arena is not None else (data.obj, 0)
-    runs, members, checks, at = [], [], [], 0
-    for (first, stop, offset), size in zip(ranges, sizes):
-        t0 = time.perf_counter()
+    runs: list = []
+    checked: Dict[int, Tuple[Any, list, list]] = {}  # id of a mapping -> it, its runs' member positions, their checks
+    for first, stop, offset in ranges:
+        size = int(starts[stop] - starts[first])
         stream.seek(offset)
-        got = 0
-        while got < size:
-            k = stream.readinto(data[at + got:at + size])
-            if not k:
-                return None
-            got += k
-        if clock is not None:
-            clock.seconds += time.perf_counter() - t0
-        run = g.run(url, 0, first, stop, data[at:at + size], offset - int(starts[first]), (where[0], where[1] + at))
-        runs.append(run)
-        members.append(run.member_at + at)
+        last = stop == len(starts) - 1  # (the shard's end: a zero block follows, as ``after_last`` checks)
+        data = view(size + BLOCK * last) if view is not None else None
+        if data is None or len(data) < size + BLOCK * last or (last and any(data[size:])):
+            return None
+        data = data[:size]
+        runs.append(g.run(url, 0, first, stop, data, offset - int(starts[first]), None))
+        _, members, checks = checked.setdefault(id(runs[-1].buffer), (runs[-1].buffer, [], []))
+        members.append(runs[-1].member_at + runs[-1].at)
         checks.append(g.checks[bases[first]:bases[stop]])
-        at += size
-    if runs and not _headers_ok(data, np.concatenate(members), np.concatenate(checks)):
-        return None
+    for buffer, members, checks in checked.values():
+        if not _headers_ok(buffer, np.concatenate(members), np.concatenate(checks)):
+            return None
     return runs
 
 

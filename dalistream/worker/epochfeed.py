@@ -1,44 +1,51 @@
-"""A worker's epoch read at once, when it is small: :func:`read_epoch` and :class:`EpochFeed`.
+"""A worker's interleaved epoch read at once, in shares of its steps: :func:`read_epoch`,
+:class:`EpochShares` and :class:`EpochFeed`.
 
-A worker reading interleaved columns of a small data set reads every column's part of an epoch
-in a round or two anyway (each part is a run or two). Through the columns (:class:`~.feed.Feed`)
-each part then costs its column an opening, a numbering, a cut of its neighbours' read, items
-through the column and slicings of its rows at every round: ~50 µs per column and epoch, which is
-~2 µs a sample when 256 columns read 23 samples each. Here the same epoch is read by ranges:
-the parts of a shard that lie end to end are one range, each column's parts cut where its last
-step's rows end (:func:`_taken`: what ``even`` leaves out is not read). The shard's file is held
-open across its ranges; the ranges that lie apart (with ``R`` ranks a worker's parts lie ``R``
-spans apart) are read side by side into one buffer, a read each, their headers checked in one
-gather (:func:`~dalistream.tar.runs.ranges_runs`); a long range, and the one that ends the shard
-(its end-of-archive check), through ``sliced_runs``, the column path's own reader. A range of a
-shard without a member layout (an index of offsets only, samples of differing members) is found
-by header walk between its offsets, as a column finds it (:func:`walked_range`). Every run is
-decoded together (:func:`~.rows.decode_runs`), each column's rows are an index array over the
-decoded rows (less the plan's drops, an elastic resume's included), and each step takes its rows
-by index. What each step holds, in which order, is the column path's, byte for byte
-(``tests/worker/test_epochfeed.py``).
+A worker reading interleaved columns reads every column's part of a share of the epoch's steps
+in a round or two anyway. Through the columns (:class:`~.feed.Feed`) each part then costs its
+column an opening, a numbering, a cut of its neighbours' read, items through the column and
+slicings of its rows at every round: ~50 µs per column and epoch, which is ~2 µs a sample when
+256 columns read 23 samples each. Here the same steps are read by ranges: the parts of a shard
+that lie end to end are one range, each column's parts cut where the share's rows of it begin
+and end (:func:`_taken`: what ``even`` leaves out is not read). The shard's file is held open
+across its ranges, and each range is cut out of its mapping, a run each, their headers checked
+in one gather, the shard's end-of-archive marker after its last
+(:func:`~dalistream.tar.runs.ranges_runs`: no copy and no buffer, so a share's size costs no
+memory of the worker's own). A range of a shard without a member layout (an index of offsets
+only; a shard with folders, links or long names) is found by header walk between its offsets,
+as a column finds it, its members copied into the worker's buffers (:func:`walked_range`).
+Every run is decoded together (:func:`~.rows.decode_runs`), each column's rows are an index
+array over the decoded rows (less the plan's drops, an elastic resume's included), and each
+step takes its rows by index. What each step holds, in which order, is the column path's, byte
+for byte (``tests/worker/test_epochfeed.py``).
+
+The shares (:func:`share_bounds`): an epoch of at most :data:`WHOLE_BYTES` is one, its first
+batch waiting for the whole read; a larger one is cut into a first of about
+:data:`FIRST_SHARE_BYTES`, which its first batch waits for, then shares of :data:`SHARE_BYTES`,
+each read when its first step is taken and held until the next is read. A share cuts every
+column's part at its bounds, so each share costs a range per column: few and large shares.
 
 Only the plain case is read this way, and the column path reads every other: an epoch resumed
 mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
 column), a mix, the ``fixed`` policy (a column reads its parts again), a part of a remote or
-gzipped shard or of one without offsets, a part read twice, more than :data:`EPOCH_BYTES` (or
-:data:`COPIED_BYTES` into the worker's buffers), and anything amiss in the reading (a damaged or
-changed shard, a sample the decoder refuses, one the header walk leaves alone: too large for a
-run, or without a wanted member): the column path then reads the epoch from its start and meets
-the problem where it lies, in order, as it always does, and every later epoch of the worker too
+gzipped shard or of one without offsets, a part read twice, a share over :data:`EPOCH_BYTES` (or
+walked ranges over :data:`COPIED_BYTES`), and anything amiss in the reading (a damaged or
+changed shard, a file that cannot be mapped, a sample the decoder refuses, one the header walk
+leaves alone: too large for a run, or without a wanted member): the column path then reads the
+epoch from the share's first step (as it reads one resumed there) and meets the problem where
+it lies, in order, as it always does, and every later epoch of the worker too
 (``PlanReader.whole_epochs``: what stopped one read stays, and is not read twice each epoch).
-Nothing is given out before the whole epoch is read, so a fallback repeats no sample, and the
-epoch's first batch waits for the whole read (the job's first included: measured against the
-columns' short first runs in ``docs/performance.md``).
+Nothing of a share is given out before the whole share is read, so a fallback repeats no
+sample.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
 import itertools
 import operator
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+import os
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -47,7 +54,7 @@ from ..io.local import FileRange, local_path
 from ..io.streams import chunk_bytes, maps_parts, open_shard
 from ..plan import WorkerPlan
 from ..tar.runs import Run, ranges_runs
-from .neighbours import TOGETHER_BYTES, range_runs, walk_runs
+from .neighbours import TOGETHER_BYTES, walk_runs
 from .policy import ErrorPolicy
 from .rows import decode_runs
 from .stats import WorkerStats
@@ -55,13 +62,16 @@ from .stats import WorkerStats
 if TYPE_CHECKING:
     from .reader import PlanReader
 
-EPOCH_BYTES = 256 << 20  # a worker's epoch read at once: at most this many bytes of its shards …
-COPIED_BYTES = 64 << 20  # … of which this many copied into its buffers (a range of over half a buffer is mapped)
+EPOCH_BYTES = 1 << 30  # a share read at once: at most this many bytes of a worker's shards (else the columns')
+WHOLE_BYTES = 256 << 20  # an epoch of at most this many is one share (its first batch waits for the whole read)
+FIRST_SHARE_BYTES = 16 << 20  # a larger epoch's first share (which its first batch waits for) …
+SHARE_BYTES = 512 << 20  # … and each after it (each share cuts every column's part: a range each)
+COPIED_BYTES = 64 << 20  # a share's ranges found by header walk, copied into the worker's buffers: at most this
 
 
 class EpochFeed:
-    """Each step's slot (:meth:`take`, as :meth:`~.feed.Feed.take` gives it) from an epoch's
-    decoded rows: ``flat``, one list per field; ``rows[c]``, column ``c``'s rows in ``flat`` in
+    """Each step's slot (:meth:`take`, as :meth:`~.feed.Feed.take` gives it) from a share of an
+    epoch's decoded rows (its steps numbered from 0): ``flat``, one list per field; ``rows[c]``, column ``c``'s rows in ``flat`` in
     its order; ``takes[t, c]``, what step ``t`` takes of column ``c``."""
 
     def __init__(self, flat: List[list], rows: Sequence[np.ndarray], takes: np.ndarray, policy: ErrorPolicy) -> None:
@@ -93,11 +103,68 @@ class EpochFeed:
         return [list(pick(values)) for values in self.flat], len(at), counts
 
 
+class EpochShares:
+    """Each step's slot (:meth:`take`) from an epoch read at once in shares of its steps
+    (:func:`share_bounds`), each share an :class:`EpochFeed` read when its first step is
+    taken. A share that cannot be read (:func:`read_share`) hands the rest of the epoch to
+    ``columns(step)``, the column path from that step on (as a resume mid-way reads it)."""
+
+    def __init__(self, reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, policy: ErrorPolicy,
+                 stats: WorkerStats, bounds: Sequence[int], columns: Callable[[int], object]) -> None:
+        self.reader, self.plans, self.takes, self.policy, self.stats = reader, plans, takes, policy, stats
+        self.bounds, self.columns = list(bounds), columns
+        self.rows = np.vstack([np.zeros((1, takes.shape[1]), np.int64), np.cumsum(takes, axis=0)])  # rows before each step
+        self.share = -1
+        self.start, self.stop = 0, 0  # the steps of the share held
+        self.feed: Optional[EpochFeed] = None
+        self.rest: Optional[object] = None  # the column path, once a share could not be read
+
+    def next_share(self) -> bool:
+        """Read the next share; ``False``: it could not be (after the first, the columns then read
+        the rest of the epoch from its first step)."""
+        self.share += 1
+        self.start, self.stop = self.bounds[self.share], self.bounds[self.share + 1]
+        self.feed = None  # (the last share's rows freed before the next is read)
+        self.feed = read_share(self.reader, self.plans, self.rows[self.start], self.rows[self.stop],
+                               self.takes[self.start:self.stop], self.policy, self.stats)
+        if self.feed is None and self.share:
+            self.rest = self.columns(self.start)
+        return self.feed is not None
+
+    def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
+        """Step ``step``'s slot, as :meth:`EpochFeed.take` (or the columns') gives it."""
+        if self.rest is None and step >= self.stop:
+            self.next_share()
+        if self.rest is not None:
+            return self.rest.take(step)  # type: ignore[attr-defined]
+        return self.feed.take(step - self.start)  # type: ignore[union-attr]
+
+
+def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float]) -> List[int]:
+    """Where an epoch's shares of steps (``takes``: rows per step and column) begin, and its end:
+    one share where the epoch is at most :data:`WHOLE_BYTES`, or where the samples' size is not
+    known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares of
+    :data:`SHARE_BYTES` (half of :data:`EPOCH_BYTES`: room for the samples an elastic resume
+    drops, read and left out)."""
+    steps = len(takes)
+    per_step = np.cumsum(takes.sum(axis=1)) * (bytes_per_sample or 0)
+    if not bytes_per_sample or per_step[-1] <= WHOLE_BYTES:
+        return [0, steps]
+    bounds, want = [0], FIRST_SHARE_BYTES
+    while bounds[-1] < steps:
+        before = per_step[bounds[-1] - 1] if bounds[-1] else 0.0
+        stop = int(np.searchsorted(per_step, before + want, side="right"))
+        bounds.append(min(steps, max(stop, bounds[-1] + 1)))
+        want = SHARE_BYTES
+    return bounds
+
+
 def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, policy: ErrorPolicy,
-               stats: WorkerStats) -> Optional[EpochFeed]:
+               stats: WorkerStats, columns: Callable[[int], object]) -> Optional[EpochShares]:
     """The epoch of ``plans`` (one per column, all read by ``reader``, a
-    :class:`~.reader.PlanReader`) read at once (see the module doc), or ``None``: the column
-    path is to read it."""
+    :class:`~.reader.PlanReader`) read at once in shares (see the module doc), its first share
+    read now; or ``None``: the column path is to read it. ``columns(step)``: the column path
+    from ``step`` on, for the rest of an epoch whose later share cannot be read."""
     data = reader.data
     if not len(takes) or not plans or reader.config.policy == "fixed" or data.offsets is None or data.counts is None:
         return None  # (``fixed`` reads a column's parts again; without offsets no part has a known place)
@@ -105,12 +172,20 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
         return None
     if any(stop is None or stop <= first for plan in plans for _, first, stop in plan.parts):
         return None
-    taken = [_taken(plan, int(take)) for plan, take in zip(plans, takes.sum(axis=0).tolist())]
+    shares = EpochShares(reader, plans, takes, policy, stats, share_bounds(takes, data.bytes_per_sample), columns)
+    return shares if shares.next_share() else None
+
+
+def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
+               takes: np.ndarray, policy: ErrorPolicy, stats: WorkerStats) -> Optional[EpochFeed]:
+    """The steps whose rows ``takes`` gives read at once: each column's rows ``before[c]`` to
+    ``after[c]``; ``None`` where they cannot be (see the module doc)."""
+    taken = [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
     by_shard: Dict[int, List[Tuple[int, int]]] = {}
-    for own in taken:
+    for _, own in taken:
         for index, first, stop in own:
             by_shard.setdefault(index, []).append((first, stop))
-    ranges = []  # (index, first, stop, layout, bytes)
+    ranges = []  # (index, first, stop, layout)
     total = copied = 0
     for index, parts in sorted(by_shard.items()):
         if not maps_parts(reader.data.urls[index]):  # (a remote or gzip shard: no positions to read by)
@@ -133,10 +208,10 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
                 if size is None:
                     return None
             total += size
-            copied += size if size <= TOGETHER_BYTES or layout is None else 0
+            copied += size if layout is None else 0
             if copied > COPIED_BYTES or total > EPOCH_BYTES:
                 return None
-            ranges.append((index, first, stop, layout, size))
+            ranges.append((index, first, stop, layout))
     runs = _read(reader, ranges, stats)
     if runs is None:
         reader.whole_epochs = False  # (what stopped it stays: later epochs go to the columns at once)
@@ -145,22 +220,31 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
     return _feed(reader, plans, taken, takes, policy, runs)
 
 
-def _taken(plan: WorkerPlan, rows: int) -> List[Tuple[int, int, int]]:
-    """``plan``'s parts up to the sample that gives its ``rows``-th row (its drops passed over):
-    what its column reads of them (under ``even`` the job's tail is left out; under ``exact`` a
-    column that runs short reads them all)."""
+def _taken(plan: WorkerPlan, lo: int, hi: int) -> Tuple[int, List[Tuple[int, int, int]]]:
+    """What ``plan``'s column reads for its rows ``lo`` to ``hi``: the raw position (its drops
+    counted) of its ``lo``-th row, and its parts from there up to the sample that gives its
+    ``hi``-th row (under ``even`` the job's tail is left out; under ``exact`` a column that runs
+    short reads them all)."""
+    start, end = _raw(plan, lo), _raw(plan, hi)
+    out, at = [], 0
+    for index, first, stop in plan.parts:
+        if at >= end:
+            break
+        a, b = max(first, first + start - at), min(stop, first + end - at)
+        if a < b:
+            out.append((index, a, b))
+        at += stop - first
+    return start, out
+
+
+def _raw(plan: WorkerPlan, rows: int) -> int:
+    """The raw position in ``plan``'s parts after its first ``rows`` rows (its drops passed over)."""
     raw = rows
     for d in sorted(plan.drop):  # (raw positions: each before the end moves the end one on)
         if d >= raw:
             break
         raw += 1
-    out = []
-    for index, first, stop in plan.parts:
-        if raw <= 0:
-            break
-        out.append((index, first, min(stop, first + raw)))
-        raw -= out[-1][2] - first
-    return out
+    return raw
 
 
 def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> Optional[List[Tuple[int, Run]]]:
@@ -169,41 +253,29 @@ def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> 
     out: List[Tuple[int, Run]] = []
     try:
         for index, group in itertools.groupby(ranges, key=operator.itemgetter(0)):
-            url, count = reader.data.urls[index], reader.data.counts[index]
+            url = reader.data.urls[index]
             # the shard's file held open across its ranges (a range's opening shares its descriptor:
-            # :func:`~dalistream.io.local.open_range`). A range longer than half a buffer (cut out of the
-            # mapping) and the shard's last (its end-of-archive check) are read by ``range_runs``; the
-            # others side by side into a buffer, half a buffer at a time, a read each (``ranges_runs``)
+            # :func:`~dalistream.io.local.open_range`); its ranges cut out of its mapping (``ranges_runs``),
+            # but those found by header walk
             with stats.io_clock.timed():
                 whole = open_shard(url, 0, reader.config.storage_options)
             with whole:
                 if not isinstance(whole, FileRange):  # (gzip content under a .tar name: no positions)
                     return None
                 runs: List[Run] = []
-                beside: List[List[Tuple[int, int, int]]] = []  # (shares of up to half a buffer)
-                held = 0
-                for _, first, stop, layout, size in group:
-                    if layout is None or size > TOGETHER_BYTES or stop == count:
-                        if layout is None:
-                            items = walked_range(reader, index, first, stop, stats, chunk)
-                        else:
-                            items = range_runs(reader, index, first, stop, layout, stats, chunk,
-                                               (size,) if size <= TOGETHER_BYTES else ())
+                mapped: List[Tuple[int, int, int]] = []
+                for _, first, stop, layout in group:
+                    if layout is None:
+                        items = walked_range(reader, index, first, stop, stats, chunk)
                         if not _whole(items, first, stop):
                             return None
                         runs += items
-                        continue
-                    if not beside or held + size > TOGETHER_BYTES:
-                        beside.append([])
-                        held = 0
-                    beside[-1].append((first, stop, layout[3]))
-                    held += size
-                for share in beside:
-                    got = ranges_runs(whole, url, reader.geometry(index), share, reader.arena, stats.io_clock)
-                    if got is None:
-                        return None
-                    runs += got
-                out += [(index, run) for run in sorted(runs, key=operator.attrgetter("first"))]
+                    else:
+                        mapped.append((first, stop, layout[3]))
+                got = ranges_runs(whole, url, reader.geometry(index), mapped) if mapped else []
+                if got is None:
+                    return None
+                out += [(index, run) for run in sorted(runs + got, key=operator.attrgetter("first"))]
     except (DalistreamError, OSError, EOFError):
         return None
     decode_runs(reader.rows, [(run, reader.source_name) for _, run in out])
@@ -246,10 +318,10 @@ def _whole(items: Sequence, first: int, stop: int) -> bool:
     return first == stop
 
 
-def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], parts: Sequence[Sequence[Tuple[int, int, int]]],
+def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], parts: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]],
           takes: np.ndarray, policy: ErrorPolicy, runs: Sequence[Tuple[int, Run]]) -> EpochFeed:
-    """The feed of the decoded ``runs``: each column's rows, its ``parts`` (:func:`_taken`) in its
-    order, less its plan's drops."""
+    """The feed of the decoded ``runs``: each column's rows, its ``parts`` (:func:`_taken`: where
+    they start in its raw positions, and the parts) in its order, less its plan's drops."""
     flat: List[list] = [[] for _ in reader.config.fields]
     # shard -> its runs' first samples, and each run's (first sample, samples, first row in flat)
     where: Dict[int, Tuple[List[int], List[Tuple[int, int, int]]]] = {}
@@ -262,7 +334,7 @@ def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], parts: Sequence[Seq
         spans.append((run.first, len(run), at))
         at += len(run)
     rows = []
-    for plan, own_parts in zip(plans, parts):
+    for plan, (start, own_parts) in zip(plans, parts):
         pieces = []
         for index, first, stop in own_parts:
             firsts, spans = where[index]
@@ -274,7 +346,7 @@ def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], parts: Sequence[Seq
                 first, k = end, k + 1
         own = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
         if len(plan.drop):
-            drop = np.asarray(plan.drop, np.int64)
-            own = np.delete(own, drop[drop < len(own)])  # (drops past what it reads: not read)
+            drop = np.asarray(plan.drop, np.int64) - start
+            own = np.delete(own, drop[(drop >= 0) & (drop < len(own))])  # (drops past what it reads: not read)
         rows.append(own)
     return EpochFeed(flat, rows, takes, policy)

@@ -50,7 +50,7 @@ from ..mixing import Mix, bucket_epoch, worker_columns, worker_run
 from .bucketfeed import BucketFeed, bucket_column
 from ..io.options import shared_budget
 from ..io.parts import PartFetcher
-from .epochfeed import EpochFeed, read_epoch
+from .epochfeed import EpochShares, read_epoch
 from .feed import Feed, shuffled_blocks
 from .reader import PlanReader
 from .rows import Rows
@@ -234,18 +234,21 @@ class WorkerSource:
         steps = columns[0][0].steps
         self._state_ahead([plan for plan, _, _ in columns], [s for _, _, s in columns], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
-        feed: Union[Feed, EpochFeed, None] = None
-        if c.interleave and start_step == 0 and self.mix is None:  # a small epoch: read at once (not from mid-way)
-            t0 = time.perf_counter()
-            feed = read_epoch(self.readers[0], [plan for plan, _, _ in columns], takes, policy, stats)
-            stats.read_s += time.perf_counter() - t0
-        if feed is None:
+        def by_columns(start: int) -> Feed:  # the column path, from step ``start`` on
             for k, reader in enumerate(self.readers):  # (a column's part may be read with its neighbours')
                 reader.read_together([plan for plan, _, source in columns if source == k])
-            streams = [self._stream(plan, int(take[:start_step].sum()), policy, stats, self.readers[source])
+            streams = [self._stream(plan, int(take[:start].sum()), policy, stats, self.readers[source])
                        for plan, take, source in columns]
-            feed = Feed(streams, takes, len(c.fields), start_step, self.data.bytes_per_sample,
-                        first_batch=epoch == self.start_epoch)
+            return Feed(streams, takes, len(c.fields), start, self.data.bytes_per_sample,
+                        first_batch=epoch == self.start_epoch and start == start_step)
+
+        feed: Union[Feed, EpochShares, None] = None
+        if c.interleave and start_step == 0 and self.mix is None:  # read at once, in shares (not from mid-way)
+            t0 = time.perf_counter()
+            feed = read_epoch(self.readers[0], [plan for plan, _, _ in columns], takes, policy, stats, by_columns)
+            stats.read_s += time.perf_counter() - t0
+        if feed is None:
+            feed = by_columns(start_step)
         # a mix counts what each step took of each source: columns summed by source
         by_source = np.zeros((len(columns), len(self.readers)), np.int64)
         by_source[np.arange(len(columns)), [source for _, _, source in columns]] = 1

@@ -286,23 +286,25 @@ def test_a_file_that_cannot_be_mapped_is_read_into_buffers(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("writer", ["ustar", "gnu", "pax", "webdataset"])
 def test_ranges_read_side_by_side_are_the_runs_sliced_runs_reads(tmp_path, writer):
-    """Ranges of a shard (with gaps between them, and neighbours) read into one buffer, a read
-    each (``ranges_runs``): each range one run of that buffer, holding what ``sliced_runs``
-    reads for it alone; a header that fails its check, or a file cut short, and none is given."""
+    """Ranges of a shard (with gaps between them, and neighbours) cut out of its mapping
+    (``ranges_runs``): each range one run of that mapping, holding what ``sliced_runs`` reads for
+    it alone; a header that fails its check, a file cut short, or one that cannot be mapped, and
+    none is given."""
     path = shard(tmp_path, writer, 2, n=30)
     info = scan_shard(path, offsets=True)
     patterns, kinds, sizes, starts = layout(info)
     geometry = runs.Geometry(patterns, kinds, sizes)
-    ranges = [(0, 3), (5, 9), (9, 10), (14, 29)]  # (the shard's last sample is its end check's: not here)
+    ranges = [(0, 3), (5, 9), (9, 10), (14, 29)]
 
     def side_by_side(file):
         with open_range(file, 0, None) as f:
-            return runs.ranges_runs(f, file, geometry, [(a, b, info.offsets[a]) for a, b in ranges],
-                                    runs.Arena(1 << 20))
+            return runs.ranges_runs(f, file, geometry, [(a, b, info.offsets[a]) for a, b in ranges])
 
     got = side_by_side(path)
     assert [(r.first, len(r)) for r in got] == [(a, b - a) for a, b in ranges]
-    assert all(r.buffer is got[0].buffer for r in got)  # (one buffer: decoded together)
+    assert all(r.buffer is got[0].buffer for r in got)  # (one mapping: decoded together)
+    with open(path, "rb") as f:  # (a stream without a mapping: the columns read it)
+        assert runs.ranges_runs(f, path, geometry, [(a, b, info.offsets[a]) for a, b in ranges]) is None
     for run, (a, b) in zip(got, ranges):
         with open(path, "rb") as f:
             f.seek(info.offsets[a])
@@ -312,12 +314,23 @@ def test_ranges_read_side_by_side_are_the_runs_sliced_runs_reads(tmp_path, write
             by_headers(path, a, b)
         assert run.nbytes == alone.nbytes and run.offsets.tolist() == alone.offsets.tolist()
         assert bytes(run.data) == bytes(alone.data)
+    with open_range(path, 0, None) as f:  # the shard's end: its end-of-archive marker checked
+        (tail,) = runs.ranges_runs(f, path, geometry, [(25, 30, info.offsets[25])])
+        assert [tail.sample(i) for i in range(5)] == by_headers(path, 25, 30)
+        short = runs.Geometry(patterns, kinds[:29], sizes[:starts[29]])  # (a count one short: a header follows)
+        assert runs.ranges_runs(f, path, short, [(25, 29, info.offsets[25])]) is None
+        assert runs.ranges_runs(f, path, short, [(25, 28, info.offsets[25])]) is not None
     data = bytearray(open(path, "rb").read())
     bad = bytearray(data)
     header = info.offsets[0] + int(geometry.member_at[geometry.member_base[6]]) - 512  # (sample 6's first member's)
     bad[header + 257:header + 262] = b"xxxxx"  # (in the second range)
-    for name, blob in (("magic", bad), ("cut", data[:info.offsets[20]])):
+    for name, blob in (("magic", bad), ("cut", data[:info.offsets[20]])):  # (and the end: no marker after the last)
         copy = str(tmp_path / f"{name}.tar")
         with open(copy, "wb") as f:
             f.write(bytes(blob))
         assert side_by_side(copy) is None
+    end = info.offsets[25] + int(geometry.sample_start[30] - geometry.sample_start[25])
+    with open(str(tmp_path / "no-end.tar"), "wb") as f:  # (cut after the last sample: no end-of-archive marker)
+        f.write(bytes(data[:end]))
+    with open_range(str(tmp_path / "no-end.tar"), 0, None) as f:
+        assert runs.ranges_runs(f, path, geometry, [(25, 30, info.offsets[25])]) is None

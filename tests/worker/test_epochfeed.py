@@ -6,6 +6,7 @@ meeting the problem where it lies."""
 
 import dataclasses
 import io
+import os
 import tarfile
 
 import numpy as np
@@ -109,6 +110,25 @@ def test_a_small_epoch_is_read_at_once_and_delivers_the_same(tmp_path, monkeypat
         # where the samples it leaves out are not read: a shard's range may end before its last part)
         if world_size == 1:
             assert all(0 < reads <= len(paths) + (policy == "even") for _, reads, _, _ in got)
+
+
+def test_long_ranges_are_cut_out_of_the_mapping_and_deliver_the_same(tmp_path, monkeypatch):
+    """Ranges of several megabytes (one worker, every column's part end to end: a range a shard),
+    each a run of the file's mapping, in one share and in several: the columns' batches."""
+    paths = make_shards(tmp_path, n_shards=2, per_shard=30, size=200_000)
+    data = data_set(paths, per_shard=30)
+    c = config(paths, workers=1)
+    count, patch = shares_read(monkeypatch, 1 << 20, 2 << 20)
+    source = WorkerSource(c, data, 0)
+    whole = [read(source, e, monkeypatch) for e in (0, 1)]
+    assert [at_once for _, _, at_once, _ in whole] == [1, 1]
+    shared = []
+    for e in (0, 1):
+        patch()
+        shared.append(read(source, e, monkeypatch))
+        assert count[0] > 2 and shared[-1][2] == count[0]
+        count[0] = 0
+    assert [b for b, _, _, _ in whole] == [b for b, _, _, _ in shared] == by_columns(c, data, 0, (0, 1), monkeypatch)
 
 
 @pytest.mark.parametrize("policy", ["exact", "even"])
@@ -276,6 +296,102 @@ def test_damage_in_ranges_read_side_by_side_is_met_by_the_columns(tmp_path, monk
     (ours, at_once), (theirs, _) = epoch_1(None), epoch_1(0)
     assert ours == theirs and at_once == 0
     assert sum(ours[1].values()) > 0 if on_error == "skip" else paths[index] in ours[1]
+
+
+def shares_read(monkeypatch, first_share, share):
+    """Count the shares read (:func:`epochfeed.read_share`): every epoch cut into shares, the first
+    of ``first_share`` bytes, each after it of ``share``."""
+    count, read_share = [0], epochfeed.read_share
+
+    def counted(*args):
+        count[0] += 1
+        return read_share(*args)
+
+    def patch():  # (``read`` undoes what it patched)
+        monkeypatch.setattr(epochfeed, "read_share", counted)
+        monkeypatch.setattr(epochfeed, "WHOLE_BYTES", 0)
+        monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", first_share)
+        monkeypatch.setattr(epochfeed, "SHARE_BYTES", share)
+    return count, patch
+
+
+@pytest.mark.parametrize("policy", ["exact", "even"])
+@pytest.mark.parametrize("workers,world_size,rank", [(1, 1, 0), (2, 2, 1), (3, 1, 0)])
+def test_an_epoch_read_in_shares_delivers_the_same(tmp_path, monkeypatch, policy, workers, world_size, rank):
+    """Shares of a few steps each (the first of ~6 kB, each next twice the last): the same
+    batches, samples, padding and drops as the columns', the job's first epoch, later ones and an
+    elastic resume's rest, with and without member layouts."""
+    paths = make_shards(tmp_path, n_shards=4, per_shard=37)
+    data = data_set(paths, per_shard=37)
+    (tmp_path / "u").mkdir()
+    unlaid, unlaid_data = unlaid_shards(tmp_path / "u", "offsets only")
+    # (a worker's epoch of these shards cut into about 8 shares)
+    count, patch = shares_read(monkeypatch, 6000, sum(map(os.path.getsize, paths)) // (workers * world_size) // 8)
+    for shards, shard_data in ((paths, data), (unlaid, unlaid_data)):
+        c = config(shards, policy=policy, workers=workers, world_size=world_size, rank=rank)
+        for worker in range(workers):
+            for resumed in ({}, dict(start_epoch=1, resume=((4, 1, 1, 3),))):
+                source = WorkerSource(c, shard_data, worker, **resumed)
+                epochs = (1, 2) if resumed else (0, 1)
+                got = []
+                for e in epochs:
+                    count[0] = 0
+                    patch()
+                    got.append(read(source, e, monkeypatch))
+                    assert count[0] >= 3 and got[-1][2] == count[0]  # (every share read at once)
+                assert [b for b, _, _, _ in got] == by_columns(c, shard_data, worker, epochs, monkeypatch, **resumed)
+
+
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_a_share_that_cannot_be_read_hands_the_rest_of_the_epoch_to_the_columns(tmp_path, monkeypatch, on_error):
+    """Damage the last shares read: the shares before it are given out as read, the rest by the
+    columns from that share's first step: the same batches, skips and error as the columns
+    alone; the worker's later epochs go to the columns at once."""
+    paths = make_shards(tmp_path, n_shards=4, per_shard=37)
+    data = data_set(paths, per_shard=37)  # (indexed before the damage)
+    c = config(paths, on_error=on_error, max_skip_fraction=1.0, workers=2)
+    index, first, stop = WorkerSource(c, data, 0).plans(0)[0].parts[-1]  # (column 0's last part: its last steps)
+    with tarfile.open(paths[index]) as tar:
+        member = tar.getmember(f"s{index}/{stop - 1:03d}.bin")
+    with open(paths[index], "r+b") as f:
+        f.seek(member.offset + 257)
+        f.write(b"xxxxx")
+    count, patch = shares_read(monkeypatch, 6000, 20_000)
+
+    def epochs(budget):
+        source, out, shares = WorkerSource(c, data, 0), [], []
+        for e in (0, 1):
+            count[0] = 0
+            patch()
+            try:
+                batches, _, once, skipped = read(source, e, monkeypatch, budget=budget)
+                out.append((batches, skipped))
+            except DalistreamError as error:
+                out.append((type(error), str(error)))
+                once = None
+            shares.append((count[0], once))
+        return out, shares
+
+    (ours, shares), (theirs, _) = epochs(None), epochs(0)
+    assert ours == theirs
+    assert shares[0][0] >= 3 and shares[0][1] in (shares[0][0] - 1, None)  # (read at once up to the damage)
+    assert shares[1][0] == 0 and shares[1][1] in (0, None)  # (epoch 1: no share read, no try)
+    if on_error == "skip":
+        assert sum(ours[0][1].values()) > 0
+    else:
+        assert isinstance(ours[0][1], str) and f"n-{index}.tar" in ours[0][1]
+
+
+def test_an_epoch_over_the_whole_read_s_bytes_is_cut_into_shares_a_small_first():
+    takes = np.ones((1000, 4), np.int64)  # 1,000 steps of 4 rows
+    whole = epochfeed.WHOLE_BYTES / 4000  # (the whole epoch: one share's bytes exactly)
+    assert epochfeed.share_bounds(takes, whole) == [0, 1000] and epochfeed.share_bounds(takes, None) == [0, 1000]
+    per_sample = epochfeed.FIRST_SHARE_BYTES / 20  # (5 steps a first share)
+    bounds = epochfeed.share_bounds(takes, per_sample)
+    later = round(epochfeed.SHARE_BYTES / (4 * per_sample))
+    assert bounds[:3] == [0, 5, 5 + later] and bounds[-1] == 1000 and 5 < later and len(bounds) > 4
+    assert np.diff(bounds)[1:-1].tolist() == [later] * (len(bounds) - 3) and 0 < bounds[-1] - bounds[-2] <= later
+    assert epochfeed.share_bounds(takes, 2.0 * epochfeed.SHARE_BYTES) == list(range(1001))  # (a step each, at least)
 
 
 def test_steps_take_their_rows_by_index():
