@@ -20,10 +20,11 @@ step takes its rows by index. What each step holds, in which order, is the colum
 for byte (``tests/worker/test_epochfeed.py``).
 
 The shares (:func:`share_bounds`): an epoch of at most :data:`WHOLE_BYTES` is one, its first
-batch waiting for the whole read; a larger one is cut into a first of about
-:data:`FIRST_SHARE_BYTES`, which its first batch waits for, then shares of :data:`SHARE_BYTES`,
-each read when its first step is taken and held until the next is read. A share cuts every
-column's part at its bounds, so each share costs a range per column: few and large shares.
+batch waiting for the whole read; a larger one, or one found by header walk (no member layouts)
+larger than :data:`FIRST_SHARE_BYTES`, is cut into a first of about that, which its first batch
+waits for, then shares of :data:`SHARE_BYTES`, each read when its first step is taken and held
+until the next is read. A share cuts every column's part at its bounds, so each share costs a
+range per column: few and large shares.
 
 Only the plain case is read this way, and the column path reads every other: an epoch resumed
 mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
@@ -140,15 +141,17 @@ class EpochShares:
         return self.feed.take(step - self.start)  # type: ignore[union-attr]
 
 
-def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float]) -> List[int]:
+def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: int = WHOLE_BYTES) -> List[int]:
     """Where an epoch's shares of steps (``takes``: rows per step and column) begin, and its end:
-    one share where the epoch is at most :data:`WHOLE_BYTES`, or where the samples' size is not
+    one share where the epoch is at most ``whole`` bytes, or where the samples' size is not
     known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares of
     :data:`SHARE_BYTES` (half of :data:`EPOCH_BYTES`: room for the samples an elastic resume
-    drops, read and left out)."""
+    drops, read and left out). ``whole``: :data:`WHOLE_BYTES`, or where the samples are found by
+    header walk (no member layouts) :data:`FIRST_SHARE_BYTES`: the walk costs its first batch ~16
+    µs a sample, and a range per column and share next to nothing beside it."""
     steps = len(takes)
     per_step = np.cumsum(takes.sum(axis=1)) * (bytes_per_sample or 0)
-    if not bytes_per_sample or per_step[-1] <= WHOLE_BYTES:
+    if not bytes_per_sample or per_step[-1] <= whole:
         return [0, steps]
     bounds, want = [0], FIRST_SHARE_BYTES
     while bounds[-1] < steps:
@@ -172,7 +175,9 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
         return None
     if any(stop is None or stop <= first for plan in plans for _, first, stop in plan.parts):
         return None
-    shares = EpochShares(reader, plans, takes, policy, stats, share_bounds(takes, data.bytes_per_sample), columns)
+    walked = getattr(data.offsets, "members", None) is None  # (no member layouts: every sample found by header walk)
+    bounds = share_bounds(takes, data.bytes_per_sample, FIRST_SHARE_BYTES if walked else WHOLE_BYTES)
+    shares = EpochShares(reader, plans, takes, policy, stats, bounds, columns)
     return shares if shares.next_share() else None
 
 

@@ -342,6 +342,31 @@ def test_an_epoch_read_in_shares_delivers_the_same(tmp_path, monkeypatch, policy
                 assert [b for b, _, _, _ in got] == by_columns(c, shard_data, worker, epochs, monkeypatch, **resumed)
 
 
+def test_an_epoch_found_by_header_walk_is_cut_after_a_small_first_share(tmp_path, monkeypatch):
+    """Without member layouts the first batch waits for a small first share only (the walk's cost
+    is per sample); with them a small epoch is one share. The same batches either way."""
+    paths = make_shards(tmp_path, n_shards=4, per_shard=37)
+    data = data_set(paths, per_shard=37)
+    (tmp_path / "u").mkdir()
+    unlaid, unlaid_data = unlaid_shards(tmp_path / "u", "offsets only")
+    count, finish = [0], epochfeed.read_share
+
+    def counted(*args):
+        count[0] += 1
+        return finish(*args)
+
+    got = []
+    for shards, shard_data in ((paths, data), (unlaid, unlaid_data)):
+        monkeypatch.setattr(epochfeed, "read_share", counted)
+        monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", 6000)
+        count[0] = 0
+        c = config(shards, workers=2)
+        batches, _, at_once, _ = read(WorkerSource(c, shard_data, 0), 0, monkeypatch)
+        assert at_once == count[0] and batches == by_columns(c, shard_data, 0, (0,), monkeypatch)[0]
+        got.append(count[0])
+    assert got == [1, 2]  # (the small first share, then the rest)
+
+
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
 def test_a_share_that_cannot_be_read_hands_the_rest_of_the_epoch_to_the_columns(tmp_path, monkeypatch, on_error):
     """Damage the last shares read: the shares before it are given out as read, the rest by the
@@ -392,6 +417,8 @@ def test_an_epoch_over_the_whole_read_s_bytes_is_cut_into_shares_a_small_first()
     assert bounds[:3] == [0, 5, 5 + later] and bounds[-1] == 1000 and 5 < later and len(bounds) > 4
     assert np.diff(bounds)[1:-1].tolist() == [later] * (len(bounds) - 3) and 0 < bounds[-1] - bounds[-2] <= later
     assert epochfeed.share_bounds(takes, 2.0 * epochfeed.SHARE_BYTES) == list(range(1001))  # (a step each, at least)
+    walked = epochfeed.share_bounds(takes, whole, whole=epochfeed.FIRST_SHARE_BYTES)  # (no layouts: a small first share)
+    assert walked[:2] == [0, round(epochfeed.FIRST_SHARE_BYTES / (4 * whole))] and walked[-1] == 1000
 
 
 def test_steps_take_their_rows_by_index():
