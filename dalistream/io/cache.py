@@ -27,7 +27,7 @@ import io
 import logging
 import os
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from ..errors import ConfigError, redact
 from . import cachefiles as files

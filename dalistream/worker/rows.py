@@ -12,7 +12,7 @@ what the per-sample path delivers, value for value). :class:`Rows` is a decoded 
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 

@@ -16,14 +16,12 @@ from dalistream.errors import ConfigError
 from dalistream.plan import Layout, Schedule
 from dalistream.plan.buckets import BucketEpoch, bucket_steps, bucket_totals
 from dalistream.plan.bucketstats import bucket_quality, bucket_summary, pixel_cost, token_padding
-from dalistream.plan.ownership import epoch_order
 
 
 def execute(plan, counts, schedule, epoch):
     """Run every worker's plan: ``(batches (R, S, B) of written-order sample ids, -1 padding,
     the most any worker held)``."""
     layout = plan.layout
-    order = epoch_order(len(counts), schedule.seed, epoch, schedule.shuffle_shards)
     written = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=written[1:])
     out = np.full((layout.world_size, plan.steps, layout.batch_size), -1, dtype=np.int64)

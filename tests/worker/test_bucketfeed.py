@@ -12,7 +12,6 @@ import pytest
 from dalistream import LengthBuckets, Stream
 from dalistream.mixing import bucket_epoch, worker_run
 from dalistream.worker import WorkerSource
-from dalistream.worker.batch import rows
 from dalistream.worker.bucketfeed import BucketFeed
 from dalistream.worker.policy import ErrorPolicy
 from dalistream.worker.reader import PlanReader
