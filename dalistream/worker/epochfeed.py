@@ -55,6 +55,7 @@ from ..io.local import FileRange, local_path
 from ..io.streams import chunk_bytes, maps_parts, open_shard
 from ..plan import WorkerPlan
 from ..tar.runs import Run, ranges_runs
+from .feed import Feed
 from .neighbours import TOGETHER_BYTES, walk_runs
 from .policy import ErrorPolicy
 from .rows import decode_runs
@@ -72,8 +73,9 @@ COPIED_BYTES = 64 << 20  # a share's ranges found by header walk, copied into th
 
 class EpochFeed:
     """Each step's slot (:meth:`take`, as :meth:`~.feed.Feed.take` gives it) from a share of an
-    epoch's decoded rows (its steps numbered from 0): ``flat``, one list per field; ``rows[c]``, column ``c``'s rows in ``flat`` in
-    its order; ``takes[t, c]``, what step ``t`` takes of column ``c``."""
+    epoch's decoded rows (its steps numbered from 0): ``flat``, one list per field; ``rows[c]``,
+    column ``c``'s rows in ``flat`` in its order; ``takes[t, c]``, what step ``t`` takes of
+    column ``c``."""
 
     def __init__(self, flat: List[list], rows: Sequence[np.ndarray], takes: np.ndarray, policy: ErrorPolicy) -> None:
         # a column that runs short (``exact``'s last step) gives what it holds: the step is padded at its end
@@ -111,14 +113,14 @@ class EpochShares:
     ``columns(step)``, the column path from that step on (as a resume mid-way reads it)."""
 
     def __init__(self, reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, policy: ErrorPolicy,
-                 stats: WorkerStats, bounds: Sequence[int], columns: Callable[[int], object]) -> None:
+                 stats: WorkerStats, bounds: Sequence[int], columns: Callable[[int], Feed]) -> None:
         self.reader, self.plans, self.takes, self.policy, self.stats = reader, plans, takes, policy, stats
         self.bounds, self.columns = list(bounds), columns
         self.rows = np.vstack([np.zeros((1, takes.shape[1]), np.int64), np.cumsum(takes, axis=0)])  # rows before each step
         self.share = -1
         self.start, self.stop = 0, 0  # the steps of the share held
         self.feed: Optional[EpochFeed] = None
-        self.rest: Optional[object] = None  # the column path, once a share could not be read
+        self.rest: Optional[Feed] = None  # the column path, once a share could not be read
 
     def next_share(self) -> bool:
         """Read the next share; ``False``: it could not be (after the first, the columns then read
@@ -137,7 +139,7 @@ class EpochShares:
         if self.rest is None and step >= self.stop:
             self.next_share()
         if self.rest is not None:
-            return self.rest.take(step)  # type: ignore[attr-defined]
+            return self.rest.take(step)
         return self.feed.take(step - self.start)  # type: ignore[union-attr]
 
 
@@ -163,7 +165,7 @@ def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: in
 
 
 def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, policy: ErrorPolicy,
-               stats: WorkerStats, columns: Callable[[int], object]) -> Optional[EpochShares]:
+               stats: WorkerStats, columns: Callable[[int], Feed]) -> Optional[EpochShares]:
     """The epoch of ``plans`` (one per column, all read by ``reader``, a
     :class:`~.reader.PlanReader`) read at once in shares (see the module doc), its first share
     read now; or ``None``: the column path is to read it. ``columns(step)``: the column path
