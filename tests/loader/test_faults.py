@@ -1,6 +1,7 @@
 """Worker failures: a DALI worker killed by a signal is a WorkerError within seconds, not a hang;
 Ctrl-C leaves no process and no shared memory behind."""
 
+import glob
 import os
 import signal
 import subprocess
@@ -171,6 +172,20 @@ def test_a_shutdown_blocked_after_a_worker_died_is_cut_short(shards, monkeypatch
         loader.close()
 
 
+def _signal_masks(pid):
+    """Each thread of ``pid``: its name and its signal masks (a hung Ctrl-C: was SIGINT, bit 2,
+    pending, blocked or ignored?), from ``/proc``."""
+    out = []
+    for task in sorted(glob.glob(f"/proc/{pid}/task/*/status")):
+        try:
+            with open(task) as f:
+                out.append(" ".join(line.strip() for line in f if line.startswith(("Name", "ShdPnd", "SigPnd",
+                                                                                      "SigBlk", "SigIgn", "SigCgt"))))
+        except OSError:
+            pass
+    return "\n".join(out)
+
+
 SCRIPT = textwrap.dedent("""
     import faulthandler, signal, sys
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for every thread's stack if it hangs
@@ -220,11 +235,13 @@ def test_ctrl_c_leaves_no_processes_and_no_shared_memory(shards, tmp_path, targe
             proc.stdin.flush()
         try:
             proc.wait(60)
-        except subprocess.TimeoutExpired:  # say where it hangs: every thread's Python stack
+        except subprocess.TimeoutExpired:  # say where it hangs: every thread's Python stack, and its signal masks
+            masks = _signal_masks(proc.pid)
             os.kill(proc.pid, signal.SIGUSR1)
             time.sleep(2)
             os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"the script did not exit within 60 s of the interrupt; its threads:\n{proc.stderr.read()[-8000:]}")
+            pytest.fail(f"the script did not exit within 60 s of the interrupt; its threads' signal masks "
+                        f"(pending, blocked, ignored, caught):\n{masks}\nits threads:\n{proc.stderr.read()[-8000:]}")
         stderr = proc.stderr.read()
         assert "KeyboardInterrupt" in stderr
         if target == "group":  # every process got it; one says so (the workers leave it to the main process)
