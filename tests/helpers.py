@@ -63,6 +63,21 @@ def write_wds(path: str, samples: Sequence[Dict[str, object]]) -> str:
     return path
 
 
+def passed_over_shard(path, n=9, seed=4, prefix="p", passed=(3000, 9000)):
+    """A shard whose samples end with a member the reader does not want (``txt`` of ``passed``
+    bytes, 3–9 kB: past a small read buffer, so the reader passes over it by a seek), and each
+    sample's offset."""
+    from dalistream.manifest import build_manifest
+
+    rng = np.random.default_rng(seed)
+    members = []
+    for i in range(n):
+        members.append((f"{prefix}/{i:03d}.cls", str(i).encode()))
+        members.append((f"{prefix}/{i:03d}.txt", rng.bytes(int(rng.integers(*passed)))))
+    write_tar(path, members)
+    return build_manifest([path], offsets=True)[0].offsets
+
+
 def key_shards(directory: str, sizes: Sequence[int], prefix: str = "s") -> List[str]:
     """Shards of tiny samples (``.cls`` + ``.bin``) with globally unique keys ``s<shard>/<i>``."""
     os.makedirs(directory, exist_ok=True)

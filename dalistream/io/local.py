@@ -166,7 +166,11 @@ class FileRange(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = 0) -> int:
         target = offset if whence == 0 else self._pos + offset if whence == 1 else self._end + offset
-        self._pos = min(max(target, 0), self._end)
+        before, self._pos = self._pos, min(max(target, 0), self._end)
+        # the range's end reached by passing over its last bytes (a member not wanted) is reached
+        # as by reading them: the marker follows, where the file holds those bytes
+        if self._marker and before < self._pos == self._end and os.fstat(self._f.fileno()).st_size >= self._end:
+            self._tail = memoryview(END_OF_ARCHIVE)
         return self._pos
 
     def fileno(self) -> int:

@@ -21,7 +21,7 @@ from dalistream.io.streams import open_shard
 from dalistream.tar import iter_samples
 from dalistream.manifest import build_manifest
 
-from helpers import key_shards
+from helpers import key_shards, passed_over_shard
 
 
 def read_all(stream, size=1000):
@@ -69,6 +69,37 @@ def test_a_part_cut_short_has_no_marker_and_reads_as_truncated(tmp_path):
     part = open_shard(path, offsets[2], None, end)
     with pytest.raises(ShardFormatError):
         list(iter_samples(part, path, first_index=2))
+
+
+def test_a_part_whose_last_bytes_are_passed_over_still_ends_with_the_marker(tmp_path):
+    """The part's end reached by a seek (its last member not wanted) is reached as by a read:
+    the marker follows (a header walk of a part with an end found no marker there and called
+    the shard truncated); a seek that stays short of it, or a file cut before it, gives none."""
+    path = str(tmp_path / "p.tar")
+    offsets = passed_over_shard(path)
+    n = len(offsets)
+    for chunk in (512, 1024, 4096, 1 << 16):
+        for i in range(n):
+            for j in range(i + 1, n + 1):
+                end = offsets[j] if j < n else None
+                with open_shard(path, offsets[i], None, end) as f:
+                    keys = [s["__key__"] for s in iter_samples(f, path, want_ext=lambda e: e == "cls",
+                                                               first_index=i, chunk=chunk)]
+                assert keys == [f"p/{k:03d}" for k in range(i, j)], (chunk, i, j)
+    part = open_shard(path, offsets[2], None, offsets[4])
+    part.seek(offsets[4] - 1)
+    assert part.read(10) == open(path, "rb").read()[offsets[4] - 1:offsets[4]]  # (one byte read: then the marker)
+    assert part.read() == END_OF_ARCHIVE
+    part = open_shard(path, offsets[2], None, offsets[4])
+    assert part.seek(offsets[4]) == offsets[4] and part.read() == END_OF_ARCHIVE and part.read() == b""
+    assert part.seek(0, 1) == offsets[4] and part.read() == b""  # (no second marker from staying there)
+    with open(path, "r+b") as f:
+        f.truncate(offsets[4] - 700)  # (the file cut inside the part's last member)
+    part = open_shard(path, offsets[2], None, offsets[4])
+    assert part.seek(offsets[4]) == offsets[4] and part.read() == b""
+    with pytest.raises(ShardFormatError):
+        with open_shard(path, offsets[2], None, offsets[4]) as f:
+            list(iter_samples(f, path, want_ext=lambda e: e == "cls", first_index=2, chunk=1024))
 
 
 def test_gzip_content_under_a_tar_name_is_decompressed(tmp_path):

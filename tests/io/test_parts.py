@@ -16,8 +16,9 @@ from dalistream.errors import ConfigError, SourceError
 from dalistream.io import IOCounters, ShardSequence, open_shard
 from dalistream.io.local import END_OF_ARCHIVE
 from dalistream.io.options import remote_options
+from dalistream.tar import iter_samples
 from dalistream.tools.proxy import ShapingProxy, parse_shape
-from helpers import sequence_keys, write_wds
+from helpers import passed_over_shard, sequence_keys, write_wds
 
 BUCKET = "parts"
 KiB = 1 << 10
@@ -209,6 +210,27 @@ def test_ranges_of_plain_gzip_and_local_shards(shards):
     assert bytes_of(shards["s3"], options, None, empty) == [END_OF_ARCHIVE] * 3 + [b""]
     with pytest.raises(ValueError, match="ranges"):
         ShardSequence(shards["s3"], options, None, ranges[:2])
+
+
+def test_a_part_whose_last_member_is_passed_over_ends_with_its_marker_from_every_store(shards, tmp_path):
+    """A part's last member not wanted, larger than the read buffer (passed over by a seek, not
+    read): its samples, then its end, from S3, a gzip shard and the disk alike."""
+    path = str(tmp_path / "q.tar")
+    offsets = passed_over_shard(path, n=7)
+    with open(path, "rb") as f, gzip.open(str(tmp_path / "q.tar.gz"), "wb") as g:
+        shutil.copyfileobj(f, g)
+    for name in ("q.tar", "q.tar.gz"):
+        shards["client"].upload_file(str(tmp_path / name), BUCKET, name)
+    options = {"endpoint_url": shards["endpoint"], "part_bytes": 8 * KiB, "chunk_bytes": 1 * KiB}
+    n = len(offsets)
+    for url, opts in ((f"s3://{BUCKET}/q.tar", options), (f"s3://{BUCKET}/q.tar.gz", options),
+                      (str(tmp_path / "q.tar.gz"), None), (path, None)):
+        for i in range(n):
+            for j in range(i + 1, n + 1):
+                with open_shard(url, offsets[i], opts, offsets[j] if j < n else None) as f:
+                    keys = [s["__key__"] for s in iter_samples(f, url, want_ext=lambda e: e == "cls",
+                                                               first_index=i, chunk=1024)]
+                assert keys == [f"p/{k:03d}" for k in range(i, j)], (url, i, j)
 
 
 def test_failed_shard_is_raised_in_its_place_and_the_next_one_is_read(shards):
