@@ -10,6 +10,10 @@ for its first batch), the first column to open its part reads the parts after it
 column opened yet, up to :data:`TOGETHER_BYTES` of a local file, as one run
 (:meth:`Neighbours.read`), cut at the parts' bounds; the other columns take theirs when they
 open them. What each column reads, and in which order, is unchanged: only how many reads bring it.
+
+The reads of one range of a local shard live here too: by member layout (:func:`range_runs`), by
+header walk (:func:`walk_runs`, which a column's part takes too; :func:`walked_range`, an
+epoch's range between its offsets, :mod:`.epochfeed`).
 """
 
 from __future__ import annotations
@@ -107,8 +111,8 @@ def range_runs(reader: "PlanReader", index: int, first: int, stop: int, layout: 
     """Samples ``first … stop`` of local shard ``index``, cut out by its member ``layout``
     (:meth:`~.reader.PlanReader.layout`), as ``sliced_runs`` reads them (its runs, its first ones
     of ``first_runs`` bytes; sample dicts up to any damage; the end-of-archive check where
-    ``stop`` is the shard's end): the read of parts together, a later epoch's neighbours' here and
-    a small epoch's ranges (:mod:`.epochfeed`). Raises what opening and reading raise."""
+    ``stop`` is the shard's end): the read of parts together, a later epoch's neighbours'. Raises
+    what opening and reading raise."""
     patterns, kinds, sizes, offset = layout
     url, count, c = reader.data.urls[index], reader.data.counts[index], reader.config
     with stats.io_clock.timed():
@@ -126,10 +130,34 @@ def walk_runs(reader: "PlanReader", f: BinaryIO, url: str, first_index: int, kee
     reads a shard without a member layout: the samples ``keep`` keeps, marked where they have a
     problem (:func:`~dalistream.tar.samples.iter_samples`), the whole ones gathered into runs of
     about ``run_bytes`` (:func:`~dalistream.tar.walked.walked_runs`; ``first_runs``: the first
-    runs' bytes). A column's part (:meth:`~.reader.PlanReader.items`) and a small epoch's ranges
-    (:mod:`.epochfeed`) are walked by it."""
+    runs' bytes). A column's part (:meth:`~.reader.PlanReader.items`) and an epoch's ranges
+    (:func:`walked_range`) are walked by it."""
     c = reader.config
     samples = iter_samples(f, url, keep=keep, want_ext=reader.decoder.wants, lowercase=c.lowercase_ext,
                            max_member_bytes=c.max_member_bytes, mark_errors=True, first_index=first_index,
                            clock=stats.io_clock, chunk=chunk)
     return walked_runs(samples, url, reader.arena, run_bytes, first_runs)
+
+
+def walked_range(reader: "PlanReader", index: int, first: int, stop: int, start: Optional[int], end: Optional[int],
+                 stats: WorkerStats, chunk: int) -> Optional[list]:
+    """Samples ``first … stop`` of local shard ``index`` found by header walk (:func:`walk_runs`)
+    between bytes ``start`` and ``end`` (their offsets: to the end, checked, where ``stop`` is
+    the shard's end), as runs of up to :data:`TOGETHER_BYTES`: an epoch's range of a shard
+    without a member layout (:mod:`.epochfeed`); ``None`` where they are not all whole runs (a
+    sample with a problem, or one the walk leaves alone). Raises what opening and reading raise."""
+    url = reader.data.urls[index]
+    with stats.io_clock.timed():
+        opened = open_shard(url, start or 0, reader.config.storage_options, end)
+    with opened as f:
+        items = list(walk_runs(reader, f, url, first, lambda i: True, stats, chunk, TOGETHER_BYTES, ()))
+    return items if _whole(items, first, stop) else None
+
+
+def _whole(items: Sequence, first: int, stop: int) -> bool:
+    """Whether ``items`` are runs of samples ``first`` to ``stop``, one after the other."""
+    for item in items:
+        if not isinstance(item, Run) or item.first != first:
+            return False
+        first += len(item)
+    return first == stop
