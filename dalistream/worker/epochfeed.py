@@ -1,39 +1,43 @@
 """A worker's interleaved epoch read at once, in shares of its steps: :func:`read_epoch`,
-:class:`EpochShares`, :class:`ShareRead` and :class:`EpochFeed`.
+:class:`EpochShares` and :class:`EpochFeed`.
 
-Through the columns (:class:`~.feed.Feed`) each column's part costs an opening, a numbering, a
-cut of its neighbours' read and slicings of its rows at every round: ~50 µs per column and
-epoch, ~2 µs a sample when 256 columns read 23 samples each. Here a share's steps are read by
-ranges: the parts of a shard that lie end to end are one range, each column's parts cut where
-the share's rows of it begin and end (:func:`_taken`: what ``even`` leaves out is not read).
-Each range is cut out of its shard's mapping, a run each, their headers checked in one gather,
-the shard's end-of-archive marker after its last (:func:`~dalistream.tar.runs.ranges_runs`: no
-copy and no buffer); a range of a shard without a member layout (offsets only; folders, links,
-long names) is found by header walk between its offsets, as a column finds it, its members
-copied into the worker's buffers (:func:`walked_range`). The runs are decoded together
-(:func:`~.rows.decode_runs`), each column's rows are an index array over the decoded rows (less
-the plan's drops, an elastic resume's included), and each step takes its rows by index: what
-each step holds, in which order, is the column path's, byte for byte
-(``tests/worker/test_epochfeed.py``).
+A worker reading interleaved columns reads every column's part of a share of the epoch's steps
+in a round or two anyway. Through the columns (:class:`~.feed.Feed`) each part then costs its
+column an opening, a numbering, a cut of its neighbours' read, items through the column and
+slicings of its rows at every round: ~50 µs per column and epoch, which is ~2 µs a sample when
+256 columns read 23 samples each. Here the same steps are read by ranges: the parts of a shard
+that lie end to end are one range, each column's parts cut where the share's rows of it begin
+and end (:func:`_taken`: what ``even`` leaves out is not read). The shard's file is held open
+across its ranges, and each range is cut out of its mapping, a run each, their headers checked
+in one gather, the shard's end-of-archive marker after its last
+(:func:`~dalistream.tar.runs.ranges_runs`: no copy and no buffer, so a share's size costs no
+memory of the worker's own). A range of a shard without a member layout (an index of offsets
+only; a shard with folders, links or long names) is found by header walk between its offsets,
+as a column finds it, its members copied into the worker's buffers
+(:func:`~.neighbours.walked_range`). Every run is decoded together (:func:`~.rows.decode_runs`), each column's rows are an index
+array over the decoded rows (less the plan's drops, an elastic resume's included), and each
+step takes its rows by index. What each step holds, in which order, is the column path's, byte
+for byte (``tests/worker/test_epochfeed.py``).
 
 The shares (:func:`share_bounds`): an epoch of at most :data:`WHOLE_BYTES` is one, its first
 batch waiting for the whole read; a larger one, or one found by header walk (no member layouts)
 larger than :data:`FIRST_SHARE_BYTES`, is cut into a first of about that, which its first batch
-waits for, then shares growing :data:`SHARE_GROWTH`-fold to :data:`SHARE_BYTES`, each read a
-shard at a time while the one before it is given out (:class:`ShareRead`), so that no step waits
-for a whole share. A share cuts every column's part at its bounds, so each share costs a range
-per column: few and large shares.
+waits for, then shares of :data:`SHARE_BYTES`, each read when its first step is taken and held
+until the next is read. A share cuts every column's part at its bounds, so each share costs a
+range per column: few and large shares.
 
 Only the plain case is read this way, and the column path reads every other: an epoch resumed
-mid-way, one span per worker (its one column pays nothing per column), a mix, the ``fixed``
-policy (a column reads its parts again), a part of a remote or gzipped shard or of one without
-offsets, a part read twice, a share over :data:`EPOCH_BYTES` (or walked ranges over
-:data:`COPIED_BYTES`), and anything amiss in the reading (a damaged or changed shard, a file
-that cannot be mapped, a sample the decoder refuses, one the header walk leaves alone): the
-column path then reads the epoch from the share's first step (as it reads one resumed there)
-and meets the problem where it lies, in order, and every later epoch of the worker too
-(``PlanReader.whole_epochs``: what stopped one read stays). Nothing of a share is given out
-before the whole share is read, so a fallback repeats no sample.
+mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
+column), a mix, the ``fixed`` policy (a column reads its parts again), a part of a remote or
+gzipped shard or of one without offsets, a part read twice, a share over :data:`EPOCH_BYTES` (or
+walked ranges over :data:`COPIED_BYTES`), and anything amiss in the reading (a damaged or
+changed shard, a file that cannot be mapped, a sample the decoder refuses, one the header walk
+leaves alone: too large for a run, or without a wanted member): the column path then reads the
+epoch from the share's first step (as it reads one resumed there) and meets the problem where
+it lies, in order, as it always does, and every later epoch of the worker too
+(``PlanReader.whole_epochs``: what stopped one read stays, and is not read twice each epoch).
+Nothing of a share is given out before the whole share is read, so a fallback repeats no
+sample.
 """
 
 from __future__ import annotations
@@ -63,8 +67,7 @@ if TYPE_CHECKING:
 EPOCH_BYTES = 1 << 30  # a share read at once: at most this many bytes of a worker's shards (else the columns')
 WHOLE_BYTES = 256 << 20  # an epoch of at most this many is one share (its first batch waits for the whole read)
 FIRST_SHARE_BYTES = 16 << 20  # a larger epoch's first share (which its first batch waits for) …
-SHARE_GROWTH = 4  # … each next this many times the last (read while the last is given out) …
-SHARE_BYTES = 512 << 20  # … up to this (each share cuts every column's part: a range each)
+SHARE_BYTES = 512 << 20  # … and each after it (each share cuts every column's part: a range each)
 COPIED_BYTES = 64 << 20  # a share's ranges found by header walk, copied into the worker's buffers: at most this
 
 
@@ -105,11 +108,9 @@ class EpochFeed:
 
 class EpochShares:
     """Each step's slot (:meth:`take`) from an epoch read at once in shares of its steps
-    (:func:`share_bounds`), each share an :class:`EpochFeed`: the first read whole when the
-    epoch begins, each next one a shard at a time while the one before it is given out
-    (:class:`ShareRead`: paced to be whole by that share's last step). A share that cannot be
-    read hands the rest of the epoch to ``columns(step)``, the column path from that share's first
-    step on (as a resume mid-way reads it)."""
+    (:func:`share_bounds`), each share an :class:`EpochFeed` read when its first step is
+    taken. A share that cannot be read (:func:`read_share`) hands the rest of the epoch to
+    ``columns(step)``, the column path from that step on (as a resume mid-way reads it)."""
 
     def __init__(self, reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, policy: ErrorPolicy,
                  stats: WorkerStats, bounds: Sequence[int], columns: Callable[[int], Feed]) -> None:
@@ -119,36 +120,22 @@ class EpochShares:
         self.share = -1
         self.start, self.stop = 0, 0  # the steps of the share held
         self.feed: Optional[EpochFeed] = None
-        self.ahead: Optional[ShareRead] = None  # the next share, read while this one is given out …
-        self.planned = False  # … once planned (``None``: it cannot be read at once)
         self.rest: Optional[Feed] = None  # the column path, once a share could not be read
 
-    def _planned(self, share: int) -> Optional["ShareRead"]:
-        start, stop = self.bounds[share], self.bounds[share + 1]
-        return read_share(self.reader, self.plans, self.rows[start], self.rows[stop], self.takes[start:stop],
-                          self.policy, self.stats)
-
     def next_share(self) -> bool:
-        """Read the next share (the rest of it, after the first); ``False``: it could not be (after
-        the first, the columns then read the rest of the epoch from its first step)."""
+        """Read the next share; ``False``: it could not be (after the first, the columns then read
+        the rest of the epoch from its first step)."""
         self.share += 1
         self.start, self.stop = self.bounds[self.share], self.bounds[self.share + 1]
-        self.feed = None  # (the last share's rows freed before the next is decoded into its feed)
-        read = self.ahead if self.planned else self._planned(self.share)
-        self.ahead, self.planned = None, False
-        self.feed = read.feed() if read is not None else None
+        self.feed = None  # (the last share's rows freed before the next is read)
+        self.feed = read_share(self.reader, self.plans, self.rows[self.start], self.rows[self.stop],
+                               self.takes[self.start:self.stop], self.policy, self.stats)
         if self.feed is None and self.share:
             self.rest = self.columns(self.start)
         return self.feed is not None
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
-        """Step ``step``'s slot, as :meth:`EpochFeed.take` (or the columns') gives it, once as much
-        of the next share is read as this share's steps given out before it call for."""
-        if self.rest is None and self.start < step < self.stop and self.share + 2 < len(self.bounds):
-            if not self.planned:  # (planned after the share's first slot, not before it)
-                self.ahead, self.planned = self._planned(self.share + 1), True
-            if self.ahead is not None:
-                self.ahead.read(self.ahead.total * (step - self.start) / (self.stop - self.start))
+        """Step ``step``'s slot, as :meth:`EpochFeed.take` (or the columns') gives it."""
         if self.rest is None and step >= self.stop:
             self.next_share()
         if self.rest is not None:
@@ -156,60 +143,14 @@ class EpochShares:
         return self.feed.take(step - self.start)  # type: ignore[union-attr]
 
 
-class ShareRead:
-    """A share's ranges (``(shard, first, stop, layout, start, end, bytes)``, in shard order:
-    :func:`read_share`), read and decoded a shard or a few at a time (:meth:`read`), then its
-    rows given out as an :class:`EpochFeed` (:meth:`feed`)."""
-
-    def __init__(self, reader: "PlanReader", plans: Sequence[WorkerPlan], taken: list, takes: np.ndarray,
-                 policy: ErrorPolicy, stats: WorkerStats, ranges: Sequence[tuple]) -> None:
-        self.reader, self.plans, self.taken, self.takes, self.policy, self.stats = reader, plans, taken, takes, policy, stats
-        self.shards = [list(group) for _, group in itertools.groupby(ranges, key=operator.itemgetter(0))]
-        self.total = sum(r[-1] for r in ranges)  # the share's bytes …
-        self.done = 0  # … and those read
-        self.next = 0  # the next shard of ``shards`` to read
-        self.runs: List[Tuple[int, Run]] = []
-        self.failed = False
-
-    def read(self, upto: float) -> bool:
-        """Read the next shards' ranges until at least ``upto`` of the share's bytes are read (or
-        all), their runs decoded together; ``False``: anything amiss (see the module doc)."""
-        got: List[Tuple[int, Run]] = []
-        chunk = chunk_bytes(self.reader.config.storage_options)
-        while not self.failed and self.next < len(self.shards) and self.done < upto:
-            ranges = self.shards[self.next]
-            runs = _read_shard(self.reader, ranges, self.stats, chunk)
-            if runs is None:
-                self.failed = True
-                break
-            got += [(ranges[0][0], run) for run in runs]
-            self.next, self.done = self.next + 1, self.done + sum(r[-1] for r in ranges)
-        if got and not self.failed:
-            self.stats.add(bytes=sum(run.nbytes for _, run in got))  # (the columns count their runs' so)
-            decode_runs(self.reader.rows, [(run, self.reader.source_name) for _, run in got])
-            self.failed = any(run.decoded[1] for _, run in got)  # (a sample the per-sample path must settle)
-            self.runs += got
-        if self.failed:
-            self.reader.whole_epochs = False  # (what stopped it stays: later epochs go to the columns at once)
-            self.runs = []
-        return not self.failed
-
-    def feed(self) -> Optional[EpochFeed]:
-        """The share's rows (the rest of it read now), or ``None`` where it cannot be read."""
-        if not self.read(float("inf")):
-            return None
-        return _feed(self.reader, self.plans, self.taken, self.takes, self.policy, self.runs)
-
-
 def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: int = WHOLE_BYTES) -> List[int]:
     """Where an epoch's shares of steps (``takes``: rows per step and column) begin, and its end:
     one share where the epoch is at most ``whole`` bytes, or where the samples' size is not
-    known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, each next
-    :data:`SHARE_GROWTH` times the last up to :data:`SHARE_BYTES` (half of :data:`EPOCH_BYTES`:
-    room for the samples an elastic resume drops, read and left out), a rest of less than half a
-    share joining the share before it. ``whole``: :data:`WHOLE_BYTES`, or where the samples are
-    found by header walk (no member layouts) :data:`FIRST_SHARE_BYTES`: the walk costs its first
-    batch ~16 µs a sample, and a range per column and share next to nothing beside it."""
+    known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares of
+    :data:`SHARE_BYTES` (half of :data:`EPOCH_BYTES`: room for the samples an elastic resume
+    drops, read and left out). ``whole``: :data:`WHOLE_BYTES`, or where the samples are found by
+    header walk (no member layouts) :data:`FIRST_SHARE_BYTES`: the walk costs its first batch ~16
+    µs a sample, and a range per column and share next to nothing beside it."""
     steps = len(takes)
     per_step = np.cumsum(takes.sum(axis=1)) * (bytes_per_sample or 0)
     if not bytes_per_sample or per_step[-1] <= whole:
@@ -217,9 +158,9 @@ def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: in
     bounds, want = [0], FIRST_SHARE_BYTES
     while bounds[-1] < steps:
         before = per_step[bounds[-1] - 1] if bounds[-1] else 0.0
-        stop = min(steps, max(int(np.searchsorted(per_step, before + want, side="right")), bounds[-1] + 1))
-        bounds.append(steps if per_step[-1] - per_step[stop - 1] < want / 2 else stop)
-        want = min(SHARE_BYTES, want * SHARE_GROWTH)
+        stop = int(np.searchsorted(per_step, before + want, side="right"))
+        bounds.append(min(steps, max(stop, bounds[-1] + 1)))
+        want = SHARE_BYTES
     return bounds
 
 
@@ -243,16 +184,15 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
 
 
 def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
-               takes: np.ndarray, policy: ErrorPolicy, stats: WorkerStats) -> Optional[ShareRead]:
-    """The steps whose rows ``takes`` gives, each column's rows ``before[c]`` to ``after[c]``,
-    planned as a :class:`ShareRead` of ranges (nothing read yet); ``None`` where they cannot be
-    read at once (see the module doc)."""
+               takes: np.ndarray, policy: ErrorPolicy, stats: WorkerStats) -> Optional[EpochFeed]:
+    """The steps whose rows ``takes`` gives read at once: each column's rows ``before[c]`` to
+    ``after[c]``; ``None`` where they cannot be (see the module doc)."""
     taken = [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
     by_shard: Dict[int, List[Tuple[int, int]]] = {}
     for _, own in taken:
         for index, first, stop in own:
             by_shard.setdefault(index, []).append((first, stop))
-    ranges = []  # (index, first, stop, layout, start, end, bytes)
+    ranges = []  # (index, first, stop, layout, start, end): ``start``, ``end`` a walked range's bytes
     total = copied = 0
     for index, parts in sorted(by_shard.items()):
         if not maps_parts(reader.data.urls[index]):  # (a remote or gzip shard: no positions to read by)
@@ -279,8 +219,13 @@ def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan], before: np.nda
             total += size
             if copied > COPIED_BYTES or total > EPOCH_BYTES:
                 return None
-            ranges.append((index, first, stop, layout, start, end, size))
-    return ShareRead(reader, plans, taken, takes, policy, stats, ranges)
+            ranges.append((index, first, stop, layout, start, end))
+    runs = _read(reader, ranges, stats)
+    if runs is None:
+        reader.whole_epochs = False  # (what stopped it stays: later epochs go to the columns at once)
+        return None
+    stats.add(bytes=sum(run.nbytes for _, run in runs))  # (the columns count their runs' so)
+    return _feed(reader, plans, taken, takes, policy, runs)
 
 
 def _taken(plan: WorkerPlan, lo: int, hi: int) -> Tuple[int, List[Tuple[int, int, int]]]:
@@ -310,34 +255,41 @@ def _raw(plan: WorkerPlan, rows: int) -> int:
     return raw
 
 
-def _read_shard(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats, chunk: int) -> Optional[List[Run]]:
-    """One shard's ranges (as :class:`ShareRead` holds them), each cut into runs, in order; or
-    ``None`` where anything is amiss."""
-    index = ranges[0][0]
-    url = reader.data.urls[index]
+def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> Optional[List[Tuple[int, Run]]]:
+    """Each range's runs, decoded (``(shard, run)`` in order), or ``None`` where anything is amiss."""
+    chunk = chunk_bytes(reader.config.storage_options)
+    out: List[Tuple[int, Run]] = []
     try:
-        # the shard's file held open across its ranges (a range's opening shares its descriptor:
-        # :func:`~dalistream.io.local.open_range`); its ranges cut out of its mapping (``ranges_runs``),
-        # but those found by header walk
-        with stats.io_clock.timed():
-            whole = open_shard(url, 0, reader.config.storage_options)
-        with whole:
-            if not isinstance(whole, FileRange):  # (gzip content under a .tar name: no positions)
-                return None
-            runs: List[Run] = []
-            mapped: List[Tuple[int, int, int]] = []
-            for _, first, stop, layout, start, end, _ in ranges:
-                if layout is None:
-                    items = walked_range(reader, index, first, stop, start, end, stats, chunk)
-                    if items is None:
-                        return None
-                    runs += items
-                else:
-                    mapped.append((first, stop, layout[3]))
-            got = ranges_runs(whole, url, reader.geometry(index), mapped) if mapped else []
+        for index, group in itertools.groupby(ranges, key=operator.itemgetter(0)):
+            url = reader.data.urls[index]
+            # the shard's file held open across its ranges (a range's opening shares its descriptor:
+            # :func:`~dalistream.io.local.open_range`); its ranges cut out of its mapping (``ranges_runs``),
+            # but those found by header walk
+            with stats.io_clock.timed():
+                whole = open_shard(url, 0, reader.config.storage_options)
+            with whole:
+                if not isinstance(whole, FileRange):  # (gzip content under a .tar name: no positions)
+                    return None
+                runs: List[Run] = []
+                mapped: List[Tuple[int, int, int]] = []
+                for _, first, stop, layout, start, end in group:
+                    if layout is None:
+                        items = walked_range(reader, index, first, stop, start, end, stats, chunk)
+                        if items is None:
+                            return None
+                        runs += items
+                    else:
+                        mapped.append((first, stop, layout[3]))
+                got = ranges_runs(whole, url, reader.geometry(index), mapped) if mapped else []
+                if got is None:
+                    return None
+                out += [(index, run) for run in sorted(runs + got, key=operator.attrgetter("first"))]
     except (DalistreamError, OSError, EOFError):
         return None
-    return None if got is None else sorted(runs + got, key=operator.attrgetter("first"))
+    decode_runs(reader.rows, [(run, reader.source_name) for _, run in out])
+    if any(run.decoded[1] for _, run in out):  # a sample the per-sample path must settle
+        return None
+    return out
 
 
 def _walked_bytes(reader: "PlanReader", index: int, first: int, stop: int) -> Optional[Tuple[Optional[int], Optional[int], int]]:

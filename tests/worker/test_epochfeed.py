@@ -59,7 +59,7 @@ def read(source, e, monkeypatch, budget=None, start_step=0):
 def unlaid_shards(d, unlaid, n_shards=4, per_shard=37, large=()):
     """Shards and their data set with no member layout: ``offsets only`` (an index without one),
     or ``a folder entry`` (as ``tar cf`` of a folder writes it: not a regular shard). ``large``:
-    samples of the first shard over a walked run's share (:func:`~epochfeed.walked_range`)."""
+    samples of the first shard over a walked run's share (:func:`~neighbours.walked_range`)."""
     if unlaid == "offsets only":
         paths = make_shards(d, n_shards=n_shards, per_shard=per_shard)
         data = data_set(paths, per_shard=per_shard)
@@ -388,40 +388,7 @@ def test_an_epoch_found_by_header_walk_is_cut_after_a_small_first_share(tmp_path
         batches, _, at_once, _ = read(WorkerSource(c, shard_data, 0), 0, monkeypatch)
         assert at_once == count[0] and batches == by_columns(c, shard_data, 0, (0,), monkeypatch)[0]
         got.append(count[0])
-    assert got[0] == 1 < got[1]  # (one share; the small first share, then the rest in growing shares)
-
-
-def test_each_next_share_is_read_a_shard_at_a_time_while_the_last_is_given_out(tmp_path, monkeypatch):
-    """The first share is read when the epoch begins; each next one (every shard's range of it)
-    over the steps of the share before it, a few shards a step, whole by that share's end: no
-    step after the first waits for a whole share. The same batches as the columns'."""
-    paths = make_shards(tmp_path, n_shards=8, per_shard=37)
-    data = data_set(paths, per_shard=37)
-    c = config(paths, workers=1)
-    at, reads = [0, []], []
-    take, read_shard = epochfeed.EpochShares.take, epochfeed._read_shard
-
-    def taking(self, step):
-        at[:] = [step, list(self.bounds)]
-        return take(self, step)
-
-    def reading(reader, ranges, *args):
-        reads.append(at[0])
-        return read_shard(reader, ranges, *args)
-
-    count, patch = shares_read(monkeypatch, 20_000, 200_000)
-    patch()
-    monkeypatch.setattr(epochfeed.EpochShares, "take", taking)
-    monkeypatch.setattr(epochfeed, "_read_shard", reading)
-    batches = read(WorkerSource(c, data, 0), 1, monkeypatch)[0]
-    bounds = at[1]
-    assert len(bounds) > 5 and batches == by_columns(c, data, 0, (1,), monkeypatch)[0]
-    assert reads.count(0) == 8  # (the first share: every shard's range, before the first batch)
-    for k in range(1, len(bounds) - 1):  # share k: read at the steps after share k - 1's first
-        steps = [step for step in reads if bounds[k - 1] < step <= bounds[k]]
-        assert len(steps) == 8
-        if bounds[k] - bounds[k - 1] > 1:
-            assert max(steps.count(step) for step in set(steps)) < 8 and len(set(steps)) > 1
+    assert got == [1, 2]  # (the small first share, then the rest)
 
 
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
@@ -465,20 +432,14 @@ def test_a_share_that_cannot_be_read_hands_the_rest_of_the_epoch_to_the_columns(
 
 
 def test_an_epoch_over_the_whole_read_s_bytes_is_cut_into_shares_a_small_first():
-    """One share up to the whole read's bytes; over it a small first share, the next ones growing
-    ``SHARE_GROWTH``-fold up to ``SHARE_BYTES``, a rest under half a share joining the last."""
     takes = np.ones((1000, 4), np.int64)  # 1,000 steps of 4 rows
     whole = epochfeed.WHOLE_BYTES / 4000  # (the whole epoch: one share's bytes exactly)
     assert epochfeed.share_bounds(takes, whole) == [0, 1000] and epochfeed.share_bounds(takes, None) == [0, 1000]
     per_sample = epochfeed.FIRST_SHARE_BYTES / 20  # (5 steps a first share)
     bounds = epochfeed.share_bounds(takes, per_sample)
-    later = round(epochfeed.SHARE_BYTES / (4 * per_sample))  # (a full share's steps: 160)
-    grown = [5 * epochfeed.SHARE_GROWTH ** k for k in range(10) if 5 * epochfeed.SHARE_GROWTH ** k < later]
-    sizes = np.diff(bounds).tolist()
-    assert sizes[:len(grown)] == grown and sizes[len(grown):-1] == [later] * (len(sizes) - len(grown) - 1)
-    assert bounds[-1] == 1000 and later / 2 <= sizes[-1] < 1.5 * later
-    # a rest under half the share after it joins it: 5 + 20 + 80 + 2 steps (the 2 under 80)
-    assert epochfeed.share_bounds(np.ones((107, 4), np.int64), per_sample) == [0, 5, 25, 107]
+    later = round(epochfeed.SHARE_BYTES / (4 * per_sample))
+    assert bounds[:3] == [0, 5, 5 + later] and bounds[-1] == 1000 and 5 < later and len(bounds) > 4
+    assert np.diff(bounds)[1:-1].tolist() == [later] * (len(bounds) - 3) and 0 < bounds[-1] - bounds[-2] <= later
     assert epochfeed.share_bounds(takes, 2.0 * epochfeed.SHARE_BYTES) == list(range(1001))  # (a step each, at least)
     walked = epochfeed.share_bounds(takes, whole, whole=epochfeed.FIRST_SHARE_BYTES)  # (no layouts: a small first share)
     assert walked[:2] == [0, round(epochfeed.FIRST_SHARE_BYTES / (4 * whole))] and walked[-1] == 1000
