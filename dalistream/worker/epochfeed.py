@@ -22,9 +22,10 @@ for byte (``tests/worker/test_epochfeed.py``).
 The shares (:func:`share_bounds`): an epoch of at most :data:`WHOLE_BYTES` is one, its first
 batch waiting for the whole read; a larger one, or one found by header walk (no member layouts)
 larger than :data:`FIRST_SHARE_BYTES`, is cut into a first of about that, which its first batch
-waits for, then shares of :data:`SHARE_BYTES`, each read when its first step is taken and held
-until the next is read. A share cuts every column's part at its bounds, so each share costs a
-range per column: few and large shares.
+waits for, then shares of :data:`SHARE_BYTES` (found by header walk, of
+:data:`WALKED_SHARE_BYTES`: its members are copied), each read when its first step is taken and
+held until the next is read. A share cuts every column's part at its bounds, so each share costs
+a range per column: few and large shares.
 
 Only the plain case is read this way, and the column path reads every other: an epoch resumed
 mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
@@ -68,7 +69,8 @@ EPOCH_BYTES = 1 << 30  # a share read at once: at most this many bytes of a work
 WHOLE_BYTES = 256 << 20  # an epoch of at most this many is one share (its first batch waits for the whole read)
 FIRST_SHARE_BYTES = 16 << 20  # a larger epoch's first share (which its first batch waits for) …
 SHARE_BYTES = 512 << 20  # … and each after it (each share cuts every column's part: a range each)
-COPIED_BYTES = 64 << 20  # a share's ranges found by header walk, copied into the worker's buffers: at most this
+COPIED_BYTES = 64 << 20  # a share's ranges found by header walk, copied into the worker's buffers: at most this …
+WALKED_SHARE_BYTES = COPIED_BYTES // 2  # … so such an epoch's shares are of this (room for samples over the mean)
 
 
 class EpochFeed:
@@ -143,14 +145,15 @@ class EpochShares:
         return self.feed.take(step - self.start)  # type: ignore[union-attr]
 
 
-def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: int = WHOLE_BYTES) -> List[int]:
+def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: int = WHOLE_BYTES,
+                 later: int = SHARE_BYTES) -> List[int]:
     """Where an epoch's shares of steps (``takes``: rows per step and column) begin, and its end:
     one share where the epoch is at most ``whole`` bytes, or where the samples' size is not
-    known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares of
-    :data:`SHARE_BYTES` (half of :data:`EPOCH_BYTES`: room for the samples an elastic resume
-    drops, read and left out). ``whole``: :data:`WHOLE_BYTES`, or where the samples are found by
-    header walk (no member layouts) :data:`FIRST_SHARE_BYTES`: the walk costs its first batch ~16
-    µs a sample, and a range per column and share next to nothing beside it."""
+    known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares of ``later``
+    bytes. Laid out: :data:`WHOLE_BYTES`, then :data:`SHARE_BYTES` (half of :data:`EPOCH_BYTES`:
+    room for the samples an elastic resume drops, read and left out). Found by header walk (no
+    member layouts): :data:`FIRST_SHARE_BYTES` (the walk costs its first batch ~16 µs a sample,
+    and a range per column and share little beside it), then :data:`WALKED_SHARE_BYTES`."""
     steps = len(takes)
     per_step = np.cumsum(takes.sum(axis=1)) * (bytes_per_sample or 0)
     if not bytes_per_sample or per_step[-1] <= whole:
@@ -160,7 +163,7 @@ def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: in
         before = per_step[bounds[-1] - 1] if bounds[-1] else 0.0
         stop = int(np.searchsorted(per_step, before + want, side="right"))
         bounds.append(min(steps, max(stop, bounds[-1] + 1)))
-        want = SHARE_BYTES
+        want = later
     return bounds
 
 
@@ -178,7 +181,8 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
     if any(stop is None or stop <= first for plan in plans for _, first, stop in plan.parts):
         return None
     walked = getattr(data.offsets, "members", None) is None  # (no member layouts: every sample found by header walk)
-    bounds = share_bounds(takes, data.bytes_per_sample, FIRST_SHARE_BYTES if walked else WHOLE_BYTES)
+    whole, later = (FIRST_SHARE_BYTES, WALKED_SHARE_BYTES) if walked else (WHOLE_BYTES, SHARE_BYTES)
+    bounds = share_bounds(takes, data.bytes_per_sample, whole, later)
     shares = EpochShares(reader, plans, takes, policy, stats, bounds, columns)
     return shares if shares.next_share() else None
 

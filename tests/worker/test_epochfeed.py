@@ -336,6 +336,7 @@ def shares_read(monkeypatch, first_share, share):
         monkeypatch.setattr(epochfeed, "WHOLE_BYTES", 0)
         monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", first_share)
         monkeypatch.setattr(epochfeed, "SHARE_BYTES", share)
+        monkeypatch.setattr(epochfeed, "WALKED_SHARE_BYTES", share)
     return count, patch
 
 
@@ -391,6 +392,33 @@ def test_an_epoch_found_by_header_walk_is_cut_after_a_small_first_share(tmp_path
     assert got == [1, 2]  # (the small first share, then the rest)
 
 
+def test_an_epoch_found_by_header_walk_is_read_in_shares_within_the_copy_budget(tmp_path, monkeypatch):
+    """Without member layouts every share after the first is of ``WALKED_SHARE_BYTES``, half
+    the bytes a share may copy (``COPIED_BYTES``), so a large epoch is read at once share by
+    share, not handed to the columns after its first share; the same batches."""
+    (tmp_path / "u").mkdir()
+    unlaid, unlaid_data = unlaid_shards(tmp_path / "u", "offsets only")
+    c = config(unlaid, workers=1)
+    count, read_share = [0], epochfeed.read_share
+
+    def counted(*args):
+        count[0] += 1
+        return read_share(*args)
+
+    got = []
+    for later in (130_000, epochfeed.SHARE_BYTES):  # (~2 steps of ~62 kB; the second: the rest, over the budget)
+        monkeypatch.setattr(epochfeed, "read_share", counted)
+        monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", 6000)
+        monkeypatch.setattr(epochfeed, "COPIED_BYTES", 270_000)
+        monkeypatch.setattr(epochfeed, "WALKED_SHARE_BYTES", later)
+        count[0] = 0
+        batches, _, at_once, _ = read(WorkerSource(c, unlaid_data, 0), 1, monkeypatch)
+        assert batches == by_columns(c, unlaid_data, 0, (1,), monkeypatch)[0]
+        got.append((count[0], at_once))
+    assert got[0][0] >= 4 and got[0][1] == got[0][0]  # (every share read at once)
+    assert got[1] == (2, 1)  # (the first share, then one over the budget: the columns read the rest)
+
+
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
 def test_a_share_that_cannot_be_read_hands_the_rest_of_the_epoch_to_the_columns(tmp_path, monkeypatch, on_error):
     """Damage the last shares read: the shares before it are given out as read, the rest by the
@@ -443,6 +471,9 @@ def test_an_epoch_over_the_whole_read_s_bytes_is_cut_into_shares_a_small_first()
     assert epochfeed.share_bounds(takes, 2.0 * epochfeed.SHARE_BYTES) == list(range(1001))  # (a step each, at least)
     walked = epochfeed.share_bounds(takes, whole, whole=epochfeed.FIRST_SHARE_BYTES)  # (no layouts: a small first share)
     assert walked[:2] == [0, round(epochfeed.FIRST_SHARE_BYTES / (4 * whole))] and walked[-1] == 1000
+    walked = epochfeed.share_bounds(takes, per_sample, epochfeed.FIRST_SHARE_BYTES, epochfeed.WALKED_SHARE_BYTES)
+    later = round(epochfeed.WALKED_SHARE_BYTES / (4 * per_sample))  # (… and shares within the copy budget)
+    assert walked[:3] == [0, 5, 5 + later] and set(np.diff(walked)[1:-1].tolist()) == {later}
 
 
 def test_steps_take_their_rows_by_index():
