@@ -14,10 +14,10 @@ in one gather, the shard's end-of-archive marker after its last
 memory of the worker's own). A range of a shard without a member layout (an index of offsets
 only; a shard with folders, links or long names) is found by header walk between its offsets,
 as a column finds it, its members copied into the worker's buffers
-(:func:`~.neighbours.walked_range`). Every run is decoded together (:func:`~.rows.decode_runs`), each column's rows are an index
-array over the decoded rows (less the plan's drops, an elastic resume's included), and each
-step takes its rows by index. What each step holds, in which order, is the column path's, byte
-for byte (``tests/worker/test_epochfeed.py``).
+(:func:`~.neighbours.walked_range`). Every run is decoded together (:func:`~.rows.decode_runs`),
+each column's rows are an index array over the decoded rows (less the plan's drops, an elastic
+resume's included), and each step takes its rows by index. What each step holds, in which
+order, is the column path's, byte for byte (``tests/worker/test_epochfeed.py``).
 
 The shares (:func:`share_bounds`): an epoch of at most :data:`WHOLE_BYTES` is one, its first
 batch waiting for the whole read; a larger one, or one found by header walk (no member layouts)
@@ -296,7 +296,8 @@ def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> 
     return out
 
 
-def _walked_bytes(reader: "PlanReader", index: int, first: int, stop: int) -> Optional[Tuple[Optional[int], Optional[int], int]]:
+def _walked_bytes(reader: "PlanReader", index: int, first: int,
+                  stop: int) -> Optional[Tuple[Optional[int], Optional[int], int]]:
     """Where samples ``first … stop`` of local shard ``index`` lie as its offsets place them
     (``start``, ``end``: :meth:`~.reader.PlanReader.byte_range`) and their bytes (to the file's
     end for its last), or ``None`` where the offsets do not place them."""
