@@ -167,11 +167,15 @@ class FileRange(io.RawIOBase):
     def seek(self, offset: int, whence: int = 0) -> int:
         target = offset if whence == 0 else self._pos + offset if whence == 1 else self._end + offset
         before, self._pos = self._pos, min(max(target, 0), self._end)
-        # the range's end reached by passing over its last bytes (a member not wanted) is reached
-        # as by reading them: the marker follows, where the file holds those bytes
-        if self._marker and before < self._pos == self._end and os.fstat(self._f.fileno()).st_size >= self._end:
-            self._tail = memoryview(END_OF_ARCHIVE)
+        if before < self._pos:  # (passing over its last bytes, a member not wanted, reaches the end too)
+            self._moved_on(read=False)
         return self._pos
+
+    def _moved_on(self, read: bool) -> None:
+        """At the range's end, the marker follows: where its last bytes came (``read``), or where
+        the file holds the bytes a seek passed over (a file cut before the end stays truncated)."""
+        if self._marker and self._pos == self._end and (read or os.fstat(self._f.fileno()).st_size >= self._end):
+            self._tail = memoryview(END_OF_ARCHIVE)
 
     def fileno(self) -> int:
         return self._f.fileno()
@@ -188,8 +192,8 @@ class FileRange(io.RawIOBase):
         view = self._shared.view(self._pos, min(n, self._end - self._pos)) if self._shared is not None else None
         if view is not None:
             self._pos += len(view)
-            if len(view) and self._pos == self._end and self._marker:
-                self._tail = memoryview(END_OF_ARCHIVE)
+            if len(view):
+                self._moved_on(read=True)
         return view
 
     def readinto(self, buffer) -> int:
@@ -198,8 +202,8 @@ class FileRange(io.RawIOBase):
         if n > 0:
             got = os.preadv(self._f.fileno(), [view[:n]], self._pos)
             self._pos += got
-            if got and self._pos == self._end and self._marker:
-                self._tail = memoryview(END_OF_ARCHIVE)
+            if got:
+                self._moved_on(read=True)
             return got  # 0: the file ended before the range did (a cut shard: no marker)
         n, self._tail = copy_tail(view, self._tail)
         return n

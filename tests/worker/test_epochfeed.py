@@ -399,19 +399,11 @@ def test_an_epoch_found_by_header_walk_is_read_in_shares_within_the_copy_budget(
     (tmp_path / "u").mkdir()
     unlaid, unlaid_data = unlaid_shards(tmp_path / "u", "offsets only")
     c = config(unlaid, workers=1)
-    count, read_share = [0], epochfeed.read_share
-
-    def counted(*args):
-        count[0] += 1
-        return read_share(*args)
-
     got = []
     for later in (130_000, epochfeed.SHARE_BYTES):  # (~2 steps of ~62 kB; the second: the rest, over the budget)
-        monkeypatch.setattr(epochfeed, "read_share", counted)
-        monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", 6000)
+        count, patch = shares_read(monkeypatch, 6000, later)
+        patch()
         monkeypatch.setattr(epochfeed, "COPIED_BYTES", 270_000)
-        monkeypatch.setattr(epochfeed, "WALKED_SHARE_BYTES", later)
-        count[0] = 0
         batches, _, at_once, _ = read(WorkerSource(c, unlaid_data, 0), 1, monkeypatch)
         assert batches == by_columns(c, unlaid_data, 0, (1,), monkeypatch)[0]
         got.append((count[0], at_once))
