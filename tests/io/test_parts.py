@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
-from dalistream.errors import ConfigError, SourceError
+from dalistream.errors import ConfigError, ShardFormatError, SourceError
 from dalistream.io import IOCounters, ShardSequence, open_shard
 from dalistream.io.local import END_OF_ARCHIVE
 from dalistream.io.options import remote_options
@@ -231,6 +231,38 @@ def test_a_part_whose_last_member_is_passed_over_ends_with_its_marker_from_every
                     keys = [s["__key__"] for s in iter_samples(f, url, want_ext=lambda e: e == "cls",
                                                                first_index=i, chunk=1024)]
                 assert keys == [f"p/{k:03d}" for k in range(i, j)], (url, i, j)
+
+
+@pytest.mark.slow
+def test_a_part_cut_inside_its_passed_over_last_member_is_truncated_from_every_store(shards, tmp_path):
+    """The same parts, their shard cut inside the last member of part ``[offsets[i], offsets[j])``
+    (not wanted, passed over): its end never comes, so the shard reads as truncated (an error
+    naming it), from S3, a gzip shard and the disk alike; the parts before the cut still read whole."""
+    path = str(tmp_path / "c.tar")
+    offsets = passed_over_shard(path, n=5, prefix="c")
+    with open(path, "rb") as f:
+        whole = f.read()
+    for j in range(1, len(offsets)):
+        cut = offsets[j] - 700  # (inside sample j - 1's passed-over member)
+        with open(path, "wb") as f:
+            f.write(whole[:cut])
+        with open(path, "rb") as f, gzip.open(str(tmp_path / "c.tar.gz"), "wb") as g:
+            shutil.copyfileobj(f, g)
+        for name in ("c.tar", "c.tar.gz"):
+            shards["client"].upload_file(str(tmp_path / name), BUCKET, name)
+        options = {"endpoint_url": shards["endpoint"], "part_bytes": 8 * KiB, "chunk_bytes": 1 * KiB}
+        for url, opts in ((f"s3://{BUCKET}/c.tar", options), (f"s3://{BUCKET}/c.tar.gz", options),
+                          (str(tmp_path / "c.tar.gz"), None), (path, None)):
+            for i in range(j):
+                with open_shard(url, offsets[i], opts, offsets[j]) as f:
+                    with pytest.raises(ShardFormatError, match="truncated") as raised:
+                        list(iter_samples(f, url, want_ext=lambda e: e == "cls", first_index=i, chunk=1024))
+                assert raised.value.url == url, (url, i, j)
+                if i + 1 < j:  # a part ending before the cut: whole
+                    with open_shard(url, offsets[i], opts, offsets[i + 1]) as f:
+                        keys = [s["__key__"] for s in iter_samples(f, url, want_ext=lambda e: e == "cls",
+                                                                   first_index=i, chunk=1024)]
+                    assert keys == [f"c/{i:03d}"], (url, i, j)
 
 
 def test_failed_shard_is_raised_in_its_place_and_the_next_one_is_read(shards):
