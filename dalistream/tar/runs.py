@@ -277,7 +277,7 @@ def sliced_runs(
             got, error = _read(r, memoryview(data))
         a, b = bases[i], bases[k]
         run = g.run(url, first, i, k, data, offset, where)
-        if got < size or not _headers_ok(data, run.member_at, checks[a:b]):
+        if got < size or not headers_ok(data, run.member_at, checks[a:b]):
             # sample by sample from the bytes read: its samples up to the damage, then the same error
             whole = 0
             read = io.BytesIO(bytes(data[:got]))
@@ -330,7 +330,7 @@ def ranges_runs(stream: BinaryIO, url: str, geometry: Geometry, ranges: Sequence
         members.append(runs[-1].member_at + runs[-1].at)
         checks.append(g.checks[bases[first]:bases[stop]])
     for buffer, members, checks in checked.values():
-        if not _headers_ok(buffer, np.concatenate(members), np.concatenate(checks)):
+        if not headers_ok(buffer, np.concatenate(members), np.concatenate(checks)):
             return None
     return runs
 
@@ -383,7 +383,7 @@ def _read(r: StreamBuffer, view: memoryview) -> Tuple[int, Optional[DalistreamEr
     return got, None
 
 
-def _headers_ok(data: bytearray, at: np.ndarray, checks: np.ndarray) -> bool:
+def headers_ok(data: bytearray, at: np.ndarray, checks: np.ndarray) -> bool:
     """Every member header (the block before each data offset ``at``) has the ``ustar`` magic and
     the size (``%011o``) the layout says: ``checks``, each header's 16 checked bytes, in one
     gather and one comparison for the whole run."""

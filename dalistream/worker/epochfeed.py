@@ -5,33 +5,35 @@ A worker reading interleaved columns reads every column's part of a share of the
 in a round or two anyway. Through the columns (:class:`~.feed.Feed`) each part then costs its
 column an opening, a numbering, a cut of its neighbours' read, items through the column and
 slicings of its rows at every round: ~50 µs per column and epoch, which is ~2 µs a sample when
-256 columns read 23 samples each. Here the same steps are read by ranges: the parts of a shard
-that lie end to end are one range, each column's parts cut where the share's rows of it begin
-and end (:func:`_taken`: what ``even`` leaves out is not read). The shard's file is held open
-across its ranges, and each range is cut out of its mapping, a run each, their headers checked
-in one gather, the shard's end-of-archive marker after its last
-(:func:`~dalistream.tar.runs.ranges_runs`: no copy and no buffer, so a share's size costs no
-memory of the worker's own). A range of a shard without a member layout (an index of offsets
-only; a shard with folders, links or long names) is found by header walk between its offsets,
-as a column finds it, its members copied into the worker's buffers
-(:func:`~.neighbours.walked_range`). Every run is decoded together (:func:`~.rows.decode_runs`),
-each column's rows are an index array over the decoded rows (less the plan's drops, an elastic
+256 columns read 23 samples each. Here a share's rows are read together (:func:`start_share`):
+each column's part cut where the share's rows of it begin and end (:func:`_taken`: what
+``even`` leaves out is not read). Where every shard of the share is local and has a member
+layout, the share is read from one mapping of its shards (:class:`~.mapped.MappedShare`: one
+header gather and one decode call per piece, whatever the number of shards and columns, no copy
+and no buffer of the worker's own). Else it is read by ranges (:func:`read_share`): the parts of
+a shard that lie end to end are one range, cut out of the file's mapping
+(:func:`~dalistream.tar.runs.ranges_runs`) or, for a shard without a member layout (an index of
+offsets only; a shard with folders, links or long names), found by header walk between its
+offsets, as a column finds it, its members copied into the worker's buffers
+(:func:`~.neighbours.walked_range`), every run decoded together (:func:`~.rows.decode_runs`).
+Each column's rows are an index array over the decoded rows (less the plan's drops, an elastic
 resume's included), and each step takes its rows by index. What each step holds, in which
-order, is the column path's, byte for byte (``tests/worker/test_epochfeed.py``).
+order, is the column path's, byte for byte (``tests/worker/test_epochfeed.py``,
+``tests/worker/test_mapped.py``).
 
 The shares (:func:`share_bounds`): an epoch of at most :data:`WHOLE_BYTES` is one, its first
-batch waiting for the whole read; a larger one, or one found by header walk (no member layouts)
-larger than :data:`FIRST_SHARE_BYTES`, is cut into a first of about that, which its first batch
-waits for, then shares of :data:`SHARE_BYTES` (found by header walk, of
-:data:`WALKED_SHARE_BYTES`: its members are copied), each read when its first step is taken and
-held until the next is read. A share cuts every column's part at its bounds, so each share costs
-a range per column: few and large shares.
+batch waiting for the whole read; a larger one is cut into a first of about
+:data:`FIRST_SHARE_BYTES`, which its first batch waits for, then shares of :data:`SHARE_BYTES`.
+While a share is given out, the next is read from its mapping in pieces, a few at each step and
+the last by the share's last step but one, as one span's reads fall between its batches (a share
+read by ranges is read when its first step is taken). Each share is held until the next is
+taken.
 
 Only the plain case is read this way, and the column path reads every other: an epoch resumed
 mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
 column), a mix, the ``fixed`` policy (a column reads its parts again), a part of a remote or
 gzipped shard or of one without offsets, a part read twice, a share over :data:`EPOCH_BYTES` (or
-walked ranges over :data:`COPIED_BYTES`), and anything amiss in the reading (a damaged or
+walked ranges over :data:`COPIED_BYTES`), and anything amiss in the reading (a damaged, cut or
 changed shard, a file that cannot be mapped, a sample the decoder refuses, one the header walk
 leaves alone: too large for a run, or without a wanted member): the column path then reads the
 epoch from the share's first step (as it reads one resumed there) and meets the problem where
@@ -47,7 +49,7 @@ import bisect
 import itertools
 import operator
 import os
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -57,6 +59,7 @@ from ..io.streams import chunk_bytes, maps_parts, open_shard
 from ..plan import WorkerPlan
 from ..tar.runs import Run, ranges_runs
 from .feed import Feed
+from .mapped import MappedShare, ShareMaps
 from .neighbours import walked_range
 from .policy import ErrorPolicy
 from .rows import decode_runs
@@ -66,9 +69,9 @@ if TYPE_CHECKING:
     from .reader import PlanReader
 
 EPOCH_BYTES = 1 << 30  # a share read at once: at most this many bytes of a worker's shards (else the columns')
-WHOLE_BYTES = 256 << 20  # an epoch of at most this many is one share (its first batch waits for the whole read)
+WHOLE_BYTES = 16 << 20  # an epoch of at most this many is one share (its first batch waits for the whole read)
 FIRST_SHARE_BYTES = 16 << 20  # a larger epoch's first share (which its first batch waits for) …
-SHARE_BYTES = 512 << 20  # … and each after it (each share cuts every column's part: a range each)
+SHARE_BYTES = 64 << 20  # … and each after it, read over the steps of the one before
 COPIED_BYTES = 64 << 20  # a share's ranges found by header walk, copied into the worker's buffers: at most this …
 WALKED_SHARE_BYTES = COPIED_BYTES // 2  # … so such an epoch's shares are of this (room for samples over the mean)
 
@@ -110,8 +113,8 @@ class EpochFeed:
 
 class EpochShares:
     """Each step's slot (:meth:`take`) from an epoch read at once in shares of its steps
-    (:func:`share_bounds`), each share an :class:`EpochFeed` read when its first step is
-    taken. A share that cannot be read (:func:`read_share`) hands the rest of the epoch to
+    (:func:`share_bounds`), each an :class:`EpochFeed`, the next read while one is given out
+    (:func:`start_share`). A share that cannot be read hands the rest of the epoch to
     ``columns(step)``, the column path from that step on (as a resume mid-way reads it)."""
 
     def __init__(self, reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, policy: ErrorPolicy,
@@ -123,25 +126,40 @@ class EpochShares:
         self.start, self.stop = 0, 0  # the steps of the share held
         self.feed: Optional[EpochFeed] = None
         self.rest: Optional[Feed] = None  # the column path, once a share could not be read
+        self.next: Optional[Union[MappedShare, ShareRead]] = None  # the next share, read over this one's steps
+        self.maps: ShareMaps = reader.maps  # what a share hands on to the next
 
     def next_share(self) -> bool:
-        """Read the next share; ``False``: it could not be (after the first, the columns then read
-        the rest of the epoch from its first step)."""
+        """Read the next share (what of it is not read yet); ``False``: it could not be (after the
+        first, the columns then read the rest of the epoch from its first step)."""
         self.share += 1
         self.start, self.stop = self.bounds[self.share], self.bounds[self.share + 1]
         self.feed = None  # (the last share's rows freed before the next is read)
-        self.feed = read_share(self.reader, self.plans, self.rows[self.start], self.rows[self.stop],
-                               self.takes[self.start:self.stop], self.policy, self.stats)
+        read, self.next = self.next or self._start(self.share, 1), None
+        got = read.finish()
+        self.feed = EpochFeed(got[0], got[1], self.takes[self.start:self.stop], self.policy) if got else None
         if self.feed is None and self.share:
             self.rest = self.columns(self.start)
+        if self.feed is not None and self.share + 2 < len(self.bounds):
+            self.next = self._start(self.share + 1, self.stop - self.start - 1)
         return self.feed is not None
 
+    def _start(self, share: int, pieces: int) -> Union[MappedShare, "ShareRead"]:
+        a, b = self.rows[self.bounds[share]], self.rows[self.bounds[share + 1]]
+        return start_share(self.reader, self.plans, a, b, self.stats, self.maps, max(1, pieces))
+
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
-        """Step ``step``'s slot, as :meth:`EpochFeed.take` (or the columns') gives it."""
+        """Step ``step``'s slot, as :meth:`EpochFeed.take` (or the columns') gives it; the next
+        share's pieces read on the way, the last by the share's last step but one."""
         if self.rest is None and step >= self.stop:
             self.next_share()
         if self.rest is not None:
             return self.rest.take(step)
+        read = self.next
+        if read is not None and read.done < read.pieces:
+            want = -(-read.pieces * (step - self.start + 1) // max(1, self.stop - self.start - 1))
+            while read.done < min(want, read.pieces) and not read.failed:
+                read.piece()
         return self.feed.take(step - self.start)  # type: ignore[union-attr]
 
 
@@ -150,10 +168,8 @@ def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: in
     """Where an epoch's shares of steps (``takes``: rows per step and column) begin, and its end:
     one share where the epoch is at most ``whole`` bytes, or where the samples' size is not
     known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares of ``later``
-    bytes. Laid out: :data:`WHOLE_BYTES`, then :data:`SHARE_BYTES` (half of :data:`EPOCH_BYTES`:
-    room for the samples an elastic resume drops, read and left out). Found by header walk (no
-    member layouts): :data:`FIRST_SHARE_BYTES` (the walk costs its first batch ~16 µs a sample,
-    and a range per column and share little beside it), then :data:`WALKED_SHARE_BYTES`."""
+    bytes: laid out, :data:`SHARE_BYTES` (each read in pieces over the steps of the one before);
+    found by header walk, :data:`WALKED_SHARE_BYTES` (within the bytes a share may copy)."""
     steps = len(takes)
     per_step = np.cumsum(takes.sum(axis=1)) * (bytes_per_sample or 0)
     if not bytes_per_sample or per_step[-1] <= whole:
@@ -188,10 +204,13 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
 
 
 def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
-               takes: np.ndarray, policy: ErrorPolicy, stats: WorkerStats) -> Optional[EpochFeed]:
-    """The steps whose rows ``takes`` gives read at once: each column's rows ``before[c]`` to
-    ``after[c]``; ``None`` where they cannot be (see the module doc)."""
-    taken = [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
+               stats: WorkerStats, taken: Optional[Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]]] = None,
+               ) -> Optional[Tuple[List[list], List[np.ndarray]]]:
+    """Each column's rows ``before[c]`` to ``after[c]`` read at once, by ranges (``taken``: what
+    :func:`_taken` says of them): the decoded rows, one list per field, and each column's rows
+    among them; ``None`` where they cannot be (see the module doc)."""
+    if taken is None:
+        taken = [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
     by_shard: Dict[int, List[Tuple[int, int]]] = {}
     for _, own in taken:
         for index, first, stop in own:
@@ -229,7 +248,40 @@ def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan], before: np.nda
         reader.whole_epochs = False  # (what stopped it stays: later epochs go to the columns at once)
         return None
     stats.add(bytes=sum(run.nbytes for _, run in runs))  # (the columns count their runs' so)
-    return _feed(reader, plans, taken, takes, policy, runs)
+    return _rows_of(reader, plans, taken, runs)
+
+
+class ShareRead:
+    """A share read at once when it is taken (:meth:`finish`), in no pieces: the read by ranges
+    (:func:`read_share`), for shards without a member layout, or not all local."""
+
+    pieces, done, failed = 0, 0, False
+
+    def __init__(self, *args) -> None:
+        self.args = args
+
+    def piece(self) -> None:
+        """(no pieces)"""
+
+    def finish(self) -> Optional[Tuple[List[list], List[np.ndarray]]]:
+        """What :func:`read_share` gives."""
+        return read_share(*self.args)
+
+
+def start_share(reader: "PlanReader", plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
+                stats: WorkerStats, maps: ShareMaps, pieces: int) -> Union[MappedShare, ShareRead]:
+    """The read of each column's rows ``before[c]`` to ``after[c]``: from one mapping of their
+    shards, in up to ``pieces`` pieces (:class:`~.mapped.MappedShare`), where every shard read is
+    local and has a member layout; else by ranges. ``maps``: what the last share hands on."""
+    taken = [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
+    indices = sorted({index for _, own in taken for index, _, _ in own})
+    data = reader.data
+    known = maps.shards is not None and maps.shards.shards == tuple(indices)  # (checked for the share before)
+    if not indices or not (known or all(maps_parts(data.urls[i]) and reader.layout(i, 0, data.counts[i], None)
+                                        is not None for i in indices)):
+        return ShareRead(reader, plans, before, after, stats, taken)
+    drops = [np.asarray(plan.drop, np.int64) - start for plan, (start, _) in zip(plans, taken)]
+    return MappedShare(reader, maps, indices, [own for _, own in taken], drops, stats, pieces, EPOCH_BYTES)
 
 
 def _taken(plan: WorkerPlan, lo: int, hi: int) -> Tuple[int, List[Tuple[int, int, int]]]:
@@ -311,10 +363,12 @@ def _walked_bytes(reader: "PlanReader", index: int, first: int,
     return start, end, size
 
 
-def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], parts: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]],
-          takes: np.ndarray, policy: ErrorPolicy, runs: Sequence[Tuple[int, Run]]) -> EpochFeed:
-    """The feed of the decoded ``runs``: each column's rows, its ``parts`` (:func:`_taken`: where
-    they start in its raw positions, and the parts) in its order, less its plan's drops."""
+def _rows_of(reader: "PlanReader", plans: Sequence[WorkerPlan],
+             parts: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]],
+             runs: Sequence[Tuple[int, Run]]) -> Tuple[List[list], List[np.ndarray]]:
+    """The decoded ``runs``' rows, one list per field, and each column's rows among them: its
+    ``parts`` (:func:`_taken`: where they start in its raw positions, and the parts) in its
+    order, less its plan's drops."""
     flat: List[list] = [[] for _ in reader.config.fields]
     # shard -> its runs' first samples, and each run's (first sample, samples, first row in flat)
     where: Dict[int, Tuple[List[int], List[Tuple[int, int, int]]]] = {}
@@ -342,4 +396,4 @@ def _feed(reader: "PlanReader", plans: Sequence[WorkerPlan], parts: Sequence[Tup
             drop = np.asarray(plan.drop, np.int64) - start
             own = np.delete(own, drop[(drop >= 0) & (drop < len(own))])  # (drops past what it reads: not read)
         rows.append(own)
-    return EpochFeed(flat, rows, takes, policy)
+    return flat, rows

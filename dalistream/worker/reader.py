@@ -42,6 +42,7 @@ from ..tar import read_error
 from ..tar.runs import Arena, Geometry, Run, run_length, sliced_runs
 from .fields import FieldDecoder
 from .layouts import ShardLayout, shard_layout
+from .mapped import ShareMaps
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
 from .column import ColumnReader
@@ -68,9 +69,10 @@ class PlanReader:
         self.fetcher: Optional[PartFetcher] = None  # the worker's read-ahead of remote parts (shared by its columns)
         self.neighbours = Neighbours()  # the parts of this epoch's columns, read together where they can be
         self.whole_epochs = True  # False once an epoch read at once met what the columns must settle (:mod:`.epochfeed`)
+        self.maps = ShareMaps()  # what an epoch's shares read from one mapping hand on (:mod:`.mapped`)
 
     def __getstate__(self) -> dict:  # (the fetcher's threads stay in the process that made it; runs never travel)
-        return dict(self.__dict__, fetcher=None, neighbours=Neighbours())
+        return dict(self.__dict__, fetcher=None, neighbours=Neighbours(), maps=ShareMaps())
 
     def read_together(self, plans: Sequence[WorkerPlan]) -> None:
         """The plans of the columns this reader reads in the epoch starting now: a column's part

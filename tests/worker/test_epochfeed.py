@@ -16,7 +16,7 @@ from dalistream.errors import DalistreamError
 from dalistream.io.local import FileRange
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.tar import runs
-from dalistream.worker import WorkerSource, epochfeed
+from dalistream.worker import WorkerSource, epochfeed, mapped
 from dalistream.worker.epochfeed import EpochFeed
 from dalistream.worker.policy import ErrorPolicy
 
@@ -29,7 +29,7 @@ def read(source, e, monkeypatch, budget=None, start_step=0):
     whether it was read at once, and the source's skips after it (``budget``:
     :data:`~epochfeed.EPOCH_BYTES`)."""
     reads, at_once = [0], [0]
-    take, view, feed = runs.Arena.take, FileRange.view, epochfeed._feed
+    take, view, region_of = runs.Arena.take, FileRange.view, mapped.ShareMaps.region_of
 
     def counted(self, n):
         reads[0] += 1
@@ -39,14 +39,19 @@ def read(source, e, monkeypatch, budget=None, start_step=0):
         reads[0] += n > 0
         return view(self, n)
 
-    def made(*args):
-        out = feed(*args)
-        at_once[0] += out is not None
-        return out
+    def mapped_for(self, paths, nbytes):  # (a share's shards read from one mapping: a read per shard)
+        reads[0] += len(paths)
+        return region_of(self, paths, nbytes)
+
+    class Made(epochfeed.EpochFeed):  # (a share read at once and given out)
+        def __init__(self, *args):
+            at_once[0] += 1
+            super().__init__(*args)
 
     monkeypatch.setattr(runs.Arena, "take", counted)
     monkeypatch.setattr(FileRange, "view", viewed)
-    monkeypatch.setattr(epochfeed, "_feed", made)
+    monkeypatch.setattr(mapped.ShareMaps, "region_of", mapped_for)
+    monkeypatch.setattr(epochfeed, "EpochFeed", Made)
     if budget is not None:
         monkeypatch.setattr(epochfeed, "EPOCH_BYTES", budget)
     try:
@@ -234,23 +239,29 @@ def test_the_columns_read_an_epoch_resumed_mid_way_one_span_and_over_the_budget(
     assert at_once == 0 and got == by_columns(c, data, 0, (1,), monkeypatch)[0][2:]
 
 
-@pytest.mark.parametrize("damage", ["header", "label"])
+@pytest.mark.parametrize("damage", ["header", "label", "cut", "end"])
 @pytest.mark.parametrize("on_error", ["skip", "raise"])
 def test_anything_amiss_is_met_by_the_columns_where_it_lies(tmp_path, monkeypatch, damage, on_error):
-    """A header that fails its check, or a sample the decoder refuses, in a later epoch: the
-    columns read that epoch, and skip or raise as they do in the first (the same batches, the
-    same skips, the same error)."""
+    """A header that fails its check, a sample the decoder refuses, a shard cut short or one whose
+    end-of-archive marker is overwritten, in a later epoch: the columns read that epoch, and skip
+    or raise as they do in the first (the same batches, the same skips, the same error)."""
     paths = make_shards(tmp_path)
     data = data_set(paths)  # (indexed before the damage)
     with tarfile.open(paths[1]) as tar:
-        member = tar.getmember("s1/020.bin" if damage == "header" else "s1/020.cls")
+        member = tar.getmember("s1/020.bin" if damage in ("header", "cut") else "s1/020.cls")
+        last = tar.getmembers()[-1]
     with open(paths[1], "r+b") as f:
         if damage == "header":  # the member header's ustar magic overwritten
             f.seek(member.offset + 257)
             f.write(b"xxxxx")
-        else:  # a label that is no decimal ("20" -> "2x")
+        elif damage == "label":  # a label that is no decimal ("20" -> "2x")
             f.seek(member.offset_data + 1)
             f.write(b"x")
+        elif damage == "cut":  # the file cut inside a member's data
+            f.truncate(member.offset_data + 100)
+        else:  # the block after the last member, its end-of-archive marker, not zeros
+            f.seek(last.offset_data + -(-last.size // 512) * 512)
+            f.write(b"x" * 512)
     c = config(paths, on_error=on_error, max_skip_fraction=1.0)
 
     def epochs(budget):
@@ -267,8 +278,10 @@ def test_anything_amiss_is_met_by_the_columns_where_it_lies(tmp_path, monkeypatc
 
     (ours, at_once), (theirs, _) = epochs(None), epochs(0)
     assert ours == theirs and at_once == 0
-    if on_error == "skip":
-        assert sum(ours[1][1].values()) == 2 * sum(ours[0][1].values()) > 0  # (the skips of epochs 0 and 1)
+    if on_error == "skip" and damage in ("header", "label"):  # (one sample: the skips of epochs 0 and 1)
+        assert sum(ours[1][1].values()) == 2 * sum(ours[0][1].values()) > 0
+    elif on_error == "skip":  # (a shard cut short or not ended: what follows the damage in each part)
+        assert sum(ours[1][1].values()) > sum(ours[0][1].values()) > 0
     else:
         assert all(isinstance(o[1], str) and paths[1] in o[1] for o in ours)  # (named by the shard)
 
@@ -323,16 +336,16 @@ def test_samples_ending_with_a_member_not_wanted_are_all_read_without_a_layout(t
 
 
 def shares_read(monkeypatch, first_share, share):
-    """Count the shares read (:func:`epochfeed.read_share`): every epoch cut into shares, the first
+    """Count the shares read (:func:`epochfeed.start_share`): every epoch cut into shares, the first
     of ``first_share`` bytes, each after it of ``share``."""
-    count, read_share = [0], epochfeed.read_share
+    count, start_share = [0], epochfeed.start_share
 
     def counted(*args):
         count[0] += 1
-        return read_share(*args)
+        return start_share(*args)
 
     def patch():  # (``read`` undoes what it patched)
-        monkeypatch.setattr(epochfeed, "read_share", counted)
+        monkeypatch.setattr(epochfeed, "start_share", counted)
         monkeypatch.setattr(epochfeed, "WHOLE_BYTES", 0)
         monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", first_share)
         monkeypatch.setattr(epochfeed, "SHARE_BYTES", share)
@@ -374,15 +387,15 @@ def test_an_epoch_found_by_header_walk_is_cut_after_a_small_first_share(tmp_path
     data = data_set(paths, per_shard=37)
     (tmp_path / "u").mkdir()
     unlaid, unlaid_data = unlaid_shards(tmp_path / "u", "offsets only")
-    count, finish = [0], epochfeed.read_share
+    count, start = [0], epochfeed.start_share
 
     def counted(*args):
         count[0] += 1
-        return finish(*args)
+        return start(*args)
 
     got = []
     for shards, shard_data in ((paths, data), (unlaid, unlaid_data)):
-        monkeypatch.setattr(epochfeed, "read_share", counted)
+        monkeypatch.setattr(epochfeed, "start_share", counted)
         monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", 6000)
         count[0] = 0
         c = config(shards, workers=2)

@@ -1,0 +1,330 @@
+"""A share of an epoch whose shards all have member layouts, read from one mapping of its shards
+(:class:`MappedShare`, for :mod:`.epochfeed`).
+
+The share's local shard files are mapped side by side in one address range (:class:`Region`), so
+the whole share is one buffer: its members' headers are checked in one gather and its rows
+decoded in one call per piece, whatever the number of shards, columns and ranges. Where each of
+its samples and members lies is worked out with array operations over its shards' member layouts
+laid end to end (:class:`ShardSet`), not per range, so a share costs about the same whatever it
+cuts: shares can be small and of equal size, and each next one is read in pieces
+(:meth:`MappedShare.piece`) over the steps of the share before (:class:`~.epochfeed.EpochShares`),
+as one span's reads fall between its batches. What it gives is the column path's, byte for byte;
+where anything is amiss (a shard shorter than its layout, a header that fails its check, a row
+the decoder refuses, no mapping) it gives nothing and the columns read the share.
+
+The mapping is Linux's ``mmap`` with ``MAP_FIXED`` into a range reserved first (Python's ``mmap``
+cannot place a mapping): unmapped when nothing refers to the region's bytes any more.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+import weakref
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..io.local import local_path
+from ..tar.headers import BLOCK, header_name
+from ..tar.runs import headers_ok
+from ..tar.samples import split_name
+
+if TYPE_CHECKING:
+    from .reader import PlanReader
+    from .stats import WorkerStats
+
+PIECE_BYTES = 8 << 20  # a share is decoded in pieces of about this many bytes, over the steps of the share before
+REGION_BYTES = 1 << 30  # files of at most this many bytes stay mapped while read; larger ones are mapped anew after this many read
+
+_PROT_READ, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 1, 1, 2, 0x10, 0x20, 0x4000
+_libc = None
+
+
+def _mapper():
+    """libc's ``mmap``/``munmap`` (Linux), or ``None`` where this way of mapping is not available."""
+    global _libc
+    if _libc is None:
+        _libc = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.mmap.restype = ctypes.c_void_p
+                libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_long]
+                libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+                _libc = libc
+            except (OSError, AttributeError):
+                pass
+    return _libc or None
+
+
+def _unmap(base: int, total: int) -> None:
+    libc = _mapper()
+    if libc is not None:
+        libc.munmap(base, total)
+
+
+class Region:
+    """Files mapped read-only side by side in one address range: file ``k`` at ``offsets[k]`` of
+    :attr:`buffer` (each on a page of its own). :attr:`buffer` and every view of it keep the range
+    mapped; it is unmapped with the last. Raises ``OSError`` where a file cannot be mapped."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        libc = _mapper()
+        if libc is None:
+            raise OSError("no mmap with MAP_FIXED here")
+        self.identity = identities(paths)
+        self.sizes = [size for _, _, size, _ in self.identity]
+        if not all(self.sizes):
+            raise OSError("an empty file")
+        page = mmap.PAGESIZE
+        room = [-(-size // page) * page + page for size in self.sizes]  # (a page apart: never one file's bytes after another's)
+        self.offsets = np.concatenate([[0], np.cumsum(room)[:-1]]).astype(np.int64)
+        total = int(sum(room))
+        base = libc.mmap(None, total, 0, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        if base is None or base == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), "address range not reserved")
+        try:
+            for path, at, size in zip(paths, self.offsets.tolist(), self.sizes):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    if libc.mmap(base + at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0) != base + at:
+                        raise OSError(ctypes.get_errno(), "not mapped", path)
+                finally:
+                    os.close(fd)
+        except BaseException:
+            libc.munmap(base, total)
+            raise
+        self.buffer = (ctypes.c_uint8 * total).from_address(base)
+        # (never at exit: views of it may still be read while the interpreter ends)
+        weakref.finalize(self.buffer, _unmap, base, total).atexit = False
+        self.array = np.frombuffer(self.buffer, np.uint8)
+
+
+def identities(paths: Sequence[str]) -> List[Tuple[int, int, int, int]]:
+    """Each file's device, inode, size and modification time: a region serves while they hold."""
+    out = []
+    for path in paths:
+        st = os.stat(path)
+        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return out
+
+
+class ShardSet:
+    """Shards' member layouts laid end to end (each sample numbered from ``sample_base[k]`` for the
+    ``k``-th shard, each member from its sample's ``member_base``), members at their offsets in
+    their files (:class:`~dalistream.tar.runs.Geometry`), their patterns' tables end to end as
+    :class:`~dalistream.worker.rows.RowDecoder` reads runs of several shards."""
+
+    def __init__(self, reader: "PlanReader", shards: Sequence[int]) -> None:
+        self.shards = tuple(shards)
+        self.where = {s: k for k, s in enumerate(self.shards)}
+        self.urls = [reader.data.urls[s] for s in self.shards]
+        tables: Dict[int, int] = {}
+        self.tables: List[Sequence[Tuple[str, ...]]] = []
+        names: List[Tuple[str, ...]] = []
+        kinds, bases, ats, sizes, checks, owners, ends, counts, wanted, spans = [], [], [], [], [], [], [], [], [], []
+        members = 0
+        for k, s in enumerate(self.shards):
+            g = reader.geometry(s)
+            if id(g.names) not in tables:
+                tables[id(g.names)] = len(names)
+                names += g.names
+                self.tables.append(g.names)
+            first = reader.data.offsets.at(s, 0) or 0  # (where its first sample's first header is)
+            kinds.append(g.kinds + tables[id(g.names)])
+            bases.append(g.member_base[:-1] + members)
+            ats.append(g.member_at + first)
+            sizes.append(g.sizes)
+            checks.append(g.checks)
+            wanted.append(g.want_member)
+            owners.append(np.full(len(g.kinds), k, np.int64))
+            ends.append(first + int(g.sample_start[-1]))
+            spans.append(np.diff(g.sample_start))
+            counts.append(len(g.kinds))
+            members += len(g.sizes)
+        self.names = tuple(names)
+        self.kinds = np.concatenate(kinds)
+        self.member_base = np.concatenate(bases + [np.array([members], np.int64)])
+        self.member_at = np.concatenate(ats)  # in its file
+        self.member_size = np.concatenate(sizes)
+        self.checks = np.concatenate(checks)
+        self.wanted = np.concatenate(wanted)  # members the fields read (their bytes are the share's count)
+        self.owner = np.concatenate(owners)  # each sample's shard (its place in ``shards``)
+        self.sample_bytes = np.concatenate(spans)  # each sample's bytes, headers included
+        self.ends = np.array(ends, np.int64)  # each shard's last sample's end: its end-of-archive marker there
+        self.sample_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+class ShareMaps:
+    """What a worker's shares hand on to the next, across epochs too: their shards' layouts end to
+    end (:class:`ShardSet`, most often the same shards), and the mapping of their files (what
+    stays mapped is what the shares touched), kept while the files are the same (the same
+    inodes, sizes and times) and, where they hold more than :data:`REGION_BYTES`, until that many
+    bytes are read from it."""
+
+    def __init__(self) -> None:
+        self.shards: Optional[ShardSet] = None
+        self.region: Optional[Region] = None
+        self.mapped: Tuple[str, ...] = ()
+        self.given = 0
+
+    def shard_set(self, reader: "PlanReader", indices: Sequence[int]) -> ShardSet:
+        """The layouts of shards ``indices`` end to end."""
+        if self.shards is None or self.shards.shards != tuple(indices):
+            self.shards = ShardSet(reader, indices)
+        return self.shards
+
+    def region_of(self, paths: Sequence[str], nbytes: int) -> Region:
+        """A region mapping ``paths`` (the last one while it serves), of which ``nbytes`` are read."""
+        region = self.region
+        if (region is None or self.mapped != tuple(paths) or identities(paths) != region.identity
+                or (sum(region.sizes) > REGION_BYTES and self.given + nbytes > REGION_BYTES)):
+            self.region, self.mapped, self.given = None, (), 0  # (the last one's own views keep it mapped)
+            self.region, self.mapped = Region(paths), tuple(paths)
+        self.given += nbytes
+        return self.region
+
+
+class _Rows:
+    """A piece of a share's samples as :meth:`~dalistream.worker.rows.RowDecoder.decode` reads a run."""
+
+    def __init__(self, region: Region, shards: ShardSet, samples: np.ndarray, member_base: np.ndarray,
+                 member_at: np.ndarray, member_size: np.ndarray) -> None:
+        self.data, self.names, self.tables = region.buffer, shards.names, shards.tables
+        self.kinds = shards.kinds[samples]
+        self.member_base, self.member_at, self.member_size = member_base, member_at, member_size
+        self._owner, self._urls = shards.owner[samples], shards.urls
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def key(self, i: int, lowercase: bool = False) -> str:
+        at = int(self.member_at[self.member_base[i]]) - BLOCK
+        return split_name(header_name(bytes(memoryview(self.data)[at:at + BLOCK])), lowercase)[0]
+
+    def url_of(self, i: int) -> str:
+        return self._urls[int(self._owner[i])]
+
+
+def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``starts[i], starts[i] + 1, …, starts[i] + lengths[i] - 1`` for every ``i``, end to end."""
+    before = np.cumsum(lengths) - lengths
+    return np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+class MappedShare:
+    """A share's rows, read from one :class:`Region` of its shards in :attr:`pieces` pieces
+    (:meth:`piece`), then :meth:`finish`: ``(flat, rows)`` as :class:`~.epochfeed.EpochFeed`
+    takes them, or ``None`` where anything is amiss. ``parts``: each column's ``(index, first,
+    stop)`` samples of the share, in its order; ``drops``: each column's rows left out (in its
+    order, from its first row in the share)."""
+
+    def __init__(self, reader: "PlanReader", maps: ShareMaps, indices: Sequence[int],
+                 parts: Sequence[Sequence[Tuple[int, int, int]]], drops: Sequence[np.ndarray], stats: "WorkerStats",
+                 max_pieces: int, budget: int) -> None:
+        self.reader, self.stats = reader, stats
+        self.shards = shards = maps.shard_set(reader, indices)
+        self.failed, self.done, self.nbytes = False, 0, 0
+        self.flat: List[list] = []
+        column, first, count = [], [], []
+        for c, own in enumerate(parts):
+            for index, a, b in own:
+                column.append(c)
+                first.append(int(shards.sample_base[shards.where[index]]) + a)
+                count.append(b - a)
+        first_, count_ = np.array(first, np.int64), np.array(count, np.int64)
+        order = np.argsort(first_, kind="stable")
+        if len(order) > 1 and (first_[order][1:] < (first_ + count_)[order][:-1]).any():
+            self.failed = True  # (a sample read twice: the columns')
+            return
+        self.samples = _concat_ranges(first_[order], count_[order])  # the share's samples, in the files' order
+        size = int(shards.sample_bytes[self.samples].sum())
+        if size > budget:
+            self.failed = True  # (over the bytes a share may hold: the columns')
+            return
+        place = np.empty_like(order)
+        place[order] = np.cumsum(count_[order]) - count_[order]
+        taken = _concat_ranges(place, count_)  # each column's rows among them, column after column
+        per_column = np.bincount(np.array(column, np.int64), weights=count_, minlength=len(parts)).astype(np.int64)
+        self.rows = [np.delete(own, drop[(drop >= 0) & (drop < len(own))]) if len(drop) else own
+                     for own, drop in zip(np.split(taken, np.cumsum(per_column)[:-1]), drops)]
+        used = sorted(set(shards.owner[self.samples].tolist()))
+        member_first = shards.member_base[self.samples]
+        self.members = shards.member_base[self.samples + 1] - member_first
+        self.member_cut = np.concatenate([[0], np.cumsum(self.members)]).astype(np.int64)
+        self.member_index = _concat_ranges(member_first, self.members)
+        try:
+            with stats.io_clock.timed():
+                self.region = maps.region_of([local_path(shards.urls[k]) for k in used], size)
+        except OSError:
+            self.fail()
+            return
+        # each member's data in the region; every shard long enough for what is read of it (a file
+        # cut short would fault), and where its last sample is read, its end-of-archive block
+        place_of = np.zeros(len(shards.shards), np.int64)
+        place_of[used] = self.region.offsets
+        owner = shards.owner[self.samples]
+        self.member_at = shards.member_at[self.member_index] + np.repeat(place_of[owner], self.members)
+        size_of = np.zeros(len(shards.shards), np.int64)
+        size_of[used] = self.region.sizes
+        last = np.zeros(len(shards.shards), bool)
+        last[owner[self.samples + 1 == shards.sample_base[owner + 1]]] = True
+        need = shards.ends + BLOCK * last
+        if (need[used] > size_of[used]).any():
+            self.fail()
+            return
+        for k in np.flatnonzero(last).tolist():
+            end = int(place_of[k] + shards.ends[k])
+            if self.region.array[end:end + BLOCK].any():
+                self.fail()
+                return
+        index = self.member_index
+        self.nbytes = int(shards.member_size[index][shards.wanted[index]].sum())
+        pieces = max(1, min(max_pieces, -(-int(shards.member_size[index].sum()) // PIECE_BYTES)))
+        self.cuts = np.linspace(0, len(self.samples), pieces + 1).astype(np.int64).tolist()
+
+    def fail(self) -> None:
+        """Nothing of the share is given; the worker's later epochs go to the columns at once (what
+        stopped this read stays: it is not read twice each epoch)."""
+        self.failed = True
+        self.reader.whole_epochs = False
+
+    @property
+    def pieces(self) -> int:
+        return 0 if self.failed else len(self.cuts) - 1
+
+    def piece(self) -> None:
+        """Check and decode the next piece of the share's samples."""
+        if self.failed or self.done >= self.pieces:
+            return
+        a, b = self.cuts[self.done], self.cuts[self.done + 1]
+        self.done += 1
+        members = self.members[a:b]
+        m0, m1 = int(self.member_cut[a]), int(self.member_cut[b])
+        member_at, index = self.member_at[m0:m1], self.member_index[m0:m1]
+        if not headers_ok(self.region.buffer, member_at, self.shards.checks[index]):
+            self.fail()
+            return
+        rows = _Rows(self.region, self.shards, self.samples[a:b], np.concatenate([[0], np.cumsum(members)]),
+                     member_at, self.shards.member_size[index])
+        flat, bad = self.reader.rows.decode(rows, self.reader.source_name)  # type: ignore[arg-type]
+        if bad:  # (a sample the per-sample path must settle)
+            self.fail()
+        elif not self.flat:
+            self.flat = flat
+        else:
+            for values, more in zip(self.flat, flat):
+                values += more
+
+    def finish(self) -> Optional[Tuple[List[list], List[np.ndarray]]]:
+        """What the share gives (its pieces not read yet read now), or ``None``."""
+        while not self.failed and self.done < self.pieces:
+            self.piece()
+        if self.failed:
+            return None
+        self.stats.add(bytes=self.nbytes)
+        return self.flat, self.rows

@@ -1,0 +1,145 @@
+"""A share read from one mapping of its shards (worker/mapped.py): the mapping itself (the files'
+bytes side by side, unmapped with its last view, refused for an empty or missing file), kept
+across shares and epochs while the files are the same and within its bytes, and the next share
+read in pieces over the steps of the one before: the columns' batches, byte for byte."""
+
+import ctypes
+import gc
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from dalistream.worker import WorkerSource, epochfeed, mapped
+from dalistream.worker.mapped import Region, ShareMaps
+
+from tests.worker.test_epochfeed import by_columns, read, shares_read
+from tests.worker.test_neighbours import config, data_set, make_shards
+
+
+def mapped_ranges():
+    """The start address of every mapping of this process."""
+    with open("/proc/self/maps") as f:
+        return {int(line.split("-", 1)[0], 16) for line in f}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux only")
+def test_a_region_holds_the_files_side_by_side_and_is_unmapped_with_its_last_view(tmp_path):
+    rng = np.random.default_rng(2)
+    paths, contents = [], []
+    for k, size in enumerate((1, 4095, 4096, 70_001)):
+        contents.append(rng.bytes(size))
+        paths.append(str(tmp_path / f"f{k}"))
+        with open(paths[-1], "wb") as f:
+            f.write(contents[-1])
+    region = Region(paths)
+    assert region.sizes == [len(c) for c in contents]
+    for at, content in zip(region.offsets.tolist(), contents):
+        assert bytes(region.array[at:at + len(content)]) == content and at % 4096 == 0
+    assert np.all(np.diff(region.offsets) > np.array(region.sizes[:-1]))  # (a page apart at least)
+    base = ctypes.addressof(region.buffer)
+    view = region.array[region.offsets[3]:][:100]
+    del region
+    gc.collect()
+    assert base in mapped_ranges() and bytes(view) == contents[3][:100]  # (the view keeps it mapped)
+    del view
+    gc.collect()
+    assert base not in mapped_ranges()
+
+
+def test_a_region_refuses_an_empty_or_missing_file(tmp_path):
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "full").write_bytes(b"x" * 10)
+    for paths in ([str(tmp_path / "full"), str(tmp_path / "empty")], [str(tmp_path / "full"), str(tmp_path / "no")]):
+        with pytest.raises(OSError):
+            Region(paths)
+
+
+def test_a_mapping_serves_while_its_files_are_the_same_and_within_its_bytes(tmp_path, monkeypatch):
+    paths = []
+    for k in range(2):
+        paths.append(str(tmp_path / f"f{k}"))
+        with open(paths[-1], "wb") as f:
+            f.write(bytes([k]) * 5000)
+    maps = ShareMaps()
+    first = maps.region_of(paths, 4000)
+    assert maps.region_of(paths, 4000) is first and maps.region_of(paths[:1], 10) is not first
+    first = maps.region_of(paths, 10)
+    os.replace(shutil.copy(paths[1], str(tmp_path / "copy")), paths[1])  # (the same bytes, another file)
+    again = maps.region_of(paths, 10)
+    assert again is not first and bytes(again.array[again.offsets[1]:][:3]) == b"\x01" * 3
+    monkeypatch.setattr(mapped, "REGION_BYTES", 9000)  # (files of 10,000 bytes: mapped anew after 9,000 read)
+    assert maps.region_of(paths, 5000) is again and maps.region_of(paths, 5000) is not again
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_next_share_is_read_in_pieces_over_the_steps_of_the_one_before(tmp_path, monkeypatch, workers):
+    """Shares of several steps, each in several pieces: the next share's pieces are read while
+    this one is given out, a few at each step and all before its last step, none left for the
+    share's own first step; the columns' batches."""
+    paths = make_shards(tmp_path, n_shards=6, per_shard=60)
+    data = data_set(paths, per_shard=60)
+    c = config(paths, workers=workers)
+    count, patch = shares_read(monkeypatch, 6000, 400_000)  # (shares of 8–16 steps of 25–50 kB)
+    events = []
+    piece, finish, take = mapped.MappedShare.piece, mapped.MappedShare.finish, epochfeed.EpochFeed.take
+
+    def logged_piece(self):
+        events.append(("piece", self))  # (the share itself: an id may be reused once it is freed)
+        piece(self)
+
+    def logged_finish(self):
+        events.append(("finish", self, self.done, self.pieces))
+        return finish(self)
+
+    def logged_take(self, step):
+        events.append(("take", step))
+        return take(self, step)
+
+    for worker in range(workers):
+        for e in (0, 1):
+            events.clear()
+            count[0] = 0
+            patch()
+            monkeypatch.setattr(mapped, "PIECE_BYTES", 20_000)
+            monkeypatch.setattr(mapped.MappedShare, "piece", logged_piece)
+            monkeypatch.setattr(mapped.MappedShare, "finish", logged_finish)
+            monkeypatch.setattr(epochfeed.EpochFeed, "take", logged_take)
+            batches = read(WorkerSource(c, data, worker), e, monkeypatch)[0]
+            assert batches == by_columns(c, data, worker, (e,), monkeypatch)[0]
+            finished = [ev for ev in events if ev[0] == "finish"]
+            assert count[0] >= 3 and len(finished) == count[0]
+            spread = 0
+            for _, share, done, pieces in finished[1:]:  # (every share after the first: read before it is taken)
+                assert done == pieces >= 1
+                at = [i for i, ev in enumerate(events) if ev[0] == "piece" and ev[1] is share]
+                steps = [sum(ev[0] == "take" for ev in events[:i]) for i in at]  # (the steps they came at)
+                assert len(steps) == pieces and steps == sorted(steps)
+                spread += len(set(steps)) >= 2
+            assert spread >= 1  # (shares of several pieces, over several steps)
+
+
+def test_a_shard_rewritten_between_epochs_is_mapped_anew(tmp_path, monkeypatch):
+    """A worker's shards stay mapped from one epoch to the next (nothing mapped anew); a shard
+    replaced by another file between them is mapped anew and read as it is now."""
+    paths = make_shards(tmp_path, n_shards=3, per_shard=30)
+    data = data_set(paths, per_shard=30)
+    c = config(paths, workers=1)
+    made, region = [0], mapped.Region
+
+    class Counted(region):
+        def __init__(self, files):
+            made[0] += 1
+            super().__init__(files)
+
+    source = WorkerSource(c, data, 0)
+    got = []
+    for e in (0, 1, 2):
+        if e == 2:  # (the same samples, another file: a copy renamed over it)
+            os.replace(shutil.copy(paths[1], str(tmp_path / "copy.tar")), paths[1])
+        made[0] = 0
+        monkeypatch.setattr(mapped, "Region", Counted)
+        got.append(read(source, e, monkeypatch))
+        assert got[-1][2] == 1 and made[0] == (1 if e != 1 else 0)
+    assert [b for b, _, _, _ in got] == by_columns(c, data, 0, (0, 1, 2), monkeypatch)
