@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .stats import WorkerStats
 
 PIECE_BYTES = 8 << 20  # a share is decoded in pieces of about this many bytes, over the steps of the share before
-REGION_BYTES = 1 << 30  # files of at most this many bytes stay mapped while read; larger ones are mapped anew after this many read
+REGION_BYTES = 1 << 30  # files of at most this many bytes stay mapped while read (as a share could be); larger ones anew after this many read
 
 _PROT_READ, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 1, 1, 2, 0x10, 0x20, 0x4000
 _libc = None
