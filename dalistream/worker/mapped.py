@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from .stats import WorkerStats
 
 PIECE_BYTES = 8 << 20  # a share is decoded in pieces of about this many bytes, over the steps of the share before
-REGION_BYTES = 1 << 30  # files of at most this many bytes stay mapped while read (as a share could be); larger ones anew after this many read
+REGION_BYTES = 1 << 30  # files of at most this many bytes stay mapped while read (as a share could be) …
+# … larger ones are mapped anew after this many bytes read
 
 _PROT_READ, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 1, 1, 2, 0x10, 0x20, 0x4000
 _libc = None
@@ -81,7 +82,8 @@ class Region:
         if not all(self.sizes):
             raise OSError("an empty file")
         page = mmap.PAGESIZE
-        room = [-(-size // page) * page + page for size in self.sizes]  # (a page apart: never one file's bytes after another's)
+        # (a page apart: never one file's bytes right after another's)
+        room = [-(-size // page) * page + page for size in self.sizes]
         self.offsets = np.concatenate([[0], np.cumsum(room)[:-1]]).astype(np.int64)
         total = int(sum(room))
         base = libc.mmap(None, total, 0, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
