@@ -23,7 +23,8 @@ order, is the column path's, byte for byte (``tests/worker/test_epochfeed.py``,
 
 The shares (:func:`share_bounds`): an epoch of at most :data:`WHOLE_BYTES` is one, its first
 batch waiting for the whole read; a larger one is cut into a first of about
-:data:`FIRST_SHARE_BYTES`, which its first batch waits for, then shares of :data:`SHARE_BYTES`.
+:data:`FIRST_SHARE_BYTES`, which its first batch waits for, then shares of :data:`SHARE_BYTES`
+(found by header walk: of :data:`WALKED_SHARE_BYTES`, within what a share may copy).
 While a share is given out, the next is read from its mapping in pieces, a few at each step and
 the last by the share's last step but one, as one span's reads fall between its batches (a share
 read by ranges is read when its first step is taken). Each share is held until the next is
@@ -134,7 +135,7 @@ class EpochShares:
         first, the columns then read the rest of the epoch from its first step)."""
         self.share += 1
         self.start, self.stop = self.bounds[self.share], self.bounds[self.share + 1]
-        self.feed = None  # (the last share's rows freed before the next is read)
+        self.feed = None  # (the last share's rows freed before the next is taken)
         read, self.next = self.next or self._start(self.share, 1), None
         got = read.finish()
         self.feed = EpochFeed(got[0], got[1], self.takes[self.start:self.stop], self.policy) if got else None

@@ -3,14 +3,16 @@
 
 The share's local shard files are mapped side by side in one address range (:class:`Region`), so
 the whole share is one buffer: its members' headers are checked in one gather and its rows
-decoded in one call per piece, whatever the number of shards, columns and ranges. Where each of
-its samples and members lies is worked out with array operations over its shards' member layouts
-laid end to end (:class:`ShardSet`), not per range, so a share costs about the same whatever it
-cuts: shares can be small and of equal size, and each next one is read in pieces
-(:meth:`MappedShare.piece`) over the steps of the share before (:class:`~.epochfeed.EpochShares`),
-as one span's reads fall between its batches. What it gives is the column path's, byte for byte;
-where anything is amiss (a shard shorter than its layout, a header that fails its check, a row
-the decoder refuses, no mapping) it gives nothing and the columns read the share.
+decoded in one call per piece, whatever the number of shards, columns and ranges (a shard with
+a member over ``max_member_bytes`` anywhere is read by ranges, as is one without a member
+layout: :func:`~.epochfeed.start_share`). Where each of its samples and members lies is worked
+out with array operations over its shards' member layouts laid end to end (:class:`ShardSet`),
+not per range, so a share costs about the same whatever it cuts: shares can be small and of
+equal size, and each next one is read in pieces (:meth:`MappedShare.piece`) over the steps of
+the share before (:class:`~.epochfeed.EpochShares`), as one span's reads fall between its
+batches. What it gives is the column path's, byte for byte; where anything is amiss (a shard
+shorter than what is read of it, a header that fails its check, a row the decoder refuses, no
+mapping) it gives nothing and the columns read the share.
 
 The mapping is Linux's ``mmap`` with ``MAP_FIXED`` into a range reserved first (Python's ``mmap``
 cannot place a mapping): unmapped when nothing refers to the region's bytes any more.
@@ -77,42 +79,45 @@ class Region:
         libc = _mapper()
         if libc is None:
             raise OSError("no mmap with MAP_FIXED here")
-        self.identity = identities(paths)
-        self.sizes = [size for _, _, size, _ in self.identity]
-        if not all(self.sizes):
-            raise OSError("an empty file")
-        page = mmap.PAGESIZE
-        # (a page apart: never one file's bytes right after another's)
-        room = [-(-size // page) * page + page for size in self.sizes]
-        self.offsets = np.concatenate([[0], np.cumsum(room)[:-1]]).astype(np.int64)
-        total = int(sum(room))
-        base = libc.mmap(None, total, 0, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
-        if base is None or base == ctypes.c_void_p(-1).value:
-            raise OSError(ctypes.get_errno(), "address range not reserved")
+        fds: List[int] = []
         try:
-            for path, at, size in zip(paths, self.offsets.tolist(), self.sizes):
-                fd = os.open(path, os.O_RDONLY)
-                try:
+            for path in paths:  # (what is mapped is what was opened: its size from the open file)
+                fds.append(os.open(path, os.O_RDONLY))
+            self.identity = [_identity(os.fstat(fd)) for fd in fds]
+            self.sizes = [size for _, _, size, _ in self.identity]
+            if not all(self.sizes):
+                raise OSError("an empty file")
+            page = mmap.PAGESIZE
+            # (a page apart: never one file's bytes right after another's)
+            room = [-(-size // page) * page + page for size in self.sizes]
+            self.offsets = np.concatenate([[0], np.cumsum(room)[:-1]]).astype(np.int64)
+            total = int(sum(room))
+            base = libc.mmap(None, total, 0, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+            if base is None or base == ctypes.c_void_p(-1).value:
+                raise OSError(ctypes.get_errno(), "address range not reserved")
+            try:
+                for fd, path, at, size in zip(fds, paths, self.offsets.tolist(), self.sizes):
                     if libc.mmap(base + at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0) != base + at:
                         raise OSError(ctypes.get_errno(), "not mapped", path)
-                finally:
-                    os.close(fd)
-        except BaseException:
-            libc.munmap(base, total)
-            raise
+            except BaseException:
+                libc.munmap(base, total)
+                raise
+        finally:
+            for fd in fds:
+                os.close(fd)
         self.buffer = (ctypes.c_uint8 * total).from_address(base)
         # (never at exit: views of it may still be read while the interpreter ends)
         weakref.finalize(self.buffer, _unmap, base, total).atexit = False
         self.array = np.frombuffer(self.buffer, np.uint8)
 
 
+def _identity(st: os.stat_result) -> Tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def identities(paths: Sequence[str]) -> List[Tuple[int, int, int, int]]:
     """Each file's device, inode, size and modification time: a region serves while they hold."""
-    out = []
-    for path in paths:
-        st = os.stat(path)
-        out.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-    return out
+    return [_identity(os.stat(path)) for path in paths]
 
 
 class ShardSet:
@@ -128,7 +133,7 @@ class ShardSet:
         tables: Dict[int, int] = {}
         self.tables: List[Sequence[Tuple[str, ...]]] = []
         names: List[Tuple[str, ...]] = []
-        kinds, bases, ats, sizes, checks, owners, ends, counts, wanted, spans = [], [], [], [], [], [], [], [], [], []
+        kinds, bases, ats, sizes, checks, owners, ends, counts, wanted, spans, stops = ([] for _ in range(11))
         members = 0
         for k, s in enumerate(self.shards):
             g = reader.geometry(s)
@@ -146,6 +151,7 @@ class ShardSet:
             owners.append(np.full(len(g.kinds), k, np.int64))
             ends.append(first + int(g.sample_start[-1]))
             spans.append(np.diff(g.sample_start))
+            stops.append(first + g.sample_start[1:])
             counts.append(len(g.kinds))
             members += len(g.sizes)
         self.names = tuple(names)
@@ -157,6 +163,7 @@ class ShardSet:
         self.wanted = np.concatenate(wanted)  # members the fields read (their bytes are the share's count)
         self.owner = np.concatenate(owners)  # each sample's shard (its place in ``shards``)
         self.sample_bytes = np.concatenate(spans)  # each sample's bytes, headers included
+        self.sample_end = np.concatenate(stops)  # where each sample ends in its file
         self.ends = np.array(ends, np.int64)  # each shard's last sample's end: its end-of-archive marker there
         self.sample_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
@@ -222,13 +229,13 @@ class MappedShare:
     """A share's rows, read from one :class:`Region` of its shards in :attr:`pieces` pieces
     (:meth:`piece`), then :meth:`finish`: ``(flat, rows)`` as :class:`~.epochfeed.EpochFeed`
     takes them, or ``None`` where anything is amiss. ``parts``: each column's ``(index, first,
-    stop)`` samples of the share, in its order; ``drops``: each column's rows left out (in its
-    order, from its first row in the share)."""
+    stop)`` samples of the share, in its order; ``drops``: each column's plan's drops, as raw
+    positions (drops counted) from its first raw sample in the share (:func:`~.epochfeed._taken`)."""
 
     def __init__(self, reader: "PlanReader", maps: ShareMaps, indices: Sequence[int],
                  parts: Sequence[Sequence[Tuple[int, int, int]]], drops: Sequence[np.ndarray], stats: "WorkerStats",
                  max_pieces: int, budget: int) -> None:
-        self.reader, self.stats = reader, stats
+        self.reader, self.stats, self.maps = reader, stats, maps
         self.shards = shards = maps.shard_set(reader, indices)
         self.failed, self.done, self.nbytes = False, 0, 0
         self.flat: List[list] = []
@@ -275,7 +282,10 @@ class MappedShare:
         size_of[used] = self.region.sizes
         last = np.zeros(len(shards.shards), bool)
         last[owner[self.samples + 1 == shards.sample_base[owner + 1]]] = True
-        need = shards.ends + BLOCK * last
+        need = np.zeros(len(shards.shards), np.int64)  # the end of what is read of each shard
+        group = np.flatnonzero(np.diff(owner, prepend=-1))  # (the samples are in the files' order)
+        need[owner[group]] = np.maximum.reduceat(shards.sample_end[self.samples], group)
+        need += BLOCK * last
         if (need[used] > size_of[used]).any():
             self.fail()
             return
@@ -294,6 +304,8 @@ class MappedShare:
         stopped this read stays: it is not read twice each epoch)."""
         self.failed = True
         self.reader.whole_epochs = False
+        self.maps.region = self.maps.shards = None  # (never read again: nothing kept mapped for it)
+        self.maps.mapped, self.maps.given = (), 0
 
     @property
     def pieces(self) -> int:
@@ -317,7 +329,7 @@ class MappedShare:
         if bad:  # (a sample the per-sample path must settle)
             self.fail()
         elif not self.flat:
-            self.flat = flat
+            self.flat = [list(values) for values in flat]
         else:
             for values, more in zip(self.flat, flat):
                 values += more
