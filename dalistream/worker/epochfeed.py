@@ -204,14 +204,12 @@ def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndar
     return shares if shares.next_share() else None
 
 
-def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
-               stats: WorkerStats, taken: Optional[Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]]] = None,
-               ) -> Optional[Tuple[List[list], List[np.ndarray]]]:
-    """Each column's rows ``before[c]`` to ``after[c]`` read at once, by ranges (``taken``: what
-    :func:`_taken` says of them): the decoded rows, one list per field, and each column's rows
-    among them; ``None`` where they cannot be (see the module doc)."""
-    if taken is None:
-        taken = [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
+def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan],
+               taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]],
+               stats: WorkerStats) -> Optional[Tuple[List[list], List[np.ndarray]]]:
+    """Each column's rows of a share read at once, by ranges (``taken``: what :func:`_taken` says
+    of them): the decoded rows, one list per field, and each column's rows among them; ``None``
+    where they cannot be (see the module doc)."""
     by_shard: Dict[int, List[Tuple[int, int]]] = {}
     for _, own in taken:
         for index, first, stop in own:
@@ -280,7 +278,7 @@ def start_share(reader: "PlanReader", plans: Sequence[WorkerPlan], before: np.nd
     known = maps.shards is not None and maps.shards.shards == tuple(indices)  # (checked for the share before)
     if not indices or not (known or all(maps_parts(data.urls[i]) and reader.layout(i, 0, data.counts[i], None)
                                         is not None for i in indices)):
-        return ShareRead(reader, plans, before, after, stats, taken)
+        return ShareRead(reader, plans, taken, stats)
     drops = [np.asarray(plan.drop, np.int64) - start for plan, (start, _) in zip(plans, taken)]
     return MappedShare(reader, maps, indices, [own for _, own in taken], drops, stats, pieces, EPOCH_BYTES)
 
