@@ -62,6 +62,25 @@ def _say_ragged(name: str, rows: List[Any]) -> None:
                 name, ", ".join(map(str, shapes[:3])), ", …" if len(shapes) > 3 else "", len(rows))
 
 
+def shared(tensor: Any) -> Any:
+    """A torch tensor on a DALI tensor's own memory (DLPack), a GPU one ordered after DALI's work
+    on torch's current stream of its device.
+
+    Not ``torch.from_dlpack(tensor)`` (what DALI's ``to_torch_tensor(copy=False)`` does): it
+    compares DALI's device enum (pybind11) with torch's (Python), pybind11 runs an
+    ``Enum.__getattr__`` for that and clears whatever it raises, so a Ctrl-C whose
+    ``KeyboardInterrupt`` was raised there was lost and the training loop went on. A capsule's
+    conversion runs no Python code."""
+    import torch
+    from nvidia.dali.backend import TensorGPU
+
+    if isinstance(tensor, TensorGPU):
+        with torch.cuda.device(tensor.device_id()):
+            stream = torch.cuda.current_stream().cuda_stream
+            return torch.utils.dlpack.from_dlpack(tensor.__dlpack__(stream=stream or 1))  # 1: the legacy default one
+    return torch.utils.dlpack.from_dlpack(tensor.__dlpack__())
+
+
 def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPool | None" = None,
              zero_copy: bool = False) -> Dict[str, Any]:
     """One batch dict from the pipeline's outputs; rows whose ``valid`` is 0 are dropped.
@@ -89,11 +108,8 @@ def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPo
             batch[name] = KINDS[kind].to_torch([np.array(tl.at(i)) for i in range(len(tl))])
         elif tl.is_dense_tensor():
             tensor = tl.as_tensor()
-            if zero_copy and cpu is not None:
-                batch[name] = to_torch_tensor(tensor, copy=False)
-            elif zero_copy:
-                with torch.cuda.device(tensor.device_id()):
-                    batch[name] = to_torch_tensor(tensor, copy=False)
+            if zero_copy:
+                batch[name] = shared(tensor)
             elif cpu is not None and buffers is not None:
                 out = buffers.get(name, tuple(tensor.shape()), to_torch_type[tensor.dtype])
                 batch[name] = feed_ndarray(tensor, out)
@@ -101,7 +117,7 @@ def to_torch(names_kinds: Sequence[Tuple[str, str]], outputs, buffers: "BufferPo
                 batch[name] = to_torch_tensor(tensor, copy=True)
         elif cpu is None:  # ragged on the GPU: one CUDA tensor per sample, never through the host
             with torch.cuda.device(tl.device_id()):
-                batch[name] = [to_torch_tensor(tl[i], copy=not zero_copy) for i in range(len(tl))]
+                batch[name] = [shared(tl[i]) if zero_copy else to_torch_tensor(tl[i], copy=True) for i in range(len(tl))]
             _say_ragged(name, batch[name])
         else:
             batch[name] = [torch.from_numpy(np.array(tl.at(i))) for i in range(len(tl))]
