@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from .stats import WorkerStats
 
 PIECE_BYTES = 8 << 20  # a share is decoded in pieces of about this many bytes, over the steps of the share before
-REGION_BYTES = 1 << 30  # files of at most this many bytes stay mapped while read (as a share could be) …
-# … larger ones are mapped anew after this many bytes read
+REGION_BYTES = 1 << 30  # the address range a worker maps its files in: up to this many bytes stay mapped …
+# … (as a share could hold); files over it are mapped anew after this many bytes read
 
 _PROT_READ, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 1, 1, 2, 0x10, 0x20, 0x4000
 _libc = None
@@ -71,44 +71,63 @@ def _unmap(base: int, total: int) -> None:
 
 
 class Region:
-    """Files mapped read-only side by side in one address range: file ``k`` at ``offsets[k]`` of
-    :attr:`buffer` (each on a page of its own). :attr:`buffer` and every view of it keep the range
-    mapped; it is unmapped with the last. Raises ``OSError`` where a file cannot be mapped."""
+    """Files mapped read-only side by side in one address range reserved for ``capacity`` bytes
+    (at least what ``paths`` take): file ``k`` at ``offsets[k]`` of :attr:`buffer`, each on a page
+    of its own, and :attr:`place` ``[path]``: its ``(offset, size, identity)``. :meth:`add` maps
+    more where there is room, leaving what is mapped where it is (its pages stay mapped: a page
+    mapped anew is a fault of its own at its first touch). :attr:`buffer` and every view of it keep
+    the range mapped; it is unmapped with the last. Raises ``OSError`` where a file cannot be mapped."""
 
-    def __init__(self, paths: Sequence[str]) -> None:
+    def __init__(self, paths: Sequence[str], capacity: int = 0) -> None:
         libc = _mapper()
         if libc is None:
             raise OSError("no mmap with MAP_FIXED here")
+        self.capacity = max(capacity, sum(_room(os.stat(path).st_size) for path in paths))
+        base = libc.mmap(None, self.capacity, 0, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        if base is None or base == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), "address range not reserved")
+        self.base, self.end = base, 0
+        self.buffer = (ctypes.c_uint8 * self.capacity).from_address(base)
+        # (never at exit: views of it may still be read while the interpreter ends)
+        weakref.finalize(self.buffer, _unmap, base, self.capacity).atexit = False
+        self.array = np.frombuffer(self.buffer, np.uint8)
+        self.place: Dict[str, Tuple[int, int, Tuple[int, int, int, int]]] = {}
+        self.offsets = np.zeros(0, np.int64)
+        self.sizes: List[int] = []
+        if not self.add(paths):
+            raise OSError("files grew while mapped")
+
+    def add(self, paths: Sequence[str]) -> bool:
+        """Map ``paths`` after what is mapped (a file mapped before and since replaced: anew, its
+        place then the new one's); False, and nothing mapped, where they do not fit."""
+        libc = _mapper()
         fds: List[int] = []
         try:
             for path in paths:  # (what is mapped is what was opened: its size from the open file)
                 fds.append(os.open(path, os.O_RDONLY))
-            self.identity = [_identity(os.fstat(fd)) for fd in fds]
-            self.sizes = [size for _, _, size, _ in self.identity]
-            if not all(self.sizes):
+            identity = [_identity(os.fstat(fd)) for fd in fds]
+            sizes = [size for _, _, size, _ in identity]
+            if not all(sizes):
                 raise OSError("an empty file")
-            page = mmap.PAGESIZE
-            # (a page apart: never one file's bytes right after another's)
-            room = [-(-size // page) * page + page for size in self.sizes]
-            self.offsets = np.concatenate([[0], np.cumsum(room)[:-1]]).astype(np.int64)
-            total = int(sum(room))
-            base = libc.mmap(None, total, 0, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
-            if base is None or base == ctypes.c_void_p(-1).value:
-                raise OSError(ctypes.get_errno(), "address range not reserved")
-            try:
-                for fd, path, at, size in zip(fds, paths, self.offsets.tolist(), self.sizes):
-                    if libc.mmap(base + at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0) != base + at:
-                        raise OSError(ctypes.get_errno(), "not mapped", path)
-            except BaseException:
-                libc.munmap(base, total)
-                raise
+            room = [_room(size) for size in sizes]  # (a page apart: never one file's bytes right after another's)
+            if self.end + sum(room) > self.capacity:
+                return False
+            for fd, path, size, known, take in zip(fds, paths, sizes, identity, room):
+                at = self.end
+                if libc.mmap(self.base + at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0) != self.base + at:
+                    raise OSError(ctypes.get_errno(), "not mapped", path)
+                self.place[path] = (at, size, known)
+                self.offsets = np.append(self.offsets, at)
+                self.sizes.append(size)
+                self.end = at + take
+            return True
         finally:
             for fd in fds:
                 os.close(fd)
-        self.buffer = (ctypes.c_uint8 * total).from_address(base)
-        # (never at exit: views of it may still be read while the interpreter ends)
-        weakref.finalize(self.buffer, _unmap, base, total).atexit = False
-        self.array = np.frombuffer(self.buffer, np.uint8)
+
+
+def _room(size: int) -> int:
+    return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE + mmap.PAGESIZE
 
 
 def _identity(st: os.stat_result) -> Tuple[int, int, int, int]:
@@ -178,7 +197,6 @@ class ShareMaps:
     def __init__(self) -> None:
         self.shards: Optional[ShardSet] = None
         self.region: Optional[Region] = None
-        self.mapped: Tuple[str, ...] = ()
         self.given = 0
 
     def shard_set(self, reader: "PlanReader", indices: Sequence[int]) -> ShardSet:
@@ -188,13 +206,17 @@ class ShareMaps:
         return self.shards
 
     def region_of(self, paths: Sequence[str], nbytes: int) -> Region:
-        """A region mapping ``paths`` (the last one while it serves), of which ``nbytes`` are read."""
+        """A region mapping ``paths`` as they are now, of which ``nbytes`` are read: the last one,
+        with those it lacks added while there is room (a worker's shards change from epoch to
+        epoch), else a new one."""
         region = self.region
-        if (region is None or self.mapped != tuple(paths) or identities(paths) != region.identity
-                or (sum(region.sizes) > REGION_BYTES and self.given + nbytes > REGION_BYTES)):
-            self.region, self.mapped, self.given = None, (), 0  # (the last one's own views keep it mapped)
-            self.region, self.mapped = Region(paths), tuple(paths)
-        self.given += nbytes
+        if region is not None and not (region.end > REGION_BYTES and self.given + nbytes > REGION_BYTES):
+            missing = [p for p, known in zip(paths, identities(paths)) if region.place.get(p, (0, 0, None))[2] != known]
+            if not missing or region.add(missing):
+                self.given += nbytes
+                return region
+        self.region, self.given = None, nbytes  # (the last one's own views keep it mapped)
+        self.region = Region(paths, REGION_BYTES)
         return self.region
 
 
@@ -275,11 +297,12 @@ class MappedShare:
         # each member's data in the region; every shard long enough for what is read of it (a file
         # cut short would fault), and where its last sample is read, its end-of-archive block
         place_of = np.zeros(len(shards.shards), np.int64)
-        place_of[used] = self.region.offsets
+        where = [self.region.place[local_path(shards.urls[k])] for k in used]
+        place_of[used] = [at for at, _, _ in where]
         owner = shards.owner[self.samples]
         self.member_at = shards.member_at[self.member_index] + np.repeat(place_of[owner], self.members)
         size_of = np.zeros(len(shards.shards), np.int64)
-        size_of[used] = self.region.sizes
+        size_of[used] = [size for _, size, _ in where]
         last = np.zeros(len(shards.shards), bool)
         last[owner[self.samples + 1 == shards.sample_base[owner + 1]]] = True
         need = np.zeros(len(shards.shards), np.int64)  # the end of what is read of each shard

@@ -1,6 +1,7 @@
 """A share read from one mapping of its shards (worker/mapped.py): the mapping itself (the files'
 bytes side by side, unmapped with its last view, refused for an empty or missing file), kept
-across shares and epochs while the files are the same and within its bytes, and the next share
+across shares and epochs while the files are the same, more files mapped after them while there
+is room, and the next share
 read in pieces over the steps of the one before: the columns' batches, byte for byte."""
 
 import ctypes
@@ -56,21 +57,33 @@ def test_a_region_refuses_an_empty_or_missing_file(tmp_path):
             Region(paths)
 
 
-def test_a_mapping_serves_while_its_files_are_the_same_and_within_its_bytes(tmp_path, monkeypatch):
+def test_a_mapping_serves_while_its_files_are_the_same_and_grows_while_there_is_room(tmp_path, monkeypatch):
+    """A region serves every share whose files it maps as they are now; a file it lacks, or one
+    replaced since, is mapped after the others, which stay where they are (their pages mapped:
+    no fault again at their next touch); where there is no room left, a new region."""
     paths = []
-    for k in range(2):
+    for k in range(3):
         paths.append(str(tmp_path / f"f{k}"))
         with open(paths[-1], "wb") as f:
             f.write(bytes([k]) * 5000)
     maps = ShareMaps()
-    first = maps.region_of(paths, 4000)
-    assert maps.region_of(paths, 4000) is first and maps.region_of(paths[:1], 10) is not first
-    first = maps.region_of(paths, 10)
+    first = maps.region_of(paths[:2], 4000)
+    at = dict(first.place)
+    assert maps.region_of(paths[:2], 4000) is first and maps.region_of(paths[1:2], 10) is first
+    assert maps.region_of(paths, 10) is first and {p: first.place[p] for p in paths[:2]} == at
     os.replace(shutil.copy(paths[1], str(tmp_path / "copy")), paths[1])  # (the same bytes, another file)
-    again = maps.region_of(paths, 10)
-    assert again is not first and bytes(again.array[again.offsets[1]:][:3]) == b"\x01" * 3
-    monkeypatch.setattr(mapped, "REGION_BYTES", 9000)  # (files of 10,000 bytes: mapped anew after 9,000 read)
-    assert maps.region_of(paths, 5000) is again and maps.region_of(paths, 5000) is not again
+    assert maps.region_of(paths, 10) is first
+    moved = first.place[paths[1]][0]
+    assert moved > at[paths[1]][0] and bytes(first.array[moved:moved + 3]) == b"\x01" * 3
+    assert first.place[paths[0]] == at[paths[0]]
+    monkeypatch.setattr(mapped, "REGION_BYTES", 9000)  # (a file of 5,000 bytes takes two pages and one apart)
+    maps = ShareMaps()
+    small = maps.region_of(paths[:2], 10)
+    assert maps.region_of(paths[:1], 10) is small
+    full = maps.region_of(paths, 10)  # (no room for a third file)
+    assert full is not small and sorted(full.place) == sorted(paths)
+    assert maps.region_of(paths, 8000) is full  # (files over the bound: mapped anew once that many bytes are read)
+    assert maps.region_of(paths, 1000) is not full
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -122,24 +135,24 @@ def test_the_next_share_is_read_in_pieces_over_the_steps_of_the_one_before(tmp_p
 
 def test_a_shard_rewritten_between_epochs_is_mapped_anew(tmp_path, monkeypatch):
     """A worker's shards stay mapped from one epoch to the next (nothing mapped anew); a shard
-    replaced by another file between them is mapped anew and read as it is now."""
+    replaced by another file between them is mapped anew, alone, and read as it is now."""
     paths = make_shards(tmp_path, n_shards=3, per_shard=30)
     data = data_set(paths, per_shard=30)
     c = config(paths, workers=1)
-    made, region = [0], mapped.Region
+    made = []
+    add = mapped.Region.add
 
-    class Counted(region):
-        def __init__(self, files):
-            made[0] += 1
-            super().__init__(files)
+    def counted(self, files):
+        made.extend(files)
+        return add(self, files)
 
     source = WorkerSource(c, data, 0)
     got = []
     for e in (0, 1, 2):
         if e == 2:  # (the same samples, another file: a copy renamed over it)
             os.replace(shutil.copy(paths[1], str(tmp_path / "copy.tar")), paths[1])
-        made[0] = 0
-        monkeypatch.setattr(mapped, "Region", Counted)
+        made.clear()
+        monkeypatch.setattr(mapped.Region, "add", counted)
         got.append(read(source, e, monkeypatch))
-        assert got[-1][2] == 1 and made[0] == (1 if e != 1 else 0)
+        assert got[-1][2] == 1 and sorted(made) == {0: sorted(paths), 1: [], 2: [paths[1]]}[e]
     assert [b for b, _, _, _ in got] == by_columns(c, data, 0, (0, 1, 2), monkeypatch)
