@@ -63,7 +63,7 @@ from .feed import Feed
 from .mapped import MappedShare, ShareMaps
 from .neighbours import walked_range
 from .policy import ErrorPolicy
-from .rows import decode_runs
+from .rows import decode_runs, less_drops
 from .stats import WorkerStats
 
 if TYPE_CHECKING:
@@ -391,8 +391,5 @@ def _rows_of(reader: "PlanReader", plans: Sequence[WorkerPlan],
                 pieces.append(np.arange(a + first - s, a + end - s, dtype=np.int64))
                 first, k = end, k + 1
         own = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-        if len(plan.drop):
-            drop = np.asarray(plan.drop, np.int64) - start
-            own = np.delete(own, drop[(drop >= 0) & (drop < len(own))])  # (drops past what it reads: not read)
-        rows.append(own)
+        rows.append(less_drops(own, np.asarray(plan.drop, np.int64) - start))
     return flat, rows

@@ -33,6 +33,7 @@ from ..io.local import local_path
 from ..tar.headers import BLOCK, header_name
 from ..tar.runs import headers_ok
 from ..tar.samples import split_name
+from .rows import less_drops
 
 if TYPE_CHECKING:
     from .reader import PlanReader
@@ -92,10 +93,18 @@ class Region:
         weakref.finalize(self.buffer, _unmap, base, self.capacity).atexit = False
         self.array = np.frombuffer(self.buffer, np.uint8)
         self.place: Dict[str, Tuple[int, int, Tuple[int, int, int, int]]] = {}
-        self.offsets = np.zeros(0, np.int64)
-        self.sizes: List[int] = []
         if not self.add(paths):
             raise OSError("files grew while mapped")
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Where each file mapped lies, in the order mapped."""
+        return np.array([at for at, _, _ in self.place.values()], np.int64)
+
+    @property
+    def sizes(self) -> List[int]:
+        """Each file's size, in the order mapped."""
+        return [size for _, size, _ in self.place.values()]
 
     def add(self, paths: Sequence[str]) -> bool:
         """Map ``paths`` after what is mapped (a file mapped before and since replaced: anew, its
@@ -117,8 +126,6 @@ class Region:
                 if libc.mmap(self.base + at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0) != self.base + at:
                     raise OSError(ctypes.get_errno(), "not mapped", path)
                 self.place[path] = (at, size, known)
-                self.offsets = np.append(self.offsets, at)
-                self.sizes.append(size)
                 self.end = at + take
             return True
         finally:
@@ -190,9 +197,10 @@ class ShardSet:
 class ShareMaps:
     """What a worker's shares hand on to the next, across epochs too: their shards' layouts end to
     end (:class:`ShardSet`, most often the same shards), and the mapping of their files (what
-    stays mapped is what the shares touched), kept while the files are the same (the same
-    inodes, sizes and times) and, where they hold more than :data:`REGION_BYTES`, until that many
-    bytes are read from it."""
+    stays mapped is what the shares touched): a file mapped serves while it is the same (the same
+    inode, size and time); the files of later shares, and a file replaced since, are mapped after
+    the others while the range has room (:data:`REGION_BYTES`), then in a new one. Files over
+    that size are mapped anew once that many bytes are read from them."""
 
     def __init__(self) -> None:
         self.shards: Optional[ShardSet] = None
@@ -281,23 +289,23 @@ class MappedShare:
         place[order] = np.cumsum(count_[order]) - count_[order]
         taken = _concat_ranges(place, count_)  # each column's rows among them, column after column
         per_column = np.bincount(np.array(column, np.int64), weights=count_, minlength=len(parts)).astype(np.int64)
-        self.rows = [np.delete(own, drop[(drop >= 0) & (drop < len(own))]) if len(drop) else own
-                     for own, drop in zip(np.split(taken, np.cumsum(per_column)[:-1]), drops)]
+        self.rows = [less_drops(own, drop) for own, drop in zip(np.split(taken, np.cumsum(per_column)[:-1]), drops)]
         used = sorted(set(shards.owner[self.samples].tolist()))
         member_first = shards.member_base[self.samples]
         self.members = shards.member_base[self.samples + 1] - member_first
         self.member_cut = np.concatenate([[0], np.cumsum(self.members)]).astype(np.int64)
         self.member_index = _concat_ranges(member_first, self.members)
+        paths = [local_path(shards.urls[k]) for k in used]
         try:
             with stats.io_clock.timed():
-                self.region = maps.region_of([local_path(shards.urls[k]) for k in used], size)
+                self.region = maps.region_of(paths, size)
         except OSError:
             self.fail()
             return
         # each member's data in the region; every shard long enough for what is read of it (a file
         # cut short would fault), and where its last sample is read, its end-of-archive block
         place_of = np.zeros(len(shards.shards), np.int64)
-        where = [self.region.place[local_path(shards.urls[k])] for k in used]
+        where = [self.region.place[path] for path in paths]
         place_of[used] = [at for at, _, _ in where]
         owner = shards.owner[self.samples]
         self.member_at = shards.member_at[self.member_index] + np.repeat(place_of[owner], self.members)
@@ -328,7 +336,7 @@ class MappedShare:
         self.failed = True
         self.reader.whole_epochs = False
         self.maps.region = self.maps.shards = None  # (never read again: nothing kept mapped for it)
-        self.maps.mapped, self.maps.given = (), 0
+        self.maps.given = 0
 
     @property
     def pieces(self) -> int:

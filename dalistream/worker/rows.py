@@ -211,3 +211,9 @@ def last_waits(columns: List[list], n: int, ordinal: int, next_read: Callable[[b
     # the generator does not hold the run's rows, which would keep its buffer from the arena)
     del columns, next_read
     yield last
+
+
+def less_drops(rows: np.ndarray, drop: np.ndarray) -> np.ndarray:
+    """A column's ``rows`` less its plan's drops, ``drop``: raw positions from its first row here
+    (drops before or past what it reads here are not read: left alone)."""
+    return np.delete(rows, drop[(drop >= 0) & (drop < len(rows))]) if len(drop) else rows
