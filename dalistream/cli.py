@@ -75,10 +75,22 @@ def cmd_write(args: argparse.Namespace) -> int:
     if done["skipped"]:
         shown = "; ".join(f"{path}: {problem}" for path, problem in done["bad"][:10])
         skipped = f"; {done['skipped']} bad images left out ({shown}{' …' if done['skipped'] > 10 else ''})"
-    emit(args, {k: v for k, v in done.items() if k != "urls"},
-         f"wrote {done['samples']} samples{classes} in {done['shards']} shards to {redact(args.output)} "
-         f"(manifest {redact(done['manifest'])}){skipped}")
+    text = (f"wrote {done['samples']} samples{classes} in {done['shards']} shards to {redact(args.output)} "
+            f"(manifest {redact(done['manifest'])}){skipped}")
+    if done["classes"]:
+        text += "\n" + class_map(done["classes"])
+    emit(args, {k: v for k, v in done.items() if k != "urls"}, text)
     return 0
+
+
+CLASSES_SHOWN = 50  # class labels listed by `dalistream write` (the manifest holds them all)
+
+
+def class_map(classes: List[str]) -> str:
+    """The labels an image folder's classes got (the ``cls`` member of each sample): ``0 cat, 1 dog``."""
+    shown = ", ".join(f"{label} {name}" for label, name in enumerate(classes[:CLASSES_SHOWN]))
+    more = f", … (all {len(classes)} under \"classes\" in the manifest)" if len(classes) > CLASSES_SHOWN else ""
+    return f"labels (cls): {shown}{more}"
 
 
 # -- plan ----------------------------------------------------------------------------------------

@@ -75,6 +75,19 @@ def redact(url: str) -> str:
 _SURROGATE = re.compile(r"(\\\\)|\\udc([89a-f][0-9a-f])")
 
 
+_SHARD_NAME = re.compile(r"\.(?:tar|tar\.gz|tgz)$")
+
+
+def place_word(url: str, member: Optional[str] = None) -> str:
+    """How an error names the place its URL is: ``shard`` (a tar's name, a ``pipe:`` command, or
+    a URL with a member in it), ``prefix`` (a folder or object prefix, ending in ``/``), else
+    ``at`` (a listing, a manifest, a folder named without its ``/``): an error about listing a
+    prefix or reading a manifest does not call it a shard."""
+    if member is not None or url.startswith("pipe:") or _SHARD_NAME.search(url.split("?", 1)[0]):
+        return "shard"
+    return "prefix" if url.endswith("/") else "at"
+
+
 def printable(name: Optional[str]) -> str:
     """``name`` quoted for messages, its undecodable bytes (kept as ``surrogateescape``
     surrogates, so distinct byte names stay distinct) shown as ``\\xe9``: ``'caf\\xe9.jpg'``."""
@@ -122,7 +135,7 @@ class DalistreamError(Exception):
         """The message with its place (shard, member, rank, worker) and hint, as shown to users."""
         where = []
         if self.url is not None:
-            where.append(f"shard {self.url}")
+            where.append(f"{place_word(self.url, self.member)} {self.url}")
         if self.member is not None:
             where.append(f"member {printable(self.member)}")
         if self.rank is not None:

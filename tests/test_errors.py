@@ -255,3 +255,24 @@ def test_a_failing_pipe_command_with_a_credential_is_reported_redacted(tmp_path,
     assert "status 3" in str(info.value) and SECRET not in str(info.value) + repr(info.value.fields())
     translated = diagnose.translate(Exception(_dali_worker_text(f"OSError: cannot run {failing}")), rank=0)
     assert SECRET not in str(translated) + translated.worker_traceback + "".join(translated.__notes__)
+
+
+@pytest.mark.parametrize("url,member,word", [
+    ("/d/a.tar", None, "shard"), ("s3://b/train-0001.tar.gz", None, "shard"), ("https://h/x.tgz?sig=***", None, "shard"),
+    ("pipe:curl -s https://h/x", None, "shard"), ("https://h/get?id=3", "k.jpg", "shard"),
+    ("s3://b/data/", None, "prefix"), ("/data/shards/", None, "prefix"),
+    ("/data/list.csv", None, "at"), ("s3://b/data/dalistream-manifest.json", None, "at"), ("/data/images", None, "at")])
+def test_an_errors_place_is_called_a_shard_only_when_it_is_one(url, member, word):
+    assert f"[{word} {url}" in str(SourceError("x", url=url, member=member))
+
+
+@pytest.mark.parametrize("source,place", [
+    ("http://127.0.0.1:9/data/", "prefix http://127.0.0.1:9/data/"), ("/no/such/folder/", "prefix /no/such/folder/"),
+    ("s3://no-such-bucket/train/", "prefix s3://no-such-bucket/train/"),
+    ("s3://no-such-bucket/train", "prefix s3://no-such-bucket/train/")])  # listed as the folder it names
+def test_listing_a_prefix_names_it_a_prefix_not_a_shard(source, place, moto_endpoint):
+    from dalistream.sources import expand_sources
+
+    with pytest.raises(SourceError) as caught:
+        expand_sources([source], {"endpoint_url": moto_endpoint})
+    assert f"[{place}]" in str(caught.value) and "[shard" not in str(caught.value)

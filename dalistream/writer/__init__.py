@@ -17,12 +17,12 @@ import os
 import random
 import shutil
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SampleError
 from ..sources.unfinished import MANIFEST, PART
 from .commit import Target, begin, check_output, commit, survey
-from .inputs import Inputs, Item, image_folder, listing, read_inputs
+from .inputs import SHOWN, Inputs, Item, image_folder, listing, read_inputs
 from .shards import ON_BAD, Written, run
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,20 @@ def plan_shards(items: Sequence[Item], *, samples_per_shard: int, shuffle: bool,
 
 
 def _relative(path: str, root: str) -> str:
+    """``path`` (relative to the current folder, or absolute) against ``root`` (absolute), where it
+    lies under it; else absolute. Either joins onto ``root`` to the file."""
+    path = os.path.abspath(path)
     return os.path.relpath(path, root) if path.startswith(root.rstrip(os.sep) + os.sep) else path
+
+
+def bad_images_error(bad: Sequence[Tuple[str, str]], source: str) -> SampleError:
+    """The error of ``on_bad="error"``: every bad image named (:data:`~.inputs.SHOWN` of them, and a count)."""
+    shown = "; ".join(f"{path}: {problem}" for path, problem in bad[:SHOWN])
+    more = f" (and {len(bad) - SHOWN} more)" if len(bad) > SHOWN else ""
+    return SampleError(f"{len(bad)} bad image{'s' if len(bad) > 1 else ''}, nothing written: {shown}{more}",
+                       url=source, reason="bad_image",
+                       hint="replace or remove these files, or pass --on-bad skip (on_bad='skip') to leave bad "
+                            "images out and count them")
 
 
 def _record(inputs: Inputs, written: Sequence[Written]) -> Dict[str, Any]:
@@ -61,8 +74,9 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
     (``shards``, ``samples``, ``classes``, ``manifest``, ``urls``, ``skipped`` and ``bad``: the
     images left out and why, ``duplicates``: files listed more than once, written once).
 
-    ``on_bad``: an image that fails the loader's check (0 bytes, cut short, not an image) stops
-    the write naming the file (``"error"``, the default) or is left out and counted (``"skip"``).
+    ``on_bad``: images that fail the loader's check (0 bytes, cut short, not an image) stop the
+    write, every one of them named in one :class:`SampleError` once all are checked, no shard kept
+    (``"error"``, the default), or are left out, counted and named (``"skip"``).
     An output holding another set is refused unless ``overwrite``; one holding a write that did
     not finish, whose process on this host has ended, is replaced. Interrupted (an error,
     Ctrl-C, SIGTERM, SIGKILL, the store gone away), the output holds the marker without a
@@ -99,14 +113,16 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
             for path, shard in zip(paths, shards)]
     rows: Dict[str, Any] = {}  # shard path -> its manifest row, scanned as it is finished
     final = dict(zip(paths, names))
+    placed: List[str] = []  # shards uploaded under their final names
 
     def finished(shard: Written) -> None:
-        if shard.samples:
+        if shard.samples and not (on_bad == "error" and shard.bad):
             rows[shard.path] = replace(written_keys(build_manifest([shard.path], offsets=True))[0],
                                         url=target.url_of(final[shard.path]))
             if target.remote:  # each PUT is atomic: uploaded now, under its final name
                 target.place(final[shard.path], shard.path)
-        else:  # every image of it left out: no empty shard
+                placed.append(final[shard.path])
+        else:  # every image of it left out (no empty shard), or a write that fails: none of it kept
             os.remove(shard.path)
         if progress:
             progress(len(shard.samples) + len(shard.bad))
@@ -114,6 +130,10 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
     try:
         everything = run(jobs, max(1, min(processes or os.cpu_count() or 1, len(jobs))), finished)
         bad = [(path, problem) for w in everything for path, problem in w.bad]
+        if bad and on_bad == "error":
+            for name in placed:  # the marker stays, as after any error: a read refuses the output
+                target.delete(name)
+            raise bad_images_error(bad, source)
         if bad:
             log.warning("%d bad images left out (on_bad='skip'): %s%s", len(bad),
                         "; ".join(f"{path}: {problem}" for path, problem in bad[:5]), " …" if len(bad) > 5 else "")

@@ -4,8 +4,10 @@ Each shard is a plain ustar tar of ``KEY.<image ext>``, ``KEY.cls`` and ``KEY.tx
 caption) members, written to the path it is given (a temporary name: the commit renames it).
 Every image is checked as the loader checks it (:func:`dalistream.worker.image_problem`: a
 known signature, the JPEG end-of-image and PNG ``IEND`` markers), so a 0-byte, cut or
-mis-named file is never written as a sample: ``on_bad="error"`` stops the write naming the
-source file, ``"skip"`` leaves it out and counts it.
+mis-named file is never written as a sample: every bad one is named, as ``(source file,
+problem)`` in :attr:`Written.bad`. With ``on_bad="skip"`` it is left out and counted; with
+``"error"`` (the default) the shards are still checked to their end, so that the error names every
+bad image at once, but a shard stops writing samples at its first (the writer keeps none of them).
 
 The processes (:func:`run`) die with the writer, by any signal
 (:func:`dalistream.lifetime.die_with_parent`), ignore Ctrl-C (the writer handles it once and
@@ -25,7 +27,6 @@ from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from ..errors import SampleError
 from ..lifetime import die_with_parent
 from ..worker import image_problem
 from .inputs import Item, image_ext
@@ -36,7 +37,7 @@ ON_BAD = ("error", "skip")
 @dataclass
 class Written:
     """One shard's outcome: its temporary path, ``(key, source path)`` of each sample written, and
-    ``(source path, problem)`` of each image left out."""
+    ``(source path, problem)`` of each bad image (left out)."""
 
     path: str
     samples: List[Tuple[str, str]] = field(default_factory=list)
@@ -71,7 +72,9 @@ def _image(item: Item) -> Tuple[Optional[bytes], Optional[str]]:
 
 
 def write_shard(path: str, items: Sequence[Item], keys: Sequence[str], on_bad: str = "error") -> Written:
-    """One shard at ``path``: for each item ``KEY.<image ext>``, ``KEY.cls`` and ``KEY.txt``."""
+    """One shard at ``path``: for each item ``KEY.<image ext>``, ``KEY.cls`` and ``KEY.txt``; a bad
+    image is left out and named in :attr:`Written.bad`. With ``on_bad="error"``, the items after
+    the first bad one are only checked (the writer keeps no shard of a write that fails)."""
     done = Written(path)
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key, item in zip(keys, items):
@@ -79,12 +82,10 @@ def write_shard(path: str, items: Sequence[Item], keys: Sequence[str], on_bad: s
                 raise Stopped()
             image, problem = _image(item)
             if problem is not None:
-                if on_bad == "error":
-                    raise SampleError(f"{item.path}: {problem}", member=os.path.basename(item.path), reason="bad_image",
-                                      hint="nothing was written; replace or remove the file, or pass --on-bad skip "
-                                           "(on_bad='skip') to leave bad images out and count them")
                 done.bad.append((item.path, problem))
                 continue
+            if on_bad == "error" and done.bad:
+                continue  # checked: the error names it too if it is bad
             members = [(image_ext(item.path), image), ("cls", str(item.label).encode())]
             if item.caption is not None:
                 members.append(("txt", item.caption.encode("utf-8")))
@@ -103,7 +104,7 @@ def run(jobs: Sequence[Job], processes: int, done: Optional[Callable[[Written], 
     """Write every job's shard, in ``processes`` processes (1: here); the results in job order.
     ``done(written)`` is called here as each shard is finished, in the order they finish.
 
-    The first failure (a bad image under ``on_bad="error"``, a read error, an error of ``done``),
+    The first failure (an error writing a shard, an error of ``done``),
     or an exception here (Ctrl-C, or SIGTERM turned into one), stops the others at their next
     image; the processes are gone when this returns or raises."""
     if processes <= 1:

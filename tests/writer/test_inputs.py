@@ -11,6 +11,7 @@ import tarfile
 import pytest
 
 import dalistream
+from dalistream.cli import main
 from dalistream.errors import ConfigError, SampleError, SourceError
 from dalistream.worker import image_problem
 from dalistream.writer import write
@@ -70,19 +71,58 @@ def _manifest(folder):
         return json.load(f)
 
 
-@pytest.mark.parametrize("kind", sorted(BAD))
+BAD_SETS = [("0-byte",), ("truncated JPEG",), ("PDF named .png",), ("text named .jpg",),
+            ("0-byte", "truncated JPEG", "text named .jpg"), ("truncated PNG", "PDF named .png", "0-byte")]
+BAD_PLACES = ["dog/02.jpg", "cat/04.jpg", "dog/03.png"]  # shuffled into different shards of 3
+
+
+def _spoil(photos, kinds):
+    """Spoil one image per kind (the file's own name kept); their paths."""
+    paths = []
+    for kind, where in zip(kinds, BAD_PLACES):
+        path = photos / where
+        path.write_bytes(BAD[kind]())
+        paths.append(str(path))
+    return paths
+
+
+def _source(tmp_path, photos, form):
+    if form == "folder":
+        return str(photos)
+    rows = [(str(p), CLASSES.index(p.parent.name)) for p in sorted(photos.glob("*/*"))]
+    return str(_listing(tmp_path, photos, rows, form))
+
+
+@pytest.mark.parametrize("kinds", BAD_SETS, ids=["+".join(k) for k in BAD_SETS])
+@pytest.mark.parametrize("form", ["folder", "csv"])
 @pytest.mark.parametrize("processes", [1, 2])
-def test_a_bad_image_stops_the_write_naming_the_file(photos, tmp_path, kind, processes):
-    bad = photos / "dog" / "03.jpg"
-    bad.write_bytes(BAD[kind]())
+def test_bad_images_stop_the_write_naming_every_one(photos, tmp_path, kinds, form, processes):
+    """Every bad image is named in the one error (not only the first), and no shard is left."""
+    bad = _spoil(photos, kinds)
     out = tmp_path / "out"
     with pytest.raises(SampleError) as caught:
-        write(str(photos), str(out), samples_per_shard=3, processes=processes)
-    assert str(bad) in str(caught.value) and caught.value.reason == "bad_image"
-    assert "--on-bad skip" in str(caught.value)
+        write(_source(tmp_path, photos, form), str(out), samples_per_shard=3, processes=processes)
+    text = str(caught.value)
+    assert f"{len(bad)} bad image{'s' if len(bad) > 1 else ''}, nothing written" in text
+    assert all(path in text for path in bad), text
+    assert caught.value.reason == "bad_image" and "--on-bad skip" in text
     assert not [n for n in os.listdir(out) if n.endswith((".tar", ".part"))]  # nothing of it is left to be read
     with pytest.raises(SourceError, match="did not finish"):
         dalistream.Stream.open(str(out), fields={"image": "jpg;png"}, batch_size=2, workers=1, device="cpu")
+
+
+PDF = b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\n%%EOF\n"
+BAD["PDF named .png"] = lambda: PDF  # a file of another kind under an image's extension
+
+
+def test_the_cli_names_every_bad_image_and_skip_names_them_too(photos, tmp_path, capsys):
+    bad = _spoil(photos, ("0-byte", "truncated JPEG", "PDF named .png"))
+    assert main(["write", str(photos), str(tmp_path / "refused"), "--samples-per-shard", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "dalistream write: error: 3 bad images, nothing written" in err and all(p in err for p in bad), err
+    assert main(["write", str(photos), str(tmp_path / "out"), "--samples-per-shard", "3", "--on-bad", "skip"]) == 0
+    said = capsys.readouterr().out
+    assert "wrote 9 samples" in said and "3 bad images left out" in said and all(p in said for p in bad), said
 
 
 @pytest.mark.parametrize("processes", [1, 2])
@@ -205,3 +245,35 @@ def test_a_row_naming_a_file_again_is_written_once(photos, tmp_path):
     manifest = _manifest(out)
     assert manifest["classes"] is None
     assert sorted(manifest["source"]["keys"].values()) == ["photos/cat/01.jpg", "photos/dog/01.jpg"]
+
+
+@pytest.mark.parametrize("given", ["relative", "dot", "absolute", "csv relative"])
+def test_the_manifests_key_map_joins_to_the_files_from_any_current_folder(photos, tmp_path, monkeypatch, given):
+    """``source.root`` joined with each key's path is that key's file, whatever the current folder
+    and however the input was named (``images``, ``.``, ``/abs/images``, a relative listing)."""
+    monkeypatch.chdir(photos.parent if given in ("relative", "csv relative") else photos if given == "dot" else tmp_path)
+    if given == "csv relative":
+        rows = [(f"{p.parent.name}/{p.name}", CLASSES.index(p.parent.name)) for p in sorted(photos.glob("*/*"))]
+        source = os.path.relpath(_listing(photos, photos, rows, "csv"), photos.parent)
+    else:
+        source = {"relative": photos.name, "dot": ".", "absolute": str(photos)}[given]
+    out = tmp_path / "out"
+    write(source, str(out), samples_per_shard=5)
+    monkeypatch.chdir(tmp_path / "out")  # the map means the same from anywhere
+    source_record = _manifest(out)["source"]
+    assert os.path.isabs(source_record["root"])
+    members = _members(out)
+    assert set(source_record["keys"]) == set(members)
+    for key, path in source_record["keys"].items():
+        full = os.path.join(source_record["root"], path)
+        assert os.path.isfile(full), (source_record["root"], path)
+        sample = members[key]
+        assert sample[path.rsplit(".", 1)[1]] == open(full, "rb").read()
+
+
+def test_the_cli_shows_the_class_labels(photos, tmp_path, capsys):
+    (photos / "ant").mkdir()
+    (photos / "ant" / "a.png").write_bytes(_png(3))
+    assert main(["write", str(photos), str(tmp_path / "out")]) == 0
+    said = capsys.readouterr().out
+    assert "labels (cls): 0 ant, 1 cat, 2 dog" in said, said
