@@ -112,17 +112,36 @@ def _kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
     return np.array(centres[::-1])
 
 
+#: :meth:`AspectBuckets.auto`'s sizes hold between ``area / AREA_TOLERANCE`` and
+#: ``area * AREA_TOLERANCE`` pixels.
+AREA_TOLERANCE = 1.25
+
+
 def _size(ratio: float, area: int, multiple: int) -> Tuple[int, int]:
-    """Sides, multiples of ``multiple``, of about ``area`` pixels whose ratio is nearest ``ratio``."""
-    h0 = math.sqrt(area / ratio) / multiple
-    best = None
-    for h in range(max(1, int(h0) - 2), int(h0) + 4):
-        for w in (math.floor(h * ratio), math.ceil(h * ratio)):
-            w = max(w, 1)
-            score = abs(math.log(w / h / ratio)) + 0.1 * abs(math.log(w * h * multiple * multiple / area))
-            if best is None or score < best[0]:
-                best = (score, w * multiple, h * multiple)
-    return best[1], best[2]  # type: ignore[index]
+    """Sides, multiples of ``multiple``, of ``area`` pixels within :data:`AREA_TOLERANCE`, whose
+    ratio is nearest ``ratio`` (an area off by a factor counts half as much as a ratio off by it).
+    Raises when no such sides exist (an area too small for the multiple)."""
+    units = area / (multiple * multiple)  # the area in squares of multiple x multiple
+    low, high = units / AREA_TOLERANCE, units * AREA_TOLERANCE
+    h0 = math.sqrt(units / ratio)
+
+    def best_of(heights: range) -> Optional[Tuple[float, int, int]]:
+        best = None
+        for h in heights:
+            first, last = max(1, math.ceil(low / h - 1e-9)), math.floor(high / h + 1e-9)  # widths in tolerance
+            if first > last:
+                continue
+            for w in {min(max(math.floor(h * ratio), first), last), min(max(math.ceil(h * ratio), first), last)}:
+                score = abs(math.log(w / h / ratio)) + 0.5 * abs(math.log(w * h / units))
+                if best is None or score < best[0]:
+                    best = (score, w * multiple, h * multiple)
+        return best
+
+    best = best_of(range(max(1, int(h0 / 2)), int(2 * h0) + 3)) or best_of(range(1, math.floor(high) + 1))
+    if best is None:
+        raise ConfigError(f"AspectBuckets.auto: no sides in multiples of {multiple} make {area} pixels within a "
+                          f"factor of {AREA_TOLERANCE}", hint="ask for a larger area or a smaller multiple")
+    return best[1], best[2]
 
 
 @dataclass(frozen=True)
@@ -149,6 +168,7 @@ class AspectBuckets:
                 raise ConfigError("AspectBuckets needs sizes [(width, height), …], or use AspectBuckets.auto(n=8)")
             if _positive_int(self.n, "n") > MAX_BUCKETS:
                 raise ConfigError(f"AspectBuckets.auto: n must be at most {MAX_BUCKETS}, got {self.n}")
+            _size(1.0, self.area, self.multiple)  # an area the multiple cannot make is refused now, not once resolved
             return
         if isinstance(self.sizes, (str, bytes)) or not isinstance(self.sizes, (list, tuple)) or not self.sizes:
             raise ConfigError(f"AspectBuckets: sizes must be a non-empty list of (width, height), got {self.sizes!r}")
@@ -170,8 +190,11 @@ class AspectBuckets:
              lookahead: Optional[int] = None) -> "AspectBuckets":
         """``n`` sizes computed from the data set's aspect ratios (:meth:`resolve`): the ``n``
         groups of its log aspect ratios (in steps of 1%) of least squared spread (1-D k-means,
-        solved exactly), each group's size of about ``area`` pixels at the group's mean ratio,
-        sides multiples of ``multiple``."""
+        solved exactly), each group's size of ``area`` pixels at the group's mean ratio, sides
+        multiples of ``multiple``. Every size's area is within a factor of :data:`AREA_TOLERANCE`
+        (1.25) of ``area``: the ratio is the nearest these sides can make within it (a coarse
+        multiple for the area, ``area=128*128, multiple=64``, leaves few ratios to choose from).
+        An area no sides of that multiple make within it is refused."""
         return cls(None, per, n, area, multiple, lookahead)
 
     columns = ("width", "height")

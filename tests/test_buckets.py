@@ -184,3 +184,36 @@ def test_guide_snippets_run():
     for block in found:
         if block.mark == "runnable" and '"data"' not in block.code:
             exec(compile(block.code, f"{path}:{block.line}", "exec"), {})
+
+
+def _aspect_keys(seed=1):
+    rng = np.random.default_rng(seed)
+    ratios = np.exp(rng.uniform(np.log(1 / 3), np.log(3), 3000))  # portrait 1:3 to panorama 3:1
+    area = rng.uniform(0.05e6, 3e6, len(ratios))
+    return {"width": np.round(np.sqrt(area * ratios)).astype(int), "height": np.round(np.sqrt(area / ratios)).astype(int)}
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("area,multiple", [(128 * 128, 64), (128 * 128, 32), (128 * 128, 16), (100 * 100, 8),
+                                           (224 * 224, 32), (300 * 200, 64), (512 * 512, 32), (1024 * 1024, 64),
+                                           (1024 * 1024, 8), (2048 * 1536, 128)])
+def test_auto_sizes_keep_the_area_asked_within_the_tolerance(n, area, multiple):
+    """Every computed size is of the multiple and holds ``area`` pixels within AREA_TOLERANCE,
+    whatever the ratios (auto(4, area=128*128) once made a 192x160 bucket: 1.9 times the area)."""
+    from dalistream.buckets import AREA_TOLERANCE
+
+    resolved = AspectBuckets.auto(n, area=area, multiple=multiple).resolve(_aspect_keys(n))
+    assert 1 <= len(resolved) <= n
+    for w, h in resolved.sizes:
+        assert w % multiple == 0 and h % multiple == 0
+        assert 1 / AREA_TOLERANCE <= w * h / area <= AREA_TOLERANCE, (w, h, w * h / area)
+    if area >= 64 * multiple * multiple:  # room enough: the extreme ratios get sizes near them
+        ratios = sorted(w / h for w, h in resolved.sizes)
+        if n >= 4:
+            assert ratios[0] < 0.6 and ratios[-1] > 1.7, ratios
+
+
+@pytest.mark.parametrize("area,multiple", [(64 * 64 * 3 // 2, 64), (30 * 30, 64), (10, 8)])
+def test_auto_refuses_an_area_its_multiple_cannot_make(area, multiple):
+    with pytest.raises(ConfigError, match="within a factor of 1.25"):
+        AspectBuckets.auto(4, area=area, multiple=multiple)
