@@ -135,10 +135,10 @@ def cmd_index(args: argparse.Namespace) -> int:
         text += "".join(f"\n    {p}" for p in problems)
     if args.keys:
         found = {name: sum(sum(v >= 0 for v in i.keys.get(name, ())) for i in infos if i.keys) for name in spec.columns}
-        text += "\nkeys: " + ", ".join(f"{name} of {n} samples" for name, n in found.items())
+        text += "\nbucket keys: " + ", ".join(f"{name} of {n} samples" for name, n in found.items())
         payload["key_errors"] = [p.fields() for p in key_problems]
         if key_problems:  # on_error="skip": those samples' keys are -1 (unknown)
-            text += f"\n{len(key_problems)} samples' keys could not be read (left unknown):"
+            text += f"\n{len(key_problems)} samples' bucket keys could not be read (left unknown):"
             text += "".join(f"\n    {p}" for p in key_problems)
     if args.output:
         text += f"\nwrote manifest {redact(args.output)} ({len(infos)} shards, {payload['samples']} samples)"
@@ -246,23 +246,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="train", help="shard names: PREFIX-00000.tar, PREFIX-00001.tar, …")
     p.add_argument("--processes", type=int, default=None, help="shards written at once (default: the machine's cores)")
     p.add_argument("--on-bad", choices=("error", "skip"), default="error",
-                   help="an image the loader would refuse (0 bytes, cut short, not an image): stop naming it (error) "
-                        "or leave it out and count it (skip)")
+                   help="images the loader would refuse (0 bytes, cut short, not an image): stop, naming every one "
+                        "once all are checked, and keep no shard (error), or leave them out, counted and named (skip)")
     p.add_argument("--overwrite", action="store_true", help="replace the set the output already holds")
     p.add_argument("--endpoint-url", default=None, help="the output store's endpoint (an S3-compatible server, a GCS emulator, an Azure blob endpoint, a Hub mirror)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a sentence")
     p.set_defaults(func=cmd_write)
 
-    p = sub.add_parser("plan", help="what an epoch's plan costs (left out, padding, shards cut) and who reads what")
-    add_stream_args(p, sources_required=False)
-    p.set_defaults(world_size=1)
-    p.add_argument("--no-counts", action="store_true", help="do not scan shards for sample counts")
-    planview.add_arguments(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p = sub.add_parser("plan", help="what an epoch's plan costs (samples left out, padding samples, shards split "
+                                    "between workers) and which worker of which rank reads which shards")
+    groups = add_stream_args(p, sources_required=False, planning=True)
+    groups["data"].add_argument("--no-counts", action="store_true", help="do not scan shards for sample counts")
+    planview.add_arguments(p, groups)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("index", help="count samples and bytes per shard; write a manifest")
     add_stream_args(p, batch=False, loader=False)
+    p = p.add_argument_group("manifest: what it records and where")
     p.add_argument("-o", "--output", default=None,
                    help="manifest file to write (a local path or a store's URL); default: dalistream-manifest.json in the "
                         "shards' folder, where loaders find it unnamed; '-' writes none")
@@ -274,15 +274,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="omit the member layouts of regular shards (a smaller manifest; workers then parse every "
                         "tar header instead of cutting samples out by the layout)")
     p.add_argument("--keys", default=None, metavar="SPEC",
-                   help="record per-sample keys for buckets (reads those members' data): 'image' = width and height "
-                        "from each sample's JPEG/PNG/WebP header ('image:EXT' for member EXT), any other EXT = the byte "
-                        "length of member EXT; e.g. --keys image,txt")
+                   help="record each sample's bucket keys, which buckets sort samples by (`dalistream keys "
+                        "--buckets`), reading those members' data: 'image' = width and height from each sample's "
+                        "JPEG/PNG/WebP header ('image:EXT' for member EXT), any other EXT = the byte length of member "
+                        "EXT; e.g. --keys image,txt")
     p.add_argument("--json", action="store_true", help="print one JSON object (shards, samples, errors) instead of a table")
     p.set_defaults(func=cmd_index)
 
-    p = sub.add_parser("keys", help="run the real pipeline for one rank and print the sample keys of each batch "
-                                    "(SOURCE:KEY for a --mix)")
+    p = sub.add_parser("keys", help="run the real pipeline for one rank and print each batch's sample keys (the "
+                                    "samples' names in their shards, __key__; SOURCE:KEY for a --mix)")
     add_stream_args(p, sources_required=False)
+    p.set_defaults(func=cmd_keys)
+    p = p.add_argument_group("output and state")
     p.add_argument("--stop-after", type=int, default=None, metavar="K", help="stop after K batches")
     p.add_argument("--state-out", default=None, metavar="FILE", help="write the loader state (to resume from) here")
     p.add_argument("--state-in", default=None, metavar="FILE", help="resume from a state written by --state-out")
@@ -290,7 +293,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only JSON lines on stdout, one per batch; with --on-error skip a last line {\"stats\": …} "
                         "holds the skip counters (without --json: one line 'rank R epoch E step S: KEY …' per batch, "
                         "and the counters on stderr)")
-    p.set_defaults(func=cmd_keys)
 
     runstats.add_parser(sub)
     bench.add_parser(sub)

@@ -12,56 +12,87 @@ from typing import Any, Dict, Optional
 from ..config import WORKERS
 
 
+#: The titles of the option groups of ``--help``, in the order shown.
+GROUPS = {"data": "data: what is read", "store": "store: where it is read from",
+          "layout": "layout: ranks, workers, batches", "order": "order and epoch length",
+          "buckets": "buckets: batches of one shape", "mix": "mix: several weighted sources"}
+
+
 def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: bool = True,
-                    sources_required: bool = True) -> None:
-    """The options every data-reading command shares; ``loader=False`` leaves out those only a
-    loader uses (workers, rank, world size, epoch, seed, manifest, start method), ``batch=False``
-    those of batching (batch size, shuffle, policy)."""
-    p.add_argument("sources", nargs="+" if sources_required else "*", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, or any store's URLs: s3://, gs://, az://, hf://, http(s)://, pipe:")
+                    sources_required: bool = True, planning: bool = False) -> Dict[str, Any]:
+    """The options every data-reading command shares, in argument groups of ``--help``
+    (:data:`GROUPS`); returns the groups by key, for a command to add its own options to.
+    ``loader=False`` leaves out those only a loader uses (workers, rank, world size, epoch, seed,
+    manifest, start method), ``batch=False`` those of batching (batch size, shuffle, policy,
+    buckets). ``planning``: the command shows a plan for every rank (``plan``), so ``--rank``
+    picks one to show and ``--world-size`` is 1 unless given, not read from the launcher."""
+    groups = {key: p.add_argument_group(title) for key, title in GROUPS.items()
+              if (batch or key not in ("order", "buckets")) and (loader or key not in ("layout", "mix"))}
+    data, store = groups["data"], groups["store"]
+    data.add_argument("sources", nargs="+" if sources_required else "*", metavar="SOURCE", help="shard paths, dirs, globs, {a..b} patterns, or any store's URLs: s3://, gs://, az://, hf://, http(s)://, pipe:")
     if loader:
-        p.add_argument("--workers", "-W", type=int, default=WORKERS, help="DALI worker processes (shard owners) per rank")
-        p.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
-        p.add_argument("--world-size", type=int, default=None, help="number of ranks (default: WORLD_SIZE or 1)")
-        p.add_argument("--epoch", type=int, default=0, help="epoch to show (it decides the shard order)")
-        p.add_argument("--seed", type=int, default=0, help="seed of the shard order and the shuffle")
-        p.add_argument("--manifest", default=None, help="manifest file with per-shard counts (from `dalistream index`)")
-    p.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad samples/shards: stop, or count and skip")
-    p.add_argument("--endpoint-url", default=None, help="the store's endpoint: an S3-compatible server (MinIO, Ceph, R2, moto), a GCS emulator, an Azure blob endpoint, a Hub mirror; default from the store's own configuration")
-    p.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
+        data.add_argument("--manifest", default=None, help="manifest file with per-shard counts (from `dalistream index`)")
+    data.add_argument("--on-error", choices=["raise", "skip"], default="raise", help="bad samples/shards: stop, or count and skip")
+    store.add_argument("--endpoint-url", default=None, help="the store's endpoint: an S3-compatible server (MinIO, Ceph, R2, moto), a GCS emulator, an Azure blob endpoint, a Hub mirror; default from the store's own configuration")
+    store.add_argument("--profile", default=None, help="AWS profile for s3:// sources")
     if loader:
-        p.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
-                       help="how DALI starts its workers (auto: fork for CPU pipelines while CUDA is untouched)")
+        layout = groups["layout"]
+        layout.add_argument("--workers", "-W", type=int, default=WORKERS,
+                            help="DALI worker processes per rank (each reads its own share of the shards)")
+        if planning:
+            layout.add_argument("--rank", type=int, default=None, help="show this rank only (default: every rank)")
+            layout.add_argument("--world-size", type=int, default=1, help="number of ranks")
+        else:
+            layout.add_argument("--rank", type=int, default=None, help="this rank (default: torch.distributed, RANK, or 0)")
+            layout.add_argument("--world-size", type=int, default=None, help="number of ranks (default: WORLD_SIZE or 1)")
+        layout.add_argument("--start-method", choices=["auto", "fork", "spawn"], default="auto",
+                            help="how DALI starts its workers (auto: fork for CPU pipelines while CUDA is untouched)")
+    if loader:
+        order = groups.get("order", groups["layout"])
+        order.add_argument("--epoch", type=int, default=0,
+                           help="epoch to show (it decides the shard order)" if planning else
+                                "epoch to read (it decides the shard order)")
+        order.add_argument("--seed", type=int, default=0, help="seed of the shard order and the shuffle")
     if batch:
-        p.add_argument("--batch-size", "-B", type=int, default=32, help="samples per batch (per rank)")
-        p.add_argument("--shuffle", type=int, default=None,
-                       help="per-worker sample shuffle buffer (0: off; default: none when reading interleaved, "
-                            "1000 for a training stream that cannot)")
-        p.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
-                       help="read each batch position's own span, a worker its slot's at once (default: for "
-                            "training policies when counts are known)")
-        p.add_argument("--policy", choices=["even", "exact", "fixed"], default="even",
-                       help="batches per epoch: even (the same on every rank), exact (every sample once), "
-                            "fixed (--batches-per-epoch)")
-        p.add_argument("--batches-per-epoch", type=int, default=None, help="with --policy fixed")
-        p.add_argument("--buckets", default=None, metavar="SPEC",
-                       help="batches by shape, each batch one bucket: aspect:WxH,WxH,… | auto:N | "
-                            "length:FIELD:EDGE,EDGE,… (keys from the manifest: `dalistream index --keys`)")
-        p.add_argument("--bucket-per", choices=["rank", "global"], default="rank",
-                       help="with --buckets: each rank's batch one bucket, or the whole global batch")
-        p.add_argument("--lookahead", type=int, default=None, metavar="K",
-                       help="with --buckets: refuse a plan in which a worker holds more than K samples")
+        order = groups["order"]
+        groups.get("layout", order).add_argument("--batch-size", "-B", type=int, default=32,
+                                                 help="samples per batch (per rank)")
+        order.add_argument("--shuffle", type=int, default=None,
+                           help="per-worker sample shuffle buffer (0: off; default: none when reading interleaved, "
+                                "1000 for a training stream that cannot)")
+        order.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
+                           help="every worker reads as many shards at once as it fills places in a batch, so each "
+                                "batch mixes many shards (default: on for the training policies when sample counts "
+                                "are known)")
+        order.add_argument("--policy", choices=["even", "exact", "fixed"], default="even",
+                           help="batches per epoch: even (the same on every rank), exact (every sample once), "
+                                "fixed (--batches-per-epoch)")
+        order.add_argument("--batches-per-epoch", type=int, default=None, help="with --policy fixed")
+        buckets = groups["buckets"]
+        buckets.add_argument("--buckets", default=None, metavar="SPEC",
+                             help="batches by shape, each batch one bucket: aspect:WxH,WxH,… | auto:N | "
+                                  "length:FIELD:EDGE,EDGE,… (each sample's bucket keys, its image size or length, "
+                                  "come from the manifest: `dalistream index --keys`)")
+        buckets.add_argument("--bucket-per", choices=["rank", "global"], default="rank",
+                             help="with --buckets: each rank's batch one bucket, or the whole global batch")
+        buckets.add_argument("--lookahead", type=int, default=None, metavar="K",
+                             help="with --buckets: refuse a plan in which a worker holds more than K samples")
         if loader:
-            p.add_argument("--affinity", choices=["node"], default=None,
-                           help="node: each node reads a fixed share of the shards every epoch, so its --cache holds "
-                                "about 1/N of the data (nodes from LOCAL_WORLD_SIZE or SLURM_NTASKS_PER_NODE)")
-            p.add_argument("--ranks-per-node", type=int, default=None,
-                           help="with --affinity node: ranks on each node (default: from the launcher, else one node)")
-            p.add_argument("--mix", action="append", default=None, metavar="NAME=WEIGHT:SOURCE",
-                           help="one weighted source of a mix, instead of SOURCEs (repeat it for each source)")
-            p.add_argument("--per-batch", choices=["sample", "source"], default="sample",
-                           help="with --mix: every batch holds each source's share, or comes whole from one source")
-            p.add_argument("--samples-per-epoch", type=int, default=None,
-                           help="with --mix: the epoch's samples (default: as many as no source repeats)")
+            layout = groups["layout"]
+            layout.add_argument("--affinity", choices=["node"], default=None,
+                                help="node: each node reads the same share of the shards every epoch, so a node-local "
+                                     "cache holds about 1/N of the data (nodes from LOCAL_WORLD_SIZE or "
+                                     "SLURM_NTASKS_PER_NODE)")
+            layout.add_argument("--ranks-per-node", type=int, default=None,
+                                help="with --affinity node: ranks on each node (default: from the launcher, else one node)")
+            mix = groups["mix"]
+            mix.add_argument("--mix", action="append", default=None, metavar="NAME=WEIGHT:SOURCE",
+                             help="one weighted source of a mix, instead of SOURCEs (repeat it for each source)")
+            mix.add_argument("--per-batch", choices=["sample", "source"], default="sample",
+                             help="with --mix: every batch holds each source's share, or comes whole from one source")
+            mix.add_argument("--samples-per-epoch", type=int, default=None,
+                             help="with --mix: the epoch's samples (default: as many as no source repeats)")
+    return groups
 
 
 def stream_sources(args: argparse.Namespace) -> Any:
@@ -112,10 +143,11 @@ def add_log_level(p: argparse.ArgumentParser, default: Any = argparse.SUPPRESS) 
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` shows each option's default, where it has one worth showing (not None, not False)."""
+    """``--help`` shows each option's default, where it has one worth showing (not None, not
+    False) and its text does not say it already."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False:
+        if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action) or ""
 

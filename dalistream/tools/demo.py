@@ -47,7 +47,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=300, help="training steps (epochs follow each other until done)")
     p.add_argument("--batch-size", "-B", type=int, default=32, help="samples per batch")
     p.add_argument("--size", type=int, default=64, help="image side in pixels after the random-resized crop")
-    p.add_argument("--workers", "-W", type=int, default=WORKERS, help="DALI worker processes (shard owners)")
+    p.add_argument("--workers", "-W", type=int, default=WORKERS, help="DALI worker processes (each reads its own share of the shards)")
     p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto",
                    help="where images are decoded and the model trains (auto: the GPU when DALI sees one)")
     p.add_argument("--classes", type=int, default=10, help="number of classes (labels must be below it)")

@@ -279,28 +279,32 @@ def affinity_view(args: argparse.Namespace, counts, layout: Layout, schedule: Sc
     return 0
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``plan`` command's own options (beside the shared stream options)."""
-    p.add_argument("--counts", default=None, metavar="N:LO-HI",
-                   help="plan N synthetic shards of LO..HI samples instead of reading SOURCEs")
-    p.add_argument("--epochs", type=int, default=1, help="how many epochs to summarize, from --epoch on")
-    p.add_argument("--resume-from", default=None, metavar="STATE.json",
-                   help="a saved Loader.state_dict(): the steps per rank and samples its epoch leaves for this layout")
-    p.add_argument("--shuffle-quality", action="store_true",
-                   help="distinct labels and entropy per rank batch and per global batch, this order against a random "
-                        "one, computed from the plan and --shuffle without reading data (class-sorted labels)")
-    p.add_argument("--classes", type=int, default=100,
-                   help="with --shuffle-quality: labels, written in order (label = position x classes / samples)")
-    p.add_argument("--nodes", type=int, default=None,
-                   help="with --affinity node: nodes the world size is split in (shows shards and samples per node, "
-                        "and with --shuffle-quality what affinity costs in mixing)")
-    p.add_argument("--from-nodes", type=int, default=None, metavar="M",
-                   help="with --affinity node: how much of each node's cache stays useful after moving from M nodes")
+def add_arguments(p: argparse.ArgumentParser, groups: Dict[str, Any]) -> None:
+    """The ``plan`` command's own options, beside the shared stream options of ``groups``
+    (:func:`~dalistream.tools.args.add_stream_args`): counts in the data group, bucket options
+    in the buckets group, and a group of what to show."""
+    groups["data"].add_argument("--counts", default=None, metavar="N:LO-HI",
+                                help="plan N synthetic shards of LO..HI samples instead of reading SOURCEs")
+    show = p.add_argument_group("what to show")
+    show.add_argument("--epochs", type=int, default=1, help="how many epochs to summarize, from --epoch on")
+    show.add_argument("--resume-from", default=None, metavar="STATE.json",
+                      help="a saved Loader.state_dict(): the steps per rank and samples its epoch leaves for this layout")
+    show.add_argument("--shuffle-quality", action="store_true",
+                      help="distinct labels and entropy per rank batch and per global batch, this order against a "
+                           "random one, computed from the plan and --shuffle without reading data (class-sorted labels)")
+    show.add_argument("--classes", type=int, default=100,
+                      help="with --shuffle-quality: labels, written in order (label = position x classes / samples)")
+    show.add_argument("--nodes", type=int, default=None,
+                      help="with --affinity node: nodes the world size is split in (shows shards and samples per node, "
+                           "and with --shuffle-quality what affinity costs in mixing)")
+    show.add_argument("--from-nodes", type=int, default=None, metavar="M",
+                      help="with --affinity node: how much of each node's cache stays useful after moving from M nodes")
+    show.add_argument("--detail", action=argparse.BooleanOptionalAction, default=None,
+                      help="list the samples of which shards every worker of every rank reads (default: for 16 "
+                           "workers in all or fewer, or with --rank: that rank's workers)")
+    show.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     from .bucketview import add_arguments as bucket_arguments
 
-    bucket_arguments(p)
-    p.add_argument("--detail", action=argparse.BooleanOptionalAction, default=None,
-                   help="list every (rank, worker)'s parts (default: for 16 global workers or fewer, or with --rank: "
-                        "that rank's workers)")
+    bucket_arguments(groups["buckets"])
 
 
