@@ -34,6 +34,9 @@ WAIT_WARNING = 0.5
 #: Batches per window over which the wait share is judged (the first batch after a pipeline
 #: starts is left out: it holds the workers' start).
 WINDOW = 50
+#: At the end of an epoch's iteration a window of at least this many batches is judged too, so
+#: that a run shorter than :data:`WINDOW` batches is warned as well.
+FEW = 8
 #: And at least this many seconds, so that every worker has written its counters in between.
 MIN_WINDOW_S = 1.0
 #: A worker busy (reading, parsing, batching) more than this share of its time is the limit.
@@ -88,7 +91,8 @@ def likely_stage(before: Dict[str, Any], after: Dict[str, Any], decodes: bool) -
     if decodes:
         return "decode", (f"the workers were idle {1 - busy:.0%} of their time with batches ready: the DALI graph in "
                           "the main process (image decode and augmentation) is the limit: a GPU (device='gpu'), "
-                          "lighter augmentation, or more DALI threads")
+                          "lighter augmentation, or more DALI threads (num_threads: Loader(stream, pipeline, "
+                          "num_threads=N), or dali_options={'num_threads': N} of a ready pipeline)")
     return "merge/feed", (f"the workers were idle {1 - busy:.0%} of their time with batches ready: receiving and "
                           "merging their batches in the main process is the limit: fewer workers (each adds a "
                           "batch of positions to merge), or a larger batch")
@@ -172,8 +176,12 @@ class Watch:
             self.publish()
 
     def ended(self) -> None:
-        """The epoch's iteration ended (its last batch taken, or the loop broke off)."""
+        """The epoch's iteration ended (its last batch taken, or the loop broke off): a window of
+        :data:`FEW` batches or more is judged now."""
         self.pause()
+        win = self._win
+        if win is not None and win["batches"] >= FEW and time.monotonic() - win["t0"] >= MIN_WINDOW_S:
+            self._judge()
         if self.run_dir:
             self.publish()
 
