@@ -277,3 +277,24 @@ def test_the_cli_shows_the_class_labels(photos, tmp_path, capsys):
     assert main(["write", str(photos), str(tmp_path / "out")]) == 0
     said = capsys.readouterr().out
     assert "labels (cls): 0 ant, 1 cat, 2 dog" in said, said
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_bad_images_written_to_s3_leave_no_shard_uploaded(photos, moto_endpoint, processes):
+    """Shards are uploaded under their final names as they are finished: those finished before
+    a bad image was met are deleted again, and the prefix holds only the marker a read refuses."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.create_bucket(Bucket=f"bad{processes}")
+    bad = _spoil(photos, ("0-byte", "truncated JPEG"))
+    options = {"endpoint_url": moto_endpoint}
+    with pytest.raises(SampleError) as caught:  # unshuffled: dog's images, the bad ones, come last
+        write(str(photos), f"s3://bad{processes}/set/", samples_per_shard=2, shuffle=False, processes=processes,
+              storage_options=options)
+    assert all(path in str(caught.value) for path in bad)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=f"bad{processes}").get("Contents", [])]
+    assert keys == ["set/dalistream-write.json"], keys
+    with pytest.raises(SourceError, match="did not finish"):
+        dalistream.Stream.open(f"s3://bad{processes}/set/", fields={"image": "jpg;png"}, batch_size=2, workers=1,
+                               device="cpu", storage_options=options)
