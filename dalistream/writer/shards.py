@@ -2,7 +2,7 @@
 
 Each shard is a plain ustar tar of ``KEY.<image ext>``, ``KEY.cls`` and ``KEY.txt`` (with a
 caption) members, written to the path it is given (a temporary name: the commit renames it).
-Every image is checked as the loader checks it (:func:`dalistream.worker.image_problem`: a
+Every image is checked as the loader checks it (:func:`dalistream.kinds.image_problem`: a
 known signature, the JPEG end-of-image and PNG ``IEND`` markers), so a 0-byte, cut or
 mis-named file is never written as a sample: every bad one is named, as ``(source file,
 problem)`` in :attr:`Written.bad`. With ``on_bad="skip"`` it is left out and counted; with
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..lifetime import die_with_parent
-from ..worker import image_problem
+from ..kinds import image_problem
 from .inputs import Item, image_ext
 
 ON_BAD = ("error", "skip")
