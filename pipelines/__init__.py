@@ -14,12 +14,18 @@ Each module has a ``pipeline`` (a :func:`dalistream.pipeline_def` function, for 
   images resized to cover the bucket's size and cropped to it at random, flipped, normalized.
 - :mod:`~dalistream.pipelines.caption_buckets`: every batch one length bucket, a member's tokens
   padded to the bucket's length.
+- :mod:`~dalistream.pipelines.video_clips_train`: a clip per video drawn from (seed, epoch, key),
+  resized, randomly cropped, flipped, normalized ``(B, F, C, H, W)``; captions as ``str``.
+- :mod:`~dalistream.pipelines.video_clips_eval`: the centred clip of every video once.
+- :mod:`~dalistream.pipelines.audio_train`: mono at a target rate, a fixed-length crop, a log-mel
+  spectrogram; transcripts as ``str``.
 
 Importing this package does not import DALI or torch.
 """
 
-from . import aspect_bucket_train, caption_buckets, classification_eval, classification_train, image_text
+from . import (aspect_bucket_train, audio_train, caption_buckets, classification_eval, classification_train,
+               image_text, video_clips_eval, video_clips_train)
 from .fields import merged_fields
 
 __all__ = ["classification_train", "classification_eval", "image_text", "aspect_bucket_train", "caption_buckets",
-           "merged_fields"]
+           "video_clips_train", "video_clips_eval", "audio_train", "merged_fields"]

@@ -55,15 +55,15 @@ PLACEHOLDER_JPEG = bytes.fromhex(
 
 
 @do_not_convert
-def with_placeholder(data, valid):
-    """``data`` (encoded images; empty where ``valid`` is 0) with :data:`PLACEHOLDER_JPEG` at every
-    padding position: the placeholder is appended to every row, cut to no bytes where the
-    position is valid. Arithmetic on ``valid``, no conditional."""
+def with_placeholder(data, valid, placeholder_bytes: bytes = PLACEHOLDER_JPEG):
+    """``data`` (encoded images; empty where ``valid`` is 0) with ``placeholder_bytes`` (default
+    :data:`PLACEHOLDER_JPEG`) at every padding position: the placeholder is appended to every
+    row, cut to no bytes where the position is valid. Arithmetic on ``valid``, no conditional."""
     import numpy as np
     from nvidia.dali import fn, types
 
-    placeholder = types.Constant(np.frombuffer(PLACEHOLDER_JPEG, np.uint8), device="cpu")
-    keep = (1 - fn.cast(valid, dtype=types.INT32)) * len(PLACEHOLDER_JPEG)
+    placeholder = types.Constant(np.frombuffer(placeholder_bytes, np.uint8), device="cpu")
+    keep = (1 - fn.cast(valid, dtype=types.INT32)) * len(placeholder_bytes)
     tail = fn.slice(placeholder, start=[0], shape=fn.reshape(keep, shape=[1]), axes=[0])
     return fn.cat(data, tail, axis=0)
 

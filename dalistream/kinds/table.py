@@ -29,7 +29,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from .audio import AUDIO_EXTS, Crops, audio_problem
 from .images import image_problem, images_bad, is_image_ext
+from .video import VIDEO_EXTS, Clips
 from .values import INT64_MAX, INT64_MIN, fitted, parse_ints
 
 BULK_ROWS = 32  # fewer rows are checked one by one: array operations cost more than they save there
@@ -48,15 +50,16 @@ class Cells:
     ``uint8``, ``view``), each row's member at ``data[starts[i]:starts[i] + lengths[i]]``, its
     extension (:meth:`ext`), the kind's :meth:`~Kind.member_flag` for it (``flags``), the sample's
     metadata (:meth:`meta`), ``bad`` (rows the per-sample path settles: a kind marks more), and
-    ``bulk`` (enough rows for array operations to pay)."""
+    ``bulk`` (enough rows for array operations to pay), and the ``epoch`` they are read in."""
 
-    __slots__ = ("data", "view", "starts", "lengths", "flags", "bad", "bulk", "ext", "meta")
+    __slots__ = ("data", "view", "starts", "lengths", "flags", "bad", "bulk", "ext", "meta", "epoch")
 
     def __init__(self, data: np.ndarray, view: memoryview, starts: np.ndarray, lengths: np.ndarray,
-                 flags: np.ndarray, bad: np.ndarray, ext: Callable[[int], str], meta: Callable[[int, str], str]) -> None:
+                 flags: np.ndarray, bad: np.ndarray, ext: Callable[[int], str], meta: Callable[[int, str], str],
+                 epoch: int = 0) -> None:
         self.data, self.view, self.starts, self.lengths = data, view, starts, lengths
         self.flags, self.bad, self.bulk = flags, bad, len(starts) >= BULK_ROWS
-        self.ext, self.meta = ext, meta
+        self.ext, self.meta, self.epoch = ext, meta, epoch
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -83,6 +86,11 @@ class Kind:
         """One sample's value from its member's bytes (extension ``ext``); a :class:`Problem` or
         any exception refuses it."""
         raise NotImplementedError
+
+    def parse_at(self, field: Any, data: bytes, ext: str, key: str, epoch: int) -> np.ndarray:
+        """:meth:`parse` of the member of sample ``key`` read in ``epoch``: for a kind whose value
+        depends on them (a video clip's frames); the default ignores them."""
+        return self.parse(field, data, ext)
 
     def member_flag(self, field: Any, ext: str) -> bool:
         """A per-member flag :meth:`parse_run` gets in ``cells.flags`` (the bytes kind: an image)."""
@@ -224,8 +232,87 @@ class MetaKind(Kind):
         return [np.asarray(r).tobytes().decode("utf-8", "surrogateescape") for r in rows]
 
 
+class _MediaKind(Kind):
+    """A kind whose members are encoded media: checked in the worker (:meth:`problem`), then
+    their bytes, or what the field's ``decoder`` (called with the bytes, the sample's key and the
+    epoch) makes of them."""
+
+    raw, reason, hint = True, "bad_value", None
+
+    decoders: tuple = ()  # the classes a field's ``decoder`` may be, for this kind
+
+    def check(self, field: Any) -> None:
+        if field.decoder is not None and not isinstance(field.decoder, self.decoders):
+            raise ConfigError(f"field {field.name!r}: a {self.name} field's decoder is one of "
+                              f"{[c.__name__ for c in self.decoders]}, got {field.decoder!r}")
+        ndim = 1 if field.decoder is None else getattr(field.decoder, "ndim", 1)
+        if field.ndim != ndim or np.dtype(field.dtype) != np.uint8:
+            raise ConfigError(f"field {field.name!r}: a {self.name} field with decoder {field.decoder!r} is uint8 "
+                              f"of ndim {ndim}, got {field.dtype} of ndim {field.ndim}")
+
+    def problem(self, field: Any, data: bytes) -> Optional[str]:
+        """What is wrong with a member, or ``None``."""
+        return None
+
+    def parse(self, field: Any, data: bytes, ext: str) -> np.ndarray:
+        return self.parse_at(field, data, ext, "", 0)
+
+    def parse_at(self, field: Any, data: bytes, ext: str, key: str, epoch: int) -> np.ndarray:
+        problem = self.problem(field, data)
+        if problem is not None:
+            raise Problem(problem, self.reason, hint=self.hint)
+        if field.decoder is None:
+            return np.frombuffer(data, np.uint8)
+        try:
+            return _fits(field, np.asarray(field.decoder(data, key, epoch)))
+        except ValueError as e:
+            raise Problem(str(e), getattr(e, "reason", self.reason), hint=getattr(e, "hint", None) or self.hint) from None
+
+    def parse_run(self, field: Any, cells: Cells) -> list:
+        column: List[Any] = [None] * len(cells)
+        for i in np.flatnonzero(~cells.bad).tolist():
+            try:
+                column[i] = self.parse_at(field, cells.row(i), cells.ext(i), cells.meta(i, "__key__"), cells.epoch)
+            except Exception:  # noqa: BLE001 - settled alone, where the error is named
+                cells.bad[i] = True
+        return column
+
+    def travels(self, field: Any) -> str:
+        return "blob" if field.ndim == 1 and np.dtype(field.dtype) == np.uint8 else super().travels(field)
+
+    def to_torch(self, rows: Sequence[np.ndarray]) -> list:
+        return [np.asarray(r).tobytes() if np.ndim(r) == 1 else np.asarray(r) for r in rows]
+
+
+class VideoKind(_MediaKind):
+    """An encoded video (``mp4``, ``webm``, ``mkv``, ``mov``), as bytes; with a
+    :class:`~dalistream.kinds.video.Clips` as the field's ``decoder``, a clip of it (probed in
+    the worker: a damaged one is ``bad_video``, a codec DALI's CPU decoder refuses
+    ``unsupported_codec``; see :mod:`dalistream.kinds.video`)."""
+
+    name, claims, reason, decoders = "video", VIDEO_EXTS, "bad_video", (Clips,)
+    hint = "re-encode or remove the video, or use on_error='skip'"
+
+    def problem(self, field: Any, data: bytes) -> Optional[str]:
+        return "is empty (0 bytes)" if not data else None
+
+
+class AudioKind(_MediaKind):
+    """Encoded audio (``wav``, ``flac``, ``ogg``, ``mp3``) for DALI's audio decoder, checked cheaply
+    (:func:`~dalistream.kinds.audio.audio_problem`: a damaged one is ``bad_audio``); with a
+    :class:`~dalistream.kinds.audio.Crops` as the field's ``decoder``, its crop's start first."""
+
+    name, claims, reason, decoders = "audio", AUDIO_EXTS, "bad_audio", (Crops,)
+    hint = "re-encode or remove the audio file, or use on_error='skip'"
+
+    def problem(self, field: Any, data: bytes) -> Optional[str]:
+        problem = audio_problem(data)
+        return None if problem is None else f"is not decodable audio: {problem}"
+
+
 #: Every kind by name, in the order :func:`kind_for` asks them to claim a field's extensions.
-KINDS: Dict[str, Kind] = {k.name: k for k in (MetaKind(), IntKind(), NpyKind(), CustomKind(), BytesKind())}
+KINDS: Dict[str, Kind] = {k.name: k for k in (MetaKind(), IntKind(), NpyKind(), CustomKind(), VideoKind(),
+                                              AudioKind(), BytesKind())}
 DEFAULT = "bytes"  # the kind of a field whose extensions no kind claims
 
 

@@ -35,6 +35,7 @@ class FieldDecoder:
     def __init__(self, fields: Sequence[Field], missing: str = "error") -> None:
         self.fields = tuple(fields)
         self.missing = missing
+        self.epoch = 0  # the epoch read now (set by the worker at each epoch's start): what a kind's values may depend on
         exts = {e for f in self.fields for e in f.exts}
         self.exts = frozenset(exts | {e + ".gz" for e in exts})
         # wants(ext): True if members with this extension are needed (others are skipped unread);
@@ -113,7 +114,7 @@ class FieldDecoder:
                                       member=f"{sample.get('__key__')}.{ext}.gz", reason="bad_value") from None
             if data is not None:
                 try:
-                    return kind.parse(field, data, ext)
+                    return kind.parse_at(field, data, ext, str(sample.get("__key__", "")), self.epoch)
                 except DalistreamError:
                     raise
                 except Problem as e:

@@ -46,6 +46,7 @@ class RowDecoder:
         self.fields = tuple(fields)
         self.kinds = tuple(f.spec for f in self.fields)
         self.lowercase = lowercase
+        self.epoch = 0  # the epoch read now (set by the worker at each epoch's start): what a kind's values may depend on
         self._maps: Dict[int, tuple] = {}  # id of a pattern table's names: (names, members, flags)
 
     def member_maps(self, names: Sequence[Tuple[str, ...]]) -> Tuple[np.ndarray, np.ndarray]:
@@ -102,7 +103,7 @@ class RowDecoder:
             def ext(i: int, j=j) -> str:
                 return run.names[kinds[i]][j[i]]
 
-            cells = Cells(data, view, run.member_at[index], run.member_size[index], flags[f][kinds], bad, ext, meta)
+            cells = Cells(data, view, run.member_at[index], run.member_size[index], flags[f][kinds], bad, ext, meta, self.epoch)
             columns.append(kind.parse_run(field, cells))
         return columns, np.flatnonzero(bad).tolist()
 

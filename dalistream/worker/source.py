@@ -226,6 +226,7 @@ class WorkerSource:
             self._fetcher = PartFetcher()
         for reader in self.readers:
             reader.arena, reader.fetcher = self._arena, self._fetcher
+            reader.rows.epoch = reader.decoder.epoch = epoch  # (a video clip's frames are drawn by epoch)
         if c.buckets is not None:
             yield from self._bucket_batches(epoch, start_step, policy, stats)
             stats.write()

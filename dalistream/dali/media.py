@@ -1,0 +1,136 @@
+"""Device ops for video clips and audio: DALI's video decoder (``cpu``, or ``mixed`` on NVDEC), the
+clip augmentations on frame sequences, and audio to a log-mel spectrogram.
+
+Clips arrive as the ``video`` field of a :class:`~dalistream.kinds.video.Clips` field: with
+``decode="dali"``, each row is the clip's frame indices (``int32``) then the encoded video, cut
+apart here and decoded by ``fn.decoders.video`` with ``frames=``; with ``decode="worker"``, the
+frames PyAV decoded in the worker. Padding positions never reach a decoder as they are: they get
+:data:`PLACEHOLDER_VIDEO` (one black 16×16 MJPEG frame in Matroska, which both of DALI's video
+decoders take) with indices 0, or, decoded in the worker, black frames.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .compat import do_not_convert
+from .ops import IMAGENET_MEAN, IMAGENET_STD, with_placeholder
+
+#: What a padding position of a ``"dali"`` clip field decodes (after its indices, all 0): one black
+#: 16×16 frame, MJPEG in Matroska (749 bytes, made by PyAV).
+PLACEHOLDER_VIDEO = bytes.fromhex(
+    "1a45dfa3a34286810142f7810142f2810442f381084282886d6174726f736b6142878104428581021853806701000000000002b9"
+    "114d9b74c0bf849100afe84dbb8b53ab841549a96653ac81a14dbb8b53ab841654ae6b53ac81f14dbb8c53ab841254c36753ac82"
+    "01564dbb8c53ab841c53bb6b53ac82029dec01000000000000530000000000000000000000000000000000000000000000000000"
+    "00000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"
+    "00000000001549a966cbbf846a7a21342ad7b1830f42404d808d4c61766636322e31322e31303257418d4c61766636322e31322e"
+    "31303273a490846d5d1ba5ec7305cbb3b4a3c86cd086448988408f4000000000001654ae6be0bf842a11c383ae01000000000000"
+    "51d7810173c588913ce7e654cfc6619c810022b59c83756e648881008687565f4d4a50454783810123e383843b9aca00e091b081"
+    "10ba811054b2810455b08455b9810255ee8100ec010000000000000200001254c367debf8422140ab27373a063c08067c89a45a3"
+    "87454e434f44455244878d4c61766636322e31322e3130327373b263c08b63c588913ce7e654cfc66167c8a145a3884455524154"
+    "494f4e44879330303a30303a30312e303030303030303030001f43b67540debf8443e7833ae78100a340d281000080ffd8fffe00"
+    "104c61766336322e32382e31303200ffdb0043000804040404040505050505050606060606060606060606060607070708080807"
+    "070706060707080808080909090808080809090a0a0a0c0c0b0b0e0e0e111114ffc4004c00010100000000000000000000000000"
+    "00000801010000000000000000000000000000000110010000000000000000000000000000000011010100000000000000000000"
+    "000000000021ffc00011080010001003012200021100031100ffda000c03010002110311003f009fc01457ffd91c53bb6b97bf84"
+    "e3aaea58bb8fb38100b78af78101f18201b9f08109")
+#: What a padding position of an ``audio`` field decodes: a 16 kHz mono WAV of 16 silent samples.
+PLACEHOLDER_WAV = bytes.fromhex(
+    "524946464400000057415645666d74201000000001000100803e0000007d00000200100064617461200000000000000000000000"
+    "000000000000000000000000000000000000000000000000")
+
+
+@do_not_convert
+def decode_clips(data, valid, device: str, frames: int, *, decode: str = "dali", padded: bool = True):
+    """The clips of a :class:`~dalistream.kinds.video.Clips` field as ``uint8`` ``FHWC`` RGB
+    sequences of ``frames`` frames (on the GPU where ``device`` is ``"gpu"``).
+
+    ``decode="dali"``: DALI's ``fn.decoders.video`` decodes each row's frames (``mixed`` on a GPU,
+    ``cpu`` otherwise: VP8, VP9, MJPEG); indices past a video's end (``short="black"``) are
+    black. ``decode="worker"``: the rows are frames already, laid out as ``FHWC`` (padding
+    positions black). ``padded=False``: the batch holds no padding."""
+    import numpy as np
+    from nvidia.dali import fn, types
+
+    if decode == "worker":
+        clips = fn.reshape(data, layout="FHWC")
+        if padded:  # (a padding position's empty row becomes black frames; real rows are left as they are)
+            clips = fn.pad(clips, axes=[0, 1, 2, 3], shape=[frames, 16, 16, 3])
+        return clips.gpu() if device == "gpu" else clips
+    if decode != "dali":
+        from ..errors import ConfigError
+
+        raise ConfigError(f"decode_clips: decode must be 'dali' or 'worker', got {decode!r}")
+    if padded:
+        placeholder = np.concatenate([np.zeros(4 * frames, np.uint8), np.frombuffer(PLACEHOLDER_VIDEO, np.uint8)])
+        data = with_placeholder(data, valid, placeholder.tobytes())
+    indices = fn.reinterpret(data[:4 * frames], dtype=types.INT32)
+    encoded = data[4 * frames:]
+    return fn.decoders.video(encoded, device="mixed" if device == "gpu" else "cpu", frames=indices,
+                             pad_mode="constant", fill_value=[0])
+
+
+@do_not_convert
+def resize_clips(clips, device: str, shorter: int):
+    """Resize every frame so its shorter side is ``shorter`` pixels (one size per clip)."""
+    from nvidia.dali import fn, types
+
+    return fn.resize(clips, device=device, resize_shorter=shorter, interp_type=types.INTERP_LINEAR, antialias=False)
+
+
+@do_not_convert
+def normalize_clips(clips, device: str, size: Sequence[int], *, random_crop: bool = False, mirror=None,
+                    mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD, fp16: bool = False):
+    """Crop every frame of a clip at one place (centred, or drawn per clip with ``random_crop``) to
+    ``size`` = (height, width), flip the clip where ``mirror`` is 1, normalize, and lay it out as
+    ``FCHW`` float (``(B, F, C, H, W)`` in torch)."""
+    from nvidia.dali import fn, types
+
+    kwargs: dict = {"crop": list(size)}
+    if random_crop:
+        kwargs["crop_pos_x"], kwargs["crop_pos_y"] = (fn.random.uniform(range=[0.0, 1.0]) for _ in range(2))
+    if mirror is not None:
+        kwargs["mirror"] = mirror
+    return fn.crop_mirror_normalize(clips, device=device, dtype=types.FLOAT16 if fp16 else types.FLOAT,
+                                    output_layout="FCHW", mean=list(mean), std=list(std), **kwargs)
+
+
+@do_not_convert
+def decode_audio(data, valid, sample_rate: float, length: int, *, crops: bool = True, padded: bool = True):
+    """Audio bytes to mono ``float32`` at ``sample_rate`` (DALI's ``fn.decoders.audio``, CPU), cut
+    or zero-padded to ``length`` samples. ``crops``: the rows are a
+    :class:`~dalistream.kinds.audio.Crops` field's (each begins with where its crop starts, drawn
+    in the worker); otherwise plain audio bytes, cut from their start. Padding positions decode
+    :data:`PLACEHOLDER_WAV` (silence); ``padded=False``: the batch holds no padding."""
+    import numpy as np
+    from nvidia.dali import fn, math, types
+
+    head = 4 if crops else 0
+    if padded:
+        placeholder = np.concatenate([np.zeros(head, np.uint8), np.frombuffer(PLACEHOLDER_WAV, np.uint8)])
+        data = with_placeholder(data, valid, placeholder.tobytes())
+    audio, _ = fn.decoders.audio(data[head:] if crops else data, dtype=types.FLOAT, downmix=True,
+                                 sample_rate=float(sample_rate))
+    if crops:
+        share = fn.reinterpret(data[:head], dtype=types.FLOAT, shape=[])
+        room = fn.cast(audio.shape()[0], dtype=types.FLOAT) - float(length)
+        start = fn.reshape(fn.cast(math.max(room, 0.0) * share, dtype=types.INT32), shape=[1])
+    else:
+        start = types.Constant(np.zeros(1, np.int32), device="cpu")
+    return fn.slice(audio, start, types.Constant(np.array([length], np.int32), device="cpu"), axes=[0],
+                    out_of_bounds_policy="pad",
+                    fill_values=0.0)
+
+
+@do_not_convert
+def log_mel(audio, device: str, sample_rate: float, *, n_fft: int = 400, hop: int = 160, mels: int = 80,
+            cutoff_db: float = -80.0):
+    """A mono signal's log-mel spectrogram, ``float32`` ``(mels, frames)``: power spectrogram
+    (``n_fft`` window, ``hop`` step), ``mels`` mel bands, decibels floored ``cutoff_db`` below
+    the peak; on the GPU where ``device`` is ``"gpu"``."""
+    from nvidia.dali import fn
+
+    audio = audio.gpu() if device == "gpu" else audio
+    spectrum = fn.spectrogram(audio, device=device, nfft=n_fft, window_length=n_fft, window_step=hop, power=2)
+    mel = fn.mel_filter_bank(spectrum, device=device, sample_rate=float(sample_rate), nfilter=mels)
+    return fn.to_decibels(mel, device=device, multiplier=10.0, cutoff_db=cutoff_db)

@@ -1,0 +1,72 @@
+"""Audio members: the ``audio`` field kind's cheap check and its crop draw.
+
+An audio member (``.wav``, ``.flac``, ``.ogg``, ``.mp3``) travels as its encoded bytes, for
+DALI's ``fn.decoders.audio`` (CPU only in DALI 2.4), after :func:`audio_problem`: a few
+microseconds that catch an empty, random or cut file (WAV's RIFF and data sizes, FLAC's and Ogg's
+signatures, MP3's ID3 tag or frame sync) before the decoder, which fails the whole batch without
+naming the sample.
+
+A field declared with a :class:`Crops` as its ``decoder`` gets, before the bytes, where its
+fixed-length crop starts: a ``float32`` in [0, 1) drawn from ``(seed, epoch, key)`` when
+training (a pure function, as a video clip's start), 0.5 (centred) otherwise;
+:func:`dalistream.ops.decode_audio` cuts it off and crops there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+from .video import draw
+
+AUDIO_EXTS = frozenset({"wav", "flac", "ogg", "mp3"})
+
+
+def audio_problem(data: bytes) -> Optional[str]:
+    """What is wrong with encoded audio bytes, or ``None`` if they pass a cheap check (no decode)."""
+    n = len(data)
+    if n == 0:
+        return "0 bytes"
+    if data.startswith(b"RIFF"):
+        if n < 12 or data[8:12] != b"WAVE":
+            return "RIFF file that is not WAVE"
+        announced = int.from_bytes(data[4:8], "little") + 8
+        if announced > n:
+            return f"WAV of {n} bytes, its header announces {announced}: cut short?"
+        at = 12
+        while at + 8 <= n:  # the chunks to the data chunk
+            chunk, size = data[at:at + 4], int.from_bytes(data[at + 4:at + 8], "little")
+            if chunk == b"data":
+                return None if at + 8 + size <= n else f"WAV data chunk of {size} bytes, {n - at - 8} present: cut short?"
+            at += 8 + size + (size & 1)
+        return "WAV without a data chunk"
+    if data.startswith(b"fLaC"):
+        return None if n > 42 else f"FLAC of {n} bytes: no stream info"
+    if data.startswith(b"OggS"):
+        return None if n > 27 else f"Ogg of {n} bytes: no page"
+    if data.startswith(b"ID3") or (n > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
+        return None
+    return f"unknown audio format (starts {data[:8].hex()}): not WAV, FLAC, Ogg or MP3"
+
+
+@dataclasses.dataclass(frozen=True)
+class Crops:
+    """Where each audio member's fixed-length crop starts (the field's ``decoder``; module doc):
+    drawn from ``(seed, epoch, key)`` when ``train``, centred otherwise."""
+
+    train: bool = True
+    seed: int = 0
+
+    def start(self, key: str, epoch: int) -> float:
+        """The crop's start as a share of the room the crop leaves, in [0, 1)."""
+        return draw(self.seed, epoch, key) if self.train else 0.5
+
+    def __call__(self, data: bytes, key: str = "", epoch: int = 0) -> np.ndarray:
+        """One member's value: its crop's start (``float32``, 4 bytes), then its bytes."""
+        problem = audio_problem(data)
+        if problem is not None:
+            raise ValueError(f"is not decodable audio: {problem}")
+        start = np.float32(self.start(key, epoch))
+        return np.concatenate([np.frombuffer(start.tobytes(), np.uint8), np.frombuffer(data, np.uint8)])

@@ -1,0 +1,223 @@
+"""Video clips: the ``video`` field kind's probe, clip choice and decode in the worker.
+
+A video member (``.mp4``, ``.webm``, ``.mkv``, ``.mov``) travels as its encoded bytes, like an
+image, after a probe in the worker (:func:`probe`: PyAV opens the container and counts the video
+stream's packets, decoding nothing) that turns a zero-length, cut, random or stream-less file
+into a named, per-sample error before any decoder sees it.
+
+A field declared with a :class:`Clips` as its ``decoder`` gets a clip of each video instead:
+``frames`` frames ``stride`` apart, whose first frame is drawn from ``(seed, epoch, key)``
+(:meth:`Clips.start`: a pure function, so a resumed run, an elastic resume and another worker
+count choose the same clips) when training, and centred for evaluation; a video shorter than
+the clip's span is looped, or padded by repeating its last frame or with black frames
+(``short``). Two places decode (``decode``):
+
+- ``"dali"``: the field is the clip's frame indices (``int32``, ``4 × frames`` bytes) followed
+  by the encoded bytes; DALI's ``fn.decoders.video`` decodes those frames
+  (:func:`dalistream.ops.decode_clips`: ``cpu``, or ``mixed`` on NVDEC). DALI 2.4's CPU
+  decoder takes only VP8, VP9 and MJPEG: with ``device="cpu"`` a clip of any other codec (the
+  codec read from the stream by the probe, never found by trial) is refused here as
+  ``unsupported_codec``, naming shard, member and codec.
+- ``"worker"``: PyAV decodes the clip's frames in the worker (any codec FFmpeg has), and the
+  field is those frames, ``uint8`` ``(frames, H, W, 3)`` RGB.
+
+PyAV (``pip install av``) is imported by the first probe, in the worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+VIDEO_EXTS = frozenset({"mp4", "webm", "mkv", "mov"})
+#: Codecs DALI 2.4's CPU video decoder takes (its docs; H.264, HEVC, AV1, MPEG-4 only on ``mixed``).
+DALI_CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
+SHORT_MODES = ("loop", "edge", "black")  # what fills a clip longer than its video
+DECODE_PLACES = ("dali", "worker")
+#: The codec id the probe reads, by FFmpeg's codec name (a decoder such as ``libdav1d`` names its codec's id).
+_CODEC_NAMES = ("h264", "hevc", "av1", "vp8", "vp9", "mjpeg", "mpeg4", "mpeg2video", "prores", "theora")
+
+
+class VideoProblem(ValueError):
+    """A member that is not a video the clip can come from: ``reason`` names why (``bad_video``,
+    ``unsupported_codec``)."""
+
+    def __init__(self, text: str, reason: str = "bad_video", hint: Optional[str] = None) -> None:
+        super().__init__(text)
+        self.reason, self.hint = reason, hint
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoInfo:
+    """What :func:`probe` reads from a container: the video stream's codec (FFmpeg's name),
+    its frame count (packets holding data), width and height."""
+
+    codec: str
+    frames: int
+    width: int
+    height: int
+
+
+def _av() -> Any:
+    try:
+        import av
+    except ImportError:  # pragma: no cover - the message is the point
+        raise VideoProblem("reading videos needs PyAV: pip install av", reason="missing_dependency") from None
+    av.logging.set_level(None)  # FFmpeg's own warnings on damaged input: the error we raise names the sample
+    return av
+
+
+def _codec_name(av: Any, codec: Any) -> str:
+    for name in _CODEC_NAMES:
+        try:
+            if av.codec.Codec(name, "r").id == codec.id:
+                return name
+        except Exception:  # noqa: BLE001 - a codec this FFmpeg lacks
+            continue
+    return codec.name
+
+
+def probe(data: bytes) -> VideoInfo:
+    """The container's first video stream: codec, frames, size; a :class:`VideoProblem` for
+    empty, random or cut bytes, or a container without a video stream. Demuxes, never decodes:
+    its cost grows with the packets (~0.1 ms for a dozen)."""
+    if not data:
+        raise VideoProblem("is empty (0 bytes)")
+    av = _av()
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.video:
+                raise VideoProblem("has no video stream")
+            stream = container.streams.video[0]
+            ctx = stream.codec_context
+            frames = sum(1 for packet in container.demux(stream) if packet.size)
+            codec, width, height = _codec_name(av, ctx.codec), ctx.width, ctx.height
+    except VideoProblem:
+        raise
+    except Exception as e:  # noqa: BLE001 - FFmpeg's errors (InvalidDataError, EOFError, …), named below
+        raise VideoProblem(f"is not a readable video container: {type(e).__name__}: {e}") from None
+    if frames == 0 or width <= 0 or height <= 0:
+        raise VideoProblem(f"has no frames ({codec}, {width}x{height}): cut short?")
+    return VideoInfo(codec, frames, width, height)
+
+
+def draw(seed: int, epoch: int, key: str) -> float:
+    """A uniform number in [0, 1) that is a pure function of ``(seed, epoch, key)`` (BLAKE2b)."""
+    digest = hashlib.blake2b(f"{int(seed)}\0{int(epoch)}\0{key}".encode("utf-8", "surrogateescape"),
+                             digest_size=8, person=b"dsclip").digest()
+    return int.from_bytes(digest, "little") / 2.0 ** 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Clips:
+    """How a ``video`` field becomes clips (the field's ``decoder``; see the module doc).
+
+    ``frames``: frames per clip; ``stride``: frames between two taken; ``train``: the first
+    frame drawn from ``(seed, epoch, key)``, else centred; ``short``: ``"loop"``, ``"edge"``
+    (repeat the last frame) or ``"black"``; ``decode``: ``"dali"`` or ``"worker"``;
+    ``device``: ``"cpu"`` or ``"gpu"``, where DALI decodes (``"dali"``: on the CPU, the codecs
+    of :data:`DALI_CPU_CODECS` only); ``seed``: the stream's seed.
+    """
+
+    frames: int = 8
+    stride: int = 1
+    train: bool = True
+    short: str = "loop"
+    decode: str = "dali"
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from ..errors import ConfigError
+
+        for name in ("frames", "stride"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"Clips: {name} must be an integer >= 1, got {value!r}")
+        if self.short not in SHORT_MODES:
+            raise ConfigError(f"Clips: short must be one of {SHORT_MODES}, got {self.short!r}")
+        if self.decode not in DECODE_PLACES:
+            raise ConfigError(f"Clips: decode must be one of {DECODE_PLACES}, got {self.decode!r}")
+        if self.device not in ("cpu", "gpu"):
+            raise ConfigError(f"Clips: device must be 'cpu' or 'gpu', got {self.device!r}")
+
+    @property
+    def span(self) -> int:
+        """Frames from a clip's first to its last, both included."""
+        return (self.frames - 1) * self.stride + 1
+
+    @property
+    def ndim(self) -> int:
+        """The field's ``ndim``: 1 (indices and bytes) for ``"dali"``, 4 (frames) for ``"worker"``."""
+        return 1 if self.decode == "dali" else 4
+
+    def start(self, count: int, key: str, epoch: int) -> int:
+        """The clip's first frame in a video of ``count`` frames: uniform over the starts whose
+        span fits (0 when none does) when training, the centred one otherwise."""
+        room = max(0, count - self.span)
+        if not self.train:
+            return room // 2
+        return min(room, int(draw(self.seed, epoch, key) * (room + 1)))
+
+    def indices(self, count: int, key: str, epoch: int) -> np.ndarray:
+        """The clip's frame indices (``int32``) in a video of ``count`` frames: from
+        :meth:`start`, ``stride`` apart; those past the end looped, clamped to the last frame
+        (``edge``), or left past it (``black``: the decoder pads them)."""
+        taken = self.start(count, key, epoch) + self.stride * np.arange(self.frames, dtype=np.int64)
+        if self.short == "loop":
+            taken = taken % count
+        elif self.short == "edge":
+            taken = np.minimum(taken, count - 1)
+        return taken.astype(np.int32)
+
+    def __call__(self, data: bytes, key: str = "", epoch: int = 0) -> np.ndarray:
+        """One member's value: see the module doc."""
+        info = probe(data)
+        if self.decode == "dali" and self.device == "cpu" and info.codec not in DALI_CPU_CODECS:
+            raise VideoProblem(f"is {info.codec}, which DALI's CPU video decoder does not take "
+                               f"(it takes {', '.join(sorted(DALI_CPU_CODECS))})", reason="unsupported_codec",
+                               hint="decode it in the worker (decode='worker', PyAV), or on a GPU (NVDEC)")
+        taken = self.indices(info.frames, key, epoch)
+        if self.decode == "worker":
+            return decode_frames(data, taken, info.frames)
+        return np.concatenate([np.frombuffer(taken.tobytes(), np.uint8), np.frombuffer(data, np.uint8)])
+
+
+def decode_frames(data: bytes, indices: np.ndarray, count: int) -> np.ndarray:
+    """Frames ``indices`` of a video of ``count`` frames (:func:`probe`) as ``uint8``
+    ``(len(indices), H, W, 3)`` RGB, decoded by PyAV from the first frame up to the last one asked
+    for (presentation order); indices from ``count`` on are black. A stream that decodes fewer
+    frames than asked for below ``count``, or changes size, is a :class:`VideoProblem`: never a
+    frame of the wrong place."""
+    av = _av()
+    wanted = np.asarray(indices, np.int64).tolist()
+    last = max([i for i in wanted if i < count], default=-1)
+    frames: list = []
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            for frame in container.decode(stream):
+                if len(frames) > last:
+                    break
+                frames.append(frame.to_ndarray(format="rgb24"))
+    except Exception as e:  # noqa: BLE001 - FFmpeg's errors, named by the caller with the sample
+        raise VideoProblem(f"does not decode: {type(e).__name__}: {e}") from None
+    if len(frames) <= last:
+        raise VideoProblem(f"decodes to {len(frames)} frames, not the {count} its container holds: damaged?")
+    shapes = {f.shape for f in frames}
+    if len(shapes) > 1:
+        raise VideoProblem(f"changes frame size within the clip ({sorted(shapes)})")
+    shape = frames[0].shape if frames else (1, 1, 3)
+    black = np.zeros(shape, np.uint8)
+    return np.stack([frames[i] if i < count else black for i in wanted])
+
+
+def split_clip(value: np.ndarray, frames: int) -> Tuple[np.ndarray, bytes]:
+    """A ``"dali"`` clip field's row as (frame indices, encoded bytes): what the graph cuts it into."""
+    value = np.asarray(value, np.uint8)
+    return value[:4 * frames].view(np.int32), value[4 * frames:].tobytes()
