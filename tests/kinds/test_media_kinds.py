@@ -1,0 +1,237 @@
+"""The ``video`` and ``audio`` field kinds in the worker, without DALI: clips are a pure function
+of (seed, epoch, key) and the frame count the probe reads; the frames PyAV decodes in the worker
+are those frames; damaged, empty, random or refused media is a named error or a counted skip, per
+sample and per run alike; audio is checked cheaply and its crop drawn the same way."""
+
+import numpy as np
+import pytest
+
+import dalistream
+from dalistream.config import StreamConfig, parse_fields
+from dalistream.kinds.audio import Crops, audio_problem
+from dalistream.kinds.video import Clips, VideoProblem, probe
+from dalistream.manifest import build_manifest
+from dalistream.manifest.offsets import SampleOffsets
+from dalistream.manifest.rows import ShardRows
+from dalistream.tar import runs
+from dalistream.worker import WorkerSource
+
+from helpers import data_set, short_runs, write_tar
+from media import CODECS, frame_ids, make_clip, make_wav
+
+pytest.importorskip("av")
+
+
+def test_the_kinds_are_inferred_from_extensions_and_checked():
+    fields = parse_fields({"v": "mp4;webm", "m": "mkv;mov", "a": "flac;wav", "b": "ogg;mp3", "t": "txt"})
+    assert [f.kind for f in fields] == ["video", "video", "audio", "audio", "bytes"]
+    assert all(f.spec.travels(f) == "blob" for f in fields)
+    with pytest.raises(dalistream.ConfigError, match="ndim 4"):  # frames decoded in the worker are 4-d
+        parse_fields({"v": {"exts": "mp4", "kind": "video", "decoder": Clips(decode="worker")}})
+    with pytest.raises(dalistream.ConfigError, match="Clips"):
+        parse_fields({"v": {"exts": "mp4", "kind": "video", "decoder": lambda b: b}})
+    for bad in ({"frames": 0}, {"stride": -1}, {"short": "wrap"}, {"decode": "gpu"}, {"device": "cuda"}):
+        with pytest.raises(dalistream.ConfigError):
+            Clips(**bad)
+
+
+@pytest.mark.parametrize("frames,stride", [(4, 1), (4, 3), (1, 1), (6, 2)])
+def test_a_clip_is_a_pure_function_of_seed_epoch_key(frames, stride):
+    clips = Clips(frames=frames, stride=stride, seed=5)
+    keys = [f"shard-{i // 7}/{i:04d}" for i in range(300)]
+    count = 40
+    room = count - clips.span
+    starts = {e: [clips.start(count, k, e) for k in keys] for e in range(3)}
+    assert starts[0] == [Clips(frames=frames, stride=stride, seed=5).start(count, k, 0) for k in keys]  # pure
+    assert all(0 <= s <= room for e in starts for s in starts[e])
+    assert set(starts[0]) == set(range(room + 1))  # every start drawn
+    assert sum(a != b for a, b in zip(starts[0], starts[1])) > len(keys) // 2  # a new clip each epoch
+    assert starts[0] != [Clips(frames=frames, stride=stride, seed=6).start(count, k, 0) for k in keys]  # the seed counts
+    for k in keys[:20]:
+        taken = clips.indices(count, k, 1).tolist()
+        assert taken == list(range(taken[0], taken[0] + clips.span, stride))
+    centred = Clips(frames=frames, stride=stride, train=False)
+    assert {centred.start(count, k, e) for k in keys[:30] for e in range(3)} == {room // 2}
+
+
+@pytest.mark.parametrize("short,expected", [("loop", [0, 1, 2, 3, 4, 0]), ("edge", [0, 1, 2, 3, 4, 4]),
+                                             ("black", [0, 1, 2, 3, 4, 5])])
+def test_a_video_shorter_than_its_clip_is_looped_or_padded(short, expected):
+    clips = Clips(frames=6, stride=1, train=False, short=short)
+    assert clips.indices(5, "k", 0).tolist() == expected
+    strided = Clips(frames=4, stride=2, train=True, short=short, seed=1)
+    for key in ("a", "b", "c"):  # no room: the clip starts at 0 whatever the draw
+        got = strided.indices(5, key, 3).tolist()
+        assert got == {"loop": [0, 2, 4, 1], "edge": [0, 2, 4, 4], "black": [0, 2, 4, 6]}[short]
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+@pytest.mark.parametrize("frames", [1, 5, 12])
+def test_the_probe_reads_codec_and_frames_from_the_container(codec, frames):
+    info = probe(make_clip(codec, frames))
+    assert (info.codec, info.frames, info.width, info.height) == (codec, frames, 32, 32)
+
+
+def _damaged():
+    good = make_clip("h264", 12)
+    webm = make_clip("vp9", 12)
+    return {"empty": (b"", "mp4"), "random": (np.random.default_rng(1).bytes(3000), "webm"),
+            "cut": (good[:len(good) // 2], "mp4"), "text": (b"not a video at all\n" * 20, "mkv"),
+            "head": (webm[:40], "webm")}
+
+
+@pytest.mark.parametrize("name", sorted(_damaged()))
+def test_damaged_media_is_a_named_problem(name):
+    data, _ = _damaged()[name]
+    with pytest.raises(VideoProblem) as caught:
+        probe(data)
+    assert caught.value.reason == "bad_video"
+
+
+def _shards(tmp_path, damaged: bool):
+    """Two shards of clips of every codec (5 to 16 frames) with captions; with ``damaged``, a
+    damaged member now and then. Returns (paths, {key: (codec, frames)} of the good ones, bad keys)."""
+    codecs = sorted(CODECS)
+    bad_media = _damaged()
+    good, bad, paths = {}, {}, []
+    for s in range(2):
+        members = []
+        for i in range(9):
+            key = f"s{s}/{i:03d}"
+            if damaged and i % 4 == 2:
+                name = sorted(bad_media)[(s * 3 + i) % len(bad_media)]
+                data, ext = bad_media[name]
+                bad[key] = name
+            else:
+                codec, n = codecs[(s + i) % len(codecs)], 5 + (7 * i + s) % 12
+                data, ext = make_clip(codec, n, blue=10 * i), CODECS[codec][2]
+                good[key] = (codec, n)
+            members += [(f"{key}.{ext}", data), (f"{key}.txt", key.encode())]
+        paths.append(write_tar(str(tmp_path / f"v-{s}.tar"), members))
+    return paths, good, bad
+
+
+def _source(paths, clips, on_error="raise", workers=1, worker=0):
+    rows = ShardRows.from_infos(build_manifest(paths, offsets=True))
+    offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
+    config = StreamConfig(sources=tuple(paths), batch_size=3, workers=workers, policy="exact", on_error=on_error,
+                          interleave=False, shuffle=0, seed=clips.seed,
+                          fields={"key": "__key__", "video": {"exts": "mp4;webm;mkv", "kind": "video",
+                                                             "ndim": clips.ndim, "decoder": clips}})
+    return WorkerSource(config, data_set(paths, [9, 9], offsets), worker)
+
+
+def _clips(source, epoch):
+    got = {}
+    for keys, videos, valid in source.epoch_batches(epoch):
+        got.update({bytes(k).decode(): v for k, v, ok in zip(keys, videos, valid) if int(ok)})
+    return got
+
+
+@pytest.mark.parametrize("blocks", [False, True])
+def test_worker_decoded_clips_are_the_drawn_frames_each_epoch(tmp_path, monkeypatch, blocks):
+    """Frames PyAV decodes in the worker are the frames the pure draw names for that epoch, per
+    sample and per run alike (the epoch reaches both paths)."""
+    short_runs(monkeypatch, 4000)
+    if not blocks:
+        monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 1 << 40)  # every part read sample by sample
+    paths, good, _ = _shards(tmp_path, damaged=False)
+    clips = Clips(frames=4, stride=2, train=True, short="loop", decode="worker", seed=11)
+    source = _source(paths, clips)
+    seen = {}
+    for epoch in (0, 1, 2):
+        got = _clips(source, epoch)
+        assert sorted(got) == sorted(good)
+        for key, clip in got.items():
+            assert clip.shape == (4, 32, 32, 3) and clip.dtype == np.uint8
+            assert frame_ids(clip) == clips.indices(good[key][1], key, epoch).tolist(), (key, epoch)
+            seen.setdefault(key, set()).add(tuple(frame_ids(clip)))
+    assert sum(len(s) > 1 for s in seen.values()) >= len(seen) // 2  # the clips change with the epoch
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_clips_do_not_depend_on_the_worker_count(tmp_path, workers):
+    paths, good, _ = _shards(tmp_path, damaged=False)
+    clips = Clips(frames=3, stride=3, decode="worker", seed=2)
+    got = {}
+    for w in range(workers):
+        part = _clips(_source(paths, clips, workers=workers, worker=w), 4)
+        assert not set(part) & set(got)
+        got.update(part)
+    assert {k: frame_ids(v) for k, v in got.items()} == {k: clips.indices(n, k, 4).tolist() for k, (_, n) in good.items()}
+
+
+@pytest.mark.parametrize("blocks", [False, True])
+@pytest.mark.parametrize("decode", ["worker", "dali"])
+def test_bad_media_is_named_or_skipped_by_policy(tmp_path, monkeypatch, blocks, decode):
+    """Empty, random, cut and text members are ``bad_video``; with ``decode='dali'`` on the CPU, a
+    codec DALI's CPU decoder refuses is ``unsupported_codec``, named with its codec; under
+    ``skip`` both are counted and every other sample is delivered whole."""
+    short_runs(monkeypatch, 4000)
+    if not blocks:
+        monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 1 << 40)
+    paths, good, bad = _shards(tmp_path, damaged=True)
+    clips = Clips(frames=2, stride=1, decode=decode, device="cpu", seed=3)
+    refused = {k for k, (codec, _) in good.items() if decode == "dali" and codec != "vp9"}
+    with pytest.raises(dalistream.SampleError) as caught:
+        _clips(_source(paths, clips), 0)
+    error = caught.value
+    first = min(set(bad) | refused)
+    assert error.url == paths[0] and error.member.startswith(first + ".")
+    assert error.reason == ("bad_video" if first in bad else "unsupported_codec")
+    source = _source(paths, clips, on_error="skip")
+    got = _clips(source, 0)
+    assert sorted(got) == sorted(set(good) - refused)
+    expected = {"samples:bad_video": len(bad)}
+    if refused:
+        expected["samples:unsupported_codec"] = len(refused)
+    assert dict(source._stats.skipped) == expected
+    for key, value in got.items():
+        if decode == "worker":
+            assert frame_ids(value) == clips.indices(good[key][1], key, 0).tolist()
+        else:  # the indices, then the member's own bytes
+            taken = np.asarray(value[:8]).view(np.int32).tolist()
+            assert taken == clips.indices(good[key][1], key, 0).tolist()
+            assert probe(bytes(np.asarray(value[8:]))).frames == good[key][1]
+
+
+def test_an_unsupported_codec_error_names_the_codec(tmp_path):
+    paths = [write_tar(str(tmp_path / "h.tar"), [("a/0.mp4", make_clip("h264", 3)), ("a/1.mp4", make_clip("av1", 3))])]
+    for codec in ("h264", "av1"):
+        clips = Clips(frames=2, decode="dali", device="cpu")
+        (field,) = parse_fields({"v": {"exts": "mp4", "kind": "video", "decoder": clips}})
+        with pytest.raises(Exception) as caught:
+            field.spec.parse_at(field, make_clip(codec, 3), "mp4", "k", 0)
+        assert caught.value.reason == "unsupported_codec" and codec in str(caught.value)
+        assert "decode='worker'" in caught.value.hint
+        gpu = Clips(frames=2, decode="dali", device="gpu")  # NVDEC takes them: the field is indices then bytes
+        (field,) = parse_fields({"v": {"exts": "mp4", "kind": "video", "decoder": gpu}})
+        assert len(field.spec.parse_at(field, make_clip(codec, 3), "mp4", "k", 0)) > 8
+
+
+@pytest.mark.parametrize("case", ["empty", "cut_header", "cut_data", "random", "not_wave", "no_data"])
+def test_damaged_audio_is_named(case):
+    wav = make_wav(800)
+    data = {"empty": b"", "cut_header": wav[:20], "cut_data": wav[:len(wav) // 2], "random": b"\x13" * 500,
+            "not_wave": b"RIFF" + wav[4:8] + b"AVI " + wav[12:],
+            "no_data": wav[:36].replace(wav[4:8], (28).to_bytes(4, "little"))}[case]
+    assert audio_problem(wav) is None
+    assert audio_problem(data) is not None
+    (field,) = parse_fields({"a": {"exts": "wav", "kind": "audio", "decoder": Crops()}})
+    with pytest.raises(Exception) as caught:
+        field.spec.parse_at(field, data, "wav", "k", 0)
+    assert caught.value.reason == "bad_audio"
+
+
+def test_audio_signatures_pass_and_crops_are_drawn_like_clips():
+    for data in (b"fLaC" + bytes(60), b"OggS" + bytes(60), b"ID3\x04" + bytes(60), b"\xff\xfb\x90" + bytes(60)):
+        assert audio_problem(data) is None
+    crops = Crops(train=True, seed=9)
+    (field,) = parse_fields({"a": {"exts": "wav", "kind": "audio", "decoder": crops}})
+    wav = make_wav(100)
+    values = [field.spec.parse_at(field, wav, "wav", f"k{i}", e) for i in range(50) for e in (0, 1)]
+    shares = [float(np.asarray(v[:4]).view(np.float32)[0]) for v in values]
+    assert all(bytes(np.asarray(v[4:])) == wav for v in values)
+    assert all(0 <= s < 1 for s in shares) and len(set(shares)) > 90
+    assert shares[0] == float(np.float32(crops.start("k0", 0)))
+    assert {float(np.asarray(Crops(train=False).__call__(wav, "x", 3)[:4]).view(np.float32)[0])} == {0.5}

@@ -1,0 +1,68 @@
+"""Tiny video clips and audio files for the media tests, made here with PyAV and ``wave``.
+
+Frame ``i`` of a clip is one flat colour whose red channel is ``frame_red(i)`` (blue names the
+clip), so a decoded frame says which frame it is (:func:`frame_ids`) within any codec's error."""
+
+from __future__ import annotations
+
+import io
+import wave
+from typing import List
+
+import numpy as np
+
+#: (PyAV encoder, container, FFmpeg codec name, extension)
+CODECS = {"h264": ("libx264", "mp4", "mp4"), "vp9": ("libvpx-vp9", "webm", "webm"), "av1": ("libsvtav1", "mp4", "mp4")}
+SIZE = 32
+
+
+def frame_red(i: int) -> int:
+    return 30 + 9 * i
+
+
+def make_clip(codec: str, frames: int, blue: int = 0, size: int = SIZE) -> bytes:
+    """A clip of ``frames`` flat frames (:func:`frame_red`) in ``codec``'s container, 12 fps."""
+    import av
+
+    encoder, container, _ = CODECS[codec]
+    out = io.BytesIO()
+    with av.open(out, "w", format=container) as c:
+        stream = c.add_stream(encoder, rate=12)
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        if encoder == "libx264":
+            stream.options = {"preset": "ultrafast"}
+        if encoder == "libsvtav1":
+            stream.options = {"svtav1-params": "log-level=0"}
+        for i in range(frames):
+            image = np.zeros((size, size, 3), np.uint8)
+            image[..., 0], image[..., 1], image[..., 2] = frame_red(i), 128, blue
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                c.mux(packet)
+        for packet in stream.encode():
+            c.mux(packet)
+    return out.getvalue()
+
+
+def pyav_frames(data: bytes) -> List[np.ndarray]:
+    """Every frame of a clip as PyAV decodes it (RGB)."""
+    import av
+
+    with av.open(io.BytesIO(data)) as c:
+        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+
+
+def frame_ids(clip: np.ndarray) -> List[int]:
+    """Which frame each of a decoded clip's ``(F, H, W, 3)`` frames is (-1: black)."""
+    reds = np.asarray(clip, np.float64)[..., 0].reshape(len(clip), -1).mean(axis=1)
+    return [int(round((r - 30) / 9)) if r > 15 else -1 for r in reds]
+
+
+def make_wav(samples: int, rate: int = 22050, channels: int = 2, seed: int = 0) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.random.default_rng(seed).integers(-8000, 8000, (samples, channels)).astype("<i2").tobytes())
+    return out.getvalue()
