@@ -114,7 +114,7 @@ def decode_audio(data, valid, sample_rate: float, length: int, *, crops: bool = 
     if crops:
         share = fn.reinterpret(data[:head], dtype=types.FLOAT, shape=[])
         room = fn.cast(audio.shape()[0], dtype=types.FLOAT) - float(length)
-        start = fn.reshape(fn.cast(math.max(room, 0.0) * share, dtype=types.INT32), shape=[1])
+        start = fn.reshape(fn.cast(math.floor(math.max(room, 0.0) * share), dtype=types.INT32), shape=[1])
     else:
         start = types.Constant(np.zeros(1, np.int32), device="cpu")
     return fn.slice(audio, start, types.Constant(np.array([length], np.int32), device="cpu"), axes=[0],

@@ -1,0 +1,200 @@
+"""The video and audio pipelines, built on the CPU over clips made here (H.264, VP9, AV1): the
+decoded frames are PyAV's frames at the drawn indices, whichever place decodes them; clips are the
+same across a resume, an elastic resume and another worker count; evaluation delivers every clip
+once under ``exact``; audio is cropped where the worker drew it. GPU variants are marked ``gpu``."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import dalistream
+from dalistream import ops
+from dalistream.kinds.audio import Crops
+from dalistream.kinds.video import Clips
+
+from helpers import write_tar
+from media import CODECS, frame_ids, make_clip, make_wav, pyav_frames
+
+pytestmark = [pytest.mark.dali]
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("nvidia.dali")
+pytest.importorskip("av")
+
+EXTS = "mp4;webm"
+
+
+@dalistream.pipeline_def
+def raw_clips(stream, frames=4, decode="dali"):
+    """The clips as decoded (uint8 FHWC), with their keys: no randomness in the graph."""
+    data = dalistream.read(stream)
+    clips = ops.decode_clips(data["video"], data["valid"], stream.device, frames, decode=decode, padded=stream.may_pad)
+    return {"video": clips, "key": data["key"]}
+
+
+def clip_shards(directory, codecs, n_shards=2, per_shard=7, sizes=(5, 9, 12, 16)):
+    """Shards of clips (codecs in turn, lengths from ``sizes``) with captions; {key: bytes}."""
+    truth, paths = {}, []
+    for s in range(n_shards):
+        members = []
+        for i in range(per_shard):
+            key = f"c{s}/{i:03d}"
+            codec = codecs[(s * per_shard + i) % len(codecs)]
+            data = make_clip(codec, sizes[(3 * s + i) % len(sizes)], blue=20 * i)
+            members += [(f"{key}.{CODECS[codec][2]}", data), (f"{key}.txt", f"caption of {key}".encode())]
+            truth[key] = data
+        paths.append(write_tar(str(directory / f"clips-{s}.tar"), members))
+    return paths, truth
+
+
+def open_clips(paths, clips, workers=2, batch_size=3, **options):
+    fields = {"video": {"exts": EXTS, "kind": "video", "ndim": clips.ndim, "decoder": clips}, "key": "__key__"}
+    stream = dalistream.Stream.open(paths, fields=fields, batch_size=batch_size, workers=workers, device=clips.device,
+                                    seed=clips.seed, **options)
+    return dalistream.Loader(stream, raw_clips, frames=clips.frames, decode=clips.decode)
+
+
+def as_clips(video) -> list:
+    """A batch's clips as arrays: a padded batch's placeholders are smaller, so the batch may come
+    as a list of tensors (its real samples)."""
+    return [np.asarray(v.cpu()) for v in video]
+
+
+def check_frames(batch, truth, clips, epoch):
+    """Each clip is PyAV's decode of its video at the drawn indices, within the codec's error."""
+    assert len(as_clips(batch["video"])) == len(batch["key"])
+    for key, clip in zip(batch["key"], as_clips(batch["video"])):
+        reference = pyav_frames(truth[key])
+        taken = clips.indices(len(reference), key, epoch).tolist()
+        assert frame_ids(clip) == [i if i < len(reference) else -1 for i in taken], key
+        for frame, i in zip(clip, taken):
+            if i < len(reference):
+                assert np.abs(frame.astype(np.int16) - reference[i]).mean() < 4, (key, i)
+
+
+@pytest.mark.parametrize("decode,codecs", [("worker", ("h264", "vp9", "av1")), ("dali", ("vp9",))])
+def test_clips_are_pyavs_frames_at_the_drawn_indices(tmp_path, decode, codecs):
+    paths, truth = clip_shards(tmp_path, codecs)
+    clips = Clips(frames=4, stride=3, decode=decode, short="black", seed=7)
+    seen = set()
+    with open_clips(paths, clips, policy="exact") as loader:
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                assert all(c.dtype == np.uint8 and c.shape == (4, 32, 32, 3) for c in as_clips(batch["video"]))
+                check_frames(batch, truth, clips, epoch)
+                seen.update(batch["key"])
+    assert seen == set(truth)
+
+
+def _epoch(loader, steps=None):
+    out = []
+    for batch in itertools.islice(loader, steps):
+        out.append({key: tuple(frame_ids(clip)) for key, clip in zip(batch["key"], as_clips(batch["video"]))})
+    return out
+
+
+@pytest.mark.parametrize("decode", ["dali", "worker"])
+def test_clips_survive_a_resume_an_elastic_resume_and_another_worker_count(tmp_path, decode):
+    paths, truth = clip_shards(tmp_path, ("vp9",), per_shard=9)
+    clips = Clips(frames=3, stride=2, decode=decode, seed=4)
+    with open_clips(paths, clips, workers=2, shuffle=5) as loader:
+        loader.set_epoch(1)
+        full = _epoch(loader)
+    with open_clips(paths, clips, workers=2, shuffle=5) as loader:
+        loader.set_epoch(1)
+        head = _epoch(loader, steps=2)
+        state = loader.state_dict()
+    assert head == full[:2]
+    with open_clips(paths, clips, workers=2, shuffle=5) as loader:
+        loader.load_state_dict(state)
+        assert _epoch(loader) == full[2:]  # the same batches, the same clips
+    with open_clips(paths, clips, workers=1, shuffle=5) as loader:  # elastic: the rest re-planned on 1 worker
+        loader.load_state_dict(state)
+        rest = _epoch(loader)
+    merged = {k: v for batch in head + rest for k, v in batch.items()}
+    expected = {k: v for batch in full for k, v in batch.items()}
+    assert {k: merged[k] for k in expected} == expected
+    assert all(list(v) == clips.indices(len(pyav_frames(truth[k])), k, 1).tolist() for k, v in expected.items())
+
+
+def test_eval_delivers_every_centred_clip_once_and_skips_bad_media(tmp_path):
+    from dalistream.pipelines import video_clips_eval
+
+    paths, truth = clip_shards(tmp_path, ("h264", "vp9", "av1"), per_shard=5)
+    damaged = [b"", b"\x1aE\xdf\xa3" + bytes(90), truth["c0/000"][:300]]  # empty, a bare EBML head, cut
+    bad = write_tar(str(tmp_path / "bad.tar"), [m for i, data in enumerate(damaged) for m in
+                                                 ((f"b/{i}.{'webm' if i == 1 else 'mp4'}", data), (f"b/{i}.txt", b"x"))])
+    with video_clips_eval.loader(paths + [bad], batch_size=4, frames=8, stride=1, size=24, workers=2, device="cpu",
+                                 on_error="skip", fields={"key": "__key__"}, max_skip_fraction=0.5) as loader:
+        keys = []
+        for batch in loader:
+            assert tuple(batch["video"].shape[1:]) == (8, 3, 24, 24) and batch["video"].dtype == torch.float32
+            assert batch["text"] == [f"caption of {k}" for k in batch["key"]]
+            keys += batch["key"]
+        skipped = loader.stats()
+    assert sorted(keys) == sorted(truth)  # every good clip once, none of the damaged ones
+    assert skipped["skipped"]["samples"] == {"bad_video": 3}
+
+
+def test_train_pipeline_layout_and_fp16(tmp_path):
+    from dalistream.pipelines import video_clips_train
+
+    paths, _ = clip_shards(tmp_path, ("vp9",), n_shards=1, per_shard=4)
+    for decode in ("dali", "worker"):
+        with video_clips_train.loader(paths, batch_size=2, frames=5, stride=2, size=16, resize=20, workers=1,
+                                      device="cpu", decode=decode, fp16=True, text_exts=None) as loader:
+            batch = next(iter(loader))
+        assert set(batch) == {"video"}
+        assert tuple(batch["video"].shape) == (2, 5, 3, 16, 16) and batch["video"].dtype == torch.float16
+
+
+def test_audio_is_cropped_where_the_worker_drew_and_turned_to_log_mel(tmp_path):
+    from dalistream.pipelines import audio_train
+
+    rate, seconds = 8000, 0.25
+    length = int(rate * seconds)
+    members, truth = [], {}
+    for i, n in enumerate((600, 2000, 3100, 5000)):
+        wav = make_wav(n, rate=rate, channels=1, seed=i)
+        key = f"a/{i}"
+        members += [(f"{key}.wav", wav), (f"{key}.txt", f"words {i}".encode())]
+        truth[key] = np.frombuffer(wav[44:], "<i2").astype(np.float32) / 32768
+    paths = [write_tar(str(tmp_path / "a.tar"), members)]
+    for train in (True, False):
+        crops = Crops(train=train, seed=6)
+        got = {}
+        with audio_train.loader(paths, batch_size=3, sample_rate=rate, seconds=seconds, train=train, workers=1,
+                                device="cpu", waveform=True, seed=6, mels=40, fields={"key": "__key__"},
+                                policy="exact") as loader:
+            for epoch in (0, 1):
+                loader.set_epoch(epoch)
+                for batch in loader:
+                    assert tuple(batch["mel"].shape[1:]) == (40, length // 160 + 1)
+                    assert torch.isfinite(batch["mel"]).all()
+                    for key, text, wave in zip(batch["key"], batch["text"], batch["audio"].numpy()):
+                        assert text == f"words {key[2:]}"
+                        signal = truth[key]
+                        start = int(max(0, len(signal) - length) * np.float32(crops.start(key, epoch)))
+                        expected = np.zeros(length, np.float32)
+                        part = signal[start:start + length]
+                        expected[:len(part)] = part
+                        assert np.abs(wave - expected).max() < 1e-3, (key, epoch, train)
+                        got[key, epoch] = start
+        assert len(got) == 8
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_nvdec_decodes_the_same_frames(tmp_path, codec):
+    """On a GPU (``mixed``), every codec's clips are PyAV's frames at the drawn indices."""
+    if ops.gpu_count() < 1:
+        pytest.skip("needs a CUDA device visible to DALI")
+    paths, truth = clip_shards(tmp_path, (codec,))
+    clips = Clips(frames=4, stride=2, decode="dali", device="gpu", seed=1)
+    with open_clips(paths, clips, policy="exact", start_method="spawn") as loader:
+        for batch in loader:
+            check_frames(batch, truth, clips, 0)
