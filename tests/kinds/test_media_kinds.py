@@ -235,3 +235,25 @@ def test_audio_signatures_pass_and_crops_are_drawn_like_clips():
     assert all(0 <= s < 1 for s in shares) and len(set(shares)) > 90
     assert shares[0] == float(np.float32(crops.start("k0", 0)))
     assert {float(np.asarray(Crops(train=False).__call__(wav, "x", 3)[:4]).view(np.float32)[0])} == {0.5}
+
+
+@pytest.mark.parametrize("packets", [(3, 6), (0, 1), (10, 12)])
+def test_damage_inside_the_stream_is_named_when_the_worker_decodes(packets):
+    """Packets overwritten inside a VP9 stream pass the probe (the container is whole); decoded in
+    the worker, the clip is ``bad_video`` for its own sample, not a dead pipeline."""
+    import av
+    import io
+
+    good = make_clip("vp9", 12)
+    with av.open(io.BytesIO(good)) as c:
+        places = [(p.pos, p.size) for p in c.demux(video=0) if p.size]
+    data = bytearray(good)
+    rng = np.random.default_rng(packets[0])
+    for pos, size in places[packets[0]:packets[1]]:
+        data[pos + size // 3:pos + size - 2] = rng.integers(0, 256, size - 2 - size // 3, dtype=np.uint8).tobytes()
+    assert probe(bytes(data)).frames == 12
+    (field,) = parse_fields({"v": {"exts": "webm", "kind": "video", "ndim": 4,
+                                   "decoder": Clips(frames=12, train=False, decode="worker")}})
+    with pytest.raises(Exception) as caught:
+        field.spec.parse_at(field, bytes(data), "webm", "k", 0)
+    assert caught.value.reason == "bad_video" and "decode" in str(caught.value)
