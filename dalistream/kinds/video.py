@@ -67,7 +67,6 @@ def _av() -> Any:
         import av
     except ImportError:  # pragma: no cover - the message is the point
         raise VideoProblem("reading videos needs PyAV: pip install av", reason="missing_dependency") from None
-    av.logging.set_level(None)  # FFmpeg's own warnings on damaged input: the error we raise names the sample
     return av
 
 
