@@ -20,8 +20,10 @@ def frame_red(i: int) -> int:
     return 30 + 9 * i
 
 
-def make_clip(codec: str, frames: int, blue: int = 0, size: int = SIZE) -> bytes:
-    """A clip of ``frames`` flat frames (:func:`frame_red`) in ``codec``'s container, 12 fps."""
+def make_clip(codec: str, frames: int, blue: int = 0, size: int = SIZE, gop: int = 4, bframes: int = 0) -> bytes:
+    """A clip of ``frames`` flat frames (:func:`frame_red`) in ``codec``'s container, 12 fps, a key
+    frame every ``gop`` frames (so that a decoder seeks into it); ``bframes``: H.264's B-frames (its
+packets then come out of presentation order)."""
     import av
 
     encoder, container, _ = CODECS[codec]
@@ -30,10 +32,11 @@ def make_clip(codec: str, frames: int, blue: int = 0, size: int = SIZE) -> bytes
         stream = c.add_stream(encoder, rate=12)
         stream.width = stream.height = size
         stream.pix_fmt = "yuv420p"
+        stream.codec_context.gop_size = gop
         if encoder == "libx264":
-            stream.options = {"preset": "ultrafast"}
+            stream.options = {"preset": "ultrafast", "x264-params": f"keyint={gop}:min-keyint={gop}:bframes={bframes}"}
         if encoder == "libsvtav1":
-            stream.options = {"svtav1-params": "log-level=0"}
+            stream.options = {"svtav1-params": f"log-level=0:keyint={gop}"}
         for i in range(frames):
             image = np.zeros((size, size, 3), np.uint8)
             image[..., 0], image[..., 1], image[..., 2] = frame_red(i), 128, blue

@@ -54,12 +54,15 @@ class VideoProblem(ValueError):
 @dataclasses.dataclass(frozen=True)
 class VideoInfo:
     """What :func:`probe` reads from a container: the video stream's codec (FFmpeg's name),
-    its frame count (packets holding data), width and height."""
+    its frame count (packets holding data), width and height, and each frame's presentation
+    time stamp in presentation order (``()`` when a packet has none: then frames are counted
+    from the start instead of found by time stamp)."""
 
     codec: str
     frames: int
     width: int
     height: int
+    pts: Tuple[int, ...] = ()
 
 
 def _av() -> Any:
@@ -93,15 +96,17 @@ def probe(data: bytes) -> VideoInfo:
                 raise VideoProblem("has no video stream")
             stream = container.streams.video[0]
             ctx = stream.codec_context
-            frames = sum(1 for packet in container.demux(stream) if packet.size)
+            stamps = [packet.pts for packet in container.demux(stream) if packet.size]
             codec, width, height = _codec_name(av, ctx.codec), ctx.width, ctx.height
     except VideoProblem:
         raise
     except Exception as e:  # noqa: BLE001 - FFmpeg's errors (InvalidDataError, EOFError, …), named below
         raise VideoProblem(f"is not a readable video container: {type(e).__name__}: {e}") from None
+    frames = len(stamps)
     if frames == 0 or width <= 0 or height <= 0:
         raise VideoProblem(f"has no frames ({codec}, {width}x{height}): cut short?")
-    return VideoInfo(codec, frames, width, height)
+    known = None not in stamps and len(set(stamps)) == frames
+    return VideoInfo(codec, frames, width, height, tuple(sorted(stamps)) if known else ())
 
 
 def draw(seed: int, epoch: int, key: str) -> float:
@@ -182,38 +187,49 @@ class Clips:
                                hint="decode it in the worker (decode='worker', PyAV), or on a GPU (NVDEC)")
         taken = self.indices(info.frames, key, epoch)
         if self.decode == "worker":
-            return decode_frames(data, taken, info.frames)
+            return decode_frames(data, taken, info)
         return np.concatenate([np.frombuffer(taken.tobytes(), np.uint8), np.frombuffer(data, np.uint8)])
 
 
-def decode_frames(data: bytes, indices: np.ndarray, count: int) -> np.ndarray:
-    """Frames ``indices`` of a video of ``count`` frames (:func:`probe`) as ``uint8``
-    ``(len(indices), H, W, 3)`` RGB, decoded by PyAV from the first frame up to the last one asked
-    for (presentation order); indices from ``count`` on are black. A stream that decodes fewer
-    frames than asked for below ``count``, or changes size, is a :class:`VideoProblem`: never a
-    frame of the wrong place."""
+def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarray:
+    """Frames ``indices`` of a video (:func:`probe`'s ``info``) as ``uint8``
+    ``(len(indices), H, W, 3)`` RGB, decoded by PyAV; indices from ``info.frames`` on are black.
+
+    With the frames' time stamps known, the decoder seeks to the key frame before the first frame
+    asked for and each decoded frame is placed by its time stamp; otherwise frames are decoded
+    from the start and counted. Either way it stops after the last frame asked for. A frame asked
+    for that does not decode, a stream that fails or changes size: a :class:`VideoProblem`, never
+    a frame of the wrong place."""
     av = _av()
     wanted = np.asarray(indices, np.int64).tolist()
-    last = max([i for i in wanted if i < count], default=-1)
-    frames: list = []
+    needed = sorted({i for i in wanted if i < info.frames})
+    place = {stamp: i for i, stamp in enumerate(info.pts)}
+    got: dict = {}
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
+            if place and needed and needed[0] > 0:
+                container.seek(info.pts[needed[0]], stream=stream, backward=True, any_frame=False)
+            counted = -1
             for frame in container.decode(stream):
-                if len(frames) > last:
+                counted += 1
+                i = place.get(frame.pts, -1) if place else counted
+                if i in needed and i not in got:
+                    got[i] = frame.to_ndarray(format="rgb24")
+                if needed and (len(got) == len(needed) or i > needed[-1]):
                     break
-                frames.append(frame.to_ndarray(format="rgb24"))
     except Exception as e:  # noqa: BLE001 - FFmpeg's errors, named by the caller with the sample
         raise VideoProblem(f"does not decode: {type(e).__name__}: {e}") from None
-    if len(frames) <= last:
-        raise VideoProblem(f"decodes to {len(frames)} frames, not the {count} its container holds: damaged?")
-    shapes = {f.shape for f in frames}
+    missing = [i for i in needed if i not in got]
+    if missing:
+        raise VideoProblem(f"does not decode frame {missing[0]} of the {info.frames} its container holds: damaged?")
+    shapes = {f.shape for f in got.values()}
     if len(shapes) > 1:
         raise VideoProblem(f"changes frame size within the clip ({sorted(shapes)})")
-    shape = frames[0].shape if frames else (1, 1, 3)
+    shape = next(iter(shapes)) if shapes else (info.height, info.width, 3)
     black = np.zeros(shape, np.uint8)
-    return np.stack([frames[i] if i < count else black for i in wanted])
+    return np.stack([got[i] if i < info.frames else black for i in wanted])
 
 
 def split_clip(value: np.ndarray, frames: int) -> Tuple[np.ndarray, bytes]:

@@ -9,7 +9,7 @@ import pytest
 import dalistream
 from dalistream.config import StreamConfig, parse_fields
 from dalistream.kinds.audio import Crops, audio_problem
-from dalistream.kinds.video import Clips, VideoProblem, probe
+from dalistream.kinds.video import Clips, VideoProblem, decode_frames, probe
 from dalistream.manifest import build_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
@@ -17,7 +17,7 @@ from dalistream.tar import runs
 from dalistream.worker import WorkerSource
 
 from helpers import data_set, short_runs, write_tar
-from media import CODECS, frame_ids, make_clip, make_wav
+from media import CODECS, frame_ids, make_clip, make_wav, pyav_frames
 
 pytest.importorskip("av")
 
@@ -257,3 +257,23 @@ def test_damage_inside_the_stream_is_named_when_the_worker_decodes(packets):
     with pytest.raises(Exception) as caught:
         field.spec.parse_at(field, bytes(data), "webm", "k", 0)
     assert caught.value.reason == "bad_video" and "decode" in str(caught.value)
+
+
+@pytest.mark.parametrize("codec,gop,bframes", [("h264", 1, 0), ("h264", 4, 2), ("h264", 7, 3), ("vp9", 4, 0),
+                                                ("vp9", 16, 0), ("av1", 5, 0)])
+def test_the_worker_decode_seeks_to_exactly_the_frames_asked_for(codec, gop, bframes):
+    """Decoded with a seek to the key frame before the first frame asked for and placed by time
+    stamp, every frame is the one a full decode gives at that index (B-frames included: packets
+    out of presentation order), whatever the clip's place, stride, order and padding."""
+    data = make_clip(codec, 19, blue=50, gop=gop, bframes=bframes)
+    info = probe(data)
+    reference = pyav_frames(data)
+    assert info.frames == len(reference) == 19 and len(info.pts) == 19
+    rng = np.random.default_rng(gop)
+    cases = [[0, 1, 2], [5, 7, 9, 11], [18], [17, 18, 19, 20], [12, 3, 12, 8]]
+    cases += [sorted(rng.choice(19, 4, replace=False).tolist()) for _ in range(6)]
+    for wanted in cases:
+        got = decode_frames(data, np.array(wanted), info)
+        assert got.shape == (len(wanted), 32, 32, 3)
+        for frame, i in zip(got, wanted):
+            assert np.array_equal(frame, reference[i] if i < 19 else np.zeros_like(reference[0])), (wanted, i)
