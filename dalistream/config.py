@@ -43,7 +43,11 @@ class Field:
     - ``"npy"``: ``numpy.load`` of the member, must have ``dtype`` and ``ndim``;
     - ``"custom"``: ``decoder(bytes) -> numpy array`` of ``dtype`` and ``ndim`` (must pickle with dill);
     - ``"meta"``: ``__key__``, ``__url__`` or ``__source__`` (a mix's source name; empty otherwise) as
-      ``uint8`` bytes.
+      ``uint8`` bytes;
+    - ``"video"`` (``mp4``, ``webm``, ``mkv``, ``mov``): the checked bytes, or with a
+      :class:`dalistream.kinds.Clips` as ``decoder`` a clip (:mod:`dalistream.kinds.video`);
+    - ``"audio"`` (``wav``, ``flac``, ``ogg``, ``mp3``): the checked bytes, with a
+      :class:`dalistream.kinds.Crops` as ``decoder`` its crop's start first (:mod:`dalistream.kinds.audio`).
     """
 
     name: str

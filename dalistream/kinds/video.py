@@ -33,6 +33,8 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from ..errors import ConfigError
+
 VIDEO_EXTS = frozenset({"mp4", "webm", "mkv", "mov"})
 #: Codecs DALI 2.4's CPU video decoder takes (its docs; H.264, HEVC, AV1, MPEG-4 only on ``mixed``).
 DALI_CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
@@ -68,8 +70,8 @@ class VideoInfo:
 def _av() -> Any:
     try:
         import av
-    except ImportError:  # pragma: no cover - the message is the point
-        raise VideoProblem("reading videos needs PyAV: pip install av", reason="missing_dependency") from None
+    except ImportError:  # (a ConfigError stops the stream: it is no sample's fault)
+        raise ConfigError("a video field needs PyAV in the DALI workers", hint="pip install av") from None
     return av
 
 
@@ -136,8 +138,6 @@ class Clips:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from ..errors import ConfigError
-
         for name in ("frames", "stride"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -230,9 +230,3 @@ def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarr
     shape = next(iter(shapes)) if shapes else (info.height, info.width, 3)
     black = np.zeros(shape, np.uint8)
     return np.stack([got[i] if i < info.frames else black for i in wanted])
-
-
-def split_clip(value: np.ndarray, frames: int) -> Tuple[np.ndarray, bytes]:
-    """A ``"dali"`` clip field's row as (frame indices, encoded bytes): what the graph cuts it into."""
-    value = np.asarray(value, np.uint8)
-    return value[:4 * frames].view(np.int32), value[4 * frames:].tobytes()
