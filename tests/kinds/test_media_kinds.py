@@ -277,3 +277,15 @@ def test_the_worker_decode_seeks_to_exactly_the_frames_asked_for(codec, gop, bfr
         assert got.shape == (len(wanted), 32, 32, 3)
         for frame, i in zip(got, wanted):
             assert np.array_equal(frame, reference[i] if i < 19 else np.zeros_like(reference[0])), (wanted, i)
+
+
+def test_the_placeholders_are_what_each_decoder_takes():
+    """Padding positions decode a placeholder: on the CPU a codec DALI's CPU decoder takes; on a GPU
+    H.264 at least NVDEC's smallest size (48×16); audio a WAV that passes the check."""
+    from dalistream import ops
+    from dalistream.kinds.video import DALI_CPU_CODECS
+
+    cpu, gpu = probe(ops.PLACEHOLDER_VIDEO), probe(ops.PLACEHOLDER_VIDEO_GPU)
+    assert cpu.codec in DALI_CPU_CODECS and cpu.frames == 1
+    assert gpu.codec == "h264" and gpu.frames == 1 and gpu.width >= 48 and gpu.height >= 16
+    assert audio_problem(ops.PLACEHOLDER_WAV) is None
