@@ -198,3 +198,29 @@ def test_nvdec_decodes_the_same_frames(tmp_path, codec):
     with open_clips(paths, clips, policy="exact", start_method="spawn") as loader:
         for batch in loader:
             check_frames(batch, truth, clips, 0)
+
+
+@pytest.mark.parametrize("decode", ["dali", "worker"])
+def test_a_cut_webm_is_skipped_or_gives_its_own_frames(tmp_path, decode):
+    """WebM cut anywhere: the probe refuses it (``bad_video``, counted), or counts the frames left,
+    and the clip holds those frames: never another place's or another sample's, never a dead
+    pipeline."""
+    whole = {f"w/{i}": make_clip("vp9", 12, blue=15 * i) for i in range(8)}
+    members, cut = [], {}
+    for i, (key, data) in enumerate(whole.items()):
+        cut[key] = data[:len(data) * (i + 3) // 11]
+        members += [(f"{key}.webm", cut[key])]
+    paths = [write_tar(str(tmp_path / "cut.tar"), members)]
+    clips = Clips(frames=12, stride=1, train=False, short="black", decode=decode)
+    fields = {"video": {"exts": "webm", "kind": "video", "ndim": clips.ndim, "decoder": clips}, "key": "__key__"}
+    stream = dalistream.Stream.open(paths, fields=fields, batch_size=3, workers=1, device="cpu", policy="exact",
+                                    on_error="skip", max_skip_fraction=1.0)
+    got = {}
+    with dalistream.Loader(stream, raw_clips, frames=12, decode=decode) as loader:
+        for batch in loader:
+            got.update(zip(batch["key"], as_clips(batch["video"])))
+        skipped = loader.stats()["skipped"]["samples"]
+    assert len(got) + skipped.get("bad_video", 0) == len(whole) and 0 < len(got) < len(whole)
+    for key, clip in got.items():
+        left = len(pyav_frames(cut[key]))
+        assert frame_ids(clip) == list(range(left)) + [-1] * (12 - left), key
