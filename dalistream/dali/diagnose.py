@@ -1,9 +1,9 @@
 """Diagnosis of a failed DALI pipeline: turn what DALI raised back into a dalistream error.
 
 DALI hands a worker's exception to the main process as a plain ``Exception`` whose text holds
-the worker's traceback; its image decoder fails with a status code and no sample index. This
-module rebuilds our own error (class, shard, member, rank, worker) from that text, and for a
-decoder failure re-reads the batch in this process to name the undecodable image.
+the worker's traceback; its image and video decoders fail with no sample index. This module
+rebuilds our own error (class, shard, member, rank, worker) from that text, and for a decoder
+failure re-reads the batch in this process to name the undecodable image (PIL) or clip (PyAV).
 """
 
 from __future__ import annotations
@@ -11,11 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
+
+import numpy as np
 
 from .. import errors
 from ..config import Field
 from ..errors import WorkerError
+from ..kinds.video import clip_problem
 from ..worker import WorkerSource
 
 if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
@@ -38,7 +41,9 @@ def translate(error: Exception, rank: int, where: Optional[tuple] = None) -> Exc
     - any other exception in a worker: :class:`WorkerError` naming its type and message;
     - DALI's image decoder failing (a corrupt image that passed the workers' cheap check): a
       :class:`SampleError` naming the shard and key when they can be found (``where`` is
-      ``(stream, epoch, step)`` of the batch asked for; see :func:`_locate_bad_images`);
+      ``(stream, epoch, step)`` of the batch asked for; see :func:`_locate_bad_images`); its video
+      decoder failing (damage inside a stream that passed the workers' probe) likewise
+      (``bad_video``), its audio decoder with the batch's keys (``bad_audio``);
     - anything else: :class:`WorkerError` with DALI's message.
 
     The worker's traceback, where there is one, is kept in ``worker_traceback``; it is added as a
@@ -101,9 +106,11 @@ def _from_worker_traceback(tb: str, rank: int) -> errors.DalistreamError:
 
 
 def _decoder_error(text: str, rank: int, where: Optional[tuple]) -> errors.DalistreamError:
+    op = _DECODER.search(text).group(0)
+    if "video" in op or "audio" in op:
+        return _media_decoder_error(op, rank, where)
     status = re.search(r"nvImageCodec failure: '?([^'\n]*)'?", text)
     what = f"nvImageCodec failure {status.group(1)}" if status else "decoder error"
-    op = _DECODER.search(text).group(0)
     found: List[tuple] = []
     keys: List[str] = []
     if where is not None:
@@ -131,16 +138,54 @@ def _decoder_error(text: str, rank: int, where: Optional[tuple]) -> errors.Dalis
         hint="check the images of these samples; the pipeline has been stopped")
 
 
-def _locate_bad_images(stream: "Stream", epoch: int, step: int, depth: int = 2):
+def _media_decoder_error(op: str, rank: int, where: Optional[tuple]) -> errors.DalistreamError:
+    """DALI's video or audio decoder failed a batch: for video, the clip found by decoding the
+    batch's video fields with PyAV in this process (damage inside a stream passes the workers'
+    probe); otherwise the batch's keys."""
+    video = "video" in op
+    reason, what = ("bad_video", "video") if video else ("bad_audio", "audio")
+    found: List[tuple] = []
+    keys: List[str] = []
+    if where is not None:
+        try:
+            found, keys = _locate_bad_images(*where, check=_clip_check if video else None)
+        except Exception as e:  # locating is a courtesy: never hide the real error behind it
+            log.debug("could not locate the undecodable %s: %s", what, e)
+    if found:
+        url, key, field, problem, bad_step = found[0]
+        more = f" ({len(found) - 1} more in the same batches)" if len(found) > 1 else ""
+        return errors.SampleError(
+            f"DALI's video decoder ({op}) failed; the undecodable clip is field {field!r} of the batch at epoch "
+            f"{where[1]}, step {bad_step}: {problem}{more}", url=url, member=key, rank=rank, reason=reason,
+            hint="re-encode or remove the clip, or decode in the workers (decode='worker'), where such a clip is "
+                 "named and skipped by on_error for itself")
+    shown = ", ".join(keys[:8]) + (", …" if len(keys) > 8 else "")
+    near = f" of the batch at epoch {where[1]}, step {where[2]} (keys: {shown})" if where is not None and keys else ""
+    return errors.SampleError(
+        f"DALI's {what} decoder ({op}) failed on a sample{near}. DALI does not say which sample"
+        + (", and every clip of that batch decodes with PyAV" if video and keys else ""), rank=rank, reason=reason,
+        hint=f"check the {what} of these samples; the pipeline has been stopped")
+
+
+def _clip_check(field: Field, data: bytes) -> Optional[str]:
+    if field.kind != "video" or field.ndim != 1:  # (frames decoded in the worker never meet DALI's decoder)
+        return None
+    problem = clip_problem(data, field.decoder)
+    return None if problem is None else f"PyAV: {problem}"
+
+
+def _locate_bad_images(stream: "Stream", epoch: int, step: int, depth: int = 2,
+                       check: Optional[Callable[[Field, bytes], Optional[str]]] = None):
     """Re-read, in this process, the batches ``step .. step + depth`` of ``epoch`` (DALI may fail
-    on a prefetched batch) and decode their image fields with PIL; return ``([(url, key, field,
+    on a prefetched batch) and decode their image fields with PIL (or give every field's values to
+    ``check``, which says what is wrong with one, or ``None``); return ``([(url, key, field,
     problem, step), ...], keys of the batch at step)``. Only called after a decoder failure."""
     import dataclasses
     import io
 
     c = stream.config
-    images = [i for i, f in enumerate(c.fields)
-              if any(f.spec.member_flag(f, e) for e in f.exts)]  # (the bytes kind's images)
+    images = list(range(len(c.fields))) if check is not None else \
+        [i for i, f in enumerate(c.fields) if any(f.spec.member_flag(f, e) for e in f.exts)]  # (the bytes kind's images)
     if not images:
         return [], []
     try:
@@ -166,6 +211,11 @@ def _locate_bad_images(stream: "Stream", epoch: int, step: int, depth: int = 2):
                     if s == step:
                         keys.append(key)
                     for i in images:
+                        if check is not None:
+                            problem = check(c.fields[i], bytes(np.asarray(batch[i][pos])))
+                            if problem is not None:
+                                found.append((url, key, c.fields[i].name, problem, s))
+                            continue
                         data = bytes(batch[i][pos])
                         if not data or Image is None:
                             continue

@@ -230,3 +230,18 @@ def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarr
     shape = next(iter(shapes)) if shapes else (info.height, info.width, 3)
     black = np.zeros(shape, np.uint8)
     return np.stack([got[i] if i < info.frames else black for i in wanted])
+
+
+def clip_problem(value: bytes, clips: Optional[Clips] = None) -> Optional[str]:
+    """What PyAV finds wrong decoding a ``video`` field's value, or ``None``: a ``"dali"``
+    :class:`Clips` row's frames (its indices, then the video), else every frame of the video.
+    What names the sample after DALI's video decoder failed a batch (it says not which)."""
+    head = 4 * clips.frames if clips is not None and clips.decode == "dali" else 0
+    data = value[head:]
+    try:
+        info = probe(data)
+        indices = np.frombuffer(value[:head], np.int32) if head else np.arange(info.frames)
+        decode_frames(data, indices, info)
+    except VideoProblem as e:
+        return str(e)
+    return None

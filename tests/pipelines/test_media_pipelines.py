@@ -224,3 +224,43 @@ def test_a_cut_webm_is_skipped_or_gives_its_own_frames(tmp_path, decode):
     for key, clip in got.items():
         left = len(pyav_frames(cut[key]))
         assert frame_ids(clip) == list(range(left)) + [-1] * (12 - left), key
+
+
+def damaged_inside(data: bytes, first: int, last: int, seed: int = 0) -> bytes:
+    """``data`` with packets ``first .. last - 1`` of its video stream overwritten: the container
+    stays whole (the workers' probe passes it), the stream does not decode."""
+    import io
+
+    import av
+
+    with av.open(io.BytesIO(data)) as c:
+        places = [(p.pos, p.size) for p in c.demux(video=0) if p.size]
+    out = bytearray(data)
+    rng = np.random.default_rng(seed)
+    for pos, size in places[first:last]:
+        out[pos + size // 3:pos + size - 2] = rng.integers(0, 256, size - 2 - size // 3, dtype=np.uint8).tobytes()
+    return bytes(out)
+
+
+@pytest.mark.parametrize("bad", [1, 4])
+def test_a_clip_dalis_decoder_fails_on_is_named(tmp_path, bad):
+    """Damage inside a VP9 stream passes the workers' probe and fails DALI's CPU video decoder for
+    the whole batch; the error names the clip (shard, member: found by decoding the batch with
+    PyAV), as ``bad_video``, with the worker decode as the way out."""
+    from dalistream.kinds.video import probe
+
+    whole = [make_clip("vp9", 12, blue=9 * i) for i in range(6)]
+    members = [(f"d/{i}.webm", damaged_inside(data, 2, 5) if i == bad else data) for i, data in enumerate(whole)]
+    assert probe(members[bad][1]).frames == 12
+    paths = [write_tar(str(tmp_path / "d.tar"), members)]
+    clips = Clips(frames=6, stride=2, train=False, decode="dali")
+    fields = {"video": {"exts": "webm", "kind": "video", "decoder": clips}, "key": "__key__"}
+    stream = dalistream.Stream.open(paths, fields=fields, batch_size=2, workers=1, device="cpu", policy="exact",
+                                    interleave=False, shuffle=0)
+    with pytest.raises(dalistream.SampleError) as caught:
+        with dalistream.Loader(stream, raw_clips, frames=6, decode="dali") as loader:
+            for _ in loader:
+                pass
+    error = caught.value
+    assert error.reason == "bad_video" and error.url == paths[0] and error.member == f"d/{bad}"
+    assert "video decoder" in str(error) and "decode='worker'" in error.hint
