@@ -69,3 +69,20 @@ def make_wav(samples: int, rate: int = 22050, channels: int = 2, seed: int = 0) 
         w.setframerate(rate)
         w.writeframes(np.random.default_rng(seed).integers(-8000, 8000, (samples, channels)).astype("<i2").tobytes())
     return out.getvalue()
+
+
+def make_flac(samples: int, rate: int = 22050, seed: int = 0) -> bytes:
+    """Mono FLAC (PyAV) of the same samples :func:`make_wav` writes for one channel and ``seed``."""
+    import av
+
+    signal = np.random.default_rng(seed).integers(-8000, 8000, (samples, 1)).astype(np.int16).T
+    out = io.BytesIO()
+    with av.open(out, "w", format="flac") as c:
+        stream = c.add_stream("flac", rate=rate, layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(signal), format="s16", layout="mono")
+        frame.sample_rate = rate
+        for packet in stream.encode(frame):
+            c.mux(packet)
+        for packet in stream.encode():
+            c.mux(packet)
+    return out.getvalue()

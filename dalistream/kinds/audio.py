@@ -2,8 +2,8 @@
 
 An audio member (``.wav``, ``.flac``, ``.ogg``, ``.mp3``) travels as its encoded bytes, for
 DALI's ``fn.decoders.audio`` (CPU only in DALI 2.4), after :func:`audio_problem`: a few
-microseconds that catch an empty, random or cut file (WAV's RIFF and data sizes, FLAC's and Ogg's
-signatures, MP3's ID3 tag or frame sync) before the decoder, which fails the whole batch without
+microseconds that catch an empty, random or cut file (WAV's RIFF and data sizes, FLAC's stream
+info block, Ogg's signature, MP3's ID3 tag or frame sync) before the decoder, which fails the whole batch without
 naming the sample.
 
 A field declared with a :class:`Crops` as its ``decoder`` gets, before the bytes, where its
@@ -42,8 +42,10 @@ def audio_problem(data: bytes) -> Optional[str]:
                 return None if at + 8 + size <= n else f"WAV data chunk of {size} bytes, {n - at - 8} present: cut short?"
             at += 8 + size + (size & 1)
         return "WAV without a data chunk"
-    if data.startswith(b"fLaC"):
-        return None if n > 42 else f"FLAC of {n} bytes: no stream info"
+    if data.startswith(b"fLaC"):  # its first metadata block is the 34-byte STREAMINFO
+        if n <= 42 or data[4] & 0x7F != 0 or int.from_bytes(data[5:8], "big") != 34:
+            return f"FLAC of {n} bytes without its stream info block: cut short or damaged?"
+        return None
     if data.startswith(b"OggS"):
         return None if n > 27 else f"Ogg of {n} bytes: no page"
     if data.startswith(b"ID3") or (n > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):

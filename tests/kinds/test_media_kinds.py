@@ -224,8 +224,11 @@ def test_damaged_audio_is_named(case):
 
 
 def test_audio_signatures_pass_and_crops_are_drawn_like_clips():
-    for data in (b"fLaC" + bytes(60), b"OggS" + bytes(60), b"ID3\x04" + bytes(60), b"\xff\xfb\x90" + bytes(60)):
+    flac = b"fLaC\x80\x00\x00\x22" + bytes(34) + bytes(60)  # (the last metadata block: STREAMINFO, 34 bytes)
+    for data in (flac, b"OggS" + bytes(60), b"ID3\x04" + bytes(60), b"\xff\xfb\x90" + bytes(60)):
         assert audio_problem(data) is None
+    for data in (flac[:30], b"fLaC" + bytes(60), flac[:4] + b"\x81" + flac[5:], flac[:6] + b"\x10" + flac[7:]):
+        assert audio_problem(data) is not None
     crops = Crops(train=True, seed=9)
     (field,) = parse_fields({"a": {"exts": "wav", "kind": "audio", "decoder": crops}})
     wav = make_wav(100)

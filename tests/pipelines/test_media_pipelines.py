@@ -16,7 +16,7 @@ from dalistream.kinds.audio import Crops
 from dalistream.kinds.video import Clips
 
 from helpers import write_tar
-from media import CODECS, frame_ids, make_clip, make_wav, pyav_frames
+from media import CODECS, frame_ids, make_clip, make_flac, make_wav, pyav_frames
 
 pytestmark = [pytest.mark.dali]
 
@@ -161,7 +161,8 @@ def test_audio_is_cropped_where_the_worker_drew_and_turned_to_log_mel(tmp_path):
     for i, n in enumerate((600, 2000, 3100, 5000)):
         wav = make_wav(n, rate=rate, channels=1, seed=i)
         key = f"a/{i}"
-        members += [(f"{key}.wav", wav), (f"{key}.txt", f"words {i}".encode())]
+        audio = (f"{key}.flac", make_flac(n, rate=rate, seed=i)) if i % 2 else (f"{key}.wav", wav)  # the same samples
+        members += [audio, (f"{key}.txt", f"words {i}".encode())]
         truth[key] = np.frombuffer(wav[44:], "<i2").astype(np.float32) / 32768
     paths = [write_tar(str(tmp_path / "a.tar"), members)]
     for train in (True, False):
