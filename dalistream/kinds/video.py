@@ -1,11 +1,12 @@
 """Video clips: the ``video`` field kind's probe, clip choice and decode in the worker.
 
 A video member (``.mp4``, ``.webm``, ``.mkv``, ``.mov``) travels as its encoded bytes, like an
-image, after a probe in the worker (:func:`probe`: PyAV opens the container and counts the video
-stream's packets, decoding nothing) that turns a zero-length, cut, random or stream-less file
-into a named, per-sample error before any decoder sees it.
+image (an empty one is refused; nothing else is checked, and PyAV is not needed).
 
-A field declared with a :class:`Clips` as its ``decoder`` gets a clip of each video instead:
+A field declared with a :class:`Clips` as its ``decoder`` gets a clip of each video instead,
+after a probe in the worker (:func:`probe`: PyAV opens the container and counts the video
+stream's packets, decoding nothing) that turns a zero-length, cut, random or stream-less file
+into a named, per-sample error (``bad_video``) before any decoder sees it. The clip is
 ``frames`` frames ``stride`` apart, whose first frame is drawn from ``(seed, epoch, key)``
 (:meth:`Clips.start`: a pure function, so a resumed run, an elastic resume and another worker
 count choose the same clips) when training, and centred for evaluation; a video shorter than
@@ -21,7 +22,8 @@ the clip's span is looped, or padded by repeating its last frame or with black f
 - ``"worker"``: PyAV decodes the clip's frames in the worker (any codec FFmpeg has), and the
   field is those frames, ``uint8`` ``(frames, H, W, 3)`` RGB.
 
-PyAV (``pip install av``) is imported by the first probe, in the worker.
+PyAV (``pip install av``) is imported by the first probe, in the worker; without it a
+:class:`Clips` field is a :class:`~dalistream.errors.ConfigError`.
 """
 
 from __future__ import annotations

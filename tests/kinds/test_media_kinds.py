@@ -292,3 +292,14 @@ def test_the_placeholders_are_what_each_decoder_takes():
     assert cpu.codec in DALI_CPU_CODECS and cpu.frames == 1
     assert gpu.codec == "h264" and gpu.frames == 1 and gpu.width >= 48 and gpu.height >= 16
     assert audio_problem(ops.PLACEHOLDER_WAV) is None
+
+
+def test_a_video_field_without_clips_holds_the_bytes_and_refuses_an_empty_member():
+    (field,) = parse_fields({"v": "mp4;webm"})
+    clip = make_clip("h264", 3)
+    for data in (clip, b"any bytes: not probed"):
+        value = field.spec.parse_at(field, data, "mp4", "k", 2)
+        assert bytes(np.asarray(value)) == data and field.spec.to_torch([value]) == [data]
+    with pytest.raises(Exception) as caught:
+        field.spec.parse_at(field, b"", "mp4", "k", 0)
+    assert caught.value.reason == "bad_video"

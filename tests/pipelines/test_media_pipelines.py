@@ -144,9 +144,10 @@ def test_train_pipeline_layout_and_fp16(tmp_path):
     from dalistream.pipelines import video_clips_train
 
     paths, _ = clip_shards(tmp_path, ("vp9",), n_shards=1, per_shard=4)
-    for decode in ("dali", "worker"):
+    for decode, start in (("dali", "fork"), ("worker", "spawn")):  # (spawn: as on a GPU, the kinds and Clips travel)
         with video_clips_train.loader(paths, batch_size=2, frames=5, stride=2, size=16, resize=20, workers=1,
-                                      device="cpu", decode=decode, fp16=True, text_exts=None) as loader:
+                                      device="cpu", decode=decode, fp16=True, text_exts=None,
+                                      start_method=start) as loader:
             batch = next(iter(loader))
         assert set(batch) == {"video"}
         assert tuple(batch["video"].shape) == (2, 5, 3, 16, 16) and batch["video"].dtype == torch.float16
