@@ -255,6 +255,8 @@ class _MediaKind(Kind):
         return None
 
     def parse(self, field: Any, data: bytes, ext: str) -> np.ndarray:
+        if field.decoder is not None:  # (its value depends on the sample's key and epoch: never drawn without them)
+            raise TypeError(f"field {field.name!r}: a {self.name} field with a decoder is parsed by parse_at")
         return self.parse_at(field, data, ext, "", 0)
 
     def parse_at(self, field: Any, data: bytes, ext: str, key: str, epoch: int) -> np.ndarray:
