@@ -107,9 +107,13 @@ def test_killed_worker_is_a_worker_error_within_seconds(shards, start_method):
     assert dali_workers() - before == set()
 
 
-def _touch_past_a_cut(path, ready):
+def _touch_past_a_cut(path, ready, report):
     """A worker's part of ``path`` read as views of its mapping; the file then cut short in place
-    (another process rewriting it), and the view read again: past the file's end now."""
+    (another process rewriting it), and the view read again: past the file's end now. The fault
+    handler's report of the crash goes to ``report``, not into the test run's output."""
+    import faulthandler
+
+    faulthandler.enable(file=open(report, "w"))  # replaces the handler inherited from pytest (its terminal)
     part = open_shard(path, 0, None)
     view = part.view(10 ** 6)
     with open(path, "r+b") as f:
@@ -129,10 +133,12 @@ def test_a_worker_killed_by_sigbus_is_told_of_shards_rewritten_in_place(tmp_path
     path = key_shards(str(tmp_path), [40])[0]
     ctx = multiprocessing.get_context("fork")
     ready = ctx.Event()
-    child = ctx.Process(target=_touch_past_a_cut, args=(path, ready))
+    report = tmp_path / "child-stderr.txt"
+    child = ctx.Process(target=_touch_past_a_cut, args=(path, ready, str(report)))
     child.start()
     child.join(60)
     assert ready.is_set() and child.exitcode == -signal.SIGBUS
+    assert "Fatal Python error: Bus error" in report.read_text() and "_touch_past_a_cut" in report.read_text()
     error = _worker_died([(1, child)])
     assert isinstance(error, WorkerError) and "was killed by signal SIGBUS" in str(error) and error.worker == 1
     assert "rewriting it in place" in str(error) and "renaming it over the old one" in str(error)
