@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import glob
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -142,6 +143,98 @@ def test_markdown_of_docstrings():
         {"a": "one two", "b": "three"}
 
 
+# -- the docs build needs only the docs extra: no DALI, no torch, no install of the library ---------
+
+# A child that renders every reference page with an import blocker first on sys.meta_path: it refuses
+# DALI and torch, and every module that is neither the standard library, this checkout's dalistream,
+# nor a distribution of pyproject.toml's docs extra (what .ci/run's docs step installs, and only that).
+HOOK_IN_A_BARE_ENVIRONMENT = r"""
+import importlib.machinery, importlib.metadata, importlib.util, json, os, re, sys
+root, allowed_dists, pages = sys.argv[1], set(json.loads(sys.argv[2])), json.loads(sys.argv[3])
+normal = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+owners = {top: {normal(d) for d in dists} for top, dists in importlib.metadata.packages_distributions().items()}
+refused = []
+
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if name == "dalistream":  # this checkout's, never an installed one: the docs build installs none
+            spec = importlib.machinery.PathFinder.find_spec(name)
+            if spec is None or not spec.origin.startswith(os.path.join(root, name, "")):
+                refused.append(name)
+                raise ImportError(f"the docs build imported dalistream from outside {root}")
+            return None
+        if importlib.machinery.PathFinder.find_spec(top) is None:
+            return None  # not installed here either (copy's `import org`): as in a bare environment
+        if top in ("torch", "nvidia") or (top not in sys.stdlib_module_names and top != "dalistream"
+                                           and not owners.get(top, set()) & allowed_dists):
+            refused.append(name)
+            raise ImportError(f"the docs build imported {name}, which the docs extra does not install")
+        return None
+
+sys.meta_path.insert(0, Blocker())
+spec = importlib.util.spec_from_file_location("hook", os.path.join(root, "docs", "config", "reference.py"))
+hook = importlib.util.module_from_spec(spec)
+saved = sys.path.copy()
+spec.loader.exec_module(hook)
+sys.path[:] = saved  # as MkDocs loads a hook: what the hook put on sys.path while loaded is gone
+out = {}
+for name in pages:
+    with open(os.path.join(root, "docs", name), encoding="utf-8") as f:
+        out[name] = hook.on_page_markdown(f.read())
+loaded = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "nvidia", "lightning", "accelerate"})
+print(json.dumps({"pages": out, "refused": refused, "loaded": loaded}))
+"""
+
+REFERENCE_PAGES = ["reference/options.md", "reference/cli.md", "reference/loader.md", "reference/errors.md"]
+
+
+def docs_extra() -> set:
+    sys.path.insert(0, os.path.join(DOCS, "config"))
+    try:
+        import requirements
+    finally:
+        sys.path.pop(0)
+    from packaging.requirements import Requirement
+
+    return {re.sub(r"[-_.]+", "-", Requirement(r).name).lower() for r in requirements.docs_requirements()}
+
+
+def hook_in_a_bare_environment(allowed: set) -> dict:
+    done = subprocess.run([sys.executable, "-I", "-c", HOOK_IN_A_BARE_ENVIRONMENT, ROOT, json.dumps(sorted(allowed)),
+                           json.dumps(REFERENCE_PAGES)], capture_output=True, text=True, timeout=120, cwd=str(DOCS))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_the_docs_build_imports_nothing_beyond_the_docs_extra():
+    """The reference hook runs with every import outside the docs extra refused (DALI and torch
+    above all), and generates exactly the pages it generates here, where everything is installed."""
+    allowed = docs_extra()
+    assert {"mkdocs", "mkdocs-material", "pymdown-extensions"} <= allowed
+    assert not {"torch", "nvidia-dali-cuda120", "dalistream"} & allowed
+    child = hook_in_a_bare_environment(allowed)
+    assert child["refused"] == [] and child["loaded"] == []
+    for name in REFERENCE_PAGES:
+        assert child["pages"][name] == rendered(name), f"{name} differs when built without DALI and torch"
+        assert "<!-- generated:" not in child["pages"][name]
+
+
+def test_the_import_blocker_refuses_what_the_docs_extra_lacks():
+    """The check above can fail: without numpy in the docs extra the hook cannot import the code."""
+    done = subprocess.run([sys.executable, "-I", "-c", HOOK_IN_A_BARE_ENVIRONMENT, ROOT,
+                           json.dumps(sorted(docs_extra() - {"numpy"})), json.dumps(REFERENCE_PAGES)],
+                          capture_output=True, text=True, timeout=120, cwd=str(DOCS))
+    assert done.returncode != 0 and "imported numpy, which the docs extra does not install" in done.stderr
+
+
+def test_ci_installs_the_docs_extra_without_the_library():
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = f.read()
+    step = ci[ci.index("fresh_venv \"$work/venv-docs\""):ci.index("mkdocs build --strict")]
+    assert "docs/config/requirements.py" in step and "-e ." not in step and "[docs]" not in step
+
+
 # -- the stats() schema covers every key the code writes ---------------------------------------------
 
 def test_stats_schema_names_every_counter(tmp_path):
@@ -210,7 +303,7 @@ def test_every_page_is_in_the_navigation_and_every_entry_exists():
 
 @pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path):
-    pytest.importorskip("mkdocs", reason="the docs extra (pip install -e '.[docs]'); .ci/run builds the site")
+    pytest.importorskip("mkdocs", reason="the docs extra (pip install $(python docs/config/requirements.py)); .ci/run builds the site")
     pytest.importorskip("material", reason="the docs extra")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", os.path.join(DOCS, "config", "mkdocs.yml"),

@@ -5,7 +5,8 @@ A page asks for a table with a marker line, ``<!-- generated: NAME -->``, NAME o
 fields, their attribute docstrings and ``Stream.open``'s signature and ``Args``), the ``Loader``'s
 arguments and methods, every CLI command and flag (from the argparse parser), the error classes
 (from ``dalistream/errors.py``). An option or flag without a description, or an unknown marker,
-stops the build (and ``tests/test_docs.py``).
+stops the build (and ``tests/test_docs.py``). The build needs only pyproject.toml's ``docs`` extra
+(``requirements.py`` prints it): no install of the library, no DALI, no torch.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import textwrap
 from typing import Callable, Dict, List, Tuple
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))  # docs/config/ -> the repository
-if ROOT not in sys.path:  # the build reads this checkout's code, installed or not
-    sys.path.insert(0, ROOT)
 
 MARKER = re.compile(r"^<!-- generated: ([\w-]+) -->$", re.M)
 ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc):`(~?)([\w.]+)`")
@@ -253,7 +252,13 @@ GENERATORS: Dict[str, Callable[[], str]] = {
 
 
 def render(text: str) -> str:
-    """``text`` with every marker replaced by its generated Markdown (an unknown marker is an error)."""
+    """``text`` with every marker replaced by its generated Markdown (an unknown marker is an error).
+
+    The code is this checkout's, imported from its folder: the docs build installs no dalistream
+    (nor DALI, nor torch: the modules the reference reads import neither). Put on ``sys.path`` here,
+    not when the hook is loaded: MkDocs restores ``sys.path`` after loading a hook."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
     def one(m: re.Match) -> str:
         if m.group(1) not in GENERATORS:
             raise Undocumented(f"unknown generated table {m.group(1)!r}; known: {sorted(GENERATORS)}")
