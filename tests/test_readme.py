@@ -101,10 +101,22 @@ def test_every_python_block_is_marked_runnable_or_says_why_not():
 
 
 def test_included_recipes_exist():
+    """A page includes a recipe whole (``--8<-- "recipes/x.py"``) or a section of it
+    (``"recipes/x.py:loop"``, between ``# --8<-- [start:loop]`` and ``# --8<-- [end:loop]``): the
+    code shown is the code the recipe's run executes."""
     included = [(b.page, b.code.split('"')[1]) for b in all_blocks() if SNIPPET.match(b.code)]
     assert included, "the docs include their recipes"
+    assert any(":" in name for _, name in included), "a page shows a section of a recipe"
     for page, name in included:
+        name, _, section = name.partition(":")
         assert os.path.isfile(os.path.join(DOCS, name)), f"{page} includes {name}, which does not exist"
+        assert name.startswith("recipes/") and os.path.join(DOCS, name) in RECIPES, f"{page}: {name} is not a recipe"
+        if section:
+            with open(os.path.join(DOCS, name), encoding="utf-8") as f:
+                lines = [line.strip() for line in f]
+            start, end = f"# --8<-- [start:{section}]", f"# --8<-- [end:{section}]"
+            assert lines.count(start) == 1 and lines.count(end) == 1 and lines.index(start) < lines.index(end), \
+                f"{page} shows section {section!r} of {name}, which does not mark it"
 
 
 def test_runnable_blocks_define_what_they_use():
