@@ -235,6 +235,93 @@ def test_ci_installs_the_docs_extra_without_the_library():
     assert "docs/config/requirements.py" in step and "-e ." not in step and "[docs]" not in step
 
 
+# -- the headline says what the plan does -------------------------------------------------------------
+
+HEADLINE_PLAN = re.compile(r"`dalistream plan data --world-size (\d+) -B (\d+)` on (\d+)\s+shards of (\d+) samples: "
+                           r"(\d+)\s+shards\s+cut, each read by rank 0 and rank 1")
+FALSE_HEADLINE = re.compile(r"(?i)\b(?:every|each)\s+shard\s+is\s+read\b[^.]*\bone\s+(?:DALI\s+)?worker"
+                            r"|\bone\s+(?:DALI\s+)?worker\b[^.]*\b(?:every|each)\s+shard\b")
+
+
+def plan_json(tmp_path, capsys, shards: int, per_shard: int, *flags: str) -> dict:
+    """``dalistream plan`` (the command a user runs) on a synthetic data set of ``shards`` shards."""
+    from dalistream.cli import main
+
+    data = tmp_path / f"data-{shards}x{per_shard}"
+    if not data.exists():
+        assert main(["synth", str(data), "--prefix", "train", "--shards", str(shards),
+                     "--samples-per-shard", str(per_shard)]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(data), *flags, "--json", "--detail"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def readers(plan: dict) -> dict:
+    """``{shard: [(rank, global worker, first, stop), …]}``: who reads which part of every shard."""
+    out: dict = {}
+    for worker in plan["plan"]:
+        for part in worker["parts"]:
+            out.setdefault(os.path.basename(part["url"]), []).append(
+                (worker["rank"], worker["global_worker"], part["first"], part["stop"]))
+    return out
+
+
+def check_headline_claims(plan: dict, per_shard: int) -> None:
+    """What the headline claims of any plan: every sample read at most once per epoch, by exactly
+    one worker; fewer than one batch per rank left out under ``even``; each worker's parts of a
+    shard in the shard's order (front to back)."""
+    (epoch,) = plan["epochs"]
+    for shard, parts in readers(plan).items():
+        read = [i for _, _, first, stop in parts for i in range(first, stop)]
+        assert len(read) == len(set(read)) and set(read) <= set(range(per_shard)), f"{shard}: a sample read twice"
+        for g in {g for _, g, _, _ in parts}:
+            firsts = [first for _, w, first, _ in parts if w == g]
+            assert firsts == sorted(firsts), f"{shard}: worker {g} does not read its parts front to back"
+    assert sum(worker["samples"] for worker in plan["plan"]) == epoch["samples_read"] == \
+        epoch["samples"] - epoch["left_out"]
+    assert epoch["left_out"] < epoch["world_size"] * epoch["batch_size"]
+
+
+@pytest.mark.parametrize("page_name", ["README.md", "docs/index.md"])
+def test_the_headline_states_what_the_default_plan_does(page_name, tmp_path, capsys):
+    """The pages once opened with "every shard is read once per epoch by exactly one DALI worker",
+    while the default (interleaved) plan cuts shards between ranks. The headline's example is run
+    here with `dalistream plan`, and its figures must be the plan's."""
+    with open(os.path.join(ROOT, page_name), encoding="utf-8") as f:
+        text = f.read()
+    opening = " ".join(text.split("\n## ", 1)[0].split())
+    assert not FALSE_HEADLINE.search(opening), f"{page_name} says a shard has one reader"
+    found = HEADLINE_PLAN.search(opening)
+    assert found, f"{page_name}'s opening does not give the plan example"
+    world, batch, shards, per_shard, cut = map(int, found.groups())
+    plan = plan_json(tmp_path, capsys, shards, per_shard, "--world-size", str(world), "-B", str(batch))
+    (epoch,) = plan["epochs"]
+    assert epoch["interleave"] is True and epoch["policy"] == "even"  # the defaults
+    assert epoch["shards_cut"] == cut
+    parts = readers(plan)
+    cut_shards = [s for s, p in parts.items() if len({(first, stop) for _, _, first, stop in p}) > 1]
+    assert len(cut_shards) == cut
+    for shard in cut_shards:
+        assert {rank for rank, _, _, _ in parts[shard]} == set(range(world)) == {0, 1}, shard
+    check_headline_claims(plan, per_shard)
+
+
+@pytest.mark.parametrize("flags", [("--world-size", "3", "-B", "8"), ("--world-size", "2", "-W", "1", "-B", "5"),
+                                   ("--world-size", "2", "-B", "7", "--no-interleave"),
+                                   ("--world-size", "4", "-B", "6", "--policy", "exact")],
+                         ids=lambda f: " ".join(f))
+def test_the_headline_claims_hold_for_other_layouts(flags, tmp_path, capsys):
+    check_headline_claims(plan_json(tmp_path, capsys, 5, 19, *flags), 19)
+
+
+def test_the_false_headline_is_recognised():
+    assert FALSE_HEADLINE.search("Every shard is read once per epoch, sequentially, by exactly one DALI worker")
+    assert FALSE_HEADLINE.search("each shard is read by exactly one DALI worker in the whole cluster")
+    assert FALSE_HEADLINE.search("one DALI worker reads every shard, sequentially")
+    assert not FALSE_HEADLINE.search("Every sample is read at most once per epoch, by exactly one DALI worker in "
+                                     "the whole cluster. A worker reads each of its parts of a shard")
+
+
 # -- the stats() schema covers every key the code writes ---------------------------------------------
 
 def test_stats_schema_names_every_counter(tmp_path):
