@@ -206,6 +206,36 @@ def test_recipe_runs_as_written(recipe, data_folder, tmp_path):
 
 # -- instructions that name other things ------------------------------------------------------------
 
+STAGES = ("sources", "manifest", "plan", "tar", "worker", "dali", "loader", "pipelines")
+
+
+def collected(*args: str) -> List[str]:
+    """The test ids ``pytest --collect-only`` lists with ``args``, run from the repository's root."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+@pytest.mark.slow  # collects the suite twice
+def test_the_quick_first_run_the_readme_gives_covers_every_stage():
+    """The README gives the suite's time and a quick first run: ``-m "not slow"`` must still test
+    every stage of the data flow, a DALI pipeline among them."""
+    with open(README, encoding="utf-8") as f:
+        text = " ".join(f.read().split())
+    section = text[text.index("Run the tests:"):]
+    assert re.search(r"17.21 minutes", section), "the README gives the whole suite's time"
+    quick = re.search(r'`(python -m pytest -q -m "not slow")` .*?in (about )?\d+ minutes', section)
+    assert quick, "the README gives the quick first run and its time"
+    for stage in STAGES:
+        assert stage.rstrip("s") in section.split("`python -m pytest -q -m \"not slow\"`", 1)[1][:600].lower(), stage
+    quick_ids = collected("-m", "not slow", *[f"tests/{stage}" for stage in STAGES])
+    for stage in STAGES:
+        assert any(i.startswith(f"tests/{stage}/") for i in quick_ids), f"the quick run tests nothing in tests/{stage}"
+    dali = collected("-m", "not slow and dali", "tests/dali", "tests/pipelines", "tests/loader")
+    for stage in ("dali", "pipelines", "loader"):
+        assert any(i.startswith(f"tests/{stage}/") for i in dali), f"the quick run runs no DALI pipeline in {stage}"
+
 FRONT_ENDS = {"jupyter notebook": "notebook", "jupyter lab": "jupyterlab"}
 
 
