@@ -6,20 +6,29 @@ dalistream itself. ``pip install $(python docs/config/requirements.py)`` install
 """
 
 import os
+import re
 import sys
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
+def docs_extra_of(pyproject: str) -> list:
+    """The ``docs = [...]`` array of ``pyproject``'s text, read without a TOML parser (Python 3.10
+    has none): its double-quoted strings, comments left out."""
+    found = re.search(r"^docs\s*=\s*\[(.*?)\]\s*$", pyproject, re.M | re.S)
+    if not found:
+        raise SystemExit("pyproject.toml has no docs extra")
+    body = "\n".join(line.split("#", 1)[0] for line in found.group(1).splitlines())
+    return re.findall(r'"([^"]+)"', body)
+
+
 def docs_requirements() -> list:
     """The ``docs`` extra of ``pyproject.toml``."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # Python 3.10: no tomllib; tomli is the same parser
-        import subprocess
+    if sys.version_info < (3, 11):
+        with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+            return docs_extra_of(f.read())
+    import tomllib
 
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "tomli"], check=True)
-        import tomli as tomllib
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         return list(tomllib.load(f)["project"]["optional-dependencies"]["docs"])
 
