@@ -12,6 +12,12 @@
             for batch in loader:
                 images = batch["image"]        # (B, 3, H, W): (H, W) this batch's bucket
 
+A batch may come empty (every output's first dimension 0: ``exact``'s last step of a rank no
+sample is left for, or every sample of the batch skipped with ``on_error="skip"``). A training
+step still takes it — forward, a zero loss that keeps the graph (``out.sum() * 0.0``: a mean over no
+sample is NaN), backward — so that under DDP every rank joins the gradient all-reduce
+(docs/guide/training.md, "An empty batch"; ``warn_empty=True`` warns at each epoch's first).
+
 The shards need per-sample keys in their manifest (``dalistream index SOURCES --keys image``, or
 shards written by ``dalistream write``). Graph (one switch, ``stream.device``; on a GPU the
 decoder runs ``mixed``, the rest ``gpu``): ``fn.decoders.image`` → resize, keeping the aspect
@@ -88,7 +94,7 @@ def loader(sources: Any, *, batch_size: int = 32, workers: int = WORKERS, device
 
     ``scale``: the range of the random factor the bucket's size is scaled by before the random
     crop of exactly that size (``(1, 1)``: the crop runs along the image's longer side only).
-    ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``) go to
+    ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``, ``warn_empty``) go to
     :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``, ``manifest``,
     ``storage_options``, …; policy ``even`` by default, ``exact`` pads each bucket's last batch).
     ``dali_options`` go to the DALI pipeline (``num_threads``, ``prefetch_queue_depth``),
@@ -100,7 +106,7 @@ def loader(sources: Any, *, batch_size: int = 32, workers: int = WORKERS, device
     if not isinstance(buckets, dalistream.AspectBuckets):
         raise ConfigError(f"aspect_bucket_train: buckets must be a dalistream.AspectBuckets, got {buckets!r}",
                           hint="for lengths use dalistream.pipelines.caption_buckets")
-    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning: the Loader's own
+    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning, warn_empty: the Loader's own
     defaults = {"image": image_exts, **({"label": label_exts} if label_exts else {})}
     fields = merged_fields(defaults, stream_options.pop("fields", None))
     stream = dalistream.Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device,

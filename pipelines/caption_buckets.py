@@ -10,6 +10,12 @@
         for batch in loader:
             tokens, lengths = batch["tokens"], batch["length"]   # (B, L): L the bucket's length
 
+A batch may come empty (every output's first dimension 0: ``exact``'s last step of a rank no
+sample is left for, or every sample of the batch skipped with ``on_error="skip"``). A training
+step still takes it — forward, a zero loss that keeps the graph (``out.sum() * 0.0``: a mean over no
+sample is NaN), backward — so that under DDP every rank joins the gradient all-reduce
+(docs/guide/training.md, "An empty batch"; ``warn_empty=True`` warns at each epoch's first).
+
 The shards need the member's byte length in their manifest (``dalistream index SOURCES --keys
 txt``; ``dalistream write`` records ``txt``). The token field is the bucketed member read as
 tokens: ``token_bytes=1`` takes each byte as a token (byte-level models: each UTF-8 byte of a
@@ -68,7 +74,7 @@ def loader(sources: Any, *, batch_size: int = 64, workers: int = WORKERS, device
     ``buckets`` (a :class:`~dalistream.LengthBuckets`; its ``field`` is the member read as
     ``tokens``).
 
-    ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``) go to
+    ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``, ``warn_empty``) go to
     :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``, ``manifest``, …),
     ``dali_options`` to the DALI pipeline. ``fields`` (optional) is merged over the default (an
     entry named ``tokens`` replaces it; any other entry, e.g. ``{"key": "__key__"}``, is read too
@@ -77,7 +83,7 @@ def loader(sources: Any, *, batch_size: int = 64, workers: int = WORKERS, device
     if not isinstance(buckets, dalistream.LengthBuckets):
         raise ConfigError(f"caption_buckets: buckets must be a dalistream.LengthBuckets, got {buckets!r}",
                           hint="e.g. buckets=dalistream.LengthBuckets(field='txt', edges=[16, 32, 64, 128])")
-    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning: the Loader's own
+    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning, warn_empty: the Loader's own
     fields = merged_fields({"tokens": buckets.field}, stream_options.pop("fields", None))
     stream = dalistream.Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device,
                                     buckets=buckets, **stream_options)

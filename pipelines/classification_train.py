@@ -9,6 +9,14 @@
             loader.set_epoch(epoch)
             for batch in loader:
                 images, labels = batch["image"], batch["label"]
+                out = model(images)
+                loss = criterion(out, labels) if len(labels) else out.sum() * 0.0   # an empty batch: below
+
+A batch may come empty (every output's first dimension 0: ``exact``'s last step of a rank no
+sample is left for, or every sample of the batch skipped with ``on_error="skip"``). A training
+step still takes it — forward, a zero loss that keeps the graph (``out.sum() * 0.0``: a mean over no
+sample is NaN), backward — so that under DDP every rank joins the gradient all-reduce
+(docs/guide/training.md, "An empty batch"; ``warn_empty=True`` warns at each epoch's first).
 
 Graph (one switch, ``stream.device``; on a GPU the decoder runs ``mixed``, the rest ``gpu``):
 ``fn.decoders.image_random_crop`` (only the random window is decoded) → resize to ``size`` ×
@@ -74,7 +82,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
 
     ``shuffle`` and ``interleave`` (in ``stream_options``) mix the samples as
     :class:`dalistream.StreamConfig` says (default: interleaved reading, no buffer, when counts are
-    known). ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``) go to
+    known). ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``, ``warn_empty``) go to
     :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``,
     ``storage_options``, ``manifest``, …; policy ``even`` by default). ``dali_options`` go to the
     DALI pipeline (``num_threads``, ``prefetch_queue_depth``).
@@ -85,7 +93,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     replaces that field's spec (as ``image_exts``/``label_exts`` do), any other entry is read too
     and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
     """
-    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning: the Loader's own
+    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning, warn_empty: the Loader's own
     fields = merged_fields({"image": image_exts, "label": label_exts}, stream_options.pop("fields", None))
     stream = dalistream.Stream.open(sources, fields=fields,
                                     batch_size=batch_size, workers=workers, device=device, shuffle=shuffle,

@@ -19,7 +19,7 @@ def merged_fields(defaults: Mapping[str, Any], user: Any) -> Dict[str, Any]:
 
 
 #: Keywords of :class:`dalistream.Loader` itself that a ready pipeline's ``loader()`` passes on to it.
-LOADER_OPTIONS = ("progress", "stats_dir", "wait_warning")
+LOADER_OPTIONS = ("progress", "stats_dir", "wait_warning", "warn_empty")
 
 
 def loader_options(options: Dict[str, Any]) -> Dict[str, Any]:

@@ -9,6 +9,12 @@
             tokens = tokenizer(batch["text"])          # a list of Python str
             image_features = model.encode_image(batch["image"])
 
+A batch may come empty (every output's first dimension 0: ``exact``'s last step of a rank no
+sample is left for, or every sample of the batch skipped with ``on_error="skip"``). A training
+step still takes it — forward, a zero loss that keeps the graph (``out.sum() * 0.0``: a mean over no
+sample is NaN), backward — so that under DDP every rank joins the gradient all-reduce
+(docs/guide/training.md, "An empty batch"; ``warn_empty=True`` warns at each epoch's first).
+
 Graph: ``fn.decoders.image_random_crop`` with a mild random-resized-crop (area 0.9–1, as
 OpenCLIP trains) → resize to ``size`` × ``size`` → normalize with CLIP's mean/std. With
 ``train=False``: full decode → shorter side to ``size`` → centre crop. The caption member
@@ -101,7 +107,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
 
     ``shuffle`` and ``interleave`` mix the samples as :class:`dalistream.StreamConfig` says when
     training, and are off otherwise (``train=False``); ``keys=True`` adds each sample's
-    ``__key__``. ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``) go
+    ``__key__``. ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``, ``warn_empty``) go
     to :meth:`dalistream.Stream.open`, ``dali_options`` to
     the DALI pipeline.
     ``decoder_options`` go to DALI's image decoder (``dalistream.ops.DECODER_OPTIONS``: e.g.
@@ -111,7 +117,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     replaces that field's spec (as ``image_exts``/``text_exts`` do), any other entry is read too
     and returned as read (e.g. ``fields={"key": "__key__"}`` adds each sample's key).
     """
-    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning: the Loader's own
+    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning, warn_empty: the Loader's own
     fields = merged_fields({"image": image_exts, "text": text_exts}, stream_options.pop("fields", None))
     if keys:
         fields["key"] = "__key__"

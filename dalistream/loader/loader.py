@@ -11,8 +11,10 @@ batch (an ``all_reduce`` of a metric, of gradients), and one batch fewer on one 
 others. A batch without a sample is yielded *empty* (every tensor's first dimension 0, every list
 empty): under ``exact`` the last step of a rank that no sample is left for (fewer samples than
 ranks remain for that step, :mod:`dalistream.plan.ownership`), and under any policy a batch
-whose samples were all skipped (``on_error``/``missing="skip"``). ``stats()["loader"]`` counts
-them (``empty_batches``). The DALI pipeline runs on across epoch boundaries;
+whose samples were all skipped (``on_error``/``missing="skip"``). ``stats()`` counts them
+(``empty_batches``, per epoch under ``by_epoch``), ``warn_empty=True`` warns at each epoch's first;
+a DDP training step takes them like any other (forward, a zero loss, backward: docs/guide/training.md).
+The DALI pipeline runs on across epoch boundaries;
 it is rebuilt only when the position asked for is not where it stands (``set_epoch`` to
 another epoch, ``load_state_dict``).
 """
@@ -85,13 +87,17 @@ class Loader:
             seconds and at the end of each epoch, for ``dalistream stats RUN_DIR``.
         wait_warning: when the training loop waits for data more than this share of its time over
             a window of batches, one warning names the likely stage; ``None``: never.
+        warn_empty: one warning per epoch at its first empty batch (no sample: ``exact``'s last
+            step of a rank no sample is left for, or every sample of the batch skipped), which a
+            training step must still take (forward, a zero loss, backward: the guide's loop);
+            ``stats()["by_epoch"][e]["empty_batches"]`` counts them either way.
         pipeline_kwargs: the pipeline function's own arguments (``size=224``, …).
     """
 
     def __init__(self, stream: Stream, pipeline: Optional[Callable] = None, *,
                  transform: Optional[Callable[[Dict[str, Any]], Any]] = None, progress: Any = False,
                  stats_dir: Optional[str] = None, wait_warning: Optional[float] = WAIT_WARNING,
-                 **pipeline_kwargs: Any) -> None:
+                 warn_empty: bool = False, **pipeline_kwargs: Any) -> None:
         if stream.device == "gpu":  # before the first batch: its tensors are CUDA tensors
             check_torch_cuda(stream.device_id)
         self.stream = stream
@@ -106,12 +112,12 @@ class Loader:
         self._built_resume: tuple = (self.epoch, self.resume)
         self._stats_dir = temp_folder("stats")  # named by its owner: the next run removes it if this one is killed
         me = weakref.ref(self)  # no cycle: a loader dropped without close() is closed by __del__ at once
-        self._watch = Watch(progress=progress, wait_warning=wait_warning, run_dir=stats_dir,
+        self._watch = Watch(progress=progress, wait_warning=wait_warning, warn_empty=warn_empty, run_dir=stats_dir,
                             counters=lambda: me().stats(), decodes=lambda: decodes_images(me()._pipe))
         self._identity: Optional[Dict[str, Any]] = None  # the sources' identity, read at the first state taken
         self._from_nodes: Optional[int] = None  # the node count of a state loaded (affinity="node")
         self._group_seen = False  # rank and world size checked against an initialised torch.distributed
-        self._samples, self._closed = 0, False  # _samples: of the last batch taken (for the figures)
+        self._samples, self._empty, self._closed = 0, False, False  # of the last batch taken (for the figures)
         self._device_checked = stream.device != "gpu"
         _track(self)
 
@@ -168,7 +174,7 @@ class Loader:
                 batch = self._run()
                 t1 = time.perf_counter()
                 self.step += 1
-                watch.took(t1 - t0, self._samples, self.step)
+                watch.took(t1 - t0, self._samples, self.step, self._empty)
                 self._pipe_at = (self.epoch, self.step, self.resume)
                 yield batch
                 watch.stepped(time.perf_counter() - t1)
@@ -210,8 +216,8 @@ class Loader:
                             (self.stream.at(self.epoch, self.step, resume=self.resume), self.epoch, self.step)) from None
         batch = to_torch(self._outputs, outputs, self._buffers, zero_copy=exec_dynamic(self._pipe))
         self._samples = len(next(iter(batch.values()), ()))
-        if batch and all(len(value) == 0 for value in batch.values()):
-            self._watch.timing["empty_batches"] += 1  # yielded all the same: every rank yields len() batches
+        # an empty batch is yielded all the same: every rank yields len() batches
+        self._empty = bool(batch) and all(len(value) == 0 for value in batch.values())
         return self.transform(batch) if self.transform is not None else batch
 
     # -- state -------------------------------------------------------------------------------
@@ -300,12 +306,14 @@ class Loader:
         sums, and the training loop's side under ``loader``: ``wait_s``, the time it waited for
         batches (the input pipeline was the limit; the first includes the workers' start),
         ``step_s``, the time it spent between batches (its own step), ``empty_batches``, the
-        batches that held no sample (yielded empty: see the module doc), and more
-        (:meth:`dalistream.loader.progress.Watch.figures`); with ``affinity="node"``, ``affinity``:
+        batches that held no sample (yielded empty: see the module doc), and more, in all and per
+        epoch (:meth:`dalistream.loader.progress.Watch.figures`); with ``affinity="node"``, ``affinity``:
         this rank's node, its shards and samples, and after a resume onto another node count the
         share of them its cache still holds (:func:`~dalistream.loader.state.node_report`).
         The totals and skips cover the epochs up to :meth:`delivered_epoch`: what a worker read
-        ahead into the next epoch is counted in that epoch, under ``by_epoch`` only.
+        ahead into the next epoch is counted in that epoch, under ``by_epoch`` only, marked
+        ``read_ahead: True`` while this loader has not entered it (the caller may never start it).
+        Epochs are numbered as ``set_epoch`` numbers them (from 0).
         See :mod:`dalistream.worker.stats` for the workers' counters.
 
         Workers write their counters every ~0.5 s (and within ~0.5 s of the last batch they made,
@@ -314,7 +322,8 @@ class Loader:
         the loader's position (exact at the end of an epoch). Skips are summed as
         ``skipped_samples`` and ``skipped_shards`` and broken down by reason in
         ``skipped = {"samples": {reason: n}, "shards": {reason: n}}``, since the pipeline started;
-        ``by_epoch[e]`` holds the totals and the same three keys for epoch ``e`` alone. Each worker's raw counters
+        ``by_epoch[e]`` holds the totals, the same three keys, the remote and cache I/O (``io``)
+        and ``empty_batches`` for epoch ``e`` alone. Each worker's raw counters
         (``"samples:<reason>"``, ``"shards:<reason>"``) are under ``workers[i]["skipped"]``.
         """
         deadline = time.monotonic() + max(0.0, wait_s)
@@ -324,15 +333,21 @@ class Loader:
                 break
             time.sleep(0.05)
         nodes = node_report(self.stream, self._from_nodes)
-        return {**summarize(workers, through=self.delivered_epoch()), "loader": self._watch.figures(),
-                **({"affinity": nodes} if nodes is not None else {})}
+        out = summarize(workers, through=self.delivered_epoch())
+        figures = self._watch.figures()
+        for epoch, sums in out["by_epoch"].items():
+            sums["empty_batches"] = figures["by_epoch"].get(epoch, {}).get("empty_batches", 0)
+        return {**out, "loader": figures, **({"affinity": nodes} if nodes is not None else {})}
 
-    def summary(self) -> str:
-        """One line: samples taken and samples/s, the share of the loop's time spent waiting for
-        data, samples and shards skipped, bytes read from remote stores (and cache hits where a
-        cache counts them). Figures of the training loop cover every epoch since the loader was
-        made; the workers' counters, those since its pipeline last started."""
-        return self._watch.summary(self.stats())
+    def summary(self, epoch: Optional[int] = None) -> str:
+        """One line about this rank's ``epoch`` (the ``set_epoch`` number; default: the last one
+        entered, :meth:`delivered_epoch`), e.g. ``rank 0, epoch 1: 640 samples in 10 batches,
+        812.3 samples/s, data wait 4% of the loop's time, 0 samples and 0 shards skipped, 0 B from
+        the store, 7.4 MB from the cache``: samples and batches taken (and how many were empty),
+        samples/s, the share of the loop's time spent waiting for data, skips, and, reading from
+        a remote store, the bytes fetched from it and (through a byte cache) those read from the
+        cache, in that epoch alone. An epoch only partly taken says at which step it stands."""
+        return self._watch.summary(self.stats(), self.delivered_epoch() if epoch is None else int(epoch))
 
     def delivered_epoch(self) -> int:
         """The last epoch this loader has entered: its current one once a batch of it was taken (or

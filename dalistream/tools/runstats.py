@@ -1,29 +1,71 @@
 """``dalistream stats RUN_DIR``: every rank's figures side by side, from the files the ranks'
 loaders write there (``Loader(stats_dir=RUN_DIR)``, :mod:`dalistream.loader.progress`), so that
-a rank slower than the others is seen."""
+a rank slower than the others is seen.
+
+The ranks write their files atomically (a reader never sees half a file), so a file that cannot
+be read — cut short, empty, not JSON, not a rank's figures, unreadable — is damage (a full disk,
+a copy cut off), and a rank of the world without a file wrote none: each is named on stderr, the
+other ranks are shown, and the command exits with status 1 (:data:`INCOMPLETE`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import statistics
+import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from ..errors import ConfigError
-from ..worker.stats import read_json_files
+from ..loader.progress import rank_file
 
 #: A rank whose samples/s is below this share of the median of all ranks is marked slow.
 SLOW = 0.8
+#: The exit status when a rank's file cannot be read or a rank of the world wrote none.
+INCOMPLETE = 1
 
 
-def read_ranks(run_dir: str) -> List[Dict[str, Any]]:
-    """The figures each rank wrote into ``run_dir`` (``rank-*.json``), sorted by rank; a file that
-    cannot be read (being replaced, damaged) is left out."""
+def read_rank_file(path: str) -> Dict[str, Any]:
+    """One rank's figures; a ``ValueError`` saying what is wrong with the file (its ``OSError``
+    as raised)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if not raw:
+        raise ValueError("empty (0 bytes)")
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"cut short or not JSON ({len(raw)} bytes: {e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rank"), int):
+        raise ValueError(f"not a rank's figures (JSON without a rank: {raw[:40]!r})")
+    return doc
+
+
+def read_ranks(run_dir: str) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """The figures each rank wrote into ``run_dir`` (``rank-*.json``), sorted by rank, and what
+    is wrong: one line per file that cannot be read, naming it and why, and per rank of the
+    world (the largest ``world_size`` the files give) that wrote no file."""
     if not os.path.isdir(run_dir):
         raise ConfigError(f"{run_dir!r} is not a folder", hint="give the folder passed as Loader(stats_dir=...)")
-    return sorted(read_json_files(os.path.join(run_dir, "rank-*.json")), key=lambda r: r.get("rank", 0))
+    ranks, problems = [], []
+    for path in sorted(glob.glob(os.path.join(run_dir, "rank-*.json"))):
+        try:
+            ranks.append(read_rank_file(path))
+        except ValueError as e:
+            problems.append(f"{path}: cannot be read: {e}")
+        except OSError as e:
+            problems.append(f"{path}: cannot be read: {e.strerror or e}")
+    ranks.sort(key=lambda r: r["rank"])
+    world = max((r.get("world_size") or 0 for r in ranks), default=0)
+    present = {os.path.basename(path) for path in glob.glob(os.path.join(run_dir, "rank-*.json"))}
+    for rank in range(world):
+        path = rank_file(run_dir, rank)
+        if os.path.basename(path) not in present:
+            problems.append(f"{path}: missing: rank {rank} of {world} wrote no figures")
+    return ranks, problems
 
 
 def rows(ranks: List[Dict[str, Any]], now: float) -> List[Dict[str, Any]]:
@@ -68,23 +110,23 @@ def table(table_rows: List[Dict[str, Any]]) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    ranks = read_ranks(args.run_dir)
+    ranks, problems = read_ranks(args.run_dir)
     found = rows(ranks, time.time())
     if args.json:
-        print(json.dumps({"run_dir": args.run_dir, "ranks": found}))
+        print(json.dumps({"run_dir": args.run_dir, "ranks": found, "problems": problems}))
     elif not found:
-        print(f"no rank has written figures into {args.run_dir} yet (Loader(stats_dir=...) writes them)")
+        print(f"no rank has written readable figures into {args.run_dir} (Loader(stats_dir=...) writes them)")
     else:
-        worlds = {r.get("world_size") for r in ranks}
         print(table(found))
-        if worlds and max(w or 0 for w in worlds) > len(found):
-            print(f"{len(found)} of {max(worlds)} ranks have written figures")
-    return 0
+    for problem in problems:
+        print(f"dalistream stats: {problem}", file=sys.stderr)
+    return INCOMPLETE if problems else 0
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("stats", help="every rank's figures side by side (samples/s, data wait, workers, skips), "
                                      "from a run folder the loaders write with Loader(stats_dir=RUN_DIR)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the folder given to Loader(stats_dir=...) on every rank")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table (with "
+                                                       "`problems`: the files that cannot be read, the ranks missing)")
     p.set_defaults(func=cmd_stats)

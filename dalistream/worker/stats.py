@@ -193,8 +193,9 @@ def summarize(workers: List[Dict[str, Any]], through: int) -> Dict[str, Any]:
     epochs left out): :data:`TOTALS`, skips (``skipped_samples``, ``skipped_shards``, ``skipped``
     by kind and reason), a mix's samples per source (``sources``) and the I/O counters of
     :data:`IO_SUMS` (``io``: remote requests and bytes, the byte cache's hits and bytes);
-    ``by_epoch[e]`` holds the same for every epoch alone; ``workers`` keeps each worker's own
-    counters."""
+    ``by_epoch[e]`` holds the same for every epoch alone, with ``read_ahead``: ``True`` for an
+    epoch after ``through``, which the workers read ahead into before the loader entered it (the
+    caller may never start it); ``workers`` keeps each worker's own counters."""
     by_epoch: Dict[int, Counter] = {}
     io: Dict[int, Counter] = {}
     for w in workers:
@@ -217,4 +218,5 @@ def summarize(workers: List[Dict[str, Any]], through: int) -> Dict[str, Any]:
             delivered.update(counts)
             delivered_io.update(io.get(epoch, Counter()))
     return {"workers": workers, **sums(delivered, delivered_io),
-            "by_epoch": {e: sums(c, io.get(e, Counter())) for e, c in sorted(by_epoch.items())}}
+            "by_epoch": {e: {**sums(c, io.get(e, Counter())), "read_ahead": e > through}
+                         for e, c in sorted(by_epoch.items())}}

@@ -76,17 +76,22 @@ def train(loader: dalistream.Loader, device: torch.device, model: torch.nn.Modul
     seen: Dict[str, Any] = {"epochs": [], "batch_devices": set()}
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
-        steps, samples, loss = 0, 0, None
+        steps, samples, loss_sum = 0, 0, torch.zeros((), device=device)
         for batch in loader:
             images, labels = batch["image"], batch["label"]  # on `device` already
-            loss = criterion(model(images), labels)
+            out = model(images)
+            # an empty batch (policy "exact": the last step of a rank no sample is left for; any
+            # policy: every sample of the batch skipped) takes the same step: a zero loss that keeps
+            # the graph, where the mean over no sample would be NaN, and every rank joins the all-reduce
+            loss = criterion(out, labels) if len(labels) else out.sum() * 0.0
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP's all-reduce: every rank has the same number of batches
             optimizer.step()
             steps, samples = steps + 1, samples + int(labels.shape[0])
+            loss_sum += loss.detach() * len(labels)
             seen["batch_devices"].update({str(images.device), str(labels.device)})
         seen["epochs"].append({"epoch": epoch, "steps": steps, "samples": samples,
-                               "loss": None if loss is None else float(loss)})
+                               "loss": float(loss_sum) / samples if samples else None})
     return seen
 
 

@@ -141,20 +141,41 @@ def test_the_warning_names_the_stage_from_the_windows_counters(no_min_window, ca
     assert "likely stage: store" in record.getMessage()
 
 
-def test_figures_and_summary_line():
+def epoch_sums(skipped_samples=0, skipped_shards=0, **io):
+    return {"skipped_samples": skipped_samples, "skipped_shards": skipped_shards, "io": io}
+
+
+def test_figures_and_summary_line_per_epoch_and_rank():
+    """The figures in all and per epoch; ``summary`` says one rank's one epoch (the ``set_epoch``
+    number): two ranks never print the same-looking line, and a finished epoch's line holds only
+    that epoch's samples, skips and bytes."""
     watch = Watch(counters=dict)
-    watch.epoch(0, 1, 3, 0, 10)
+    watch.epoch(2, 4, 3, 0, 10)
     for i in range(4):
-        watch.took(0.25, 8, i + 1)
+        watch.took(0.25, 8 if i < 3 else 0, i + 1, empty=i == 3)
         watch.stepped(0.75)
     f = watch.figures()
-    assert (f["batches"], f["samples"], f["wait_s"], f["step_s"]) == (4, 32, 1.0, 3.0)
-    assert f["samples_per_s"] == 8.0 and f["wait_share"] == 0.25
-    line = watch.summary({"workers": [worker(io={"bytes": 2_500_000})], "skipped_samples": 3, "skipped_shards": 1})
-    assert line.startswith("epoch 3 step 4/10: 32 samples in 4 batches, 8.0 samples/s, data wait 25%")
-    assert "3 samples and 1 shards skipped" in line and "2.5 MB read remotely" in line and "cache" not in line
-    cached = watch.summary({"workers": [worker(io={"bytes": 0, "cache_hits": 7, "cache_bytes": 7000})]})
-    assert cached.endswith("7 cache hits (7.0 kB)")
+    assert (f["batches"], f["empty_batches"], f["samples"], f["wait_s"], f["step_s"]) == (4, 1, 24, 1.0, 3.0)
+    assert f["samples_per_s"] == 6.0 and f["wait_share"] == 0.25
+    assert f["by_epoch"][3]["batches"] == 4 and f["by_epoch"][3]["empty_batches"] == 1
+    stats = {"by_epoch": {3: epoch_sums(3, 1, requests=4, bytes=2_500_000),
+                          4: epoch_sums(9, 9, requests=1, bytes=870_000)}}  # epoch 4: read ahead, not entered
+    line = watch.summary(stats, 3)
+    assert line.startswith("rank 2, epoch 3 (step 4 of 10 so far): 24 samples in 4 batches (1 empty), 6.0 samples/s, "
+                           "data wait 25%")
+    assert "3 samples and 1 shards skipped" in line and line.endswith("2.5 MB from the store")
+    watch.epoch(2, 4, 4, 0, 2)
+    for i in range(2):
+        watch.took(0.5, 8, i + 1)
+        watch.stepped(0.5)
+    stats["by_epoch"][4] = epoch_sums(requests=1, bytes=0, cache_hits=7, cache_misses=0, cache_bytes=7_400_000)
+    line = watch.summary(stats, 4)
+    assert line == ("rank 2, epoch 4: 16 samples in 2 batches, 8.0 samples/s, data wait 50% of the loop's time, "
+                    "0 samples and 0 shards skipped, 0 B from the store, 7.4 MB from the cache")
+    assert watch.summary(stats, 3).startswith("rank 2, epoch 3: 24 samples in 4 batches (1 empty)")  # ended at 4
+    local = watch.summary({"by_epoch": {4: epoch_sums(requests=0, bytes=0)}}, 4)
+    assert local.endswith("0 samples and 0 shards skipped")  # local shards: no store named
+    assert watch.summary({}, 7).startswith("rank 2, epoch 7: 0 samples in 0 batches")  # no such epoch: zeros
 
 
 def test_watch_refuses_a_bad_progress_or_threshold():
@@ -221,10 +242,101 @@ def test_progress_bar_on_rank_zero_only_by_default(shards, capsys):
             batches = sum(1 for _ in loader)
         shown[(rank, progress_arg)] = capsys.readouterr().err
         assert batches == len(SIZES) * 40 // 16
-    bar = shown[(0, True)]
-    assert "epoch 0" in bar and f"{batches}/{batches}" in bar and "samples/s" in bar and "wait" in bar
+    lines = shown[(0, True)].splitlines()  # stderr is no terminal here: plain lines, no bar
+    assert lines[-1].startswith(f"rank 0 epoch 0 done: {batches}/{batches} batches in 0:")
+    assert "samples/s" in lines[-1] and "wait" in lines[-1] and "\r" not in shown[(0, True)]
     assert shown[(1, True)] == "" and shown[(0, False)] == ""
-    assert "rank 1 epoch 0" in shown[(1, "all")]
+    assert shown[(1, "all")].splitlines()[-1].startswith(f"rank 1 epoch 0 done: {batches}/{batches} batches")
+
+
+class Clock:
+    """Seconds that pass only when told: an epoch of hours in no time."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def run_epoch(watch, clock, steps, seconds_per_batch, rank=0, epoch=0, stop=None):
+    watch.epoch(rank, 8, epoch, 0, steps)
+    for i in range(stop or steps):
+        clock.now += seconds_per_batch * 0.1
+        watch.took(seconds_per_batch * 0.1, 32, i + 1)
+        clock.now += seconds_per_batch * 0.9
+        watch.stepped(seconds_per_batch * 0.9)
+    watch.ended()
+
+
+@pytest.mark.parametrize("steps, seconds_per_batch, most", [
+    (100_000, 0.36, 21),   # 10 hours: a line every 5% (30 min), and the end's
+    (2_000, 0.9, 21),      # 30 minutes: every 5% (90 s)
+    (600, 0.5, 11),        # 5 minutes: every 30 s (5% is 15 s)
+    (200, 0.05, 1),        # 10 seconds: only the end's
+    (12, 300.0, 13),       # an hour of 12 long batches: one per batch, the end's
+])
+@pytest.mark.parametrize("into", ["file", "pipe"])
+def test_progress_into_a_file_or_pipe_is_a_few_plain_lines(tmp_path, steps, seconds_per_batch, most, into):
+    """Not a terminal (a Slurm job's stderr in a file, or a pipe): a line per LINE_S seconds and
+    LINE_SHARE of the epoch at most, each naming the rank and the epoch, and the end's; never a
+    redrawn bar (a 10-hour job wrote ~26 MB of bar per rank)."""
+    clock = Clock()
+    if into == "file":
+        out = open(tmp_path / "log", "w")
+    else:
+        read_end, write_end = os.pipe()
+        out = os.fdopen(write_end, "w")
+    watch = Watch(progress="all", counters=dict, file=out, clock=clock)
+    run_epoch(watch, clock, steps, seconds_per_batch, rank=3, epoch=7)
+    out.close()
+    if into == "file":
+        text = (tmp_path / "log").read_text()
+    else:
+        with os.fdopen(read_end) as f:
+            text = f.read()
+    lines = text.splitlines()
+    assert 1 <= len(lines) <= most and "\r" not in text and len(text) < 200 * most
+    assert all(line.startswith("rank 3 epoch 7") for line in lines)
+    assert lines[-1].startswith(f"rank 3 epoch 7 done: {steps}/{steps} batches in ")
+    assert "samples/s" in lines[-1] and "wait 10%" in lines[-1]
+    done = [int(line.split(": ")[1].split("/")[0]) for line in lines[:-1]]
+    assert done == sorted(done) and all(b - a >= progress.LINE_SHARE * steps for a, b in zip([0] + done, done))
+    if steps * seconds_per_batch >= 3600:  # long: the lines come, spread over the epoch
+        assert len(lines) >= min(most, 12)
+
+
+def test_progress_lines_say_where_an_epoch_broke_off(tmp_path):
+    clock = Clock()
+    with open(tmp_path / "log", "w") as out:
+        watch = Watch(progress=True, counters=dict, file=out, clock=clock)
+        run_epoch(watch, clock, 1000, 1.0, rank=0, epoch=2, stop=400)
+        run_epoch(watch, clock, 1000, 1.0, rank=0, epoch=3)
+    lines = (tmp_path / "log").read_text().splitlines()
+    assert [line for line in lines if "stopped" in line] == [lines[lines.index(next(
+        line for line in lines if line.startswith("rank 0 epoch 2 stopped")))]]
+    assert next(line for line in lines if "stopped" in line).startswith("rank 0 epoch 2 stopped: 400/1000 batches in 0:06:40")
+    assert lines[-1].startswith("rank 0 epoch 3 done: 1000/1000 batches in 0:16:40")
+
+
+def test_progress_on_a_terminal_is_a_bar(tmp_path):
+    """A terminal (a pseudo-terminal here) gets tqdm's bar, redrawn in place."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal 120 wide
+    out = os.fdopen(slave, "w")
+    clock = Clock()
+    watch = Watch(progress=True, counters=dict, file=out, clock=clock)
+    run_epoch(watch, clock, 50, 0.1)
+    out.flush()
+    text = os.read(master, 1 << 20).decode()
+    out.close()
+    os.close(master)
+    assert "\r" in text and "epoch 0" in text and "50/50" in text and "rank 0 epoch 0 done" not in text
 
 
 @pytest.mark.dali
@@ -264,7 +376,7 @@ def test_summary_counts_what_the_loop_took(shards):
         line = loader.summary()
         figures = loader.stats()["loader"]
     assert figures["samples"] == samples == 2 * 240 and figures["batches"] == 60
-    assert line.startswith(f"epoch 1 step 30/30: {samples} samples in 60 batches, ")
+    assert line.startswith("rank 0, epoch 1: 240 samples in 30 batches, ")
     assert "samples/s, data wait" in line and "0 samples and 0 shards skipped" in line
 
 
@@ -313,14 +425,70 @@ def test_stats_marks_the_slow_rank(tmp_path, capsys):
                "loader": {"samples": 24, "samples_per_s": rate, "wait_share": 0.1},
                "workers": {"read_s": 1, "batch_s": 0, "wall_s": 4, "io_wait_s": 0.5, "remote_bytes": 2e6}}
         (tmp_path / f"rank-{rank:05d}.json").write_text(json.dumps(doc))
-    (tmp_path / "rank-00004.json").write_text("{half a fi")  # being written: left out
     assert [r["slow"] for r in rows(json.loads(json.dumps([json.loads((tmp_path / f"rank-{r:05d}.json").read_text())
                                                           for r in range(4)])), now=10)] == [False, False, True, False]
-    assert main(["stats", str(tmp_path)]) == 0
-    out = capsys.readouterr().out.splitlines()
+    assert main(["stats", str(tmp_path)]) == 1  # rank 4 of 5 wrote nothing
+    said = capsys.readouterr()
+    out = said.out.splitlines()
     assert "<- slow" in out[3] and not any("<- slow" in line for line in out[:3] + out[4:5])
-    assert out[-1] == "4 of 5 ranks have written figures"
-    assert "25%" in out[1] and "12%" in out[1]  # workers busy 1/4, io wait 0.5/4
+    assert len(out) == 5 and "25%" in out[1] and "12%" in out[1]  # workers busy 1/4, io wait 0.5/4
+    assert said.err.splitlines() == [f"dalistream stats: {tmp_path / 'rank-00004.json'}: missing: rank 4 of 5 wrote no "
+                                     "figures"]
+
+
+def rank_doc(rank, world):
+    return {"rank": rank, "world_size": world, "host": f"node{rank}", "time": 0, "epoch": 0, "step": 3, "steps": 9,
+            "loader": {"samples": 24, "samples_per_s": 100.0, "wait_share": 0.1}, "workers": {}}
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda text: text[:len(text) // 2], "cut short or not JSON"),
+    (lambda text: text[:1], "cut short or not JSON"),
+    (lambda text: "", "empty (0 bytes)"),
+    (lambda text: "not json at all", "cut short or not JSON"),
+    (lambda text: "[1, 2, 3]", "not a rank's figures"),
+    (lambda text: '{"epoch": 3}', "not a rank's figures"),
+    (None, "missing: rank"),
+])
+@pytest.mark.parametrize("world, bad", [(2, 1), (3, 0), (4, 2)])
+def test_stats_names_every_rank_file_it_cannot_read(tmp_path, capsys, damage, why, world, bad):
+    """A rank file cut short, empty, not JSON, not a rank's, or missing: the other ranks are shown,
+    the file is named with why, and the exit status is 1 (table and --json alike)."""
+    for rank in range(world):
+        text = json.dumps(rank_doc(rank, world))
+        path = tmp_path / f"rank-{rank:05d}.json"
+        if rank != bad:
+            path.write_text(text)
+        elif damage is not None:
+            path.write_text(damage(text))
+    named = str(tmp_path / f"rank-{bad:05d}.json")
+    assert main(["stats", str(tmp_path)]) == 1
+    said = capsys.readouterr()
+    assert [line.split()[0] for line in said.out.splitlines()[1:]] == [str(r) for r in range(world) if r != bad]
+    (line,) = said.err.splitlines()
+    assert line.startswith(f"dalistream stats: {named}: ") and why in line
+    assert main(["stats", str(tmp_path), "--json"]) == 1
+    parsed = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in parsed["ranks"]] == [r for r in range(world) if r != bad]
+    assert len(parsed["problems"]) == 1 and parsed["problems"][0].startswith(named) and why in parsed["problems"][0]
+
+
+def test_stats_of_every_rank_file_unreadable(tmp_path, capsys):
+    for rank in range(2):
+        (tmp_path / f"rank-{rank:05d}.json").write_text("")
+    assert main(["stats", str(tmp_path)]) == 1
+    said = capsys.readouterr()
+    assert "no rank has written readable figures" in said.out
+    assert [line.split(": ")[1] for line in said.err.splitlines()] == [
+        str(tmp_path / f"rank-{r:05d}.json") for r in range(2)]
+
+
+def test_stats_of_a_whole_run_exits_0(tmp_path, capsys):
+    for rank in range(3):
+        (tmp_path / f"rank-{rank:05d}.json").write_text(json.dumps(rank_doc(rank, 3)))
+    assert main(["stats", str(tmp_path)]) == 0
+    said = capsys.readouterr()
+    assert said.err == "" and len(said.out.splitlines()) == 4
 
 
 def test_stats_of_a_missing_folder_is_an_error(tmp_path, capsys):
@@ -356,7 +524,7 @@ def test_a_stats_folder_removed_mid_epoch_does_not_stop_the_epoch(shards, tmp_pa
     env = dict(os.environ, DALISTREAM_CACHE=str(tmp_path / "cache"))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["60", "240", "240", "epoch", "0", "step", "60/60"]
+    assert done.stdout.split() == ["60", "240", "240", "rank", "0,", "epoch", "0"]
     warned = [line for line in done.stderr.splitlines() if "counters not written" in line]
     assert 1 <= len(warned) <= 2 and "Traceback" not in done.stderr
 
