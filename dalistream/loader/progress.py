@@ -297,13 +297,15 @@ class Watch:
         """One line about this rank's ``epoch`` (the ``set_epoch`` number): the loop's figures of
         that epoch and, from ``stats["by_epoch"][epoch]`` (:meth:`dalistream.Loader.stats`), its
         skips and where its bytes came from: the store (bytes fetched remotely) and, through a
-        byte cache, the cache."""
+        byte cache, the cache. In an epoch that also fetched blocks, what it read from the cache
+        includes blocks it fetched itself (a block is fetched whole; the reads after the fetch
+        read its file, and count as hits): the line says so."""
         rank, _, now, step, steps = self._place
         f = _rates(self.by_epoch.get(epoch, _timing()))
         e = stats.get("by_epoch", {}).get(epoch, {})
         io = e.get("io", {})
         where = f"rank {rank}, epoch {epoch}" + (f" (step {step} of {steps} so far)" if epoch == now and step < steps
-                                                  else "")
+                                                  else " (read ahead, not entered)" if e.get("read_ahead") else "")
         text = (f"{where}: {f['samples']} samples in {f['batches']} batches"
                 + (f" ({f['empty_batches']} empty)" if f["empty_batches"] else "")
                 + f", {f['samples_per_s']:.1f} samples/s, data wait {f['wait_share']:.0%} of the loop's time, "
@@ -312,6 +314,8 @@ class Watch:
             text += f", {_size(io.get('bytes', 0))} from the store"
             if io.get("cache_hits") or io.get("cache_misses"):
                 text += f", {_size(io.get('cache_bytes', 0))} from the cache"
+                if io.get("cache_bytes") and io.get("cache_misses"):  # a block fetched whole, then read from its file
+                    text += " (blocks this epoch fetched included)"
         return text
 
     def _postfix(self, epoch: Optional[int] = None) -> str:
