@@ -94,8 +94,8 @@ def loader(sources: Any, *, batch_size: int = 32, workers: int = WORKERS, device
 
     ``scale``: the range of the random factor the bucket's size is scaled by before the random
     crop of exactly that size (``(1, 1)``: the crop runs along the image's longer side only).
-    ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``, ``warn_empty``) go to
-    :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``, ``manifest``,
+    ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``,
+    ``warn_empty``) go to :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``, ``manifest``,
     ``storage_options``, …; policy ``even`` by default, ``exact`` pads each bucket's last batch).
     ``dali_options`` go to the DALI pipeline (``num_threads``, ``prefetch_queue_depth``),
     ``decoder_options`` to DALI's image decoder (``dalistream.ops.DECODER_OPTIONS``).

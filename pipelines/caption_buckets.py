@@ -74,8 +74,8 @@ def loader(sources: Any, *, batch_size: int = 64, workers: int = WORKERS, device
     ``buckets`` (a :class:`~dalistream.LengthBuckets`; its ``field`` is the member read as
     ``tokens``).
 
-    ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``, ``warn_empty``) go to
-    :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``, ``manifest``, …),
+    ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``,
+    ``warn_empty``) go to :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``, ``manifest``, …),
     ``dali_options`` to the DALI pipeline. ``fields`` (optional) is merged over the default (an
     entry named ``tokens`` replaces it; any other entry, e.g. ``{"key": "__key__"}``, is read too
     and returned as read).

@@ -67,8 +67,8 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
            **stream_options: Any) -> "dalistream.Loader":
     """A :class:`dalistream.Loader` over ``sources`` running :func:`pipeline` (no shuffling).
 
-    ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``) go to
-    :meth:`dalistream.Stream.open` (``rank``, ``world_size``,
+    ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``,
+    ``warn_empty``) go to :meth:`dalistream.Stream.open` (``rank``, ``world_size``,
     ``storage_options``, ``manifest``, …); ``dali_options`` to the DALI pipeline.
     ``decoder_options`` go to DALI's image decoder (``dalistream.ops.DECODER_OPTIONS``: e.g.
     ``hw_decoder_load``, ``device_memory_padding``, ``preallocate_width_hint``; GPU-only ones are
@@ -79,7 +79,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     """
     if resize is not None and resize < size:
         raise dalistream.ConfigError(f"resize {resize} is smaller than the crop size {size}")
-    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning: the Loader's own
+    shown = loader_options(stream_options)  # progress, stats_dir, wait_warning, warn_empty: the Loader's own
     fields = merged_fields({"image": image_exts, "label": label_exts}, stream_options.pop("fields", None))
     stream = dalistream.Stream.open(sources, fields=fields,
                                     batch_size=batch_size, workers=workers, device=device, policy=policy,

@@ -82,8 +82,8 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
 
     ``shuffle`` and ``interleave`` (in ``stream_options``) mix the samples as
     :class:`dalistream.StreamConfig` says (default: interleaved reading, no buffer, when counts are
-    known). ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``, ``warn_empty``) go to
-    :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``,
+    known). ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``,
+    ``warn_empty``) go to :meth:`dalistream.Stream.open` (``seed``, ``policy``, ``rank``, ``world_size``,
     ``storage_options``, ``manifest``, …; policy ``even`` by default). ``dali_options`` go to the
     DALI pipeline (``num_threads``, ``prefetch_queue_depth``).
     ``decoder_options`` go to DALI's image decoder (``dalistream.ops.DECODER_OPTIONS``: e.g.

@@ -107,8 +107,8 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
 
     ``shuffle`` and ``interleave`` mix the samples as :class:`dalistream.StreamConfig` says when
     training, and are off otherwise (``train=False``); ``keys=True`` adds each sample's
-    ``__key__``. ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``, ``warn_empty``) go
-    to :meth:`dalistream.Stream.open`, ``dali_options`` to
+    ``__key__``. ``stream_options`` (but the Loader's own ``progress``, ``stats_dir``, ``wait_warning``,
+    ``warn_empty``) go to :meth:`dalistream.Stream.open`, ``dali_options`` to
     the DALI pipeline.
     ``decoder_options`` go to DALI's image decoder (``dalistream.ops.DECODER_OPTIONS``: e.g.
     ``hw_decoder_load``, ``device_memory_padding``, ``preallocate_width_hint``; GPU-only ones are

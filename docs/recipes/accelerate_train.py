@@ -38,7 +38,9 @@ def main() -> None:
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             for batch in loader:
-                loss = torch.nn.functional.cross_entropy(model(batch["image"]), batch["label"])
+                out, labels = model(batch["image"]), batch["label"]
+                # an empty batch: a zero loss, not NaN; every rank still joins the all-reduce
+                loss = torch.nn.functional.cross_entropy(out, labels) if len(labels) else out.sum() * 0.0
                 optimizer.zero_grad()
                 accelerator.backward(loss)
                 optimizer.step()

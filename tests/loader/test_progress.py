@@ -315,7 +315,8 @@ def test_progress_lines_say_where_an_epoch_broke_off(tmp_path):
     lines = (tmp_path / "log").read_text().splitlines()
     assert [line for line in lines if "stopped" in line] == [lines[lines.index(next(
         line for line in lines if line.startswith("rank 0 epoch 2 stopped")))]]
-    assert next(line for line in lines if "stopped" in line).startswith("rank 0 epoch 2 stopped: 400/1000 batches in 0:06:40")
+    stopped = next(line for line in lines if "stopped" in line)
+    assert stopped.startswith("rank 0 epoch 2 stopped: 400/1000 batches in 0:06:40")
     assert lines[-1].startswith("rank 0 epoch 3 done: 1000/1000 batches in 0:16:40")
 
 

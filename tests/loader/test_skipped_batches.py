@@ -3,6 +3,7 @@ the reason (not epochs of empty batches), and a batch whose samples were all ski
 empty, so that every rank yields len() batches."""
 
 import io
+import logging
 import time
 
 import pytest
@@ -88,3 +89,36 @@ def test_a_bad_sample_of_a_one_epoch_run_is_counted_once(tmp_path):
         assert len(keys) == 15 and stats["skipped_samples"] == 1 and stats["skipped"]["samples"] == {"bad_value": 1}
         assert stats["samples"] == 15 == stats["by_epoch"][0]["samples"]  # read = delivered, read-ahead apart
         assert stats["padded"] == stats["by_epoch"][0]["padded"] == 1
+
+
+@pytest.mark.parametrize("warn_empty", [True, False])
+@pytest.mark.parametrize("cause", ["exact", "skipped"])
+def test_empty_batches_are_counted_per_epoch_and_warned_of_when_asked(tmp_path, caplog, warn_empty, cause):
+    """An empty batch, of exact's last step (rank 1 of 2, no sample left for it) or of samples all
+    skipped: counted per epoch in stats()['by_epoch'] and the summary; with warn_empty=True one
+    warning per epoch that had one, naming rank, epoch and step; none without."""
+    if cause == "exact":  # 9 samples on 2 ranks x 4: 2 steps, rank 1's second one empty
+        paths = write(tmp_path, 1, 9)
+        options = dict(policy="exact", rank=1, world_size=2)
+    else:  # the last 4 of 8 samples damaged: the second batch all skipped
+        paths = write(tmp_path, 1, 8, bad={4, 5, 6, 7})
+        options = dict(policy="even", on_error="skip")
+    stream = Stream.open(paths, fields={"key": "__key__", "label": "cls"}, batch_size=4, workers=1, device="cpu",
+                         shuffle_shards=False, cache_dir=str(tmp_path), interleave=False, shuffle=0, **options)
+    with caplog.at_level(logging.WARNING, logger="dalistream.loader.progress"):
+        with Loader(stream, warn_empty=warn_empty) as loader:
+            for epoch in range(3):
+                loader.set_epoch(epoch)
+                sizes = [len(batch["key"]) for batch in loader]
+                assert sizes[-1] == 0 and 0 not in sizes[:-1]
+                assert loader.summary().startswith(f"rank {stream.config.rank}, epoch {epoch}: ")
+                assert f"in {len(sizes)} batches (1 empty)" in loader.summary()
+            stats = loader.stats(wait_s=5)
+    assert [stats["by_epoch"][e]["empty_batches"] for e in range(3)] == [1, 1, 1]
+    assert stats["loader"]["empty_batches"] == 3 and stats["loader"]["by_epoch"][2]["empty_batches"] == 1
+    said = [r.getMessage() for r in caplog.records if "an empty batch" in r.getMessage()]
+    if warn_empty:
+        assert [m.split(":")[0] for m in said] == [f"rank {stream.config.rank}, epoch {e}, step {len(sizes)} of "
+                                                   f"{len(sizes)}" for e in range(3)]
+    else:
+        assert said == []
