@@ -22,7 +22,7 @@ the clip's span is looped, or padded by repeating its last frame or with black f
 - ``"worker"``: PyAV decodes the clip's frames in the worker (any codec FFmpeg has), and the
   field is those frames, ``uint8`` ``(frames, H, W, 3)`` RGB.
 
-PyAV (``pip install av``) is imported by the first probe, in the worker; without it a
+PyAV (the ``video`` extra: ``pip install "dalistream[video]"``) is imported by the first probe, in the worker; without it a
 :class:`Clips` field is a :class:`~dalistream.errors.ConfigError`.
 """
 
@@ -73,7 +73,8 @@ def _av() -> Any:
     try:
         import av
     except ImportError:  # (a ConfigError stops the stream: it is no sample's fault)
-        raise ConfigError("a video field needs PyAV in the DALI workers", hint="pip install av") from None
+        raise ConfigError("a video field needs PyAV (the 'video' extra) in the DALI workers",
+                          hint='pip install "dalistream[video]"') from None
     return av
 
 

@@ -303,3 +303,24 @@ def test_a_video_field_without_clips_holds_the_bytes_and_refuses_an_empty_member
     with pytest.raises(Exception) as caught:
         field.spec.parse_at(field, b"", "mp4", "k", 0)
     assert caught.value.reason == "bad_video"
+
+
+@pytest.mark.parametrize("call", ["probe(CLIP)", "Clips(decode='worker')(CLIP, 'k', 0)",
+                                  "decode_frames(CLIP, [0], VideoInfo('vp9', 1, 32, 32))"])
+def test_without_pyav_a_clip_is_a_config_error_naming_the_video_extra(call, tmp_path):
+    """PyAV blocked from importing (``sys.modules['av'] = None``), in a fresh interpreter: each
+    entry that needs it raises a ConfigError whose hint is the install command of the extra."""
+    import subprocess
+    import sys
+
+    clip = tmp_path / "clip.webm"
+    clip.write_bytes(make_clip("vp9", 3))
+    script = (f"import sys; sys.modules['av'] = None\n"
+              f"from dalistream.errors import ConfigError\n"
+              f"from dalistream.kinds.video import Clips, VideoInfo, decode_frames, probe\n"
+              f"CLIP = open({str(clip)!r}, 'rb').read()\n"
+              f"try:\n    {call}\nexcept ConfigError as e:\n    print('HINT', e.hint)\n    print('TEXT', e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert 'HINT pip install "dalistream[video]"' in out.stdout, out.stdout
+    assert "'video' extra" in out.stdout
