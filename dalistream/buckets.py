@@ -7,8 +7,10 @@ which samples form which batch is the pure plan's (:mod:`dalistream.plan.buckets
 - :class:`AspectBuckets`: target sizes ``(width, height)``; a sample goes to the size whose
   aspect ratio is nearest its own on a log scale (``|log(w/h) − log(W/H)|``, ties to the first).
   :meth:`AspectBuckets.auto` computes ``n`` sizes from the data set's own distribution.
-- :class:`LengthBuckets`: a member's byte length against ``edges``: bucket ``i`` holds lengths
-  up to ``edges[i]`` (and above ``edges[i-1]``), the last one those above ``edges[-1]``.
+- :class:`LengthBuckets`: a member's byte length (or another key column: a clip's
+  ``duration_ms``) against ``edges``: bucket ``i`` holds values up to ``edges[i]`` (and above
+  ``edges[i-1]``), the last one those above ``edges[-1]``. A video's resolution buckets with
+  :class:`AspectBuckets` over the ``width``/``height`` its probe records.
 
 ``per="rank"`` (default): each rank's batch is one bucket (ranks may hold different buckets at
 the same step); ``per="global"``: the whole global batch is one bucket. A stream opened with
@@ -53,10 +55,15 @@ def _table(buckets: Any) -> np.ndarray:
     return np.array(rows + [[-1] + rows[0][1:]], dtype=np.int32)
 
 
+#: Which ``--keys`` item records a key column other than ``length:EXT`` (:mod:`dalistream.manifest.keys`).
+_KEY_SPECS = {"width": "image", "height": "image", "frames": "video", "fps_milli": "video", "codec": "video",
+              "duration_ms": "video (or audio)", "sample_rate": "audio", "channels": "audio"}
+
+
 def missing_keys(columns: Sequence[str], keys: Optional[Mapping[str, np.ndarray]], what: str,
                  url: Optional[str] = None) -> ManifestError:
     """The error for buckets asked of a data set whose manifest lacks their keys (``url``: one of its shards)."""
-    spec = "image" if "width" in columns else ",".join(c.split(":", 1)[1] for c in columns)
+    spec = ",".join(dict.fromkeys(_KEY_SPECS.get(c, c.split(":", 1)[-1]) for c in columns))
     have = f"it has {sorted(keys)}" if keys else "it has none (a counts-only or older manifest)"
     return ManifestError(f"{what} need the per-sample keys {list(columns)} in the manifest; {have}",
                          url=url, reason="no_keys", hint=f"run `dalistream index SOURCES --keys {spec}` (writes the "
@@ -79,7 +86,7 @@ def _unknown(mask: np.ndarray, what: str, columns: Sequence[str], urls: Optional
         s = int(np.searchsorted(starts, i, side="right")) - 1
         url, where = urls[s], f"sample {i - int(starts[s])} of its shard"
     raise ManifestError(f"{what}: {where} has no {'/'.join(columns)} ({int(mask.sum())} samples have none: no such "
-                        "member, an image of another format, or a header that could not be read)", url=url,
+                        "member, an image of another format, or a header or media file that could not be read)", url=url,
                         reason="no_keys", hint="give every sample the member, or leave those samples out of the set")
 
 
@@ -259,19 +266,30 @@ class AspectBuckets:
 
 @dataclass(frozen=True)
 class LengthBuckets:
-    """Buckets by the byte length of member ``field`` (key ``length:FIELD``): bucket ``i`` holds
-    lengths in ``(edges[i-1], edges[i]]`` (bucket 0 from 0), the last bucket those above
-    ``edges[-1]``. ``lookahead`` as for :class:`AspectBuckets`."""
+    """Buckets by the byte length of member ``field`` (key ``length:FIELD``), or by any other
+    integer key column of the manifest named by ``key`` instead (a video's or audio file's
+    ``duration_ms`` or ``frames``, recorded by ``dalistream index --keys video`` / ``audio`` or
+    by ``dalistream write``): bucket ``i`` holds values in ``(edges[i-1], edges[i]]`` (bucket 0
+    from 0), the last bucket those above ``edges[-1]``. ``lookahead`` as for :class:`AspectBuckets`.
 
-    field: str
-    edges: Tuple[int, ...]
+    ``LengthBuckets("txt", (32, 64, 128))``: captions by length;
+    ``LengthBuckets(key="duration_ms", edges=(2000, 4000, 8000, 16000))``: clips by duration."""
+
+    field: Optional[str] = None
+    edges: Tuple[int, ...] = ()
     per: str = "rank"
     lookahead: Optional[int] = None
+    key: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check_per(self.per)
         _lookahead(self.lookahead)
-        if not isinstance(self.field, str) or not self.field or self.field.startswith("."):
+        if (self.field is None) == (self.key is None):
+            raise ConfigError(f"LengthBuckets: give a member field (its byte length) or a key column, one of them; "
+                              f"got field={self.field!r}, key={self.key!r}")
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise ConfigError(f"LengthBuckets: key must name a manifest key column such as 'duration_ms', got {self.key!r}")
+        if self.field is not None and (not isinstance(self.field, str) or not self.field or self.field.startswith(".")):
             raise ConfigError(f"LengthBuckets: field must be a member extension such as 'txt', got {self.field!r}")
         if isinstance(self.edges, (str, bytes)) or not isinstance(self.edges, (list, tuple)) or not self.edges:
             raise ConfigError(f"LengthBuckets: edges must be a non-empty list of lengths, got {self.edges!r}")
@@ -284,14 +302,14 @@ class LengthBuckets:
 
     @property
     def columns(self) -> Tuple[str, ...]:
-        return (f"length:{self.field}",)
+        return (self.key,) if self.key is not None else (f"length:{self.field}",)
 
     def resolve(self, keys: Optional[Mapping[str, np.ndarray]]) -> "LengthBuckets":
         return self
 
     def assign(self, keys: Optional[Mapping[str, np.ndarray]], urls: Optional[Sequence[str]] = None,
                starts: Optional[np.ndarray] = None) -> np.ndarray:
-        """Every sample's bucket (``int16``) from its length; a sample without the member raises."""
+        """Every sample's bucket (``int16``) from its length (its key); a sample without it raises."""
         (length,) = _columns(keys, self.columns, "LengthBuckets")
         _unknown(length < 0, "LengthBuckets", self.columns, urls, starts)
         return np.searchsorted(np.asarray(self.edges), length, side="left").astype(np.int16)
@@ -313,7 +331,8 @@ class LengthBuckets:
 
     def plain(self) -> Dict[str, Any]:
         """These buckets as plain data, as a loader state records them."""
-        return {"kind": "LengthBuckets", "per": self.per, "field": self.field, "edges": list(self.edges)}
+        out = {"kind": "LengthBuckets", "per": self.per, "field": self.field, "edges": list(self.edges)}
+        return out if self.key is None else {**out, "key": self.key}
 
 
 def check_stream(config: Any) -> None:
@@ -341,8 +360,9 @@ def check_stream(config: Any) -> None:
 
 def parse_buckets(text: str, per: str = "rank", lookahead: Optional[int] = None):
     """Buckets from a command line's ``--buckets``: ``aspect:1024x1024,1152x896,896x1152``,
-    ``auto:8`` (:meth:`AspectBuckets.auto`) or ``length:txt:32,64,128,256``."""
-    usage = "expected aspect:WxH,WxH,…, auto:N or length:FIELD:EDGE,EDGE,…"
+    ``auto:8`` (:meth:`AspectBuckets.auto`), ``length:txt:32,64,128,256`` or, over another key
+    column, ``key:duration_ms:2000,4000,8000``."""
+    usage = "expected aspect:WxH,WxH,…, auto:N, length:FIELD:EDGE,EDGE,… or key:COLUMN:EDGE,EDGE,…"
     kind, _, rest = str(text).partition(":")
     try:
         if kind == "aspect":
@@ -353,6 +373,10 @@ def parse_buckets(text: str, per: str = "rank", lookahead: Optional[int] = None)
         if kind == "length":
             field, _, edges = rest.rpartition(":")
             return LengthBuckets(field, tuple(int(e) for e in edges.split(",") if e.strip()), per, lookahead)
+        if kind == "key":
+            column, _, edges = rest.rpartition(":")
+            return LengthBuckets(None, tuple(int(e) for e in edges.split(",") if e.strip()), per, lookahead,
+                                 key=column or None)
     except ValueError as e:
         if isinstance(e, ConfigError):
             raise

@@ -276,8 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keys", default=None, metavar="SPEC",
                    help="record each sample's bucket keys, which buckets sort samples by (`dalistream keys "
                         "--buckets`), reading those members' data: 'image' = width and height from each sample's "
-                        "JPEG/PNG/WebP header ('image:EXT' for member EXT), any other EXT = the byte length of member "
-                        "EXT; e.g. --keys image,txt")
+                        "JPEG/PNG/WebP header ('image:EXT' for member EXT), 'video' = width, height, frames, "
+                        "duration_ms, fps_milli, codec of its video, 'audio' = duration_ms, sample_rate, channels of "
+                        "its audio (PyAV probes them: the video extra), any other EXT = the byte length of member "
+                        "EXT; e.g. --keys image,txt or --keys video")
     p.add_argument("--json", action="store_true", help="print one JSON object (shards, samples, errors) instead of a table")
     p.set_defaults(func=cmd_index)
 

@@ -20,17 +20,18 @@ def frame_red(i: int) -> int:
     return 30 + 9 * i
 
 
-def make_clip(codec: str, frames: int, blue: int = 0, size: int = SIZE, gop: int = 4, bframes: int = 0) -> bytes:
-    """A clip of ``frames`` flat frames (:func:`frame_red`) in ``codec``'s container, 12 fps, a key
-    frame every ``gop`` frames (so that a decoder seeks into it); ``bframes``: H.264's B-frames (its
+def make_clip(codec: str, frames: int, blue: int = 0, size: int = SIZE, gop: int = 4, bframes: int = 0,
+              rate: int = 12, height: int = 0) -> bytes:
+    """A clip of ``frames`` flat frames (:func:`frame_red`) in ``codec``'s container, ``rate`` fps
+    (12), ``size`` wide and ``height`` (``size``) high, a key frame every ``gop`` frames (so that a decoder seeks into it); ``bframes``: H.264's B-frames (its
 packets then come out of presentation order)."""
     import av
 
     encoder, container, _ = CODECS[codec]
     out = io.BytesIO()
     with av.open(out, "w", format=container) as c:
-        stream = c.add_stream(encoder, rate=12)
-        stream.width = stream.height = size
+        stream = c.add_stream(encoder, rate=rate)
+        stream.width, stream.height = size, height or size
         stream.pix_fmt = "yuv420p"
         stream.codec_context.gop_size = gop
         if encoder == "libx264":
@@ -38,8 +39,8 @@ packets then come out of presentation order)."""
         if encoder == "libsvtav1":
             stream.options = {"svtav1-params": f"log-level=0:keyint={gop}"}
         for i in range(frames):
-            image = np.zeros((size, size, 3), np.uint8)
-            image[..., 0], image[..., 1], image[..., 2] = frame_red(i), 128, blue
+            image = np.zeros((height or size, size, 3), np.uint8)
+            image[..., 0], image[..., 1], image[..., 2] = frame_red(i % 25), 128, blue  # (ids repeat past 25)
             for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
                 c.mux(packet)
         for packet in stream.encode():

@@ -81,6 +81,10 @@ def test_auto_from_the_distribution():
     (lambda: LengthBuckets("txt", []), "non-empty list"),
     (lambda: LengthBuckets("", [3]), "member extension"),
     (lambda: LengthBuckets("txt", [True]), "positive integer"),
+    (lambda: LengthBuckets(edges=[3]), "a member field .* or a key column, one of them"),
+    (lambda: LengthBuckets("txt", [3], key="duration_ms"), "one of them"),
+    (lambda: LengthBuckets(key="", edges=[3]), "key must name"),
+    (lambda: LengthBuckets(key="duration_ms", edges=[2000, 1000]), "must increase"),
 ])
 def test_validation_raises(make, match):
     with pytest.raises(ConfigError, match=match):
@@ -88,7 +92,8 @@ def test_validation_raises(make, match):
 
 
 def test_frozen_and_picklable():
-    for value in (AspectBuckets(SIZES, per="global"), AspectBuckets.auto(4), LengthBuckets("txt", [8, 16])):
+    for value in (AspectBuckets(SIZES, per="global"), AspectBuckets.auto(4), LengthBuckets("txt", [8, 16]),
+                  LengthBuckets(key="duration_ms", edges=(2000, 4000))):
         assert pickle.loads(pickle.dumps(value)) == value
         with pytest.raises(Exception):
             value.per = "rank"
@@ -102,6 +107,23 @@ def test_missing_keys_ask_for_the_index():
         LengthBuckets("txt", [8]).assign({"width": np.zeros(2)})
 
 
+def test_buckets_over_a_key_column_by_its_edges():
+    """``key=`` reads that column (a clip's duration in ms) by the same edges; a sample without
+    it (-1) is named with its shard; the column missing asks for the keys that record it."""
+    b = LengthBuckets(key="duration_ms", edges=(2000, 4000, 8000))
+    assert b.columns == ("duration_ms",) and len(b) == 4
+    ms = np.array([1, 2000, 2001, 4000, 7999, 8000, 8001, 60000])
+    assert b.assign({"duration_ms": ms, "length:txt": np.zeros(8)}).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [b.describe(i)["length"] for i in range(4)] == [2000, 4000, 8000, -1]
+    with pytest.raises(ManifestError, match="sample 0 of its shard has no duration_ms") as info:
+        b.assign({"duration_ms": np.array([5, -1])}, ["/d/a.tar", "/d/b.tar"], np.array([0, 1]))
+    assert info.value.url == "/d/b.tar"
+    with pytest.raises(ManifestError, match=r"--keys video \(or audio\)"):
+        b.assign({"length:txt": np.zeros(2)})
+    with pytest.raises(ManifestError, match=r"--keys video"):
+        LengthBuckets(key="frames", edges=(8,)).assign(None)
+
+
 def test_unknown_key_names_its_shard():
     keys = {"width": np.array([5, 5, -1]), "height": np.array([5, 5, -1])}
     with pytest.raises(ManifestError, match="sample 0 of its shard has no width/height") as info:
@@ -113,7 +135,9 @@ def test_parse_buckets():
     assert parse_buckets("aspect:1024x1024,1152X896").sizes == ((1024, 1024), (1152, 896))
     assert parse_buckets("auto:5", per="global").n == 5
     assert parse_buckets("length:tok.npy:8,16").field == "tok.npy"
-    for bad in ("aspect:10x", "box:1", "length:txt:a,b", "aspect:"):
+    assert parse_buckets("key:duration_ms:2000,4000") == LengthBuckets(key="duration_ms", edges=(2000, 4000))
+    assert parse_buckets("key:frames:8,16", per="global").columns == ("frames",)
+    for bad in ("aspect:10x", "box:1", "length:txt:a,b", "aspect:", "key:1,2", "key::1,2", "key:duration_ms:"):
         with pytest.raises(ConfigError):
             parse_buckets(bad)
 

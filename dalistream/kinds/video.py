@@ -60,16 +60,25 @@ class VideoInfo:
     """What :func:`probe` reads from a container: the video stream's codec (FFmpeg's name),
     its frame count (packets holding data), width and height, and each frame's presentation
     time stamp in presentation order (``()`` when a packet has none: then frames are counted
-    from the start instead of found by time stamp)."""
+    from the start instead of found by time stamp); ``rate``: frames per second (the stream's
+    average, else its guessed rate; 0: unknown) and ``codec_id``, FFmpeg's codec id."""
 
     codec: str
     frames: int
     width: int
     height: int
     pts: Tuple[int, ...] = ()
+    rate: float = 0.0
+    codec_id: int = -1
+
+    @property
+    def duration(self) -> float:
+        """Seconds the frames last at :attr:`rate` (0 when the rate is unknown)."""
+        return self.frames / self.rate if self.rate > 0 else 0.0
 
 
-def _av() -> Any:
+def pyav() -> Any:
+    """The ``av`` module; a :class:`ConfigError` naming the ``video`` extra when it is missing."""
     try:
         import av
     except ImportError:  # (a ConfigError stops the stream: it is no sample's fault)
@@ -94,7 +103,7 @@ def probe(data: bytes) -> VideoInfo:
     its cost grows with the packets (~0.1 ms for a dozen)."""
     if not data:
         raise VideoProblem("is empty (0 bytes)")
-    av = _av()
+    av = pyav()
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.video:
@@ -103,6 +112,8 @@ def probe(data: bytes) -> VideoInfo:
             ctx = stream.codec_context
             stamps = [packet.pts for packet in container.demux(stream) if packet.size]
             codec, width, height = _codec_name(av, ctx.codec), ctx.width, ctx.height
+            rate = stream.average_rate or stream.guessed_rate or 0
+            codec_id = ctx.codec.id
     except VideoProblem:
         raise
     except Exception as e:  # noqa: BLE001 - FFmpeg's errors (InvalidDataError, EOFError, …), named below
@@ -111,7 +122,7 @@ def probe(data: bytes) -> VideoInfo:
     if frames == 0 or width <= 0 or height <= 0:
         raise VideoProblem(f"has no frames ({codec}, {width}x{height}): cut short?")
     known = None not in stamps and len(set(stamps)) == frames
-    return VideoInfo(codec, frames, width, height, tuple(sorted(stamps)) if known else ())
+    return VideoInfo(codec, frames, width, height, tuple(sorted(stamps)) if known else (), float(rate), int(codec_id))
 
 
 def draw(seed: int, epoch: int, key: str) -> float:
@@ -203,7 +214,7 @@ def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarr
     from the start and counted. Either way it stops after the last frame asked for. A frame asked
     for that does not decode, a stream that fails or changes size: a :class:`VideoProblem`, never
     a frame of the wrong place."""
-    av = _av()
+    av = pyav()
     wanted = np.asarray(indices, np.int64).tolist()
     needed = sorted({i for i in wanted if i < info.frames})
     place = {stamp: i for i, stamp in enumerate(info.pts)}

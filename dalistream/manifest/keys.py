@@ -1,11 +1,20 @@
 """Per-sample keys for buckets, known before an epoch: an image's width and height (from its
-header: :mod:`.imagesize`) and the byte length of chosen members (a caption, a token array).
+header: :mod:`.imagesize`), what a video or an audio file holds (probed with PyAV: the ``video``
+extra) and the byte length of chosen members (a caption, a token array).
 
 A :class:`KeySpec` says which: ``"image"`` records ``width`` and ``height`` of each sample's
 image (its first member in tar order with a JPEG, PNG or WebP extension), ``"image:EXT"`` of
-member ``EXT``; any other name ``EXT`` records ``length:EXT``, the byte length of member ``EXT``.
+member ``EXT``; ``"video"`` (``"video:EXT"``) records of its video (``.mp4``, ``.webm``,
+``.mkv``, ``.mov``) :data:`VIDEO_COLUMNS`: ``width``, ``height``, ``frames``, ``duration_ms``
+(frames over the frame rate), ``fps_milli`` (frames per 1000 s) and ``codec`` (FFmpeg's codec
+id: 27 H.264, 167 VP9, 173 HEVC, 226 AV1); ``"audio"`` (``"audio:EXT"``) records of its audio
+(``.wav``, ``.flac``, ``.ogg``, ``.mp3``, decoded whole) :data:`AUDIO_COLUMNS`:
+``duration_ms``, ``sample_rate`` and ``channels``. A sample with both an image and a video
+takes ``width``/``height`` from the image, one with a video and an audio file ``duration_ms``
+from the video. Any other name ``EXT`` records ``length:EXT``, the byte length of member ``EXT``.
 Keys are integers, ``-1`` where unknown (the sample has no such member, or its image is of
-another format). ``dalistream index --keys image,txt`` records them in the manifest, one list
+another format); a member that is damaged (an image header, a video or audio file that does not
+probe) is a :class:`~dalistream.errors.SampleError` naming shard and member. ``dalistream index --keys image,txt`` records them in the manifest, one list
 per key per shard (:mod:`.formats`), and :func:`with_keys` is what it (and ``dalistream write``)
 calls. Reading keys reads the chosen members' data, not only the headers.
 """
@@ -20,12 +29,19 @@ from ..errors import ConfigError, DalistreamError, ManifestError, SampleError, r
 from ..io.gunzip import decompressed
 from ..io.streams import open_raw
 from ..sources import is_remote
+from ..kinds.audio import AUDIO_EXTS, AudioProblem, probe_audio
+from ..kinds.video import VIDEO_EXTS, VideoProblem, probe
 from ..tar import iter_samples
 from .imagesize import image_size
 from .rows import ShardInfo
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 WIDTH, HEIGHT = "width", "height"
+#: The key columns ``video`` records (module doc).
+VIDEO_COLUMNS = (WIDTH, HEIGHT, "frames", "duration_ms", "fps_milli", "codec")
+#: The key columns ``audio`` records (module doc).
+AUDIO_COLUMNS = ("duration_ms", "sample_rate", "channels")
+_MEDIA = {"image": IMAGE_EXTS, "video": tuple(sorted(VIDEO_EXTS)), "audio": tuple(sorted(AUDIO_EXTS))}
 
 
 def length_key(ext: str) -> str:
@@ -35,55 +51,90 @@ def length_key(ext: str) -> str:
 
 @dataclass(frozen=True)
 class KeySpec:
-    """Which keys to record: ``image`` (the extensions an image is looked for under, or ``None``:
-    no width and height) and ``lengths`` (members whose byte length is recorded)."""
+    """Which keys to record: ``image``, ``video``, ``audio`` (the extensions each is looked for
+    under, or ``None``: not recorded) and ``lengths`` (members whose byte length is recorded)."""
 
     image: Optional[Tuple[str, ...]] = None
     lengths: Tuple[str, ...] = ()
+    video: Optional[Tuple[str, ...]] = None
+    audio: Optional[Tuple[str, ...]] = None
 
     @classmethod
     def parse(cls, text: str) -> "KeySpec":
-        """``"image,txt"``, ``"image:png"``, ``"tok.npy"``: see the module doc."""
-        image: Optional[Tuple[str, ...]] = None
+        """``"image,txt"``, ``"image:png"``, ``"video"``, ``"audio:flac"``, ``"tok.npy"``: see the module doc."""
+        media: Dict[str, Tuple[str, ...]] = {}
         lengths: List[str] = []
         for item in (t.strip() for t in str(text).split(",")):
             if not item:
                 continue
-            if item == "image":
-                image = IMAGE_EXTS
-            elif item.startswith("image:"):
-                ext = item[len("image:"):].strip().lower()
-                if not ext:
-                    raise ConfigError(f"--keys {text!r}: 'image:' needs a member extension, e.g. image:png")
-                image = (ext,)
+            kind, colon, ext = item.partition(":")
+            if kind in _MEDIA:
+                ext = ext.strip().lower()
+                if colon and not ext:
+                    raise ConfigError(f"--keys {text!r}: '{kind}:' needs a member extension, e.g. {kind}:{_MEDIA[kind][0]}")
+                media[kind] = (ext,) if colon else _MEDIA[kind]
             elif item.startswith(".") or "/" in item:
                 raise ConfigError(f"--keys {text!r}: {item!r} is not a member extension (write e.g. txt, tok.npy)")
             else:
                 lengths.append(item)
-        if image is None and not lengths:
+        if not media and not lengths:
             raise ConfigError(f"--keys {text!r} names no key", hint="e.g. --keys image,txt")
-        return cls(image, tuple(dict.fromkeys(lengths)))
+        return cls(media.get("image"), tuple(dict.fromkeys(lengths)), media.get("video"), media.get("audio"))
 
     @property
     def columns(self) -> Tuple[str, ...]:
         """The key columns recorded, in order."""
-        return ((WIDTH, HEIGHT) if self.image else ()) + tuple(length_key(e) for e in self.lengths)
+        names = (((WIDTH, HEIGHT) if self.image else ()) + (VIDEO_COLUMNS if self.video else ())
+                 + (AUDIO_COLUMNS if self.audio else ()) + tuple(length_key(e) for e in self.lengths))
+        return tuple(dict.fromkeys(names))
 
     def wants(self, ext: str) -> bool:
         """Whether member ``ext``'s data is read."""
-        return (self.image is not None and ext.lower() in self.image) or ext in self.lengths
+        low = ext.lower()
+        return any(exts is not None and low in exts for exts in (self.image, self.video, self.audio)) or ext in self.lengths
+
+
+def _member(sample: Mapping[str, Any], exts: Optional[Tuple[str, ...]]) -> Optional[str]:
+    """The sample's first member (tar order) of one of ``exts``, or ``None``."""
+    if exts is None:
+        return None
+    return next((e for e in sample if not e.startswith("__") and e.lower() in exts), None)
+
+
+def media_keys(data: bytes, kind: str) -> Dict[str, int]:
+    """A video's (:data:`VIDEO_COLUMNS`) or audio file's (:data:`AUDIO_COLUMNS`) keys; raises
+    :class:`~dalistream.kinds.video.VideoProblem` or :class:`~dalistream.kinds.audio.AudioProblem`
+    for one that does not probe."""
+    if kind == "video":
+        info = probe(data)
+        return {WIDTH: info.width, HEIGHT: info.height, "frames": info.frames,
+                "duration_ms": round(1000 * info.duration) if info.rate > 0 else -1,
+                "fps_milli": round(1000 * info.rate) if info.rate > 0 else -1, "codec": info.codec_id}
+    sound = probe_audio(data)
+    return {"duration_ms": round(1000 * sound.duration), "sample_rate": sound.sample_rate, "channels": sound.channels}
 
 
 def sample_keys(sample: Mapping[str, Any], spec: KeySpec, url: Optional[str] = None) -> Dict[str, int]:
     """One sample's keys (``-1`` unknown); a damaged image header raises :class:`SampleError`
     naming the shard and member."""
     out = {name: -1 for name in spec.columns}
-    if spec.image is not None:
-        ext = next((e for e in sample if not e.startswith("__") and e.lower() in spec.image), None)
-        if ext is not None:
-            size = image_size(sample[ext], url=url, member=f"{sample.get('__key__')}.{ext}")
-            if size is not None:
-                out[WIDTH], out[HEIGHT] = size
+    ext = _member(sample, spec.image)
+    if ext is not None:
+        size = image_size(sample[ext], url=url, member=f"{sample.get('__key__')}.{ext}")
+        if size is not None:
+            out[WIDTH], out[HEIGHT] = size
+    for kind, exts in (("video", spec.video), ("audio", spec.audio)):
+        ext = _member(sample, exts)
+        if ext is None:
+            continue
+        try:
+            found = media_keys(sample[ext], kind)
+        except (VideoProblem, AudioProblem) as e:
+            raise SampleError(f"{kind} {e}", url=url, member=f"{sample.get('__key__')}.{ext}",
+                              reason=e.reason) from None
+        for name, value in found.items():
+            if out[name] == -1:  # an image's size, a video's duration come first
+                out[name] = value
     for ext in spec.lengths:
         if ext in sample:
             out[length_key(ext)] = len(sample[ext])

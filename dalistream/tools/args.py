@@ -71,7 +71,8 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
         buckets = groups["buckets"]
         buckets.add_argument("--buckets", default=None, metavar="SPEC",
                              help="batches by shape, each batch one bucket: aspect:WxH,WxH,… | auto:N | "
-                                  "length:FIELD:EDGE,EDGE,… (each sample's bucket keys, its image size or length, "
+                                  "length:FIELD:EDGE,EDGE,… | key:COLUMN:EDGE,EDGE,… (e.g. key:duration_ms:2000,4000,8000; "
+                                  "each sample's bucket keys, its image size, length or duration, "
                                   "come from the manifest: `dalistream index --keys`)")
         buckets.add_argument("--bucket-per", choices=["rank", "global"], default="rank",
                              help="with --buckets: each rank's batch one bucket, or the whole global batch")
