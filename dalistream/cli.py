@@ -45,7 +45,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def cmd_write(args: argparse.Namespace) -> int:
     import signal
 
-    from .writer import write
+    from .writer import bad_files, write
 
     def terminated(signum: int, frame: object) -> None:  # stop the writer's processes and leave a set a read refuses
         raise SystemExit(128 + signum)
@@ -74,7 +74,8 @@ def cmd_write(args: argparse.Namespace) -> int:
     skipped = ""
     if done["skipped"]:
         shown = "; ".join(f"{path}: {problem}" for path, problem in done["bad"][:10])
-        skipped = f"; {done['skipped']} bad images left out ({shown}{' …' if done['skipped'] > 10 else ''})"
+        skipped = (f"; {done['skipped']} bad {bad_files(done['bad'])[0]} left out "
+                   f"({shown}{' …' if done['skipped'] > 10 else ''})")
     text = (f"wrote {done['samples']} samples{classes} in {done['shards']} shards to {redact(args.output)} "
             f"(manifest {redact(done['manifest'])}){skipped}")
     if done["classes"]:
@@ -236,8 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (shards, samples) instead of a sentence")
     p.set_defaults(func=cmd_synth)
 
-    p = sub.add_parser("write", help="your images (an ImageFolder tree, or a CSV/JSONL of path,label[,caption]) "
-                                     "into shuffled WebDataset shards with a manifest")
+    p = sub.add_parser("write", help="your images, videos or audio files (a folder per class, or a CSV/JSONL of "
+                                     "path,label[,caption]) into shuffled WebDataset shards with a manifest (each "
+                                     "file's keys: an image's size, a video's or audio file's duration, …)")
     p.add_argument("source", help="a folder with one sub-folder per class, or a .csv/.jsonl listing")
     p.add_argument("output", help="folder (created) or a store's prefix (s3://, gs://, az://, hf://) to write the shards and manifest to")
     p.add_argument("--samples-per-shard", type=int, default=1000, help="samples per shard (the last one may hold fewer)")
@@ -246,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="train", help="shard names: PREFIX-00000.tar, PREFIX-00001.tar, …")
     p.add_argument("--processes", type=int, default=None, help="shards written at once (default: the machine's cores)")
     p.add_argument("--on-bad", choices=("error", "skip"), default="error",
-                   help="images the loader would refuse (0 bytes, cut short, not an image): stop, naming every one "
+                   help="files the loader would refuse (0 bytes, cut short, not an image; a video or audio file "
+                        "PyAV cannot read to its end): stop, naming every one "
                         "once all are checked, and keep no shard (error), or leave them out, counted and named (skip)")
     p.add_argument("--overwrite", action="store_true", help="replace the set the output already holds")
     p.add_argument("--endpoint-url", default=None, help="the output store's endpoint (an S3-compatible server, a GCS emulator, an Azure blob endpoint, a Hub mirror)")

@@ -16,7 +16,7 @@ Keys are integers, ``-1`` where unknown (the sample has no such member, or its i
 another format); a member that is damaged (an image header, a video or audio file that does not
 probe) is a :class:`~dalistream.errors.SampleError` naming shard and member. ``dalistream index --keys image,txt`` records them in the manifest, one list
 per key per shard (:mod:`.formats`), and :func:`with_keys` is what it (and ``dalistream write``)
-calls. Reading keys reads the chosen members' data, not only the headers.
+calls (``dalistream write`` records the same keys from its own check of each file). Reading keys reads the chosen members' data, not only the headers.
 """
 
 from __future__ import annotations
@@ -198,9 +198,3 @@ def with_keys(infos: Sequence[ShardInfo], spec: KeySpec, options: Optional[Mappi
             if progress is not None:
                 progress(row)
     return out, problems
-
-
-def written_keys(infos: Sequence[ShardInfo]) -> List[ShardInfo]:
-    """For ``dalistream write``: its freshly written shards' rows with ``image,txt`` keys; an
-    image whose header cannot be read keeps ``-1`` (the write does not fail on it)."""
-    return with_keys(infos, KeySpec(IMAGE_EXTS, ("txt",)), tolerant=True)[0]

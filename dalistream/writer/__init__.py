@@ -1,13 +1,17 @@
-"""From a user's own images to WebDataset shards: :func:`write` (``dalistream write SOURCE OUTPUT``).
+"""From a user's own images, videos or audio files to WebDataset shards: :func:`write`
+(``dalistream write SOURCE OUTPUT``).
 
-The input (:mod:`.inputs`) is an image folder in the ImageFolder layout or a CSV/JSONL listing of
+The input (:mod:`.inputs`) is a folder in the ImageFolder layout or a CSV/JSONL listing of
 ``path,label[,caption]`` rows, listed and checked before anything is written. Samples are
 shuffled across shards by default (seeded): shards written from a class-sorted folder then hold
 mixed classes, which is what a training stream needs from its shards. Shards are written in
-parallel (one process per core, :mod:`.shards`), each image checked as the loader checks it, and
+parallel (one process per core, :mod:`.shards`), each image checked as the loader checks it, each
+video and audio file probed (PyAV: the ``video`` extra), and
 land whole or not at all (:mod:`.commit`): the marker first, shards under temporary names, then
-renamed, then ``dalistream-manifest.json`` with counts, offsets, member layouts, the class names
-and each key's source file, last. ``OUTPUT`` is a folder or an ``s3://`` prefix.
+renamed, then ``dalistream-manifest.json`` with counts, offsets, member layouts, each sample's
+keys (what the check read: an image's size; a video's size, frames, duration, rate and codec; an
+audio file's duration, rate and channels; the caption's length: :mod:`dalistream.manifest.keys`),
+the class names and each key's source file, last. ``OUTPUT`` is a folder or an ``s3://`` prefix.
 """
 
 from __future__ import annotations
@@ -20,14 +24,15 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, SampleError
+from ..kinds.video import pyav
 from ..sources.unfinished import MANIFEST, PART
 from .commit import Target, begin, check_output, commit, survey
-from .inputs import SHOWN, Inputs, Item, image_folder, listing, read_inputs
+from .inputs import SHOWN, Inputs, Item, file_kind, image_folder, listing, read_inputs
 from .shards import ON_BAD, Written, run
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MANIFEST", "Item", "Inputs", "image_folder", "listing", "plan_shards", "write"]
+__all__ = ["MANIFEST", "Item", "Inputs", "bad_files", "image_folder", "listing", "plan_shards", "write"]
 
 
 def plan_shards(items: Sequence[Item], *, samples_per_shard: int, shuffle: bool, seed: int) -> List[List[int]]:
@@ -46,22 +51,32 @@ def _relative(path: str, root: str) -> str:
     return os.path.relpath(path, root) if path.startswith(root.rstrip(os.sep) + os.sep) else path
 
 
-def bad_images_error(bad: Sequence[Tuple[str, str]], source: str) -> SampleError:
-    """The error of ``on_bad="error"``: every bad image named (:data:`~.inputs.SHOWN` of them, and a count)."""
+def bad_files(bad: Sequence[Tuple[str, str]]) -> Tuple[str, str]:
+    """What ``bad`` files are, ``(noun, reason)``: ``("images", "bad_image")``, videos, audio
+    files, or ``("files", "bad_sample")`` for a mix (the noun in the singular for one)."""
+    kinds = {file_kind(path) for path, _ in bad}
+    kind = kinds.pop() if len(kinds) == 1 else None
+    noun = {"image": "image", "video": "video", "audio": "audio file"}.get(kind or "", "file")
+    return noun + ("s" if len(bad) > 1 else ""), f"bad_{kind}" if kind else "bad_sample"
+
+
+def bad_files_error(bad: Sequence[Tuple[str, str]], source: str) -> SampleError:
+    """The error of ``on_bad="error"``: every bad file named (:data:`~.inputs.SHOWN` of them, and a count)."""
     shown = "; ".join(f"{path}: {problem}" for path, problem in bad[:SHOWN])
     more = f" (and {len(bad) - SHOWN} more)" if len(bad) > SHOWN else ""
-    return SampleError(f"{len(bad)} bad image{'s' if len(bad) > 1 else ''}, nothing written: {shown}{more}",
-                       url=source, reason="bad_image",
+    noun, reason = bad_files(bad)
+    return SampleError(f"{len(bad)} bad {noun}, nothing written: {shown}{more}", url=source, reason=reason,
                        hint="replace or remove these files, or pass --on-bad skip (on_bad='skip') to leave bad "
-                            "images out and count them")
+                            "files out and count them")
 
 
-def _record(inputs: Inputs, written: Sequence[Written]) -> Dict[str, Any]:
-    """What the manifest says about the source: class names, each key's file, the images left out."""
+def _record(inputs: Inputs, written: Sequence[Written], bad: Sequence[Tuple[str, str]]) -> Dict[str, Any]:
+    """What the manifest says about the source: class names, each key's file, every file left out
+    (those of a shard none of whose files was written too)."""
     return {"classes": inputs.classes,
             "source": {"root": inputs.root,
                        "keys": {key: _relative(path, inputs.root) for w in written for key, path in w.samples},
-                       "skipped": {_relative(path, inputs.root): problem for w in written for path, problem in w.bad}}}
+                       "skipped": {_relative(path, inputs.root): problem for path, problem in bad}}}
 
 
 def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: bool = True, seed: int = 0,
@@ -69,27 +84,30 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
           storage_options: Optional[Mapping[str, Any]] = None,
           progress: Optional[Callable[[int], None]] = None,
           on_listed: Optional[Callable[[int], None]] = None) -> Dict[str, Any]:
-    """Write ``source`` (an ImageFolder tree or a CSV/JSONL listing) as WebDataset shards into
+    """Write ``source`` (a class-folder tree or a CSV/JSONL listing of images, videos or audio files) as WebDataset shards into
     ``output`` (a folder or an ``s3://`` prefix) with a manifest beside them; returns a summary
     (``shards``, ``samples``, ``classes``, ``manifest``, ``urls``, ``skipped`` and ``bad``: the
-    images left out and why, ``duplicates``: files listed more than once, written once).
+    files left out and why, ``duplicates``: files listed more than once, written once).
 
-    ``on_bad``: images that fail the loader's check (0 bytes, cut short, not an image) stop the
-    write, every one of them named in one :class:`SampleError` once all are checked, no shard kept
-    (``"error"``, the default), or are left out, counted and named (``"skip"``).
+    ``on_bad``: files that fail the check (0 bytes, cut short, not an image; a video or audio file
+    PyAV cannot read to its end) stop the write, every one of them named in one
+    :class:`SampleError` once all are checked, no shard kept (``"error"``, the default), or are
+    left out, counted and named (``"skip"``). Videos or audio files without PyAV installed: a
+    :class:`ConfigError` before anything is written.
     An output holding another set is refused unless ``overwrite``; one holding a write that did
     not finish, whose process on this host has ended, is replaced. Interrupted (an error,
     Ctrl-C, SIGTERM, SIGKILL, the store gone away), the output holds the marker without a
     manifest, which a read refuses. ``on_listed(total)`` is called once the source is listed,
     ``progress(n)`` as shards are written, with their item counts."""
     from ..manifest import build_manifest, write_manifest
-    from ..manifest.keys import written_keys
 
     if samples_per_shard < 1:
         raise ConfigError(f"samples_per_shard must be >= 1, got {samples_per_shard}")
     if on_bad not in ON_BAD:
         raise ConfigError(f"on_bad must be one of {ON_BAD}, got {on_bad!r}")
     inputs = read_inputs(source)  # every row checked before anything is written
+    if any(file_kind(item.path) != "image" for item in inputs.items):
+        pyav()  # probing media needs PyAV: refused now, not once per file in the processes
     target = Target(output, storage_options)
     found = survey(target)
     check_output(target, found, overwrite)
@@ -117,12 +135,13 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
 
     def finished(shard: Written) -> None:
         if shard.samples and not (on_bad == "error" and shard.bad):
-            rows[shard.path] = replace(written_keys(build_manifest([shard.path], offsets=True))[0],
-                                        url=target.url_of(final[shard.path]))
+            keys = {name: tuple(values) for name, values in shard.keys.items() if any(v >= 0 for v in values)}
+            rows[shard.path] = replace(build_manifest([shard.path], offsets=True)[0], keys=keys or None,
+                                       url=target.url_of(final[shard.path]))
             if target.remote:  # each PUT is atomic: uploaded now, under its final name
                 target.place(final[shard.path], shard.path)
                 placed.append(final[shard.path])
-        else:  # every image of it left out (no empty shard), or a write that fails: none of it kept
+        else:  # every file of it left out (no empty shard), or a write that fails: none of it kept
             os.remove(shard.path)
         if progress:
             progress(len(shard.samples) + len(shard.bad))
@@ -133,17 +152,17 @@ def write(source: str, output: str, *, samples_per_shard: int = 1000, shuffle: b
         if bad and on_bad == "error":
             for name in placed:  # the marker stays, as after any error: a read refuses the output
                 target.delete(name)
-            raise bad_images_error(bad, source)
+            raise bad_files_error(bad, source)
         if bad:
-            log.warning("%d bad images left out (on_bad='skip'): %s%s", len(bad),
+            log.warning("%d bad %s left out (on_bad='skip'): %s%s", len(bad), bad_files(bad)[0],
                         "; ".join(f"{path}: {problem}" for path, problem in bad[:5]), " …" if len(bad) > 5 else "")
         written = [w for w in everything if w.samples]
         if not written:
-            raise ConfigError(f"all {len(items)} images are bad, nothing to write (the first: {bad[0][0]}: "
+            raise ConfigError(f"all {len(items)} {bad_files(bad)[0]} are bad, nothing to write (the first: {bad[0][0]}: "
                               f"{bad[0][1]})", url=source)
         commit(target, [] if target.remote else [(final[w.path], w.path) for w in written],
                lambda: write_manifest([rows[w.path] for w in written], target.url_of(MANIFEST), storage_options,
-                                      extra=_record(inputs, written)))
+                                      extra=_record(inputs, written, bad)))
         names = [final[w.path] for w in written]
     except BaseException:
         for path in paths:  # what is not placed yet: the marker stays, and a read refuses the output

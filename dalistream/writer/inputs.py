@@ -1,11 +1,13 @@
 """What ``dalistream write`` reads, listed and checked before any shard is written.
 
-The input is an image folder in the ImageFolder layout (one sub-folder per class, its name the
-class; classes numbered in sorted order), or a CSV/JSONL file of ``path,label[,caption]`` rows
-(relative paths against the file's folder). Every file is listed once: a second name of the
+The input is a folder in the ImageFolder layout (one sub-folder per class, its name the class;
+classes numbered in sorted order), or a CSV/JSONL file of ``path,label[,caption]`` rows
+(relative paths against the file's folder). Its files are images, videos (``.mp4``, ``.webm``,
+``.mkv``, ``.mov``) or audio (``.wav``, ``.flac``, ``.ogg``, ``.mp3``), mixed as they come: each
+is written under its own extension (:func:`member_ext`). Every file is listed once: a second name of the
 same file (a symbolic or hard link, a row naming it again) is dropped with a warning, and a
 class folder that leads back into the tree (a link to the root or above it) is no class. Every
-bad row of a listing (not JSON, no path, no image extension, a label that is not an integer, a
+bad row of a listing (not JSON, no path, no image, video or audio extension, a label that is not an integer, a
 file that is missing or not a file) is named with its row number, all in one error.
 """
 
@@ -19,17 +21,19 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..config import IMAGE_EXTS, is_image_ext
 from ..errors import ConfigError, SourceError
+from ..kinds import AUDIO_EXTS, IMAGE_EXTS, VIDEO_EXTS, is_image_ext
 
 log = logging.getLogger(__name__)
 
 SHOWN = 10  # problems named in one error (the count says how many more)
+#: The extensions a written file may have, as ``dalistream write`` names them in its errors.
+WRITTEN_EXTS = ", ".join(sorted(IMAGE_EXTS | VIDEO_EXTS | AUDIO_EXTS))
 
 
 @dataclass(frozen=True)
 class Item:
-    """One sample to write: an image file, its label, an optional caption."""
+    """One sample to write: an image, video or audio file, its label, an optional caption."""
 
     path: str
     label: int
@@ -50,12 +54,21 @@ class Inputs:
     loops: List[str] = field(default_factory=list)
 
 
-def image_ext(name: str) -> Optional[str]:
-    """The member extension an image file is written under (``jpeg`` as ``jpg``), or None."""
-    if "." not in name or not is_image_ext(name):
+def member_ext(name: str) -> Optional[str]:
+    """The member extension a file is written under (lower case, ``jpeg`` as ``jpg``), or None
+    for a name that is not an image's, a video's or an audio file's."""
+    if "." not in name:
         return None
     ext = name.rsplit(".", 1)[-1].lower()
-    return "jpg" if ext == "jpeg" else ext
+    if is_image_ext(name):
+        return "jpg" if ext == "jpeg" else ext
+    return ext if ext in VIDEO_EXTS or ext in AUDIO_EXTS else None
+
+
+def file_kind(name: str) -> str:
+    """``"image"``, ``"video"`` or ``"audio"``: what a written file is, by its name."""
+    ext = member_ext(name)
+    return "video" if ext in VIDEO_EXTS else "audio" if ext in AUDIO_EXTS else "image"
 
 
 def read_inputs(source: str) -> Inputs:
@@ -79,7 +92,8 @@ def image_folder(root: str) -> Inputs:
                     ", ".join(os.path.join(root, d) for d in loops))
     if not classes:
         raise SourceError("no class folders: an image folder holds one sub-folder per class", url=root,
-                          hint="lay it out as ROOT/CLASS/IMAGE.jpg, or give a CSV/JSONL of path,label rows")
+                          hint="lay it out as ROOT/CLASS/IMAGE.jpg (or CLIP.mp4, SOUND.flac), or give a CSV/JSONL "
+                               "of path,label rows")
     items: List[Item] = []
     seen: Dict[tuple, str] = {}
     duplicates: List[Tuple[str, str]] = []
@@ -87,7 +101,7 @@ def image_folder(root: str) -> Inputs:
         for folder, dirs, files in os.walk(os.path.join(root, name)):
             dirs.sort()
             for f in sorted(files):
-                if not image_ext(f):
+                if not member_ext(f):
                     continue
                 path = os.path.join(folder, f)
                 try:
@@ -102,7 +116,7 @@ def image_folder(root: str) -> Inputs:
                     items.append(Item(path, label))
     _warn_duplicates(duplicates)
     if not items:
-        raise SourceError(f"no images ({', '.join(sorted(IMAGE_EXTS))}) in the class folders", url=root)
+        raise SourceError(f"no images, videos or audio files ({WRITTEN_EXTS}) in the class folders", url=root)
     return Inputs(tuple(items), classes, os.path.abspath(root), duplicates, loops)
 
 
@@ -150,7 +164,7 @@ def listing(path: str) -> Inputs:
             continue
         image, label, caption = fields
         if not image or not isinstance(image, str):
-            problems.append(f"row {n}: no image path")
+            problems.append(f"row {n}: no path")
             continue
         full = os.path.join(base, image)
         try:
@@ -158,8 +172,8 @@ def listing(path: str) -> Inputs:
         except ValueError:
             problems.append(f"row {n}: {image}: label {label!r} is not an integer")
             continue
-        if not image_ext(image):
-            problems.append(f"row {n}: {image}: not an image file name ({', '.join(sorted(IMAGE_EXTS))})")
+        if not member_ext(image):
+            problems.append(f"row {n}: {image}: not an image, video or audio file name ({WRITTEN_EXTS})")
             continue
         try:
             st = os.stat(full)

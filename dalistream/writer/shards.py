@@ -1,17 +1,24 @@
 """Writing shards, in parallel processes that end with the writer.
 
-Each shard is a plain ustar tar of ``KEY.<image ext>``, ``KEY.cls`` and ``KEY.txt`` (with a
-caption) members, written to the path it is given (a temporary name: the commit renames it).
-Every image is checked as the loader checks it (:func:`dalistream.kinds.image_problem`: a
-known signature, the JPEG end-of-image and PNG ``IEND`` markers), so a 0-byte, cut or
-mis-named file is never written as a sample: every bad one is named, as ``(source file,
-problem)`` in :attr:`Written.bad`. With ``on_bad="skip"`` it is left out and counted; with
+Each shard is a plain ustar tar of ``KEY.<ext>`` (the file's: an image, a video, an audio
+file), ``KEY.cls`` and ``KEY.txt`` (with a caption) members, written to the path it is given (a
+temporary name: the commit renames it). Every image is checked as the loader checks it
+(:func:`dalistream.kinds.image_problem`: a known signature, the JPEG end-of-image and PNG
+``IEND`` markers); every video is probed (:func:`dalistream.kinds.probe`: its container
+demuxed, its codec, frames, size and rate read) and every audio file decoded whole
+(:func:`dalistream.kinds.audio.probe_audio`), with PyAV (the ``video`` extra). So a 0-byte, cut,
+unreadable or mis-named file is never written as a sample: every bad one is named, as ``(source
+file, problem)`` in :attr:`Written.bad`. With ``on_bad="skip"`` it is left out and counted; with
 ``"error"`` (the default) the shards are still checked to their end, so that the error names every
-bad image at once, but a shard stops writing samples at its first (the writer keeps none of them).
+bad file at once, but a shard stops writing samples at its first (the writer keeps none of them).
+
+What the check read is each sample's manifest keys (:data:`KEYS`: an image's size, a video's
+size, frames, duration, rate and codec, an audio file's duration, rate and channels, the
+caption's length), collected in :attr:`Written.keys`: nothing is read twice.
 
 The processes (:func:`run`) die with the writer, by any signal
 (:func:`dalistream.lifetime.die_with_parent`), ignore Ctrl-C (the writer handles it once and
-stops them) and stop at the next image once the writer gives up (an error, Ctrl-C, SIGTERM).
+stops them) and stop at the next file once the writer gives up (an error, Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -25,23 +32,29 @@ import tarfile
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..errors import SampleError
+from ..kinds import AUDIO_EXTS, VIDEO_EXTS, image_problem
 from ..lifetime import die_with_parent
-from ..kinds import image_problem
-from .inputs import Item, image_ext
+from ..manifest.keys import IMAGE_EXTS, KeySpec, sample_keys
+from .inputs import Item, file_kind, member_ext
 
 ON_BAD = ("error", "skip")
+#: The keys a written sample's manifest row records.
+KEYS = KeySpec(IMAGE_EXTS, ("txt",), tuple(sorted(VIDEO_EXTS)), tuple(sorted(AUDIO_EXTS)))
 
 
 @dataclass
 class Written:
-    """One shard's outcome: its temporary path, ``(key, source path)`` of each sample written, and
-    ``(source path, problem)`` of each bad image (left out)."""
+    """One shard's outcome: its temporary path, ``(key, source path)`` of each sample written,
+    ``(source path, problem)`` of each bad file (left out), and the written samples' keys
+    (:data:`KEYS`' columns, one value per sample, ``-1`` unknown)."""
 
     path: str
     samples: List[Tuple[str, str]] = field(default_factory=list)
     bad: List[Tuple[str, str]] = field(default_factory=list)
+    keys: Dict[str, List[int]] = field(default_factory=lambda: {name: [] for name in KEYS.columns})
 
 
 class Stopped(Exception):
@@ -60,33 +73,44 @@ def _start_child(parent: int, main_thread: Optional[int], stop: Any) -> None:
     _stop = stop
 
 
-def _image(item: Item) -> Tuple[Optional[bytes], Optional[str]]:
-    """An item's bytes, or what is wrong with them."""
+def _checked(item: Item, key: str) -> Tuple[Optional[bytes], Any]:
+    """An item's bytes and its keys (:data:`KEYS`), or ``None`` and what is wrong with it."""
     try:
         with open(item.path, "rb") as f:
             data = f.read()
     except OSError as e:
         return None, f"cannot be read: {e.strerror or e}"
-    problem = image_problem(data)
-    return (None, problem) if problem else (data, None)
+    kind, ext = file_kind(item.path), member_ext(item.path)
+    problem = image_problem(data) if kind == "image" else None
+    if problem:
+        return None, problem
+    sample = {"__key__": key, ext: data}
+    if item.caption is not None:
+        sample["txt"] = item.caption.encode("utf-8")
+    try:
+        return data, sample_keys(sample, KEYS)
+    except SampleError as e:
+        if kind != "image":  # a video or audio file that does not probe
+            return None, e.message
+        return data, sample_keys({k: v for k, v in sample.items() if k != ext}, KEYS)  # its size unknown (-1)
 
 
 def write_shard(path: str, items: Sequence[Item], keys: Sequence[str], on_bad: str = "error") -> Written:
-    """One shard at ``path``: for each item ``KEY.<image ext>``, ``KEY.cls`` and ``KEY.txt``; a bad
-    image is left out and named in :attr:`Written.bad`. With ``on_bad="error"``, the items after
+    """One shard at ``path``: for each item ``KEY.<ext>``, ``KEY.cls`` and ``KEY.txt``; a bad
+    file is left out and named in :attr:`Written.bad`. With ``on_bad="error"``, the items after
     the first bad one are only checked (the writer keeps no shard of a write that fails)."""
     done = Written(path)
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key, item in zip(keys, items):
             if _stop is not None and _stop.is_set():
                 raise Stopped()
-            image, problem = _image(item)
-            if problem is not None:
-                done.bad.append((item.path, problem))
+            data, found = _checked(item, key)
+            if data is None:
+                done.bad.append((item.path, found))
                 continue
             if on_bad == "error" and done.bad:
                 continue  # checked: the error names it too if it is bad
-            members = [(image_ext(item.path), image), ("cls", str(item.label).encode())]
+            members = [(member_ext(item.path), data), ("cls", str(item.label).encode())]
             if item.caption is not None:
                 members.append(("txt", item.caption.encode("utf-8")))
             for ext, data in members:
@@ -94,6 +118,8 @@ def write_shard(path: str, items: Sequence[Item], keys: Sequence[str], on_bad: s
                 info.size, info.mtime, info.mode = len(data), 0, 0o644
                 tar.addfile(info, io.BytesIO(data))
             done.samples.append((key, item.path))
+            for name, values in done.keys.items():
+                values.append(found[name])
     return done
 
 
@@ -106,7 +132,7 @@ def run(jobs: Sequence[Job], processes: int, done: Optional[Callable[[Written], 
 
     The first failure (an error writing a shard, an error of ``done``),
     or an exception here (Ctrl-C, or SIGTERM turned into one), stops the others at their next
-    image; the processes are gone when this returns or raises."""
+    file; the processes are gone when this returns or raises."""
     if processes <= 1:
         out = []
         for job in jobs:

@@ -228,7 +228,7 @@ def test_every_bad_row_is_named_before_anything_is_written(photos, tmp_path, for
     assert f"{4 if form == 'csv' else 5} bad rows, nothing written" in text
     assert "row 2: " in text and "label 'cat' is not an integer" in text
     assert f"row 3: {photos / 'cat' / 'missing.jpg'}: No such file" in text
-    assert "row 5: cat/notes.txt: not an image file name" in text
+    assert "row 5: cat/notes.txt: not an image, video or audio file name" in text
     assert f"row 6: {photos / 'folder.jpg'}: not a file" in text
     assert ("row 7: not JSON" in text) == (form == "jsonl")
     assert "row 1:" not in text and "row 4:" not in text
@@ -298,3 +298,16 @@ def test_bad_images_written_to_s3_leave_no_shard_uploaded(photos, moto_endpoint,
     with pytest.raises(SourceError, match="did not finish"):
         dalistream.Stream.open(f"s3://bad{processes}/set/", fields={"image": "jpg;png"}, batch_size=2, workers=1,
                                device="cpu", storage_options=options)
+
+
+@pytest.mark.parametrize("per_shard", [1, 2])
+def test_skipped_files_of_a_shard_left_out_whole_are_recorded_too(photos, tmp_path, per_shard):
+    """A shard none of whose images was written leaves no shard, but its bad files are still in
+    the manifest's ``source.skipped`` (every file left out is named there)."""
+    names = ["cat/01.jpg", "cat/02.jpg", "dog/04.jpg"]
+    for name in names:
+        (photos / name).write_bytes(b"")
+    done = write(str(photos), str(tmp_path / "out"), samples_per_shard=per_shard, processes=1, shuffle=False,
+                 on_bad="skip")
+    assert done["skipped"] == 3
+    assert set(_manifest(tmp_path / "out")["source"]["skipped"]) == set(names)
