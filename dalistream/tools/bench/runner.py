@@ -59,9 +59,11 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(batch_size=64, func=run)
     p.add_argument("--epochs", type=int, default=1, help="epochs per run (each system's own epochs)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto", help="where images are decoded")
-    p.add_argument("--pipeline", default="classification_train", metavar="|".join(PIPELINES),
+    p.add_argument("--pipeline", default="classification_train", metavar="|".join(PIPELINES) + "|video_clips_train|audio_train",
                    help="classification_train: decode + augment (random-resized-crop, flip, normalize); feed: bytes "
-                        "into the graph, ending in fn.shapes (the cost of feeding alone); read-only: bytes to Python. "
+                        "into the graph, ending in fn.shapes (the cost of feeding alone); read-only: bytes to Python; "
+                        "video_clips_train, audio_train: the media loaders beside a torch DataLoader decoding the same "
+                        "clips with PyAV and DALI's own file reader (dalistream/tools/bench/media.py). "
                         "Several, comma-separated, run one after the other (e.g. feed,classification_train)")
     p.add_argument("--size", type=int, default=224, help="output image side (classification_train)")
     p.add_argument("--threads", type=int, default=2, help="DALI num_threads for both DALI pipelines")
@@ -249,6 +251,10 @@ def run(args: argparse.Namespace) -> int:
         from .merge import run_merge_only
 
         return run_merge_only(args, log)
+    if args.pipeline in ("video_clips_train", "audio_train"):  # clips beside torch + PyAV and DALI's reader
+        from .media import run_media
+
+        return run_media(args, log)
     mix = stream_sources(args) if args.mix else None
     if mix is not None and args.shape:
         raise ConfigError("--mix with --shape is not measured yet: bench a mix on unshaped sources")
