@@ -96,13 +96,13 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
 # -- torch DataLoader, PyAV in its workers --------------------------------------------------------
 
 def tar_samples(urls: Sequence[str], exts: frozenset) -> Any:
-    """``(key, member bytes)`` of each sample's first member of ``exts`` in the tar files ``urls``."""
+    """``(key, extension, bytes)`` of each member of ``exts`` in the tar files ``urls``, in order."""
     for url in urls:
         with tarfile.open(url) as tar:
             for member in tar:
                 key, _, ext = member.name.partition(".")
                 if member.isfile() and ext.lower() in exts:
-                    yield key, tar.extractfile(member).read()
+                    yield key, ext, tar.extractfile(member).read()
 
 
 class ClipSet(IterableDataset):
@@ -133,7 +133,7 @@ class ClipSet(IterableDataset):
             clips = Clips(frames=FRAMES, stride=STRIDE, decode="worker", seed=spec["seed"])
             mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
             std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-            for key, data in tar_samples(self._urls(), VIDEO_EXTS):
+            for key, _, data in tar_samples(self._urls(), VIDEO_EXTS):
                 frames = torch.from_numpy(clips(data, key, self.epoch)).permute(0, 3, 1, 2).float()  # F, 3, H, W
                 h, w = frames.shape[-2:]
                 scale = size / min(h, w)
@@ -148,7 +148,7 @@ class ClipSet(IterableDataset):
         else:
             crops = Crops(seed=spec["seed"])
             length = int(SECONDS * SAMPLE_RATE)
-            for key, data in tar_samples(self._urls(), AUDIO_EXTS):
+            for key, _, data in tar_samples(self._urls(), AUDIO_EXTS):
                 signal = pyav_audio(data)
                 room = max(0, len(signal) - length)
                 start = int(crops.start(key, self.epoch) * room)
@@ -293,8 +293,8 @@ def run_child(spec: Dict[str, Any], timeout: float) -> Dict[str, Any]:
 def extract(urls: Sequence[str], exts: frozenset, folder: str) -> Tuple[List[str], List[str]]:
     """The shards' media members as files in ``folder`` (in shard order), and their sample keys."""
     files, keys = [], []
-    for i, (key, data) in enumerate(tar_samples(urls, exts)):
-        path = os.path.join(folder, f"{i:07d}.{'webm' if data[:4] == bytes.fromhex('1a45dfa3') else 'mp4'}")
+    for i, (key, ext, data) in enumerate(tar_samples(urls, exts)):
+        path = os.path.join(folder, f"{i:07d}.{ext}")
         with open(path, "wb") as f:
             f.write(data)
         files.append(path)
@@ -335,15 +335,15 @@ def run_media(args: Any, log: Callable[[str], None]) -> int:
     """``dalistream bench --pipeline video_clips_train|audio_train``: the comparison; prints the
     table (and with ``--json`` one JSON object as the last stdout line)."""
     from ...manifest import count_shards
-    from ...sources import expand_sources
+    from ...sources import expand_sources, is_remote
 
     pipeline = args.pipeline
     if not args.sources:
         raise ConfigError(f"dalistream bench --pipeline {pipeline} needs shard sources (local tar files)")
     if args.repeats < 1 or args.epochs < 1:
         raise ConfigError("--repeats and --epochs must be at least 1")
-    urls = [u for u in expand_sources(args.sources, {}) if not u.startswith(("s3:", "gs:", "az:", "hf:", "http"))]
-    if len(urls) != len(expand_sources(args.sources, {})):
+    urls = expand_sources(args.sources, {})
+    if any(is_remote(u) for u in urls):
         raise ConfigError("the media bench reads local shards only (the torch peer opens them with tarfile)")
     infos, _ = count_shards(urls)
     kind, exts = _kind(pipeline)
