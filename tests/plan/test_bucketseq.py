@@ -120,7 +120,7 @@ def test_column_counts_are_the_laid_out_epochs():
     counts = rng.integers(0, 30, 25)
     ids = rng.integers(0, 6, int(counts.sum()))
     layout, schedule = Layout(3, 2, 5), Schedule(9, "exact")
-    full = laid_out(counts, ids, 6, layout, schedule, 2)
+    full = laid_out(counts, ids, 6, layout, schedule, 2, columns=5)
     order = epoch_order(len(counts), 9, 2)
     blocks = column_counts(BucketIndex(counts, ids, 6), order, full.shards.starts, 3, 5)
     assert np.array_equal(blocks.read_start[:-1] + blocks.size, blocks.read_start[1:])
@@ -137,7 +137,7 @@ def test_cuts_from_counts_are_the_laid_out_cuts():
         counts = rng.integers(0, 25, int(rng.integers(r, 4 * r)))
         ids = rng.integers(0, k, int(counts.sum()))
         policy = ("exact", "even")[trial % 2]
-        full = laid_out(counts, ids, k, Layout(r, w, b), Schedule(trial, policy), 0)
+        full = laid_out(counts, ids, k, Layout(r, w, b), Schedule(trial, policy), 0, columns=b)
         pos = [np.flatnonzero(full.seq == q) for q in range(k)]
         dense = rank_cuts(pos, full.units, full.layout, policy)
         index, order = BucketIndex(counts, ids, k), epoch_order(len(counts), trial, 0)
@@ -166,7 +166,9 @@ def test_a_mix_laid_out_for_one_rank_gives_its_workers_the_same_plans():
 @pytest.mark.parametrize("ranks", [16, 128, 512])
 def test_a_rank_lays_out_about_its_share_however_many_ranks(ranks):
     """What one rank's plan lays out (its samples, the neighbours' it passes over, the blocks
-    where cuts fall) stays within a few of its shares as ranks grow, where it was the whole epoch."""
+    where cuts fall) stays within a few of its shares as ranks grow, where it was the whole epoch
+    (3.0-3.3 shares at 16-512 ranks reading 2B columns each: its whole units of the 1% bucket reach
+    into its neighbours' columns)."""
     rng = np.random.default_rng(ranks)
     counts = np.full(4 * ranks, 250)
     p = np.array([40, 20, 15, 10, 8, 4, 2, 1], dtype=float)
@@ -175,5 +177,5 @@ def test_a_rank_lays_out_about_its_share_however_many_ranks(ranks):
     share = int(counts.sum()) // ranks
     one = BucketEpoch(counts, ids, 8, layout, Schedule(0, "exact"), 0, ranks=(ranks // 2,),
                       index=BucketIndex(counts, ids, 8))
-    assert len(one.positions) <= 3 * share
+    assert len(one.positions) <= 3.5 * share
     assert sum(one.worker(ranks // 2, w).samples for w in range(4)) >= share - 8 * 32
