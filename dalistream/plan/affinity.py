@@ -45,7 +45,6 @@ node's remaining samples are those of the shards it owns under the new count
 
 from __future__ import annotations
 
-import heapq
 from functools import lru_cache, partial
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -53,6 +52,7 @@ import numpy as np
 
 from ..errors import ConfigError, StateError
 from . import seeds
+from .bucketworker import stable_argsort
 from .layout import Layout, Schedule
 from .nodes import Nodes, ranks_per_node, resolve_nodes
 from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, left_out_positions, slot_starts, span_bounds
@@ -72,16 +72,35 @@ def _owner(key: bytes, nodes: int, seed: int) -> np.ndarray:
         raise ConfigError(f"{len(counts)} shards cannot give each of {nodes} nodes a shard of its own "
                           "(affinity='node')", hint="split the data set into more shards, or read without affinity")
     perm = np.random.default_rng(seeds.node_shards(seed)).permutation(len(counts))
-    order = perm[np.argsort(-counts[perm], kind="stable")]
+    return greedy_owner(counts, perm[stable_argsort(-counts[perm])], nodes)
+
+
+def greedy_owner(counts: np.ndarray, order: np.ndarray, nodes: int) -> np.ndarray:
+    """``owner[s]``: shards taken in ``order``, each to the node first by (samples so far, shards
+    so far, node number). Computed a batch of shards at a time: the next ``m`` shards go to the
+    ``m`` nodes first in line, in line order, for as long as each of those nodes is still before
+    every node already given a shard in the batch (its key after that shard) — the rule's own
+    choices, without a step per shard."""
     owner = np.empty(len(counts), dtype=np.int64)
-    if counts.min() == counts.max():  # the greedy rule's own result when all counts are equal
-        owner[order] = np.arange(len(counts)) % nodes
-        return owner
-    heap = [(0, 0, n) for n in range(nodes)]
-    for s in order.tolist():
-        load, shards, n = heapq.heappop(heap)
-        owner[s] = n
-        heapq.heappush(heap, (load + int(counts[s]), shards + 1, n))
+    load = np.zeros(nodes, dtype=np.int64)
+    held = np.zeros(nodes, dtype=np.int64)
+    node = np.arange(nodes, dtype=np.int64)
+    size = np.asarray(counts, dtype=np.int64)[order]
+    pos = 0
+    while pos < len(order):
+        m = min(nodes, len(order) - pos)
+        line = np.lexsort((node, held, load))[:m]
+        c = size[pos:pos + m]
+        # every node's key before (first m) and after (last m) its shard, ranked together
+        rank = np.empty(2 * m, dtype=np.int64)
+        rank[np.lexsort((np.concatenate([line, line]), np.concatenate([held[line], held[line] + 1]),
+                         np.concatenate([load[line], load[line] + c])))] = np.arange(2 * m)
+        ahead = rank[1:m] < np.minimum.accumulate(rank[m:2 * m - 1])
+        j = m if ahead.all() else int(np.argmin(ahead)) + 1
+        owner[order[pos:pos + j]] = line[:j]
+        load[line[:j]] += c[:j]
+        held[line[:j]] += 1
+        pos += j
     return owner
 
 
@@ -93,7 +112,8 @@ class Regrouped:
     def __init__(self, prev: Remaining, ep: EpochLayout, owner: np.ndarray, nodes: int) -> None:
         self.prev, self.schedule, self.epoch = prev, prev.schedule, prev.epoch
         self.shuffle, self.level, self.total = prev.shuffle, prev.level, prev.total
-        starts, stops, drops, nodes_of = [], [], [], []
+        starts, stops, nodes_of, dropped, drops = [], [], [], [], {}
+        at = 0  # pieces so far
         for run in prev.runs(0, prev.total):
             i = np.arange(int(np.searchsorted(ep.starts, run.start, "right")) - 1,
                           int(np.searchsorted(ep.starts, run.stop - 1, "right")))
@@ -103,17 +123,22 @@ class Regrouped:
             starts.append(a)
             stops.append(b)
             nodes_of.append(owner[ep.order[i]])
-            if run.drop:
+            if run.drop:  # (only a resumed sequence's runs pass over samples)
                 d = np.asarray(run.drop, dtype=np.int64)
-                at = np.searchsorted(a, d, "right") - 1
-                drops += [tuple(d[at == k].tolist()) for k in range(len(a))]
+                piece = np.searchsorted(a, d, "right") - 1
+                dropped.append(np.bincount(piece, minlength=len(a)))
+                drops.update((at + k, tuple(d[piece == k].tolist())) for k in np.unique(piece).tolist())
             else:
-                drops += [()] * len(a)
+                dropped.append(np.zeros(len(a), dtype=np.int64))
+            at += len(a)
         empty = [np.zeros(0, np.int64)]
-        start, stop, node = (np.concatenate(x or empty) for x in (starts, stops, nodes_of))
-        sizes = stop - start - np.fromiter((len(d) for d in drops), np.int64, len(drops))
-        order = np.argsort(node, kind="stable")
-        self.start, self.stop, self.drops = start[order], stop[order], [drops[k] for k in order.tolist()]
+        start, stop, node, gone = (np.concatenate(x or empty) for x in (starts, stops, nodes_of, dropped))
+        sizes = stop - start - gone
+        order = stable_argsort(node)
+        self.start, self.stop = start[order], stop[order]
+        where = np.empty(len(order), dtype=np.int64)
+        where[order] = np.arange(len(order))
+        self.drops = {int(where[k]): d for k, d in drops.items()}  # piece -> the positions it passes over
         self.cum = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes[order], out=self.cum[1:])
         self.node_totals = np.bincount(node, weights=sizes, minlength=nodes).astype(np.int64)
@@ -130,7 +155,7 @@ class Regrouped:
             a, b = max(lo, base) - base, min(hi, int(self.cum[k + 1])) - base
             if b <= a:
                 continue
-            start, drop = int(self.start[k]), self.drops[k]
+            start, drop = int(self.start[k]), self.drops.get(k, ())
             if not drop:
                 out.append(Stretch(start + a, start + b))
                 continue

@@ -4,6 +4,7 @@ onto no affinity, or from it) continues the epoch exactly. What each worker deli
 independently of the plan's arithmetic: its parts and drops become epoch positions through the
 shard order, then run through the real shuffle buffer (or a column's steps), as in test_resume."""
 
+import heapq
 import itertools
 
 import numpy as np
@@ -13,7 +14,8 @@ from hypothesis import strategies as st
 
 from dalistream.errors import ConfigError, StateError
 from dalistream.plan import Layout, ResumePlan, Schedule, epoch_layout, worker_columns, worker_plan
-from dalistream.plan.affinity import AffinePlan, Nodes, node_owner
+from dalistream.plan import seeds
+from dalistream.plan.affinity import AffinePlan, Nodes, Regrouped, greedy_owner, node_owner, remaining_after
 from dalistream.plan.nodes import ranks_per_node, resolve_nodes
 from dalistream.plan.affinityview import affine_rank_batches, epoch_positions, affine_shuffle_quality, affine_summary, cache_kept
 from dalistream.plan.quality import rank_batches, shuffle_quality
@@ -390,3 +392,90 @@ def test_affinity_costs_mixing_on_class_sorted_shards():
     ours = affine_shuffle_quality(counts, layout, Nodes(4, 1), Schedule(0, "even"), 0, 0, classes=16, columns=True)
     assert ours["order"]["rank_batch"]["distinct"] <= 4 < plain["order"]["rank_batch"]["distinct"]
     assert ours["order"]["global_batch"]["distinct"] >= 12 and ours["nodes"] == 4
+
+
+def greedy_reference(counts, order, nodes):
+    """The ownership rule shard by shard: each shard of ``order`` to the node first by (samples so
+    far, shards so far, node number)."""
+    heap = [(0, 0, n) for n in range(nodes)]
+    owner = np.empty(len(counts), dtype=np.int64)
+    for s in order:
+        load, held, n = heapq.heappop(heap)
+        owner[s] = n
+        heapq.heappush(heap, (load + int(counts[s]), held + 1, n))
+    return owner
+
+
+def owner_counts():
+    """Few distinct counts (many ties), a wide spread, or one large shard among small ones."""
+    return st.one_of(st.lists(st.integers(0, 3), min_size=1, max_size=120),
+                     st.lists(st.integers(0, 2000), min_size=1, max_size=120),
+                     st.lists(st.integers(1, 5), min_size=1, max_size=60).map(lambda c: c + [500]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=owner_counts(), nodes=st.integers(1, 40), seed=st.integers(0, 2**31), shuffled_order=st.booleans())
+def test_node_owner_is_the_greedy_rule_shard_by_shard(counts, nodes, seed, shuffled_order):
+    """The batched computation gives the rule's own owners, for the order node_owner takes the
+    shards in (largest first) and for any order (where a batch breaks off far more often)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    nodes = min(nodes, len(counts))
+    if shuffled_order:
+        order = np.random.default_rng(seed).permutation(len(counts))
+        assert np.array_equal(greedy_owner(counts, order, nodes), greedy_reference(counts, order, nodes))
+    perm = np.random.default_rng(seeds.node_shards(seed)).permutation(len(counts))
+    largest_first = perm[np.argsort(-counts[perm], kind="stable")]
+    assert np.array_equal(node_owner(counts, nodes, seed), greedy_reference(counts, largest_first, nodes))
+
+
+def test_greedy_owner_on_many_small_orders():
+    """Ties on samples broken by shards held, then by node number, where a batch starts: 3,000
+    small cases of counts 0-3 in random orders (about one in ten puts such a tie first in line)."""
+    rng = np.random.default_rng(2)
+    assert np.array_equal(greedy_owner(np.array([3, 1, 2, 1, 1, 0, 1, 2, 3]), np.array([4, 2, 5, 7, 3, 6, 0, 1, 8]), 2),
+                          greedy_reference([3, 1, 2, 1, 1, 0, 1, 2, 3], [4, 2, 5, 7, 3, 6, 0, 1, 8], 2))
+    for _ in range(3000):
+        counts = rng.integers(0, 4, int(rng.integers(2, 14)))
+        order, nodes = rng.permutation(len(counts)), int(rng.integers(1, len(counts) + 1))
+        assert np.array_equal(greedy_owner(counts, order, nodes), greedy_reference(counts, order, nodes))
+
+
+def test_node_owner_is_the_greedy_rule_at_scale():
+    rng = np.random.default_rng(11)
+    for counts, nodes in ((rng.integers(900, 1101, 20000), 512), (rng.integers(0, 3, 5000), 64),
+                          (rng.pareto(1.5, 8000).astype(np.int64) * 100, 96)):
+        perm = np.random.default_rng(seeds.node_shards(5)).permutation(len(counts))
+        order = perm[np.argsort(-counts[perm], kind="stable")]
+        assert np.array_equal(node_owner(counts, nodes, 5), greedy_reference(counts, order, nodes))
+
+
+def expand(runs):
+    return [p for run in runs for p in range(run.start, run.stop) if p not in set(run.drop)]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(counts=st.lists(st.integers(0, 40), min_size=6, max_size=30), specs=resume_specs(),
+       policy=st.sampled_from(["exact", "even"]), shuffle=st.sampled_from([0, 3]), seed=st.integers(0, 99),
+       to=st.integers(1, 5))
+def test_regrouped_is_the_rest_grouped_node_by_node(counts, specs, policy, shuffle, seed, to):
+    """A resumed epoch's rest (runs with drops) regrouped onto ``to`` nodes: each node's samples in
+    the rest's order, node after node, against the rest laid out position by position."""
+    if sum(counts) == 0 or len(counts) < to or any(affine and len(counts) < n.count
+                                                  for (_, n), affine, _, _ in specs):
+        return
+    schedule, columns = Schedule(seed, policy), specs[0][2]
+    chain = [(layout, nodes if affine else None, columns, steps) for (layout, nodes), affine, _, steps in specs]
+    _, segments = run_segments(counts, schedule, 1, chain[:-1], shuffle)
+    ep = epoch_layout(counts, Layout(1, 1, 1), schedule, 1)
+    first = segments[0]
+    rest = remaining_after(counts, ep, schedule, 1, segments, shuffle, first)
+    owner = node_owner(counts, to, seed)
+    grouped = Regrouped(rest, ep, owner, to)
+    laid = np.asarray(expand(rest.runs(0, rest.total)), dtype=np.int64)
+    node = owner[ep.order[np.searchsorted(ep.starts, laid, side="right") - 1]]
+    want = laid[np.argsort(node, kind="stable")]
+    assert np.array_equal(grouped.node_totals, np.bincount(node, minlength=to))
+    assert expand(grouped.runs(0, grouped.total)) == want.tolist()
+    rng = np.random.default_rng(seed)
+    for lo, hi in [sorted(rng.integers(0, grouped.total + 1, 2).tolist()) for _ in range(4)]:
+        assert expand(grouped.runs(lo, hi)) == want[lo:hi].tolist()
