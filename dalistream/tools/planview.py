@@ -6,6 +6,7 @@ LO to HI samples, drawn with ``--seed``)."""
 from __future__ import annotations
 
 import argparse
+import collections.abc
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -31,13 +32,31 @@ def synthetic_counts(spec: str, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(low, high + 1, shards)
 
 
+class SyntheticNames(collections.abc.Sequence):
+    """The names of ``--counts``' shards, ``shard-000000``, …, made when read (a million shards'
+    plan reads a few of them)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return f"shard-{i % self.n:06d}"
+
+
 def _counts(args: argparse.Namespace, cache_dir: str):
     from ..manifest import count_samples
     from ..sources import expand_sources
 
     if args.counts:
         counts = synthetic_counts(args.counts, args.seed)
-        return [f"shard-{i:06d}" for i in range(len(counts))], counts, []
+        return SyntheticNames(len(counts)), counts, []
     if not args.sources:
         raise ConfigError("give shard SOURCEs, or --counts N:LO-HI to plan without data")
     urls = expand_sources(args.sources, storage_options(args))
