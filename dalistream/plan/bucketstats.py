@@ -37,7 +37,32 @@ def bucket_summary(plan: BucketEpoch) -> Dict[str, Any]:
             "left_out": int(len(plan.left_out)),
             "lookahead": {"max": int(plan.lookahead.max(initial=0)),
                           "mean": float(plan.lookahead.mean()) if plan.lookahead.size else 0.0,
-                          "rank_bound": plan.bound() if plan.per == "rank" else None}}
+                          "rank_bound": plan.bound() if plan.per == "rank" else None},
+            "reading": bucket_reading(plan)}
+
+
+def bucket_reading(plan: BucketEpoch) -> Dict[str, Any]:
+    """What the workers read in the epoch (the ranks laid out): ``readers`` (stretches of the
+    epoch, each read front to back) and ``parts`` (shard parts: a stretch over several shards
+    is a part of each), per worker, mean and most; ``samples``: samples a part holds, mean. More
+    columns per rank mix a bucket's batches better and cut more, shorter parts."""
+    layout = plan.layout
+    held = np.flatnonzero((plan.owner >= 0) & (plan.reader_of >= 0))
+    worker = plan.owner[held] * layout.workers + plan.worker_of[held]
+    key = worker * (int(plan.reader_of.max(initial=0)) + 1) + plan.reader_of[held]
+    by = np.argsort(key, kind="stable")  # (a reader's positions increase in reading order)
+    first = np.flatnonzero(np.r_[True, key[by][1:] != key[by][:-1]]) if len(by) else np.zeros(0, dtype=np.int64)
+    at = plan.positions[held][by]
+    lo, hi = at[first], np.r_[at[first[1:] - 1], at[-1:]] + 1 if len(by) else at[:0]
+    starts = plan.shards.starts
+    parts = np.searchsorted(starts, hi - 1, side="right") - np.searchsorted(starts, lo, side="right") + 1
+    owners = worker[by][first]
+    workers = len(plan.ranks) * layout.workers
+    readers_of = np.bincount(owners, minlength=layout.global_workers)
+    parts_of = np.bincount(owners, weights=parts, minlength=layout.global_workers).astype(np.int64)
+    return {"readers": {"mean": float(readers_of.sum() / max(workers, 1)), "max": int(readers_of.max(initial=0))},
+            "parts": {"mean": float(parts_of.sum() / max(workers, 1)), "max": int(parts_of.max(initial=0))},
+            "samples_per_part": float(int((hi - lo).sum()) / max(int(parts.sum()), 1))}
 
 
 def bucket_quality(plan: BucketEpoch, classes: int = 100, labels: Optional[np.ndarray] = None) -> Dict[str, Any]:

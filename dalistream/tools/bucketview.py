@@ -74,7 +74,9 @@ def run(args: argparse.Namespace, cache_dir: str, synthetic: Optional[np.ndarray
                      f"({schedule.policy}): {view['steps']} steps, {view['padding']} padding "
                      f"({view['padding_steps']} steps of padding only), {view['left_out']} left out; look-ahead: "
                      f"a worker holds at most {look['max']} samples (mean of the workers' most {look['mean']:.1f}"
-                     + (f"; bound {look['rank_bound']} per rank)" if look["rank_bound"] is not None else ")"))
+                     + (f"; bound {look['rank_bound']} per rank)" if look["rank_bound"] is not None else ")")
+                     + f"; a worker reads {view['reading']['readers']['mean']:.1f} stretches in "
+                       f"{view['reading']['parts']['mean']:.1f} shard parts (at most {view['reading']['parts']['max']})")
         for b in view["buckets"]:
             lines.append(f"    bucket {b['bucket']} {b['size']}: {b['samples']} samples, {b['batches']} batches, "
                          f"{b['padding']} padding, {b['left_out']} left out")

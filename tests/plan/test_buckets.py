@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from dalistream.errors import ConfigError
 from dalistream.plan import Layout, Schedule
 from dalistream.plan.buckets import BucketEpoch, bucket_steps, bucket_totals
-from dalistream.plan.bucketstats import bucket_quality, bucket_summary, pixel_cost, token_padding
+from dalistream.plan.bucketstats import bucket_quality, bucket_reading, bucket_summary, pixel_cost, token_padding
 
 
 def execute(plan, counts, schedule, epoch):
@@ -325,6 +325,26 @@ def test_bucket_batches_mix_as_a_random_order(shards, shares, layout, per, polic
     assert min(b["vs_random"] for b in q["buckets"]) >= 0.9, [round(b["vs_random"], 3) for b in q["buckets"]]
     if per == "rank":
         assert plan.lookahead.max() <= plan.bound()
+
+
+@pytest.mark.parametrize("columns", [None, 1, 32, 96])
+@pytest.mark.parametrize("layout, per", [(Layout(8, 4, 32), "rank"), (Layout(3, 2, 16), "global")])
+def test_bucket_reading_counts_the_workers_readers_and_parts(columns, layout, per):
+    """The reading figure is what the worker plans read: their readers, and a part per shard each
+    reader's stretch touches."""
+    rng = np.random.default_rng(7)
+    counts = rng.integers(50, 400, 40)
+    ids = rng.choice(3, int(counts.sum()), p=[0.6, 0.3, 0.1]).astype(np.int16)
+    plan = BucketEpoch(counts, ids, 3, layout, Schedule(2, "exact"), 1, per, columns=columns)
+    plans = [plan.worker(r, w) for r in range(layout.world_size) for w in range(layout.workers)]
+    readers = [len(p.readers) for p in plans]
+    parts = [sum(len(parts) for parts, _ in p.readers) for p in plans]
+    got = bucket_reading(plan)
+    assert got["readers"] == {"mean": sum(readers) / len(plans), "max": max(readers)}
+    assert got["parts"] == {"mean": sum(parts) / len(plans), "max": max(parts)}
+    sizes = [int(b) - int(a) for p in plans for parts, _ in p.readers for _, a, b in parts]
+    assert got["samples_per_part"] == pytest.approx(sum(sizes) / len(sizes))
+    assert bucket_summary(plan)["reading"] == got
 
 
 def test_pixel_cost_and_token_padding():
