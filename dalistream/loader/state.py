@@ -1,8 +1,8 @@
 """A loader state: plain data that says where an epoch stands, and proves what it is.
 
-:meth:`dalistream.Loader.state_dict` returns (version 6)::
+:meth:`dalistream.Loader.state_dict` returns (version 7)::
 
-    {"version": 6,
+    {"version": 7,
      "loader": {"epoch": e, "step": s},
      "plan": {"seed", "rank", "world_size", "workers", "batch_size", "policy", "shuffle", "interleave",
               "batches_per_epoch", "shuffle_shards", "nodes", "buckets": BUCKETS, "sources": IDENTITY},
@@ -60,12 +60,14 @@ from ..stream import Stream, relative_names
 
 log = logging.getLogger(__name__)
 
-# 6: the node count (affinity="node") in the plan and in segments;
+# 7: bucket plans read 2B columns per rank (a state of an earlier version inside a bucketed epoch
+# cannot say what it delivered under the plan of today); 6: the node count (affinity="node") in the
+# plan and in segments;
 # 5: a digest of itself, the sources' content versions, exact's last step dealt position by
 # position; 4: interleave; 3: segments of an epoch under other layouts, sources by identity;
 # 2: spans; 1: whole shards
-STATE_VERSION = 6
-VERSIONS = (2, 3, 4, 5, STATE_VERSION)  # those that load
+STATE_VERSION = 7
+VERSIONS = (2, 3, 4, 5, 6, STATE_VERSION)  # those that load
 # what a resume cannot change
 INVARIANT = ("seed", "policy", "shuffle", "interleave", "batches_per_epoch", "shuffle_shards", "buckets")
 CONTENT = ("root", "versions")  # the identity's content part (version 5)
@@ -127,6 +129,12 @@ def read_state(state: Any, current: Mapping[str, Any]) -> SavedState:
     if version < 6:  # before node affinity
         saved.setdefault("nodes", None)
     saved.setdefault("buckets", None)  # a state taken without buckets (or before them): none
+    if version < 7 and saved["buckets"] is not None and position["step"] > 0:
+        raise StateError(f"loader state of version {version} inside epoch {position['epoch']} of a bucketed stream: "
+                         "its bucket plan read one column per batch position, today's reads two, so the rest of "
+                         "that epoch would deliver some samples twice and others never",
+                         hint=f"resume from the start of epoch {position['epoch']} (step 0), or finish the epoch "
+                              "with the dalistream that saved the state")
     missing = sorted(set(current) - set(saved))
     if missing:
         raise StateError(f"loader state: plan lacks {missing}")

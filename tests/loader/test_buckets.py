@@ -4,6 +4,7 @@ same layout goes on exactly; a mix per source; what cannot be bucketed is refuse
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -158,6 +159,31 @@ def test_a_state_resumes_only_the_same_buckets(photos):
     with Loader(stream(photos, buckets=AspectBuckets(PHOTO_SIZES, per="global"))) as other:
         with pytest.raises(StateError, match="buckets: saved"):
             other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("version", [5, 6])
+def test_an_older_state_inside_a_bucketed_epoch_is_refused_and_one_at_its_start_loads(photos, version):
+    """Version 7's bucket plans read 2B columns: an older state taken inside a bucketed epoch cannot
+    say what that epoch delivered under today's plan, so it is refused by name; taken at an epoch's
+    start (step 0) it loads, and the epoch runs whole."""
+    from dalistream.loader.state import sealed
+
+    with Loader(stream(photos)) as loader:
+        whole = len(loader)
+        it = iter(loader)
+        next(it)
+        inside = loader.state_dict()
+    at_start = {**copy.deepcopy(inside), "loader": {"epoch": 1, "step": 0}}
+    for state in (inside, at_start):
+        state["version"] = version
+        if version < 6:
+            del state["plan"]["nodes"]
+    with Loader(stream(photos)) as loader:
+        with pytest.raises(StateError, match=f"version {version} inside epoch 0 of a bucketed stream") as e:
+            loader.load_state_dict(sealed(inside))
+        assert "step 0" in str(e.value)
+        loader.load_state_dict(sealed(at_start))
+        assert (loader.epoch, loader.step) == (1, 0) and len(list(loader)) == whole
 
 
 def test_a_mix_with_buckets_resumes_on_its_own_layout_only(tmp_path):

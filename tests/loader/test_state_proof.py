@@ -44,7 +44,7 @@ def folder(tmp_path):
 
 def test_a_state_carries_a_digest_and_loads_as_it_was_saved(folder):
     state = saved_at(folder, 3)
-    assert state["version"] == STATE_VERSION == 6 and len(state["digest"]) == 64
+    assert state["version"] == STATE_VERSION == 7 and len(state["digest"]) == 64
     assert {"root", "versions"} <= set(state["plan"]["sources"])
     with open_loader(folder) as loader:
         loader.load_state_dict(json.loads(json.dumps(state)))
