@@ -359,15 +359,25 @@ def _empty_tensor() -> Any:
     return TensorCPU(np.zeros(0, np.uint8), "")
 
 
+def empty_rows(batch_size: int) -> List[Any]:
+    """``batch_size`` empty rows (one shared empty ``TensorCPU``): the placeholder a source's
+    :func:`tensor_list` starts every batch from (made once per source, in the main process)."""
+    return [_empty_tensor()] * batch_size
+
+
 @do_not_convert
-def tensor_list(rows: Sequence[Any]) -> Any:
-    """A batch of one-dimensional ``uint8`` rows (NumPy arrays, views of one buffer) as one DALI
-    ``TensorListCPU`` that refers to them, no copy: what DALI's feeding would build one row at a
-    time, with a type check per row; every empty row is one shared empty tensor."""
+def tensor_list(placeholder: List[Any], body: Any, positions: Sequence[int], starts: Sequence[int],
+                ends: Sequence[int]) -> Any:
+    """A batch of one-dimensional ``uint8`` rows as one DALI ``TensorListCPU`` that refers to them,
+    no copy: ``placeholder`` (:func:`empty_rows`, left untouched) with row ``body[starts[k]:ends[k]]``
+    at position ``positions[k]``. Only those rows become tensors (what DALI's feeding would build
+    one per position, with a type check each)."""
     from nvidia.dali.tensors import TensorCPU, TensorListCPU
 
-    empty = _empty_tensor()
-    return TensorListCPU([TensorCPU(r, "") if len(r) else empty for r in rows], "", False)
+    tensors = list(placeholder)
+    for i, a, b in zip(positions, starts, ends):
+        tensors[i] = TensorCPU(body[a:b], "")
+    return TensorListCPU(tensors, "", False)
 
 
 # -- spawn ------------------------------------------------------------------------------------------

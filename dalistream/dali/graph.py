@@ -1,20 +1,23 @@
 """Inside a DALI pipeline: one parallel external source per worker, merged into one batch.
 
 Every worker's source yields a full-size batch whose own slot holds real samples; every other
-position holds an empty array (a zero for scalar fields). When every field is a scalar integer
-or one-dimensional (labels, encoded bytes, keys: the usual case), the merge needs no
-conditionals: each position's scalars are the sum over workers (all but the owner give zero) and
-its arrays the concatenation over workers (all but the owner give nothing) (:func:`merge_by_concat`).
-This costs no AutoGraph conversion when the
-pipeline is defined and no split/merge per worker when it runs. Otherwise a per-position *owner*
-index (which worker fills position ``i``, read off the workers' ``valid`` outputs, so it follows
-whatever positions a plan gives each worker at each step: :func:`owner_of`) drives a chain of
-conditionals (``if owner == w``): DALI splits each source's batch by the predicate and merges the
-selected samples back in batch order (:func:`merge`). Padding positions never reach anything but
-the merge. A bucketed stream's sources ship, after the fields, each batch's bucket index (one
-worker fills it at every position, the others ship zeros): it is summed, and the bucket's sizes
-are read off it by lookup tables in the graph (:func:`bucket_nodes`), so a worker ships one small
-array more, not one per size.
+position holds an empty array (a zero for scalar fields). What it ships
+(:func:`dalistream.worker.batch.transfer`): each field that is not an integer scalar as an output
+of its own (a byte field as a blob, cut into rows on receipt: :func:`received_rows`), then one
+*packed* ``(B, k)`` integer array: the integer scalars (labels), a bucketed stream's bucket index
+and ``valid``. The packed arrays merge by ONE sum over the workers (every worker but a
+position's owner gives zeros there), cut into columns, each cast back to its type
+(:func:`packed_columns`); a bucketed stream's bucket sizes are read off its index by lookup
+tables (:func:`bucket_nodes`). When every other field is one-dimensional (encoded bytes, keys:
+the usual case), the merge needs no conditionals: each position's array is the concatenation
+over workers (all but the owner give nothing) (:func:`merge_by_concat`). This costs no AutoGraph
+conversion when the pipeline is defined and no split/merge per worker when it runs. Otherwise a
+per-position *owner* index (which worker fills position ``i``, read off the workers' ``valid``
+columns, so it follows whatever positions a plan gives each worker at each step:
+:func:`owner_of`) drives a chain of conditionals (``if owner == w``) for those fields only:
+DALI splits each source's batch by the predicate and merges the selected samples back in batch
+order (:func:`merge`). Padding positions never reach anything but the merge. :func:`merged` is
+the whole merge.
 """
 
 from __future__ import annotations
@@ -23,11 +26,26 @@ import functools
 import operator
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..worker import WorkerSource, stats_path
-from ..worker.batch import rows, shm_hint
-from .compat import do_not_convert, on_receive, tensor_list
+from ..worker.batch import Transfer, row_bounds, shm_hint, transfer
+from .compat import converted, do_not_convert, empty_rows, on_receive, tensor_list
+
+
+def transfer_of(config: StreamConfig) -> Transfer:
+    """How the sources of ``config`` ship a batch (:func:`dalistream.worker.batch.transfer`)."""
+    return transfer(config.fields, config.buckets is not None)
+
+
+@do_not_convert
+def valid_of(config: StreamConfig, nodes: Sequence) -> Any:
+    """A source's ``valid`` node: the last column of its packed output (the last of ``nodes``)."""
+    form = transfer_of(config)
+    return nodes[-1] if form.width == 1 else nodes[-1][form.width - 1]
+
 
 @do_not_convert
 def owner_of(valids: Sequence) -> Any:
@@ -60,25 +78,24 @@ def sharded_sources(
 ) -> Tuple[Optional[object], List[Sequence], List[WorkerSource]]:
     """Create the W parallel sources of ``data``; return ``(owner, branches, sources)``: the owner
     index node (``None`` with one worker, or when :func:`merge_by_concat` can merge the fields),
-    per worker its output nodes (the fields, a bucketed stream's bucket index, then ``valid``),
-    and the W sources (not yet shipped to their workers: :meth:`~WorkerSource.leave_out` may still
-    narrow them). ``data.bytes_per_sample`` (shard bytes / samples, when known) sizes the shared
-    memory once for the whole run.
+    per worker its output nodes (:func:`transfer_of`: the fields that ship on their own, then the
+    packed columns), and the W sources (not yet shipped to their workers:
+    :meth:`~WorkerSource.leave_out` may still narrow them). ``data.bytes_per_sample`` (shard
+    bytes / samples, when known) sizes the shared memory once for the whole run.
 
     Call inside a function decorated with DALI's ``pipeline_def`` (see :mod:`dalistream.dali.pipeline`),
-    whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merge`, or with
-    :func:`merge_by_concat` when the owner is ``None``.
+    whose ``py_num_workers`` equals ``config.workers``; merge with :func:`merged`.
     """
     from nvidia.dali import fn
 
-    n_out = len(config.fields) + (config.buckets is not None) + 1  # the fields, the bucket's index, then valid
+    n_out = transfer_of(config).n_outputs
     branches, sources = [], []
     for w in range(config.workers):
         source = WorkerSource(
             config, data, w, start_epoch=start_epoch, start_step=start_step,
             stats_path=stats_path(stats_dir, w) if stats_dir else None, resume=resume, mix=mix,
         ).for_dali()
-        on_receive(source, functools.partial(received_rows, source.blob_outputs))  # byte fields travel as blobs, cut here
+        receive_blobs(source, source.blob_outputs, config.batch_size)  # byte fields travel as blobs, cut here
         hint = shm_hint(config.batch_size, config.layout.slots[w], data.bytes_per_sample or 0, n_out)
         nodes = fn.external_source(
             source=source, num_outputs=n_out, batch=True, parallel=True, cycle="quiet",
@@ -88,17 +105,25 @@ def sharded_sources(
         sources.append(source)
     if config.workers == 1 or concat_mergeable(config.fields):
         return None, branches, sources
-    return owner_of([b[-1] for b in branches]), branches, sources
+    return owner_of([valid_of(config, b) for b in branches]), branches, sources
+
+
+@do_not_convert
+def receive_blobs(source: Any, blobs: Sequence[int], batch_size: int) -> None:
+    """Have the blobs at ``blobs`` (output indices; a list the source may still narrow) of every
+    batch ``source`` ships cut into rows on receipt (:func:`received_rows`), from one placeholder
+    made here."""
+    on_receive(source, functools.partial(received_rows, blobs, empty_rows(batch_size)))
 
 
 @do_not_convert  # runs once per batch: never as AutoGraph-converted code (a pipeline with conditionals converts what it calls)
-def received_rows(packed: Sequence[int], outputs: list) -> list:
+def received_rows(packed: Sequence[int], placeholder: List[Any], outputs: list) -> list:
     """A worker's shipped outputs as DALI feeds them (main process): each byte field at ``packed``
     (a source's ``blob_outputs``: :class:`~dalistream.worker.source.WorkerSource`), a blob
-    (:func:`~dalistream.worker.batch.pack`), as its rows, one ``TensorListCPU`` of views."""
-    batch_size = len(outputs[-1])  # valid: one per position
+    (:func:`~dalistream.worker.batch.pack`), as its rows, one ``TensorListCPU`` of views made from
+    ``placeholder`` (:func:`~dalistream.dali.compat.empty_rows`: one per batch position)."""
     for i in packed:
-        outputs[i] = tensor_list(rows(outputs[i], batch_size))
+        outputs[i] = tensor_list(placeholder, *row_bounds(outputs[i], len(placeholder)))
     return outputs
 
 
@@ -111,17 +136,16 @@ def concat_mergeable(fields: Sequence) -> bool:
 
 @do_not_convert
 def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
-    """The fields and ``valid`` of the W branches of :func:`sharded_sources`, merged without
-    conditionals (see the module's notes)."""
+    """The outputs of their own (:func:`transfer_of`) of the W branches of :func:`sharded_sources`,
+    merged without conditionals (see the module's notes)."""
     from nvidia.dali import fn
 
-    n = len(config.fields) + 1
     out = []
-    for i in range(n):
-        columns = [b[i] if i < n - 1 else b[-1] for b in branches]
+    for j, i in enumerate(transfer_of(config).outputs):
+        columns = [b[j] for b in branches]
         if len(columns) == 1:
             out.append(columns[0])
-        elif i == n - 1 or config.fields[i].spec.merge(config.fields[i]) == "sum":
+        elif config.fields[i].spec.merge(config.fields[i]) == "sum":
             out.append(functools.reduce(operator.add, columns))
         else:
             out.append(fn.cat(*columns, axis=0))
@@ -129,17 +153,56 @@ def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
 
 
 @do_not_convert
-def bucket_nodes(config: StreamConfig, branches: Sequence[Sequence]) -> list:
+def packed_columns(config: StreamConfig, branches: Sequence[Sequence]) -> list:
+    """The packed output of the W branches, summed (every worker but a position's owner gives
+    zeros there), cut into its columns, each as its own type: the packed fields', then a bucketed
+    stream's bucket index (int32), then ``valid`` (uint8)."""
+    from nvidia.dali import fn, types
+
+    form = transfer_of(config)
+    total = functools.reduce(operator.add, [b[-1] for b in branches])
+    dtypes = [np.dtype(config.fields[i].dtype) for i in form.columns] + [np.dtype(np.int32)] * form.bucket
+    out = []
+    for k, dtype in enumerate(dtypes + [np.dtype(np.uint8)]):
+        column = total if form.width == 1 else total[k]
+        out.append(column if dtype == form.dtype else fn.cast(column, dtype=types.to_dali_type(dtype)))
+    return out
+
+
+_by_owner = converted(merge)  # its `if` is on data; converted at first use, not at import
+
+
+@do_not_convert
+def merged(config: StreamConfig, owner: Any, branches: Sequence[Sequence]) -> tuple:
+    """The merge of :func:`sharded_sources`' branches: ``(fields, bucket, valid)``, a node per
+    field in the stream's order, a bucketed stream's bucket index node (``None`` without), and
+    ``valid``. The packed columns by one sum; the other outputs by :func:`merge_by_concat`, or,
+    given an ``owner`` index (:func:`owner_of`), by :func:`merge`'s conditionals (AutoGraph-converted:
+    the pipeline needs ``enable_conditionals=True``)."""
+    form = transfer_of(config)
+    columns = packed_columns(config, branches)
+    own = [list(b[:-1]) for b in branches]
+    if not form.outputs:
+        shipped = []
+    elif owner is None:
+        shipped = merge_by_concat(config, own)
+    else:
+        shipped = list(_by_owner(owner, own))
+    fields = [columns[form.columns.index(i)] if i in form.columns else shipped[form.outputs.index(i)]
+              for i in range(len(config.fields))]
+    return fields, columns[-2] if form.bucket else None, columns[-1]
+
+
+@do_not_convert
+def bucket_nodes(config: StreamConfig, bucket: Any) -> list:
     """A bucketed stream's nodes that carry each batch's bucket at every position, named by
-    ``config.bucket_outputs``: the index (shipped after the fields by every branch, one filled,
-    summed over the W branches), then its sizes by lookup tables (a step of padding only, index
-    ``-1``, gets bucket 0's)."""
+    ``config.bucket_outputs``: the ``bucket`` index (a packed column: one branch filled it, summed
+    over the W branches), then its sizes by lookup tables (a step of padding only, index ``-1``,
+    gets bucket 0's)."""
     from nvidia.dali import fn, types
 
     if config.buckets is None:
         return []
-    n = len(config.fields)
-    bucket = functools.reduce(operator.add, [b[n] for b in branches])
     table = config.buckets.table()
     keys = list(range(len(table) - 1))
     return [bucket] + [fn.lookup_table(bucket, keys=keys, values=table[:-1, j].tolist(),

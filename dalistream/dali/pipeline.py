@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from ..device import dali_threads, process_cores, start_method
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
-from .compat import check_versions, converted, current_pipeline, do_not_convert, quiet_pruned_sources, upstream
+from .compat import check_versions, current_pipeline, do_not_convert, quiet_pruned_sources, upstream
 from ..worker.source import SOURCE_NAME
-from .graph import bucket_nodes, concat_mergeable, merge, merge_by_concat, sharded_sources
+from .graph import bucket_nodes, concat_mergeable, merged, sharded_sources
 
 if TYPE_CHECKING:  # annotations only: the stream module imports nothing from here
     from ..stream import Stream
@@ -100,9 +100,6 @@ def built(pipe: Any) -> Built:
     return record
 
 
-_merge = converted(merge)  # its `if` is on data; converted at first use, not at import
-
-
 class Read(dict):
     """What :func:`read` returns: ``{field: node, "valid": node}`` (and a bucketed stream's
     ``bucket``, ``bucket_height``/``bucket_width`` or ``bucket_length``: the batch's bucket at
@@ -150,14 +147,9 @@ def read(stream: "Stream") -> Read:
     owner, branches, sources = sharded_sources(config, stream.data, start_epoch=stream.start_epoch,
                                                start_step=stream.start_step, stats_dir=stream.stats_dir,
                                                resume=stream.resume, mix=stream.mix)
-    n = len(config.fields)
-    if owner is None:  # no conditionals needed (one worker, or fields that a sum/concatenation merges)
-        merged = merge_by_concat(config, branches)
-    else:  # the fields and valid by the owner's conditionals
-        merged = _merge(owner, [list(b[:n]) + [b[-1]] for b in branches])
+    fields, bucket, valid = merged(config, owner, branches)  # conditionals only with an owner index
     names = [f.name for f in config.fields]
-    nodes = dict(zip(names + list(config.bucket_outputs) + ["valid"],
-                     merged[:n] + bucket_nodes(config, branches) + merged[-1:]))
+    nodes = dict(zip(names + list(config.bucket_outputs) + ["valid"], fields + bucket_nodes(config, bucket) + [valid]))
     data = Read(nodes, sources, {f.name: f.kind for f in config.fields if f.spec.raw}, names)
     setattr(pipe, _READ, data)
     return data

@@ -2,10 +2,14 @@
 
 :func:`assemble` lays out the *plain* batch: every field full size, the worker's slot holding
 its samples and every other position the field's shared empty array (a zero in the dense array
-of a scalar field), then ``valid``. :func:`pack` turns it into the *transfer* form, the one way
-a byte field (``bytes``, ``meta``: one-dimensional ``uint8``) travels: a *blob*, one flat
-array holding the batch's row lengths (``batch`` int32) and then the slot's rows end to end.
-In the main process, before DALI feeds it, :func:`rows` cuts it back into one view per position
+of a scalar field), then ``valid``. :func:`pack` turns it into the *transfer* form
+(:func:`transfer` says which output each field takes): a byte field (``bytes``, ``meta``:
+one-dimensional ``uint8``) travels as a *blob*, one flat array holding the batch's row lengths
+(``batch`` int32) and then the slot's rows end to end; the integer scalars (labels), a
+bucketed stream's bucket index and ``valid`` as the columns of one packed ``(batch, k)`` array,
+summed over the workers in one operation and cut into columns in the graph
+(:func:`dalistream.dali.graph.packed_columns`). In the main process, before DALI feeds it,
+:func:`row_bounds` finds a blob's non-empty rows, which become one view each
 (:func:`dalistream.dali.graph.received_rows`), so the graph gets the exact bytes and trims
 nothing.
 
@@ -20,17 +24,13 @@ the blob's time for rows of 100–200 kB (``dalistream bench --merge-only``, W =
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
 _EMPTY_ROW = np.zeros(0, np.uint8)
 _EMPTY_ROW.flags.writeable = False
-
-
-def byte_fields(fields: Sequence[Any]) -> Tuple[int, ...]:
-    """Indices of the fields whose kind has them travel as blobs (:meth:`dalistream.kinds.Kind.travels`)."""
-    return tuple(i for i, f in enumerate(fields) if f.spec.travels(f) == "blob")
 
 
 def templates(fields: Sequence[Any], batch_size: int) -> List[Any]:
@@ -52,41 +52,97 @@ def assemble(empty: Sequence[Any], columns: Sequence[Sequence[Any]], lo: int, n:
     return outputs
 
 
-def pack(plain: Sequence[Any], packed: Sequence[int], lo: int, hi: int) -> Tuple[Any, ...]:
-    """The transfer form of a plain batch whose real samples lie in positions ``lo:hi``: the
-    outputs of ``plain``, each byte field at ``packed`` as a blob (its ``batch`` row lengths as
-    int32, then the rows ``lo:hi`` end to end; the other positions are empty)."""
-    out = list(plain)
+@dataclass(frozen=True)
+class Transfer:
+    """How a worker's batch travels (:func:`transfer`): ``outputs``, the fields (indices into the
+    stream's fields) that ship as outputs of their own, in order (``blobs``: which of those
+    outputs are blobs); then one last output, the *packed* ``(batch, width)`` array of ``dtype``:
+    a column per field of ``columns``, then the bucket's index (a bucketed stream), then
+    ``valid`` (one column only: ``valid`` alone, shape ``(batch,)``)."""
+
+    outputs: Tuple[int, ...]
+    blobs: Tuple[int, ...]
+    columns: Tuple[int, ...]
+    bucket: bool
+    dtype: str
+
+    @property
+    def width(self) -> int:
+        """Columns of the packed output."""
+        return len(self.columns) + self.bucket + 1
+
+    @property
+    def n_outputs(self) -> int:
+        """Outputs a source ships: its own fields', then the packed one."""
+        return len(self.outputs) + 1
+
+
+def transfer(fields: Sequence[Any], bucketed: bool = False) -> Transfer:
+    """The :class:`Transfer` of a stream's ``fields``: a field that travels dense and merges by a
+    sum (integer scalars: labels) is a column of the packed output, as are the bucket's index
+    and ``valid`` (of the narrowest integer type that holds every column's); the others ship on
+    their own."""
+    columns = tuple(i for i, f in enumerate(fields) if f.spec.travels(f) == "dense" and f.spec.merge(f) == "sum"
+                    and np.can_cast(np.dtype(f.dtype), np.int64))
+    outputs = tuple(i for i in range(len(fields)) if i not in columns)
+    blobs = tuple(j for j, i in enumerate(outputs) if fields[i].spec.travels(fields[i]) == "blob")
+    dtype = np.result_type(np.uint8, *[np.dtype(fields[i].dtype) for i in columns], *[np.int32] * bucketed)
+    return Transfer(outputs, blobs, columns, bucketed, dtype.name)
+
+
+def pack(plain: Sequence[Any], form: Transfer, kept: Sequence[int], lo: int, hi: int) -> Tuple[Any, ...]:
+    """The transfer form (``form``) of a plain batch whose real samples lie in positions
+    ``lo:hi``: ``plain`` holds the fields ``kept`` (indices into the stream's fields; the others
+    are left out: no graph output needs them), then a bucketed stream's bucket index, then
+    ``valid``. Each byte field becomes a blob (its ``batch`` row lengths as int32, then the rows
+    ``lo:hi`` end to end; the other positions are empty), a left-out output one placeholder (a
+    dense array of zero bytes, which DALI prunes unfed; a left-out column stays zero), and the
+    dense columns one packed array."""
     batch_size = len(plain[-1])
-    for i in packed:
-        own = plain[i][lo:hi]
-        lengths = np.zeros(batch_size, np.int32)
-        lengths[lo:hi] = [len(a) for a in own]  # (1-D bytes: len is the size, for arrays and views alike)
-        out[i] = np.frombuffer(bytearray().join([lengths.tobytes(), *own]), np.uint8)  # one copy, writable
-    return tuple(out)
+    placeholder = np.zeros(batch_size, np.uint8)
+    out: List[Any] = [placeholder] * len(form.outputs)
+    packed = np.zeros((batch_size, form.width), form.dtype)
+    flat = packed.reshape(batch_size) if form.width == 1 else packed
+    for value, i in zip(plain, kept):
+        if i in form.columns:
+            packed[:, form.columns.index(i)] = value
+            continue
+        j = form.outputs.index(i)
+        if j in form.blobs:
+            own = value[lo:hi]
+            lengths = np.zeros(batch_size, np.int32)
+            lengths[lo:hi] = [len(a) for a in own]  # (1-D bytes: len is the size, for arrays and views alike)
+            value = np.frombuffer(bytearray().join([lengths.tobytes(), *own]), np.uint8)  # one copy, writable
+        out[j] = value
+    if form.bucket:
+        packed[:, -2] = plain[-2]
+    packed[:, -1] = plain[-1]
+    return tuple(out) + (flat,)
 
 
-def with_placeholders(outputs: Sequence[Any], left_out: Sequence[int]) -> Tuple[Any, ...]:
-    """``outputs`` with one placeholder inserted at each index of ``left_out`` (outputs of fields
-    no graph output needs, which DALI prunes unfed): a dense array of zero bytes, one per position."""
-    out = list(outputs)
-    placeholder = np.zeros(len(outputs[-1]), np.uint8)
-    for i in sorted(left_out):
-        out.insert(i, placeholder)
-    return tuple(out)
+def row_bounds(blob: np.ndarray, batch_size: int) -> Tuple[np.ndarray, List[int], List[int], List[int]]:
+    """A blob's rows (:func:`pack`, one field) as ``(body, positions, starts, ends)``: the
+    positions of the non-empty rows and their bounds in ``body``; the other rows are empty."""
+    head = 4 * batch_size
+    if len(blob) < head:
+        raise ValueError(f"blob of {len(blob)} bytes cannot hold {batch_size} lengths")
+    lengths = blob[:head].view(np.int32)
+    ends = np.cumsum(lengths)
+    if batch_size and head + int(ends[-1]) != len(blob):
+        raise ValueError(f"blob of {len(blob) - head} bytes for rows of {int(ends[-1])}")
+    positions = np.flatnonzero(lengths)
+    ends = ends[positions]
+    return blob[head:], positions.tolist(), (ends - lengths[positions]).tolist(), ends.tolist()
 
 
 def rows(blob: np.ndarray, batch_size: int) -> List[np.ndarray]:
     """A blob cut into its ``batch_size`` rows: views of ``blob``, every empty row one shared
     empty array (the inverse of :func:`pack` for one field)."""
-    head = 4 * batch_size
-    if len(blob) < head:
-        raise ValueError(f"blob of {len(blob)} bytes cannot hold {batch_size} lengths")
-    bounds = np.concatenate([[0], np.cumsum(blob[:head].view(np.int32))]).tolist()
-    if head + bounds[-1] != len(blob):
-        raise ValueError(f"blob of {len(blob) - head} bytes for rows of {bounds[-1]}")
-    body = blob[head:]
-    return [body[a:b] if b > a else _EMPTY_ROW for a, b in zip(bounds[:-1], bounds[1:])]
+    body, positions, starts, ends = row_bounds(blob, batch_size)
+    out = [_EMPTY_ROW] * batch_size
+    for i, a, b in zip(positions, starts, ends):
+        out[i] = body[a:b]
+    return out
 
 
 def shm_hint(batch_size: int, slot: int, bytes_per_sample: float, n_fields: int) -> int:

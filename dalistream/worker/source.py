@@ -5,7 +5,8 @@
 only this worker's slot holds real samples; every other position holds the field's shared empty
 array, or a zero in the dense array of a scalar field. The extra ``valid`` output marks real
 samples (1) and padding (0). Each ``next()`` gives DALI the same batch in transfer form: each
-byte field as one flat blob holding its row lengths and rows (:mod:`.batch`).
+byte field as one flat blob holding its row lengths and rows, the integer scalars and ``valid``
+as the columns of one packed array (:mod:`.batch`).
 
 What a worker reads (:meth:`WorkerSource.plans`): its span of the epoch, through the shuffle
 buffer; or, reading interleaved (the default of training streams), the *columns* of its slot —
@@ -105,13 +106,14 @@ class WorkerSource:
         self.readers = tuple(PlanReader(c.replace(storage_options=shared_budget(options, share)), data, self.worker,
                                         source_name=name) for data, options, name in sources)
         self.names = tuple(name for _, _, name in sources)
-        self._byte_fields = batch.byte_fields(c.fields)
-        kept = [i for i in range(len(c.fields) + len(self.left_out)) if i not in self.left_out]
-        #: the outputs (of all fields, then ``valid``) that ship as blobs, cut into rows on receipt: one
-        #: list, updated in place (the receiver holds it)
+        if not self.left_out:  # (the stream's fields: what the graph is defined on)
+            self.transfer = batch.transfer(c.fields, c.buckets is not None)
+        self._kept = [i for i in range(len(c.fields) + len(self.left_out)) if i not in self.left_out]
+        #: the outputs that ship as blobs, cut into rows on receipt: one list, updated in place (the
+        #: receiver holds it)
         if not hasattr(self, "blob_outputs"):
             self.blob_outputs: List[int] = []
-        self.blob_outputs[:] = [kept[i] for i in self._byte_fields]
+        self.blob_outputs[:] = [j for j in self.transfer.blobs if self.transfer.outputs[j] in self._kept]
 
     def leave_out(self, names: Sequence[str]) -> None:
         """Read no member for the fields ``names`` (no output of the graph depends on them): each
@@ -182,9 +184,7 @@ class WorkerSource:
             self._gen = self.epoch_batches(self.epoch, self._skip)
         plain = next(self._gen)
         t0 = time.perf_counter()
-        packed = batch.pack(plain, self._byte_fields, *self._span)
-        if self.left_out:
-            packed = batch.with_placeholders(packed, self.left_out)
+        packed = batch.pack(plain, self.transfer, self._kept, *self._span)
         if self._stats is not None:
             self._stats.batch_s += time.perf_counter() - t0
         return packed

@@ -196,19 +196,28 @@ class _Shipping:
         if self.i > 3:
             raise StopIteration
         plain = ([np.full(n, self.i, np.uint8) for n in (2, 0, 5)], np.ones(3, np.uint8))
-        return pack(plain, (0,), 0, 3) if self.blob else plain
+        return pack(plain, _bytes_only(), (0,), 0, 3) if self.blob else plain
+
+
+def _bytes_only():
+    """The transfer form of a stream of one byte field: its blob, then ``valid``."""
+    from dalistream.config import StreamConfig
+    from dalistream.worker.batch import transfer
+
+    return transfer(StreamConfig(sources=("x",), fields={"data": "bin"}, batch_size=3).fields)
 
 
 def test_on_receive_rewrites_only_its_own_source_and_tensor_list_keeps_the_rows():
     from nvidia.dali import fn, pipeline_def
 
-    from dalistream.worker.batch import pack, rows
+    from dalistream.worker.batch import pack, row_bounds
 
     calls = []
+    placeholder = compat.empty_rows(3)
 
     def receive(outputs):
         calls.append(type(outputs[0]).__name__)
-        outputs[0] = compat.tensor_list(rows(outputs[0], 3))
+        outputs[0] = compat.tensor_list(placeholder, *row_bounds(outputs[0], 3))
         return outputs
 
     @pipeline_def(batch_size=3, num_threads=1, device_id=None, py_num_workers=2, py_start_method="fork")
@@ -232,53 +241,21 @@ def test_on_receive_rewrites_only_its_own_source_and_tensor_list_keeps_the_rows(
         compat.shutdown(pipe)
     assert calls and set(calls) == {"ndarray"}  # only the registered source's batches, as shipped
 
-    blob = pack(([np.arange(3, dtype=np.uint8), np.zeros(0, np.uint8), np.arange(3, 7, dtype=np.uint8)],
-                 np.ones(3, np.uint8)), (0,), 0, 3)[0]
-    tl = compat.tensor_list(rows(blob, 3))
-    assert [np.asarray(tl[k]).tolist() for k in range(3)] == [[0, 1, 2], [], [3, 4, 5, 6]]
-    assert tl[2].data_ptr() == blob.__array_interface__["data"][0] + 12 + 3  # the rows themselves, no copy
+    for lengths in ([3, 0, 4], [0, 0, 0], [0, 5, 0], [2, 2, 2]):
+        rows = [np.arange(sum(lengths[:k]), sum(lengths[:k + 1]), dtype=np.uint8) for k in range(3)]
+        blob = pack((rows, np.ones(3, np.uint8)), _bytes_only(), (0,), 0, 3)[0]
+        tl = compat.tensor_list(placeholder, *row_bounds(blob, 3))
+        assert [np.asarray(tl[k]).tolist() for k in range(3)] == [r.tolist() for r in rows]
+        for k in range(3):  # the rows themselves, no copy; an empty row the placeholder's
+            if lengths[k]:
+                assert tl[k].data_ptr() == blob.__array_interface__["data"][0] + 12 + sum(lengths[:k])
+        assert all(t is compat.empty_rows(1)[0] for t in placeholder)  # left untouched
 
 
 def test_on_receive_refuses_a_dali_without_the_names_it_hooks(monkeypatch):
     monkeypatch.setattr(compat, "receivable", lambda: False)
     with pytest.raises(RuntimeError, match="schedule_and_receive"):
         compat.on_receive(_Shipping(True), lambda outputs: outputs)
-
-
-def test_a_receiver_registered_under_conditionals_runs_as_plain_python():
-    """A pipeline with conditionals has AutoGraph convert what its definition calls; the receiver
-    registered there must still run per batch as the plain function (converted code is ~10x slower)."""
-    import functools
-
-    from nvidia.dali import fn, pipeline_def
-
-    from dalistream.dali.graph import received_rows
-
-    @pipeline_def(batch_size=3, num_threads=1, device_id=None, py_num_workers=1, py_start_method="fork",
-                  enable_conditionals=True)
-    def graph():
-        source = _Shipping(True)
-        compat.on_receive(source, functools.partial(received_rows, (0,)))
-        a, valid = fn.external_source(source, num_outputs=2, batch=True, parallel=True, cycle="raise")
-        return a, valid
-
-    pipe = graph()
-    pipe.build()
-    seen = set()
-
-    def profile(frame, event, arg):
-        if event == "call":
-            seen.add((frame.f_code.co_filename, frame.f_code.co_name))
-
-    try:
-        sys.setprofile(profile)
-        out = [pipe.run() for _ in range(2)]
-    finally:
-        sys.setprofile(None)
-        compat.shutdown(pipe)
-    assert [np.asarray(out[1][0][k]).tolist() for k in range(3)] == [[2, 2], [], [2] * 5]
-    assert any(f.endswith("graph.py") and name == "received_rows" for f, name in seen)  # the receiver ran
-    assert not [(f, name) for f, name in seen if "autograph" in f.lower()], "AutoGraph code ran per batch"
 
 
 # -- the consumer's CUDA stream in run(stream) ----------------------------------------------------

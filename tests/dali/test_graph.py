@@ -2,6 +2,7 @@
 same samples, with byte fields shipped dense or as lists and trimmed in the graph."""
 
 import io
+import sys
 
 import numpy as np
 import pytest
@@ -208,6 +209,55 @@ def test_graphs_with_and_without_conditionals_deliver_the_same(shards):
     assert forced == with_if
     with pytest.raises(ConfigError, match="conditionals=False"):
         labels_by_key(directory, dalistream.pipeline_def(conditionals=False)(graph_calling_a_helper_with_if))
+
+
+def graph_of_every_field(stream):
+    return dict(dalistream.read(stream))
+
+
+@pytest.mark.parametrize("fields, graph, forced, workers", [
+    (WITH_2D, graph_of_every_field, None, 2),   # the owner's conditionals merge the 2-D arrays
+    (WITH_2D, graph_of_every_field, None, 3),
+    (BASE, graph_of_every_field, True, 2),      # conditionals asked for
+    (BASE, graph_calling_a_helper_with_if, None, 2),  # an `if` on data: the graph defined again, converted
+], ids=["owner-2", "owner-3", "forced", "if-on-data"])
+def test_nothing_per_batch_runs_as_autograph_converted_code(shards, fields, graph, forced, workers):
+    """A graph with conditionals has AutoGraph convert what its definition calls, the functions
+    that register dalistream's per-batch hooks included: the receipt of every source's batch
+    (``received_rows``, ``tensor_list``) and whatever else the main process runs per batch must
+    run as the plain functions (converted code runs several times slower)."""
+    import threading
+
+    from dalistream.dali import compat
+    from dalistream.dali.graph import received_rows
+    from dalistream.dali.pipeline import built
+
+    directory, _ = shards
+    stream = dalistream.Stream.open(directory, fields=fields, batch_size=5, workers=workers, device="cpu",
+                                    policy="exact", missing="empty")
+    pipe = dalistream.pipeline_def(graph, conditionals=forced)(stream)
+    assert built(pipe).conditionals
+    pipe.build()
+    codes = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            codes.add(frame.f_code)
+
+    try:
+        pipe.run()  # (the first batch: conversions done lazily would show below all the same)
+        threading.setprofile(profile)
+        sys.setprofile(profile)
+        for _ in range(3):
+            pipe.run()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+        compat.shutdown(pipe)
+    converted = sorted(f"{c.co_filename}:{c.co_name}" for c in codes
+                       if "autograph" in c.co_filename.lower())
+    assert not converted, f"AutoGraph-converted code ran per batch: {converted}"
+    assert received_rows.__code__ in codes and compat.tensor_list.__code__ in codes  # the originals ran
 
 
 def test_the_shards_above_are_read_both_by_layout_and_by_header(shards):

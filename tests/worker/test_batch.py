@@ -47,12 +47,21 @@ def config(paths, **kw):
     return StreamConfig(**options)
 
 
-def unpacked(transfer, packed):
-    """What the main process makes of a transfer-form batch: each blob cut into its rows."""
-    out = list(transfer)
-    for i in packed:
-        out[i] = batch.rows(transfer[i], len(transfer[-1]))
-    return tuple(out)
+def unpacked(form, fields, out):
+    """What the graph makes of a transfer-form batch: each blob cut into its rows, each packed
+    column as its field's type, then the bucket index and ``valid``."""
+    packed = out[-1].reshape(len(out[-1]), form.width)
+    assert packed.dtype == form.dtype
+    plain = []
+    for i, f in enumerate(fields):
+        if i in form.columns:
+            plain.append(packed[:, form.columns.index(i)].astype(f.dtype))
+        else:
+            j = form.outputs.index(i)
+            plain.append(batch.rows(out[j], len(packed)) if j in form.blobs else out[j])
+    if form.bucket:
+        plain.append(packed[:, -2].astype(np.int32))
+    return tuple(plain) + (packed[:, -1].astype(np.uint8),)
 
 
 def same(a, b):
@@ -65,49 +74,91 @@ def same(a, b):
             assert u.dtype == v.dtype and u.shape == v.shape and np.array_equal(u, v)
 
 
-def test_byte_fields_are_bytes_and_meta():
+def test_transfer_packs_the_integer_scalars_and_ships_the_rest():
     c = config(["x.tar"])
-    assert [c.fields[i].name for i in batch.byte_fields(c.fields)] == ["data", "text", "key", "url"]
+    form = batch.transfer(c.fields)
+    names = [f.name for f in c.fields]
+    assert [names[i] for i in form.columns] == ["label"] and form.dtype == "int64" and form.width == 2
+    assert [names[i] for i in form.outputs] == ["data", "arr", "text", "key", "url"]
+    assert [names[form.outputs[j]] for j in form.blobs] == ["data", "text", "key", "url"]
+    assert form.n_outputs == 6
+    bucketed = batch.transfer(c.fields, bucketed=True)
+    assert bucketed.width == 3 and bucketed.dtype == "int64"
+    small = {"a": {"exts": "a", "kind": "npy", "dtype": "int16", "ndim": 0}, "b": {"exts": "b", "kind": "npy", "dtype": "uint8", "ndim": 0},
+             "f": {"exts": "f", "kind": "npy", "dtype": "float32", "ndim": 0},
+             "u": {"exts": "u", "kind": "npy", "dtype": "uint64", "ndim": 0}, "data": "bin"}
+    fields = StreamConfig(sources=("x",), fields=small, batch_size=4).fields
+    form = batch.transfer(fields)
+    assert [fields[i].name for i in form.columns] == ["a", "b"] and form.dtype == "int16"
+    assert [fields[i].name for i in form.outputs] == ["f", "u", "data"]  # a float merges by owner, uint64 fits no int64
+    assert batch.transfer(fields, bucketed=True).dtype == "int32"
+    only_bytes = batch.transfer(StreamConfig(sources=("x",), fields={"data": "bin"}, batch_size=4).fields)
+    assert only_bytes.width == 1 and only_bytes.dtype == "uint8" and only_bytes.columns == ()
 
 
 @pytest.mark.parametrize("workers, batch_size", [(1, 3), (2, 5), (3, 7)])
 @pytest.mark.parametrize("start_step", [0, 1])
-def test_blobs_deliver_the_same_samples(shards, workers, batch_size, start_step):
+def test_the_transfer_form_delivers_the_same_samples(shards, workers, batch_size, start_step):
     """Every field kind, padding (``exact``), an empty member (``missing="empty"``), resume."""
     paths, counts = shards
     c = config(paths, workers=workers, batch_size=batch_size)
-    packed = batch.byte_fields(c.fields)
-    n = len(c.fields) + 1
+    form = batch.transfer(c.fields)
+    kept = range(len(c.fields))
     seen_padding = seen_empty = 0
     for w in range(workers):
         lo = c.layout.slot_offsets[w]
         hi = lo + c.layout.slots[w]
         for plain in WorkerSource(c, data_set(paths, counts), w).epoch_batches(0, start_step):
-            out = batch.pack(plain, packed, lo, hi)
-            assert len(out) == n
-            assert all(out[i] is plain[i] for i in range(n) if i not in packed)
-            for i in packed:
-                assert out[i].dtype == np.uint8 and out[i].ndim == 1
-                assert len(out[i]) == 4 * batch_size + sum(r.size for r in plain[i][lo:hi])
+            out = batch.pack(plain, form, kept, lo, hi)
+            assert len(out) == form.n_outputs and out[-1].shape == (batch_size, form.width)
+            for j in form.blobs:
+                i = form.outputs[j]
+                assert out[j].dtype == np.uint8 and out[j].ndim == 1
+                assert len(out[j]) == 4 * batch_size + sum(r.size for r in plain[i][lo:hi])
                 seen_empty += sum(r.size == 0 for r in plain[i][lo:hi])
-            same(unpacked(out, packed), plain)
+            same(unpacked(form, c.fields, out), plain)
             seen_padding += int(plain[-1][lo:hi].sum()) < hi - lo
     assert seen_padding and seen_empty
 
 
+def test_left_out_fields_ship_a_placeholder_or_a_zero_column(shards):
+    paths, counts = shards
+    c = config(paths)
+    form = batch.transfer(c.fields)
+    for names in (["label"], ["text", "arr"], ["label", "data", "url"]):
+        source = WorkerSource(c, data_set(paths, counts), 0)
+        source.leave_out(names)
+        full = next(iter(WorkerSource(c, data_set(paths, counts), 0)))
+        out = next(iter(source))
+        assert len(out) == form.n_outputs
+        for j, i in enumerate(form.outputs):
+            if c.fields[i].name in names:
+                assert isinstance(out[j], np.ndarray) and out[j].dtype == np.uint8 and not out[j].any()
+            else:
+                same([out[j]], [full[j]])
+        for k, i in enumerate(form.columns):
+            assert np.array_equal(out[-1][:, k], 0 * full[-1][:, k] if c.fields[i].name in names else full[-1][:, k])
+        assert np.array_equal(out[-1][:, -1], full[-1][:, -1])  # valid
+        assert source.blob_outputs == [j for j in form.blobs if c.fields[form.outputs[j]].name not in names]
+
+
 def test_rows_are_views_and_must_add_up():
+    one = batch.transfer(StreamConfig(sources=("x",), fields={"data": "bin"}, batch_size=4).fields)
     rows = [np.arange(3, dtype=np.uint8), np.zeros(0, np.uint8), np.arange(3, 10, dtype=np.uint8)]
-    blob = batch.pack((rows + [rows[1]], np.ones(4, np.uint8)), (0,), 0, 4)[0]
+    blob = batch.pack((rows + [rows[1]], np.ones(4, np.uint8)), one, (0,), 0, 4)[0]
     assert blob[:16].view(np.int32).tolist() == [3, 0, 7, 0]
     cut = batch.rows(blob, 4)
     assert [r.tolist() for r in cut] == [[0, 1, 2], [], [3, 4, 5, 6, 7, 8, 9], []]
     assert cut[0].base is blob and cut[1] is cut[3]  # views; one shared empty row
+    body, positions, starts, ends = batch.row_bounds(blob, 4)
+    assert positions == [0, 2] and starts == [0, 3] and ends == [3, 10] and body.base is blob
     with pytest.raises(ValueError, match="blob of 9 bytes for rows of 10"):
         batch.rows(blob[:-1], 4)
     with pytest.raises(ValueError, match="cannot hold 4 lengths"):
         batch.rows(np.zeros(3, np.uint8), 4)
-    nothing = batch.pack(([rows[1]] * 3, np.zeros(3, np.uint8)), (0,), 1, 1)[0]  # a slot with no sample
+    nothing = batch.pack(([rows[1]] * 3, np.zeros(3, np.uint8)), one, (0,), 1, 1)[0]  # a slot with no sample
     assert len(nothing) == 12 and [r.size for r in batch.rows(nothing, 3)] == [0, 0, 0]
+    assert batch.row_bounds(nothing, 3)[1:] == ([], [], [])
     assert batch.shm_hint(256, 128, 10_000, 3) >= 10_000 * 4 * 128 / 256
 
 
@@ -117,7 +168,7 @@ def test_pack_leaves_the_plain_batch_alone(shards):
     plain = next(WorkerSource(c, data_set(paths, counts), 1).epoch_batches(0))
     before = [list(x) if isinstance(x, list) else x.copy() for x in plain]
     lo = c.layout.slot_offsets[1]
-    out = batch.pack(plain, batch.byte_fields(c.fields), lo, lo + c.layout.slots[1])
+    out = batch.pack(plain, batch.transfer(c.fields), range(len(c.fields)), lo, lo + c.layout.slots[1])
     same(plain, before)
     assert out[0].ndim == 1 and len(out[0]) == 4 * 5 + sum(r.size for r in plain[0][lo:lo + c.layout.slots[1]])
 
@@ -126,9 +177,9 @@ def test_transfer_form_from_iter_matches_epoch_batches(shards):
     """What DALI receives (``next``) is the plain batch in transfer form."""
     paths, counts = shards
     c = config(paths)
-    packed = batch.byte_fields(c.fields)
+    form = batch.transfer(c.fields)
     plain = list(WorkerSource(c, data_set(paths, counts), 0).epoch_batches(0))
     sent = list(iter(WorkerSource(c, data_set(paths, counts), 0)))
     assert len(sent) == len(plain)
     for p, s in zip(plain, sent):
-        same(unpacked(s, packed), p)
+        same(unpacked(form, c.fields, s), p)

@@ -23,9 +23,11 @@ def make(tmp_path, sizes, **kw):
 
 
 def keys_of(batch, lo=0, hi=None):
-    keys, labels, valid = batch
-    if isinstance(keys, np.ndarray):  # transfer form (from iter()): the keys' blob
-        keys = rows(keys, len(valid))
+    if len(batch) == 2:  # transfer form (from iter()): the keys' blob, then the labels and valid packed
+        keys, packed = batch
+        keys, valid = rows(keys, len(packed)), packed[:, -1]
+    else:
+        keys, labels, valid = batch
     return [bytes(k).decode() for k, v in zip(keys[lo:hi], valid[lo:hi]) if int(v)]
 
 
@@ -205,7 +207,7 @@ def test_interleaved_resume_at_any_step_on_any_layout(sizes, R, W, extra, policy
         def run_from(k):
             source = WorkerSource(config.replace(rank=rank), data_set(paths, sizes), w, start_epoch=epoch, start_step=k)
             out = []
-            for keys, valid in iter(source):  # the transfer form: the keys' blob, then valid
+            for keys, valid in iter(source):  # the transfer form: the keys' blob, then valid (alone: not packed)
                 out.append([bytes(k).decode() for k, v in zip(rows(keys, len(valid)), valid) if int(v)])
             return out
 

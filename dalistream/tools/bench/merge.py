@@ -3,9 +3,9 @@
 Each of W parallel external sources yields what :class:`dalistream.worker.WorkerSource` yields
 (a full batch whose own slot is marked valid, every other position empty), with payloads of
 ``--merge-bytes`` packed as dalistream packs byte fields (one blob with the rows' lengths, cut
-into rows in the main process); :func:`dalistream.dali.graph.merge_by_concat` (or,
-``--merge-method conditional``, the owner index's conditionals of
-:func:`dalistream.dali.graph.merge`) merges them. Nothing
+into rows in the main process); :func:`dalistream.dali.graph.merged` merges them by
+concatenation and sum (or, ``--merge-method conditional``, by the owner index's conditionals of
+:func:`dalistream.dali.graph.merge`). Nothing
 else runs, so ms per batch is the floor the sharded design puts under every pipeline. Each W
 is measured twice: merged, and with all W sources returned unmerged (the sources' own cost);
 the difference is the merge. Module-level imports stay light: DALI's spawned workers import
@@ -14,7 +14,6 @@ this module to unpickle :class:`TinySource`.
 
 from __future__ import annotations
 
-import functools
 import os
 import statistics
 import time
@@ -44,7 +43,8 @@ class TinySource:
     """One worker's padded batches of payload rows, laid out and packed as dalistream's sources
     do (:func:`dalistream.worker.batch.pack`)."""
 
-    def __init__(self, batch_size: int, workers: int, worker: int, payload: Tuple[int, int] = (1, 1)) -> None:
+    def __init__(self, form: Any, batch_size: int, workers: int, worker: int, payload: Tuple[int, int] = (1, 1)) -> None:
+        self.form = form  # how the payload field travels (dalistream.worker.batch.transfer)
         layout = Layout(1, workers, batch_size)
         self.lo = layout.slot_offsets[worker]
         self.hi = self.lo + layout.slots[worker]
@@ -61,7 +61,7 @@ class TinySource:
     def __next__(self) -> Tuple[Any, ...]:
         from ...worker.batch import pack
 
-        return pack(self.plain, (0,), self.lo, self.hi)
+        return pack(self.plain, self.form, (0,), self.lo, self.hi)
 
 
 def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -70,8 +70,8 @@ def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
     from nvidia.dali import fn, pipeline_def
 
     from ...config import StreamConfig
-    from ...dali.compat import on_receive, shutdown
-    from ...dali.graph import merge, merge_by_concat, owner_of, received_rows
+    from ...dali.compat import shutdown
+    from ...dali.graph import merged as merged_nodes, owner_of, receive_blobs, transfer_of, valid_of
     from .monitor import tree_cpu_s
 
     workers, batch = spec["workers"], spec["batch_size"]
@@ -84,21 +84,19 @@ def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
                   py_start_method="spawn", py_callback_pickler=dill, enable_conditionals=True, exec_dynamic=True,
                   prefetch_queue_depth=2)
     def merged():
-        sources = [TinySource(batch, workers, w, payload) for w in range(workers)]
+        form = transfer_of(config)
+        sources = [TinySource(form, batch, workers, w, payload) for w in range(workers)]
         for source in sources:
-            on_receive(source, functools.partial(received_rows, (0,)))
-        branches = [fn.external_source(source=source, num_outputs=2, batch=True, parallel=True, cycle="quiet",
-                                       prefetch_queue_depth=2, bytes_per_sample_hint=hint)
+            receive_blobs(source, form.blobs, batch)
+        branches = [fn.external_source(source=source, num_outputs=form.n_outputs, batch=True, parallel=True,
+                                       cycle="quiet", prefetch_queue_depth=2, bytes_per_sample_hint=hint)
                     for source in sources]
         if not spec["merge"]:
             return tuple(node for nodes in branches for node in nodes)
-        if spec.get("method", "concat") == "concat":  # what dalistream does for such fields
-            return tuple(merge_by_concat(config, branches))
-        if workers == 1:
-            merged = list(branches[0])
-        else:
-            merged = merge(owner_of([b[-1] for b in branches]), branches)
-        return tuple(merged)
+        by_owner = spec.get("method", "concat") != "concat" and workers > 1  # concat: what dalistream does here
+        fields, _, valid = merged_nodes(config, owner_of([valid_of(config, b) for b in branches]) if by_owner else None,
+                                        branches)
+        return (*fields, valid)
 
     pipe = merged()
     pipe.build()
