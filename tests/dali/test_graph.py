@@ -260,6 +260,35 @@ def test_nothing_per_batch_runs_as_autograph_converted_code(shards, fields, grap
     assert received_rows.__code__ in codes and compat.tensor_list.__code__ in codes  # the originals ran
 
 
+@pytest.mark.parametrize("fields, workers, forced", [(BASE, 1, None), (BASE, 2, None), (BASE, 3, True),
+                                                     (WITH_2D, 2, None)], ids=["w1", "w2", "w3-cond", "owner"])
+def test_packed_columns_reach_the_graph_as_their_fields_types(shards, fields, workers, forced):
+    """The integer scalars and valid travel packed in one wider integer array: each comes out of
+    the merge as its own type again, with the values of a merge by owner."""
+    from nvidia.dali import types
+
+    from dalistream.dali import compat
+
+    directory, truth = shards
+    stream = dalistream.Stream.open(directory, fields=fields, batch_size=5, workers=workers, device="cpu",
+                                    policy="exact", missing="empty")
+    pipe = dalistream.pipeline_def(graph_of_every_field, conditionals=forced)(stream)
+    pipe.build()
+    names = list(fields) + ["valid"]
+    try:
+        for _ in range(3):
+            out = dict(zip(names, pipe.run()))
+            assert out["label"].dtype == types.INT64 and out["valid"].dtype == types.UINT8
+            valid = [int(np.asarray(out["valid"][i])) for i in range(5)]
+            assert set(valid) <= {0, 1} and any(valid)
+            for i in range(5):
+                key = bytes(np.asarray(out["key"][i])).decode()
+                label = int(np.asarray(out["label"][i]))
+                assert (label == int(truth[key]["cls"])) if valid[i] else (label == 0 and key == "")
+    finally:
+        compat.shutdown(pipe)
+
+
 def test_the_shards_above_are_read_both_by_layout_and_by_header(shards):
     """Every shard above is regular, the one with a sample lacking its ``txt`` too (samples may
     differ in members): the test above cuts every field kind out by the layouts, or (its plain
