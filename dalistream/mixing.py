@@ -18,10 +18,10 @@ another layout mid-epoch it goes on by
 resolved from the manifests' per-sample keys (``AspectBuckets.auto`` from every source's), every
 sample's bucket is kept in its data set (:attr:`~dalistream.dataset.DataSet.buckets`), and the
 first epoch is planned once, so that a layout the plan refuses fails before any worker starts.
-A mix is bucketed with ``per_batch="source"`` only (:mod:`dalistream.plan.bucketmix`). The plans
-(:mod:`dalistream.plan.buckets`, after an elastic resume :mod:`~dalistream.plan.bucketresume`)
-are kept for the few calls that ask for them again; :func:`worker_run` is what one worker
-executes of them (:func:`~dalistream.plan.bucketworker.bucket_run`).
+A mix is bucketed with ``per_batch="source"`` only (:mod:`dalistream.plan.bucketmix`).
+
+What each worker reads of an epoch, mix or not, bucketed or not, is the one plan of
+:func:`dalistream.plan.epochplan.epoch_plan`; this module resolves the data it plans.
 """
 
 from __future__ import annotations
@@ -29,31 +29,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .buckets import missing_keys
 from .config import SHUFFLE_BUFFER
 from .dataset import DataSet
-from .errors import ConfigError, StateError, redact
+from .errors import ConfigError
 from .io.local import local_path
 from .io.stores import any_remote
 from .manifest import SampleOffsets, count_samples
 from .manifest.files import manifest_reader, manifest_urls
-from .plan import Layout, MixEpoch, ResumePlan, Schedule, WorkerPlan, parse_mix, worker_plan
-from .plan import worker_columns as plan_columns
-from .plan.affinity import AffinePlan, Nodes
+from .plan import Layout, MixEpoch, Schedule, parse_mix
+from .plan.bucketmix import check_bucket_mix
+from .plan.epochplan import check_buckets, mix_epoch
 from .plan.mix import check_options
-from .plan.bucketmix import BucketMix, check_bucket_mix
-from .plan.bucketresume import resumed_bucket_plan
-from .plan.bucketseq import BucketIndex
-from .plan.buckets import BucketEpoch, bucket_steps, bucket_totals
-from .plan.bucketworker import BucketRun, bucket_run
-from .plan.mixresume import MixResume
 from .sources import expand_sources, is_remote
 
 log = logging.getLogger(__name__)
@@ -85,72 +77,15 @@ class Mix:
         return tuple(s.name for s in self.sources)
 
     def epoch(self, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False) -> MixEpoch:
-        """The plan of ``epoch`` for every worker of ``layout`` (each source's spans, or its columns)."""
-        return MixEpoch([s.data.counts for s in self.sources], [s.weight for s in self.sources], layout, schedule, epoch,
-                        self.names, self.per_batch, self.samples_per_epoch, interleave)
-
-    def resumed(self, layout: Layout, schedule: Schedule, epoch: int, segments: Sequence, shuffle: int,
-                interleave: bool = False) -> MixResume:
-        """The rest of ``epoch`` after ``segments`` ran under other layouts (elastic resume)."""
-        return MixResume([s.data.counts for s in self.sources], [s.weight for s in self.sources], self.names,
-                         self.per_batch, self.samples_per_epoch, layout, schedule, epoch, segments, shuffle, interleave)
+        """The plan of ``epoch`` for every worker of ``layout`` (each source's spans, or its columns;
+        :func:`dalistream.plan.epochplan.mix_epoch`)."""
+        return mix_epoch(self, layout, schedule, epoch, interleave)
 
     def identity(self, of: Any) -> dict:
         """What the sources are, for a loader state: ``of(urls, counts, sizes)`` per source name,
         with the weights and choices (a state resumes only the same mix)."""
         return {"mix": {s.name: {**of(s.data.urls, s.data.counts, s.data.sizes), "weight": s.weight} for s in self.sources},
                 "per_batch": self.per_batch, "samples_per_epoch": self.samples_per_epoch}
-
-
-def worker_columns(config: Any, data: DataSet, mix: Optional[Mix], epoch: int, worker: int,
-                   resume: Sequence = ()) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
-    """What worker ``worker`` of ``config``'s rank reads in ``epoch`` (after ``resume``'s segments,
-    if any, ran under other layouts), whatever the data: its columns, each ``(plan, take per
-    step, source)``. A single data set's: its span (taking the whole slot a step) or, read
-    interleaved, one column per slot position (one sample a step), planned by
-    :mod:`dalistream.plan.ownership` (or :mod:`~dalistream.plan.resume`; with node affinity
-    :func:`affine_plan`); a mix's: each source's
-    span or columns by :mod:`dalistream.plan.mix` (or :mod:`~dalistream.plan.mixresume`). The
-    worker reads them all one way (:class:`dalistream.worker.feed.Feed`)."""
-    c = config
-    if mix is not None:
-        if resume:
-            return mix.resumed(c.layout, c.schedule, epoch, resume, c.shuffle, c.interleave).worker_columns(c.rank, worker)
-        return mix.epoch(c.layout, c.schedule, epoch, c.interleave).worker_columns(c.rank, worker)
-    counts, shards, layout = data.counts, len(data.urls), c.plan_layout
-    owners = c.layout.columns(c.rank, worker) if c.interleave else ()
-    affine = affine_plan(c, counts, epoch, resume)
-    if affine is not None:
-        plans = affine.columns_of(c.rank, worker) if c.interleave else (affine.worker(c.rank, worker),)
-    elif resume and counts is not None:
-        resumed = ResumePlan(counts, layout, c.schedule, epoch, resume, c.shuffle)
-        plans = tuple(resumed.worker(q, 0) for q in owners) if c.interleave else (resumed.worker(c.rank, worker),)
-    elif c.interleave:
-        plans = plan_columns(counts, shards, c.layout, c.schedule, epoch, c.rank, worker)
-    else:
-        plans = (worker_plan(counts, shards, layout, c.schedule, epoch, c.rank, worker),)
-    return [(plan, np.full(plan.steps, plan.slot), 0) for plan in plans]
-
-
-def affine_plan(config: Any, counts: Optional[Sequence[int]], epoch: int,
-                resume: Sequence = ()) -> Optional[AffinePlan]:
-    """The node-affine plan (:mod:`dalistream.plan.affinity`) of ``epoch`` after ``resume``'s
-    segments, where it applies: ``config.affinity == "node"``, or the rest of an epoch whose
-    earlier segments ran with it (a resume onto no affinity); ``None`` otherwise (the plans of
-    :mod:`~dalistream.plan.ownership` and :mod:`~dalistream.plan.resume`). Computed once per
-    (epoch, layout, segments) in a process."""
-    resume = tuple(tuple(int(v) for v in s) for s in resume)
-    if counts is None or (config.affinity is None and all(len(s) == 4 for s in resume)):
-        return None
-    return _affine(tuple(counts), config.layout, config.nodes, config.schedule, int(epoch), bool(config.interleave),
-                   int(config.shuffle or 0), resume)
-
-
-@lru_cache(maxsize=4)
-def _affine(counts: Tuple[int, ...], layout: Layout, nodes: Optional[Nodes], schedule: Schedule, epoch: int,
-            columns: bool, shuffle: int, segments: Tuple[Tuple[int, ...], ...]) -> AffinePlan:
-    return AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns, shuffle=0 if columns else shuffle,
-                      segments=segments)
 
 
 def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
@@ -265,22 +200,6 @@ def concatenated(sources: Sequence[MixedSource]) -> Tuple[Tuple[str, ...], Tuple
 
 # -- buckets ------------------------------------------------------------------------------------
 
-# a few recent epochs' plans, by their inputs: (plan, the buckets' arrays it was made of, kept
-# alive so that no other array takes their id)
-_PLANS: "OrderedDict[tuple, tuple]" = OrderedDict()
-_KEEP = 4
-
-
-def _kept(key: tuple, make) -> Any:
-    found = _PLANS.get(key)
-    if found is None:
-        found = _PLANS[key] = make()
-        while len(_PLANS) > _KEEP:
-            _PLANS.popitem(last=False)
-    _PLANS.move_to_end(key)
-    return found[0]
-
-
 def bucketed(config: Any, data: DataSet, mix: Any) -> Tuple[Any, DataSet, Any]:
     """``(config, data, mix)`` with the buckets resolved and every sample's bucket known (see
     the module doc); a data set without the keys its buckets need is a
@@ -309,85 +228,3 @@ def bucketed(config: Any, data: DataSet, mix: Any) -> Tuple[Any, DataSet, Any]:
                                                      for s, d in zip(mix.sources, assigned)))
     check_buckets(config, data, mix)
     return config, data, mix
-
-
-def check_buckets(config: Any, data: DataSet, mix: Any) -> None:
-    """Plan the first epoch of a bucketed stream on ``config``'s layout: a
-    :class:`~dalistream.errors.ConfigError` when it holds no batch, or needs a worker to hold
-    more than the buckets' ``lookahead``."""
-    steps = (bucket_mix(config, mix, 0) if mix is not None else bucket_epoch(config, data, 0)).steps
-    if steps == 0:
-        sets = [data] if mix is None else [s.data for s in mix.sources]
-        totals = sum(bucket_totals(d.buckets, len(config.buckets)) for d in sets)
-        raise ConfigError(f"batch_size {config.batch_size} gives no batch of one bucket: buckets of "
-                          f"{totals.tolist()} samples over {config.world_size} ranks",
-                          url=redact(config.sources[0]),
-                          hint="use a smaller batch_size, fewer buckets, or policy='exact'")
-
-
-def bucket_index(data: DataSet, buckets: int) -> BucketIndex:
-    """The :class:`~.plan.bucketseq.BucketIndex` of ``data``'s buckets, made once per process
-    (before DALI's workers fork, they share the main process's)."""
-    ids = data.buckets
-    return _kept(("index", id(ids), len(ids), buckets), lambda: (BucketIndex(data.counts, ids, buckets), ids))
-
-
-def bucket_epoch(config: Any, data: DataSet, epoch: int, resume: Sequence = (),
-                 rank: Optional[int] = None) -> BucketEpoch:
-    """The bucket plan of ``epoch`` for every rank and worker (the rest of it after ``resume``'s
-    segments ran under other layouts); ``rank``: laid out for that rank's workers only (what a
-    worker needs: its cost is its rank's samples and the epoch's column counts, not the epoch)."""
-    b, ids = config.buckets, data.buckets
-    key = ("one", id(ids), len(ids), config.layout, config.schedule, int(epoch), b.per, tuple(map(tuple, resume)),
-           b.lookahead, None if resume else rank)  # (a resumed plan lays out every rank: one for all)
-
-    def make() -> tuple:
-        if resume:
-            return resumed_bucket_plan(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per, resume,
-                                       b.lookahead), ids
-        return BucketEpoch(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per,
-                           lookahead=b.lookahead, ranks=None if rank is None else (rank,),
-                           index=bucket_index(data, len(b)) if b.per == "rank" else None), ids
-
-    return _kept(key, make)
-
-
-def bucket_mix(config: Any, mix: Any, epoch: int, rank: Optional[int] = None) -> BucketMix:
-    """The bucket plan of a mix's ``epoch`` (``per_batch="source"``); ``rank``: laid out for that
-    rank's workers only."""
-    b = config.buckets
-    ids = [s.data.buckets for s in mix.sources]
-    key = ("mix", tuple(map(id, ids)), config.layout, config.schedule, int(epoch), b.per, b.lookahead, rank)
-    indexes = [bucket_index(s.data, len(b)) for s in mix.sources] if b.per == "rank" else None
-    return _kept(key, lambda: (BucketMix([s.data.counts for s in mix.sources], ids, len(b),
-                                         [s.weight for s in mix.sources], config.layout, config.schedule, epoch,
-                                         b.per, mix.names, mix.per_batch, mix.samples_per_epoch,
-                                         None if rank is None else (rank,), indexes), ids))
-
-
-def bucketed_steps(config: Any, data: DataSet, mix: Any, epoch: int, resume: Sequence = ()) -> int:
-    """Batches every rank yields in ``epoch`` (its rest after ``resume``'s segments), from the
-    per-bucket counts alone where no resume is involved."""
-    b = config.buckets
-    if mix is not None:
-        if resume:
-            raise StateError("a mix with buckets resumes on the layout it was saved under only (the same ranks, "
-                             "workers and batch size)", hint="resume with the saved layout, or start the epoch over")
-        return bucket_mix(config, mix, epoch).steps
-    if resume:
-        return bucket_epoch(config, data, epoch, resume).steps
-    ids = data.buckets  # (its per-bucket totals counted once, not at every len() of a loader)
-    totals = _kept(("totals", id(ids), len(ids), len(b)), lambda: (bucket_totals(ids, len(b)), ids))
-    return bucket_steps(totals, config.layout, config.schedule, b.per)
-
-
-def worker_run(config: Any, data: DataSet, mix: Any, epoch: int, worker: int, resume: Sequence = (),
-               first: int = 0) -> BucketRun:
-    """What worker ``worker`` of ``config``'s rank executes of ``epoch`` from step ``first`` on
-    (after ``resume``'s segments, if any, ran under other layouts)."""
-    if mix is not None:
-        if resume:
-            bucketed_steps(config, data, mix, epoch, resume)  # refused, in words
-        plans, source, source_step = bucket_mix(config, mix, epoch, config.rank).worker(config.rank, worker)
-        return bucket_run(plans, first, source, source_step)
-    return bucket_run([bucket_epoch(config, data, epoch, resume, config.rank).worker(config.rank, worker)], first)

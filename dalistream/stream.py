@@ -20,11 +20,11 @@ from .errors import ConfigError, redact, redact_client_logs
 from .io.folder import folder_problem
 from .io.options import with_cache
 from .device import check_start_method, resolve_device
-from .mixing import (Mix, affine_plan, bucketed, bucketed_steps, concatenated, open_mix, reading_order_for,
-                     resolve_source)
-from .plan import Layout, check_layout, resumed_steps, steps_per_epoch
+from .mixing import Mix, bucketed, concatenated, open_mix, reading_order_for, resolve_source
+from .plan import Layout, check_layout, steps_per_epoch
+from .plan.cached import affine_plan
+from .plan.epochplan import epoch_plan, plan_head, planned_layout
 from .plan.nodes import ranks_per_node, resolve_nodes
-from .plan.resume import segment_head
 
 log = logging.getLogger(__name__)
 
@@ -315,20 +315,9 @@ class Stream:
                    mix=mix, reading=reading, given=given)
 
     def steps(self, epoch: int, resume: Sequence = ()) -> int:
-        """Batches this rank yields in ``epoch`` (its rest after the segments ``resume``)."""
-        c = self.config
-        if c.buckets is not None:
-            return bucketed_steps(c, self.data, self.mix, epoch, resume)
-        if self.mix is not None:
-            if resume:
-                return self.mix.resumed(c.layout, c.schedule, epoch, resume, c.shuffle, c.interleave).steps
-            return self.mix.epoch(c.layout, c.schedule, epoch).steps
-        affine = affine_plan(c, self.data.counts, epoch, resume)
-        if affine is not None:
-            return affine.steps
-        if resume and self.data.counts is not None:
-            return resumed_steps(self.data.counts, c.plan_layout, c.schedule, epoch, resume, c.shuffle)
-        return steps_per_epoch(self.data.counts, c.plan_layout, c.schedule, epoch, c.rank)
+        """Batches this rank yields in ``epoch`` (its rest after the segments ``resume``):
+        :func:`~dalistream.plan.epochplan.epoch_plan`'s ``steps``."""
+        return epoch_plan(self.config, self.data, self.mix, epoch, resume).steps
 
     def planned(self, layout: Layout) -> Layout:
         """The layout the plan splits an epoch over: a single data set read interleaved splits it
@@ -348,7 +337,7 @@ class Stream:
         """What a loader state's segment says of a layout, all but its steps (:mod:`dalistream.plan.affinity`):
         run with node affinity over ``nodes`` nodes, ``(world_size, workers, batch_size, nodes,
         columns)``; without (``nodes`` None), the layout the plan splits (:meth:`planned`)."""
-        return segment_head(layout, self.planned(layout), nodes, bool(self.config.interleave))
+        return plan_head(self.config, self.mix, layout, nodes)
 
     @property
     def may_pad(self) -> bool:

@@ -3,8 +3,9 @@
 Checked from the source text, so every new module is held to them: no import circle (function-level
 imports count; ``if TYPE_CHECKING:`` blocks, which never run, do not), no module over 600 lines (sized by cohesion, not by a cap), at
 most a dozen modules at the package top, no private name imported from another dalistream module,
-nothing in the library importing ``dalistream.tools``, and DALI's or torch's internals touched only
-in ``dalistream/dali/compat.py``. Each checker is also run on a small bad example, so a checker
+nothing in the library importing ``dalistream.tools``, no import against the data flow (the
+worker's and the plan's modules, and the base modules every stage receives, import no entry module
+of the package top), and DALI's or torch's internals touched only in ``dalistream/dali/compat.py``. Each checker is also run on a small bad example, so a checker
 that finds nothing cannot pass by accident.
 """
 
@@ -28,6 +29,9 @@ INTERNALS = re.compile(r"\._py_pool|\._shutdown\(|\._processes|\._observer|\._us
                        r"autograph_info__|pytorch\.torch_utils|import torch_utils|IsDriverInitialized|"
                        r"GetCUDADeviceCount|\.__spec__")
 COMPAT = "dalistream.dali.compat"
+# what every stage receives; with the stages below the entry modules, they import none of those
+BASE = ("dalistream.config", "dalistream.errors", "dalistream.dataset", "dalistream.device", "dalistream.lifetime")
+BELOW = ("dalistream.worker", "dalistream.plan")
 
 
 def modules(root: str = PACKAGE, name: str = "dalistream") -> Dict[str, str]:
@@ -170,6 +174,17 @@ def code_lines(path: str) -> Dict[int, str]:
             for n, toks in lines.items()}
 
 
+def against_the_flow(mods: Dict[str, str]) -> List[str]:
+    """``"a imports b"`` for each import of an entry module (a module of the package top other
+    than the base ones) by a base module or a module of the worker or the plan."""
+    entry = {m for m, p in mods.items() if m.count(".") == 1 and os.path.basename(p) != "__init__.py"} - set(BASE)
+    found = []
+    for mod, targets in sorted(graph(mods).items()):
+        if mod in BASE or mod.startswith(tuple(b + "." for b in BELOW)) or mod in BELOW:
+            found += [f"{mod} imports {t}" for t in sorted(targets & entry)]
+    return found
+
+
 def internals_outside_compat(mods: Dict[str, str]) -> List[str]:
     bad = []
     for mod, path in mods.items():
@@ -208,6 +223,10 @@ def test_no_private_name_imported_from_another_module(package):
 
 def test_the_library_never_imports_tools(package):
     assert tools_imports(package) == []
+
+
+def test_no_import_against_the_data_flow(package):
+    assert against_the_flow(package) == []
 
 
 def test_dali_and_torch_internals_only_in_compat(package):
@@ -261,9 +280,13 @@ def test_checkers_find_what_they_look_for(tmp_path):
         "dalistream/sub/other.py": "",
         "dalistream/tools/__init__.py": "",
         "dalistream/tools/x.py": "from ..a import thing\n",
+        "dalistream/config.py": "from .e import E\n",                           # the base, above an entry module
+        "dalistream/worker/__init__.py": "",
+        "dalistream/worker/w.py": "from ..a import thing\nfrom ..config import C\n",  # the base: with the flow
     })
     assert sorted(cycles(graph(mods))) == [["dalistream.a", "dalistream.b", "dalistream.c", "dalistream.tools.x"],
                                           ["dalistream.f", "dalistream.sub", "dalistream.sub.inner"]]
     assert private_imports(mods) == ["dalistream.b:2 imports dalistream.c._hidden"]
     assert tools_imports(mods) == ["dalistream.c:2 imports dalistream.tools.x"]
     assert [line.split(":")[:2] for line in internals_outside_compat(mods)] == [["dalistream.c", "4"]]
+    assert against_the_flow(mods) == ["dalistream.config imports dalistream.e", "dalistream.worker.w imports dalistream.a"]

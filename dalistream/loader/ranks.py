@@ -16,8 +16,8 @@ import logging
 from typing import Optional, Tuple
 
 from ..errors import ConfigError
-from ..mixing import check_buckets
 from ..plan import check_layout
+from ..plan.epochplan import check_buckets
 from ..stream import Stream, check_data_size
 
 log = logging.getLogger(__name__)

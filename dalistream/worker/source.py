@@ -36,7 +36,7 @@ import os
 import signal
 import threading
 import time
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -44,10 +44,10 @@ from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import redact_client_logs
 from ..plan import WorkerPlan, seeds
+from ..plan.epochplan import Column, Reading, epoch_plan
 from ..tar.runs import Arena
 from . import batch
 from .policy import ErrorPolicy
-from ..mixing import Mix, bucket_epoch, worker_columns, worker_run
 from .bucketfeed import BucketFeed, bucket_column
 from ..io.options import shared_budget
 from ..io.parts import PartFetcher
@@ -69,7 +69,7 @@ class WorkerSource:
 
     def __init__(
         self, config: StreamConfig, data: DataSet, worker: int, *, start_epoch: int = 0, start_step: int = 0,
-        stats_path: Optional[str] = None, resume: Sequence = (), mix: Optional[Mix] = None,
+        stats_path: Optional[str] = None, resume: Sequence = (), mix: Any = None,
     ) -> None:
         self.config = config
         self.worker = worker
@@ -198,15 +198,21 @@ class WorkerSource:
 
     # -- one epoch -------------------------------------------------------------------------
 
-    def columns(self, epoch: int) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
-        """What this worker reads in ``epoch``: ``(plan, take per step, source)`` per column
-        (:func:`dalistream.mixing.worker_columns`)."""
+    def reading(self, epoch: int, first: int = 0) -> Reading:
+        """What this worker reads in ``epoch`` (a bucket plan: executes from step ``first`` on):
+        its part of the epoch's one plan (:func:`dalistream.plan.epochplan.epoch_plan`)."""
         resume = self.resume if epoch == self.start_epoch else ()
-        return worker_columns(self.config, self.data, self.mix, epoch, self.worker, resume)
+        return epoch_plan(self.config, self.data, self.mix, epoch, resume).for_worker(self.config.rank, self.worker,
+                                                                                        first)
+
+    def columns(self, epoch: int) -> List[Column]:
+        """What this worker reads in ``epoch``: ``(plan, take per step, source)`` per column
+        (:meth:`reading`)."""
+        return list(self.reading(epoch).columns)
 
     def plans(self, epoch: int) -> Tuple[WorkerPlan, ...]:
-        """The plans of this worker's columns in ``epoch`` (:meth:`columns`)."""
-        return tuple(plan for plan, _, _ in self.columns(epoch))
+        """The plans of this worker's columns in ``epoch`` (:meth:`reading`)."""
+        return self.reading(epoch).plans
 
     def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are not read
@@ -227,12 +233,13 @@ class WorkerSource:
         for reader in self.readers:
             reader.arena, reader.fetcher = self._arena, self._fetcher
             reader.rows.epoch = reader.decoder.epoch = epoch  # (a video clip's frames are drawn by epoch)
-        if c.buckets is not None:
-            yield from self._bucket_batches(epoch, start_step, policy, stats)
+        reading = self.reading(epoch, start_step)
+        if reading.run is not None:
+            yield from self._bucket_batches(epoch, start_step, reading, policy, stats)
             stats.write()
             return
-        columns = self.columns(epoch)
-        steps = columns[0][0].steps
+        columns = reading.columns
+        steps = reading.steps
         self._state_ahead([plan for plan, _, _ in columns], [s for _, _, s in columns], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
         def by_columns(start: int) -> Feed:  # the column path, from step ``start`` on
@@ -272,7 +279,7 @@ class WorkerSource:
             stats.maybe_write()
             yield outputs
         if c.policy == "even" and self.mix is None:  # a span is exactly steps x slot: only the job's tail is left out
-            stats.add(dropped=sum(plan.left_out for plan, _, _ in columns))
+            stats.add(dropped=reading.left_out)
         stats.write()
 
     def _state_ahead(self, plans: Sequence[WorkerPlan], sources: Sequence[int], stats: WorkerStats) -> None:
@@ -281,14 +288,13 @@ class WorkerSource:
         for source, reader in enumerate(self.readers):
             reader.state_ahead([plan for plan, s in zip(plans, sources) if s == source], stats)
 
-    def _bucket_batches(self, epoch: int, start_step: int, policy: ErrorPolicy,
+    def _bucket_batches(self, epoch: int, start_step: int, reading: Reading, policy: ErrorPolicy,
                         stats: WorkerStats) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         """The batches of ``epoch`` under its bucket plan from ``start_step`` on
         (:class:`~.bucketfeed.BucketFeed`): each step's samples at its own positions, then the
         bucket's index (:func:`~.bucketfeed.bucket_column`), then ``valid``."""
         c = self.config
-        resume = self.resume if epoch == self.start_epoch else ()
-        run = worker_run(c, self.data, self.mix, epoch, self.worker, resume, start_step)
+        run = reading.run
         self._state_ahead(run.readers, run.source, stats)
         streams = [self.readers[run.source[g]].blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])
                    for g, plan in enumerate(run.readers)]
@@ -318,7 +324,7 @@ class WorkerSource:
             stats.maybe_write()
             yield outputs
         if c.policy == "even" and self.mix is None and (c.rank, self.worker) == (c.world_size - 1, c.workers - 1):
-            stats.add(dropped=bucket_epoch(c, self.data, epoch, resume, c.rank).left_out_count)  # the job's last worker
+            stats.add(dropped=reading.left_out)  # the job's last worker
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
                 reader: PlanReader) -> Iterator[Rows]:

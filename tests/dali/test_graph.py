@@ -11,7 +11,7 @@ import dalistream
 from dalistream.config import StreamConfig
 from dalistream.errors import ConfigError
 from dalistream.dali.graph import concat_mergeable
-from dalistream.mixing import worker_run
+from dalistream.plan.epochplan import epoch_plan
 
 from helpers import write_wds
 
@@ -127,7 +127,7 @@ def test_a_bucket_plan_s_positions_change_every_step_and_both_merges_follow(shar
                             "vec": np.asarray(batch["vec"][j]).tolist(), "text": bytes(batch["text"][j]),
                             **({"arr": np.asarray(batch["arr"][j]).tolist()} if "arr" in batch else {})}
     for w in range(3):  # the plan moves every worker's samples around the batch
-        run = worker_run(stream.config, stream.data, None, 0, w)
+        run = epoch_plan(stream.config, stream.data, None, 0).for_worker(stream.config.rank, w).run
         moved |= {int(o) for o, n in zip(run.offset, np.diff(run.bounds)) if n}
     assert len(moved) > 3
     assert out == expected(truth, fields is WITH_2D)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from dalistream import LengthBuckets, Stream
-from dalistream.mixing import bucket_epoch, worker_run
+from dalistream.plan.cached import bucket_epoch
+from dalistream.plan.epochplan import epoch_plan
 from dalistream.worker import WorkerSource
 from dalistream.worker.bucketfeed import BucketFeed
 from dalistream.worker.policy import ErrorPolicy
@@ -89,7 +90,7 @@ def test_a_worker_holds_at_most_the_plan_s_look_ahead(shards):
     c = stream.config
     for w in range(2):
         planned = bucket_epoch(c, stream.data, 0).worker(0, w).lookahead
-        run = worker_run(c, stream.data, None, 0, w)
+        run = epoch_plan(c, stream.data, None, 0).for_worker(c.rank, w).run
         reader = PlanReader(c, stream.data, w)
         stats, policy = WorkerStats(None, 0, w), ErrorPolicy("raise", 1.0)
         streams = [reader.blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])

@@ -1,0 +1,250 @@
+"""One plan of an epoch, whatever the data: the questions every plan answers, through one
+interface, and the one factory that builds it (:func:`epoch_plan`).
+
+An :class:`EpochPlan` answers:
+
+- :attr:`~EpochPlan.steps`: the batches the config's rank yields in the epoch (its rest after a
+  resume);
+- :meth:`~EpochPlan.for_worker`: what worker ``worker`` of rank ``rank`` reads, as one
+  :class:`Reading` (its columns, each ``(plan, take per step, source)``, or under a bucket plan
+  the :class:`~.bucketworker.BucketRun` it executes);
+- :meth:`~EpochPlan.state`: the segments a loader state saves at a step of it;
+- :meth:`~EpochPlan.rest`: the rest of the epoch on another layout (elastic resume), one
+  operation over any plan: the factory again, with the segments that ran.
+
+The factory composes three choices, each made once, here: the data (one data set, or a mix of
+named sources, :mod:`.mix`), the owners (balanced spans, :mod:`.ownership` and :mod:`.resume`;
+or node affinity, :mod:`.affinity`) and the batches (each its samples in order, or each one
+bucket, :mod:`.buckets`). Callers (``Stream.steps``, the worker, the checks of a new layout) ask
+the factory only. Pure functions of (config, counts, mix, epoch, segments); the few plans that
+are costly are kept per process (:mod:`.cached`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import ConfigError, StateError, redact
+from .affinity import AffinePlan
+from .buckets import bucket_totals
+from .bucketworker import BucketRun, bucket_run
+from .cached import affine_plan, bucket_epoch, bucket_mix, fresh_bucket_steps
+from .layout import Layout, Schedule
+from .mix import MixEpoch
+from .mixresume import MixResume
+from .ownership import WorkerPlan, steps_per_epoch, worker_columns, worker_plan
+from .resume import ResumePlan, continued, resumed_steps, segment_head
+
+#: One column of a worker's reading: ``(plan, samples taken at each step, source)``.
+Column = Tuple[WorkerPlan, np.ndarray, int]
+Segment = Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one worker reads of an epoch: ``steps`` batches; its ``columns`` (a span taking the
+    whole slot a step, or one column per slot position taking one sample a step; a mix: each
+    source's), or under a bucket plan the ``run`` it executes from a step on (its columns are
+    then the run's readers, each with the rows it reads at each step); ``left_out``: samples of the epoch that no one reads and this
+    worker counts (``even``: the job's tail, counted once)."""
+
+    steps: int
+    columns: Tuple[Column, ...]
+    run: Optional[BucketRun] = None
+    left_out: int = 0
+
+    @property
+    def plans(self) -> Tuple[WorkerPlan, ...]:
+        """The plans of the worker's columns (of its run's readers under a bucket plan)."""
+        return tuple(plan for plan, _, _ in self.columns)
+
+    @property
+    def sources(self) -> Tuple[int, ...]:
+        """The source (a mix's index; 0 for one data set) each of :attr:`plans` reads."""
+        return tuple(source for _, _, source in self.columns)
+
+
+class EpochPlan:
+    """The plan of one epoch of ``config``'s stream over ``data`` (or ``mix``), after the
+    segments ``resume`` ran under other layouts. Made by :func:`epoch_plan` only."""
+
+    def __init__(self, config: Any, data: Any, mix: Any, epoch: int, resume: Tuple[Segment, ...]) -> None:
+        self.config, self.data, self.mix, self.epoch, self.resume = config, data, mix, int(epoch), resume
+
+    @property
+    def steps(self) -> int:
+        """Batches the config's rank yields in the epoch (its rest after ``resume``)."""
+        raise NotImplementedError
+
+    def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
+        """What worker ``worker`` of rank ``rank`` reads (a bucket plan: executes from step ``first`` on)."""
+        raise NotImplementedError
+
+    def state(self, step: int) -> Tuple[Segment, ...]:
+        """The segments that say ``step`` batches of this epoch ran on this plan's layout (after
+        ``resume``): what a loader state saved at ``step`` resumes from on another layout."""
+        head = plan_head(self.config, self.mix)
+        return continued(self.resume, head, step, ())[0] if step else self.resume
+
+    def rest(self, config: Any, step: int) -> Tuple["EpochPlan", int]:
+        """The rest of the epoch after ``step`` batches of it ran on this plan's layout, on
+        ``config``'s layout: ``(plan, its first step)`` (the same layout goes on at ``step``)."""
+        segments, first = continued(self.resume, plan_head(self.config, self.mix), step, plan_head(config, self.mix))
+        return epoch_plan(config, self.data, self.mix, self.epoch, segments), first
+
+
+def planned_layout(config: Any, mixed: bool, layout: Optional[Layout] = None) -> Layout:
+    """The layout the plan splits an epoch over (``layout``, else the config's): a single data set
+    read interleaved splits it over the layout's columns (:attr:`~.layout.Layout.column_layout`);
+    a mix plans its columns within its own plan, over the layout itself; so does a bucket plan."""
+    layout = config.layout if layout is None else layout
+    if mixed or config.buckets is not None:
+        return layout
+    return layout.planned(bool(config.interleave))
+
+
+def plan_head(config: Any, mix: Any, layout: Optional[Layout] = None, nodes: Any = ...) -> Segment:
+    """What a segment says of ``layout`` (else the config's), all but its steps
+    (:func:`~.resume.segment_head`), with node affinity over ``nodes`` nodes (else the config's)."""
+    layout = config.layout if layout is None else layout
+    if nodes is ...:
+        nodes = config.nodes.count if config.nodes is not None else None
+    return segment_head(layout, planned_layout(config, mix is not None, layout), nodes, bool(config.interleave))
+
+
+def mix_epoch(mix: Any, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False) -> MixEpoch:
+    """The plan of a mix's ``epoch`` for every worker of ``layout`` (each source's spans, or its
+    columns): ``mix`` has ``sources`` (each its ``data.counts`` and ``weight``), ``names``,
+    ``per_batch`` and ``samples_per_epoch`` (:class:`dalistream.mixing.Mix`)."""
+    return MixEpoch([s.data.counts for s in mix.sources], [s.weight for s in mix.sources], layout, schedule, epoch,
+                    mix.names, mix.per_batch, mix.samples_per_epoch, interleave)
+
+
+def epoch_plan(config: Any, data: Any, mix: Any, epoch: int, resume: Sequence = ()) -> EpochPlan:
+    """THE plan of ``epoch`` of ``config``'s stream over ``data`` (a mix: ``mix``, whose sources
+    ``data`` lists end to end) after the segments ``resume`` ran under other layouts: the one
+    place that chooses among the data, owner and batch layers (see the module doc). A bucketed
+    mix resumes on its own layout only (a :class:`~dalistream.errors.StateError`)."""
+    resume = tuple(tuple(int(v) for v in s) for s in resume)
+    if config.buckets is not None:
+        if mix is not None and resume:
+            raise StateError("a mix with buckets resumes on the layout it was saved under only (the same ranks, "
+                             "workers and batch size)", hint="resume with the saved layout, or start the epoch over")
+        return _Bucketed(config, data, mix, epoch, resume)
+    if mix is not None:
+        return _Mixed(config, data, mix, epoch, resume)
+    affine = affine_plan(config, data.counts, epoch, resume)
+    if affine is not None:
+        return _Affine(config, data, mix, epoch, resume, affine)
+    return _Spans(config, data, mix, epoch, resume)
+
+
+def _whole(plans: Sequence[WorkerPlan], left_out: bool = True) -> Reading:
+    """The reading of columns each taking its plan's slot at every step."""
+    columns = tuple((plan, np.full(plan.steps, plan.slot), 0) for plan in plans)
+    return Reading(columns[0][0].steps, columns, left_out=sum(plan.left_out for plan in plans) if left_out else 0)
+
+
+class _Spans(EpochPlan):
+    """One data set over balanced spans (:mod:`.ownership`; after a resume :mod:`.resume`)."""
+
+    @property
+    def steps(self) -> int:
+        c, counts = self.config, self.data.counts
+        if self.resume and counts is not None:
+            return resumed_steps(counts, c.plan_layout, c.schedule, self.epoch, self.resume, c.shuffle)
+        return steps_per_epoch(counts, c.plan_layout, c.schedule, self.epoch, c.rank)
+
+    def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
+        c, counts = self.config, self.data.counts
+        if self.resume and counts is not None:
+            resumed = ResumePlan(counts, c.plan_layout, c.schedule, self.epoch, self.resume, c.shuffle)
+            if c.interleave:
+                return _whole([resumed.worker(q, 0) for q in c.layout.columns(rank, worker)])
+            return _whole([resumed.worker(rank, worker)])
+        if c.interleave:
+            return _whole(worker_columns(counts, len(self.data.urls), c.layout, c.schedule, self.epoch, rank, worker))
+        return _whole([worker_plan(counts, len(self.data.urls), c.plan_layout, c.schedule, self.epoch, rank, worker)])
+
+
+class _Affine(EpochPlan):
+    """One data set whose shards each node reads (:mod:`.affinity`)."""
+
+    def __init__(self, config: Any, data: Any, mix: Any, epoch: int, resume: Tuple[Segment, ...],
+                 affine: AffinePlan) -> None:
+        super().__init__(config, data, mix, epoch, resume)
+        self.affine = affine
+
+    @property
+    def steps(self) -> int:
+        return self.affine.steps
+
+    def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
+        if self.config.interleave:
+            return _whole(self.affine.columns_of(rank, worker))
+        return _whole([self.affine.worker(rank, worker)])
+
+
+class _Mixed(EpochPlan):
+    """A mix: each source's spans or columns (:mod:`.mix`; after a resume :mod:`.mixresume`)."""
+
+    def _plan(self) -> Any:
+        c = self.config
+        if self.resume:
+            m = self.mix
+            return MixResume([s.data.counts for s in m.sources], [s.weight for s in m.sources], m.names, m.per_batch,
+                             m.samples_per_epoch, c.layout, c.schedule, self.epoch, self.resume, c.shuffle,
+                             c.interleave)
+        return mix_epoch(self.mix, c.layout, c.schedule, self.epoch, c.interleave)
+
+    @property
+    def steps(self) -> int:
+        return self._plan().steps
+
+    def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
+        columns: List[Column] = self._plan().worker_columns(rank, worker)
+        return Reading(columns[0][0].steps, tuple(columns))
+
+
+class _Bucketed(EpochPlan):
+    """Every batch one bucket (:mod:`.buckets`; a mix :mod:`.bucketmix`; after a resume
+    :mod:`.bucketresume`)."""
+
+    @property
+    def steps(self) -> int:
+        c = self.config
+        if self.mix is not None:
+            return bucket_mix(c, self.mix, self.epoch).steps
+        if self.resume:
+            return bucket_epoch(c, self.data, self.epoch, self.resume).steps
+        return fresh_bucket_steps(c, self.data)
+
+    def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
+        c = self.config
+        if self.mix is not None:
+            plans, source, source_step = bucket_mix(c, self.mix, self.epoch, rank).worker(rank, worker)
+            run, left_out = bucket_run(plans, first, source, source_step), 0
+        else:
+            plan = bucket_epoch(c, self.data, self.epoch, self.resume, rank)
+            run = bucket_run([plan.worker(rank, worker)], first)
+            last = (rank, worker) == (c.world_size - 1, c.workers - 1)  # (the job's last worker counts them)
+            left_out = plan.left_out_count if last and c.policy == "even" else 0
+        columns = tuple((plan, run.reads[:, g], source) for g, (plan, source) in enumerate(zip(run.readers, run.source)))
+        return Reading(run.steps, columns, run, left_out)
+
+
+def check_buckets(config: Any, data: Any, mix: Any) -> None:
+    """Plan the first epoch of a bucketed stream on ``config``'s layout, every rank's: a
+    :class:`~dalistream.errors.ConfigError` when it holds no batch, or needs a worker to hold
+    more than the buckets' ``lookahead``."""
+    steps = (bucket_mix(config, mix, 0) if mix is not None else bucket_epoch(config, data, 0)).steps
+    if steps == 0:
+        sets = [data] if mix is None else [s.data for s in mix.sources]
+        totals = sum(bucket_totals(d.buckets, len(config.buckets)) for d in sets)
+        raise ConfigError(f"batch_size {config.batch_size} gives no batch of one bucket: buckets of "
+                          f"{totals.tolist()} samples over {config.world_size} ranks",
+                          url=redact(config.sources[0]),
+                          hint="use a smaller batch_size, fewer buckets, or policy='exact'")
