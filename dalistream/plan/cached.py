@@ -87,11 +87,10 @@ def affine_plan(config: Any, counts: Optional[Sequence[int]], epoch: int,
     segments, where it applies: ``config.affinity == "node"``, or the rest of an epoch whose
     earlier segments ran with it (a resume onto no affinity); ``None`` otherwise. Computed once
     per (epoch, layout, segments) in a process."""
-    resume = tuple(tuple(int(v) for v in s) for s in resume)
     if counts is None or (config.affinity is None and all(len(s) == 4 for s in resume)):
         return None
     return _affine(tuple(counts), config.layout, config.nodes, config.schedule, int(epoch), bool(config.interleave),
-                   int(config.shuffle or 0), resume)
+                   int(config.shuffle or 0), tuple(tuple(int(v) for v in s) for s in resume))
 
 
 @lru_cache(maxsize=4)

@@ -86,8 +86,8 @@ class EpochPlan:
     def state(self, step: int) -> Tuple[Segment, ...]:
         """The segments that say ``step`` batches of this epoch ran on this plan's layout (after
         ``resume``): what a loader state saved at ``step`` resumes from on another layout."""
-        head = plan_head(self.config, self.mix)
-        return continued(self.resume, head, step, ())[0] if step else self.resume
+        closed = ()  # (the head of no layout: this one's segment closes at ``step``)
+        return continued(self.resume, plan_head(self.config, self.mix), step, closed)[0]
 
     def rest(self, config: Any, step: int) -> Tuple["EpochPlan", int]:
         """The rest of the epoch after ``step`` batches of it ran on this plan's layout, on
@@ -128,7 +128,7 @@ def epoch_plan(config: Any, data: Any, mix: Any, epoch: int, resume: Sequence = 
     ``data`` lists end to end) after the segments ``resume`` ran under other layouts: the one
     place that chooses among the data, owner and batch layers (see the module doc). A bucketed
     mix resumes on its own layout only (a :class:`~dalistream.errors.StateError`)."""
-    resume = tuple(tuple(int(v) for v in s) for s in resume)
+    resume = tuple(tuple(int(v) for v in s) for s in resume) if resume else ()
     if config.buckets is not None:
         if mix is not None and resume:
             raise StateError("a mix with buckets resumes on the layout it was saved under only (the same ranks, "
