@@ -322,10 +322,9 @@ class Stream:
     def planned(self, layout: Layout) -> Layout:
         """The layout the plan splits an epoch over: a single data set read interleaved splits it
         over ``layout``'s columns (:attr:`~dalistream.plan.Layout.column_layout`); a mix plans its
-        columns within its own plan, over ``layout`` itself; so does a bucket plan."""
-        if self.mix is not None or self.config.buckets is not None:
-            return layout
-        return layout.planned(bool(self.config.interleave))
+        columns within its own plan, over ``layout`` itself; so does a bucket plan
+        (:func:`~dalistream.plan.epochplan.planned_layout`)."""
+        return planned_layout(self.config, self.mix is not None, layout)
 
     def at(self, epoch: int, step: int = 0, stats_dir: Optional[str] = None, resume: Sequence = ()) -> "Stream":
         """The same stream starting at (``epoch``, ``step``), after the segments ``resume`` of
