@@ -22,6 +22,7 @@ are costly are kept per process (:mod:`.cached`).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -67,7 +68,7 @@ class Reading:
         return tuple(source for _, _, source in self.columns)
 
 
-class EpochPlan:
+class EpochPlan(ABC):
     """The plan of one epoch of ``config``'s stream over ``data`` (or ``mix``), after the
     segments ``resume`` ran under other layouts. Made by :func:`epoch_plan` only."""
 
@@ -75,13 +76,13 @@ class EpochPlan:
         self.config, self.data, self.mix, self.epoch, self.resume = config, data, mix, int(epoch), resume
 
     @property
+    @abstractmethod
     def steps(self) -> int:
         """Batches the config's rank yields in the epoch (its rest after ``resume``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
         """What worker ``worker`` of rank ``rank`` reads (a bucket plan: executes from step ``first`` on)."""
-        raise NotImplementedError
 
     def state(self, step: int) -> Tuple[Segment, ...]:
         """The segments that say ``step`` batches of this epoch ran on this plan's layout (after
