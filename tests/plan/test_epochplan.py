@@ -5,7 +5,7 @@ another layout; epochs 0 and 1; each (rank, worker)'s reading digested); its sta
 rest of an epoch on another layout, one operation over any plan.
 
 The frozen expectation, ``tests/plan/data/readings.json``, was written by the code before the plan
-protocol (commit af68563, where ``mixing.py``'s if-chains chose the plan), with this module's
+protocol (commit af68563, where ``mixing.py``'s if-chains chose the plan; written again from 916b5bd, the same dispatch, after bucket plans came to read 2B columns), with this module's
 ``readings`` and the reading function of then::
 
     def before(stream, epoch, worker, resume, first):
