@@ -4,21 +4,26 @@ A store reads a byte range of an object through :meth:`ByteCache.read` (or strea
 :meth:`ByteCache.open`), giving the object's version and its own ranged read ``fetch(url,
 version, start, end, progress) -> bytes`` (bytes ``[start, end)``, fewer at the object's end;
 ``progress``, when not None, may be given them as they arrive). The cache works in aligned
-blocks of ``block_bytes``: a block it holds is read from the local disk; a missing one is
-fetched whole, once per node however many processes want it at the same time (the others wait
-on its lock and then read the file), written to the disk and read from there; a stream of the
-fetching process reads it as its bytes arrive (:mod:`.cacheflight`).
+blocks of ``block_bytes``: a block it holds is read from the local disk, every byte checked
+against the CRC-32 written with it (a block that fails is removed and fetched again); a missing
+one is fetched whole, once per node however many processes want it at the same time (the others
+wait on its lock and then read the file), written to the disk and read from there; a stream of
+the fetching process reads it as its bytes arrive (:mod:`.cacheflight`).
 Blocks are keyed by (URL, version): a changed object is never served stale. The files, their
-checks and the locks are :mod:`.cachefiles`'s; the eviction rule (least recently used, by size)
-is :mod:`.cachesim`'s model.
+checks, the locks and the ledger that holds the folder under the limit are :mod:`.cachefiles`'s;
+the eviction rule (least recently used, by size) is :mod:`.cachesim`'s model.
 
-The cache only saves time, so it never stops a job: a limit below one block streams every read
-without caching (said once); a block that finds no room (every block held by a reader) is read
-without caching; a full or failing disk stops the writing of blocks (one warning) while blocks
-already there are still read; an object without a version is never cached. ``counters()`` gives
-``hits``, ``misses`` (blocks), ``remote_bytes`` (fetched), ``cache_bytes`` (read from blocks that
-were there), ``written_bytes``, ``uncached_bytes`` (fetched and not kept), ``evictions`` and
-``evicted_bytes``: a plain dict of this process's reads, to be summed over processes.
+The limit bounds the folder at every moment, for every process of the node: a fetch reserves
+its block's room in the shared ledger before it writes, evicting first when there is none
+(:class:`~.cachefiles.Ledger`). The cache only saves time, so it never stops a job: a limit below
+one block streams every read without caching (said once); a block that finds no room (the blocks
+held all being read or fetched) is read without caching; a full or failing disk stops the writing
+of blocks (one warning) while blocks already there are still read; an object without a version is
+never cached. ``counters()`` gives ``hits``, ``misses`` (blocks), ``remote_bytes`` (fetched),
+``cache_bytes`` (read from blocks that were there), ``written_bytes``, ``uncached_bytes`` (fetched
+and not kept), ``no_room`` (blocks not kept for want of room), ``damaged`` (kept blocks that
+failed their check, fetched again), ``evictions`` and ``evicted_bytes``: a plain dict of this
+process's reads, to be summed over processes.
 """
 
 from __future__ import annotations
@@ -32,23 +37,23 @@ from typing import Dict, Optional, Tuple
 from ..errors import ConfigError, redact
 from . import cachefiles as files
 from .cachefiles import auto_limit, parse_size
-from .cachesim import eviction_slack
 from .cacheflight import Flight, Flights
-from .cacherange import CachedRange, Count, Fetch, Piece, Progress
+from .cacherange import CachedRange, Count, Fetch, Piece, Progress, intact
 from .folder import folder_problem
 
 log = logging.getLogger(__name__)
 
 BLOCK_BYTES = 4 << 20  # measured: hits as fast as at 8-16 MiB, half the over-fetch of 8 MiB without affinity
-COUNTERS = ("hits", "misses", "remote_bytes", "cache_bytes", "written_bytes", "uncached_bytes", "evictions",
-            "evicted_bytes")
+COUNTERS = ("hits", "misses", "remote_bytes", "cache_bytes", "written_bytes", "uncached_bytes", "no_room",
+            "damaged", "evictions", "evicted_bytes")
 
 
 class ByteCache:
-    """Blocks of remote objects in ``folder`` (see the module doc), at most ``limit_bytes`` of
-    them in all (``None``: :func:`auto_limit`). Refuses a folder another user could plant blocks
-    in (:func:`~.folder.folder_problem`). Thread-safe; pickles as its settings (each process
-    keeps its own counters)."""
+    """Blocks of remote objects in ``folder`` (see the module doc), their files at most
+    ``limit_bytes`` in all at every moment (``None``: :func:`auto_limit`); a folder over the
+    limit (left by a job with a larger one) is brought under it when the cache is built. Refuses
+    a folder another user could plant blocks in (:func:`~.folder.folder_problem`). Thread-safe;
+    pickles as its settings (each process keeps its own counters)."""
 
     def __init__(self, folder: str, limit_bytes: Optional[int], block_bytes: int = BLOCK_BYTES) -> None:
         if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 4096:
@@ -69,23 +74,24 @@ class ByteCache:
         self.folder, self.block_bytes = folder, block_bytes
         self._start()
         files.tag_folder(self.root)
-        if not os.path.exists(self._ledger):
-            self._rescan()
+        if not os.path.exists(self._ledger.path):
+            self._ledger.rescan()
         self.limit_bytes = auto_limit(root, self.usage()) if limit is None else limit
-        if self.limit_bytes < block_bytes + files.HEADER.size:
+        if not self.caching:
             self._warn("small", f"the cache limit ({self.limit_bytes} bytes) is below one block ({block_bytes} "
                                 f"bytes): reading without caching")
+        removed, removed_bytes = self._ledger.trim(self.limit_bytes)
+        self._add(None, evictions=removed, evicted_bytes=removed_bytes)
 
     def _start(self) -> None:
         self.root = os.path.join(self.folder, files.NAMESPACE)
-        self._ledger = os.path.join(self.root, "usage")
-        self._evict_lock = os.path.join(self.root, "evict.lock")
+        self._ledger = files.Ledger(self.root)
+        self._room = files.block_size(self.block_bytes)  # what a block's file takes at most
         self._lock = threading.Lock()
         self._counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._warned: set = set()
         self._writes_off: Optional[str] = None
         self._subdirs: set = set()
-        self._local = threading.local()
         self._flights = Flights()  # blocks being fetched in this process, readable as they come
 
     def __getstate__(self) -> dict:
@@ -108,7 +114,13 @@ class ByteCache:
         gives none): streamed without caching, since a change could not be seen. ``count``
         receives the counters (module doc) of this stream's reads, as they happen, beside the
         process's own :meth:`counters` (a reader's share of them)."""
-        return CachedRange(self, url, version, start, end, fetch, count)
+
+        def add(**amounts: int) -> None:
+            self._add(count, **amounts)
+
+        return CachedRange(start, end, lambda pos, fresh: self.piece(url, version, pos, end, fetch, count, fresh),
+                           lambda a, b: self.direct(url, version, a, b, fetch, count), add,
+                           lambda piece: self._spoiled(piece, count))
 
     def read(self, url: str, version: Optional[str], start: int, end: int, fetch: Fetch,
              count: Optional[Count] = None) -> bytes:
@@ -145,9 +157,9 @@ class ByteCache:
         return True
 
     def _held(self, path: str) -> int:
-        """The length of the block in ``path`` as its file says (-1: not there)."""
+        """The length of the block in ``path`` as its file's size says (-1: not there)."""
         try:
-            return os.stat(path).st_size - files.HEADER.size
+            return files.length_of(os.stat(path).st_size)
         except FileNotFoundError:
             return -1
 
@@ -159,7 +171,6 @@ class ByteCache:
         False when nothing can be kept (no version, no room, writing off)."""
         if version is None or not self.caching:
             return False
-        self._local.count = count
         try:
             pos = start // self.block_bytes * self.block_bytes
             while (end is None or pos < end) and self.caching:
@@ -171,7 +182,7 @@ class ByteCache:
                         break  # the object ends in this block
                     pos += self.block_bytes
                     continue
-                flight = self._flight(path, digest, url, version, index, max(pos, start), fetch, here=True)
+                flight = self._flight(path, digest, url, version, index, max(pos, start), fetch, count, here=True)
                 flight.wait()  # (fetched here, or by the stream that wanted it first)
                 if flight.error is not None or len(flight) < self.block_bytes:
                     break  # the object ends in this block (a failed fetch: the reader meets it)
@@ -179,8 +190,6 @@ class ByteCache:
         except OSError as e:
             self._warn("paths", f"blocks not cached: {e.strerror or e}; they are read without caching")
             return False
-        finally:
-            self._local.count = None
         return True
 
     def counters(self) -> Dict[str, int]:
@@ -189,15 +198,14 @@ class ByteCache:
             return dict(self._counters)
 
     def usage(self) -> int:
-        """Bytes the blocks take, as the ledger has it."""
-        with files.FileLock(self._ledger) as ledger:
-            return ledger.value()
+        """Bytes the folder's blocks take, with the room reserved by the fetches in flight, as the ledger has it."""
+        return self._ledger.usage()
 
-    def _add(self, **amounts: int) -> None:
+    def _add(self, count: Optional[Count], **amounts: int) -> None:
+        """Count in this process's counters and in ``count`` (a stream's, or None)."""
         with self._lock:
             for name, amount in amounts.items():
                 self._counters[name] += amount
-        count = getattr(self._local, "count", None)  # the reading stream's (CachedRange sets it)
         if count is not None:
             count(amounts)
 
@@ -211,7 +219,7 @@ class ByteCache:
     @property
     def caching(self) -> bool:
         """Whether a missing block is written (False below one block, or after a failing write)."""
-        return self._writes_off is None and self.limit_bytes >= self.block_bytes + files.HEADER.size
+        return self._writes_off is None and self.limit_bytes >= self._room
 
     # -- one block -----------------------------------------------------------------------------
 
@@ -224,102 +232,133 @@ class ByteCache:
             self._subdirs.add(sub)
         return os.path.join(sub, f"{key}-{index:08x}.blk"), files.block_digest(url, version, self.block_bytes, index)
 
-    def piece(self, url: str, version: Optional[str], pos: int, end: Optional[int], fetch: Fetch) -> Piece:
+    def piece(self, url: str, version: Optional[str], pos: int, end: Optional[int], fetch: Fetch,
+              count: Optional[Count] = None, fresh: bool = False) -> Piece:
         """The bytes from ``pos`` on, up to the end of its block (and ``end``): the block's file
-        when it is kept (fetched first if missing), else the bytes fetched."""
+        when it is kept (fetched first if missing; ``fresh``: not a file found before its lock is
+        taken), else the bytes fetched."""
         index = pos // self.block_bytes
         if version is None:
             self._warn("unversioned", "a store gave no version for an object: it is read without caching")
-            return self._uncached(url, None, pos, end, fetch)
+            return self._uncached(url, None, pos, end, fetch, count)
         try:
             path, digest = self._paths(url, version, index)
         except OSError as e:
             self._warn("paths", f"blocks not cached: {e.strerror or e}; they are read without caching")
-            return self._uncached(url, version, pos, end, fetch)
-        got = self._hit(path, digest, index, True)
+            return self._uncached(url, version, pos, end, fetch, count)
+        got = None if fresh else self._hit(path, digest, index, count)
         if got is not None:
             return got
         if not self.caching:
-            return self._uncached(url, version, pos, end, fetch)
-        flight = self._flight(path, digest, url, version, index, pos, fetch, here=False)
+            return self._uncached(url, version, pos, end, fetch, count)
+        flight = self._flight(path, digest, url, version, index, pos, fetch, count, here=False)
         return Piece(index * self.block_bytes, self.block_bytes, False, None, b"", False, flight)
 
     def _flight(self, path: str, digest: bytes, url: str, version: str, index: int, entry: int, fetch: Fetch,
-                here: bool) -> Flight:
+                count: Optional[Count], here: bool) -> Flight:
         """The block's :class:`~.cacheflight.Flight` in this process: the one in flight, or one
         started (in this thread when ``here``, else in a new one) that fetches the block, its file
         lock held (so once per node), from ``entry`` on first, keeps it if there is room, and
         gives its bytes as they come: a block another process fetched meanwhile is read from its
-        file."""
-        count = getattr(self._local, "count", None)  # (the counters of the stream that wants it)
+        file (checked whole)."""
 
         def fly(flight: Flight) -> None:
-            before, self._local.count = getattr(self._local, "count", None), count
             lock = path[:-4] + ".lock"
             lock_fd = files.lock_fetch(lock)
             try:
-                got = self._hit(path, digest, index, True)  # fetched by another process while this one waited
-                if got is None:
-                    self._fill(path, digest, url, version, index, fetch, flight)
+                got = self._hit(path, digest, index, count)  # fetched by another process while this one waited
+                data = None
+                if got is not None and got.block is not None:
+                    b = got.block
+                    data = os.pread(b.fd, b.length, b.at)
+                    os.close(b.fd)
+                    if len(data) != b.length or not intact(((0, data),), 0, b.length, b.crcs):
+                        self._spoiled(got, count)
+                        data = None
+                if data is None:
+                    self._fill(path, digest, url, version, index, fetch, flight, lock_fd, count)
                 else:
                     flight.hit = True
-                    flight.finish(os.pread(got.fd, got.length, files.HEADER.size))
-                    os.close(got.fd)  # type: ignore[arg-type]
+                    flight.finish(data)
             finally:
                 files.unlock_fetch(lock_fd, lock)
-                self._local.count = before
 
         return self._flights.join(path, index * self.block_bytes, entry, fly, here)
 
-    def _hit(self, path: str, digest: bytes, index: int, count: bool) -> Optional[Piece]:
+    def _hit(self, path: str, digest: bytes, index: int, count: Optional[Count]) -> Optional[Piece]:
         try:
-            fd, length, why = files.open_block(path, digest)
+            block, why, st = files.open_block(path, digest)
         except OSError as e:
             self._warn("read", f"a cached block could not be read ({e.strerror or e}): fetching it")
             return None
-        if why is not None:
+        if why is not None and st is not None:
+            self._ledger.drop(path, st, self._room)
+            self._add(count, damaged=1)
             self._warn("bad:" + why, f"a cached block was not trusted ({why}): removed and fetched again")
-        if fd is None:
+        if block is None:
             return None
-        if count:
-            self._add(hits=1)
-        return Piece(index * self.block_bytes, length, length < self.block_bytes, fd, b"", count)
+        self._add(count, hits=1)
+        return Piece(index * self.block_bytes, block.length, block.length < self.block_bytes, block, b"", True)
+
+    def _spoiled(self, piece: Piece, count: Optional[Count]) -> None:
+        """A kept block whose bytes failed their checksums: removed (fetched again by its reader), counted."""
+        block = piece.block
+        if block is not None:
+            self._ledger.drop(block.path, block.st, self._room)
+        self._add(count, damaged=1, hits=-1)  # (its hit was counted when it was opened)
+        self._warn("bad:checksum", "a cached block was not trusted (its bytes do not match their checksum): "
+                                   "removed and fetched again")
 
     def _fill(self, path: str, digest: bytes, url: str, version: str, index: int, fetch: Fetch,
-              flight: Flight) -> None:
-        """Fetch a missing block (its lock held) into ``flight``, from its entry on first (its
-        bytes given out as they come), and keep it if there is room."""
-        room = self.block_bytes + files.HEADER.size
-        kept = self._reserve(room)
-        if not kept:
-            self._warn("room", "the cache limit is full of blocks being read: some blocks are read without caching")
+              flight: Flight, lock_fd: int, count: Optional[Count]) -> None:
+        """Fetch a missing block (its lock ``lock_fd`` held) into ``flight``, from its entry on
+        first (its bytes given out as they come), and keep it if the ledger has room for it."""
+        kept = self._reserve(lock_fd, count)
         start = index * self.block_bytes
         try:
-            tail = self._fetch(url, version, flight.entry, start + self.block_bytes, fetch, flight.add_tail)
+            tail = self._fetch(url, version, flight.entry, start + self.block_bytes, fetch, count, flight.add_tail)
             head = b""
             if flight.entry > start:
-                head = self._fetch(url, version, start, flight.entry, fetch, flight.add_head)
+                head = self._fetch(url, version, start, flight.entry, fetch, count, flight.add_head)
         except BaseException:
             if kept:
-                self._release(room)
+                self._ledger.release(lock_fd, self._room)
             raise
         data = head + tail
         # counted before the block's file is there: a reader that finds the file has the fetch's
         # counts (this thread may still be on the ledger when the reader is done)
-        self._add(misses=1, **{"written_bytes" if kept else "uncached_bytes": len(data)})
+        self._add(count, misses=1, no_room=0 if kept or not self.caching else 1,
+                  **{"written_bytes" if kept else "uncached_bytes": len(data)})
         if kept:
             try:
-                size = files.write_block(path, digest, data)
-                self._release(room - size)
+                partial, size = files.write_partial(path, digest, data)
+                self._ledger.settle(lock_fd, self._room, partial, path, size)
             except OSError as e:
-                self._add(written_bytes=-len(data), uncached_bytes=len(data))
-                self._release(room)
+                self._add(count, written_bytes=-len(data), uncached_bytes=len(data))
+                self._ledger.release(lock_fd, self._room)
                 self._writes_off = e.strerror or str(e)
                 self._warn("write", f"byte cache turned off: a block could not be written ({self._writes_off}); "
                                     "reading on without caching")
 
+    def _reserve(self, lock_fd: int, count: Optional[Count]) -> bool:
+        """Room for a block in the ledger (:meth:`~.cachefiles.Ledger.reserve`); False, said
+        once, when there is none to be made, or the ledger cannot be kept (caching then off)."""
+        try:
+            kept, removed, removed_bytes = self._ledger.reserve(lock_fd, self._room, self.limit_bytes)
+        except OSError as e:
+            self._writes_off = e.strerror or str(e)
+            self._warn("write", f"byte cache turned off: its ledger could not be kept ({self._writes_off}); "
+                                "reading on without caching")
+            return False
+        self._add(count, evictions=removed, evicted_bytes=removed_bytes)
+        if not kept:
+            self._warn("room", f"the cache limit ({self.limit_bytes} bytes) has no room left for a block: all it holds "
+                               "is being read or fetched; such blocks are read without caching (counted in "
+                               "cache_no_room)")
+        return kept
+
     def _fetch(self, url: str, version: Optional[str], start: int, stop: int, fetch: Fetch,
-               progress: Progress = None) -> bytes:
+               count: Optional[Count], progress: Progress = None) -> bytes:
         given = [0]  # (bytes the fetch gave to progress as they came: the rest is given at its end)
 
         def step(chunk: bytes) -> None:
@@ -329,64 +368,24 @@ class ByteCache:
         data = fetch(url, version, start, stop, step if progress is not None else None)
         if len(data) > stop - start:
             raise ValueError(f"the store returned {len(data)} bytes for a range of {stop - start}: {redact(url)}")
-        self._add(remote_bytes=len(data))
+        self._add(count, remote_bytes=len(data))
         if progress is not None and given[0] < len(data):
             progress(bytes(data[given[0]:]))
         return data if isinstance(data, bytes) else bytes(data)
 
-    def direct(self, url: str, version: Optional[str], start: int, stop: int, fetch: Fetch) -> bytes:
+    def direct(self, url: str, version: Optional[str], start: int, stop: int, fetch: Fetch,
+               count: Optional[Count] = None) -> bytes:
         """Bytes ``[start, stop)`` fetched straight from the store and not kept (a stream's first
         read that would wait long for a block in flight: :class:`~.cacherange.CachedRange`)."""
-        data = self._fetch(url, version, start, stop, fetch)
-        self._add(uncached_bytes=len(data))
+        data = self._fetch(url, version, start, stop, fetch, count)
+        self._add(count, uncached_bytes=len(data))
         return data
 
-    def _uncached(self, url: str, version: Optional[str], pos: int, end: Optional[int], fetch: Fetch) -> Piece:
+    def _uncached(self, url: str, version: Optional[str], pos: int, end: Optional[int], fetch: Fetch,
+                  count: Optional[Count]) -> Piece:
         """Bytes from ``pos`` to the end of its block (or ``end``), fetched and not kept."""
         stop = (pos // self.block_bytes + 1) * self.block_bytes
         stop = stop if end is None else min(stop, end)
-        data = self._fetch(url, version, pos, stop, fetch)
-        self._add(misses=1, uncached_bytes=len(data))
+        data = self._fetch(url, version, pos, stop, fetch, count)
+        self._add(count, misses=1, uncached_bytes=len(data))
         return Piece(pos, len(data), len(data) < stop - pos, None, data, False)
-
-    # -- room ------------------------------------------------------------------------------------
-
-    def _reserve(self, n: int) -> bool:
-        """Count ``n`` more bytes in the ledger if they fit the limit, evicting the least recently
-        used blocks if they do not; False when no room can be made (every block being read)."""
-        try:
-            with files.FileLock(self._ledger) as lock:
-                used = lock.value()
-                if used + n <= self.limit_bytes:
-                    lock.set(used + n)
-                    return True
-            with files.FileLock(self._evict_lock), files.FileLock(self._ledger) as lock:
-                used = lock.value()
-                if used + n <= self.limit_bytes:
-                    lock.set(used + n)
-                    return True
-                held, total = files.scan(self.root, self.block_bytes)
-                target = self.limit_bytes - n - eviction_slack(self.limit_bytes, self.block_bytes)
-                total, removed, removed_bytes = files.evict(held, total, target)
-                self._add(evictions=removed, evicted_bytes=removed_bytes)
-                fits = total + n <= self.limit_bytes
-                lock.set(total + n if fits else total)
-                return fits
-        except OSError as e:
-            self._writes_off = e.strerror or str(e)
-            self._warn("write", f"byte cache turned off: its ledger could not be kept ({self._writes_off}); "
-                                "reading on without caching")
-            return False
-
-    def _release(self, n: int) -> None:
-        if n:
-            try:
-                with files.FileLock(self._ledger) as lock:
-                    lock.set(lock.value() - n)
-            except OSError:
-                pass  # set right by the next scan
-
-    def _rescan(self) -> None:
-        """Set the ledger from the files (a new folder, or one whose ledger went missing)."""
-        with files.FileLock(self._evict_lock), files.FileLock(self._ledger) as lock:
-            lock.set(files.scan(self.root, self.block_bytes)[1])

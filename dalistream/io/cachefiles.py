@@ -1,21 +1,21 @@
 """The byte cache's files (:mod:`.cache`): names, the checked block record, the locks that let
-every process of a node share one folder, the ledger of bytes held, and eviction.
+every process of a node share one folder, and the ledger that keeps the folder under its limit.
 
 Everything lives in one folder of its own, ``<cache>/dalistream-bytes-v1/``; nothing outside it
 is ever written or removed, and inside it only names of this module's forms are (a file a user
 puts there is left alone; a symbolic link is never followed):
 
-- ``KK/<key>-<block>.blk``: a block, a :data:`HEADER` then its bytes. ``key`` is a digest of
-  (URL, version, block size), so a changed object has other names and is never served stale.
-  The header repeats the digest with the block index, the length and a CRC-32; a reader trusts a
-  block only when the digest and the file length agree, and checks the CRC once after each boot
-  of the machine (a crash can leave a renamed file whose bytes never reached the disk; a killed
-  process cannot: blocks are written to a ``.partial`` file and renamed into place).
+- ``KK/<key>-<block>.blk``: a block, a :data:`HEADER`, a CRC-32 of each :data:`CHUNK_BYTES` of
+  the block, then its bytes. ``key`` is a digest of (URL, version, block size), so a changed
+  object has other names and is never served stale. A reader trusts a block only when its header
+  names it and the file's length agrees, and checks every byte it gives against its chunk's CRC
+  (:class:`Block`); blocks are written to a ``.partial`` file and renamed into place.
 - ``KK/<key>-<block>.<random>.partial``: a block being written.
 - ``KK/<key>-<block>.lock``: exists while one process fetches the block; others wait on its
-  ``flock`` and find the block when it goes away. A writer that dies releases it with its life.
-- ``usage``: the bytes the blocks take (8 bytes, under ``flock``), kept by the writers and set
-  right by every eviction's scan; ``evict.lock``: one evicting process at a time.
+  ``flock`` and find the block when it goes away. It holds the room the fetch reserved in the
+  ledger (8 bytes; none: nothing reserved). A writer that dies releases the lock with its life.
+- ``usage``: the :class:`Ledger` (8 bytes, under ``flock``); ``evict.lock``: one evicting
+  process at a time.
 
 Sizes: :func:`parse_size` reads a limit (``"800GB"``); :func:`auto_limit` is the one taken when
 none is given.
@@ -36,20 +36,22 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
+from .cachesim import eviction_slack
 
 NAMESPACE = "dalistream-bytes-v1"
-HEADER = struct.Struct("<8s32sQI16s4x")  # magic, digest, length, CRC-32, boot id of the writer
-MAGIC = b"DSBLOCK1"
-BOOT_AT = 8 + 32 + 8 + 4  # where the boot id sits in the header
+HEADER = struct.Struct("<8s32sQ")  # magic, digest, length; then a CRC-32 per chunk, then the bytes
+MAGIC = b"DSBLOCK2"  # (DSBLOCK1: one CRC-32 for the block, checked once per boot: removed as untrusted)
+CHUNK_BYTES = 64 << 10  # the bytes each CRC-32 covers: a read checks its chunks whole
 TAG = b"Signature: 8a477f597d28d172789f06886806bc55\n# dalistream's byte cache (backup tools skip this folder)\n"
 _BLOCK = re.compile(r"[0-9a-f]{40}-[0-9a-f]{8,}\.blk")
 _PARTIAL = re.compile(r"([0-9a-f]{40}-[0-9a-f]{8,})\.[0-9a-f]{16}\.partial")
-_LOCK = re.compile(r"[0-9a-f]{40}-[0-9a-f]{8,}\.lock")
+_LOCK = re.compile(r"([0-9a-f]{40}-[0-9a-f]{8,})\.lock")
 _SUBDIR = re.compile(r"[0-9a-f]{2}")
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
+_COUNT = struct.Struct("<q")
 
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -87,18 +89,6 @@ def tag_folder(root: str) -> None:
             pass
 
 
-def boot_id() -> bytes:
-    """This boot of the machine (16 bytes; zeros where the system does not say)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return bytes.fromhex(f.read().strip().replace("-", ""))[:16].ljust(16, b"\0")
-    except (OSError, ValueError):
-        return bytes(16)
-
-
-BOOT = boot_id()
-
-
 def key_name(url: str, version: str, block_bytes: int) -> str:
     """The name part of an object's blocks."""
     return hashlib.sha256(f"{url}\n{version}\n{block_bytes}".encode()).hexdigest()[:40]
@@ -126,91 +116,110 @@ def real_folder(path: str) -> bool:
 
 # -- one block ---------------------------------------------------------------------------------
 
-def write_block(path: str, digest: bytes, data: bytes) -> int:
-    """Write a block: a ``.partial`` beside ``path`` (created exclusively, never through a
-    link), renamed into place when whole. Its time is now (the start of its LRU life). Returns
-    the file's size; an ``OSError`` leaves no file behind."""
+def _chunks(length: int) -> int:
+    return -(-length // CHUNK_BYTES)
+
+
+def block_size(length: int) -> int:
+    """The size of the file of a block of ``length`` bytes (what the ledger counts for it)."""
+    return HEADER.size + 4 * _chunks(length) + length
+
+
+def length_of(size: int) -> int:
+    """The length of the block whose file has ``size`` bytes (-1: no block's file has that size)."""
+    body = size - HEADER.size
+    n = body - 4 * -(-body // (CHUNK_BYTES + 4))
+    return n if n >= 0 and block_size(n) == size else -1
+
+
+def crcs(data: Any) -> Tuple[int, ...]:
+    """The CRC-32 of each chunk of ``data``."""
+    view = memoryview(data).cast("B")
+    return tuple(zlib.crc32(view[i:i + CHUNK_BYTES]) for i in range(0, len(view), CHUNK_BYTES))
+
+
+class Block(NamedTuple):
+    """A block's file open for reading (``fd``, locked shared), trusted by its header and length:
+    its bytes are checked as they are read (:func:`intact`, :class:`CheckedReader`)."""
+
+    fd: int
+    length: int
+    crcs: Tuple[int, ...]  # one per chunk
+    path: str
+    st: os.stat_result
+
+    @property
+    def at(self) -> int:
+        """Where the block's bytes start in its file."""
+        return HEADER.size + 4 * len(self.crcs)
+
+
+def write_partial(path: str, digest: bytes, data: bytes) -> Tuple[str, int]:
+    """Write a block to a ``.partial`` beside ``path`` (created exclusively, never through a
+    link), to be renamed into place when whole (:meth:`Ledger.settle`). Its time is now (the start
+    of its LRU life). Returns the partial's path and its size; an ``OSError`` leaves no file."""
     partial = f"{path[:-4]}.{os.urandom(8).hex()}.partial"
+    table = crcs(data)
+    head = HEADER.pack(MAGIC, digest, len(data)) + struct.pack(f"<{len(table)}I", *table)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
     try:
         try:
-            head = HEADER.pack(MAGIC, digest, len(data), zlib.crc32(data), BOOT)
             done = os.writev(fd, [head, data])  # (no copy of the block into one buffer)
-            while done < HEADER.size + len(data):
-                done += os.pwrite(fd, (head + data)[done:] if done < HEADER.size else
-                                  memoryview(data)[done - HEADER.size:], done)
+            while done < len(head) + len(data):
+                done += os.pwrite(fd, head[done:] if done < len(head) else memoryview(data)[done - len(head):], done)
             now = time.time_ns()
             os.utime(fd, ns=(now, now))
         finally:
             os.close(fd)
-        os.rename(partial, path)
     except BaseException:
         try:
             os.unlink(partial)
         except OSError:
             pass
         raise
-    return HEADER.size + len(data)
+    return partial, len(head) + len(data)
 
 
-def open_block(path: str, digest: bytes) -> Tuple[Optional[int], int, Optional[str]]:
-    """Open a block to read it: ``(fd, length, None)`` with a shared lock held (close the fd to
-    release it), its time set to now; ``(None, 0, None)`` when there is none; ``(None, 0, why)``
-    when the file there is not to be trusted (it is then removed)."""
+def open_block(path: str, digest: bytes) -> Tuple[Optional[Block], Optional[str], Optional[os.stat_result]]:
+    """Open a block to read it: ``(block, None, st)`` with a shared lock held (close its fd to
+    release it), its time set to now; ``(None, None, None)`` when there is none; ``(None, why,
+    st)`` when the file there is not to be trusted (the caller removes it: :meth:`Ledger.drop`)."""
     try:
         fd = os.open(path, os.O_RDONLY | _OPEN)
     except (FileNotFoundError, NotADirectoryError):
-        return None, 0, None
+        return None, None, None
     except OSError as e:
         if e.errno == errno.ELOOP:
-            return None, 0, None  # a link where a block should be: never followed, never removed
+            return None, None, None  # a link where a block should be: never followed, never removed
         raise
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         st = os.fstat(fd)
         if st.st_nlink == 0:  # evicted between the open and the lock
             os.close(fd)
-            return None, 0, None
-        why = _check(fd, st, digest)
+            return None, None, None
+        why, table = _check(fd, st, digest)
         if why is not None:
             os.close(fd)
-            remove_if_same(path, st)
-            return None, 0, why
+            return None, why, st
         now = time.time_ns()
         os.utime(fd, ns=(now, now))  # the LRU's access time
-        return fd, st.st_size - HEADER.size, None
+        return Block(fd, length_of(st.st_size), table, path, st), None, st
     except BaseException:
         os.close(fd)
         raise
 
 
-def _check(fd: int, st: os.stat_result, digest: bytes) -> Optional[str]:
+def _check(fd: int, st: os.stat_result, digest: bytes) -> Tuple[Optional[str], Tuple[int, ...]]:
     if not stat.S_ISREG(st.st_mode) or st.st_size < HEADER.size:
-        return "not a block file"
-    magic, found, length, crc, boot = HEADER.unpack(os.pread(fd, HEADER.size, 0))
+        return "not a block file", ()
+    magic, found, length = HEADER.unpack(os.pread(fd, HEADER.size, 0))
     if magic != MAGIC or found != digest:
-        return "header does not name this block"
-    if st.st_size != HEADER.size + length:
-        return f"{st.st_size - HEADER.size} bytes where the header says {length}"
-    if boot != BOOT or BOOT == bytes(16):  # written before this boot: its bytes may not have reached the disk
-        data = os.pread(fd, length, HEADER.size)
-        if len(data) != length or zlib.crc32(data) != crc:
-            return "checksum mismatch (written before the machine restarted)"
-        if BOOT != bytes(16):
-            try:
-                _mark_checked(fd)
-            except OSError:
-                pass  # checked again next time
-    return None
-
-
-def _mark_checked(fd: int) -> None:
-    """Record in the header that this boot has checked the block (its CRC need not be read again)."""
-    wfd = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.pwrite(wfd, BOOT, BOOT_AT)
-    finally:
-        os.close(wfd)
+        return "header does not name this block", ()
+    if st.st_size != block_size(length):
+        return f"{st.st_size} bytes where the header says {block_size(length)}", ()
+    k = _chunks(length)
+    return None, struct.unpack(f"<{k}I", os.pread(fd, 4 * k, HEADER.size))
 
 
 def remove_if_same(path: str, st: os.stat_result) -> bool:
@@ -230,7 +239,8 @@ def remove_if_same(path: str, st: os.stat_result) -> bool:
 def lock_fetch(path: str) -> int:
     """Take the fetch lock of a block (waiting for a writer that holds it): the fd, to give to
     :func:`unlock_fetch`. The lock file is the one ``path`` names when the lock is granted (a
-    writer removes it when done, so a waiter may have locked a file no longer there: it retries)."""
+    writer removes it when done, so a waiter may have locked a file no longer there: it retries);
+    it records no reservation yet (one a dead fetcher left there is gone)."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | _OPEN, 0o600)
         try:
@@ -244,6 +254,8 @@ def lock_fetch(path: str) -> int:
             os.close(fd)
             raise
         if now is not None and (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
+            if mine.st_size:
+                os.ftruncate(fd, 0)
             return fd
         os.close(fd)
 
@@ -255,6 +267,16 @@ def unlock_fetch(fd: int, path: str) -> None:
     except OSError:
         pass
     os.close(fd)
+
+
+def _record(fd: int, reserved: int) -> None:
+    """Write in a held fetch lock the room its fetch has reserved in the ledger (under the ledger's lock)."""
+    os.pwrite(fd, _COUNT.pack(reserved), 0)
+
+
+def _recorded(fd: int) -> int:
+    data = os.pread(fd, _COUNT.size, 0)
+    return _COUNT.unpack(data)[0] if len(data) == _COUNT.size else 0
 
 
 class FileLock:
@@ -286,6 +308,103 @@ class FileLock:
         os.pwrite(self.fd, struct.pack("<q", max(0, int(value))), 0)
 
 
+class Ledger:
+    """The bytes of the folder, shared by every process of the node: the sizes of its blocks'
+    files plus the room each fetch in flight has reserved (a whole block's file, from before its
+    fetch until its file is in place), in the file ``usage`` under ``flock``. A fetch reserves room
+    before it writes anything (evicting first if there is none: :meth:`reserve`), records what it
+    reserved in its fetch lock, and renames its block into place under the ledger's lock
+    (:meth:`settle`); every removal of a block is counted under it too. So the blocks' files,
+    those being written included, never take more than what the ledger counts, and the ledger
+    never passes the limit of the process that reserves. An eviction's scan sets it from the
+    files and the reservations of the fetches alive (those of a process that died are dropped)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.path = os.path.join(root, "usage")
+        self._evicting = os.path.join(root, "evict.lock")
+
+    def usage(self) -> int:
+        """Bytes counted now."""
+        with FileLock(self.path) as ledger:
+            return ledger.value()
+
+    def reserve(self, lock_fd: int, n: int, limit: int) -> Tuple[bool, int, int]:
+        """Reserve ``n`` bytes for the fetch holding ``lock_fd`` if they fit ``limit``, evicting the
+        least recently used blocks if they do not: ``(reserved, blocks evicted, bytes evicted)``;
+        not reserved when no room can be made (the blocks held are all being read)."""
+        with FileLock(self.path) as ledger:
+            used = ledger.value()
+            if used + n <= limit:
+                _record(lock_fd, n)
+                ledger.set(used + n)
+                return True, 0, 0
+        with FileLock(self._evicting), FileLock(self.path) as ledger:
+            used = ledger.value()
+            if used + n <= limit:
+                _record(lock_fd, n)
+                ledger.set(used + n)
+                return True, 0, 0
+            held, total = scan(self.root)
+            total, removed, removed_bytes = evict(held, total, limit - n - eviction_slack(limit, n))
+            fits = total + n <= limit
+            if fits:
+                _record(lock_fd, n)
+            ledger.set(total + n if fits else total)
+            return fits, removed, removed_bytes
+
+    def settle(self, lock_fd: int, n: int, partial: str, path: str, size: int) -> None:
+        """Put a block written to ``partial`` in place, its file of ``size`` bytes counted instead
+        of the ``n`` reserved; an ``OSError`` removes the partial (the reservation is left to
+        :meth:`release`)."""
+        with FileLock(self.path) as ledger:
+            try:
+                os.rename(partial, path)
+            except BaseException:
+                try:
+                    os.unlink(partial)
+                except OSError:
+                    pass
+                raise
+            _record(lock_fd, 0)
+            ledger.set(ledger.value() - (n - size))
+
+    def release(self, lock_fd: int, n: int) -> None:
+        """Give back ``n`` bytes reserved by the fetch holding ``lock_fd`` (set right by the next scan on a failure)."""
+        try:
+            with FileLock(self.path) as ledger:
+                _record(lock_fd, 0)
+                ledger.set(ledger.value() - n)
+        except OSError:
+            pass
+
+    def drop(self, path: str, st: os.stat_result, most: int) -> None:
+        """Remove the block file ``st`` (found damaged) if ``path`` still names it, and its bytes
+        from the ledger (``most`` at most: what a block's file was counted for)."""
+        try:
+            with FileLock(self.path) as ledger:
+                if remove_if_same(path, st):
+                    ledger.set(ledger.value() - min(st.st_size, most))
+        except OSError:
+            pass  # set right by the next scan
+
+    def trim(self, limit: int) -> Tuple[int, int]:
+        """Evict down to ``limit`` if the ledger is over it (a job opening a folder with a smaller
+        limit than the one before): ``(blocks evicted, bytes evicted)``."""
+        if self.usage() <= limit:
+            return 0, 0
+        with FileLock(self._evicting), FileLock(self.path) as ledger:
+            held, total = scan(self.root)
+            total, removed, removed_bytes = evict(held, total, limit)
+            ledger.set(total)
+            return removed, removed_bytes
+
+    def rescan(self) -> None:
+        """Set the ledger from the files (a new folder, or one whose ledger went missing)."""
+        with FileLock(self._evicting), FileLock(self.path) as ledger:
+            ledger.set(scan(self.root)[1])
+
+
 # -- the folder as a whole ---------------------------------------------------------------------
 
 @dataclass
@@ -297,18 +416,20 @@ class Held:
     time_ns: int
 
 
-def scan(root: str, block_bytes: int) -> Tuple[List[Held], int]:
+def scan(root: str) -> Tuple[List[Held], int]:
     """The blocks under ``root`` (the namespace folder), least recently used first, and the bytes
-    held in all: blocks, plus a block's worth for each ``.partial`` a live writer holds. Partials
-    and lock files left by writers that died are removed on the way."""
+    to count in all: the blocks' files, plus the room each live fetch has reserved (recorded in
+    its lock; to be called under the ledger's lock, where reservations change). Partials and lock
+    files left by fetches that died are removed on the way."""
     held: List[Held] = []
-    writing = 0
+    reserved = 0
     with os.scandir(root) as top:
         subdirs = [e.path for e in top if _SUBDIR.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
     for sub in subdirs:
         with os.scandir(sub) as entries:
             listed = [e for e in entries if e.is_file(follow_symlinks=False)]
-        partials = {}
+        partials: dict = {}
+        fetches = set()
         for e in listed:
             if _BLOCK.fullmatch(e.name):
                 try:
@@ -316,35 +437,36 @@ def scan(root: str, block_bytes: int) -> Tuple[List[Held], int]:
                 except FileNotFoundError:
                     continue
                 held.append(Held(e.path, st.st_size, st.st_mtime_ns))
-            else:
-                match = _PARTIAL.fullmatch(e.name)
-                if match:
-                    partials.setdefault(match[1], []).append(e.path)
-        for base, paths in partials.items():
-            if _writer_alive(os.path.join(sub, base + ".lock"), paths):
-                writing += block_bytes + HEADER.size
+            elif _PARTIAL.fullmatch(e.name):
+                partials.setdefault(_PARTIAL.fullmatch(e.name)[1], []).append(e.path)
+            elif _LOCK.fullmatch(e.name):
+                fetches.add(_LOCK.fullmatch(e.name)[1])
+        for base in fetches | set(partials):
+            reserved += _fetch_alive(os.path.join(sub, base + ".lock"), partials.get(base, []))
     held.sort(key=lambda h: h.time_ns)
-    return held, sum(h.size for h in held) + writing
+    return held, sum(h.size for h in held) + reserved
 
 
-def _writer_alive(lock: str, partials: List[str]) -> bool:
-    """Whether a writer holds the lock of these partials; if none does, they are left by a
-    writer that died: remove them (and the lock file, under the lock, as :func:`unlock_fetch`)."""
+def _fetch_alive(lock: str, partials: List[str]) -> int:
+    """The room reserved by the fetch that holds ``lock``; if none holds it, the fetch died (or
+    ended): remove its partials and the lock file (under the lock, as :func:`unlock_fetch`), 0."""
     try:
         fd = os.open(lock, os.O_RDWR | _OPEN)
     except FileNotFoundError:
         fd = None
     except OSError:
-        return True  # not ours to judge (a link): leave it
+        return 0  # not ours to judge (a link): leave it
     if fd is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
-            return True
+            try:
+                return _recorded(fd)
+            finally:
+                os.close(fd)
         if (os.fstat(fd).st_ino, os.fstat(fd).st_dev) != _ino(lock):
             os.close(fd)
-            return True  # replaced meanwhile: judged at the next scan
+            return 0  # replaced meanwhile: its fetch reserves nothing before this scan ends
     for path in partials:
         try:
             os.unlink(path)
@@ -352,7 +474,7 @@ def _writer_alive(lock: str, partials: List[str]) -> bool:
             pass
     if fd is not None:
         unlock_fetch(fd, lock)
-    return False
+    return 0
 
 
 def _ino(path: str) -> Tuple[int, int]:

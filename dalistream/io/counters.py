@@ -19,12 +19,14 @@ class IOCounters:
     above ``read_ahead_bytes``); of the node-local byte cache (:mod:`.cache`), where one is used:
     ``cache_hits`` and ``cache_misses`` (blocks), ``cache_bytes`` (bytes read from blocks already
     cached), ``cache_written_bytes`` (fetched and kept), ``cache_uncached_bytes`` (fetched and not
-    kept), ``cache_evictions`` and ``cache_evicted_bytes`` (the bytes fetched are ``bytes``).
+    kept), ``cache_no_room`` (blocks fetched and not kept: the limit had no room for them),
+    ``cache_damaged`` (cached blocks that failed their checksum or length check, fetched again),
+    ``cache_evictions`` and ``cache_evicted_bytes`` (the bytes fetched are ``bytes``).
     Thread-safe; :meth:`as_dict` gives a snapshot; :meth:`since` the additive ones since a snapshot."""
 
     FIELDS = ("requests", "retries", "resumes", "resumed_bytes", "bytes", "parts", "peak_in_flight",
               "peak_buffered_bytes", "cache_hits", "cache_misses", "cache_bytes", "cache_written_bytes",
-              "cache_uncached_bytes", "cache_evictions", "cache_evicted_bytes")
+              "cache_uncached_bytes", "cache_no_room", "cache_damaged", "cache_evictions", "cache_evicted_bytes")
     PEAKS = ("peak_in_flight", "peak_buffered_bytes")  # highs, not sums: they have no per-epoch share
 
     def __init__(self) -> None:

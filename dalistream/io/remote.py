@@ -42,7 +42,8 @@ PROGRESS_BYTES = 64 << 10  # the reads of a block being fetched for the cache, g
 #: The cache's counters as the I/O counters name them (``remote_bytes`` is ``bytes`` already).
 CACHE_COUNTERS = {"hits": "cache_hits", "misses": "cache_misses", "cache_bytes": "cache_bytes",
                   "written_bytes": "cache_written_bytes", "uncached_bytes": "cache_uncached_bytes",
-                  "evictions": "cache_evictions", "evicted_bytes": "cache_evicted_bytes"}
+                  "no_room": "cache_no_room", "damaged": "cache_damaged", "evictions": "cache_evictions",
+                  "evicted_bytes": "cache_evicted_bytes"}
 
 
 def cache_key(url: str) -> str:

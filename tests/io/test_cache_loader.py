@@ -24,7 +24,7 @@ import dalistream
 from dalistream import cli
 from dalistream.errors import ConfigError
 from dalistream.io.cache import BLOCK_BYTES, ByteCache
-from dalistream.io.cachefiles import HEADER, NAMESPACE
+from dalistream.io.cachefiles import NAMESPACE, block_size, length_of
 from dalistream.io.cachesim import LRUModel, eviction_slack
 from dalistream.plan import worker_plan
 from dalistream.tools.proxy import ShapingProxy
@@ -159,7 +159,7 @@ def predicted(sizes, stream, block, limit, epochs):
             size = sizes[urls[shard]]
             for b in range(-(-size // block)):
                 length = min(block, size - b * block)
-                if not model.access((shard, b), length + HEADER.size):
+                if not model.access((shard, b), block_size(length)):
                     fetched_bytes += length
         out.append(fetched_bytes)
     return out
@@ -224,7 +224,7 @@ def test_two_ranks_of_one_node_fetch_each_block_once(store, tmp_path):
     after = proxy.counts()
     results = [json.loads(open(out).read()) for _, out in specs]
     blocks = block_files(folder)
-    stored = sum(os.path.getsize(b) - HEADER.size for b in blocks)
+    stored = sum(length_of(os.path.getsize(b)) for b in blocks)
     assert len(blocks) == SHARDS and stored == sum(sizes.values())  # a block each (shards are under 4 MiB)
     # what the store sent while both ran: each block once, and each process's listing and manifest
     assert after["body_bytes"] - before["body_bytes"] == stored + 2 * opening
