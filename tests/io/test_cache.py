@@ -494,3 +494,183 @@ def test_a_stream_starting_far_into_a_block_in_flight_takes_its_first_bytes_dire
         origin.go.set()
         assert second.read() == data[608 * KB:] and first.read() == data[8 * KB:]
     assert cache.counters()["misses"] == 1 and cache.counters()["written_bytes"] == 1 << 20
+
+
+# -- the limit at every moment -----------------------------------------------------------------------
+
+class FolderWatch:
+    """A thread that measures the cache folder until stopped: the most its blocks and partials took
+    (``blocks``) and the most all its files took (``files``), each measured under the ledger's lock
+    (the blocks are put in place and removed under it: a measure that walked the folder while a
+    block was evicted and another written could count both, a moment that never was)."""
+
+    def __init__(self, folder):
+        self.root = os.path.join(str(folder), cachefiles.NAMESPACE)
+        self.blocks = self.files = self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def measure(self):
+        blocks = files = 0
+        for top, _, names in os.walk(self.root):
+            for n in names:
+                try:
+                    size = os.lstat(os.path.join(top, n)).st_size
+                except FileNotFoundError:
+                    continue
+                files += size
+                blocks += size if n.endswith((".blk", ".partial")) else 0
+        return blocks, files
+
+    def _run(self):
+        while not self._stop.is_set():
+            if os.path.exists(os.path.join(self.root, "usage")):
+                with cachefiles.FileLock(os.path.join(self.root, "usage")):
+                    blocks, files = self.measure()
+                self.blocks, self.files = max(self.blocks, blocks), max(self.files, files)
+                self.samples += 1
+            self._stop.wait(0.002)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        blocks, files = self.measure()
+        self.blocks, self.files = max(self.blocks, blocks), max(self.files, files)
+
+
+#: what the folder holds beyond its blocks (docs/guide/cache.md): the ledger, the tag, 8 bytes per fetch
+BOOKKEEPING = 4096
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit_blocks,block,readers", [(1, 64 * KB, 4), (2, 64 * KB, 4), (3, 256 * KB, 3),
+                                                         (5, 64 * KB, 6)])
+def test_processes_fetching_at_once_never_take_more_than_the_limit(tmp_path, origin, limit_blocks, block, readers):
+    """Readers in processes of their own fetch other objects at once, through a limit of a few
+    blocks: the folder (blocks, blocks being written) never passes the limit, measured all along."""
+    limit = limit_blocks * cachefiles.block_size(block)
+    data = {f"o{i}.tar": origin.put(f"o{i}.tar", os.urandom(3 * block)) for i in range(readers)}
+    folder, log = tmp_path / "c", tmp_path / "fetches"
+    ByteCache(folder, limit, block_bytes=block)
+    with FolderWatch(folder) as watch:
+        for _ in range(2):
+            children = [Child("read", folder, limit, block, origin, log, url, "v", 0, 3 * block, delay=0.02)
+                        for url in data]
+            for c in children:
+                c.go()
+            results = [c.result() for c in children]
+            assert [digest for digest, _ in results] == [sha(d) for d in data.values()]
+    assert watch.samples > 10
+    assert watch.blocks <= limit and watch.files <= limit + BOOKKEEPING, (watch.blocks, watch.files, limit)
+    assert ByteCache(folder, limit, block_bytes=block).usage() <= limit
+    assert sum(c["evictions"] + c["no_room"] for _, c in results) > 0  # (the limit bit)
+
+
+@pytest.mark.parametrize("before,after", [(8, 2), (8, 1), (3, 0)])
+def test_a_job_with_a_smaller_limit_brings_the_folder_under_it_when_it_opens(tmp_path, origin, before, after):
+    """A folder left by a job with a larger limit: the next job's cache is built with the folder
+    under its own limit (0: below one block, nothing cached), the blocks evicted counted."""
+    block = 64 * KB
+    room = cachefiles.block_size(block)
+    data = origin.put("a.tar", os.urandom(8 * block))
+    ByteCache(tmp_path / "c", before * room, block_bytes=block).read("a.tar", "v", 0, 8 * block, origin.fetch)
+    assert len(block_files(tmp_path / "c")) == before
+    cache = ByteCache(tmp_path / "c", after * room, block_bytes=block)
+    assert len(block_files(tmp_path / "c")) == after and cache.usage() <= after * room
+    assert cache.counters()["evictions"] == before - after
+    assert cache.read("a.tar", "v", 0, 8 * block, origin.fetch) == data
+
+
+def test_a_block_that_finds_no_room_is_read_without_caching_and_counted(tmp_path, origin):
+    """Room for one block, held open by a reader: each block of another object is read without
+    caching and counted in ``no_room``; with the reader gone, they are kept again."""
+    block = 64 * KB
+    a, b = origin.put("a.tar", os.urandom(block)), origin.put("b.tar", os.urandom(3 * block))
+    cache = ByteCache(tmp_path / "c", cachefiles.block_size(block), block_bytes=block)
+    cache.read("a.tar", "v", 0, block, origin.fetch)
+    with cache.open("a.tar", "v", 0, block, origin.fetch) as held:
+        assert held.read(1) == a[:1]
+        assert cache.read("b.tar", "v", 0, 3 * block, origin.fetch) == b
+        c = cache.counters()
+        assert c["no_room"] == 3 and c["uncached_bytes"] == 3 * block and c["evictions"] == 0
+    assert cache.read("b.tar", "v", 0, block, origin.fetch) == b[:block]
+    assert cache.counters()["no_room"] == 3 and cache.counters()["evictions"] == 1
+
+
+# -- every byte read from a block is checked ----------------------------------------------------------
+
+def damage(path, how, at):
+    """Change a block's file in place: ``zero`` 4 KiB of its bytes from ``at`` (its size kept),
+    ``flip`` one bit at ``at``, or ``truncate`` it at ``at``."""
+    length = cachefiles.length_of(os.path.getsize(path))
+    start = cachefiles.block_size(length) - length
+    with open(path, "r+b") as f:
+        if how == "truncate":
+            f.truncate(start + at)
+        elif how == "zero":
+            f.seek(start + at)
+            f.write(bytes(min(4096, length - at)))
+        else:
+            f.seek(start + at)
+            byte = f.read(1)[0]
+            f.seek(start + at)
+            f.write(bytes([byte ^ 0x10]))
+
+
+@pytest.mark.parametrize("how", ["zero", "flip", "truncate"])
+@pytest.mark.parametrize("at", [0, 100 * KB, 256 * KB - 4096])
+@pytest.mark.parametrize("reads", ["whole", "in small reads", "from an offset"])
+def test_a_changed_block_is_fetched_again_and_counted_never_delivered(tmp_path, origin, how, at, reads):
+    block = 256 * KB
+    data = origin.put("a.tar", os.urandom(2 * block))
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=block)
+    assert cache.read("a.tar", "v", 0, 2 * block, origin.fetch) == data
+    path = [p for p in block_files(tmp_path / "c") if p.endswith("-00000000.blk")][0]
+    damage(path, how, at)
+    origin.calls.clear()
+    start = {"whole": 0, "in small reads": 0, "from an offset": 7 * KB + 3}[reads]
+    with cache.open("a.tar", "v", start, 2 * block, origin.fetch) as stream:
+        got = b"".join(iter(lambda: stream.read(5000), b"")) if reads == "in small reads" else stream.read()
+    assert got == data[start:]
+    c = cache.counters()
+    assert c["damaged"] == 1 and c["misses"] == 3 and c["hits"] == 1  # two fetched, then the damaged one again
+    assert sum(b - a for _, _, a, b in origin.calls) == block  # that block again, nothing else
+    origin.calls.clear()
+    assert cache.read("a.tar", "v", 0, 2 * block, origin.fetch) == data and origin.calls == []  # kept again, whole
+
+
+@pytest.mark.parametrize("how", ["zero", "flip", "truncate"])
+def test_a_block_changed_while_a_stream_reads_it_is_fetched_again(tmp_path, origin, how):
+    """The stream has its block's file open and has read its first bytes when the file changes
+    further on: the bytes it reads next are the store's."""
+    block = 256 * KB
+    data = origin.put("a.tar", os.urandom(block))
+    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=block)
+    cache.read("a.tar", "v", 0, block, origin.fetch)
+    (path,) = block_files(tmp_path / "c")
+    with cache.open("a.tar", "v", 0, block, origin.fetch) as stream:
+        first = stream.read(10 * KB)
+        damage(path, how, 200 * KB)
+        rest = stream.read()
+    assert first + rest == data and cache.counters()["damaged"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["zero", "flip", "truncate"])
+def test_another_process_reads_the_stores_bytes_from_a_changed_block(tmp_path, origin, how):
+    block = 128 * KB
+    data = origin.put("a.tar", os.urandom(3 * block))
+    log = tmp_path / "fetches"
+    writer = Child("read", tmp_path / "c", 10**9, block, origin, log, "a.tar", "v", 0, 3 * block)
+    writer.go()
+    assert writer.result()[0] == sha(data)
+    for path in block_files(tmp_path / "c"):
+        damage(path, how, 5000)
+    reader = Child("read", tmp_path / "c", 10**9, block, origin, log, "a.tar", "v", 0, 3 * block)
+    reader.go()
+    digest, counters = reader.result()
+    assert digest == sha(data) and counters["damaged"] == 3 and counters["remote_bytes"] == 3 * block
