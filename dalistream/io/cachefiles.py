@@ -36,7 +36,7 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 from ..errors import ConfigError
 from .cachesim import eviction_slack

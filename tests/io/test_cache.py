@@ -20,6 +20,7 @@ from dalistream.io import cachefiles
 from dalistream.io.cache import ByteCache, parse_size
 from dalistream.io.cachesim import LRUModel, blocks, eviction_slack
 
+from cache_helpers import BOOKKEEPING, FolderWatch, damage
 from helpers import small_disk
 
 CHILD = os.path.join(os.path.dirname(__file__), "cache_child.py")
@@ -498,54 +499,6 @@ def test_a_stream_starting_far_into_a_block_in_flight_takes_its_first_bytes_dire
 
 # -- the limit at every moment -----------------------------------------------------------------------
 
-class FolderWatch:
-    """A thread that measures the cache folder until stopped: the most its blocks and partials took
-    (``blocks``) and the most all its files took (``files``), each measured under the ledger's lock
-    (the blocks are put in place and removed under it: a measure that walked the folder while a
-    block was evicted and another written could count both, a moment that never was)."""
-
-    def __init__(self, folder):
-        self.root = os.path.join(str(folder), cachefiles.NAMESPACE)
-        self.blocks = self.files = self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def measure(self):
-        blocks = files = 0
-        for top, _, names in os.walk(self.root):
-            for n in names:
-                try:
-                    size = os.lstat(os.path.join(top, n)).st_size
-                except FileNotFoundError:
-                    continue
-                files += size
-                blocks += size if n.endswith((".blk", ".partial")) else 0
-        return blocks, files
-
-    def _run(self):
-        while not self._stop.is_set():
-            if os.path.exists(os.path.join(self.root, "usage")):
-                with cachefiles.FileLock(os.path.join(self.root, "usage")):
-                    blocks, files = self.measure()
-                self.blocks, self.files = max(self.blocks, blocks), max(self.files, files)
-                self.samples += 1
-            self._stop.wait(0.002)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        blocks, files = self.measure()
-        self.blocks, self.files = max(self.blocks, blocks), max(self.files, files)
-
-
-#: what the folder holds beyond its blocks (docs/guide/cache.md): the ledger, the tag, 8 bytes per fetch
-BOOKKEEPING = 4096
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("limit_blocks,block,readers", [(1, 64 * KB, 4), (2, 64 * KB, 4), (3, 256 * KB, 3),
                                                          (5, 64 * KB, 6)])
@@ -602,24 +555,6 @@ def test_a_block_that_finds_no_room_is_read_without_caching_and_counted(tmp_path
 
 
 # -- every byte read from a block is checked ----------------------------------------------------------
-
-def damage(path, how, at):
-    """Change a block's file in place: ``zero`` 4 KiB of its bytes from ``at`` (its size kept),
-    ``flip`` one bit at ``at``, or ``truncate`` it at ``at``."""
-    length = cachefiles.length_of(os.path.getsize(path))
-    start = cachefiles.block_size(length) - length
-    with open(path, "r+b") as f:
-        if how == "truncate":
-            f.truncate(start + at)
-        elif how == "zero":
-            f.seek(start + at)
-            f.write(bytes(min(4096, length - at)))
-        else:
-            f.seek(start + at)
-            byte = f.read(1)[0]
-            f.seek(start + at)
-            f.write(bytes([byte ^ 0x10]))
-
 
 @pytest.mark.parametrize("how", ["zero", "flip", "truncate"])
 @pytest.mark.parametrize("at", [0, 100 * KB, 256 * KB - 4096])

@@ -9,13 +9,10 @@ others could write are handled as the guide says."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,11 +26,11 @@ from dalistream.io.cachesim import LRUModel, eviction_slack
 from dalistream.plan import worker_plan
 from dalistream.tools.proxy import ShapingProxy
 
+from cache_helpers import block_files, cache_folder, digests, start_child
 from helpers import end_group, small_disk, wait_until, write_tar
 
 pytestmark = [pytest.mark.s3, pytest.mark.dali, pytest.mark.timeout(900)]
 BUCKET = "cache-loader"
-CHILD = os.path.join(os.path.dirname(__file__), "cache_loader_child.py")
 FIELDS = {"key": "__key__", "data": "bin"}
 SHARDS, SAMPLES, SIZE = 6, 30, 60_000  # 6 shards of ~1.8 MB: 11 MB
 
@@ -69,22 +66,12 @@ def store(moto_endpoint, tmp_path_factory):
         yield f"s3://{BUCKET}/ds/", {"endpoint_url": proxy.endpoint}, proxy, client, sizes
 
 
-def cache_folder(tmp_path, name="cache"):
-    path = tmp_path / name
-    path.mkdir(mode=0o700)
-    return str(path)
-
-
 def open_stream(store, **options):
     source, storage, *_ = store
     options.setdefault("storage_options", storage)
     return dalistream.Stream.open(source, fields=FIELDS, batch_size=4, workers=2, rank=options.pop("rank", 0),
                                   world_size=options.pop("world_size", 1), device="cpu", seed=5, policy="exact",
                                   cache_dir=None, **options)
-
-
-def digests(batch):
-    return [(str(k), hashlib.sha256(d if isinstance(d, bytes) else bytes(d.numpy())).hexdigest()[:16]) for k, d in zip(batch["key"], batch["data"])]
 
 
 def run_epochs(stream, epochs, first=0):
@@ -101,10 +88,6 @@ def fetched(proxy, run):
     result = run()
     after = proxy.counts()
     return after["body_bytes"] - before["body_bytes"], after.get("GET", 0) - before.get("GET", 0), result
-
-
-def block_files(folder):
-    return sorted(os.path.join(r, n) for r, _, names in os.walk(folder) for n in names if n.endswith(".blk"))
 
 
 @pytest.fixture(scope="module")
@@ -197,11 +180,6 @@ def child_spec(tmp_path, store, folder, rank=0, world_size=1, epochs=1, name="ou
     path = tmp_path / f"{name}-{rank}.spec.json"
     path.write_text(json.dumps(spec))
     return str(path), spec["out"]
-
-
-def start_child(spec_path):
-    return subprocess.Popen([sys.executable, CHILD, spec_path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
 
 
 @pytest.mark.slow
