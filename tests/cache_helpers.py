@@ -3,16 +3,13 @@ along, a block changed in place, the loader's outputs digested, a training proce
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import select
 import subprocess
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from dalistream.io import cachefiles  # noqa: E402
 
 CHILD = os.path.join(os.path.dirname(__file__), "io", "cache_loader_child.py")
 #: what the folder holds beyond its blocks (docs/guide/cache.md): the ledger, the tag, 8 bytes per fetch
@@ -34,13 +31,21 @@ def measure(root):
 
 
 def watch(root):
-    """Measure ``root`` under the ledger's lock until stdin closes; print the most seen and the samples."""
+    """Measure ``root`` under the ledger's lock (a ``flock`` of its file ``usage``) until stdin
+    closes; print the most seen and the samples."""
     most, samples = (0, 0), 0
+    print("ready", flush=True)
     while not select.select([sys.stdin], [], [], 0.002)[0]:
-        if os.path.exists(os.path.join(root, "usage")):
-            with cachefiles.FileLock(os.path.join(root, "usage")):
-                now = measure(root)
-            most, samples = (max(most[0], now[0]), max(most[1], now[1])), samples + 1
+        try:
+            fd = os.open(os.path.join(root, "usage"), os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            now = measure(root)
+        finally:
+            os.close(fd)
+        most, samples = (max(most[0], now[0]), max(most[1], now[1])), samples + 1
     print(json.dumps([*most, samples]), flush=True)
 
 
@@ -53,17 +58,18 @@ class FolderWatch:
     the ledger's lock would hold it forever (a ``flock`` belongs to the open file, which a fork shares)."""
 
     def __init__(self, folder):
-        self.root = os.path.join(str(folder), cachefiles.NAMESPACE)
+        self.root = os.path.join(str(folder), "dalistream-bytes-v1")
         self.blocks = self.files = self.samples = 0
 
     def __enter__(self):
         self._proc = subprocess.Popen([sys.executable, __file__, self.root], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout.readline().strip() == "ready"
         return self
 
     def __exit__(self, *exc):
         out, _ = self._proc.communicate(timeout=60)
-        self.blocks, self.files, self.samples = json.loads(out)
+        self.blocks, self.files, self.samples = json.loads(out.strip().splitlines()[-1])
         blocks, files = measure(self.root)
         self.blocks, self.files = max(self.blocks, blocks), max(self.files, files)
 
@@ -71,6 +77,8 @@ class FolderWatch:
 def damage(path, how, at):
     """Change a block's file in place: ``zero`` 4 KiB of its bytes from ``at`` (its size kept),
     ``flip`` one bit at ``at``, or ``truncate`` it at ``at``."""
+    from dalistream.io import cachefiles
+
     length = cachefiles.length_of(os.path.getsize(path))
     start = cachefiles.block_size(length) - length
     with open(path, "r+b") as f:

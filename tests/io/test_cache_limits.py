@@ -97,8 +97,9 @@ def test_jobs_one_after_another_on_one_folder_keep_each_ones_limit(store, refere
     left is brought under it then) to its end."""
     folder = cache_folder(tmp_path)
     for limit in limits:
+        stream = open_stream(store, folder, limit)
         with FolderWatch(folder) as watch:
-            got, _ = run_epochs(open_stream(store, folder, limit), 1)
+            got, _ = run_epochs(stream, 1)
         assert got == reference[:1]
         within(watch, parse_size(limit))
 
