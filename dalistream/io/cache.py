@@ -4,9 +4,9 @@ A store reads a byte range of an object through :meth:`ByteCache.read` (or strea
 :meth:`ByteCache.open`), giving the object's version and its own ranged read ``fetch(url,
 version, start, end, progress) -> bytes`` (bytes ``[start, end)``, fewer at the object's end;
 ``progress``, when not None, may be given them as they arrive). The cache works in aligned
-blocks of ``block_bytes``: a block it holds is read from the local disk, every byte checked
-against the CRC-32 written with it (a block that fails is removed and fetched again); a missing
-one is fetched whole, once per node however many processes want it at the same time (the others
+blocks of ``block_bytes``: a block it holds is read from the local disk (checked whole against
+the CRC-32 written with it the first time this process reads it: one that fails is removed and
+fetched again); a missing one is fetched whole, once per node however many processes want it at the same time (the others
 wait on its lock and then read the file), written to the disk and read from there; a stream of
 the fetching process reads it as its bytes arrive (:mod:`.cacheflight`).
 Blocks are keyed by (URL, version): a changed object is never served stale. The files, their
@@ -38,7 +38,7 @@ from ..errors import ConfigError, redact
 from . import cachefiles as files
 from .cachefiles import auto_limit, parse_size
 from .cacheflight import Flight, Flights
-from .cacherange import CachedRange, Count, Fetch, Piece, Progress, intact
+from .cacherange import CachedRange, Count, Fetch, Piece, Progress
 from .folder import folder_problem
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,8 @@ class ByteCache:
         self._writes_off: Optional[str] = None
         self._subdirs: set = set()
         self._flights = Flights()  # blocks being fetched in this process, readable as they come
+        # the block files this process checked whole or wrote (by path and inode): trusted from then on
+        self._trusted: set = set()
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "limit_bytes": self.limit_bytes, "block_bytes": self.block_bytes}
@@ -118,9 +120,8 @@ class ByteCache:
         def add(**amounts: int) -> None:
             self._add(count, **amounts)
 
-        return CachedRange(start, end, lambda pos, fresh: self.piece(url, version, pos, end, fetch, count, fresh),
-                           lambda a, b: self.direct(url, version, a, b, fetch, count), add,
-                           lambda piece: self._spoiled(piece, count))
+        return CachedRange(start, end, lambda pos: self.piece(url, version, pos, end, fetch, count),
+                           lambda a, b: self.direct(url, version, a, b, fetch, count), add)
 
     def read(self, url: str, version: Optional[str], start: int, end: int, fetch: Fetch,
              count: Optional[Count] = None) -> bytes:
@@ -233,10 +234,10 @@ class ByteCache:
         return os.path.join(sub, f"{key}-{index:08x}.blk"), files.block_digest(url, version, self.block_bytes, index)
 
     def piece(self, url: str, version: Optional[str], pos: int, end: Optional[int], fetch: Fetch,
-              count: Optional[Count] = None, fresh: bool = False) -> Piece:
+              count: Optional[Count] = None) -> Piece:
         """The bytes from ``pos`` on, up to the end of its block (and ``end``): the block's file
-        when it is kept (fetched first if missing; ``fresh``: not a file found before its lock is
-        taken), else the bytes fetched."""
+        when it is kept (fetched first if missing; its bytes checked, the first time, by
+        :meth:`_hit`), else the bytes fetched."""
         index = pos // self.block_bytes
         if version is None:
             self._warn("unversioned", "a store gave no version for an object: it is read without caching")
@@ -246,7 +247,7 @@ class ByteCache:
         except OSError as e:
             self._warn("paths", f"blocks not cached: {e.strerror or e}; they are read without caching")
             return self._uncached(url, version, pos, end, fetch, count)
-        got = None if fresh else self._hit(path, digest, index, count)
+        got = self._hit(path, digest, index, count)
         if got is not None:
             return got
         if not self.caching:
@@ -267,27 +268,37 @@ class ByteCache:
             lock_fd = files.lock_fetch(lock)
             try:
                 got = self._hit(path, digest, index, count)  # fetched by another process while this one waited
-                data = None
-                if got is not None and got.block is not None:
-                    b = got.block
-                    data = os.pread(b.fd, b.length, b.at)
-                    os.close(b.fd)
-                    if len(data) != b.length or not intact(((0, data),), 0, b.length, b.crcs):
-                        self._spoiled(got, count)
-                        data = None
-                if data is None:
+                if got is None:
                     self._fill(path, digest, url, version, index, fetch, flight, lock_fd, count)
                 else:
                     flight.hit = True
-                    flight.finish(data)
+                    if got.block is not None:
+                        data = os.pread(got.block.fd, got.block.length, files.HEADER.size)
+                        os.close(got.block.fd)
+                    flight.finish(got.data if got.block is None else data)
             finally:
                 files.unlock_fetch(lock_fd, lock)
 
         return self._flights.join(path, index * self.block_bytes, entry, fly, here)
 
     def _hit(self, path: str, digest: bytes, index: int, count: Optional[Count]) -> Optional[Piece]:
+        """The kept block in ``path``: its file, or, the first time this process reads it, its
+        bytes read whole and checked against their CRC-32 (given from memory, so the bytes given
+        are the bytes checked); None when there is none, or the one there is not to be trusted
+        (removed and counted: the caller fetches it)."""
         try:
             block, why, st = files.open_block(path, digest)
+            if block is not None and (path, block.st.st_dev, block.st.st_ino) not in self._trusted:
+                try:
+                    data = os.pread(block.fd, block.length, files.HEADER.size)
+                finally:
+                    os.close(block.fd)
+                if files.intact(block, data):
+                    self._trusted.add((path, block.st.st_dev, block.st.st_ino))
+                    self._add(count, hits=1)
+                    return Piece(index * self.block_bytes, block.length, block.length < self.block_bytes, None,
+                                 data, True)
+                block, why = None, "its bytes do not match their checksum"
         except OSError as e:
             self._warn("read", f"a cached block could not be read ({e.strerror or e}): fetching it")
             return None
@@ -299,15 +310,6 @@ class ByteCache:
             return None
         self._add(count, hits=1)
         return Piece(index * self.block_bytes, block.length, block.length < self.block_bytes, block, b"", True)
-
-    def _spoiled(self, piece: Piece, count: Optional[Count]) -> None:
-        """A kept block whose bytes failed their checksums: removed (fetched again by its reader), counted."""
-        block = piece.block
-        if block is not None:
-            self._ledger.drop(block.path, block.st, self._room)
-        self._add(count, damaged=1, hits=-1)  # (its hit was counted when it was opened)
-        self._warn("bad:checksum", "a cached block was not trusted (its bytes do not match their checksum): "
-                                   "removed and fetched again")
 
     def _fill(self, path: str, digest: bytes, url: str, version: str, index: int, fetch: Fetch,
               flight: Flight, lock_fd: int, count: Optional[Count]) -> None:
@@ -332,7 +334,9 @@ class ByteCache:
         if kept:
             try:
                 partial, size = files.write_partial(path, digest, data)
-                self._ledger.settle(lock_fd, self._room, partial, path, size)
+                st = self._ledger.settle(lock_fd, self._room, partial, path, size)
+                if st is not None:
+                    self._trusted.add((path, st.st_dev, st.st_ino))  # (its CRC-32 is of the bytes fetched)
             except OSError as e:
                 self._add(count, written_bytes=-len(data), uncached_bytes=len(data))
                 self._ledger.release(lock_fd, self._room)

@@ -5,11 +5,11 @@ Everything lives in one folder of its own, ``<cache>/dalistream-bytes-v1/``; not
 is ever written or removed, and inside it only names of this module's forms are (a file a user
 puts there is left alone; a symbolic link is never followed):
 
-- ``KK/<key>-<block>.blk``: a block, a :data:`HEADER`, a CRC-32 of each :data:`CHUNK_BYTES` of
-  the block, then its bytes. ``key`` is a digest of (URL, version, block size), so a changed
-  object has other names and is never served stale. A reader trusts a block only when its header
-  names it and the file's length agrees, and checks every byte it gives against its chunk's CRC
-  (:class:`Block`); blocks are written to a ``.partial`` file and renamed into place.
+- ``KK/<key>-<block>.blk``: a block, a :data:`HEADER` (the block's name, length and CRC-32),
+  then its bytes. ``key`` is a digest of (URL, version, block size), so a changed object has
+  other names and is never served stale. A reader trusts a block only when its header names it
+  and the file's length agrees (:func:`open_block`), and checks its CRC (:func:`intact`) the
+  first time its process reads it; blocks are written to a ``.partial`` file and renamed into place.
 - ``KK/<key>-<block>.<random>.partial``: a block being written.
 - ``KK/<key>-<block>.lock``: exists while one process fetches the block; others wait on its
   ``flock`` and find the block when it goes away. It holds the room the fetch reserved in the
@@ -42,9 +42,8 @@ from ..errors import ConfigError
 from .cachesim import eviction_slack
 
 NAMESPACE = "dalistream-bytes-v1"
-HEADER = struct.Struct("<8s32sQ")  # magic, digest, length; then a CRC-32 per chunk, then the bytes
-MAGIC = b"DSBLOCK2"  # (DSBLOCK1: one CRC-32 for the block, checked once per boot: removed as untrusted)
-CHUNK_BYTES = 64 << 10  # the bytes each CRC-32 covers: a read checks its chunks whole
+HEADER = struct.Struct("<8s32sQI4x")  # magic, digest, length, CRC-32 of the bytes
+MAGIC = b"DSBLOCK2"  # (DSBLOCK1 held the boot of its writer: such blocks are removed as not this block's)
 TAG = b"Signature: 8a477f597d28d172789f06886806bc55\n# dalistream's byte cache (backup tools skip this folder)\n"
 _BLOCK = re.compile(r"[0-9a-f]{40}-[0-9a-f]{8,}\.blk")
 _PARTIAL = re.compile(r"([0-9a-f]{40}-[0-9a-f]{8,})\.[0-9a-f]{16}\.partial")
@@ -116,42 +115,30 @@ def real_folder(path: str) -> bool:
 
 # -- one block ---------------------------------------------------------------------------------
 
-def _chunks(length: int) -> int:
-    return -(-length // CHUNK_BYTES)
-
-
 def block_size(length: int) -> int:
     """The size of the file of a block of ``length`` bytes (what the ledger counts for it)."""
-    return HEADER.size + 4 * _chunks(length) + length
+    return HEADER.size + length
 
 
 def length_of(size: int) -> int:
     """The length of the block whose file has ``size`` bytes (-1: no block's file has that size)."""
-    body = size - HEADER.size
-    n = body - 4 * -(-body // (CHUNK_BYTES + 4))
-    return n if n >= 0 and block_size(n) == size else -1
-
-
-def crcs(data: Any) -> Tuple[int, ...]:
-    """The CRC-32 of each chunk of ``data``."""
-    view = memoryview(data).cast("B")
-    return tuple(zlib.crc32(view[i:i + CHUNK_BYTES]) for i in range(0, len(view), CHUNK_BYTES))
+    return size - HEADER.size if size >= HEADER.size else -1
 
 
 class Block(NamedTuple):
-    """A block's file open for reading (``fd``, locked shared), trusted by its header and length:
-    its bytes are checked as they are read (:func:`intact`, :class:`CheckedReader`)."""
+    """A block's file open for reading (``fd``, locked shared; its bytes from :data:`HEADER`'s
+    end), trusted by its header and length; ``crc`` the CRC-32 its bytes had when written."""
 
     fd: int
     length: int
-    crcs: Tuple[int, ...]  # one per chunk
+    crc: int
     path: str
     st: os.stat_result
 
-    @property
-    def at(self) -> int:
-        """Where the block's bytes start in its file."""
-        return HEADER.size + 4 * len(self.crcs)
+
+def intact(block: Block, data: Any) -> bool:
+    """Whether ``data`` (the block's bytes as read) are whole and match the CRC-32 written with them."""
+    return len(data) == block.length and zlib.crc32(data) == block.crc
 
 
 def write_partial(path: str, digest: bytes, data: bytes) -> Tuple[str, int]:
@@ -159,8 +146,7 @@ def write_partial(path: str, digest: bytes, data: bytes) -> Tuple[str, int]:
     link), to be renamed into place when whole (:meth:`Ledger.settle`). Its time is now (the start
     of its LRU life). Returns the partial's path and its size; an ``OSError`` leaves no file."""
     partial = f"{path[:-4]}.{os.urandom(8).hex()}.partial"
-    table = crcs(data)
-    head = HEADER.pack(MAGIC, digest, len(data)) + struct.pack(f"<{len(table)}I", *table)
+    head = HEADER.pack(MAGIC, digest, len(data), zlib.crc32(data))
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
     try:
         try:
@@ -198,28 +184,27 @@ def open_block(path: str, digest: bytes) -> Tuple[Optional[Block], Optional[str]
         if st.st_nlink == 0:  # evicted between the open and the lock
             os.close(fd)
             return None, None, None
-        why, table = _check(fd, st, digest)
+        why, crc = _check(fd, st, digest)
         if why is not None:
             os.close(fd)
             return None, why, st
         now = time.time_ns()
         os.utime(fd, ns=(now, now))  # the LRU's access time
-        return Block(fd, length_of(st.st_size), table, path, st), None, st
+        return Block(fd, length_of(st.st_size), crc, path, st), None, st
     except BaseException:
         os.close(fd)
         raise
 
 
-def _check(fd: int, st: os.stat_result, digest: bytes) -> Tuple[Optional[str], Tuple[int, ...]]:
+def _check(fd: int, st: os.stat_result, digest: bytes) -> Tuple[Optional[str], int]:
     if not stat.S_ISREG(st.st_mode) or st.st_size < HEADER.size:
-        return "not a block file", ()
-    magic, found, length = HEADER.unpack(os.pread(fd, HEADER.size, 0))
+        return "not a block file", 0
+    magic, found, length, crc = HEADER.unpack(os.pread(fd, HEADER.size, 0))
     if magic != MAGIC or found != digest:
-        return "header does not name this block", ()
+        return "header does not name this block", 0
     if st.st_size != block_size(length):
-        return f"{st.st_size} bytes where the header says {block_size(length)}", ()
-    k = _chunks(length)
-    return None, struct.unpack(f"<{k}I", os.pread(fd, 4 * k, HEADER.size))
+        return f"{st.st_size} bytes where the header says {block_size(length)}", 0
+    return None, crc
 
 
 def remove_if_same(path: str, st: os.stat_result) -> bool:
@@ -353,10 +338,10 @@ class Ledger:
             ledger.set(total + n if fits else total)
             return fits, removed, removed_bytes
 
-    def settle(self, lock_fd: int, n: int, partial: str, path: str, size: int) -> None:
+    def settle(self, lock_fd: int, n: int, partial: str, path: str, size: int) -> Optional[os.stat_result]:
         """Put a block written to ``partial`` in place, its file of ``size`` bytes counted instead
-        of the ``n`` reserved; an ``OSError`` removes the partial (the reservation is left to
-        :meth:`release`)."""
+        of the ``n`` reserved: the placed file's stat (None if it cannot be had); an ``OSError``
+        of the renaming removes the partial (the reservation is left to :meth:`release`)."""
         with FileLock(self.path) as ledger:
             try:
                 os.rename(partial, path)
@@ -368,6 +353,10 @@ class Ledger:
                 raise
             _record(lock_fd, 0)
             ledger.set(ledger.value() - (n - size))
+            try:
+                return os.stat(path)  # (no eviction removes it while the ledger is held)
+            except OSError:
+                return None
 
     def release(self, lock_fd: int, n: int) -> None:
         """Give back ``n`` bytes reserved by the fetch holding ``lock_fd`` (set right by the next scan on a failure)."""
