@@ -48,6 +48,13 @@ COUNTERS = ("hits", "misses", "remote_bytes", "cache_bytes", "written_bytes", "u
             "damaged", "evictions", "evicted_bytes")
 
 
+def _trust_key(path: str, st: os.stat_result) -> int:
+    """A block file's name in the set of those a process trusts: its path and inode (a file put
+    in its place since is another), hashed (a few bytes each, for the hundreds of thousands of a
+    large cache)."""
+    return hash((path, st.st_dev, st.st_ino))
+
+
 class ByteCache:
     """Blocks of remote objects in ``folder`` (see the module doc), their files at most
     ``limit_bytes`` in all at every moment (``None``: :func:`auto_limit`); a folder over the
@@ -93,8 +100,7 @@ class ByteCache:
         self._writes_off: Optional[str] = None
         self._subdirs: set = set()
         self._flights = Flights()  # blocks being fetched in this process, readable as they come
-        # the block files this process checked whole or wrote (by path and inode): trusted from then on
-        self._trusted: set = set()
+        self._trusted: set = set()  # the block files this process checked whole or wrote (_trust_key)
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "limit_bytes": self.limit_bytes, "block_bytes": self.block_bytes}
@@ -261,7 +267,7 @@ class ByteCache:
         started (in this thread when ``here``, else in a new one) that fetches the block, its file
         lock held (so once per node), from ``entry`` on first, keeps it if there is room, and
         gives its bytes as they come: a block another process fetched meanwhile is read from its
-        file (checked whole)."""
+        file (:meth:`_hit`)."""
 
         def fly(flight: Flight) -> None:
             lock = path[:-4] + ".lock"
@@ -272,10 +278,13 @@ class ByteCache:
                     self._fill(path, digest, url, version, index, fetch, flight, lock_fd, count)
                 else:
                     flight.hit = True
+                    data = got.data
                     if got.block is not None:
-                        data = os.pread(got.block.fd, got.block.length, files.HEADER.size)
-                        os.close(got.block.fd)
-                    flight.finish(got.data if got.block is None else data)
+                        try:
+                            data = os.pread(got.block.fd, got.block.length, files.HEADER.size)
+                        finally:
+                            os.close(got.block.fd)
+                    flight.finish(data)
             finally:
                 files.unlock_fetch(lock_fd, lock)
 
@@ -288,13 +297,13 @@ class ByteCache:
         (removed and counted: the caller fetches it)."""
         try:
             block, why, st = files.open_block(path, digest)
-            if block is not None and (path, block.st.st_dev, block.st.st_ino) not in self._trusted:
+            if block is not None and _trust_key(path, block.st) not in self._trusted:
                 try:
                     data = os.pread(block.fd, block.length, files.HEADER.size)
                 finally:
                     os.close(block.fd)
                 if files.intact(block, data):
-                    self._trusted.add((path, block.st.st_dev, block.st.st_ino))
+                    self._trusted.add(_trust_key(path, block.st))
                     self._add(count, hits=1)
                     return Piece(index * self.block_bytes, block.length, block.length < self.block_bytes, None,
                                  data, True)
@@ -336,7 +345,7 @@ class ByteCache:
                 partial, size = files.write_partial(path, digest, data)
                 st = self._ledger.settle(lock_fd, self._room, partial, path, size)
                 if st is not None:
-                    self._trusted.add((path, st.st_dev, st.st_ino))  # (its CRC-32 is of the bytes fetched)
+                    self._trusted.add(_trust_key(path, st))  # (its CRC-32 is of the bytes fetched)
             except OSError as e:
                 self._add(count, written_bytes=-len(data), uncached_bytes=len(data))
                 self._ledger.release(lock_fd, self._room)
