@@ -48,6 +48,11 @@ COUNTERS = ("hits", "misses", "remote_bytes", "cache_bytes", "written_bytes", "u
             "damaged", "evictions", "evicted_bytes")
 
 
+#: per cache folder, the block files this process checked whole or wrote (:func:`_trust_key`): it
+#: trusts them from then on, whichever copy of its cache (unpickled in a worker) reads them
+_TRUSTED: Dict[str, set] = {}
+
+
 def _trust_key(path: str, st: os.stat_result) -> int:
     """A block file's name in the set of those a process trusts: its path and inode (a file put
     in its place since is another), hashed (a few bytes each, for the hundreds of thousands of a
@@ -100,7 +105,7 @@ class ByteCache:
         self._writes_off: Optional[str] = None
         self._subdirs: set = set()
         self._flights = Flights()  # blocks being fetched in this process, readable as they come
-        self._trusted: set = set()  # the block files this process checked whole or wrote (_trust_key)
+        self._trusted = _TRUSTED.setdefault(self.root, set())  # (every copy of the cache in this process)
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "limit_bytes": self.limit_bytes, "block_bytes": self.block_bytes}

@@ -8,6 +8,7 @@ to LOG (one line, O_APPEND) and then sleeps DELAY seconds. The child builds its 
 ``ready``, waits for a line on stdin, then:
 
 - ``read``: reads [START, END) and prints ``sha256 <hex>`` and ``counters <json>``;
+- ``pieces``: as ``read``, through a stream read 5,000 bytes at a time;
 - ``hold``: reads byte START into the cache, then opens [START, END) and reads one byte (its
   block, now read from its file, stays open, locked shared), prints ``holding``, waits for a line on
   stdin, reads the rest, prints ``sha256 <hex>``;
@@ -70,6 +71,9 @@ def main() -> None:
         sys.stdin.readline()
         data = first + stream.read()
         stream.close()
+    elif mode == "pieces":
+        with cache.open(url, version, start, end, fetch) as stream:
+            data = b"".join(iter(lambda: stream.read(5000), b""))
     else:
         if mode == "stall":
             cache.warm(url, version, start, end, fetch)

@@ -108,7 +108,7 @@ def test_an_object_without_a_version_is_never_cached(tmp_path, origin, caplog):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "longer", "other block", "flipped byte", "empty", "not a block"])
-def test_a_damaged_block_is_not_trusted_and_is_fetched_again(tmp_path, origin, caplog, damage):
+def test_a_damaged_block_is_not_trusted_and_is_fetched_again(tmp_path, origin, damage):
     data = origin.put("a.tar", os.urandom(128 * KB))
     cache = ByteCache(tmp_path / "c", "1GB", block_bytes=64 * KB)
     assert cache.read("a.tar", "v", 0, 128 * KB, origin.fetch) == data
@@ -130,12 +130,12 @@ def test_a_damaged_block_is_not_trusted_and_is_fetched_again(tmp_path, origin, c
         else:  # a byte changed in place (the size kept): caught by its chunk's CRC when read
             f.seek(cachefiles.block_size(64 * KB) - 64 * KB + 5)
             f.write(bytes([data[5] ^ 0xFF]))
-    origin.calls.clear()
-    with caplog.at_level(logging.WARNING, logger="dalistream"):  # (the next job: a cache of its own)
-        again = ByteCache(tmp_path / "c", "1GB", block_bytes=64 * KB)
-        assert again.read("a.tar", "v", 0, 128 * KB, origin.fetch) == data
-    assert [c[2] for c in origin.calls] == [0] and "not trusted" in caplog.text
-    assert again.counters()["damaged"] == 1
+    log = tmp_path / "fetches"  # the next job: a process of its own (this one trusts the blocks it wrote)
+    job = Child("read", tmp_path / "c", 10**9, 64 * KB, origin, log, "a.tar", "v", 0, 128 * KB)
+    job.go()
+    digest, counters = job.result()
+    assert digest == sha(data) and counters["damaged"] == 1
+    assert [int(row[3]) for row in fetch_log(log)] == [0]
 
 
 # -- limits, eviction, LRU ---------------------------------------------------------------------
@@ -558,44 +558,31 @@ def test_a_block_that_finds_no_room_is_read_without_caching_and_counted(tmp_path
 
 # -- every byte read from a block is checked ----------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["zero", "flip", "truncate"])
 @pytest.mark.parametrize("at", [0, 100 * KB, 256 * KB - 4096])
 @pytest.mark.parametrize("reads", ["whole", "in small reads", "from an offset"])
 def test_a_changed_block_is_fetched_again_and_counted_never_delivered(tmp_path, origin, how, at, reads):
-    """A block changed on the disk after a job kept it: the next job (a cache of its own) checks
-    it the first time it reads it, fetches it again, counts it, and gives the store's bytes."""
+    """A block changed on the disk after a job kept it: the next job (a process of its own)
+    checks it the first time it reads it, fetches it again, counts it, and gives the store's bytes."""
     block = 256 * KB
     data = origin.put("a.tar", os.urandom(2 * block))
     ByteCache(tmp_path / "c", "1GB", block_bytes=block).read("a.tar", "v", 0, 2 * block, origin.fetch)
     path = [p for p in block_files(tmp_path / "c") if p.endswith("-00000000.blk")][0]
     damage(path, how, at)
-    origin.calls.clear()
-    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=block)
+    log = tmp_path / "fetches"
     start = {"whole": 0, "in small reads": 0, "from an offset": 7 * KB + 3}[reads]
-    with cache.open("a.tar", "v", start, 2 * block, origin.fetch) as stream:
-        got = b"".join(iter(lambda: stream.read(5000), b"")) if reads == "in small reads" else stream.read()
-    assert got == data[start:]
-    c = cache.counters()
+    job = Child("pieces" if reads == "in small reads" else "read", tmp_path / "c", 10**9, block, origin, log,
+                "a.tar", "v", start, 2 * block)
+    job.go()
+    digest, c = job.result()
+    assert digest == sha(data[start:])
     assert c["damaged"] == 1 and c["misses"] == 1 and c["hits"] == 1  # the damaged one fetched, the other kept
-    assert sum(b - a for _, _, a, b in origin.calls) == block  # that block again, nothing else
-    origin.calls.clear()
-    assert cache.read("a.tar", "v", 0, 2 * block, origin.fetch) == data and origin.calls == []  # kept again, whole
-
-
-@pytest.mark.parametrize("how", ["zero", "flip", "truncate"])
-def test_a_stream_gives_the_bytes_it_checked_even_if_the_file_changes_after(tmp_path, origin, how):
-    """A job's first read of a kept block checks it whole and gives the bytes it checked: the
-    file changed while the stream is on it changes nothing the stream gives."""
-    block = 256 * KB
-    data = origin.put("a.tar", os.urandom(block))
-    ByteCache(tmp_path / "c", "1GB", block_bytes=block).read("a.tar", "v", 0, block, origin.fetch)
-    (path,) = block_files(tmp_path / "c")
-    cache = ByteCache(tmp_path / "c", "1GB", block_bytes=block)
-    with cache.open("a.tar", "v", 0, block, origin.fetch) as stream:
-        first = stream.read(10 * KB)
-        damage(path, how, 200 * KB)
-        rest = stream.read()
-    assert first + rest == data and cache.counters()["hits"] == 1
+    assert sum(int(row[4]) - int(row[3]) for row in fetch_log(log)) == block  # that block again, nothing else
+    fetched = len(fetch_log(log))
+    again = Child("read", tmp_path / "c", 10**9, block, origin, log, "a.tar", "v", 0, 2 * block)
+    again.go()
+    assert again.result()[0] == sha(data) and len(fetch_log(log)) == fetched  # kept again, whole
 
 
 @pytest.mark.slow
