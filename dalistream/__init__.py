@@ -10,7 +10,7 @@ from .config import Field, StreamConfig
 from .errors import (ConfigError, DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError,
                      StateError, WorkerError)
 from .dali.pipeline import pipeline_def, raw_pipeline, read
-from .device import torch_device
+from .dali.device import torch_device
 from .loader import Loader, read_state_file, write_state_file
 from .stream import Stream
 from .writer import write as write_shards

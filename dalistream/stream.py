@@ -19,7 +19,7 @@ from .dataset import DataSet
 from .errors import ConfigError, redact, redact_client_logs
 from .io.folder import folder_problem
 from .io.options import with_cache
-from .device import check_start_method, resolve_device
+from .dali.device import check_start_method, resolve_device
 from .mixing import Mix, bucketed, concatenated, open_mix, reading_order_for, resolve_source
 from .plan import Layout, check_layout, steps_per_epoch
 from .plan.cached import affine_plan
@@ -62,7 +62,7 @@ def resolve_layout(rank: Optional[int], world_size: Optional[int], env: Mapping[
 
 def local_device(env: Mapping[str, str]) -> Optional[int]:
     """This process's rank on its node: ``LOCAL_RANK`` (torchrun), else ``SLURM_LOCALID`` (srun); which
-    GPU that means depends on how many it sees (:func:`dalistream.device.local_gpu`)."""
+    GPU that means depends on how many it sees (:func:`dalistream.dali.device.local_gpu`)."""
     for name in ("LOCAL_RANK", "SLURM_LOCALID"):
         if name in env:
             try:

@@ -3,7 +3,7 @@ variables (LOCAL_RANK, RANK, …) and see where it puts the model, NCCL and the 
 
 Run by tests/test_torchrun_recipe.py as ``python tests/gpu_world.py VISIBLE SCRIPT [args…]`` or
 ``… VISIBLE --old-outline DATA``; prints one JSON line. Faked: what DALI sees (the GPU count,
-where dalistream asks it: ``dalistream.device.gpu_count``) and torch's CUDA surface (a CUDA build, the current
+where dalistream asks it: ``dalistream.dali.device.gpu_count``) and torch's CUDA surface (a CUDA build, the current
 device that ``set_device`` moves, ``Module.to``/``Module.cuda`` recording the device they would move
 to, ``init_process_group`` and ``DistributedDataParallel`` recording their device arguments).
 Nothing of dalistream's own logic is replaced. The batches' device is the DALI pipeline's
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.parallel
 
-from dalistream import device
+from dalistream.dali import device
 
 visible = int(sys.argv[1])
 state = {"current": 0, "set_device": [], "moved_to": [], "ddp_device_ids": [], "process_group": []}

@@ -30,7 +30,7 @@ INTERNALS = re.compile(r"\._py_pool|\._shutdown\(|\._processes|\._observer|\._us
                        r"GetCUDADeviceCount|\.__spec__")
 COMPAT = "dalistream.dali.compat"
 # what every stage receives; with the stages below the entry modules, they import none of those
-BASE = ("dalistream.config", "dalistream.errors", "dalistream.dataset", "dalistream.device", "dalistream.lifetime")
+BASE = ("dalistream.config", "dalistream.errors", "dalistream.dataset", "dalistream.lifetime")
 BELOW = ("dalistream.worker", "dalistream.plan")
 
 

@@ -261,7 +261,7 @@ def test_quickstart_notebook_says_how_workers_start():
     said they always spawn."""
     import nbformat
 
-    from dalistream.device import start_method
+    from dalistream.dali.device import start_method
 
     nb = nbformat.read(os.path.join(ROOT, "notebooks", "quickstart.ipynb"), as_version=4)
     text = " ".join(" ".join(c.source.split()) for c in nb.cells if c.cell_type == "markdown")

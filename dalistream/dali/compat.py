@@ -10,7 +10,7 @@ warns once when another version is found, naming the shims that may need a look.
 - The entry point DALI's worker pool starts its processes with (``_multiproc.pool.worker``),
   wrapped so that every worker ends with the process that started it (:func:`workers_die_with_parent`).
 - The CUDA state DALI's backend sees (``IsDriverInitialized``, ``GetCUDADeviceCount``; the count
-  is asked in a child process by :func:`dalistream.device.gpu_count`, so that this one's CUDA
+  is asked in a child process by :func:`dalistream.dali.device.gpu_count`, so that this one's CUDA
   stays uninitialized and workers may fork).
 - DALI's torch helpers (``nvidia.dali.plugin.pytorch.torch_utils``) and torch's reference counts
   of a tensor and its storage (``Tensor._use_count``, ``torch._C._storage_Use_Count``).
@@ -217,7 +217,7 @@ def cuda_driver_state() -> Optional[bool]:
 
 def cuda_count_here() -> int:
     """DALI's GPU count asked in this process (``GetCUDADeviceCount``): it initializes CUDA here, so
-    only once :func:`cuda_driver_state` says it is (:func:`dalistream.device.gpu_count`)."""
+    only once :func:`cuda_driver_state` says it is (:func:`dalistream.dali.device.gpu_count`)."""
     from nvidia.dali.backend import GetCUDADeviceCount
 
     return int(GetCUDADeviceCount())

@@ -1,6 +1,6 @@
 """Device ops: decode and augment on the GPU when there is one, the same graph on the CPU otherwise.
 
-One switch, ``device`` (``"gpu"`` or ``"cpu"``, from :func:`dalistream.device.resolve_device`), picks the backend of
+One switch, ``device`` (``"gpu"`` or ``"cpu"``, from :func:`dalistream.dali.device.resolve_device`), picks the backend of
 every op: the decoders run ``"mixed"`` (nvImageCodec, host bytes in, GPU images out) and the
 augmentations ``"gpu"``, or all of them ``"cpu"``. The graph is never written twice.
 

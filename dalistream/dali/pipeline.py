@@ -24,7 +24,7 @@ node's truth value, and the graph is then defined again with conditionals. An ``
 Python value (an option of the pipeline) costs nothing.
 
 DALI's workers are forked for CPU pipelines while CUDA is untouched, and spawned otherwise
-(``Stream.open(..., start_method=...)``, see :func:`dalistream.device.start_method`): a script
+(``Stream.open(..., start_method=...)``, see :func:`dalistream.dali.device.start_method`): a script
 that builds a pipeline at top level needs the usual ``if __name__ == "__main__":`` guard.
 """
 
@@ -34,7 +34,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..device import dali_threads, process_cores, start_method
+from .device import dali_threads, process_cores, start_method
 from ..errors import ConfigError, DalistreamError
 from ..plan import seeds
 from .compat import check_versions, current_pipeline, do_not_convert, quiet_pruned_sources, upstream
@@ -163,8 +163,8 @@ def pipeline_def(fn: Optional[Callable] = None, *, conditionals: Optional[bool] 
     ``enable_conditionals`` when the graph needs them (:func:`needs_conditionals`, or an ``if`` on
     data; ``conditionals=True`` or ``False`` decides instead). Other keyword
     arguments go to DALI's ``pipeline_def`` (``num_threads``: by default this process's share of the
-    node's cores less one per worker, 2 to 16, :func:`dalistream.device.process_cores` and
-    :func:`dalistream.device.dali_threads`;
+    node's cores less one per worker, 2 to 16, :func:`dalistream.dali.device.process_cores` and
+    :func:`dalistream.dali.device.dali_threads`;
     ``prefetch_queue_depth``, ``seed``, …),
     given here or when calling the decorated function; the remaining call arguments are the
     pipeline's own (``train(stream, size=160)``).

@@ -34,7 +34,7 @@ from ..dali.compat import consumer_stream, decodes_images, exec_dynamic
 from ..dali.diagnose import translate
 from ..dali.pipeline import built, raw_pipeline
 from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
-from ..device import check_current_device, check_torch_cuda
+from ..dali.device import check_current_device, check_torch_cuda
 from ..errors import StateError
 from ..lifetime import temp_folder
 from ..stream import Stream

@@ -20,7 +20,7 @@ from collections import deque
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..config import WORKERS
-from ..device import torch_device
+from ..dali.device import torch_device
 from ..errors import ConfigError
 from .args import show_progress, storage_options
 

@@ -104,7 +104,7 @@ def test_worker_processes_shutdown_and_observer():
 
 
 def test_cuda_queries_answer_without_a_gpu():
-    from dalistream import device
+    from dalistream.dali import device
 
     count = device.gpu_count()
     assert isinstance(count, int) and count >= 0

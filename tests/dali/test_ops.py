@@ -7,7 +7,7 @@ from dalistream.errors import ConfigError
 @pytest.mark.parametrize("visible", [0, 1, 2, 8])
 def test_device_switch(monkeypatch, visible):
     """``auto`` takes a GPU when DALI sees one; the count is faked where the library asks it (``device.gpu_count``)."""
-    from dalistream import device
+    from dalistream.dali import device
 
     monkeypatch.setattr(device, "gpu_count", lambda: visible)
     if visible == 0:

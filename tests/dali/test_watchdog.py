@@ -4,7 +4,7 @@
 import pytest
 
 from dalistream import ConfigError, Stream
-from dalistream.device import start_method
+from dalistream.dali.device import start_method
 
 from helpers import key_shards
 

@@ -403,7 +403,7 @@ def test_the_webdataset_peer_copies_to_the_gpu_from_pinned_memory(monkeypatch, s
     sets it (a copy from pageable memory is slower and would flatter dalistream); the report says so."""
     import glob
 
-    from dalistream import device
+    from dalistream.dali import device
     from dalistream.tools.bench import peers
 
     monkeypatch.setattr(device, "gpu_count", lambda: visible)

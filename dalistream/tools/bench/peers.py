@@ -41,7 +41,7 @@ from ...buckets import parse_buckets
 from ...dali import ops
 from ...dali.compat import shutdown
 from ...dali.ops import IMAGENET_MEAN, IMAGENET_STD
-from ...device import resolve_device, start_method
+from ...dali.device import resolve_device, start_method
 from .timing import Opened, open_fake, run_system
 
 IMAGE_EXTS = "jpg;jpeg;png"

@@ -1,6 +1,6 @@
 """Which GPU a process takes, and that nothing at import or test collection touches CUDA.
 
-The GPU count is faked where the library asks it (``dalistream.device.gpu_count``); no GPU is needed."""
+The GPU count is faked where the library asks it (``dalistream.dali.device.gpu_count``); no GPU is needed."""
 
 import logging
 import os
@@ -11,12 +11,12 @@ import textwrap
 import pytest
 
 import dalistream
-from dalistream import device
+from dalistream.dali import device
 from dalistream.errors import ConfigError
 
 from helpers import key_shards
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("visible", [1, 2, 8])
@@ -29,7 +29,7 @@ def test_each_local_rank_takes_its_gpu(monkeypatch, caplog, visible, local_ranks
     chosen = []
     for k in range(local_ranks):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="dalistream.device"):
+        with caplog.at_level(logging.WARNING, logger="dalistream.dali.device"):
             chosen.append(device.resolve_device("auto", None, k))
         shared = visible > 1 and k >= visible
         assert ("shared with other processes" in caplog.text) == shared
@@ -110,7 +110,7 @@ def test_no_import_or_collection_touches_cuda():
         import dalistream, dalistream.ops, dalistream.pipelines
         from dalistream.pipelines import classification_train, classification_eval, image_text
         from dalistream import cli
-        from dalistream import device
+        from dalistream.dali import device
         code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", {os.path.join(REPO, "tests")!r}])
         print(json.dumps({{"code": int(code), "backend": len(calls), "queries": device.CUDA_QUERIES,
                            "initialized": bool(backend.IsDriverInitialized())}}))
@@ -200,7 +200,7 @@ def test_unreadable_cgroups_mean_no_limit(tmp_path):
 
 CHILD = """
 import json, os, sys
-from dalistream import device
+from dalistream.dali import device
 os.sched_setaffinity(0, {cores})
 print(json.dumps(device.process_cores({processes}, {root!r}, {proc!r})))
 """
@@ -264,7 +264,7 @@ def failing_probe(monkeypatch, tmp_path, code: str, timeout_s: float = 60.0) -> 
 def test_auto_warns_with_the_child_stderr_when_a_driver_is_there_but_the_count_fails(monkeypatch, tmp_path, caplog,
                                                                                      code, said):
     failing_probe(monkeypatch, tmp_path, code)
-    with caplog.at_level(logging.WARNING, logger="dalistream.device"):
+    with caplog.at_level(logging.WARNING, logger="dalistream.dali.device"):
         assert device.resolve_device("auto") == ("cpu", None)
     text = caplog.text
     assert "device='auto' decodes on the CPU" in text and "nvidiactl" in text
@@ -278,7 +278,7 @@ def test_auto_warns_with_the_child_stderr_when_a_driver_is_there_but_the_count_f
 def test_a_count_that_hangs_is_a_warning_after_the_time_out(monkeypatch, tmp_path, caplog):
     failing_probe(monkeypatch, tmp_path, "import sys, time; sys.stderr.write('waiting for the GPU\\n'); "
                                          "sys.stderr.flush(); time.sleep(60)", timeout_s=1.0)
-    with caplog.at_level(logging.WARNING, logger="dalistream.device"):
+    with caplog.at_level(logging.WARNING, logger="dalistream.dali.device"):
         assert device.resolve_device("auto") == ("cpu", None)
     assert "did not answer within 1 s" in caplog.text
 
@@ -287,11 +287,11 @@ def test_a_clean_count_of_zero_and_no_driver_say_nothing(monkeypatch, tmp_path, 
     """CUDA_VISIBLE_DEVICES="" (a count of 0, asked cleanly) and a machine without a driver are
     not problems: the CPU is taken without a warning."""
     failing_probe(monkeypatch, tmp_path, "print(0)")
-    with caplog.at_level(logging.WARNING, logger="dalistream.device"):
+    with caplog.at_level(logging.WARNING, logger="dalistream.dali.device"):
         assert device.resolve_device("auto") == ("cpu", None)
     monkeypatch.setattr(device, "DRIVER_PATHS", (str(tmp_path / "absent"),))
     monkeypatch.setattr(device, "_device_count", None)
-    with caplog.at_level(logging.WARNING, logger="dalistream.device"):
+    with caplog.at_level(logging.WARNING, logger="dalistream.dali.device"):
         assert device.resolve_device("auto") == ("cpu", None)
     from nvidia.dali.backend import IsDriverInitialized
 
@@ -367,7 +367,7 @@ def test_a_cpu_only_torch_beside_a_gpu_stream_is_named_at_loader_creation(monkey
 def test_the_loader_warns_when_torch_current_device_is_not_the_stream_gpu(monkeypatch, tmp_path, caplog):
     fake_cuda_torch(monkeypatch, current=0)
     stream = gpu_stream(monkeypatch, tmp_path, 2, 1)
-    with caplog.at_level(logging.WARNING, logger="dalistream.device"):
+    with caplog.at_level(logging.WARNING, logger="dalistream.dali.device"):
         loader = dalistream.Loader(stream)
         try:
             next(iter(loader))
@@ -383,7 +383,7 @@ def test_no_warning_once_torch_device_set_the_current_device(monkeypatch, tmp_pa
     fake_cuda_torch(monkeypatch, current=0)
     stream = gpu_stream(monkeypatch, tmp_path, 2, 1)
     dalistream.torch_device(stream)
-    with caplog.at_level(logging.WARNING, logger="dalistream.device"):
+    with caplog.at_level(logging.WARNING, logger="dalistream.dali.device"):
         loader = dalistream.Loader(stream)
         try:
             next(iter(loader))

@@ -14,8 +14,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterator, Optional, Tuple
 
-from .dali import compat
-from .errors import ConfigError
+from . import compat
+from ..errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only: torch is imported when a function needs it
     import torch
