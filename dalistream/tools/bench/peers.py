@@ -11,12 +11,17 @@ Every system is an *opener* (spec → :class:`~.timing.Opened`) timed by the one
 - ``webdataset``: the ``webdataset`` library in a torch ``DataLoader`` with the same number of
   worker processes, PIL decode and the equivalent augmentation by hand (RandomResizedCrop,
   horizontal flip, normalize: no torchvision);
+- ``litdata``, ``mosaicml``: the same samples converted to litdata's chunks and MosaicML's MDS
+  shards (timed apart), then read by their own loaders with the webdataset peer's per-sample work
+  (:mod:`.converted`);
 - ``sequential-read``: plain sequential reads of the shard files (the I/O limit, read-only);
 - ``fake``: batches of a known cost (the rule's own test);
 - ``merge``: W parallel sources of tiny payloads merged by :func:`dalistream.dali.graph.merge`
   (:mod:`dalistream.tools.bench.merge`; its own steady-state timing, no first batch).
 
-``pipeline``: ``"classification_train"`` decodes and augments; ``"feed"`` brings the encoded
+``pipeline``: ``"classification_train"`` decodes and augments (DALI's decode fused with the random
+crop: only the window is decoded); ``"classification_full"`` the same with the whole image decoded
+first, as every PIL peer does in both (the graph for comparing with them); ``"feed"`` brings the encoded
 bytes into the graph and ends in a cheap op (:func:`feed_graph`: the byte count of each image)
 plus the labels, so that only the cost of feeding remains; ``"read-only"`` delivers the encoded
 bytes to Python (counted). Every system runs ``epochs`` of its own epochs, of rank ``rank``'s
@@ -50,13 +55,23 @@ LABEL_EXTS = "cls"
 
 # -- the shared DALI graph ---------------------------------------------------------------------
 
-def classification_graph(images, valid, device: str, size: int, padded: bool):
-    """Decode with a fused random crop, resize to ``size``², random flip, normalize to CHW float.
+def classification_graph(images, valid, device: str, size: int, padded: bool, fused: bool = True):
+    """A random-resized-crop (area 0.08–1, aspect 3/4–4/3) to ``size``², random flip, normalize to
+    CHW float. ``fused``: only the crop window is decoded (``classification_train``); otherwise the
+    whole image is decoded and then cropped (``classification_full``: the work the PIL peers do).
 
     Used verbatim by both the dalistream and the DALI-native pipelines.
     """
-    images = ops.decode_images(images, valid, device, random_crop=True, padded=padded)
-    images = ops.random_resized_crop(images, device, (size, size))
+    if fused:
+        images = ops.decode_images(images, valid, device, random_crop=True, padded=padded)
+        images = ops.random_resized_crop(images, device, (size, size))
+    else:
+        from nvidia.dali import fn, types
+
+        images = ops.decode_images(images, valid, device, random_crop=False, padded=padded)
+        images = fn.random_resized_crop(images, device=device, size=[size, size], random_area=[0.08, 1.0],
+                                        random_aspect_ratio=[3 / 4, 4 / 3], interp_type=types.INTERP_LINEAR,
+                                        antialias=False)
     return ops.normalize(images, device, mirror=ops.coin_flip())
 
 
@@ -75,11 +90,11 @@ def _dalistream_feed(stream):
     return {"shape": feed_graph(data["image"], stream.device), "label": data["label"]}
 
 
-def _dalistream_train(stream, size: int = 224):
+def _dalistream_train(stream, size: int = 224, fused: bool = True):
     import dalistream
 
     data = dalistream.read(stream)
-    image = classification_graph(data["image"], data["valid"], stream.device, size, stream.may_pad)
+    image = classification_graph(data["image"], data["valid"], stream.device, size, stream.may_pad, fused)
     return {"image": image, "label": data["label"]}
 
 
@@ -128,7 +143,7 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
         graph, count = dalistream.pipeline_def(_dalistream_feed), (lambda b: (len(b["label"]), 0))
     else:
         graph, count = dalistream.pipeline_def(_dalistream_train), (lambda b: (len(b["label"]), 0))
-        kwargs["size"] = spec["size"]
+        kwargs.update(size=spec["size"], fused=pipeline == "classification_train")
     loader = dalistream.Loader(stream, graph, **kwargs)
     loader.set_epoch(spec.get("epoch", 0))
 
@@ -189,7 +204,8 @@ def open_dali_native(spec: Dict[str, Any]) -> Opened:
             return image, label
         if pipeline == "feed":
             return feed_graph(image, device), fn.pad(label)
-        return classification_graph(image, None, device, spec["size"], padded=False), fn.pad(label)
+        return (classification_graph(image, None, device, spec["size"], padded=False,
+                                     fused=pipeline == "classification_train"), fn.pad(label))
 
     pipe = native()
     if pipeline == "read-only":  # bytes of different lengths: no dense tensor, so per sample, as before
@@ -327,7 +343,7 @@ def open_webdataset(spec: Dict[str, Any]) -> Opened:
     dataset = dataset.map(_raw if read_only else _feed if pipeline == "feed" else Augment(spec["size"], spec["seed"]))
     device, device_id = resolve_device(spec["device"])  # decoding stays on the CPU, as usual with PIL
     use_gpu = device == "gpu"
-    to_gpu = use_gpu and pipeline == "classification_train"
+    to_gpu = use_gpu and pipeline.startswith("classification")
     loader = webdataset_loader(dataset, spec, read_only, pin_memory=to_gpu)
 
     def batches():
@@ -364,6 +380,12 @@ def open_sequential_read(spec: Dict[str, Any]) -> Opened:
     return Opened(shards(), lambda b: b, extra=lambda: {"device": "cpu"})
 
 
+def _open_converted(spec: Dict[str, Any]) -> Opened:
+    from .converted import open_converted
+
+    return open_converted(spec)
+
+
 # name -> (libraries imported before the clock, opener); every system runs through run_system
 SYSTEMS: Dict[str, Tuple[Tuple[str, ...], Callable[[Dict[str, Any]], Opened]]] = {
     "dalistream": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
@@ -373,6 +395,9 @@ SYSTEMS: Dict[str, Tuple[Tuple[str, ...], Callable[[Dict[str, Any]], Opened]]] =
        for name in ("dalistream-nocache", "dalistream-local", "dalistream-nobuckets")},
     "dali-native": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch"), open_dali_native),
     "webdataset": (("torch", "webdataset"), open_webdataset),
+    # litdata and MosaicML streaming: the same samples converted to their formats first (.converted)
+    "litdata": (("torch", "litdata"), _open_converted),
+    "mosaicml": (("torch", "streaming"), _open_converted),
     "sequential-read": ((), open_sequential_read),
     "fake": ((), open_fake),
 }

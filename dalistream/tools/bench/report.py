@@ -25,7 +25,8 @@ def format_report(report: Dict[str, Any]) -> str:
     cols = [("samples/s", "samples_per_s", 0), ("MB/s", "mb_per_s", 1), ("1st batch s", "first_batch_s", 2),
             ("RSS MB", "peak_rss_mb", 0), ("PSS MB", "peak_pss_mb", 0), ("shm MB", "peak_shm_mb", 1),
             ("CPU µs/smp", "steady_cpu_us_per_sample", 1), ("main µs", "main_cpu_us_per_sample", 1),
-            ("workers µs", "workers_cpu_us_per_sample", 1), ("CPU ms/MB", "cpu_ms_per_mb", 1)]
+            ("workers µs", "workers_cpu_us_per_sample", 1), ("CPU ms/MB", "cpu_ms_per_mb", 1),
+            ("convert s", "convert_s", 2)]
     head = f"{'system':18s}" + "".join(f"{c[0]:>12s}" for c in cols)
     lines = [head, "-" * len(head)]
     c = report.get("config", {})

@@ -36,11 +36,11 @@ from ..args import add_stream_args, storage_options, stream_sources
 from .child import run_child
 from .report import fmt, format_report, format_sweep, plot_sweep
 
-PEERS = ("dali-native", "webdataset")
-PIPELINES = ("classification_train", "feed", "read-only")
+PEERS = ("dali-native", "webdataset", "litdata", "mosaicml")
+PIPELINES = ("classification_train", "classification_full", "feed", "read-only")
 METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "peak_rss_mb", "peak_pss_mb", "peak_shm_mb",
            "cpu_ms_per_sample", "steady_cpu_ms_per_sample", "main_cpu_ms_per_sample", "workers_cpu_ms_per_sample",
-           "cpu_ms_per_mb")
+           "cpu_ms_per_mb", "convert_s")
 SWEEPABLE = {"workers": "workers", "batch-size": "batch_size", "batch_size": "batch_size", "threads": "threads",
              "shards": "shards",  # shards=N: the first N shards of the sources (memory as the data set grows)
              "parts_in_flight": "parts_in_flight", "part_bytes": "part_bytes",  # storage options of remote reads
@@ -60,14 +60,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--epochs", type=int, default=1, help="epochs per run (each system's own epochs)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto", help="where images are decoded")
     p.add_argument("--pipeline", default="classification_train", metavar="|".join(PIPELINES) + "|video_clips_train|audio_train",
-                   help="classification_train: decode + augment (random-resized-crop, flip, normalize); feed: bytes "
+                   help="classification_train: decode + augment (random-resized-crop, flip, normalize; DALI decodes "
+                        "only the crop window); classification_full: the same with the whole image decoded first, as "
+                        "the PIL peers (webdataset, litdata, mosaicml) do in both; feed: bytes "
                         "into the graph, ending in fn.shapes (the cost of feeding alone); read-only: bytes to Python; "
                         "video_clips_train, audio_train: the media loaders beside a torch DataLoader decoding the same "
                         "clips with PyAV and DALI's own file reader (dalistream/tools/bench/media.py). "
                         "Several, comma-separated, run one after the other (e.g. feed,classification_train)")
-    p.add_argument("--size", type=int, default=224, help="output image side (classification_train)")
+    p.add_argument("--size", type=int, default=224, help="output image side (classification_train, classification_full)")
     p.add_argument("--threads", type=int, default=2, help="DALI num_threads for both DALI pipelines")
-    p.add_argument("--compare", default="", help=f"comma-separated peers: {','.join(PEERS)}")
+    p.add_argument("--compare", default="", help=f"comma-separated peers: {','.join(PEERS)} (litdata and mosaicml "
+                   "convert the samples to their formats first, timed apart as convert_s: pip install 'dalistream[peers]')")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs per system")
     p.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
                    help="repeat the comparison over values of workers, batch-size, threads or shards "
@@ -136,6 +139,7 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     out: Dict[str, Any] = {key: _median(runs, key) for key in METRICS}
     out["runs"] = len(runs)
     out["samples_per_s_runs"] = [r.get("samples_per_s") for r in runs]
+    out["samples_runs"] = [r.get("samples") for r in runs]  # every system's work, checked equal
     epochs = max((len(r.get("epoch_samples_per_s") or ()) for r in runs), default=0)
     out["epoch_samples_per_s"] = [_median([{"x": (r.get("epoch_samples_per_s") or [None] * epochs)[e]} for r in runs],
                                           "x") for e in range(epochs)]  # (dalistream's systems)
@@ -160,6 +164,13 @@ def round_ratios(ours: List[Dict[str, Any]], peer: List[Dict[str, Any]]) -> Dict
     out["epoch_samples_per_s"] = [_median([{"x": (r["epoch_samples_per_s"] + [None] * epochs)[e]} for r in rounds], "x")
                                   for e in range(epochs)]
     return out
+
+
+def rotated(systems: Sequence[str], round_index: int) -> List[str]:
+    """The order of one round: round r starts at the r-th system (dalistream, A, B; A, B, dalistream; …),
+    so that no system always runs first (on a cold machine) or right after the same one."""
+    k = round_index % len(systems)
+    return list(systems[k:]) + list(systems[:k])
 
 
 @contextlib.contextmanager
@@ -191,7 +202,7 @@ def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequenc
     runs: Dict[str, List[Dict[str, Any]]] = {s: [] for s in systems}
     load_before = os.getloadavg()[0]
     for repeat in range(args.repeats):
-        for system in systems:
+        for system in rotated(systems, repeat):
             with _system_spec(args, base, system) as spec:
                 result = run_child(spec, args.timeout, args.lean_main)
             if bytes_per_sample and result.get("samples_per_s"):
@@ -203,10 +214,12 @@ def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequenc
             runs[system].append(result)
             log(f"  [{repeat + 1}/{args.repeats}] {system:16s} {fmt(result.get('samples_per_s'), 8)} samples/s  "
                 f"first batch {fmt(result.get('first_batch_s'), 6, 2)} s  peak RSS {fmt(result.get('peak_rss_mb'), 6)} MB  "
-                f"PSS {fmt(result.get('peak_pss_mb'), 6)} MB  CPU {fmt(result.get('steady_cpu_ms_per_sample'), 5, 2)} ms/sample")
+                f"PSS {fmt(result.get('peak_pss_mb'), 6)} MB  CPU {fmt(result.get('steady_cpu_ms_per_sample'), 5, 2)} ms/sample  "
+                f"{result.get('samples')} samples" + (f"  converted in {fmt(result['convert_s'], 4, 2)} s"
+                                                      if result.get("convert_s") is not None else ""))
     ours = summarize(runs["dalistream"])
     report: Dict[str, Any] = {key: ours[key] for key in METRICS}
-    report.update(runs=ours["runs"], samples_per_s_runs=ours["samples_per_s_runs"],
+    report.update(runs=ours["runs"], samples_per_s_runs=ours["samples_per_s_runs"], samples_runs=ours["samples_runs"],
                   epoch_samples_per_s=ours["epoch_samples_per_s"], config={
         k: base[k] for k in ("pipeline", "batch_size", "workers", "threads", "epochs", "size", "device", "rank",
                              "world_size")})
@@ -270,6 +283,11 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(peers) - set(PEERS))
     if unknown:
         raise ConfigError(f"--compare: unknown peers {unknown}; choose from {list(PEERS)}")
+    from .converted import MODULES, missing
+
+    absent = [reason for reason in (missing(p) for p in peers if p in MODULES) if reason]
+    if absent:
+        raise ConfigError("; ".join(absent), hint="install the peers' libraries, or leave them out of --compare")
     if args.repeats < 1 or args.epochs < 1:
         raise ConfigError("--repeats and --epochs must be at least 1")
     from ...stream import resolve_layout
