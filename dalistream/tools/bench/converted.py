@@ -2,9 +2,9 @@
 
 Each converts the same samples (the rank's shards, read with :func:`~dalistream.tar.samples.iter_samples`:
 the encoded image bytes and the integer label) into its own format in a temporary folder,
-with the writer its documentation names, timed (``convert_s``, before the loader's clock and
-outside it), then reads them back with its own loader and the same per-sample work as the
-webdataset peer (:class:`~.peers.Augment`: PIL decode of the whole image, random-resized-crop,
+with the writer its documentation names, in a process of its own (:func:`convert_apart`), timed
+(``convert_s``, before the loader's clock and outside it), then reads them back with its own loader and the same per-sample work as the
+webdataset peer (:class:`~.torchside.Augment`: PIL decode of the whole image, random-resized-crop,
 flip, normalize), the same number of worker processes (persistent), the same batch size, no
 shuffle (as the webdataset peer), every sample of the rank's share once per epoch:
 
@@ -19,15 +19,19 @@ absent so that the bench refuses the peer before any run.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from ...device import resolve_device
-from .peers import IMAGE_EXTS, LABEL_EXTS, Augment, _feed, _raw, _raw_collate, rank_share, webdataset_loader
+from .torchside import IMAGE_EXTS, LABEL_EXTS, Augment, feed_item, raw_collate, raw_item, rank_share, torch_loader
 from .timing import Opened
 
 MODULES = {"litdata": ("litdata", "litdata"), "mosaicml": ("streaming", "mosaicml-streaming")}
@@ -101,11 +105,12 @@ def _convert_mosaicml(urls, options: Dict[str, Any], folder: str, workers: int) 
 def _litdata_loader(folder: str, transform, spec: Dict[str, Any], read_only: bool, pin_memory: bool):
     from litdata import StreamingDataLoader, StreamingDataset
 
-    dataset = StreamingDataset(input_dir=f"local:{folder}", shuffle=False, drop_last=False, transform=transform)
+    # a plain path: litdata reads the chunks where they lie ("local:" would copy them to its cache first)
+    dataset = StreamingDataset(input_dir=folder, shuffle=False, drop_last=False, transform=transform)
     workers = spec["workers"]
     return StreamingDataLoader(dataset, batch_size=spec["batch_size"], num_workers=workers,
                                persistent_workers=workers > 0, pin_memory=pin_memory,
-                               collate_fn=_raw_collate if read_only else None)
+                               collate_fn=raw_collate if read_only else None)
 
 
 def _mds_dataset_class():
@@ -129,29 +134,68 @@ def _mosaicml_loader(folder: str, transform, spec: Dict[str, Any], read_only: bo
 
     clean_stale_shared_memory()
     dataset = _mds_dataset_class()(transform, local=folder, remote=None, shuffle=False, batch_size=spec["batch_size"])
-    return webdataset_loader(dataset, spec, read_only, pin_memory)
+    return torch_loader(dataset, spec, read_only, pin_memory)
 
 
 CONVERTERS = {"litdata": (_convert_litdata, _litdata_loader), "mosaicml": (_convert_mosaicml, _mosaicml_loader)}
 
 
+def convert_apart(system: str, urls, options: Dict[str, Any], folder: str, workers: int) -> float:
+    """Convert in a process of its own, as a user converts before training; its seconds (libraries
+    imported first, as for every measured system). Apart, because a converter may change the
+    process's state: ``litdata.optimize`` sets multiprocessing's start method to ``spawn``, which
+    would then start the reading ``DataLoader``'s workers by spawning, not forking as they do in a
+    training process that converted nothing."""
+    job = {"system": system, "urls": list(urls), "options": options, "folder": folder, "workers": workers}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(job, f)
+    try:
+        proc = subprocess.run([sys.executable, "-c", "from dalistream.tools.bench.converted import convert_main; "
+                               "convert_main()", f.name], capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"converting to {system} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(lines[-1])["convert_s"]
+
+
+def convert_main() -> None:
+    """The converting process: the job (a JSON file named by ``argv[1]``) done; prints ``{"convert_s": …}``."""
+    with open(sys.argv[1]) as f:
+        job = json.load(f)
+    importlib.import_module(MODULES[job["system"]][0])
+    started = time.perf_counter()
+    CONVERTERS[job["system"]][0](job["urls"], job["options"], job["folder"], job["workers"])
+    print(json.dumps({"convert_s": time.perf_counter() - started}), flush=True)
+
+
+@contextlib.contextmanager
+def converted(spec: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
+    """The rank's shards converted to ``spec["system"]``'s format in a new temporary folder, by the
+    bench before the measured process starts (so that neither the converter's time, CPU nor memory
+    counts as the loader's): the spec with ``converted`` (the folder) and ``convert_s``; the
+    folder is removed after the run."""
+    folder = tempfile.mkdtemp(prefix=f"dalistream-bench-{spec['system']}-", dir=spec.get("convert_dir"))
+    try:
+        data = os.path.join(folder, "data")
+        convert_s = convert_apart(spec["system"], rank_share(spec), spec.get("storage_options") or {}, data,
+                                  spec["workers"])
+        yield dict(spec, converted=data, convert_s=convert_s)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def open_converted(spec: Dict[str, Any]) -> Opened:
-    """Convert the rank's shards into ``spec["system"]``'s format (timed: ``convert_s``), then
-    read them with its loader; the folder is removed on close."""
+    """Read ``spec["converted"]`` (:func:`converted`) with ``spec["system"]``'s own loader."""
     import torch
 
     system, pipeline = spec["system"], spec["pipeline"]
-    convert, make_loader = CONVERTERS[system]
-    folder = tempfile.mkdtemp(prefix=f"dalistream-bench-{system}-", dir=spec.get("convert_dir"))
-    options = spec.get("storage_options") or {}
-    started = time.perf_counter()
-    convert(rank_share(spec), options, os.path.join(folder, "data"), spec["workers"])
-    convert_s = time.perf_counter() - started
     read_only = pipeline == "read-only"
-    then = _raw if read_only else _feed if pipeline == "feed" else Augment(spec["size"], spec["seed"])
+    then = raw_item if read_only else feed_item if pipeline == "feed" else Augment(spec["size"], spec["seed"])
     device, device_id = resolve_device(spec["device"])
     to_gpu = device == "gpu" and pipeline.startswith("classification")
-    loader = make_loader(os.path.join(folder, "data"), _Transformed(then), spec, read_only, to_gpu)
+    loader = CONVERTERS[system][1](spec["converted"], _Transformed(then), spec, read_only, to_gpu)
 
     def batches():
         target = torch.device("cuda", device_id) if to_gpu else None
@@ -161,8 +205,5 @@ def open_converted(spec: Dict[str, Any]) -> Opened:
                     images, labels = images.to(target, non_blocking=True), labels.to(target, non_blocking=True)
                 yield images, labels
 
-    def close() -> None:
-        shutil.rmtree(folder, ignore_errors=True)
-
     count = (lambda b: (len(b[1]), sum(len(x) for x in b[0]))) if read_only else (lambda b: (len(b[1]), 0))
-    return Opened(batches(), count, close, lambda: {"device": "gpu" if to_gpu else "cpu", "convert_s": convert_s})
+    return Opened(batches(), count, extra=lambda: {"device": "gpu" if to_gpu else "cpu", "convert_s": spec["convert_s"]})

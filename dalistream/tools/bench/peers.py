@@ -12,7 +12,7 @@ Every system is an *opener* (spec → :class:`~.timing.Opened`) timed by the one
   worker processes, PIL decode and the equivalent augmentation by hand (RandomResizedCrop,
   horizontal flip, normalize: no torchvision);
 - ``litdata``, ``mosaicml``: the same samples converted to litdata's chunks and MosaicML's MDS
-  shards (timed apart), then read by their own loaders with the webdataset peer's per-sample work
+  shards by the bench before the run (timed apart, outside the measured process), then read by their own loaders with the webdataset peer's per-sample work
   (:mod:`.converted`);
 - ``sequential-read``: plain sequential reads of the shard files (the I/O limit, read-only);
 - ``fake``: batches of a known cost (the rule's own test);
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import random
 import sys
 import time
@@ -45,12 +44,10 @@ import numpy as np
 from ...buckets import parse_buckets
 from ...dali import ops
 from ...dali.compat import shutdown
-from ...dali.ops import IMAGENET_MEAN, IMAGENET_STD
 from ...dali.device import resolve_device, start_method
 from .timing import Opened, open_fake, run_system
+from .torchside import IMAGE_EXTS, LABEL_EXTS, Augment, feed_item, raw_item, rank_of, rank_share, torch_loader
 
-IMAGE_EXTS = "jpg;jpeg;png"
-LABEL_EXTS = "cls"
 
 
 # -- the shared DALI graph ---------------------------------------------------------------------
@@ -96,19 +93,6 @@ def _dalistream_train(stream, size: int = 224, fused: bool = True):
     data = dalistream.read(stream)
     image = classification_graph(data["image"], data["valid"], stream.device, size, stream.may_pad, fused)
     return {"image": image, "label": data["label"]}
-
-
-def rank_of(spec: Dict[str, Any]) -> Tuple[int, int]:
-    """The rank measured and the job's ranks (rank 0 of 1 where the spec names none)."""
-    return spec.get("rank", 0), spec.get("world_size", 1)
-
-
-def rank_share(spec: Dict[str, Any], key: str = "urls") -> list:
-    """``spec[key]`` (the shards, or their counts) one rank reads where a system has no rank of its
-    own to split by (webdataset, the sequential read): every ``world_size``-th from ``rank``, as
-    ``webdataset.split_by_node`` gives them (DALI's reader takes ``shard_id``/``num_shards``)."""
-    rank, world = rank_of(spec)
-    return list(spec[key])[rank::world]
 
 
 # -- dalistream ----------------------------------------------------------------------------------
@@ -235,64 +219,6 @@ def open_dali_native(spec: Dict[str, Any]) -> Opened:
 
 # -- webdataset + torch DataLoader ---------------------------------------------------------------
 
-class Augment:
-    """PIL decode, RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3)) with bilinear
-    resampling, horizontal flip with p=0.5, ImageNet normalize, CHW float32 tensor: what
-    torchvision's usual training transform does, written out by hand."""
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size = size
-        self.seed = seed
-        self.rng: Optional[random.Random] = None
-        self.mean = np.array(IMAGENET_MEAN, np.float32)
-        self.inv_std = 1.0 / np.array(IMAGENET_STD, np.float32)
-
-    def window(self, width: int, height: int) -> Tuple[int, int, int, int]:
-        """A random crop box (left, top, right, bottom) as torchvision's RandomResizedCrop picks it."""
-        area = width * height
-        log_ratio = (math.log(3 / 4), math.log(4 / 3))
-        for _ in range(10):
-            target = area * self.rng.uniform(0.08, 1.0)
-            aspect = math.exp(self.rng.uniform(*log_ratio))
-            w = int(round(math.sqrt(target * aspect)))
-            h = int(round(math.sqrt(target / aspect)))
-            if 0 < w <= width and 0 < h <= height:
-                x, y = self.rng.randint(0, width - w), self.rng.randint(0, height - h)
-                return x, y, x + w, y + h
-        ratio = width / height  # fallback: central crop
-        if ratio < 3 / 4:
-            w, h = width, int(round(width / (3 / 4)))
-        elif ratio > 4 / 3:
-            h, w = height, int(round(height * (4 / 3)))
-        else:
-            w, h = width, height
-        x, y = (width - w) // 2, (height - h) // 2
-        return x, y, x + w, y + h
-
-    def __call__(self, sample: Tuple[bytes, bytes]):
-        import torch
-        from PIL import Image
-
-        if self.rng is None:
-            info = torch.utils.data.get_worker_info()
-            self.rng = random.Random(self.seed * 1000 + (info.id if info else 0))
-        data, label = sample
-        image = Image.open(io.BytesIO(data)).convert("RGB")
-        image = image.resize((self.size, self.size), Image.BILINEAR, box=self.window(*image.size))
-        if self.rng.random() < 0.5:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
-        array = (np.asarray(image, np.float32) - self.mean) * self.inv_std
-        return torch.from_numpy(array.transpose(2, 0, 1).copy()), int(label)
-
-
-def _raw(sample: Tuple[bytes, bytes]):
-    return sample[0], int(sample[1])
-
-
-def _feed(sample: Tuple[bytes, bytes]):
-    return len(sample[0]), int(sample[1])  # the feed's cheap end, as in the DALI graphs
-
-
 def _register_s3_gopen(options: Dict[str, Any]) -> None:
     """Let webdataset open ``s3://`` URLs with one streaming boto3 GET per shard (its ``gopen``
     has no S3 handler; users add one, or write ``pipe:aws s3 cp URL -``). The client is built
@@ -313,24 +239,6 @@ def _register_s3_gopen(options: Dict[str, Any]) -> None:
     sys.modules["webdataset.gopen"].gopen_schemes["s3"] = gopen_s3
 
 
-def _raw_collate(batch):
-    import torch
-
-    return [x[0] for x in batch], torch.tensor([x[1] for x in batch])
-
-
-def webdataset_loader(dataset: Any, spec: Dict[str, Any], read_only: bool, pin_memory: bool) -> Any:
-    """The torch ``DataLoader`` of the webdataset peer: ``workers`` processes (persistent), and
-    batches in pinned memory when they go on to a GPU (``pin_memory``), as a GPU user sets it: a
-    copy from pageable memory is slower and would flatter dalistream."""
-    import torch
-
-    workers = spec["workers"]
-    return torch.utils.data.DataLoader(dataset, batch_size=spec["batch_size"], num_workers=workers,
-                                       persistent_workers=workers > 0, pin_memory=pin_memory,
-                                       collate_fn=_raw_collate if read_only else None)
-
-
 def open_webdataset(spec: Dict[str, Any]) -> Opened:
     """``webdataset.WebDataset`` in a ``DataLoader`` with ``workers`` processes (fork, persistent)."""
     import torch
@@ -340,11 +248,11 @@ def open_webdataset(spec: Dict[str, Any]) -> Opened:
     read_only = pipeline == "read-only"
     _register_s3_gopen(spec.get("storage_options") or {})
     dataset = wds.WebDataset(rank_share(spec), shardshuffle=False, empty_check=False).to_tuple(IMAGE_EXTS, LABEL_EXTS)
-    dataset = dataset.map(_raw if read_only else _feed if pipeline == "feed" else Augment(spec["size"], spec["seed"]))
+    dataset = dataset.map(raw_item if read_only else feed_item if pipeline == "feed" else Augment(spec["size"], spec["seed"]))
     device, device_id = resolve_device(spec["device"])  # decoding stays on the CPU, as usual with PIL
     use_gpu = device == "gpu"
     to_gpu = use_gpu and pipeline.startswith("classification")
-    loader = webdataset_loader(dataset, spec, read_only, pin_memory=to_gpu)
+    loader = torch_loader(dataset, spec, read_only, pin_memory=to_gpu)
 
     def batches():
         target = torch.device("cuda", device_id) if to_gpu else None

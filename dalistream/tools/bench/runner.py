@@ -34,6 +34,7 @@ from ...errors import ConfigError
 from ...stream import default_cache_dir
 from ..args import add_stream_args, storage_options, stream_sources
 from .child import run_child
+from .converted import MODULES as CONVERTED, converted, missing
 from .report import fmt, format_report, format_sweep, plot_sweep
 
 PEERS = ("dali-native", "webdataset", "litdata", "mosaicml")
@@ -177,12 +178,17 @@ def rotated(systems: Sequence[str], round_index: int) -> List[str]:
 def _system_spec(args: argparse.Namespace, base: Dict[str, Any], system: str) -> Iterator[Dict[str, Any]]:
     """The spec of one run of ``system``: dalistream's (and dalistream-nobuckets', so that the two
     differ only in buckets) through a new, empty cache folder under ``--cache`` (removed after the
-    run); dalistream-local's on the ``--local-copy``; dalistream-nobuckets' without ``--buckets``."""
+    run); dalistream-local's on the ``--local-copy``; dalistream-nobuckets' without ``--buckets``;
+    litdata's and mosaicml's over the samples converted to their formats (:func:`.converted.converted`)."""
     spec = dict(base, system=system)
     if system == "dalistream-nobuckets":
         spec.update(buckets=None)
     if system == "dalistream-local":
         spec.update(urls=base["local_urls"], storage_options={}, manifest=None)
+    if system in CONVERTED:  # litdata, mosaicml: the samples in their format first (timed, in a process apart)
+        with converted(dict(spec, convert_dir=args.cache)) as ready:
+            yield ready
+        return
     if system not in ("dalistream", "dalistream-nobuckets") or not args.cache:
         yield spec
         return
@@ -283,9 +289,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(peers) - set(PEERS))
     if unknown:
         raise ConfigError(f"--compare: unknown peers {unknown}; choose from {list(PEERS)}")
-    from .converted import MODULES, missing
-
-    absent = [reason for reason in (missing(p) for p in peers if p in MODULES) if reason]
+    absent = [reason for reason in (missing(p) for p in peers if p in CONVERTED) if reason]
     if absent:
         raise ConfigError("; ".join(absent), hint="install the peers' libraries, or leave them out of --compare")
     if args.repeats < 1 or args.epochs < 1:
