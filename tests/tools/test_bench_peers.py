@@ -59,7 +59,7 @@ def test_a_converted_peer_reads_every_sample_of_every_epoch(shards, tmp_path, pe
     report = report_of(run_bench(tmp_path, *args), args)
     samples = SHARDS * PER_SHARD
     assert report["config"]["samples"] == samples and report["config"]["pipeline"] == pipeline
-    assert set(report["peers"]) == {"webdataset", peer}
+    assert set(report["peers"]) == {"webdataset", peer} | ({"sequential-read"} if pipeline == "read-only" else set())
     figures = report["peers"][peer]
     positive(figures, ("samples_per_s", "first_batch_s", "peak_rss_mb", "convert_s"))
     positive(figures["ratio"], ("samples_per_s", "first_batch_s"))
