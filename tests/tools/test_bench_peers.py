@@ -104,3 +104,31 @@ def test_rotated_rounds_start_at_each_system_in_turn(n):
     assert [r[0] for r in rounds[:n]] == systems  # each first in one of n rounds
     assert rounds[n:] == rounds[:n]
     assert [r[-1] for r in rounds[:n]] == systems[-1:] + systems[:-1]  # and last in one
+
+
+def write_tar(path, members):
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("lacking,members", [
+    ("label", [("a.jpg", b"\xff\xd8a"), ("a.cls", b"3"), ("b.png", b"\x89PNGb")]),
+    ("image", [("a.jpg", b"\xff\xd8a"), ("a.cls", b"3"), ("b.cls", b"7"), ("c.jpg", b"\xff\xd8c"), ("c.cls", b"1")]),
+])
+def test_a_sample_the_converters_cannot_carry_is_an_error_naming_shard_and_member(tmp_path, lacking, members):
+    from dalistream.errors import SampleError
+    from dalistream.tools.bench.converted import shard_samples
+
+    path = str(tmp_path / "shard.tar")
+    write_tar(path, members)
+    with pytest.raises(SampleError) as e:
+        list(shard_samples(path, {}))
+    assert e.value.url == path and e.value.member == "b" and f"no {lacking}" in str(e.value)
+    write_tar(path, [m for m in members if not m[0].startswith("b.")])  # without it, every sample in order
+    assert [label for _, label in shard_samples(path, {})] == [int(d) for n, d in members if n.endswith(".cls") and not n.startswith("b.")]

@@ -31,6 +31,7 @@ import time
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from ...device import resolve_device
+from ...errors import SampleError
 from .torchside import IMAGE_EXTS, LABEL_EXTS, Augment, feed_item, raw_collate, raw_item, rank_share, torch_loader
 from .timing import Opened
 
@@ -56,8 +57,12 @@ def shard_samples(url: str, options: Dict[str, Any]) -> Iterator[Tuple[bytes, in
     wanted = set(images + labels)
     with open_raw(url, 0, options) as f:
         for sample in iter_samples(f, url, want_ext=wanted.__contains__):
-            image = next(sample[e] for e in images if e in sample)
-            label = next(sample[e] for e in labels if e in sample)
+            image = next((sample[e] for e in images if e in sample), None)
+            label = next((sample[e] for e in labels if e in sample), None)
+            if image is None or label is None:
+                raise SampleError(f"sample {sample['__key__']!r} has no {'image' if image is None else 'label'} "
+                                  f"({IMAGE_EXTS if image is None else LABEL_EXTS}): the bench's peers read both",
+                                  url=url, member=sample["__key__"])
             yield image, int(label)
 
 
