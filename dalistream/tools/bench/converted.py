@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-from ...device import resolve_device
+from ...dali.device import resolve_device
 from ...errors import SampleError
 from .torchside import IMAGE_EXTS, LABEL_EXTS, Augment, feed_item, raw_collate, raw_item, rank_share, torch_loader
 from .timing import Opened
