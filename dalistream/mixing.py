@@ -100,7 +100,7 @@ def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
     options = dict(config.storage_options if storage_options is None else storage_options)
     read = manifest_reader(config.cache_dir, options)  # (the listing and the counts read the manifest once)
     urls = expand_sources([sources] if isinstance(sources, str) else list(sources), options,
-                          named=lambda folder: manifest_urls(folder, read))
+                          named=lambda folder: manifest_urls(folder, read, manifest))
     if not manifest and config.policy == "fixed":
         return DataSet(tuple(urls))
     # skip: a bad shard counts the samples before its problem (what a worker delivers)

@@ -224,10 +224,13 @@ def _key(url: str) -> str:
     return os.path.normpath(os.path.abspath(local_path(url)))
 
 
-def manifest_urls(folder: str, read: Reader) -> Optional[List[str]]:
+def manifest_urls(folder: str, read: Reader, manifest: Optional[str] = None) -> Optional[List[str]]:
     """The shard URLs the manifest in ``folder`` (a URL or path ending in ``/``) names, or None
     when there is none there: what a listing takes instead of asking for every object (``read``:
-    the resolution's :func:`manifest_reader`)."""
+    the resolution's :func:`manifest_reader`). With ``manifest`` (the manifest the user named, which
+    counts the shards and so must name every one of them), a local folder's are its rows."""
+    if manifest and not manifest.endswith(".idx") and not is_remote(folder):
+        return read(manifest).urls
     try:
         return read(folder + DEFAULT_NAME).urls
     except SourceError as e:

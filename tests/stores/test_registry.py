@@ -120,15 +120,22 @@ def _counts_only_manifest(folder: str, names) -> None:
         json.dump({"format": "dalistream-manifest", "version": 1, "shards": rows}, f)
 
 
-def test_a_local_brace_pattern_the_manifest_names_is_not_stated_file_by_file(tmp_path):
-    """Shards a manifest names are listed without a stat each: here they are not even there (a
-    listing that stated them would fail), and the counts come from the manifest."""
+def test_a_local_brace_pattern_the_manifest_names_is_not_stated_file_by_file(tmp_path, monkeypatch):
+    """Shards a manifest names are listed without a stat each (one read of their folder's entries
+    tells they are there), and the counts come from the manifest; one that is not there is named."""
     names = [f"s-{i:04d}.tar" for i in range(300)]
+    for name in names:
+        open(tmp_path / name, "wb").close()  # (never read: the manifest counts them)
     _counts_only_manifest(str(tmp_path), names)
     pattern = str(tmp_path / "s-{0000..0299}.tar")
     files = dalistream.manifest.files
     named = lambda folder, read: files.manifest_urls(folder, files.manifest_reader(None))  # noqa: E731
+    stats = []
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda path, *a, **k: stats.append(path) or real_stat(path, *a, **k))
     assert expand_sources(pattern, named=lambda folder: named(folder, None)) == [str(tmp_path / n) for n in names]
+    assert len(stats) < 10, stats[:20]
+    monkeypatch.setattr(os, "stat", real_stat)
     stream = dalistream.Stream.open(pattern, fields={"k": "__key__"}, batch_size=4, device="cpu", rank=0,
                                     world_size=1, policy="exact", cache_dir=str(tmp_path / "cache"))
     assert len(stream.urls) == 300 and sum(stream.counts) == 900
@@ -136,6 +143,10 @@ def test_a_local_brace_pattern_the_manifest_names_is_not_stated_file_by_file(tmp
         expand_sources(str(tmp_path / "t-{0000..0099}.tar"), named=lambda folder: named(folder, None))
     with pytest.raises(SourceError, match="no such shard file"):  # a name the manifest lacks is checked too
         expand_sources(str(tmp_path / "s-{0000..0300}.tar"), named=lambda folder: named(folder, None))
+    os.remove(tmp_path / names[123])
+    with pytest.raises(SourceError, match="no such shard file") as info:  # and one it names that is gone
+        expand_sources(pattern, named=lambda folder: named(folder, None))
+    assert info.value.url == str(tmp_path / names[123])
 
 
 @pytest.mark.parametrize("output", ["https://host/out/", "http://user:pw@host/out/", "pipe:cat > out.tar"])
