@@ -1,13 +1,18 @@
 """Start-up at scale on local disk: ``Stream.open`` on N shards with a counts-only manifest.
 
 Makes N small shard files in FOLDER (each a real one-sample tar, each its own file) and their
-counts-only manifest written by dalistream's own writer (``write_manifest``), then times
-``Stream.open`` in fresh processes: the folder, a brace pattern and a glob naming the shards,
-each with a fresh cache directory (the first rank of a node: the manifest parsed) and with the
-cache another rank filled (the rows mapped back), as medians of ``--repeats`` alternating runs.
-The time of ``loader.state_dict()``'s first content versions (a ``stat`` per shard) is timed too::
+counts-only manifest written by dalistream's own writer (``write_manifest``), and a wids shard
+index of them beside the folder (``FOLDER.wids.json``), then times ``Stream.open`` in fresh
+processes: the folder, a brace pattern and a glob naming the shards, each with a fresh cache
+directory (the first rank of a node, rank 0: the manifest parsed) and with the cache another rank
+filled (``--rank``: the rows mapped back), as medians of ``--repeats`` alternating runs.
+``--manifest wids`` names the wids index (``manifest=``) instead of finding the manifest beside
+the shards. The time of ``loader.state_dict()``'s first content versions (a ``stat`` per shard)
+is timed too (``--versions``)::
 
     python notebooks/startup_scale.py /tmp/startup-500k --shards 500000 --repeats 5 [--profile FORM]
+    python notebooks/startup_scale.py /tmp/startup-500k --manifest wids --rank 5 --world-size 1024 --workers 8 \
+        --batch-size 8
 
 ``--profile FORM`` (folder, braces or glob) prints cProfile's top entries for one open instead;
 ``--code DIR`` times another checkout's dalistream too (e.g. a worktree of an older commit),
@@ -43,12 +48,12 @@ def tiny_shard() -> bytes:
 
 
 def make(folder: str, shards: int) -> None:
-    """The N shards and their manifest, unless FOLDER already holds exactly them."""
+    """The N shards, their manifest and their wids index, unless FOLDER already holds exactly them."""
     from dalistream.manifest import DEFAULT_NAME, ShardInfo, write_manifest
 
     manifest = os.path.join(folder, DEFAULT_NAME)
     names = [f"part-{i:06d}.tar" for i in range(shards)]
-    if os.path.exists(manifest) and len(os.listdir(folder)) == shards + 1:
+    if os.path.exists(manifest) and len(os.listdir(folder)) == shards + 1 and os.path.exists(folder + ".wids.json"):
         return
     if os.path.exists(folder):
         shutil.rmtree(folder)
@@ -59,6 +64,10 @@ def make(folder: str, shards: int) -> None:
         with open(os.path.join(folder, name), "wb") as f:
             f.write(data)
     write_manifest([ShardInfo(os.path.join(folder, n), 1, len(data)) for n in names], manifest)
+    base = os.path.basename(folder)  # (a wids index names its shards relative to itself)
+    with open(folder + ".wids.json", "w") as f:
+        json.dump({"__kind__": "wids-shard-index-v1", "wids_version": 1,
+                   "shardlist": [{"url": f"{base}/{n}", "nsamples": 1, "filesize": len(data)} for n in names]}, f)
     print(f"wrote {shards} shards and {manifest} in {time.perf_counter() - began:.1f} s", file=sys.stderr)
 
 
@@ -69,10 +78,9 @@ FORMS = {"folder": lambda folder, n: folder + "/",
 CHILD = r"""
 import json, sys, time
 import dalistream
-source, cache, state = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+source, cache, state, opened = sys.argv[1], sys.argv[2], sys.argv[3] == "1", json.loads(sys.argv[4])
 began, cpu = time.perf_counter(), time.process_time()
-stream = dalistream.Stream.open(source, fields={"cls": "cls"}, batch_size=64, workers=2, rank=0, world_size=8,
-                                device="cpu", cache_dir=cache)
+stream = dalistream.Stream.open(source, fields={"cls": "cls"}, device="cpu", cache_dir=cache, **opened)
 out = {"open_s": time.perf_counter() - began, "open_cpu_s": time.process_time() - cpu, "shards": len(stream.urls),
        "source": stream.data.count_source}
 if state:
@@ -84,9 +92,10 @@ print(json.dumps(out))
 """
 
 
-def once(source: str, cache: str, state: bool = False, code: str = "") -> dict:
+def once(source: str, cache: str, opened: dict, state: bool = False, code: str = "") -> dict:
     env = dict(os.environ, PYTHONPATH=code, PYTHONDONTWRITEBYTECODE="1") if code else None
-    done = subprocess.run([sys.executable, "-c", CHILD, source, cache, "1" if state else "0"], check=True,
+    done = subprocess.run([sys.executable, "-c", CHILD, source, cache, "1" if state else "0", json.dumps(opened)],
+                          check=True,
                           capture_output=True, text=True, env=env, cwd="/")  # (not a checkout's root: it would be imported)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -100,9 +109,19 @@ def main() -> None:
     parser.add_argument("--profile", choices=sorted(FORMS))
     parser.add_argument("--versions", action="store_true", help="also time the state's content versions")
     parser.add_argument("--code", default="", help="another checkout's root: its dalistream is timed too, alternating")
+    parser.add_argument("--manifest", choices=["beside", "wids"], default="beside",
+                        help="the manifest beside the shards, found unnamed; or the wids index, named (manifest=)")
+    parser.add_argument("--rank", type=int, default=0, help="the rank of the run with the cache filled (the first: 0)")
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     folder = os.path.abspath(args.folder)
     make(folder, args.shards)
+    first = {"rank": 0, "world_size": args.world_size, "workers": args.workers, "batch_size": args.batch_size}
+    if args.manifest == "wids":
+        first["manifest"] = folder + ".wids.json"
+    later = dict(first, rank=args.rank)
     if args.profile:
         import cProfile
         import pstats
@@ -114,8 +133,8 @@ def main() -> None:
             for warm in (False, True):
                 profile = cProfile.Profile()
                 profile.enable()
-                dalistream.Stream.open(source, fields={"cls": "cls"}, batch_size=64, workers=2, rank=0, world_size=8,
-                                       device="cpu", cache_dir=cache)
+                dalistream.Stream.open(source, fields={"cls": "cls"}, device="cpu", cache_dir=cache,
+                                       **(later if warm else first))
                 profile.disable()
                 print(f"--- {args.profile}, {'cache filled' if warm else 'fresh cache'}")
                 pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
@@ -129,8 +148,8 @@ def main() -> None:
         for form in forms:
             for name, code in systems.items():
                 with tempfile.TemporaryDirectory() as cache:
-                    fresh = once(FORMS[form](folder, args.shards), cache, code=code)
-                    filled = once(FORMS[form](folder, args.shards), cache, args.versions and form == forms[0], code)
+                    fresh = once(FORMS[form](folder, args.shards), cache, first, code=code)
+                    filled = once(FORMS[form](folder, args.shards), cache, later, args.versions and form == forms[0], code)
                 assert fresh["shards"] == filled["shards"] == args.shards, (fresh, filled)
                 for warm, got in (("fresh", fresh), ("filled", filled)):
                     for kind in ("open_s", "open_cpu_s"):
@@ -140,9 +159,12 @@ def main() -> None:
                 print(f"[{repeat + 1}/{args.repeats}] {name}, {form}: {fresh['open_s']:.2f} s ({fresh['open_cpu_s']:.2f} s "
                       f"CPU) fresh cache, {filled['open_s']:.2f} s ({filled['open_cpu_s']:.2f} s CPU) filled, load "
                       f"{os.getloadavg()[0]:.1f} ({fresh['source']})", file=sys.stderr, flush=True)
-    print(f"Stream.open at {args.shards:,} local shards, counts-only manifest, medians of {args.repeats} "
+    manifest = "a wids index named" if args.manifest == "wids" else "the counts-only manifest beside the shards"
+    print(f"Stream.open at {args.shards:,} local shards, {manifest}, rank 0 then {args.rank} of {args.world_size}, "
+          f"{args.workers} workers, medians of {args.repeats} "
           f"(load average {load:.1f} → {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs):")
-    print("| code | source | fresh cache: s (CPU s) | cache filled by another rank: s (CPU s) |")
+    print("| code | source | rank 0, fresh cache: s (CPU s) | rank "
+          f"{args.rank}, cache filled by another rank: s (CPU s) |")
     print("|---|---|---|---|")
 
     def median(*key: str) -> str:

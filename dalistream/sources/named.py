@@ -90,11 +90,10 @@ def named_folder(path: str, named: Named) -> Optional[List[str]]:
     if listed is None:
         return None
     names, files, other = listed
-    present = set(files)
-    if len(present) < len(names) or not present.issuperset(names):
+    unnamed = _unnamed(files, names)
+    if len(files) - len(unnamed) != len(names):
         return None  # a named shard is gone, or is a link or a folder: the walk settles it
     written = []
-    unnamed = present.difference(names)  # the entries the manifest does not name: few
     for entry in other:
         if entry.is_dir(follow_symlinks=False):
             return None  # a folder below: its shards are walked
@@ -107,6 +106,15 @@ def named_folder(path: str, named: Named) -> Optional[List[str]]:
     refuse_unfinished(path, written)
     names.sort()  # (a manifest's rows are sorted already: one pass)
     return _joined(os.path.join(path, ""), names)
+
+
+def _unnamed(files: List[str], names: List[str]) -> set:
+    """The ``files`` that are not among ``names`` (a manifest's: each once): every one of ``names``
+    is among ``files`` (each once: a folder's entries) when ``len(files) - len(unnamed) == len(names)``
+    (one set made and one pass over ``names``, the least a check of both costs)."""
+    unnamed = set(files)
+    unnamed.difference_update(names)
+    return unnamed
 
 
 def _matching(pattern: str, names: List[str]) -> List[str]:
@@ -128,12 +136,14 @@ def named_glob(pattern: str, named: Named) -> Optional[List[str]]:
     names, files, other = listed
     if last[0] != "." and "\n." in "\n" + "\n".join(names):
         names = [n for n in names if n[0] != "."]  # glob leaves hidden names out
-    present = set(files)
-    unnamed = [n for n in present.difference(names) if last[0] == "." or n[0] != "."]
-    if _matching(last, unnamed + [e.name for e in other if last[0] == "." or e.name[0] != "."]):
+    unnamed = _unnamed(files, names)
+    everywhere = len(files) - len(unnamed) == len(names)  # every named shard there
+    visible = [n for n in unnamed if last[0] == "." or n[0] != "."]
+    if _matching(last, visible + [e.name for e in other if last[0] == "." or e.name[0] != "."]):
         return None  # a match the manifest does not name, or a link or a folder: listed entry by entry
     matched = _matching(last, names)
-    if not present.issuperset(matched):
+    if not everywhere:
+        present = set(files)
         matched = [n for n in matched if n in present]  # a named shard that is gone: glob matches what is there
     if not matched:
         return None  # no match (named by the caller's error)
