@@ -6,8 +6,8 @@ index of them beside the folder (``FOLDER.wids.json``), then times ``Stream.open
 processes: the folder, a brace pattern and a glob naming the shards, each with a fresh cache
 directory (the first rank of a node, rank 0: the manifest parsed) and with the cache another rank
 filled (``--rank``: the rows mapped back), as medians of ``--repeats`` alternating runs.
-``--manifest wids`` names the wids index (``manifest=``) instead of finding the manifest beside
-the shards. The time of ``loader.state_dict()``'s first content versions (a ``stat`` per shard)
+``--manifest wids`` names the wids index (``manifest=``), and no manifest lies beside the shards
+(it is kept as ``FOLDER.manifest.json`` meanwhile). The time of ``loader.state_dict()``'s first content versions (a ``stat`` per shard)
 is timed too (``--versions``)::
 
     python notebooks/startup_scale.py /tmp/startup-500k --shards 500000 --repeats 5 [--profile FORM]
@@ -47,13 +47,18 @@ def tiny_shard() -> bytes:
     return data.rstrip(b"\0") + b"\0" * (2048 - len(data.rstrip(b"\0")))  # header, data, end blocks
 
 
-def make(folder: str, shards: int) -> None:
-    """The N shards, their manifest and their wids index, unless FOLDER already holds exactly them."""
+def make(folder: str, shards: int, beside: bool) -> None:
+    """The N shards, their manifest (in FOLDER when ``beside``, else kept as FOLDER.manifest.json)
+    and their wids index, unless FOLDER already holds exactly them."""
     from dalistream.manifest import DEFAULT_NAME, ShardInfo, write_manifest
 
-    manifest = os.path.join(folder, DEFAULT_NAME)
+    manifest, away = os.path.join(folder, DEFAULT_NAME), folder + ".manifest.json"
     names = [f"part-{i:06d}.tar" for i in range(shards)]
+    if os.path.exists(away) and not os.path.exists(manifest):
+        os.rename(away, manifest)
     if os.path.exists(manifest) and len(os.listdir(folder)) == shards + 1 and os.path.exists(folder + ".wids.json"):
+        if not beside:
+            os.rename(manifest, away)
         return
     if os.path.exists(folder):
         shutil.rmtree(folder)
@@ -68,6 +73,8 @@ def make(folder: str, shards: int) -> None:
     with open(folder + ".wids.json", "w") as f:
         json.dump({"__kind__": "wids-shard-index-v1", "wids_version": 1,
                    "shardlist": [{"url": f"{base}/{n}", "nsamples": 1, "filesize": len(data)} for n in names]}, f)
+    if not beside:
+        os.rename(manifest, away)
     print(f"wrote {shards} shards and {manifest} in {time.perf_counter() - began:.1f} s", file=sys.stderr)
 
 
@@ -117,7 +124,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     folder = os.path.abspath(args.folder)
-    make(folder, args.shards)
+    make(folder, args.shards, beside=args.manifest == "beside")
     first = {"rank": 0, "world_size": args.world_size, "workers": args.workers, "batch_size": args.batch_size}
     if args.manifest == "wids":
         first["manifest"] = folder + ".wids.json"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import posixpath
 from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -218,11 +219,13 @@ def _simple(url: str) -> bool:
 
 
 def _all_simple(urls: List[str]) -> bool:
-    """:func:`_simple` for every one of ``urls``, checked over their joined text at once."""
-    text = "\n" + "\n".join(urls)
-    return (text.count("\n") == len(urls) and ":" not in text and "/." not in text and "//" not in text
-            and "\n/" not in text and "\n~" not in text and "\n." not in text and "\n\n" not in text
-            and "/\n" not in text and not text.endswith("/"))
+    """:func:`_simple` for every one of ``urls``, checked over their joined text and their first
+    and last characters at once."""
+    text = "\n".join(urls)
+    if text.count("\n") != len(urls) - 1 or ":" in text or "/." in text or "//" in text:
+        return False
+    firsts = set(map(itemgetter(slice(0, 1)), urls))  # ("" for an empty URL)
+    return firsts.isdisjoint(("/", "~", ".", "")) and "/" not in set(map(itemgetter(slice(-1, None)), urls))
 
 
 def _column(rows: list, key: str, default: Any = None) -> list:
@@ -252,8 +255,12 @@ def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str])
         return None
     if (counts < 0).any() or ((size_col < 0) & (size_col != -1)).any():
         return None
+    # no row holds more than its URL, count and size (a wids index, a counts-only manifest): no
+    # offsets, members or keys to look for, row by row
+    sized = sum(map(dict.__contains__, rows, repeat(bytes_key, len(rows))))
+    plain = sum(map(len, rows)) == 2 * len(rows) + sized
     offsets = None
-    lists = _column(rows, "offsets")
+    lists = [None] if plain else _column(rows, "offsets")
     if lists.count(None) != len(lists):
         if not _only(lists, list) or list(map(len, lists)) != samples:
             return None
@@ -261,11 +268,11 @@ def _columns(rows: list, manifest: str, folder: str, keys: Tuple[str, str, str])
         if flat.size and (flat.ndim != 1 or flat.dtype.kind != "i"):
             return None
         offsets = flat.astype(np.int64, copy=False) if flat.size else np.zeros(0, dtype=np.int64)
-    members = _member_columns(rows, samples, offsets, running_starts(counts))
+    members = None if plain else _member_columns(rows, samples, offsets, running_starts(counts))
     if members is False:
         return None
     try:
-        keys = _key_columns(rows, samples, running_starts(counts))
+        keys = None if plain else _key_columns(rows, samples, running_starts(counts))
     except (OverflowError, TypeError, ValueError):
         return None
     if keys is False:
