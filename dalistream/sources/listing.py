@@ -24,7 +24,7 @@ from ..errors import SourceError, redact
 from ..io.local import check_regular, local_path
 from ..io.stores import check_schemes, store_class, store_for
 from ..io.stores.base import glob_prefix, has_magic, match_glob
-from .named import FOLDER_SCAN_MIN, WRITE_NAMES, Named, named_locally
+from .named import FOLDER_SCAN_MIN, WRITE_NAMES, Named, missing_shard, named_locally
 from .unfinished import MARKER, PART, is_shard_name, refuse_unfinished
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def _expand_local(pattern: str, known: Optional[Mapping[str, Identity]] = None) 
         if not matched:
             raise SourceError("glob matched no files", url=path)
         return [(p, _file_identity(p)) for p in matched]
-    raise SourceError("no such shard file", url=path, hint="check the path, or quote a glob so the shell does not expand it")
+    raise missing_shard(path)
 
 
 def _from_manifest(item: str, named: Optional[Named], storage_options: Mapping[str, Any],
