@@ -131,6 +131,15 @@ def normalize_clips(clips, device: str, size: Sequence[int], *, random_crop: boo
 
 
 @do_not_convert
+def split_clips(clips, per_video: int, frames: int, size: int):
+    """A row of ``per_video`` clips laid end to end (``FCHW``, ``per_video × frames`` frames of
+    ``size`` × ``size``) as ``(per_video, frames, C, size, size)``, layout ``NFCHW``."""
+    from nvidia.dali import fn
+
+    return fn.reshape(clips, shape=[per_video, frames, -1, size, size], layout="NFCHW")
+
+
+@do_not_convert
 def decode_audio(data, valid, sample_rate: float, length: int, *, crops: bool = True, padded: bool = True):
     """Audio bytes to mono ``float32`` at ``sample_rate`` (DALI's ``fn.decoders.audio``, CPU), cut
     or zero-padded to ``length`` samples. ``crops``: the rows are a

@@ -7,20 +7,24 @@ A field declared with a :class:`Clips` as its ``decoder`` gets a clip of each vi
 after a probe in the worker (:func:`probe`: PyAV opens the container and counts the video
 stream's packets, decoding nothing) that turns a zero-length, cut, random or stream-less file
 into a named, per-sample error (``bad_video``) before any decoder sees it. The clip is
-``frames`` frames ``stride`` apart, whose first frame is drawn from ``(seed, epoch, key)``
-(:meth:`Clips.start`: a pure function, so a resumed run, an elastic resume and another worker
-count choose the same clips) when training, and centred for evaluation; a video shorter than
-the clip's span is looped, or padded by repeating its last frame or with black frames
-(``short``). Two places decode (``decode``):
+``frames`` frames ``stride`` source frames apart, or at a target frame rate ``fps`` (the
+frames shown at times ``1 / fps`` apart, read from the probe's time stamps, so the clip lasts
+as long whatever the video's own rate), whose first frame is drawn from ``(seed, epoch, key)``
+(:meth:`Clips.first`: a pure function, so a resumed run, an elastic resume and another worker
+count choose the same clips) when training, and centred for evaluation; ``per_video`` clips a
+video (drawn from ``(seed, epoch, key, i)``, or evenly spaced for evaluation) lie end to end
+in the row. A video shorter than the clip's span is looped, or padded by repeating its last
+frame or with black frames (``short``). Two places decode (``decode``):
 
-- ``"dali"``: the field is the clip's frame indices (``int32``, ``4 × frames`` bytes) followed
+- ``"dali"``: the field is the clips' frame indices (``int32``, ``4 × per_video × frames``
+  bytes) followed
   by the encoded bytes; DALI's ``fn.decoders.video`` decodes those frames
   (:func:`dalistream.ops.decode_clips`: ``cpu``, or ``mixed`` on NVDEC). DALI 2.4's CPU
   decoder takes only VP8, VP9 and MJPEG: with ``device="cpu"`` a clip of any other codec (the
   codec read from the stream by the probe, never found by trial) is refused here as
   ``unsupported_codec``, naming shard, member and codec.
 - ``"worker"``: PyAV decodes the clip's frames in the worker (any codec FFmpeg has), and the
-  field is those frames, ``uint8`` ``(frames, H, W, 3)`` RGB.
+  field is those frames, ``uint8`` ``(per_video × frames, H, W, 3)`` RGB.
 
 PyAV (the ``video`` extra: ``pip install "dalistream[video]"``) is imported by the first probe, in the worker; without it a
 :class:`Clips` field is a :class:`~dalistream.errors.ConfigError`.
@@ -31,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -70,6 +74,18 @@ class VideoInfo:
     pts: Tuple[int, ...] = ()
     rate: float = 0.0
     codec_id: int = -1
+    time_base: float = 0.0
+
+    def times(self) -> np.ndarray:
+        """Each frame's time in seconds from the first, in presentation order: from the time
+        stamps when the probe has them (so a variable frame rate is followed), else ``i / rate``;
+        a :class:`VideoProblem` when neither is known."""
+        if self.pts and self.time_base > 0:
+            stamps = np.asarray(self.pts, np.float64)
+            return (stamps - stamps[0]) * self.time_base
+        if self.rate > 0:
+            return np.arange(self.frames, dtype=np.float64) / self.rate
+        raise VideoProblem("has neither frame time stamps nor a frame rate: a clip at a target fps cannot be placed")
 
     @property
     def duration(self) -> float:
@@ -114,6 +130,7 @@ def probe(data: bytes) -> VideoInfo:
             codec, width, height = _codec_name(av, ctx.codec), ctx.width, ctx.height
             rate = stream.average_rate or stream.guessed_rate or 0
             codec_id = ctx.codec.id
+            time_base = float(stream.time_base) if stream.time_base else 0.0
     except VideoProblem:
         raise
     except Exception as e:  # noqa: BLE001 - FFmpeg's errors (InvalidDataError, EOFError, …), named below
@@ -122,7 +139,8 @@ def probe(data: bytes) -> VideoInfo:
     if frames == 0 or width <= 0 or height <= 0:
         raise VideoProblem(f"has no frames ({codec}, {width}x{height}): cut short?")
     known = None not in stamps and len(set(stamps)) == frames
-    return VideoInfo(codec, frames, width, height, tuple(sorted(stamps)) if known else (), float(rate), int(codec_id))
+    return VideoInfo(codec, frames, width, height, tuple(sorted(stamps)) if known else (), float(rate), int(codec_id),
+                     time_base)
 
 
 def draw(seed: int, epoch: int, key: str) -> float:
@@ -136,9 +154,13 @@ def draw(seed: int, epoch: int, key: str) -> float:
 class Clips:
     """How a ``video`` field becomes clips (the field's ``decoder``; see the module doc).
 
-    ``frames``: frames per clip; ``stride``: frames between two taken; ``train``: the first
-    frame drawn from ``(seed, epoch, key)``, else centred; ``short``: ``"loop"``, ``"edge"``
-    (repeat the last frame) or ``"black"``; ``decode``: ``"dali"`` or ``"worker"``;
+    ``frames``: frames per clip; ``stride``: source frames between two taken, or ``fps``: the
+    clip's frame rate instead (per video, from its own frame times: a 60 fps and a 24 fps video
+    both give clips of ``frames`` frames ``1 / fps`` seconds apart); ``per_video``: clips per
+    video (their frames laid end to end: ``per_video × frames`` frames a row); ``train``: each
+    clip's first frame drawn from ``(seed, epoch, key, i)``, else centred (one clip) or evenly
+    spaced from the first to the last start that fits (several); ``short``: ``"loop"``,
+    ``"edge"`` (repeat the last frame) or ``"black"``; ``decode``: ``"dali"`` or ``"worker"``;
     ``device``: ``"cpu"`` or ``"gpu"``, where DALI decodes (``"dali"``: on the CPU, the codecs
     of :data:`DALI_CPU_CODECS` only); ``seed``: the stream's seed.
     """
@@ -150,12 +172,19 @@ class Clips:
     decode: str = "dali"
     device: str = "cpu"
     seed: int = 0
+    fps: Optional[float] = None
+    per_video: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("frames", "stride"):
+        for name in ("frames", "stride", "per_video"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"Clips: {name} must be an integer >= 1, got {value!r}")
+        if self.fps is not None:
+            if isinstance(self.fps, bool) or not isinstance(self.fps, (int, float)) or not self.fps > 0:
+                raise ConfigError(f"Clips: fps must be a number > 0, got {self.fps!r}")
+            if self.stride != 1:
+                raise ConfigError(f"Clips: give stride or fps, not both (stride={self.stride}, fps={self.fps})")
         if self.short not in SHORT_MODES:
             raise ConfigError(f"Clips: short must be one of {SHORT_MODES}, got {self.short!r}")
         if self.decode not in DECODE_PLACES:
@@ -165,32 +194,76 @@ class Clips:
 
     @property
     def span(self) -> int:
-        """Frames from a clip's first to its last, both included."""
+        """Source frames from a clip's first to its last, both included (``stride`` clips)."""
         return (self.frames - 1) * self.stride + 1
+
+    @property
+    def length(self) -> int:
+        """Frames a row holds: ``per_video × frames``."""
+        return self.per_video * self.frames
 
     @property
     def ndim(self) -> int:
         """The field's ``ndim``: 1 (indices and bytes) for ``"dali"``, 4 (frames) for ``"worker"``."""
         return 1 if self.decode == "dali" else 4
 
-    def start(self, count: int, key: str, epoch: int) -> int:
-        """The clip's first frame in a video of ``count`` frames: uniform over the starts whose
-        span fits (0 when none does) when training, the centred one otherwise."""
-        room = max(0, count - self.span)
-        if not self.train:
+    def first(self, room: int, key: str, epoch: int, i: int = 0) -> int:
+        """Clip ``i``'s first start among ``room + 1`` that fit: drawn from ``(seed, epoch, key, i)``
+        when training (clip 0's draw is ``(seed, epoch, key)``'s), else the centred one (one clip
+        a video) or ``i`` of ``per_video`` evenly spaced from 0 to ``room``."""
+        room = max(0, room)
+        if self.train:
+            return min(room, int(draw(self.seed, epoch, key if i == 0 else f"{key}\0{i}") * (room + 1)))
+        if self.per_video == 1:
             return room // 2
-        return min(room, int(draw(self.seed, epoch, key) * (room + 1)))
+        return (i * room + (self.per_video - 1) // 2) // (self.per_video - 1)
 
-    def indices(self, count: int, key: str, epoch: int) -> np.ndarray:
-        """The clip's frame indices (``int32``) in a video of ``count`` frames: from
-        :meth:`start`, ``stride`` apart; those past the end looped, clamped to the last frame
-        (``edge``), or left past it (``black``: the decoder pads them)."""
-        taken = self.start(count, key, epoch) + self.stride * np.arange(self.frames, dtype=np.int64)
+    def start(self, count: int, key: str, epoch: int, i: int = 0) -> int:
+        """Clip ``i``'s first frame in a video of ``count`` frames (``stride`` clips): uniform over
+        the starts whose span fits (0 when none does) when training, else as :meth:`first` says."""
+        return self.first(count - self.span, key, epoch, i)
+
+    def indices(self, video: Union[int, VideoInfo], key: str, epoch: int) -> np.ndarray:
+        """The clips' frame indices (``int32``, ``per_video × frames``, clip after clip) in a video
+        of ``video`` frames (a count, or :func:`probe`'s :class:`VideoInfo`, which ``fps``
+        needs): from :meth:`first`, ``stride`` apart or, with ``fps``, the frame shown at each
+        time ``1 / fps`` apart; those past the end looped, clamped to the last frame (``edge``),
+        or left past it (``black``: the decoder pads them)."""
+        if self.fps is not None:
+            if not isinstance(video, VideoInfo):
+                raise ConfigError("Clips(fps=...).indices needs the video's probe (its frame times), not a count")
+            return self._timed(video, key, epoch)
+        count = video.frames if isinstance(video, VideoInfo) else int(video)
+        steps = self.stride * np.arange(self.frames, dtype=np.int64)
+        taken = np.concatenate([self.start(count, key, epoch, i) + steps for i in range(self.per_video)])
+        return self._short(taken, count).astype(np.int32)
+
+    def _short(self, taken: np.ndarray, count: int) -> np.ndarray:
         if self.short == "loop":
-            taken = taken % count
-        elif self.short == "edge":
-            taken = np.minimum(taken, count - 1)
-        return taken.astype(np.int32)
+            return taken % count
+        if self.short == "edge":
+            return np.minimum(taken, count - 1)
+        return taken
+
+    def _timed(self, info: VideoInfo, key: str, epoch: int) -> np.ndarray:
+        times = info.times()
+        count = len(times)
+        # A frame lasts until the next one's time; the last one as long as the typical frame.
+        last = float(np.median(np.diff(times))) if count > 1 else (1.0 / info.rate if info.rate > 0 else 1.0 / self.fps)
+        end = times[-1] + last
+        offsets = np.arange(self.frames, dtype=np.float64) / float(self.fps)
+        tolerance = 1e-6 * max(1.0, end)  # (time stamps times a time base: rounding, never a frame)
+        room = int(np.count_nonzero(times + offsets[-1] < end - tolerance)) - 1
+        clips: List[np.ndarray] = []
+        for i in range(self.per_video):
+            when = times[self.first(room, key, epoch, i)] + offsets
+            if self.short == "loop":
+                when = np.mod(when, end)
+            taken = np.searchsorted(times, when + tolerance, side="right") - 1
+            past = when >= end - tolerance
+            taken[past] = count - 1 if self.short == "edge" else count  # (black: past the end)
+            clips.append(taken)
+        return np.concatenate(clips).astype(np.int32)
 
     def __call__(self, data: bytes, key: str = "", epoch: int = 0) -> np.ndarray:
         """One member's value: see the module doc."""
@@ -199,7 +272,7 @@ class Clips:
             raise VideoProblem(f"is {info.codec}, which DALI's CPU video decoder does not take "
                                f"(it takes {', '.join(sorted(DALI_CPU_CODECS))})", reason="unsupported_codec",
                                hint="decode it in the worker (decode='worker', PyAV), or on a GPU (NVDEC)")
-        taken = self.indices(info.frames, key, epoch)
+        taken = self.indices(info, key, epoch)
         if self.decode == "worker":
             return decode_frames(data, taken, info)
         return np.concatenate([np.frombuffer(taken.tobytes(), np.uint8), np.frombuffer(data, np.uint8)])
@@ -250,7 +323,7 @@ def clip_problem(value: bytes, clips: Optional[Clips] = None) -> Optional[str]:
     """What PyAV finds wrong decoding a ``video`` field's value, or ``None``: a ``"dali"``
     :class:`Clips` row's frames (its indices, then the video), else every frame of the video.
     What names the sample after DALI's video decoder failed a batch (it says not which)."""
-    head = 4 * clips.frames if clips is not None and clips.decode == "dali" else 0
+    head = 4 * clips.length if clips is not None and clips.decode == "dali" else 0
     data = value[head:]
     try:
         info = probe(data)
