@@ -3,6 +3,10 @@ of (seed, epoch, key) and the frame count the probe reads; the frames PyAV decod
 are those frames; damaged, empty, random or refused media is a named error or a counted skip, per
 sample and per run alike; audio is checked cheaply and its crop drawn the same way."""
 
+import dataclasses
+import io
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -17,7 +21,7 @@ from dalistream.tar import runs
 from dalistream.worker import WorkerSource
 
 from helpers import data_set, short_runs, write_tar
-from media import CODECS, frame_ids, make_clip, make_wav, pyav_frames
+from media import CODECS, frame_ids, frame_red, make_clip, make_wav, pyav_frames
 
 pytest.importorskip("av")
 
@@ -30,7 +34,9 @@ def test_the_kinds_are_inferred_from_extensions_and_checked():
         parse_fields({"v": {"exts": "mp4", "kind": "video", "decoder": Clips(decode="worker")}})
     with pytest.raises(dalistream.ConfigError, match="Clips"):
         parse_fields({"v": {"exts": "mp4", "kind": "video", "decoder": lambda b: b}})
-    for bad in ({"frames": 0}, {"stride": -1}, {"short": "wrap"}, {"decode": "gpu"}, {"device": "cuda"}):
+    for bad in ({"frames": 0}, {"stride": -1}, {"short": "wrap"}, {"decode": "gpu"}, {"device": "cuda"},
+                {"fps": 0}, {"fps": -2.5}, {"fps": "30"}, {"fps": 12, "stride": 2}, {"per_video": 0},
+                {"per_video": 1.5}):
         with pytest.raises(dalistream.ConfigError):
             Clips(**bad)
 
@@ -280,6 +286,133 @@ def test_the_worker_decode_seeks_to_exactly_the_frames_asked_for(codec, gop, bfr
         assert got.shape == (len(wanted), 32, 32, 3)
         for frame, i in zip(got, wanted):
             assert np.array_equal(frame, reference[i] if i < 19 else np.zeros_like(reference[0])), (wanted, i)
+
+
+def make_vfr_clip(times_ms, codec: str = "vp9") -> bytes:
+    """A clip whose frame ``i`` (:func:`frame_red`) is shown from ``times_ms[i]``: a variable frame rate."""
+    import av
+
+    encoder, container, _ = CODECS[codec]
+    out = io.BytesIO()
+    with av.open(out, "w", format=container) as c:
+        stream = c.add_stream(encoder, rate=25)
+        stream.width = stream.height = 32
+        stream.pix_fmt = "yuv420p"
+        stream.codec_context.time_base = Fraction(1, 1000)
+        for i, t in enumerate(times_ms):
+            image = np.zeros((32, 32, 3), np.uint8)
+            image[..., 0], image[..., 1] = frame_red(i), 128
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts, frame.time_base = t, Fraction(1, 1000)
+            for packet in stream.encode(frame):
+                c.mux(packet)
+        for packet in stream.encode():
+            c.mux(packet)
+    return out.getvalue()
+
+
+def pyav_times(data: bytes) -> list:
+    """Each frame's time (seconds) as PyAV decodes the clip, in presentation order."""
+    import av
+
+    with av.open(io.BytesIO(data)) as c:
+        return [float(f.time) for f in c.decode(video=0)]
+
+
+def shown_at(times, fps, first, frames):
+    """Reference: the frame shown at each of ``frames`` times ``1 / fps`` apart from frame
+    ``first``'s, -1 past the video's end (its last frame lasts as long as the one before)."""
+    end = times[-1] + (times[-1] - times[-2])
+    out = []
+    for k in range(frames):
+        t = times[first] + k / fps
+        out.append(max(i for i, ti in enumerate(times) if ti <= t + 1e-6) if t < end - 1e-6 else -1)
+    return out
+
+
+@pytest.mark.parametrize("codec,rate,fps", [("h264", 24, 12), ("h264", 30, 12), ("h264", 60, 12), ("vp9", 60, 24),
+                                            ("vp9", 24, 30), ("av1", 30, 10), ("vfr", 0, 10), ("vfr-h264", 0, 25)])
+def test_clips_at_a_target_fps_are_the_frames_shown_at_those_times(codec, rate, fps):
+    """``Clips(fps=...)``: each clip's frames are those PyAV shows at times ``1 / fps`` apart from
+    a drawn (or centred) first frame, whatever the source's rate (24, 30, 60 fps, or variable:
+    placed by time stamps, not by an assumed constant rate), every start that fits drawn, and the
+    frames the worker decodes are those frames."""
+    if codec.startswith("vfr"):
+        data = make_vfr_clip([0, 40, 80, 120, 300, 340, 380, 600, 640, 680, 720, 760, 1000, 1040, 1080, 1120, 1160,
+                              1200], "h264" if codec == "vfr-h264" else "vp9")
+    else:
+        data = make_clip(codec, 25, rate=rate, gop=5, bframes=2 if codec == "h264" else 0)
+    info, times, reference = probe(data), pyav_times(data), pyav_frames(data)
+    assert len(times) == info.frames == len(reference)
+    frames = 4
+    clips = Clips(frames=frames, fps=fps, short="black", decode="worker", seed=3)
+    end = times[-1] + (times[-1] - times[-2])
+    fitting = [s for s in range(len(times)) if times[s] + (frames - 1) / fps < end - 1e-6]
+    keys = [f"k{i}" for i in range(200)]
+    firsts = set()
+    for key in keys:
+        taken = clips.indices(info, key, 2).tolist()
+        assert taken[0] in fitting, key
+        assert taken == shown_at(times, fps, taken[0], frames), key
+        firsts.add(taken[0])
+        if rate:  # a constant rate: the clip lasts (frames - 1) / fps, within one source frame
+            assert abs(times[taken[-1]] - times[taken[0]] - (frames - 1) / fps) < 1 / rate + 1e-6
+    assert firsts == set(fitting)  # every start that fits is drawn
+    for key in keys[:3]:
+        got = clips(data, key, 2)
+        taken = clips.indices(info, key, 2).tolist()
+        assert frame_ids(got) == taken, key
+        for frame, i in zip(got, taken):
+            assert np.array_equal(frame, reference[i]), (key, i)
+    centred = Clips(frames=frames, fps=fps, train=False, short="black")
+    assert centred.indices(info, "a", 0).tolist() == shown_at(times, fps, fitting[(len(fitting) - 1) // 2], frames)
+    long = Clips(frames=40, fps=fps, train=False, short="black").indices(info, "a", 0).tolist()
+    assert long == [i if i >= 0 else info.frames for i in shown_at(times, fps, 0, 40)]  # past the end: black
+    with pytest.raises(dalistream.ConfigError, match="probe"):
+        clips.indices(info.frames, "k", 0)
+
+
+def test_a_target_fps_without_time_stamps_counts_frames_at_the_streams_rate():
+    data = make_clip("vp9", 20, rate=30)
+    info = probe(data)
+    untimed = dataclasses.replace(info, pts=())
+    clips = Clips(frames=5, fps=10, seed=1)
+    for key in ("a", "b", "c", "d"):
+        taken = clips.indices(untimed, key, 0).tolist()
+        assert taken == list(range(taken[0], taken[0] + 13, 3)) and taken == clips.indices(info, key, 0).tolist()
+    with pytest.raises(VideoProblem, match="frame rate"):
+        clips.indices(dataclasses.replace(info, pts=(), rate=0.0), "a", 0)
+
+
+@pytest.mark.parametrize("per_video,frames,stride,fps", [(3, 4, 2, None), (2, 1, 1, None), (5, 3, 1, None),
+                                                         (3, 4, 1, 6)])
+def test_several_clips_per_video_are_drawn_or_evenly_spaced(per_video, frames, stride, fps):
+    """``Clips(per_video=N)``: N clips a video, clip after clip, each drawn from (seed, epoch, key, i)
+    when training (clip 0 the one-clip draw), evenly spaced from the first start that fits to
+    the last for evaluation; the worker decodes exactly those frames."""
+    data = make_clip("h264", 24, gop=6, bframes=1)
+    info, reference = probe(data), pyav_frames(data)
+    many = Clips(frames=frames, stride=stride, fps=fps, per_video=per_video, decode="worker", seed=9)
+    one = Clips(frames=frames, stride=stride, fps=fps, decode="worker", seed=9)
+    keys = [f"v{i}" for i in range(60)]
+    differ = 0
+    for key in keys:
+        taken = many.indices(info, key, 1).reshape(per_video, frames)
+        assert taken[0].tolist() == one.indices(info, key, 1).tolist()
+        for i, clip in enumerate(taken):
+            assert clip.tolist() == [many.first(24 - (frames - 1) * (2 if fps else stride) - 1, key, 1, i) + j *
+                                     (2 if fps else stride) for j in range(frames)], (key, i)  # 12 fps source
+        differ += len({tuple(c) for c in taken.tolist()}) > 1
+        assert taken.tolist() == many.indices(info, key, 1).reshape(per_video, frames).tolist()  # pure
+    assert differ > len(keys) // 2
+    assert [many.indices(info, k, 2).tolist() for k in keys] != [many.indices(info, k, 1).tolist() for k in keys]
+    room = 24 - ((frames - 1) * (2 if fps else stride) + 1)
+    spaced = Clips(frames=frames, stride=stride, fps=fps, per_video=per_video, train=False).indices(info, "a", 0)
+    assert spaced.reshape(per_video, frames)[:, 0].tolist() == [int(i * room / (per_video - 1) + 0.5)
+                                                                for i in range(per_video)]  # (half up)
+    got = many(data, "v1", 1)
+    assert got.shape == (per_video * frames, 32, 32, 3)
+    assert all(np.array_equal(f, reference[i]) for f, i in zip(got, many.indices(info, "v1", 1).tolist()))
 
 
 def test_the_placeholders_are_what_each_decoder_takes():

@@ -13,7 +13,7 @@ import pytest
 import dalistream
 from dalistream import ops
 from dalistream.kinds.audio import Crops
-from dalistream.kinds.video import Clips
+from dalistream.kinds.video import Clips, probe
 
 from helpers import write_tar
 from media import CODECS, frame_ids, make_clip, make_flac, make_wav, pyav_frames
@@ -35,15 +35,16 @@ def raw_clips(stream, frames=4, decode="dali"):
     return {"video": clips, "key": data["key"]}
 
 
-def clip_shards(directory, codecs, n_shards=2, per_shard=7, sizes=(5, 9, 12, 16)):
-    """Shards of clips (codecs in turn, lengths from ``sizes``) with captions; {key: bytes}."""
+def clip_shards(directory, codecs, n_shards=2, per_shard=7, sizes=(5, 9, 12, 16), rates=(12,)):
+    """Shards of clips (codecs in turn, lengths from ``sizes``, frame rates from ``rates``) with
+    captions; {key: bytes}."""
     truth, paths = {}, []
     for s in range(n_shards):
         members = []
         for i in range(per_shard):
             key = f"c{s}/{i:03d}"
             codec = codecs[(s * per_shard + i) % len(codecs)]
-            data = make_clip(codec, sizes[(3 * s + i) % len(sizes)], blue=20 * i)
+            data = make_clip(codec, sizes[(3 * s + i) % len(sizes)], blue=20 * i, rate=rates[i % len(rates)])
             members += [(f"{key}.{CODECS[codec][2]}", data), (f"{key}.txt", f"caption of {key}".encode())]
             truth[key] = data
         paths.append(write_tar(str(directory / f"clips-{s}.tar"), members))
@@ -54,7 +55,7 @@ def open_clips(paths, clips, workers=2, batch_size=3, **options):
     fields = {"video": {"exts": EXTS, "kind": "video", "ndim": clips.ndim, "decoder": clips}, "key": "__key__"}
     stream = dalistream.Stream.open(paths, fields=fields, batch_size=batch_size, workers=workers, device=clips.device,
                                     seed=clips.seed, **options)
-    return dalistream.Loader(stream, raw_clips, frames=clips.frames, decode=clips.decode)
+    return dalistream.Loader(stream, raw_clips, frames=clips.length, decode=clips.decode)
 
 
 def as_clips(video) -> list:
@@ -68,23 +69,30 @@ def check_frames(batch, truth, clips, epoch):
     assert len(as_clips(batch["video"])) == len(batch["key"])
     for key, clip in zip(batch["key"], as_clips(batch["video"])):
         reference = pyav_frames(truth[key])
-        taken = clips.indices(len(reference), key, epoch).tolist()
+        taken = clips.indices(probe(truth[key]), key, epoch).tolist()
         assert frame_ids(clip) == [i if i < len(reference) else -1 for i in taken], key
         for frame, i in zip(clip, taken):
             if i < len(reference):
                 assert np.abs(frame.astype(np.int16) - reference[i]).mean() < 4, (key, i)
 
 
+CLIP_CHOICES = {"stride": {"stride": 3}, "fps": {"fps": 10}, "per_video": {"stride": 2, "per_video": 3},
+                "fps_per_video": {"fps": 8, "per_video": 2}}
+
+
+@pytest.mark.parametrize("choice", sorted(CLIP_CHOICES))
 @pytest.mark.parametrize("decode,codecs", [("worker", ("h264", "vp9", "av1")), ("dali", ("vp9",))])
-def test_clips_are_pyavs_frames_at_the_drawn_indices(tmp_path, decode, codecs):
-    paths, truth = clip_shards(tmp_path, codecs)
-    clips = Clips(frames=4, stride=3, decode=decode, short="black", seed=7)
+def test_clips_are_pyavs_frames_at_the_drawn_indices(tmp_path, decode, codecs, choice):
+    """Whichever place decodes: a stride, a target fps over 24/30/60 fps sources, several clips a
+    video; each clip is PyAV's frames at the indices drawn for it."""
+    paths, truth = clip_shards(tmp_path, codecs, rates=(24, 30, 60))
+    clips = Clips(frames=4, decode=decode, short="black", seed=7, **CLIP_CHOICES[choice])
     seen = set()
     with open_clips(paths, clips, policy="exact") as loader:
         for epoch in (0, 1):
             loader.set_epoch(epoch)
             for batch in loader:
-                assert all(c.dtype == np.uint8 and c.shape == (4, 32, 32, 3) for c in as_clips(batch["video"]))
+                assert all(c.dtype == np.uint8 and c.shape == (clips.length, 32, 32, 3) for c in as_clips(batch["video"]))
                 check_frames(batch, truth, clips, epoch)
                 seen.update(batch["key"])
     assert seen == set(truth)
@@ -97,10 +105,11 @@ def _epoch(loader, steps=None):
     return out
 
 
+@pytest.mark.parametrize("choice", [{"stride": 2}, {"fps": 6, "per_video": 2}])
 @pytest.mark.parametrize("decode", ["dali", "worker"])
-def test_clips_survive_a_resume_an_elastic_resume_and_another_worker_count(tmp_path, decode):
-    paths, truth = clip_shards(tmp_path, ("vp9",), per_shard=9)
-    clips = Clips(frames=3, stride=2, decode=decode, seed=4)
+def test_clips_survive_a_resume_an_elastic_resume_and_another_worker_count(tmp_path, decode, choice):
+    paths, truth = clip_shards(tmp_path, ("vp9",), per_shard=9, rates=(12, 30))
+    clips = Clips(frames=3, decode=decode, seed=4, **choice)
     with open_clips(paths, clips, workers=2, shuffle=5) as loader:
         loader.set_epoch(1)
         full = _epoch(loader)
@@ -118,7 +127,7 @@ def test_clips_survive_a_resume_an_elastic_resume_and_another_worker_count(tmp_p
     merged = {k: v for batch in head + rest for k, v in batch.items()}
     expected = {k: v for batch in full for k, v in batch.items()}
     assert {k: merged[k] for k in expected} == expected
-    assert all(list(v) == clips.indices(len(pyav_frames(truth[k])), k, 1).tolist() for k, v in expected.items())
+    assert all(list(v) == clips.indices(probe(truth[k]), k, 1).tolist() for k, v in expected.items())
 
 
 def test_eval_delivers_every_centred_clip_once_and_skips_bad_media(tmp_path):
@@ -151,6 +160,32 @@ def test_train_pipeline_layout_and_fp16(tmp_path):
             batch = next(iter(loader))
         assert set(batch) == {"video"}
         assert tuple(batch["video"].shape) == (2, 5, 3, 16, 16) and batch["video"].dtype == torch.float16
+
+
+@pytest.mark.parametrize("decode", ["dali", "worker"])
+def test_eval_gives_several_evenly_spaced_clips_a_video_laid_out_b_n_f_c_h_w(tmp_path, decode):
+    """``video_clips_eval`` with ``per_video=N`` (clip-averaged evaluation): ``(B, N, F, C, H, W)``,
+    clip ``i`` of a video the normalized frames at the ``i``-th evenly spaced start, at a target
+    fps over sources of 24, 30 and 60 fps."""
+    from dalistream.pipelines import video_clips_eval
+
+    paths, truth = clip_shards(tmp_path, ("vp9",), n_shards=1, per_shard=5, sizes=(20, 25), rates=(24, 30, 60))
+    frames, per_video, fps = 3, 3, 12
+    reference = Clips(frames=frames, fps=fps, per_video=per_video, train=False)
+    keys = []
+    with video_clips_eval.loader(paths, batch_size=2, frames=frames, fps=fps, per_video=per_video, size=32,
+                                 workers=1, device="cpu", decode=decode, fields={"key": "__key__"},
+                                 dali_options={"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}) as loader:
+        for batch in loader:
+            video = batch["video"]
+            assert tuple(video.shape[1:]) == (per_video, frames, 3, 32, 32) and video.dtype == torch.float32
+            for key, clips in zip(batch["key"], video):
+                taken = reference.indices(probe(truth[key]), key, 0).reshape(per_video, frames)
+                got = [frame_ids(np.asarray(c.permute(0, 2, 3, 1))) for c in clips]
+                assert got == taken.tolist(), key
+                assert len({tuple(t) for t in taken.tolist()}) == per_video  # three places in the video
+            keys += batch["key"]
+    assert sorted(keys) == sorted(truth)
 
 
 def test_audio_is_cropped_where_the_worker_drew_and_turned_to_log_mel(tmp_path):
