@@ -17,7 +17,8 @@ warns once when another version is found, naming the shims that may need a look.
 - The consumer's CUDA stream given to ``Pipeline.run(stream)`` (dynamic executor only in DALI 2.4),
   and the device DALI reads for the legacy default stream (the calling thread's current one).
 - The graph behind a pipeline's outputs (``DataNode.source``, ``_OperatorInstance.inputs``): which
-  nodes the outputs depend on, so that fields nobody uses are not read; the pruning of their
+  nodes the outputs depend on, so that fields nobody uses are not read, and which operators on
+  which device (``Pipeline._graph_out``, ``_OperatorInstance._op``); the pruning of their
   sources' unused outputs
   (``Pipeline._disable_pruned_external_source_instances``), whose warning is silenced for ours.
 - What a parallel source's worker shipped, rewritten in the main process before DALI feeds it
@@ -178,6 +179,25 @@ def upstream(outputs: Any) -> set:
         if source is not None:
             todo.extend(getattr(source, "inputs", None) or ())
     return seen
+
+
+def operators(pipe: Any) -> set:
+    """``(schema name, device)`` of every operator a defined pipeline's outputs are computed from
+    (``Pipeline._graph_out``, each node's ``source._op``): what it would run, read before (or
+    without) a build, so a GPU graph can be checked on a machine without one."""
+    found = set()
+    todo, seen = list(getattr(pipe, "_graph_out", None) or ()), set()
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        source = getattr(node, "source", None)
+        if source is not None:
+            op = source._op
+            found.add((getattr(op, "schema_name", type(op).__name__), op.device))
+            todo.extend(getattr(source, "inputs", None) or ())
+    return found
 
 
 def current_pipeline() -> Any:

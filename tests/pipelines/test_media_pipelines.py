@@ -188,6 +188,40 @@ def test_eval_gives_several_evenly_spaced_clips_a_video_laid_out_b_n_f_c_h_w(tmp
     assert sorted(keys) == sorted(truth)
 
 
+GPU_OPS = {"video_dali": {("decoders__Video", "mixed"), ("Resize", "gpu"), ("CropMirrorNormalize", "gpu")},
+           "video_worker": {("Resize", "gpu"), ("CropMirrorNormalize", "gpu")},
+           "audio": {("Spectrogram", "gpu"), ("MelFilterBank", "gpu"), ("ToDecibels", "gpu")}}
+
+
+@pytest.mark.parametrize("graph", sorted(GPU_OPS))
+def test_the_ready_media_pipelines_put_their_ops_on_the_gpu_of_a_gpu_stream(tmp_path, graph):
+    """The graph a ready media pipeline defines for a GPU stream (defined, not built: no GPU needed)
+    decodes video on ``mixed`` (NVDEC) and resizes, crops and normalizes clips, or computes the
+    log-mel, on the GPU; for a CPU stream, the same ops all on the CPU."""
+    import dataclasses
+
+    from dalistream.dali.compat import operators
+    from dalistream.pipelines import audio_train, video_clips_train
+
+    if graph == "audio":
+        tar = write_tar(str(tmp_path / "a.tar"), [("a.wav", make_wav(400, rate=8000))])
+        fields = {"audio": {"exts": "wav", "kind": "audio", "decoder": Crops()}}
+        pipeline, options = audio_train.pipeline, {"sample_rate": 8000, "length": 400}
+    else:
+        decode = graph.split("_")[1]
+        tar = write_tar(str(tmp_path / "v.tar"), [("v.webm", make_clip("vp9", 3))])
+        fields = {"video": video_clips_train.clip_field("webm", Clips(frames=2, per_video=2, decode=decode))}
+        pipeline, options = video_clips_train.pipeline, {"frames": 2, "size": 16, "decode": decode, "per_video": 2}
+    cpu = dalistream.Stream.open([tar], fields=fields, batch_size=1, workers=1, device="cpu")
+    gpu = dataclasses.replace(cpu, device="gpu", device_id=0)
+    on_gpu, on_cpu = operators(pipeline(gpu, **options)), operators(pipeline(cpu, **options))
+    assert GPU_OPS[graph] <= on_gpu, on_gpu
+    assert {(name, "cpu") for name, _ in GPU_OPS[graph]} <= on_cpu, on_cpu
+    assert not {device for _, device in on_cpu} - {"cpu"}
+    if graph == "audio":
+        assert ("decoders__Audio", "cpu") in on_gpu  # (DALI 2.4 decodes audio on the CPU only)
+
+
 def test_audio_is_cropped_where_the_worker_drew_and_turned_to_log_mel(tmp_path):
     from dalistream.pipelines import audio_train
 
