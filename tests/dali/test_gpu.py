@@ -396,6 +396,125 @@ def test_a_batch_that_outlives_close_stays_valid_and_the_process_exits_cleanly(m
     assert seen["before"] == seen["after"] and math.isclose(seen["doubled"], 2 * seen["before"], rel_tol=1e-6)
 
 
+# -- video and audio ------------------------------------------------------------------------------
+
+MEDIA_CODECS = ("h264", "av1")
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """Per codec (H.264, AV1: NVDEC's): a folder of one shard of 128×128 clips at 24, 30 and 60 fps
+    (frame ``i`` says it is ``i``: tests/media.py), and {key: bytes}."""
+    pytest.importorskip("av")
+    from helpers import write_tar
+    from media import make_clip
+
+    out = {}
+    for codec in MEDIA_CODECS:
+        folder = tmp_path_factory.mktemp(f"gpu-{codec}")
+        truth = {f"{codec}{i:02d}": make_clip(codec, 14 + i, blue=20 * i, size=128, rate=(24, 30, 60)[i % 3])
+                 for i in range(6)}
+        write_tar(str(folder / "clips-0.tar"), [(f"{key}.mp4", data) for key, data in truth.items()])
+        out[codec] = (str(folder), truth)
+    return out
+
+
+MEDIA_PLACEMENT = ACTIVE_CONTEXTS + """
+import json
+import dalistream
+from dalistream.pipelines import video_clips_train
+loader = video_clips_train.loader({data!r}, batch_size=2, frames=4, size=32, workers=1, text_exts=None)
+devices, shapes = set(), set()
+with loader:
+    for i, batch in enumerate(loader):
+        devices.add(str(batch["video"].device))
+        shapes.add(tuple(batch["video"].shape))
+        batch["video"].float().mean().item()
+        if i == 1:
+            break
+decode = [f.decoder.decode for f in loader.stream.config.fields if f.name == "video"][0]
+print(json.dumps({{"device_id": loader.stream.device_id, "torch_device": str(dalistream.torch_device(loader.stream)),
+                  "decode": decode, "batch_devices": sorted(devices), "shapes": sorted(shapes),
+                  "contexts": active_contexts()}}))
+"""
+
+
+@pytest.mark.gpu(2)
+def test_video_clips_train_on_local_rank_1_of_two_gpus_is_on_gpu_1_and_nothing_on_gpu_0(clips):
+    seen = run_child(MEDIA_PLACEMENT.format(data=clips["h264"][0]), LOCAL_RANK=1, LOCAL_WORLD_SIZE=2, RANK=1,
+                     WORLD_SIZE=2)
+    assert seen["device_id"] == 1 and seen["torch_device"] == "cuda:1" and seen["decode"] == "dali"
+    assert seen["batch_devices"] == ["cuda:1"] and seen["shapes"] == [[2, 4, 3, 32, 32]]
+    assert seen["contexts"][0] is False, "this process made a CUDA context on GPU 0"
+    assert seen["contexts"][1] is True
+
+
+@pytest.mark.parametrize("visible", [pytest.param("1", marks=pytest.mark.gpu(2)), "0"])
+def test_video_clips_train_with_one_visible_gpu_is_on_cuda_0(clips, visible):
+    seen = run_child(MEDIA_PLACEMENT.format(data=clips["h264"][0]), CUDA_VISIBLE_DEVICES=visible, LOCAL_RANK=3,
+                     LOCAL_WORLD_SIZE=4, RANK=3, WORLD_SIZE=4)
+    assert seen["device_id"] == 0 and seen["torch_device"] == "cuda:0" and seen["decode"] == "dali"
+    assert seen["batch_devices"] == ["cuda:0"] and seen["contexts"] == [True]
+
+
+@pytest.mark.parametrize("codec", MEDIA_CODECS)
+def test_nvdec_decodes_h264_and_av1_through_the_ready_eval_pipeline(clips, codec):
+    """``video_clips_eval`` on the GPU (NVDEC, ``mixed``), several clips a video at a target fps:
+    each clip is PyAV's frames at the spaced indices, on the GPU, ``(B, N, F, C, H, W)``."""
+    from dalistream.kinds.video import Clips, probe
+    from dalistream.pipelines import video_clips_eval
+    from media import frame_ids, pyav_frames
+
+    folder, truth = clips[codec]
+    frames, per_video, fps = 4, 2, 12
+    reference = Clips(frames=frames, fps=fps, per_video=per_video, train=False)
+    keys = []
+    with video_clips_eval.loader(folder, batch_size=2, frames=frames, fps=fps, per_video=per_video, size=128,
+                                 workers=2, device="gpu", text_exts=None, fields={"key": "__key__"},
+                                 dali_options={"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}) as loader:
+        for batch in loader:
+            video = batch["video"]
+            assert video.is_cuda and tuple(video.shape[1:]) == (per_video, frames, 3, 128, 128)
+            for key, got in zip(batch["key"], video.permute(0, 1, 2, 4, 5, 3).cpu().numpy()):
+                taken = reference.indices(probe(truth[key]), key, 0).tolist()
+                got = got.reshape(per_video * frames, 128, 128, 3)
+                assert frame_ids(got) == taken, key
+                decoded = pyav_frames(truth[key])
+                for frame, i in zip(got, taken):
+                    assert np.abs(frame - decoded[i]).mean() < 4, (key, i)
+            keys += batch["key"]
+    assert sorted(keys) == sorted(truth)
+
+
+def test_audio_train_log_mel_on_the_gpu_equals_the_cpus(tmp_path):
+    """``audio_train``'s log-mel computed on the GPU is the CPU's within float error (dB)."""
+    pytest.importorskip("av")
+    from dalistream.pipelines import audio_train
+    from helpers import write_tar
+    from media import make_flac, make_wav
+
+    members = []
+    for i in range(6):
+        data = make_wav(3000 + 700 * i, rate=(8000, 22050)[i % 2], seed=i) if i % 3 else make_flac(4000, seed=i)
+        members += [(f"a{i}.{'wav' if i % 3 else 'flac'}", data), (f"a{i}.txt", f"say {i}".encode())]
+    tar = write_tar(str(tmp_path / "audio-0.tar"), members)
+    mels = {}
+    for device in ("cpu", "gpu"):
+        with audio_train.loader([tar], batch_size=2, sample_rate=8000, seconds=0.5, train=False, device=device,
+                                workers=1, fields={"key": "__key__"}) as loader:
+            for batch in loader:
+                assert batch["mel"].is_cuda == (device == "gpu")
+                for key, mel in zip(batch["key"], batch["mel"].cpu().numpy()):
+                    mels[device, key] = mel
+    keys = sorted(k for d, k in mels if d == "cpu")
+    assert len(keys) == 6 and keys == sorted(k for d, k in mels if d == "gpu")
+    worst = max(float(np.abs(mels["gpu", k] - mels["cpu", k]).max()) for k in keys)
+    print(json.dumps({"test": "audio_log_mel_gpu_vs_cpu", "max_abs_db": worst}))
+    for k in keys:
+        assert mels["gpu", k].shape == mels["cpu", k].shape == (80, 4000 // 160 + 1)
+        assert np.allclose(mels["gpu", k], mels["cpu", k], rtol=1e-3, atol=0.05), (k, worst)
+
+
 # -- speed, reported ---------------------------------------------------------------------------
 
 def test_throughput_against_dali_native_in_the_same_run(tmp_path):
