@@ -314,7 +314,8 @@ def damaged_inside(data: bytes, first: int, last: int, seed: int = 0) -> bytes:
 
 
 @pytest.mark.parametrize("bad", [1, 4])
-def test_a_clip_dalis_decoder_fails_on_is_named(tmp_path, bad):
+@pytest.mark.parametrize("per_video", [1, 3])
+def test_a_clip_dalis_decoder_fails_on_is_named(tmp_path, bad, per_video):
     """Damage inside a VP9 stream passes the workers' probe and fails DALI's CPU video decoder for
     the whole batch; the error names the clip (shard, member: found by decoding the batch with
     PyAV), as ``bad_video``, with the worker decode as the way out."""
@@ -324,12 +325,12 @@ def test_a_clip_dalis_decoder_fails_on_is_named(tmp_path, bad):
     members = [(f"d/{i}.webm", damaged_inside(data, 2, 5) if i == bad else data) for i, data in enumerate(whole)]
     assert probe(members[bad][1]).frames == 12
     paths = [write_tar(str(tmp_path / "d.tar"), members)]
-    clips = Clips(frames=6, stride=2, train=False, decode="dali")
+    clips = Clips(frames=6, stride=2, train=False, decode="dali", per_video=per_video)
     fields = {"video": {"exts": "webm", "kind": "video", "decoder": clips}, "key": "__key__"}
     stream = dalistream.Stream.open(paths, fields=fields, batch_size=2, workers=1, device="cpu", policy="exact",
                                     interleave=False, shuffle=0)
     with pytest.raises(dalistream.SampleError) as caught:
-        with dalistream.Loader(stream, raw_clips, frames=6, decode="dali") as loader:
+        with dalistream.Loader(stream, raw_clips, frames=clips.length, decode="dali") as loader:
             for _ in loader:
                 pass
     error = caught.value
