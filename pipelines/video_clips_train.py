@@ -16,9 +16,9 @@ whatever each video's own (the frames shown at times ``1 / fps`` apart, from the
 stamps); its first frame is drawn in the worker from ``(seed, epoch, key)``
 (:class:`dalistream.kinds.video.Clips`), so a resumed run, an elastic resume or another worker
 count decode the same clips. ``per_video=N``: N clips a video, drawn from
-``(seed, epoch, key, i)`` (evenly spaced for evaluation), cropped and flipped alike. A video shorter than the clip's span is
-looped (``short="loop"``), padded with its last frame (``"edge"``) or with black frames
-(``"black"``). ``decode`` says where frames are decoded: ``"dali"`` (``fn.decoders.video``:
+``(seed, epoch, key, i)`` (evenly spaced for evaluation), cropped and flipped alike. A video
+shorter than the clip's span is looped (``short="loop"``), padded with its last frame
+(``"edge"``) or with black frames (``"black"``). ``decode`` says where frames are decoded: ``"dali"`` (``fn.decoders.video``:
 ``mixed``/NVDEC on a GPU, any codec it has; on the CPU, VP8/VP9/MJPEG only: other codecs are
 named ``unsupported_codec`` errors), ``"worker"`` (PyAV in the DALI worker processes, any codec
 FFmpeg decodes) or ``"auto"`` (``"dali"`` on a GPU, ``"worker"`` on the CPU).
@@ -123,4 +123,5 @@ def loader(sources: Any, *, batch_size: int = 8, frames: int = 8, stride: int = 
                                     shuffle=shuffle, **stream_options)
     transform = functools.partial(captions_to_str, keys=tuple(caption_keys)) if "text" in fields else None
     return dalistream.Loader(stream, pipeline, **shown, transform=transform, frames=frames, size=size, resize=resize,
-                             train=train, flip=flip, decode=decode, fp16=fp16, per_video=per_video, **dict(dali_options or {}))
+                             train=train, flip=flip, decode=decode, fp16=fp16, per_video=per_video,
+                             **dict(dali_options or {}))

@@ -92,7 +92,8 @@ def test_clips_are_pyavs_frames_at_the_drawn_indices(tmp_path, decode, codecs, c
         for epoch in (0, 1):
             loader.set_epoch(epoch)
             for batch in loader:
-                assert all(c.dtype == np.uint8 and c.shape == (clips.length, 32, 32, 3) for c in as_clips(batch["video"]))
+                shape = (clips.length, 32, 32, 3)
+                assert all(c.dtype == np.uint8 and c.shape == shape for c in as_clips(batch["video"]))
                 check_frames(batch, truth, clips, epoch)
                 seen.update(batch["key"])
     assert seen == set(truth)
