@@ -165,9 +165,8 @@ def workers_die_with_parent() -> None:
 
 # -- the graph ----------------------------------------------------------------------------------
 
-def upstream(outputs: Any) -> set:
-    """The ``id()`` of every DALI ``DataNode`` the nodes in ``outputs`` are computed from (themselves
-    included): the part of the graph DALI keeps when it prunes what no output needs."""
+def _walk(outputs: Any) -> Iterator[Any]:
+    """Every DALI ``DataNode`` the nodes in ``outputs`` are computed from (themselves included), once."""
     seen: set = set()
     todo = list(outputs)
     while todo:
@@ -175,10 +174,16 @@ def upstream(outputs: Any) -> set:
         if id(node) in seen:
             continue
         seen.add(id(node))
+        yield node
         source = getattr(node, "source", None)
         if source is not None:
             todo.extend(getattr(source, "inputs", None) or ())
-    return seen
+
+
+def upstream(outputs: Any) -> set:
+    """The ``id()`` of every DALI ``DataNode`` the nodes in ``outputs`` are computed from (themselves
+    included): the part of the graph DALI keeps when it prunes what no output needs."""
+    return {id(node) for node in _walk(outputs)}
 
 
 def operators(pipe: Any) -> set:
@@ -186,17 +191,10 @@ def operators(pipe: Any) -> set:
     (``Pipeline._graph_out``, each node's ``source._op``): what it would run, read before (or
     without) a build, so a GPU graph can be checked on a machine without one."""
     found = set()
-    todo, seen = list(getattr(pipe, "_graph_out", None) or ()), set()
-    while todo:
-        node = todo.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+    for node in _walk(getattr(pipe, "_graph_out", None) or ()):
         source = getattr(node, "source", None)
         if source is not None:
-            op = source._op
-            found.add((getattr(op, "schema_name", type(op).__name__), op.device))
-            todo.extend(getattr(source, "inputs", None) or ())
+            found.add((getattr(source._op, "schema_name", type(source._op).__name__), source._op.device))
     return found
 
 
