@@ -33,6 +33,20 @@ def short_runs(monkeypatch, run_bytes: int) -> None:
     monkeypatch.setattr(runs, "MIN_RUN_SAMPLES", 0)
 
 
+def maps_file(buffer, path: str) -> bool:
+    """Whether ``buffer`` (any object with the buffer protocol) lies in this process's mapping of
+    ``path`` (``/proc/self/maps``): a view of the file's mapped bytes, not a copy."""
+    at = np.frombuffer(buffer, np.uint8).__array_interface__["data"][0]
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if line.rstrip().endswith(real):
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= at < hi:
+                    return True
+    return False
+
+
 def write_tar(path: str, members: Sequence[tuple], fmt=tarfile.USTAR_FORMAT) -> str:
     """Write ``(name, bytes)`` members to a tar with Python's tarfile."""
     with tarfile.open(path, "w", format=fmt) as tar:

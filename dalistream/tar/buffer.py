@@ -39,8 +39,8 @@ class StreamBuffer:
                 self.base = stream.tell()
                 if isinstance(stream, io.BufferedReader) and isinstance(stream.raw, io.FileIO):
                     self.size = os.fstat(stream.fileno()).st_size
-                else:  # a whole local shard read by positional reads (io.local.FileRange) knows it
-                    self.size = getattr(stream, "file_size", None)
+                else:  # the rest of a local shard read by positional reads (io.local.FileRange, buffered or not) knows it
+                    self.size = getattr(getattr(stream, "raw", stream), "file_size", None)
         except (AttributeError, OSError, ValueError):
             self.seekable = False
 

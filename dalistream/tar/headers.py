@@ -12,7 +12,10 @@ BLOCK = 512
 
 def header_name(buf, at: int = 0) -> str:
     """The name in the tar header at ``buf[at:]``, with its ustar prefix (``str``; bytes that are no
-    UTF-8 kept by ``surrogateescape``). Long-name and pax records are the caller's."""
+    UTF-8 kept by ``surrogateescape``). Long-name and pax records are the caller's. ``buf``: bytes,
+    a bytearray, or any buffer (a file's mapping: its header block copied first)."""
+    if not hasattr(buf, "find"):
+        buf, at = bytes(memoryview(buf)[at:at + BLOCK]), 0
     end = buf.find(b"\0", at, at + 100)
     name = buf[at:end if end >= 0 else at + 100].decode("utf-8", "surrogateescape")
     if buf[at + 345] and buf[at + 257:at + 263] == b"ustar\0":  # POSIX prefix (old GNU headers keep times there)

@@ -23,13 +23,13 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import sys
 import weakref
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..io.local import local_path
+from ..errors import DalistreamError
+from ..io.openfiles import OpenFile, files_table, libc_mmap, local_path, unmap
 from ..tar.headers import BLOCK, header_name
 from ..tar.runs import headers_ok
 from ..tar.samples import split_name
@@ -44,31 +44,6 @@ REGION_BYTES = 1 << 30  # the address range a worker maps its files in: up to th
 # … (as a share could hold); files over it are mapped anew after this many bytes read
 
 _PROT_READ, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 1, 1, 2, 0x10, 0x20, 0x4000
-_libc = None
-
-
-def _mapper():
-    """libc's ``mmap``/``munmap`` (Linux), or ``None`` where this way of mapping is not available."""
-    global _libc
-    if _libc is None:
-        _libc = False
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                libc.mmap.restype = ctypes.c_void_p
-                libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_long]
-                libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-                _libc = libc
-            except (OSError, AttributeError):
-                pass
-    return _libc or None
-
-
-def _unmap(base: int, total: int) -> None:
-    libc = _mapper()
-    if libc is not None:
-        libc.munmap(base, total)
 
 
 class Region:
@@ -80,7 +55,7 @@ class Region:
     the range mapped; it is unmapped with the last. Raises ``OSError`` where a file cannot be mapped."""
 
     def __init__(self, paths: Sequence[str], capacity: int = 0) -> None:
-        libc = _mapper()
+        libc = libc_mmap()
         if libc is None:
             raise OSError("no mmap with MAP_FIXED here")
         self.capacity = max(capacity, sum(_room(os.stat(path).st_size) for path in paths))
@@ -90,7 +65,7 @@ class Region:
         self.base, self.end = base, 0
         self.buffer = (ctypes.c_uint8 * self.capacity).from_address(base)
         # (never at exit: views of it may still be read while the interpreter ends)
-        weakref.finalize(self.buffer, _unmap, base, self.capacity).atexit = False
+        weakref.finalize(self.buffer, unmap, base, self.capacity).atexit = False
         self.array = np.frombuffer(self.buffer, np.uint8)
         self.place: Dict[str, Tuple[int, int, Tuple[int, int, int, int]]] = {}
         if not self.add(paths):
@@ -108,29 +83,36 @@ class Region:
 
     def add(self, paths: Sequence[str]) -> bool:
         """Map ``paths`` after what is mapped (a file mapped before and since replaced: anew, its
-        place then the new one's); False, and nothing mapped, where they do not fit."""
-        libc = _mapper()
-        fds: List[int] = []
+        place then the new one's); False, and nothing mapped, where they do not fit. Their
+        descriptors are the process's table's (:mod:`dalistream.io.openfiles`: within its budget,
+        however many files a share maps); a mapping keeps none."""
+        libc, table = libc_mmap(), files_table()
+        files: List[OpenFile] = []
         try:
-            for path in paths:  # (what is mapped is what was opened: its size from the open file)
-                fds.append(os.open(path, os.O_RDONLY))
-            identity = [_identity(os.fstat(fd)) for fd in fds]
+            for path in paths:
+                files.append(table.acquire(path))
+            identity = [_identity(file.stat()) for file in files]  # (what is mapped is what was opened)
             sizes = [size for _, _, size, _ in identity]
             if not all(sizes):
                 raise OSError("an empty file")
             room = [_room(size) for size in sizes]  # (a page apart: never one file's bytes right after another's)
             if self.end + sum(room) > self.capacity:
                 return False
-            for fd, path, size, known, take in zip(fds, paths, sizes, identity, room):
+            for file, path, size, known, take in zip(files, paths, sizes, identity, room):
                 at = self.end
-                if libc.mmap(self.base + at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0) != self.base + at:
-                    raise OSError(ctypes.get_errno(), "not mapped", path)
+                with file.descriptor() as fd:
+                    if _identity(os.fstat(fd)) != known:
+                        raise OSError("a file changed while it was mapped", path)
+                    if libc.mmap(self.base + at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0) != self.base + at:
+                        raise OSError(ctypes.get_errno(), "not mapped", path)
                 self.place[path] = (at, size, known)
                 self.end = at + take
             return True
+        except DalistreamError as e:  # (a file gone, or no longer a regular file: the columns meet it, named)
+            raise OSError(str(e)) from None
         finally:
-            for fd in fds:
-                os.close(fd)
+            for file in files:
+                table.release(file)
 
 
 def _room(size: int) -> int:

@@ -49,6 +49,7 @@ from ..tar.runs import Arena
 from . import batch
 from .policy import ErrorPolicy
 from .bucketfeed import BucketFeed, bucket_column
+from ..io.openfiles import raise_files_limit
 from ..io.options import shared_budget
 from ..io.parts import PartFetcher
 from .epochfeed import EpochShares, read_epoch
@@ -144,6 +145,9 @@ class WorkerSource:
         if self._iters == 0:  # first use in the DALI worker process
             redact_client_logs()  # the S3/HTTP reads happen here
             if self._probe_pid is not None:  # (handed to DALI: this is its worker process)
+                # its columns read many shards at once: as many descriptors as the system lets it
+                # have, its table of shard files within a share of them (dalistream.io.openfiles)
+                raise_files_limit()
                 # what the worker inherited or imported (the training script's modules, torch)
                 # stays out of the collector's scans, which the many short-lived rows of
                 # interleaved columns trigger often (a full scan of a forked heap costs tens of

@@ -8,20 +8,19 @@ budget a worker's columns share (``shared_budget``)."""
 
 import gc
 import gzip
-import mmap
 import os
 
 import pytest
 
 from dalistream.errors import ShardFormatError, SourceError
-from dalistream.io import local
+from dalistream.io import openfiles
 from dalistream.io.local import END_OF_ARCHIVE, FileRange
 from dalistream.io.options import MIN_SHARED_CHUNK, remote_options, shared_budget
 from dalistream.io.streams import open_shard
 from dalistream.tar import iter_samples
 from dalistream.manifest import build_manifest
 
-from helpers import key_shards, passed_over_shard
+from helpers import key_shards, maps_file, passed_over_shard
 
 
 def read_all(stream, size=1000):
@@ -187,11 +186,11 @@ def test_a_child_forked_while_the_table_is_locked_still_opens_parts(tmp_path):
     the child has a lock of its own and does not wait for ever."""
     import signal
 
-    from dalistream.io import local
+    from dalistream.io.openfiles import files_table
 
     path = key_shards(str(tmp_path), [9])[0]
     data = open(path, "rb").read()
-    with local._open_files_lock:
+    with files_table().lock:
         pid = os.fork()
         if pid == 0:
             ok = False
@@ -227,21 +226,22 @@ def test_a_part_closed_while_the_table_is_locked_does_not_wait(tmp_path):
     lock is free (it used to wait for the lock for ever), and the file closes with its last part."""
     import threading
 
-    from dalistream.io import local
+    from dalistream.io.openfiles import files_table
 
     path = key_shards(str(tmp_path), [9])[0]
     seen = {}
+    table = files_table()
 
     def scenario():
         part = open_shard(path, 0, None, 1024)
-        shared_file = part.fileno()
-        with local._open_files_lock:
+        shared_file = table.files[path]
+        with table.lock:
             part.close()  # as a finalizer run by the collector inside open_range would
-            seen["open while locked"] = path in local._open_files
+            seen["open while locked"] = path in table.files
         other = open_shard(path, 1024, None, 2048)  # counts the release waiting: one part reads the file
-        seen["same file"] = other.fileno() == shared_file
+        seen["same file"] = table.files[path] is shared_file and len(open_descriptors(path)) == 1
         other.close()
-        seen["closed with its last part"] = path not in local._open_files
+        seen["closed with its last part"] = path not in table.files and open_descriptors(path) == []
 
     t = threading.Thread(target=scenario, daemon=True)
     t.start()
@@ -264,7 +264,7 @@ def test_a_local_part_s_bytes_come_as_views_of_its_mapping_then_the_marker(tmp_p
     data = open(path, "rb").read()
     part = open_shard(path, 1536, None, 4096)
     first = part.view(1000)
-    assert bytes(first) == data[1536:2536] and first.readonly and isinstance(first.obj, mmap.mmap)
+    assert bytes(first) == data[1536:2536] and first.readonly and maps_file(first, path)
     assert part.tell() == 2536
     rest = part.view(5000)  # (the range ends first)
     assert bytes(rest) == data[2536:4096] and rest.obj is first.obj and part.remaining == 0
@@ -296,7 +296,7 @@ def test_a_mapping_gives_out_so_much_then_a_new_one_is_made_and_none_outlives_it
     """What stays mapped is what the readers hold: a file's mapping gives out ``MAP_BYTES`` of
     views at most, then a new one serves; a mapping goes with its last view, once the file's
     parts are closed."""
-    monkeypatch.setattr(local, "MAP_BYTES", 2048)
+    monkeypatch.setattr(openfiles, "MAP_BYTES", 2048)
     path = key_shards(str(tmp_path), [9])[0]
     data = open(path, "rb").read()
     part = open_shard(path, 0, None)

@@ -4,7 +4,6 @@ any part of a shard, any extensions wanted; and a damaged shard gives the same s
 the damage and the same error, at the same offsets."""
 
 import io
-import mmap
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from dalistream.tar import runs
 from dalistream.tar.runs import Run, sliced_runs
 from dalistream.tar.sliced import sliced_samples
 
-from helpers import by_headers, random_samples, shard, short_runs, write_tarfile
+from helpers import by_headers, maps_file, random_samples, shard, short_runs, write_tarfile
 
 
 def layout(info):
@@ -252,14 +251,14 @@ def test_a_local_part_of_several_runs_is_read_as_views_of_the_file_s_mapping(tmp
                                     offset=int(info.offsets[first]), last=stop == 40, chunk=run_bytes, arena=arena))
 
     got = part(0, 40)  # 40 samples, 5 runs' worth: views, runs of up to MAPPED_RUN_BYTES (one here)
-    assert len(got) == 1 and not taken and isinstance(got[0].buffer, mmap.mmap)
+    assert len(got) == 1 and not taken and maps_file(got[0].buffer, path)
     assert got[0].data.readonly and [got[0].sample(i) for i in range(40)] == by_headers(path, 0, 40)
     monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 2 * run_bytes)
     got = part(0, 40)  # mapped runs of 16 samples or so, one mapping for all
     assert len(got) >= 2 and not taken and len({id(r.buffer) for r in got}) == 1
     assert [r.sample(i) for r in got for i in range(len(r))] == by_headers(path, 0, 40)
     got = part(0, 10)  # a run and a quarter: one run, read into the arena
-    assert len(got) == 1 and taken and not isinstance(got[0].buffer, mmap.mmap)
+    assert len(got) == 1 and taken and not maps_file(got[0].buffer, path)
     assert [got[0].sample(i) for i in range(10)] == by_headers(path, 0, 10)
 
 
@@ -268,19 +267,19 @@ def test_a_file_that_cannot_be_mapped_is_read_into_buffers(tmp_path, monkeypatch
     the same samples; the file is not asked again."""
     import errno
 
-    from dalistream.io import local
+    from dalistream.io import openfiles
 
     def no_maps(*args, **kwargs):
         raise OSError(errno.ENODEV, "No such device")
 
-    monkeypatch.setattr(local.mmap, "mmap", no_maps)
+    monkeypatch.setattr(openfiles, "map_file", no_maps)
     short_runs(monkeypatch, 0)  # runs of one chunk: a part of several
     path = shard(tmp_path, "gnu", 1, n=30)
     info = scan_shard(path, offsets=True)
     got, error, n_runs = read(sliced_runs, path, info, 0, 30, stream=open_range(path, 0, None), chunk=2048)
     assert error is None and n_runs >= 2 and got == by_headers(path, 0, 30)
     f = open_range(path, 0, None)
-    assert f.view(100) is None and f._shared.mapping is False and f.tell() == 0
+    assert f.view(100) is None and f._file.mapping is False and f.tell() == 0
     f.close()
 
 

@@ -9,7 +9,7 @@ import stat as file_mode
 from typing import List, Optional
 
 from ...errors import SourceError
-from ..local import FileRange, local_path, open_file, write_atomic
+from ..local import local_path, open_range, write_atomic
 from .base import ObjectStore, Answer, Data, ObjectInfo, data_bytes
 
 
@@ -55,15 +55,14 @@ class LocalStore(ObjectStore):
         return ObjectInfo(url, st.st_size, file_version(st))
 
     def open_range(self, url: str, start: int, end: Optional[int], version: Optional[str]) -> Answer:
-        f = open_file(url, 0, 0)
-        st = os.fstat(f.fileno())
+        part = open_range(url, start, end, marker=False)
+        st = part.stat()
         if version is not None and file_version(st) != version:
-            f.close()
+            part.close()
             from ..retry import changed
 
             raise changed(url)
-        return Answer(FileRange(f, start, st.st_size if end is None else end, marker=False),  # type: ignore[arg-type]
-                      st.st_size, file_version(st))
+        return Answer(part, st.st_size, file_version(st))  # type: ignore[arg-type]
 
     def write(self, url: str, data: Data) -> None:
         path = local_path(url)

@@ -1,0 +1,396 @@
+"""A process's open shard files: one table (:class:`FileTable`), the one place a worker opens the
+local files it reads, within a budget of descriptors.
+
+A worker reading interleaved columns reads a part of some shard for each of its batch positions
+at once: 512 columns kept 512 files open, and as many again in the descriptors Python's ``mmap``
+keeps of each file it maps (1,904 descriptors in one worker, measured), where many systems allow a
+process 1,024 (``ulimit -n``: ``OSError: Too many open files``). Here every part of a file open
+at once in the process shares one :class:`OpenFile` (one descriptor per file, not per column),
+and the table keeps at most :attr:`FileTable.limit` descriptors open: past that, the file read
+least recently has its descriptor closed (its parts stay open) and is opened again when it is
+next read — checked to be the same file (device and inode): one replaced or removed meanwhile is
+a :class:`~dalistream.errors.SourceError` naming it (``reason="changed"``), never another file's
+bytes. A file is closed with its last part. Mappings keep no descriptor (:func:`map_file`: libc's
+``mmap``, not Python's, which holds a duplicate of the file's descriptor as long as it lives).
+
+The budget (:func:`files_budget`): :data:`FILES_SHARE` of the process's soft limit of open files
+(``RLIMIT_NOFILE``), the rest left to DALI's shared memory, pipes and sockets and to the user's
+own; a worker raises its soft limit to the hard one first (:func:`raise_files_limit`, at its
+entry point), where the system allows it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import stat
+import sys
+import threading
+import weakref
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import SourceError
+
+log = logging.getLogger(__name__)
+
+#: The share of the process's soft limit of open files (``RLIMIT_NOFILE``) its table of shard
+#: files may hold open; the rest is left to DALI's shared memory, pipes and sockets and to the
+#: user's own files
+FILES_SHARE = 0.5
+MIN_FILES = 8  # the table's budget whatever the limit (a process allowed fewer fails where it must)
+#: A file's mapping gives out views of at most this many bytes, then a new one is made (:meth:`OpenFile.view`)
+MAP_BYTES = 16 << 20
+
+
+def local_path(url: str) -> str:
+    """The file system path of a local shard URL: ``file://`` stripped, ``~`` expanded."""
+    path = url[len("file://"):] if url.startswith("file://") else url
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
+def check_regular(path: str, st: os.stat_result) -> None:
+    """Raise unless ``st`` is a regular file's: reading a FIFO, a socket or a device as a shard
+    would block for ever or never end."""
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
+        raise SourceError(f"not a regular file: {kind}", url=path, reason="not_regular",
+                          hint="name tar shards (files); stream a pipe with a pipe: source, e.g. 'pipe:cat FIFO'")
+
+
+def open_descriptor(url: str) -> int:
+    """A new read-only descriptor of local shard ``url``: a :class:`SourceError` where it is
+    missing, not a regular file, or unreadable."""
+    path = local_path(url)
+    try:
+        check_regular(url, os.stat(path))  # (opening a FIFO would block until a writer comes)
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SourceError("shard file does not exist", url=url, reason="missing",
+                          hint="check the path and that every node sees the same files") from None
+    except OSError as e:
+        raise SourceError(f"cannot open shard: {e.strerror}", url=url) from None
+
+
+# -- mappings that keep no descriptor ------------------------------------------------------------
+
+_PROT_READ, _MAP_SHARED = 1, 1
+_libc: Any = None
+
+
+def libc_mmap() -> Any:
+    """libc (Linux), its ``mmap`` and ``munmap`` typed, or ``None`` where files are not mapped this way."""
+    global _libc
+    if _libc is None:
+        _libc = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.mmap.restype = ctypes.c_void_p
+                libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_long]
+                libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+                _libc = libc
+            except (OSError, AttributeError):
+                pass
+    return _libc or None
+
+
+def unmap(base: int, size: int) -> None:
+    """``munmap`` of ``size`` bytes at ``base``."""
+    libc = libc_mmap()
+    if libc is not None:
+        libc.munmap(base, size)
+
+
+class _Mapped:
+    """``size`` bytes mapped at ``base``, as NumPy sees a buffer; unmapped when collected."""
+
+    def __init__(self, base: int, size: int) -> None:
+        self.__array_interface__ = {"data": (base, True), "shape": (size,), "typestr": "|u1", "version": 3}
+        weakref.finalize(self, unmap, base, size).atexit = False  # (never at exit: views may still be read)
+
+
+def map_file(fd: int, size: int) -> memoryview:
+    """The first ``size`` bytes of the file open as ``fd``, mapped read-only (shared with the
+    page cache), as a read-only byte view; no descriptor kept: ``fd`` may be closed at once. The
+    view and every view of it keep the mapping; it is unmapped with the last. Raises
+    ``OSError`` where it cannot be mapped."""
+    libc = libc_mmap()
+    if libc is None:
+        raise OSError("no mmap here")
+    base = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
+    if base is None or base == ctypes.c_void_p(-1).value:
+        raise OSError(ctypes.get_errno(), "not mapped")
+    return memoryview(np.asarray(_Mapped(base, size)))  # (the array's base is the mapping: it lives as long)
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+class OpenFile:
+    """One local file as a process reads it (its parts share it: :class:`FileTable`): its path,
+    which file it is (device, inode), the parts reading it (``users``), its descriptor while the
+    table keeps one (``fd``), and its mapping."""
+
+    __slots__ = ("path", "url", "identity", "users", "pins", "fd", "gzip", "mapping", "mapped_out", "__weakref__")
+
+    def __init__(self, path: str, url: str, fd: int) -> None:
+        st = os.fstat(fd)
+        self.path, self.url, self.identity, self.fd = path, url, (st.st_dev, st.st_ino), fd
+        self.users = self.pins = 0
+        self.gzip: Optional[bool] = None
+        self.mapping: Any = None  # the file mapped (a view), once a view is asked; False: it cannot be
+        self.mapped_out = 0  # the bytes of views the mapping gave out
+
+    def current(self) -> bool:
+        """Whether the path still names this file."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
+
+    @contextmanager
+    def descriptor(self) -> Iterator[int]:
+        """This file's descriptor for the block (opened again where the table closed it; not closed
+        by the table while the block runs)."""
+        table = files_table()
+        fd = table.pin(self)
+        try:
+            yield fd
+        finally:
+            table.unpin(self)
+
+    def read_into(self, view: memoryview, at: int) -> int:
+        """Bytes from ``at`` into ``view`` (a positional read): how many (fewer at the file's end)."""
+        table = files_table()
+        fd = table.pin(self)
+        try:
+            return os.preadv(fd, [view], at)
+        finally:
+            table.unpin(self)
+
+    def stat(self) -> os.stat_result:
+        """``fstat`` of the file."""
+        table = files_table()
+        fd = table.pin(self)
+        try:
+            return os.fstat(fd)
+        finally:
+            table.unpin(self)
+
+    def starts_gzip(self) -> bool:
+        """Whether the file starts with the gzip magic (read once)."""
+        if self.gzip is None:
+            with self.descriptor() as fd:
+                self.gzip = os.pread(fd, 2, 0) == b"\x1f\x8b"
+        return self.gzip
+
+    def view(self, at: int, n: int) -> Optional[memoryview]:
+        """Bytes ``at`` to ``at + n`` of the file (fewer where it ends first) as a read-only view of
+        its mapping, ``None`` where it cannot be mapped (an empty file; a file system that maps
+        nothing: then never). A view keeps its mapping alive (unmapped with the last view of it),
+        and a mapping gives out :data:`MAP_BYTES` of views at most, then a new one is made: what
+        stays mapped is what the readers still hold, and not much more. Never past the file's end
+        as it is now (a mapping of a file that grew or shrank since is made anew)."""
+        if self.mapping is False:
+            return None
+        with self.descriptor() as fd:
+            try:
+                size = os.fstat(fd).st_size
+                n = max(0, min(n, size - at))
+                if n and (self.mapping is None or self.mapped_out >= MAP_BYTES or len(self.mapping) != size):
+                    self.mapping, self.mapped_out = map_file(fd, size), 0
+            except (OSError, ValueError):
+                self.mapping = False
+                return None
+        if not n:
+            return memoryview(b"")
+        self.mapped_out += n
+        return self.mapping[at:at + n]
+
+
+class FileTable:
+    """A process's open local files (see the module doc): by path, the :class:`OpenFile` its parts
+    read (:meth:`acquire`, :meth:`release`); of those, at most ``limit`` hold a descriptor, the
+    least recently read closed first (:meth:`pin` opens one again). ``peak``: the most
+    descriptors it held at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.lock = threading.Lock()
+        self.files: Dict[str, OpenFile] = {}  # by path: the file it named when a part of it was opened last
+        self.open: "OrderedDict[OpenFile, None]" = OrderedDict()  # those holding a descriptor, least recently read first
+        self.released: List[OpenFile] = []  # parts let go of, not yet counted (list appends and pops are atomic)
+        self.peak = 0
+
+    def acquire(self, url: str) -> OpenFile:
+        """The file ``url`` names, one part more reading it: the one open already where the path
+        still names it, else opened (errors as :func:`open_descriptor`'s)."""
+        path = local_path(url)
+        with self.lock:
+            entry = self.files.get(path)
+            if entry is None or not entry.current():
+                self._room(1)
+                fd = open_descriptor(url)
+                try:
+                    entry = self.files[path] = OpenFile(path, url, fd)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._holds(entry)
+            entry.users += 1
+        self.settle()  # (parts released while the lock was held)
+        return entry
+
+    def release(self, entry: OpenFile) -> None:
+        """One part less reads ``entry``: the file closes with the last. Counted when the lock is
+        free (:meth:`settle`): a part closed while it is held — by the garbage collector
+        finalizing a dropped reader inside :meth:`acquire`, in the same thread — must not wait
+        for it (it would wait for ever), nor change the count under the holder's feet."""
+        self.released.append(entry)
+        self.settle()
+
+    def settle(self) -> None:
+        """Count the releases waiting, if the lock is free (else its holder counts them when it
+        lets go), and close the files no part reads any more."""
+        while self.released:
+            if not self.lock.acquire(blocking=False):
+                return
+            try:
+                while self.released:
+                    entry = self.released.pop()
+                    entry.users -= 1
+                    if not entry.users:
+                        if self.files.get(entry.path) is entry:
+                            del self.files[entry.path]
+                        self.open.pop(entry, None)
+                        if entry.fd is not None:  # (in a forked child, its copy of a parent's file)
+                            os.close(entry.fd)
+                            entry.fd = None
+                        entry.mapping = None  # (unmapped with the last view of it)
+            finally:
+                self.lock.release()
+
+    def pin(self, entry: OpenFile) -> int:
+        """``entry``'s descriptor, not closed until :meth:`unpin`: opened again where the table
+        closed it, checked to be the same file (a :class:`SourceError` ``changed`` where the path
+        names another file now, or none)."""
+        with self.lock:
+            if entry.fd is None:
+                self._room(1)
+                entry.fd = self._reopen(entry)
+            entry.pins += 1
+            self._holds(entry)
+            return entry.fd
+
+    def unpin(self, entry: OpenFile) -> None:
+        """:meth:`pin`'s use is over."""
+        with self.lock:
+            entry.pins -= 1
+
+    def _holds(self, entry: OpenFile) -> None:
+        """``entry`` (holding a descriptor) is the one read most recently."""
+        try:
+            self.open.move_to_end(entry)
+        except KeyError:
+            self.open[entry] = None
+        self.peak = max(self.peak, len(self.open))
+
+    def _room(self, more: int) -> None:
+        """Descriptors closed, least recently read first, so that ``more`` can be opened within
+        the limit (never one in use: :meth:`pin`)."""
+        excess = len(self.open) + more - self.limit
+        if excess <= 0:
+            return
+        idle = []
+        for held in self.open:
+            if not held.pins:
+                idle.append(held)
+                if len(idle) == excess:
+                    break
+        for held in idle:
+            del self.open[held]
+            os.close(held.fd)  # type: ignore[arg-type]
+            held.fd = None
+
+    def _reopen(self, entry: OpenFile) -> int:
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = None
+        if fd is not None:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == entry.identity:
+                return fd
+            os.close(fd)
+        raise SourceError("shard file replaced or removed while it was read (its descriptor had been closed: this "
+                          "worker read more files at once than it keeps open)", url=entry.url, reason="changed",
+                          hint="do not overwrite shards while a job reads them (write a new file and rename it "
+                               "over the old one between epochs)")
+
+
+def files_budget(soft: int) -> int:
+    """The descriptors a process's table of shard files may hold, its soft limit of open files
+    being ``soft``: :data:`FILES_SHARE` of it (at least :data:`MIN_FILES`)."""
+    return max(MIN_FILES, int(soft * FILES_SHARE))
+
+
+def _soft_limit() -> int:
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1024
+    return soft if soft != getattr(resource, "RLIM_INFINITY", -1) and soft > 0 else 1 << 20
+
+
+_table = FileTable(files_budget(_soft_limit()))
+
+
+def files_table() -> FileTable:
+    """This process's table of open files."""
+    return _table
+
+
+def raise_files_limit() -> Tuple[int, int]:
+    """At a worker's entry point: its soft limit of open files raised to the hard one where the
+    system allows it, and its table's budget set from the limit it has then (:func:`files_budget`);
+    logged. ``(soft limit before, after)``."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 0, 0
+    raised = soft
+    if hard != soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            raised = hard
+        except (OSError, ValueError):  # (an infinite hard limit some systems refuse as a soft one, a sandbox)
+            pass
+    _table.limit = files_budget(_soft_limit())
+    if raised != soft:
+        log.info("open-file limit raised from %d to %d (the hard limit); this worker keeps at most %d shard files "
+                 "open", soft, raised, _table.limit)
+    else:
+        log.debug("open-file limit %d; this worker keeps at most %d shard files open", soft, _table.limit)
+    return soft, raised
+
+
+def _forget_open_files() -> None:
+    """In a process just forked (a DALI worker): a table of its own. The parent's parts are not the
+    child's to count (those it inherited close their copies of the files), and a lock another
+    thread held at the fork would never be released here."""
+    global _table
+    _table = FileTable(files_budget(_soft_limit()))
+
+
+os.register_at_fork(after_in_child=_forget_open_files)

@@ -1,0 +1,146 @@
+"""A worker's open files stay within a budget (dalistream/io/openfiles.py), whatever the number of
+interleaved columns it reads: under ``ulimit -n 1024`` a worker of 512 and of 4,096 columns delivers
+the batches it delivers without the limit, its open descriptors within its table's budget, local
+shards with member layouts (a fresh epoch read at once, mapped; a resumed one read by the
+columns) and without (header walk), gzip shards, and S3 (the sockets: the client's pool).
+
+Each worker runs in a process of its own (``open_files_child.py``): the source is pickled here as
+it is handed to DALI, and the child lives as DALI's worker does (its entry point raises the soft
+limit to the hard one, and sets the budget from it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import pickle
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dalistream.config import StreamConfig
+from dalistream.dataset import DataSet
+from dalistream.io.openfiles import files_budget
+from dalistream.io.options import MAX_IN_FLIGHT
+from dalistream.manifest import build_manifest
+from dalistream.manifest.offsets import SampleOffsets
+from dalistream.manifest.rows import ShardRows
+from dalistream.worker import WorkerSource
+
+from helpers import write_tar
+
+CHILD = os.path.join(os.path.dirname(__file__), "open_files_child.py")
+SHARDS, PER_SHARD = 2048, 4  # 4,096 columns: two per shard, 2,048 files read at once
+LIMIT = 1024  # many systems' soft limit of open files (ulimit -n)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """2,048 shards of 4 tiny samples, plain and gzip, and their manifest rows."""
+    folder = tmp_path_factory.mktemp("open-files")
+    rng = np.random.default_rng(61)
+    plain, zipped = [], []
+    for s in range(SHARDS):
+        members = []
+        for i in range(PER_SHARD):
+            members += [(f"s{s}/{i}.bin", rng.bytes(int(rng.integers(20, 90)))), (f"s{s}/{i}.cls", str(i).encode())]
+        plain.append(write_tar(str(folder / f"f-{s:04d}.tar"), members))
+        zipped.append(str(folder / f"f-{s:04d}.tar.gz"))
+        with open(plain[-1], "rb") as f, gzip.open(zipped[-1], "wb", compresslevel=1) as g:
+            g.write(f.read())
+    return {"plain": plain, "gzip": zipped, "rows": ShardRows.from_infos(build_manifest(plain, offsets=True))}
+
+
+def data_of(shards, kind: str, urls=None) -> DataSet:
+    """The data set of the shards: ``manifest`` (member layouts), ``header walk`` (offsets only),
+    ``gzip`` (the same tars compressed); ``urls``: where they are read (S3)."""
+    rows = shards["rows"]
+    if kind == "header walk":
+        offsets = SampleOffsets.from_flat(rows.starts, np.asarray(rows.offsets))
+    else:
+        offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
+    paths = shards["gzip" if kind == "gzip" else "plain"]
+    size = sum(os.path.getsize(p) for p in shards["plain"]) / (SHARDS * PER_SHARD)
+    return DataSet(tuple(urls or paths), (PER_SHARD,) * SHARDS, offsets, bytes_per_sample=size)
+
+
+def run_worker(tmp_path, data: DataSet, columns: int, start_step: int = 0, limit=None, **options) -> dict:
+    """One worker of ``columns`` interleaved columns, run in a process of its own as DALI runs it
+    (two epochs, the first from ``start_step``), its soft and hard limits of open files ``limit``
+    (none: this process's): what the child reports."""
+    config = StreamConfig(sources=data.urls, fields={"key": "__key__", "raw": "bin", "label": "cls"},
+                          batch_size=columns, workers=1, interleave=True, seed=7, **options)
+    source = WorkerSource(config, data, 0, start_step=start_step).for_dali()  # (pickled as DALI ships it)
+    path = str(tmp_path / f"source-{columns}-{limit}.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(source, f)
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+
+    done = subprocess.run([sys.executable, CHILD, path, "2"], capture_output=True, text=True, timeout=500,
+                          preexec_fn=limited if limit is not None else None)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def check_bounded(tmp_path, data: DataSet, columns: int, start_step: int = 0, **options) -> dict:
+    """The worker under ``ulimit -n 1024`` delivers what it delivers without the limit, its open
+    descriptors within its budget; the limited run's report."""
+    free = run_worker(tmp_path, data, columns, start_step, **options)
+    limited = run_worker(tmp_path, data, columns, start_step, limit=(LIMIT, LIMIT), **options)
+    assert limited["batches"] == free["batches"] > 0
+    assert limited["digest"] == free["digest"]  # the same batches, byte for byte
+    assert limited["soft"] == LIMIT and limited["budget"] == files_budget(LIMIT) < LIMIT
+    assert limited["peak"] - limited["base"] <= limited["budget"]
+    return limited
+
+
+@pytest.mark.parametrize("columns", [512, 4096])
+@pytest.mark.parametrize("kind, start_step", [("manifest", 0), ("manifest", 1), ("header walk", 1), ("gzip", 0)],
+                         ids=["manifest-fresh", "manifest-resumed", "header-walk-resumed", "gzip"])
+def test_a_worker_s_open_files_stay_within_its_budget_under_ulimit_1024(tmp_path, shards, columns, kind, start_step):
+    """A fresh epoch with member layouts is read at once, its shards mapped (used to open all of
+    a share's files at once: 2,048 here); a resumed one, one without member layouts and gzip
+    shards are read by the columns, each column's part of some shard open at once (used to be a
+    descriptor per column, and one more per mapping)."""
+    check_bounded(tmp_path, data_of(shards, kind), columns, start_step)
+
+
+@pytest.fixture(scope="module")
+def s3_shards(shards, moto_endpoint):
+    """The plain shards under ``s3://open-files/``."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=moto_endpoint)
+    client.create_bucket(Bucket="open-files")
+    urls = []
+    for path in shards["plain"]:
+        client.upload_file(path, "open-files", os.path.basename(path))
+        urls.append(f"s3://open-files/{os.path.basename(path)}")
+    return urls
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("columns", [512, 4096])
+def test_a_worker_reading_s3_holds_no_more_sockets_than_its_client_s_pool(tmp_path, shards, s3_shards, moto_endpoint,
+                                                                        columns):
+    """Remote parts hold sockets, not files: a worker's requests in flight, and its client's pool of
+    connections, are :data:`~dalistream.io.options.MAX_IN_FLIGHT` whatever its columns."""
+    limited = check_bounded(tmp_path, data_of(shards, "manifest", s3_shards), columns,
+                            storage_options={"endpoint_url": moto_endpoint})
+    assert 0 < limited["sockets"] <= MAX_IN_FLIGHT
+
+
+def test_a_worker_raises_its_soft_limit_to_the_hard_one_and_keeps_a_share_of_it(tmp_path, shards):
+    """The worker's entry point raises the soft limit of open files where the hard one allows, and
+    its table's budget is a share of the limit it has then."""
+    report = run_worker(tmp_path, data_of(shards, "manifest"), 512, 1, limit=(256, LIMIT))
+    assert report["soft"] == LIMIT and report["budget"] == files_budget(LIMIT)
+    assert report["peak"] - report["base"] <= report["budget"]
