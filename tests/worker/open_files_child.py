@@ -1,14 +1,19 @@
 """A DALI worker's life without DALI, for tests/worker/test_open_files.py: a pickled
 :class:`~dalistream.worker.WorkerSource` (handed to DALI in the test's process) is unpickled here, as
 DALI's worker unpickles it, and iterated for some epochs (``iter`` then ``next`` until
-``StopIteration``, its entry point included). Every batch is hashed; the process's open
-descriptors are counted (``/proc/self/fd``) after every ``os.open`` and after every batch.
+``StopIteration``, its entry point included). Every batch is hashed.
 
-    python open_files_child.py SOURCE_PICKLE EPOCHS
+Once the entry point has set the worker's budget of open shard files (the first ``iter``), the
+process's soft limit of open files is lowered to the descriptors it had open before plus
+``MORE`` (``budget+N``: that budget and N more, for the client's sockets, a module imported on the
+way): the kernel itself then refuses any descriptor past them (``Too many open files``), however
+briefly it would be open. The descriptors open (``/proc/self/fd``) are counted after every batch too.
+
+    python open_files_child.py SOURCE_PICKLE EPOCHS MORE
 
 Prints one JSON line: ``digest`` (of every batch, in order), ``batches``, ``base`` (descriptors
-open before the first epoch), ``peak`` (the most open at once), ``sockets`` (the most sockets open
-after a batch), ``soft`` (the soft limit of open files after the entry point), ``budget`` (the
+open before the first epoch), ``peak`` (the most open after a batch), ``sockets`` (the most sockets
+open after a batch), ``soft`` (the soft limit of open files the entry point left), ``budget`` (the
 worker's table's).
 """
 
@@ -37,37 +42,31 @@ def descriptors():
 
 
 def main() -> None:
-    path, epochs = sys.argv[1], int(sys.argv[2])
+    path, epochs, more = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     with open(path, "rb") as f:
         source = pickle.load(f)
-    seen = {"peak": 0, "sockets": 0}
-    real_open = os.open
-
-    def counted_open(*args, **kwargs):  # (the count only grows where something is opened)
-        fd = real_open(*args, **kwargs)
-        seen["peak"] = max(seen["peak"], descriptors()[0])
-        return fd
-
-    base = descriptors()[0]
-    os.open = counted_open
-    digest, batches = hashlib.sha256(), 0
-    try:
-        for _ in range(epochs):
-            for outputs in iter(source):
-                batches += 1
-                for output in outputs:
-                    for array in (output if isinstance(output, list) else [output]):
-                        array = np.asarray(array)
-                        digest.update(f"{array.dtype}{array.shape}".encode() + array.tobytes())
-                n, sockets = descriptors()
-                seen["peak"], seen["sockets"] = max(seen["peak"], n), max(seen["sockets"], sockets)
-    finally:
-        os.open = real_open
     from dalistream.io.openfiles import files_table
 
-    print(json.dumps({"digest": digest.hexdigest(), "batches": batches, "base": base, "peak": seen["peak"],
-                      "sockets": seen["sockets"], "soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-                      "budget": files_table().limit}), flush=True)
+    base = descriptors()[0]
+    peak = sockets = 0
+    digest, batches = hashlib.sha256(), 0
+    soft = None
+    for _ in range(epochs):
+        batch_of = iter(source)
+        if soft is None:  # (the entry point has run: the limit it left, and the budget it set)
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            extra = files_table().limit + int(more[len("budget+"):]) if more.startswith("budget+") else int(more)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, base + extra), hard))
+        for outputs in batch_of:
+            batches += 1
+            for output in outputs:
+                for array in (output if isinstance(output, list) else [output]):
+                    array = np.asarray(array)
+                    digest.update(f"{array.dtype}{array.shape}".encode() + array.tobytes())
+            n, s = descriptors()
+            peak, sockets = max(peak, n), max(sockets, s)
+    print(json.dumps({"digest": digest.hexdigest(), "batches": batches, "base": base, "peak": peak,
+                      "sockets": sockets, "soft": soft, "budget": files_table().limit}), flush=True)
 
 
 if __name__ == "__main__":
