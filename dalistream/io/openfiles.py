@@ -6,7 +6,7 @@ at once: 512 columns kept 512 files open, and as many again in the descriptors P
 keeps of each file it maps (1,904 descriptors in one worker, measured), where many systems allow a
 process 1,024 (``ulimit -n``: ``OSError: Too many open files``). Here every part of a file open
 at once in the process shares one :class:`OpenFile` (one descriptor per file, not per column),
-and the table keeps at most :attr:`FileTable.limit` descriptors open: past that, the file read
+and the table keeps at most its ``limit`` of descriptors open: past that, the file read
 least recently has its descriptor closed (its parts stay open) and is opened again when it is
 next read — checked to be the same file (device and inode): one replaced or removed meanwhile is
 a :class:`~dalistream.errors.SourceError` naming it (``reason="changed"``), never another file's
