@@ -200,6 +200,8 @@ class OpenFile:
         as it is now (a mapping of a file that grew or shrank since is made anew)."""
         if self.mapping is False:
             return None
+        if n <= 0:
+            return memoryview(b"")
         with self.descriptor() as fd:
             try:
                 size = os.fstat(fd).st_size

@@ -320,3 +320,44 @@ def test_an_empty_file_gives_empty_views(tmp_path):
     part = open_shard(path, 0, None)
     assert part.view(100) is not None and len(part.view(100)) == 0 and part.tell() == 0
     part.close()
+
+
+def test_a_process_keeps_at_most_its_budget_of_files_open_and_reopens_what_it_closed(tmp_path, monkeypatch):
+    """Parts of more files than the table's budget, read in turn: never more descriptors open than
+    the budget (the least recently read closed), each part reading its own bytes; a file closed
+    this way and replaced meanwhile is an error naming it (``changed``), never the new file's
+    bytes; one removed, too. Closing the parts closes everything."""
+    from dalistream.io.openfiles import FileTable, files_table
+
+    monkeypatch.setattr(openfiles, "_table", FileTable(2))
+    paths = key_shards(str(tmp_path), [9, 9, 9, 9, 9], prefix="t")
+    data = [open(p, "rb").read() for p in paths]
+    parts = [open_shard(p, 0, None, 4096) for p in paths]
+
+    def held():
+        return sum(len(open_descriptors(p)) for p in paths)
+
+    got = [b"" for _ in paths]
+    for _ in range(4):  # each part read 1 kB at a time, in turn
+        for k, part in enumerate(parts):
+            got[k] += part.read(1024)
+            assert held() <= 2
+    assert got == [d[:4096] for d in data] and files_table().peak == 2
+    assert len(parts[0].view(10)) == 0 and held() <= 2  # (past its range: nothing opened for it)
+    again = [open_shard(p, 0, None, 2048) for p in paths[:3]]  # (the files the parts read: none opened)
+    for part in parts[3:]:
+        part.seek(0), part.read(10)  # (read last: 0, 1 and 2 closed)
+    assert held() == 2 and not open_descriptors(paths[0])
+    os.replace(paths[3], paths[0])  # (0's path names another file now)
+    with pytest.raises(SourceError) as e:
+        again[0].read(10)
+    assert e.value.reason == "changed" and e.value.url == paths[0]
+    assert again[2].read(10) == data[2][:10]  # (2 opened again: the same file)
+    os.remove(paths[1])
+    with pytest.raises(SourceError) as e:
+        again[1].read(10)
+    assert e.value.reason == "changed" and e.value.url == paths[1]
+    for part in parts + again:
+        part.close()
+    assert files_table().files == {} and not files_table().open
+    assert all(open_descriptors(p) == [] for p in paths)
