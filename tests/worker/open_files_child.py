@@ -9,7 +9,11 @@ process's soft limit of open files is lowered to the descriptors it had open bef
 way): the kernel itself then refuses any descriptor past them (``Too many open files``), however
 briefly it would be open. The descriptors open (``/proc/self/fd``) are counted after every batch too.
 
-    python open_files_child.py SOURCE_PICKLE EPOCHS MORE
+    python open_files_child.py SOURCE_PICKLE EPOCHS MORE [RUN_BYTES]
+
+``RUN_BYTES``: runs of about that many bytes (as ``helpers.short_runs`` makes them), so that tiny
+shards are read as large ones are: a part of more than a run and a half cut out of its file's
+mapping.
 
 Prints one JSON line: ``digest`` (of every batch, in order), ``batches``, ``base`` (descriptors
 open before the first epoch), ``peak`` (the most open after a batch), ``sockets`` (the most sockets
@@ -43,6 +47,10 @@ def descriptors():
 
 def main() -> None:
     path, epochs, more = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if len(sys.argv) > 4:
+        from dalistream.tar import runs
+
+        runs.MIN_RUN_BYTES, runs.MAPPED_RUN_BYTES, runs.MIN_RUN_SAMPLES = int(sys.argv[4]), 0, 0
     with open(path, "rb") as f:
         source = pickle.load(f)
     from dalistream.io.openfiles import files_table
