@@ -87,6 +87,7 @@ def test_plan_with_node_affinity_reports_its_mixing_and_the_cache_kept():
     assert bad.returncode != 0 and "dividing the world size 8" in bad.stderr
 
 
+@pytest.mark.slow
 def test_keys_with_buckets_prints_each_batch_s_bucket(tmp_path):
     from helpers import length_shards
 
@@ -351,6 +352,7 @@ def test_plan_shuffle_quality_without_data(shards):
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_after", [1, 3])
 def test_keys_stats_add_up_to_the_keys_printed(shards, stop_after):
     """--stop-after K: the stats say how many samples were delivered -- the keys printed -- in text
@@ -364,6 +366,7 @@ def test_keys_stats_add_up_to_the_keys_printed(shards, stop_after):
     assert len(batches) == stop_after and closing["stats"]["delivered"] == sum(len(b["keys"]) for b in batches)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank,stop_after", [(1, 2), (0, 2), (1, 1), (1, None)])
 def test_keys_stats_add_up_per_rank(shards, rank, stop_after):
     """``RANK=1 WORLD_SIZE=2 dalistream keys … --stop-after 2`` printed "32 samples delivered in 2
@@ -388,6 +391,7 @@ def test_keys_stats_add_up_per_rank(shards, rank, stop_after):
     assert stats["rank"] == rank and stats["samples"] == stats["delivered"] + stats["read_ahead"]
 
 
+@pytest.mark.slow
 def test_an_error_prints_once_and_its_traceback_only_at_debug(tmp_path):
     missing = str(tmp_path / "nothing-here.tar")
     plain = cli("keys", missing, check=False)

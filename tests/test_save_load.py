@@ -157,6 +157,7 @@ def test_a_worker_s_source_with_buckets_in_an_elastic_resume_s_segment(bucketed)
 @pytest.mark.dali
 @pytest.mark.parametrize("options", [dict(), dict(interleave=False, shuffle=5, policy="exact"), dict(mix=True),
                                      dict(buckets=True)])
+@pytest.mark.slow
 def test_the_loader(shards, options, tmp_path):
     d, paths, _ = shards
     options = dict(options)

@@ -48,6 +48,7 @@ def in_gpu_world(tmp_path, visible: int, local_rank: int, *args: str) -> dict:
     (8, 0, 0),
     (1, 3, 0),   # one GPU visible per process (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES=3): its GPU 0
 ])
+@pytest.mark.slow
 def test_each_rank_puts_model_nccl_and_batches_on_its_local_gpu(tmp_path, shards, visible, local_rank, gpu):
     seen = in_gpu_world(tmp_path, visible, local_rank, RECIPE, "--data", shards, "--batch-size", "4", "--size", "32",
                         "--workers", "1")
@@ -59,6 +60,7 @@ def test_each_rank_puts_model_nccl_and_batches_on_its_local_gpu(tmp_path, shards
     assert seen["process_group"] == [{"backend": "nccl", "device_id": f"cuda:{gpu}"}]
 
 
+@pytest.mark.slow
 def test_the_fake_world_catches_the_old_outline(tmp_path, shards):
     """README's outline before #39 (NCCL, then ``model.cuda()``): rank 1 of a node of 2 put its model
     on GPU 0 while its batches came out on GPU 1 — what the test above would catch."""

@@ -337,6 +337,7 @@ def test_aligned_part_sizes():
     assert [stream.part_length(p, 100_000) for p in (5000, 24576, 90000)] == [19576, 24576, 8304]  # to the next bound
 
 
+@pytest.mark.slow
 def test_a_workers_streams_share_one_fetcher_and_its_budget(shards):
     """Six columns' sequences on one fetcher (a worker's): opened and not read, they fetch their
     first parts together and no more than the worker's budget between them; read a chunk of each

@@ -59,6 +59,7 @@ def _capture(fn):
         return e
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["http", "s3"])
 @pytest.mark.parametrize("call", ["open", "head"])
 @pytest.mark.parametrize("limit", ["attempts", "time"])

@@ -106,6 +106,7 @@ def worker_batches(stream, epochs=1):
     return out, source
 
 
+@pytest.mark.slow
 def test_a_workers_columns_are_fetched_together_within_its_budget(far):
     """Behind a far link (0.25 s to each answer's first byte), a worker's 8 interleaved columns
     have their first parts asked for at once (requests wait for their answers together, as the
@@ -127,6 +128,7 @@ def test_a_workers_columns_are_fetched_together_within_its_budget(far):
     assert io["bytes"] == proxy.counts()["body_bytes"] <= 2 * sum(os.path.getsize(p) for p in far["paths"])
 
 
+@pytest.mark.slow
 def test_parts_in_flight_given_bounds_a_workers_columns(far):
     """A store that throttles: ``parts_in_flight`` given is the most requests the worker's 8
     columns keep in flight together (the proxy sees at most 2 waiting), with the same batches."""

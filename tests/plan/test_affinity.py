@@ -106,6 +106,7 @@ def resume_specs():
 @given(counts=st.lists(st.integers(0, 40), min_size=5, max_size=30), specs=resume_specs(),
        policy=st.sampled_from(["exact", "even"]), shuffle=st.sampled_from([0, 3, 16]), seed=st.integers(0, 99),
        epoch=st.integers(0, 3))
+@pytest.mark.slow
 def test_elastic_resume_onto_other_node_counts_delivers_the_epoch(counts, specs, policy, shuffle, seed, epoch):
     total = sum(counts)
     if total == 0 or any(affine and len(counts) < n.count for (_, n), affine, _, _ in specs):

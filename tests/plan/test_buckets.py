@@ -113,6 +113,7 @@ def test_small_layouts(c):
     check(*c)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(c=case(max_total=40000))
 def test_large_layouts(c):

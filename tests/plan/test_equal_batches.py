@@ -51,6 +51,7 @@ def columns_sizes(counts, layout: Layout, schedule: Schedule, epoch: int) -> np.
     return np.diff(epoch_layout(counts, layout.column_layout, schedule, epoch).bounds)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", [False, True], ids=["spans", "interleaved"])
 def test_every_rank_runs_the_same_steps_and_no_batch_is_only_padding_where_a_sample_could_be(columns):
     rng = np.random.default_rng(0)
@@ -68,6 +69,7 @@ def test_every_rank_runs_the_same_steps_and_no_batch_is_only_padding_where_a_sam
         assert resumed_steps(counts, planned, EXACT, 1, (), 0) - step == s - step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", [False, True], ids=["spans", "interleaved"])
 def test_after_an_elastic_resume_too(columns):
     rng = np.random.default_rng(1)

@@ -166,6 +166,7 @@ def test_spans_cover_each_sample_once_per_pass(case, per_batch):
         assert plan.steps == ep.steps
 
 
+@pytest.mark.slow
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=mixes(ranks=(1024,)))
 @example(case=(Layout(1024, 4, 512), [0.7, 0.2, 0.1], [[300] * 1500, [250] * 1000, [100] * 1200], Schedule(3), 1))
@@ -182,6 +183,7 @@ def test_1024_ranks(case):
     check_epoch(ep, layout, weights)
 
 
+@pytest.mark.slow
 def test_default_epoch_of_1024_ranks_is_fast():
     layout = Layout(1024, 4, 512)
     counts = [[1000] * 20_000, [700] * 9000]

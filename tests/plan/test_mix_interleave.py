@@ -37,6 +37,7 @@ def sources(tmp_path_factory):
     return str(d), sizes
 
 
+@pytest.mark.slow
 def test_plan_shuffle_quality_of_a_two_source_mix_meets_the_targets(sources, tmp_path):
     d, _ = sources
     args = ("--mix", f"a=0.6:{d}/a", "--mix", f"b=0.4:{d}/b", "--world-size", 4, "-W", 2, "-B", 32,

@@ -32,6 +32,7 @@ def test_the_worker_shuffles_with_the_measures_buffer():
     assert feed.shuffled is shuffled  # one implementation: what the measure predicts is what workers run
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_batches_hold_every_owned_sample_once(case):

@@ -28,6 +28,7 @@ def big_layout():
        steps=st.lists(st.integers(0, 12), min_size=3, max_size=3),
        policy=st.sampled_from(["exact", "even"]), shuffle=st.sampled_from([0, 1, 3, 16]),
        seed=st.integers(0, 99), epoch=st.integers(0, 3))
+@pytest.mark.slow
 def test_segments_deliver_the_epoch(counts, layouts, steps, policy, shuffle, seed, epoch):
     total = sum(counts)
     if total == 0:
@@ -48,6 +49,7 @@ def test_segments_deliver_the_epoch(counts, layouts, steps, policy, shuffle, see
        layouts=st.lists(big_layout(), min_size=2, max_size=4),
        fractions=st.lists(st.floats(0, 1), min_size=3, max_size=3),
        policy=st.sampled_from(["exact", "even"]), shuffle=st.sampled_from([0, 64]))
+@pytest.mark.slow
 def test_large_layouts(counts, layouts, fractions, policy, shuffle):
     """R up to 1,024, W up to 16, B up to 512, with layout changes at random steps."""
     total = sum(counts)

@@ -2,6 +2,7 @@
 W up to 16, 1 to 100,000 shards of random sizes (empty ones and ones smaller than a slot)."""
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +43,7 @@ def sample_sets(counts, layout, schedule, epoch, workers):
     return plan, spans
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_spans_tile_the_epoch_once_and_keep_the_promises(case):

@@ -21,6 +21,7 @@ def _manifest(shards: int) -> bytes:
     return json.dumps({"format": "dalistream-manifest", "version": 1, "shards": rows}).encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warm", [False, True], ids=["first rank", "next rank"])
 def test_a_prefix_of_50000_shards_opens_with_a_few_requests(backend, tmp_path_factory, warm):
     """(A web server cannot be listed, and a local folder would be read: there the shards are named

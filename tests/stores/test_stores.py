@@ -235,6 +235,7 @@ def _image_folder(root: str) -> None:
                 os.path.join(root, label, f"{i}.jpg"))
 
 
+@pytest.mark.slow
 def test_write_shards_and_index_a_manifest_there(backend, local_set, tmp_path, monkeypatch, capsys):
     from dalistream import cli
     from dalistream.writer import write

@@ -58,6 +58,7 @@ def opener(how):
     return (lambda path: open(path, "rb")) if how == "file" else (lambda path: open_range(path, 0, None))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["file", "mapped"])
 @pytest.mark.parametrize("writer", ["ustar", "gnu", "pax", "webdataset"])
 @pytest.mark.parametrize("seed", range(3))

@@ -163,6 +163,7 @@ def shards_with_problems(tmp_path, seed, counts):
 @pytest.mark.parametrize("on_error,missing", [("skip", "skip"), ("skip", "empty"), ("skip", "error"), ("raise", "error")])
 @pytest.mark.parametrize("workers,interleave,policy", [(1, False, "exact"), (2, True, "even"), (3, False, "even"),
                                                        (3, True, "exact"), (2, False, "fixed")])
+@pytest.mark.slow
 def test_blocks_and_single_samples_give_the_same_batches_skips_and_errors(tmp_path, monkeypatch, on_error, missing,
                                                                          workers, interleave, policy):
     short_runs(monkeypatch, 6000)  # runs of a few samples: many runs, and runs across steps
