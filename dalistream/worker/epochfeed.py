@@ -39,7 +39,7 @@ changed shard, a file that cannot be mapped, a sample the decoder refuses, one t
 leaves alone: too large for a run, or without a wanted member): the column path then reads the
 epoch from the share's first step (as it reads one resumed there) and meets the problem where
 it lies, in order, as it always does, and every later epoch of the worker too
-(``PlanReader.whole_epochs``: what stopped one read stays, and is not read twice each epoch).
+(:attr:`~.mapped.ShareMaps.whole`: what stopped one read stays, and is not read twice each epoch).
 Nothing of a share is given out before the whole share is read, so a fallback repeats no
 sample.
 """
@@ -50,7 +50,7 @@ import bisect
 import itertools
 import operator
 import os
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -59,15 +59,13 @@ from ..io.local import FileRange, local_path
 from ..io.streams import chunk_bytes, maps_parts, open_shard
 from ..plan import WorkerPlan
 from ..tar.runs import Run, ranges_runs
+from .context import ReadContext
 from .feed import Feed
 from .mapped import MappedShare, ShareMaps
 from .neighbours import walked_range
 from .policy import ErrorPolicy
 from .rows import decode_runs, less_drops
 from .stats import WorkerStats
-
-if TYPE_CHECKING:
-    from .reader import PlanReader
 
 EPOCH_BYTES = 1 << 30  # a share read at once: at most this many bytes of a worker's shards (else the columns')
 WHOLE_BYTES = 16 << 20  # an epoch of at most this many is one share (its first batch waits for the whole read)
@@ -118,9 +116,9 @@ class EpochShares:
     (:func:`start_share`). A share that cannot be read hands the rest of the epoch to
     ``columns(step)``, the column path from that step on (as a resume mid-way reads it)."""
 
-    def __init__(self, reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, policy: ErrorPolicy,
-                 stats: WorkerStats, bounds: Sequence[int], columns: Callable[[int], Feed]) -> None:
-        self.reader, self.plans, self.takes, self.policy, self.stats = reader, plans, takes, policy, stats
+    def __init__(self, ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], takes: np.ndarray,
+                 policy: ErrorPolicy, stats: WorkerStats, bounds: Sequence[int], columns: Callable[[int], Feed]) -> None:
+        self.ctx, self.plans, self.takes, self.policy, self.stats = ctx, plans, takes, policy, stats
         self.bounds, self.columns = list(bounds), columns
         self.rows = np.vstack([np.zeros((1, takes.shape[1]), np.int64), np.cumsum(takes, axis=0)])  # rows before each step
         self.share = -1
@@ -128,7 +126,7 @@ class EpochShares:
         self.feed: Optional[EpochFeed] = None
         self.rest: Optional[Feed] = None  # the column path, once a share could not be read
         self.next: Optional[Union[MappedShare, ShareRead]] = None  # the next share, read over this one's steps
-        self.maps: ShareMaps = reader.maps  # what a share hands on to the next
+        self.maps = maps  # what a share hands on to the next
 
     def next_share(self) -> bool:
         """Read the next share (what of it is not read yet); ``False``: it could not be (after the
@@ -147,7 +145,7 @@ class EpochShares:
 
     def _start(self, share: int, pieces: int) -> Union[MappedShare, "ShareRead"]:
         a, b = self.rows[self.bounds[share]], self.rows[self.bounds[share + 1]]
-        return start_share(self.reader, self.plans, a, b, self.stats, self.maps, max(1, pieces))
+        return start_share(self.ctx, self.plans, a, b, self.stats, self.maps, max(1, pieces))
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
         """Step ``step``'s slot, as :meth:`EpochFeed.take` (or the columns') gives it; the next
@@ -184,27 +182,28 @@ def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: in
     return bounds
 
 
-def read_epoch(reader: "PlanReader", plans: Sequence[WorkerPlan], takes: np.ndarray, policy: ErrorPolicy,
-               stats: WorkerStats, columns: Callable[[int], Feed]) -> Optional[EpochShares]:
-    """The epoch of ``plans`` (one per column, all read by ``reader``, a
-    :class:`~.reader.PlanReader`) read at once in shares (see the module doc), its first share
-    read now; or ``None``: the column path is to read it. ``columns(step)``: the column path
-    from ``step`` on, for the rest of an epoch whose later share cannot be read."""
-    data = reader.data
-    if not len(takes) or not plans or reader.config.policy == "fixed" or data.offsets is None or data.counts is None:
+def read_epoch(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], takes: np.ndarray,
+               policy: ErrorPolicy, stats: WorkerStats, columns: Callable[[int], Feed]) -> Optional[EpochShares]:
+    """The epoch of ``plans`` (one per column, all read with ``ctx``, a reader's; ``maps``: what
+    its shares hand on to the next, :class:`~.mapped.ShareMaps`) read at once in shares (see the
+    module doc), its first share read now; or ``None``: the column path is to read it.
+    ``columns(step)``: the column path from ``step`` on, for the rest of an epoch whose later
+    share cannot be read."""
+    data = ctx.data
+    if not len(takes) or not plans or ctx.config.policy == "fixed" or data.offsets is None or data.counts is None:
         return None  # (``fixed`` reads a column's parts again; without offsets no part has a known place)
-    if not reader.whole_epochs:
+    if not maps.whole:
         return None
     if any(stop is None or stop <= first for plan in plans for _, first, stop in plan.parts):
         return None
     walked = getattr(data.offsets, "members", None) is None  # (no member layouts: every sample found by header walk)
     whole, later = (FIRST_SHARE_BYTES, WALKED_SHARE_BYTES) if walked else (WHOLE_BYTES, SHARE_BYTES)
     bounds = share_bounds(takes, data.bytes_per_sample, whole, later)
-    shares = EpochShares(reader, plans, takes, policy, stats, bounds, columns)
+    shares = EpochShares(ctx, maps, plans, takes, policy, stats, bounds, columns)
     return shares if shares.next_share() else None
 
 
-def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan],
+def read_share(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan],
                taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]],
                stats: WorkerStats) -> Optional[Tuple[List[list], List[np.ndarray]]]:
     """Each column's rows of a share read at once, by ranges (``taken``: what :func:`_taken` says
@@ -217,7 +216,7 @@ def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan],
     ranges = []  # (index, first, stop, layout, start, end): ``start``, ``end`` a walked range's bytes
     total = copied = 0
     for index, parts in sorted(by_shard.items()):
-        if not maps_parts(reader.data.urls[index]):  # (a remote or gzip shard: no positions to read by)
+        if not maps_parts(ctx.data.urls[index]):  # (a remote or gzip shard: no positions to read by)
             return None
         merged: List[List[int]] = []
         for first, stop in sorted(parts):
@@ -228,12 +227,12 @@ def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan],
             else:
                 merged.append([first, stop])
         for first, stop in merged:
-            layout = reader.layout(index, first, stop, reader.data.offsets.at(index, first) if first else None)
+            layout = ctx.layouts.layout(index, first, stop, ctx.data.offsets.at(index, first) if first else None)
             if layout is not None:
-                starts = reader.geometry(index).sample_start
+                starts = ctx.layouts.geometry(index).sample_start
                 start, end, size = None, None, int(starts[stop] - starts[first])
             else:  # (found by header walk: every member copied)
-                found = _walked_bytes(reader, index, first, stop)
+                found = _walked_bytes(ctx, index, first, stop)
                 if found is None:
                     return None
                 start, end, size = found
@@ -242,12 +241,12 @@ def read_share(reader: "PlanReader", plans: Sequence[WorkerPlan],
             if copied > COPIED_BYTES or total > EPOCH_BYTES:
                 return None
             ranges.append((index, first, stop, layout, start, end))
-    runs = _read(reader, ranges, stats)
+    runs = _read(ctx, ranges, stats)
     if runs is None:
-        reader.whole_epochs = False  # (what stopped it stays: later epochs go to the columns at once)
+        maps.whole = False  # (what stopped it stays: later epochs go to the columns at once)
         return None
     stats.add(bytes=sum(run.nbytes for _, run in runs))  # (the columns count their runs' so)
-    return _rows_of(reader, plans, taken, runs)
+    return _rows_of(ctx, plans, taken, runs)
 
 
 class ShareRead:
@@ -267,20 +266,20 @@ class ShareRead:
         return read_share(*self.args)
 
 
-def start_share(reader: "PlanReader", plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
+def start_share(ctx: ReadContext, plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
                 stats: WorkerStats, maps: ShareMaps, pieces: int) -> Union[MappedShare, ShareRead]:
     """The read of each column's rows ``before[c]`` to ``after[c]``: from one mapping of their
     shards, in up to ``pieces`` pieces (:class:`~.mapped.MappedShare`), where every shard read is
     local and has a member layout; else by ranges. ``maps``: what the last share hands on."""
     taken = [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
     indices = sorted({index for _, own in taken for index, _, _ in own})
-    data = reader.data
+    data = ctx.data
     known = maps.shards is not None and maps.shards.shards == tuple(indices)  # (checked for the share before)
-    if not indices or not (known or all(maps_parts(data.urls[i]) and reader.layout(i, 0, data.counts[i], None)
+    if not indices or not (known or all(maps_parts(data.urls[i]) and ctx.layouts.layout(i, 0, data.counts[i], None)
                                         is not None for i in indices)):
-        return ShareRead(reader, plans, taken, stats)
+        return ShareRead(ctx, maps, plans, taken, stats)
     drops = [np.asarray(plan.drop, np.int64) - start for plan, (start, _) in zip(plans, taken)]
-    return MappedShare(reader, maps, indices, [own for _, own in taken], drops, stats, pieces, EPOCH_BYTES)
+    return MappedShare(ctx, maps, indices, [own for _, own in taken], drops, stats, pieces, EPOCH_BYTES)
 
 
 def _taken(plan: WorkerPlan, lo: int, hi: int) -> Tuple[int, List[Tuple[int, int, int]]]:
@@ -310,18 +309,18 @@ def _raw(plan: WorkerPlan, rows: int) -> int:
     return raw
 
 
-def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> Optional[List[Tuple[int, Run]]]:
+def _read(ctx: ReadContext, ranges: Sequence[tuple], stats: WorkerStats) -> Optional[List[Tuple[int, Run]]]:
     """Each range's runs, decoded (``(shard, run)`` in order), or ``None`` where anything is amiss."""
-    chunk = chunk_bytes(reader.config.storage_options)
+    chunk = chunk_bytes(ctx.config.storage_options)
     out: List[Tuple[int, Run]] = []
     try:
         for index, group in itertools.groupby(ranges, key=operator.itemgetter(0)):
-            url = reader.data.urls[index]
+            url = ctx.data.urls[index]
             # the shard's file held open across its ranges (a range's opening shares its descriptor:
             # :func:`~dalistream.io.local.open_range`); its ranges cut out of its mapping (``ranges_runs``),
             # but those found by header walk
             with stats.io_clock.timed():
-                whole = open_shard(url, 0, reader.config.storage_options)
+                whole = open_shard(url, 0, ctx.config.storage_options)
             with whole:
                 if not isinstance(whole, FileRange):  # (gzip content under a .tar name: no positions)
                     return None
@@ -329,46 +328,46 @@ def _read(reader: "PlanReader", ranges: Sequence[tuple], stats: WorkerStats) -> 
                 mapped: List[Tuple[int, int, int]] = []
                 for _, first, stop, layout, start, end in group:
                     if layout is None:
-                        items = walked_range(reader, index, first, stop, start, end, stats, chunk)
+                        items = walked_range(ctx, index, first, stop, start, end, stats, chunk)
                         if items is None:
                             return None
                         runs += items
                     else:
                         mapped.append((first, stop, layout[3]))
-                got = ranges_runs(whole, url, reader.geometry(index), mapped) if mapped else []
+                got = ranges_runs(whole, url, ctx.layouts.geometry(index), mapped) if mapped else []
                 if got is None:
                     return None
                 out += [(index, run) for run in sorted(runs + got, key=operator.attrgetter("first"))]
     except (DalistreamError, OSError, EOFError):
         return None
-    decode_runs(reader.rows, [(run, reader.source_name) for _, run in out])
+    decode_runs(ctx.rows, [(run, ctx.source_name) for _, run in out])
     if any(run.decoded[1] for _, run in out):  # a sample the per-sample path must settle
         return None
     return out
 
 
-def _walked_bytes(reader: "PlanReader", index: int, first: int,
+def _walked_bytes(ctx: ReadContext, index: int, first: int,
                   stop: int) -> Optional[Tuple[Optional[int], Optional[int], int]]:
     """Where samples ``first … stop`` of local shard ``index`` lie as its offsets place them
-    (``start``, ``end``: :meth:`~.reader.PlanReader.byte_range`) and their bytes (to the file's
+    (``start``, ``end``: :meth:`~.layouts.ShardLayouts.byte_range`) and their bytes (to the file's
     end for its last), or ``None`` where the offsets do not place them."""
-    start, end = reader.byte_range(index, first, stop)
-    if (first and start is None) or (end is None and stop < reader.data.counts[index]):
+    start, end = ctx.layouts.byte_range(index, first, stop)
+    if (first and start is None) or (end is None and stop < ctx.data.counts[index]):
         return None
     try:
-        size = (os.path.getsize(local_path(reader.data.urls[index])) if end is None else end) - (start or 0)
+        size = (os.path.getsize(local_path(ctx.data.urls[index])) if end is None else end) - (start or 0)
     except OSError:
         return None
     return start, end, size
 
 
-def _rows_of(reader: "PlanReader", plans: Sequence[WorkerPlan],
+def _rows_of(ctx: ReadContext, plans: Sequence[WorkerPlan],
              parts: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]],
              runs: Sequence[Tuple[int, Run]]) -> Tuple[List[list], List[np.ndarray]]:
     """The decoded ``runs``' rows, one list per field, and each column's rows among them: its
     ``parts`` (:func:`_taken`: where they start in its raw positions, and the parts) in its
     order, less its plan's drops."""
-    flat: List[list] = [[] for _ in reader.config.fields]
+    flat: List[list] = [[] for _ in ctx.config.fields]
     # shard -> its runs' first samples, and each run's (first sample, samples, first row in flat)
     where: Dict[int, Tuple[List[int], List[Tuple[int, int, int]]]] = {}
     at = 0

@@ -24,7 +24,7 @@ import ctypes
 import mmap
 import os
 import weakref
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,11 +33,9 @@ from ..io.openfiles import OpenFile, files_table, libc_mmap, local_path, unmap
 from ..tar.headers import BLOCK, header_name
 from ..tar.runs import headers_ok
 from ..tar.samples import split_name
+from .context import ReadContext
 from .rows import less_drops
-
-if TYPE_CHECKING:
-    from .reader import PlanReader
-    from .stats import WorkerStats
+from .stats import WorkerStats
 
 PIECE_BYTES = 8 << 20  # a share is decoded in pieces of about this many bytes, over the steps of the share before
 REGION_BYTES = 1 << 30  # the address range a worker maps its files in: up to this many bytes stay mapped …
@@ -134,22 +132,22 @@ class ShardSet:
     their files (:class:`~dalistream.tar.runs.Geometry`), their patterns' tables end to end as
     :class:`~dalistream.worker.rows.RowDecoder` reads runs of several shards."""
 
-    def __init__(self, reader: "PlanReader", shards: Sequence[int]) -> None:
+    def __init__(self, ctx: ReadContext, shards: Sequence[int]) -> None:
         self.shards = tuple(shards)
         self.where = {s: k for k, s in enumerate(self.shards)}
-        self.urls = [reader.data.urls[s] for s in self.shards]
+        self.urls = [ctx.data.urls[s] for s in self.shards]
         tables: Dict[int, int] = {}
         self.tables: List[Sequence[Tuple[str, ...]]] = []
         names: List[Tuple[str, ...]] = []
         kinds, bases, ats, sizes, checks, owners, ends, counts, wanted, spans, stops = ([] for _ in range(11))
         members = 0
         for k, s in enumerate(self.shards):
-            g = reader.geometry(s)
+            g = ctx.layouts.geometry(s)
             if id(g.names) not in tables:
                 tables[id(g.names)] = len(names)
                 names += g.names
                 self.tables.append(g.names)
-            first = reader.data.offsets.at(s, 0) or 0  # (where its first sample's first header is)
+            first = ctx.data.offsets.at(s, 0) or 0  # (where its first sample's first header is)
             kinds.append(g.kinds + tables[id(g.names)])
             bases.append(g.member_base[:-1] + members)
             ats.append(g.member_at + first)
@@ -182,17 +180,20 @@ class ShareMaps:
     stays mapped is what the shares touched): a file mapped serves while it is the same (the same
     inode, size and time); the files of later shares, and a file replaced since, are mapped after
     the others while the range has room (:data:`REGION_BYTES`), then in a new one. Files over
-    that size are mapped anew once that many bytes are read from them."""
+    that size are mapped anew once that many bytes are read from them. :attr:`whole`: whether the
+    worker's epochs are still read at once (``False`` once a share met what the columns must
+    settle: what stopped one read stays, and is not read twice each epoch)."""
 
-    def __init__(self) -> None:
+    def __init__(self, whole: bool = True) -> None:
         self.shards: Optional[ShardSet] = None
         self.region: Optional[Region] = None
         self.given = 0
+        self.whole = whole
 
-    def shard_set(self, reader: "PlanReader", indices: Sequence[int]) -> ShardSet:
+    def shard_set(self, ctx: ReadContext, indices: Sequence[int]) -> ShardSet:
         """The layouts of shards ``indices`` end to end."""
         if self.shards is None or self.shards.shards != tuple(indices):
-            self.shards = ShardSet(reader, indices)
+            self.shards = ShardSet(ctx, indices)
         return self.shards
 
     def region_of(self, paths: Sequence[str], nbytes: int) -> Region:
@@ -244,11 +245,11 @@ class MappedShare:
     stop)`` samples of the share, in its order; ``drops``: each column's plan's drops, as raw
     positions (drops counted) from its first raw sample in the share (:func:`~.epochfeed._taken`)."""
 
-    def __init__(self, reader: "PlanReader", maps: ShareMaps, indices: Sequence[int],
-                 parts: Sequence[Sequence[Tuple[int, int, int]]], drops: Sequence[np.ndarray], stats: "WorkerStats",
+    def __init__(self, ctx: ReadContext, maps: ShareMaps, indices: Sequence[int],
+                 parts: Sequence[Sequence[Tuple[int, int, int]]], drops: Sequence[np.ndarray], stats: WorkerStats,
                  max_pieces: int, budget: int) -> None:
-        self.reader, self.stats, self.maps = reader, stats, maps
-        self.shards = shards = maps.shard_set(reader, indices)
+        self.ctx, self.stats, self.maps = ctx, stats, maps
+        self.shards = shards = maps.shard_set(ctx, indices)
         self.failed, self.done, self.nbytes = False, 0, 0
         self.flat: List[list] = []
         column, first, count = [], [], []
@@ -314,11 +315,10 @@ class MappedShare:
 
     def fail(self) -> None:
         """Nothing of the share is given; the worker's later epochs go to the columns at once (what
-        stopped this read stays: it is not read twice each epoch)."""
+        stopped this read stays: it is not read twice each epoch, :attr:`ShareMaps.whole`)."""
         self.failed = True
-        self.reader.whole_epochs = False
         self.maps.region = self.maps.shards = None  # (never read again: nothing kept mapped for it)
-        self.maps.given = 0
+        self.maps.given, self.maps.whole = 0, False
 
     @property
     def pieces(self) -> int:
@@ -338,7 +338,7 @@ class MappedShare:
             return
         rows = _Rows(self.region, self.shards, self.samples[a:b], np.concatenate([[0], np.cumsum(members)]),
                      member_at, self.shards.member_size[index])
-        flat, bad = self.reader.rows.decode(rows, self.reader.source_name)  # type: ignore[arg-type]
+        flat, bad = self.ctx.rows.decode(rows, self.ctx.source_name)  # type: ignore[arg-type]
         if bad:  # (a sample the per-sample path must settle)
             self.fail()
         elif not self.flat:

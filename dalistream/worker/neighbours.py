@@ -18,7 +18,7 @@ epoch's range between its offsets, :mod:`.epochfeed`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -29,10 +29,8 @@ from ..plan import WorkerPlan
 from ..tar import iter_samples
 from ..tar.runs import Geometry, Run, is_one_run, run_length, sliced_runs
 from ..tar.walked import walked_runs
+from .context import ReadContext
 from .stats import WorkerStats
-
-if TYPE_CHECKING:
-    from .reader import PlanReader
 
 TOGETHER_BYTES = 4 << 20  # parts read as one run: at most this many bytes (half an arena buffer)
 
@@ -81,24 +79,24 @@ class Neighbours:
             del self.next[(index, a)]  # (read: no other read brings it)
         return parts[0]
 
-    def read(self, reader: "PlanReader", index: int, first: int, stop: int, start: Optional[int], stats: WorkerStats,
+    def read(self, ctx: ReadContext, index: int, first: int, stop: int, start: Optional[int], stats: WorkerStats,
              chunk: int) -> Optional[Run]:
         """Part ``first … stop`` of shard ``index`` (opened at byte ``start``; one the member layout
-        cuts out: :meth:`~.reader.PlanReader.layout` found it) read by ``reader`` with the parts
+        cuts out: :meth:`~.layouts.ShardLayouts.layout` found it) read with ``ctx`` with the parts
         right after it that other columns read (:meth:`bounds`), as one run cut at their bounds:
         this part's run; ``None`` (it is read alone) where none is to be read with it, the shard is
-        remote, the part is to start with a short run (``reader.first_runs``), or the read finds
+        remote, the part is to start with a short run (``ctx.first_runs``), or the read finds
         anything amiss (each part's problem is then found by its own column, reading it alone)."""
-        url = reader.data.urls[index]
-        if reader.first_runs or not self.next or is_ranged(url):
+        url = ctx.data.urls[index]
+        if ctx.first_runs or not self.next or is_ranged(url):
             return None
-        g = reader.geometry(index)
-        bounds = self.bounds(index, first, stop, g.sample_start, reader.data.counts[index], run_length(chunk))
-        layout = reader.layout(index, first, bounds[-1], start) if len(bounds) > 2 else None
+        g = ctx.layouts.geometry(index)
+        bounds = self.bounds(index, first, stop, g.sample_start, ctx.data.counts[index], run_length(chunk))
+        layout = ctx.layouts.layout(index, first, bounds[-1], start) if len(bounds) > 2 else None
         if layout is None:
             return None
         try:
-            items = range_runs(reader, index, first, bounds[-1], layout, stats, chunk, (TOGETHER_BYTES,))
+            items = range_runs(ctx, index, first, bounds[-1], layout, stats, chunk, (TOGETHER_BYTES,))
         except (DalistreamError, OSError, EOFError):
             return None
         if len(items) != 1 or not isinstance(items[0], Run) or len(items[0]) != bounds[-1] - first:
@@ -106,51 +104,51 @@ class Neighbours:
         return self.keep(index, items[0], bounds, g)
 
 
-def range_runs(reader: "PlanReader", index: int, first: int, stop: int, layout: tuple, stats: WorkerStats, chunk: int,
+def range_runs(ctx: ReadContext, index: int, first: int, stop: int, layout: tuple, stats: WorkerStats, chunk: int,
                first_runs: Sequence[int]) -> list:
     """Samples ``first … stop`` of local shard ``index``, cut out by its member ``layout``
-    (:meth:`~.reader.PlanReader.layout`), as ``sliced_runs`` reads them (its runs, its first ones
+    (:meth:`~.layouts.ShardLayouts.layout`), as ``sliced_runs`` reads them (its runs, its first ones
     of ``first_runs`` bytes; sample dicts up to any damage; the end-of-archive check where
     ``stop`` is the shard's end): the read of parts together, a later epoch's neighbours'. Raises
     what opening and reading raise."""
     patterns, kinds, sizes, offset = layout
-    url, count, c = reader.data.urls[index], reader.data.counts[index], reader.config
+    url, count, c = ctx.data.urls[index], ctx.data.counts[index], ctx.config
     with stats.io_clock.timed():
-        opened = open_shard(url, offset, c.storage_options, reader.data.offsets.at(index, stop) if stop < count else None)
+        opened = open_shard(url, offset, c.storage_options, ctx.data.offsets.at(index, stop) if stop < count else None)
     with opened as f:
-        return list(sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=reader.decoder.wants,
+        return list(sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset, want_ext=ctx.wants,
                                 lowercase=c.lowercase_ext, last=stop == count, clock=stats.io_clock, chunk=chunk,
-                                geometry=reader.geometry(index).part(first, stop), arena=reader.arena,
+                                geometry=ctx.layouts.geometry(index).part(first, stop), arena=ctx.arena,
                                 first_runs=first_runs))
 
 
-def walk_runs(reader: "PlanReader", f: BinaryIO, url: str, first_index: int, keep: Callable[[int], bool],
+def walk_runs(ctx: ReadContext, f: BinaryIO, url: str, first_index: int, keep: Callable[[int], bool],
               stats: WorkerStats, chunk: int, run_bytes: int, first_runs: Sequence[int]) -> Iterator:
-    """The header walk of ``f`` (shard ``url`` opened at its sample ``first_index``) as ``reader``
+    """The header walk of ``f`` (shard ``url`` opened at its sample ``first_index``) as a reader
     reads a shard without a member layout: the samples ``keep`` keeps, marked where they have a
     problem (:func:`~dalistream.tar.samples.iter_samples`), the whole ones gathered into runs of
     about ``run_bytes`` (:func:`~dalistream.tar.walked.walked_runs`; ``first_runs``: the first
     runs' bytes). A column's part (:meth:`~.reader.PlanReader.items`) and an epoch's ranges
     (:func:`walked_range`) are walked by it."""
-    c = reader.config
-    samples = iter_samples(f, url, keep=keep, want_ext=reader.decoder.wants, lowercase=c.lowercase_ext,
+    c = ctx.config
+    samples = iter_samples(f, url, keep=keep, want_ext=ctx.wants, lowercase=c.lowercase_ext,
                            max_member_bytes=c.max_member_bytes, mark_errors=True, first_index=first_index,
                            clock=stats.io_clock, chunk=chunk)
-    return walked_runs(samples, url, reader.arena, run_bytes, first_runs)
+    return walked_runs(samples, url, ctx.arena, run_bytes, first_runs)
 
 
-def walked_range(reader: "PlanReader", index: int, first: int, stop: int, start: Optional[int], end: Optional[int],
+def walked_range(ctx: ReadContext, index: int, first: int, stop: int, start: Optional[int], end: Optional[int],
                  stats: WorkerStats, chunk: int) -> Optional[list]:
     """Samples ``first … stop`` of local shard ``index`` found by header walk (:func:`walk_runs`)
     between bytes ``start`` and ``end`` (their offsets: to the end, checked, where ``stop`` is
     the shard's end), as runs of up to :data:`TOGETHER_BYTES`: an epoch's range of a shard
     without a member layout (:mod:`.epochfeed`); ``None`` where they are not all whole runs (a
     sample with a problem, or one the walk leaves alone). Raises what opening and reading raise."""
-    url = reader.data.urls[index]
+    url = ctx.data.urls[index]
     with stats.io_clock.timed():
-        opened = open_shard(url, start or 0, reader.config.storage_options, end)
+        opened = open_shard(url, start or 0, ctx.config.storage_options, end)
     with opened as f:
-        items = list(walk_runs(reader, f, url, first, lambda i: True, stats, chunk, TOGETHER_BYTES, ()))
+        items = list(walk_runs(ctx, f, url, first, lambda i: True, stats, chunk, TOGETHER_BYTES, ()))
     return items if _whole(items, first, stop) else None
 
 

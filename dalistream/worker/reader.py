@@ -39,9 +39,10 @@ from ..io.streams import ShardSequence, chunk_bytes, maps_parts
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
 from ..tar import read_error
-from ..tar.runs import Arena, Geometry, Run, run_length, sliced_runs
+from ..tar.runs import Arena, Run, run_length, sliced_runs
 from .fields import FieldDecoder
-from .layouts import ShardLayout, shard_layout
+from .context import ReadContext
+from .layouts import ShardLayouts
 from .mapped import ShareMaps
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
@@ -62,17 +63,21 @@ class PlanReader:
         self.decoder = FieldDecoder(config.fields, config.missing)
         self.rows = RowDecoder(config.fields, config.lowercase_ext)
         self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
-        self._shards: dict = {}  # shard index -> its ShardLayout, or None (:meth:`_shard_layout`)
+        self.layouts = ShardLayouts(data, config.lowercase_ext, config.max_member_bytes, self.decoder.wants)
         self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
         #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
         self.first_runs: Tuple[int, ...] = ()
         self.fetcher: Optional[PartFetcher] = None  # the worker's read-ahead of remote parts (shared by its columns)
         self.neighbours = Neighbours()  # the parts of this epoch's columns, read together where they can be
-        self.whole_epochs = True  # False once an epoch read at once met what the columns must settle (:mod:`.epochfeed`)
         self.maps = ShareMaps()  # what an epoch's shares read from one mapping hand on (:mod:`.mapped`)
 
     def __getstate__(self) -> dict:  # (the fetcher's threads stay in the process that made it; runs never travel)
-        return dict(self.__dict__, fetcher=None, neighbours=Neighbours(), maps=ShareMaps())
+        return dict(self.__dict__, fetcher=None, neighbours=Neighbours(), maps=ShareMaps(self.maps.whole))
+
+    def context(self) -> ReadContext:
+        """What this reader's helpers read with now (:class:`~.context.ReadContext`)."""
+        return ReadContext(self.config, self.data, self.layouts, self.decoder.wants, self.rows, self.source_name,
+                           self.arena, self.first_runs)
 
     def read_together(self, plans: Sequence[WorkerPlan]) -> None:
         """The plans of the columns this reader reads in the epoch starting now: a column's part
@@ -124,7 +129,7 @@ class PlanReader:
                 raw += size
             opened_at = first + numbering.head
             if stop is None or opened_at < stop or stop == first == 0:  # (an empty shard is opened: it is checked)
-                reads.append((index, opened_at, stop, numbering, self.byte_range(index, opened_at, stop)))
+                reads.append((index, opened_at, stop, numbering, self.layouts.byte_range(index, opened_at, stop)))
         shards = ShardSequence([self.data.urls[r[0]] for r in reads], self.config.storage_options, stats.io,
                                ranges=[(r[4][0] or 0, r[4][1]) for r in reads], fetcher=self.fetcher)
         return reads, shards, ordinal
@@ -181,16 +186,6 @@ class PlanReader:
                            url=self.data.urls[plan.shards[0]] if plan.parts else None, rank=c.rank, worker=self.worker,
                            reason="no_samples", hint="check the shards (see the warnings), or use fewer workers")
 
-    def byte_range(self, index: int, first: int, stop: Optional[int]) -> "tuple[Optional[int], Optional[int]]":
-        """Where samples ``first`` to ``stop`` of shard ``index`` lie in its tar, as far as the
-        offsets say: ``(start, end)``, ``None`` where unknown (from 0 / to the end)."""
-        if self.data.offsets is None:
-            return None, None
-        count = self.data.counts[index] if self.data.counts is not None else None
-        start = self.data.offsets.at(index, first) if first else None
-        end = self.data.offsets.at(index, stop) if stop is not None and count is not None and stop < count else None
-        return start, end
-
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
               start: Optional[int], end: Optional[int], stats: WorkerStats,
               numbering: Optional["Numbering"] = None) -> Iterator:
@@ -209,9 +204,9 @@ class PlanReader:
         run = self.neighbours.opened(index, numbering.first, stop) if stop is not None else None
         if run is not None and first != numbering.first:  # a resumed part: read from where it resumes
             run = None
-        layout = self.layout(index, first, stop, start) if run is None else None
+        layout = self.layouts.layout(index, first, stop, start) if run is None else None
         if layout is not None:
-            run = self.neighbours.read(self, index, first, stop, start, stats, shards.chunk)  # type: ignore[arg-type]
+            run = self.neighbours.read(self.context(), index, first, stop, start, stats, shards.chunk)
         if run is not None:  # read with its neighbours' parts
             numbering.found, numbering.problem = stop, None
             yield run
@@ -227,13 +222,13 @@ class PlanReader:
                     items = sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset,
                                         want_ext=self.decoder.wants, lowercase=c.lowercase_ext, last=stop == count,
                                         clock=stats.io_clock, chunk=shards.chunk,
-                                        geometry=self.geometry(index).part(first, stop), arena=self.arena,
+                                        geometry=self.layouts.geometry(index).part(first, stop), arena=self.arena,
                                         first_runs=self.first_runs)
                 else:  # the header walk; its whole samples gathered into runs
                     def keep(i: int) -> bool:
                         return first <= i and (stop is None or i < stop) and not skip(i)
 
-                    items = walk_runs(self, f, url, first if start is not None else 0, keep, stats,
+                    items = walk_runs(self.context(), f, url, first if start is not None else 0, keep, stats,
                                       shards.chunk, run_length(shards.chunk), self.first_runs)
                 for item in items:
                     found_at = item.first + len(item) if isinstance(item, Run) else item["__index__"] + 1
@@ -342,40 +337,6 @@ class PlanReader:
         policy.handle(error.at(rank=c.rank, worker=self.worker), "samples")
         stats.flush_skips()
         return None
-
-    def layout(self, index: int, first: int, stop: Optional[int], start: Optional[int]) -> Optional[tuple]:
-        """``(patterns, each sample's pattern, member sizes, offset of first)`` for samples ``first``
-        to ``stop`` of shard ``index`` when they can be cut out by its member layout (a regular
-        shard, its part opened at ``first``'s offset, no member over ``max_member_bytes``: that one
-        the header path refuses by name, nor two extensions equal once lowercased); else ``None``."""
-        shard = self._shard_layout(index) if stop is not None else None
-        offset = self.data.offsets.at(index, first) if shard is not None else None
-        if shard is None or offset is None or offset != (start or 0):
-            return None
-        sizes = shard.sizes[shard.member_starts[first]:shard.member_starts[stop]]
-        if sizes.size and int(sizes.max()) > self.config.max_member_bytes:
-            return None
-        return shard.patterns, shard.kinds[first:stop], sizes, offset
-
-    def _shard_layout(self, index: int) -> Optional[ShardLayout]:
-        """Shard ``index``'s member layout when its samples can be cut out by it (:func:`~.layouts.shard_layout`),
-        looked up once per shard, not once per part: a worker reading interleaved opens a part of a
-        shard for each of its columns."""
-        if index not in self._shards:
-            if len(self._shards) >= 1024:
-                self._shards.clear()
-            self._shards[index] = shard_layout(self.data, index, self.config.lowercase_ext)
-        return self._shards[index]
-
-    def geometry(self, index: int) -> Geometry:
-        """Where the members of shard ``index`` lie (its member layout worked out once)."""
-        shard = self._shard_layout(index)
-        if shard is None:
-            raise ValueError(f"shard {index} has no member layout to cut its samples by")
-        if shard.geometry is None:
-            shard.geometry = Geometry(shard.patterns, shard.kinds, shard.sizes, self.decoder.wants,
-                                      self.config.lowercase_ext)
-        return shard.geometry
 
     def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
         """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""

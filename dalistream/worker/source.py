@@ -257,7 +257,9 @@ class WorkerSource:
         feed: Union[Feed, EpochShares, None] = None
         if c.interleave and start_step == 0 and self.mix is None:  # read at once, in shares (not from mid-way)
             t0 = time.perf_counter()
-            feed = read_epoch(self.readers[0], [plan for plan, _, _ in columns], takes, policy, stats, by_columns)
+            reader = self.readers[0]
+            feed = read_epoch(reader.context(), reader.maps, [plan for plan, _, _ in columns], takes, policy, stats,
+                              by_columns)
             stats.read_s += time.perf_counter() - t0
         if feed is None:
             feed = by_columns(start_step)

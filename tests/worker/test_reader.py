@@ -101,9 +101,9 @@ def test_a_part_with_offsets_never_reads_outside_itself(tmp_path, reading):
     config = StreamConfig(sources=tuple(paths), fields={"key": "__key__"}, batch_size=1, workers=1)
     reader = PlanReader(config, data_set(paths, sizes, index), 0)
     stats = WorkerStats(None, 0, 0)
-    start, end = reader.byte_range(0, 4, 9)
+    start, end = reader.layouts.byte_range(0, 4, 9)
     assert (start, end) == (lo, hi)
-    assert (reader.layout(0, 4, 9, start) is not None) == (reading == "members")
+    assert (reader.layouts.layout(0, 4, 9, start) is not None) == (reading == "members")
     shards = ShardSequence(paths, ranges=[(start, end)])
     got = [s["__key__"] for s in reader._part(shards, 0, 0, 4, 9, start, end, stats)
            for s in ([s.sample(i) for i in range(len(s))] if hasattr(s, "sample") else [s])]
