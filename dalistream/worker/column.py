@@ -6,16 +6,50 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, AbstractSet, Iterator, List, Optional
+from typing import AbstractSet, Callable, Iterator, List, Optional, Protocol, Tuple, Union
 
+from ..errors import DalistreamError
 from ..plan import WorkerPlan
 from ..tar.runs import Run
+from .numbering import Numbering
 from .policy import ErrorPolicy
-from .rows import Rows
+from .rows import RowDecoder, Rows
 from .stats import WorkerStats
 
-if TYPE_CHECKING:
-    from .reader import PlanReader
+
+class ReadItem:
+    """A raw item of a plan's parts as its column takes it (:meth:`~.reader.PlanReader.items`):
+    ``raw``, a :class:`Run` or one sample (a dict), ``None`` for shard problems with no item
+    after them; ``numbering``, its part's (``None`` with no item); ``n_pass``, its pass over the
+    parts; ``before`` and ``after``: the shard problems met before it and after it, acted on
+    before it (as when samples are read one by one)."""
+
+    __slots__ = ("raw", "numbering", "n_pass", "before", "after")
+
+    def __init__(self, raw: Union[Run, dict, None], numbering: Optional[Numbering], n_pass: int,
+                 before: List[DalistreamError], after: List[DalistreamError]) -> None:
+        self.raw, self.numbering, self.n_pass, self.before, self.after = raw, numbering, n_pass, before, after
+
+
+class PlanItems(Protocol):
+    """What a column reads its plan with (a :class:`~.reader.PlanReader`, which this module does
+    not import): its plan's raw items, their blocks, the error of a pass that gives nothing; and,
+    for the :class:`~.feed.Feed`, its decoder of runs, source name, first runs and run bytes."""
+
+    rows: RowDecoder
+    source_name: str
+    first_runs: Tuple[int, ...]
+
+    @property
+    def run_bytes(self) -> int: ...
+
+    def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0,
+              gone: AbstractSet[int] = frozenset()) -> Iterator[ReadItem]: ...
+
+    def item_blocks(self, item: Union[Run, dict], numbering: Numbering, policy: ErrorPolicy, stats: WorkerStats,
+                    next_read: Callable[[bool], bool]) -> Iterator[Rows]: ...
+
+    def no_samples(self, plan: WorkerPlan) -> DalistreamError: ...
 
 
 class ColumnReader:
@@ -25,11 +59,11 @@ class ColumnReader:
     Counts the rows it gives out as samples that passed (the error policy's judgement, made at
     the end too)."""
 
-    def __init__(self, reader: PlanReader, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
+    def __init__(self, reader: PlanItems, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                  gone: AbstractSet[int] = frozenset()) -> None:
         self.reader, self.plan, self.policy, self.stats = reader, plan, policy, stats
         self.items = reader.items(plan, stats, start, gone)
-        self.ahead: deque = deque()
+        self.ahead: "deque[ReadItem]" = deque()
         self.ahead_samples = 0
         self.current: Iterator[Rows] = iter(())
         self.resumed = bool(start or gone)
@@ -46,18 +80,18 @@ class ColumnReader:
         runs = []
         while self._ready() < samples and not self.ended:
             item = self._pull()
-            if item is not None and isinstance(item[0], Run):
-                runs.append(item[0])
+            if item is not None and isinstance(item.raw, Run):
+                runs.append(item.raw)
         return runs
 
-    def _pull(self) -> Optional[list]:
+    def _pull(self) -> Optional[ReadItem]:
         """The next raw item, read into ``ahead`` (``None``, and the column ended, at its end)."""
         item = next(self.items, None)
         if item is None:
             self.ended = True
         else:
             self.ahead.append(item)
-            self.ahead_samples += _samples(item[0])
+            self.ahead_samples += _samples(item.raw)
         return item
 
     def _ready(self) -> int:
@@ -65,7 +99,7 @@ class ColumnReader:
         item after it (the current run's, ``waiting``, once one is read ahead)."""
         if not self.ahead:
             return 0
-        return self.waiting + self.ahead_samples - isinstance(self.ahead[-1][0], Run)
+        return self.waiting + self.ahead_samples - isinstance(self.ahead[-1].raw, Run)
 
     def next_read(self, read: bool) -> bool:
         """Whether the current run's last row can be given: the item after it read (now, if
@@ -73,18 +107,19 @@ class ColumnReader:
         come after the run's other rows), as when samples are read one by one
         (:meth:`~.reader.PlanReader.items`)."""
         if not read:
-            ready = (self.ended and not self.ahead) or (bool(self.ahead) and not self.ahead[0][3])  # (none met before it)
+            # (the item after it read, and no problem met before it)
+            ready = (self.ended and not self.ahead) or (bool(self.ahead) and not self.ahead[0].before)
             self.waiting = int(not ready)
             return ready
         if not self.ahead and not self.ended:
             self._pull()
         self.waiting = 0
         if self.ahead:
-            problems, self.ahead[0][3] = self.ahead[0][3], []
+            problems, self.ahead[0].before = self.ahead[0].before, []
             self._act_on(problems)
         return True
 
-    def _act_on(self, problems: list) -> None:
+    def _act_on(self, problems: List[DalistreamError]) -> None:
         for problem in problems:  # met before an item, acted on before it (see PlanReader.items)
             self.policy.handle(problem, "shards")
             self.stats.flush_skips()
@@ -101,16 +136,16 @@ class ColumnReader:
                 return block
             if self.ahead:
                 item = self.ahead.popleft()
-                self.ahead_samples -= _samples(item[0])
+                self.ahead_samples -= _samples(item.raw)
             else:
                 item = None if self.ended else next(self.items, None)
             if item is None:
                 self.ended = True
                 self.policy.check(final=True)
                 raise StopIteration
-            raw, numbering, n_pass, before, after = item
-            self._act_on(before + after)
-            if raw is None:
+            self._act_on(item.before + item.after)
+            raw, numbering, n_pass = item.raw, item.numbering, item.n_pass
+            if raw is None or numbering is None:
                 continue
             if n_pass != self.pass_rows[0]:  # a pass over the parts gave nothing: cycling on would never end
                 if not self.pass_rows[1] and not (self.pass_rows[0] == 0 and self.resumed):

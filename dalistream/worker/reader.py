@@ -46,7 +46,7 @@ from .layouts import ShardLayouts
 from .mapped import ShareMaps
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
-from .column import ColumnReader
+from .column import ColumnReader, ReadItem
 from .neighbours import Neighbours, walk_runs
 from .rows import last_waits, RowDecoder, Rows
 from .stats import WorkerStats
@@ -100,9 +100,10 @@ class PlanReader:
         return ColumnReader(self, plan, policy, stats, start, gone)
 
     def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0,
-              gone: AbstractSet[int] = frozenset()) -> Iterator[list]:
-        """The tar reader's raw items of the plan (runs, single samples) as ``[item, its part's
-        :class:`Numbering`, its pass, the shard problems met before it, those met after it]``. A
+              gone: AbstractSet[int] = frozenset()) -> Iterator[ReadItem]:
+        """The tar reader's raw items of the plan (runs, single samples) as :class:`~.column.ReadItem`
+        (the item, its part's :class:`Numbering`, its pass, the shard problems met before it, those
+        met after it). A
         shard's problem, met at the end of its part, is acted on before the sample read just before
         it, as when samples are read one by one: a single sample is given out once the next is read
         (a problem met after it comes with it), a run at once, its last sample waiting in the
@@ -135,15 +136,15 @@ class PlanReader:
         return reads, shards, ordinal
 
     def _items(self, plan: WorkerPlan, stats: WorkerStats, start: int, gone: AbstractSet[int],
-               first: tuple) -> Iterator[list]:
+               first: tuple) -> Iterator[ReadItem]:
         c = self.config
         reads, shards, ordinal = first
         passes = itertools.count() if c.policy == "fixed" else range(1)
         for n_pass in passes:
             if n_pass:
                 reads, shards, ordinal = self._pass(plan, n_pass, ordinal, start, gone, stats)
-            held = None  # the raw item read last: given out once the next one is read
-            problems: list = []  # met before any item of this pass: they come with its first
+            held: Optional[ReadItem] = None  # the raw item read last: given out once the next one is read
+            problems: List[DalistreamError] = []  # met before any item of this pass: they come with its first
             given = 0
             try:
                 for position, (index, first, stop, numbering, (begin, end)) in enumerate(reads):
@@ -154,19 +155,19 @@ class PlanReader:
                             held = None
                         if isinstance(item, Run):  # at once: its last sample waits in the column
                             given += 1
-                            yield [item, numbering, n_pass, problems, []]
+                            yield ReadItem(item, numbering, n_pass, problems, [])
                             problems = []
                             continue
-                        held, problems = [item, numbering, n_pass, problems, []], []
+                        held, problems = ReadItem(item, numbering, n_pass, problems, []), []
                     if numbering.problem is not None:  # it overtakes the item held back (met after it)
-                        (held[4] if held is not None else problems).append(numbering.problem)
+                        (held.after if held is not None else problems).append(numbering.problem)
                     if stop is None:  # a whole shard of unknown count: its samples number the next
                         ordinal = numbering.base + numbering.found
                 if held is not None:
                     given += 1
                     yield held
                 if problems:
-                    yield [None, None, n_pass, problems, []]
+                    yield ReadItem(None, None, n_pass, problems, [])
             finally:
                 shards.close()
             if c.policy == "fixed" and not given and not (n_pass == 0 and (start or gone)):
