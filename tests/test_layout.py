@@ -1,7 +1,8 @@
 """The rules the package keeps (issue: a layout a newcomer reads in an hour).
 
 Checked from the source text, so every new module is held to them: no import circle (function-level
-imports count; ``if TYPE_CHECKING:`` blocks, which never run, do not), no module over 600 lines (sized by cohesion, not by a cap), at
+imports count, and those in ``if TYPE_CHECKING:`` blocks too: an annotation's import is an arrow
+of the layout as any other), no module over 600 lines (sized by cohesion, not by a cap), at
 most a dozen modules at the package top, no private name imported from another dalistream module,
 nothing in the library importing ``dalistream.tools``, no import against the data flow (the
 worker's and the plan's modules, and the base modules every stage receives, import no entry module
@@ -47,25 +48,13 @@ def modules(root: str = PACKAGE, name: str = "dalistream") -> Dict[str, str]:
     return found
 
 
-def _type_checking_lines(tree: ast.AST) -> Set[int]:
-    lines: Set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            for child in node.body:
-                lines.update(range(child.lineno, child.end_lineno + 1))
-    return lines
-
-
 def imports(module: str, path: str, known: Set[str]) -> List[Tuple[str, List[str], int]]:
     """``(imported module, names, line)`` for every import in the file, relative ones resolved;
-    only targets inside the package are kept."""
+    only targets inside the package are kept (those of ``if TYPE_CHECKING:`` blocks too)."""
     tree = ast.parse(open(path).read())
-    skip = _type_checking_lines(tree)
     is_pkg = path.endswith("__init__.py")
     out = []
     for node in ast.walk(tree):
-        if getattr(node, "lineno", None) in skip:
-            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "dalistream":
@@ -273,7 +262,7 @@ def test_checkers_find_what_they_look_for(tmp_path):
         "dalistream/b.py": "def f():\n    from .c import _hidden\n",             # function level counts
         "dalistream/c.py": "from . import a\nfrom .tools.x import y\nimport torch\nn = torch._C\n",
         "dalistream/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .e import E\n",
-        "dalistream/e.py": "from .d import D\n",                                  # no cycle: d's import never runs
+        "dalistream/e.py": "from .d import D\n",                                  # a type-only import counts
         "dalistream/sub/__init__.py": "from .inner import z\n",
         "dalistream/sub/inner.py": "from ..f import w\n",
         "dalistream/f.py": "from .sub.other import v\n",                          # runs sub/__init__: a cycle
@@ -285,6 +274,7 @@ def test_checkers_find_what_they_look_for(tmp_path):
         "dalistream/worker/w.py": "from ..a import thing\nfrom ..config import C\n",  # the base: with the flow
     })
     assert sorted(cycles(graph(mods))) == [["dalistream.a", "dalistream.b", "dalistream.c", "dalistream.tools.x"],
+                                          ["dalistream.d", "dalistream.e"],
                                           ["dalistream.f", "dalistream.sub", "dalistream.sub.inner"]]
     assert private_imports(mods) == ["dalistream.b:2 imports dalistream.c._hidden"]
     assert tools_imports(mods) == ["dalistream.c:2 imports dalistream.tools.x"]
