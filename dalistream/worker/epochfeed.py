@@ -39,7 +39,7 @@ changed shard, a file that cannot be mapped, a sample the decoder refuses, one t
 leaves alone: too large for a run, or without a wanted member): the column path then reads the
 epoch from the share's first step (as it reads one resumed there) and meets the problem where
 it lies, in order, as it always does, and every later epoch of the worker too
-(:attr:`~.mapped.ShareMaps.whole`: what stopped one read stays, and is not read twice each epoch).
+(``ShareMaps.whole``, :class:`~.mapped.ShareMaps`: what stopped one read stays, and is not read twice each epoch).
 Nothing of a share is given out before the whole share is read, so a fallback repeats no
 sample.
 """

@@ -45,7 +45,7 @@ def shard_layout(data: DataSet, index: int, lowercase: bool) -> Optional[ShardLa
 class ShardLayouts:
     """The member layouts of a data set's shards, each looked up once (:func:`shard_layout`), as a
     reader cuts its parts by them: ``lowercase``, ``max_member_bytes``: the config's; ``wants``:
-    the members the fields read (:attr:`~.fields.FieldDecoder.wants`)."""
+    the members the fields read (a :class:`~.fields.FieldDecoder`'s ``wants``)."""
 
     def __init__(self, data: DataSet, lowercase: bool, max_member_bytes: int, wants) -> None:
         self.data, self.lowercase, self.max_member_bytes, self.wants = data, lowercase, max_member_bytes, wants

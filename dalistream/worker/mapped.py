@@ -315,7 +315,7 @@ class MappedShare:
 
     def fail(self) -> None:
         """Nothing of the share is given; the worker's later epochs go to the columns at once (what
-        stopped this read stays: it is not read twice each epoch, :attr:`ShareMaps.whole`)."""
+        stopped this read stays: it is not read twice each epoch: ``ShareMaps.whole``)."""
         self.failed = True
         self.maps.region = self.maps.shards = None  # (never read again: nothing kept mapped for it)
         self.maps.given, self.maps.whole = 0, False
