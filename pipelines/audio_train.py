@@ -37,7 +37,7 @@ from dalistream import ops
 from dalistream.config import WORKERS, StreamConfig
 from dalistream.kinds.audio import Crops
 
-from .fields import loader_options, merged_fields, with_read_fields
+from .fields import evaluation_order, loader_options, merged_fields, with_read_fields
 from .image_text import captions_to_str
 
 #: The fields read from each sample (override with ``audio_exts``/``text_exts``).
@@ -81,9 +81,7 @@ def loader(sources: Any, *, batch_size: int = 32, sample_rate: int = 16000, seco
         defaults["text"] = text_exts
     fields = merged_fields(defaults, stream_options.pop("fields", None))
     if not train:
-        stream_options.setdefault("interleave", False)
-        stream_options.setdefault("policy", "exact")
-        shuffle = 0 if shuffle is None else shuffle
+        shuffle = evaluation_order(stream_options, shuffle)
     stream = dalistream.Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device,
                                     shuffle=shuffle, **stream_options)
     transform = functools.partial(captions_to_str, keys=tuple(caption_keys)) if "text" in fields else None

@@ -42,7 +42,7 @@ import dalistream
 from dalistream.config import WORKERS
 from dalistream import ops
 
-from .fields import loader_options, merged_fields, with_read_fields
+from .fields import evaluation_order, loader_options, merged_fields, with_read_fields
 
 #: OpenAI CLIP's normalization, on the 0–255 scale.
 CLIP_MEAN = (0.48145466 * 255, 0.4578275 * 255, 0.40821073 * 255)
@@ -122,8 +122,7 @@ def loader(sources: Any, *, batch_size: int = 64, size: int = 224, workers: int 
     if keys:
         fields["key"] = "__key__"
     if not train:  # evaluation: the order the shards hold
-        stream_options.setdefault("interleave", False)
-        shuffle = 0 if shuffle is None else shuffle
+        shuffle = evaluation_order(stream_options, shuffle, every_sample=False)
     stream = dalistream.Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=device,
                                     shuffle=shuffle, **stream_options)
     transform = functools.partial(captions_to_str, keys=tuple(caption_keys))

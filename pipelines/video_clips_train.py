@@ -48,7 +48,7 @@ from dalistream import ops
 from dalistream.config import WORKERS, StreamConfig
 from dalistream.kinds.video import Clips
 
-from .fields import loader_options, merged_fields, with_read_fields
+from .fields import evaluation_order, loader_options, merged_fields, with_read_fields
 from .image_text import captions_to_str
 
 #: The fields read from each sample (override with ``video_exts``/``text_exts``).
@@ -116,9 +116,7 @@ def loader(sources: Any, *, batch_size: int = 8, frames: int = 8, stride: int = 
         defaults["text"] = text_exts
     fields = merged_fields(defaults, stream_options.pop("fields", None))
     if not train:  # evaluation: the order the shards hold, every clip once
-        stream_options.setdefault("interleave", False)
-        stream_options.setdefault("policy", "exact")
-        shuffle = 0 if shuffle is None else shuffle
+        shuffle = evaluation_order(stream_options, shuffle)
     stream = dalistream.Stream.open(sources, fields=fields, batch_size=batch_size, workers=workers, device=where,
                                     shuffle=shuffle, **stream_options)
     transform = functools.partial(captions_to_str, keys=tuple(caption_keys)) if "text" in fields else None

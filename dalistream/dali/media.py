@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .compat import do_not_convert
-from .ops import IMAGENET_MEAN, IMAGENET_STD, with_placeholder
+from .ops import IMAGENET_MEAN, IMAGENET_STD, normalize, with_placeholder
 
 #: What a padding position of a ``"dali"`` clip field decodes on the CPU (after its indices, all 0):
 #: one black 16×16 frame, MJPEG in Matroska (749 bytes, made by PyAV).
@@ -119,15 +119,8 @@ def normalize_clips(clips, device: str, size: Sequence[int], *, random_crop: boo
     """Crop every frame of a clip at one place (centred, or drawn per clip with ``random_crop``) to
     ``size`` = (height, width), flip the clip where ``mirror`` is 1, normalize, and lay it out as
     ``FCHW`` float (``(B, F, C, H, W)`` in torch)."""
-    from nvidia.dali import fn, types
-
-    kwargs: dict = {"crop": list(size)}
-    if random_crop:
-        kwargs["crop_pos_x"], kwargs["crop_pos_y"] = (fn.random.uniform(range=[0.0, 1.0]) for _ in range(2))
-    if mirror is not None:
-        kwargs["mirror"] = mirror
-    return fn.crop_mirror_normalize(clips, device=device, dtype=types.FLOAT16 if fp16 else types.FLOAT,
-                                    output_layout="FCHW", mean=list(mean), std=list(std), **kwargs)
+    return normalize(clips, device, crop=tuple(size), random_crop=random_crop, mirror=mirror, mean=mean, std=std,
+                     fp16=fp16, layout="FCHW")
 
 
 @do_not_convert

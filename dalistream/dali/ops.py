@@ -167,10 +167,11 @@ def pad_tokens(data, length, *, token_bytes: int = 1):
 
 @do_not_convert
 def normalize(images, device: str, *, crop: Optional[Sequence] = None, random_crop: bool = False, mirror=None,
-              mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD, fp16: bool = False):
+              mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD, fp16: bool = False,
+              layout: str = "CHW"):
     """Crop to ``crop`` = (height, width) (numbers, or nodes of one per sample: :func:`bucket_size`;
     centred, or at a random place with ``random_crop``), flip where ``mirror`` is 1, normalize,
-    and lay out as ``CHW`` float."""
+    and lay out as ``layout`` float (``CHW`` for images; a clip's frames share the crop: ``FCHW``)."""
     from nvidia.dali import fn, types
 
     kwargs: dict = {}
@@ -183,7 +184,7 @@ def normalize(images, device: str, *, crop: Optional[Sequence] = None, random_cr
     if mirror is not None:
         kwargs["mirror"] = mirror
     return fn.crop_mirror_normalize(images, device=device, dtype=types.FLOAT16 if fp16 else types.FLOAT,
-                                    output_layout="CHW", mean=list(mean), std=list(std), **kwargs)
+                                    output_layout=layout, mean=list(mean), std=list(std), **kwargs)
 
 
 @do_not_convert

@@ -26,6 +26,7 @@ with an exclusive one, taken without waiting, so a block being read is never rem
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -36,7 +37,7 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, Iterator, List, NamedTuple, Optional, Tuple
 
 from ..errors import ConfigError
 from .cachesim import eviction_slack
@@ -148,7 +149,7 @@ def write_partial(path: str, digest: bytes, data: bytes) -> Tuple[str, int]:
     partial = f"{path[:-4]}.{os.urandom(8).hex()}.partial"
     head = HEADER.pack(MAGIC, digest, len(data), zlib.crc32(data))
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN, 0o600)
-    try:
+    with removed_on_error(partial):
         try:
             done = os.writev(fd, [head, data])  # (no copy of the block into one buffer)
             while done < len(head) + len(data):
@@ -157,13 +158,20 @@ def write_partial(path: str, digest: bytes, data: bytes) -> Tuple[str, int]:
             os.utime(fd, ns=(now, now))
         finally:
             os.close(fd)
+    return partial, len(head) + len(data)
+
+
+@contextlib.contextmanager
+def removed_on_error(partial: str) -> Iterator[None]:
+    """Remove ``partial`` if the block raises (any exception, a Ctrl-C included), then re-raise."""
+    try:
+        yield
     except BaseException:
         try:
             os.unlink(partial)
         except OSError:
             pass
         raise
-    return partial, len(head) + len(data)
 
 
 def open_block(path: str, digest: bytes) -> Tuple[Optional[Block], Optional[str], Optional[os.stat_result]]:
@@ -343,14 +351,8 @@ class Ledger:
         of the ``n`` reserved: the placed file's stat (None if it cannot be had); an ``OSError``
         of the renaming removes the partial (the reservation is left to :meth:`release`)."""
         with FileLock(self.path) as ledger:
-            try:
+            with removed_on_error(partial):
                 os.rename(partial, path)
-            except BaseException:
-                try:
-                    os.unlink(partial)
-                except OSError:
-                    pass
-                raise
             _record(lock_fd, 0)
             ledger.set(ledger.value() - (n - size))
             try:
