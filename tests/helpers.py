@@ -403,3 +403,17 @@ def end_group(proc) -> None:
         proc.wait()
     for pid in process_group(proc.pid):
         os.kill(pid, signal.SIGKILL)
+
+
+def index_on_s3(endpoint: str, prefix: str) -> None:
+    """``dalistream index PREFIX`` on an S3 server at ``endpoint``, its manifest written beside the
+    shards (``AWS_ENDPOINT_URL`` set for the command only)."""
+    from dalistream import cli
+
+    saved = os.environ.get("AWS_ENDPOINT_URL")
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    try:
+        if cli.main(["index", prefix, "-o", prefix + "dalistream-manifest.json"]) != 0:
+            raise RuntimeError(f"dalistream index {prefix} failed")
+    finally:
+        os.environ.pop("AWS_ENDPOINT_URL") if saved is None else os.environ.update(AWS_ENDPOINT_URL=saved)

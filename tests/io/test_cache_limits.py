@@ -7,18 +7,16 @@ between jobs is fetched again, counted, and the next job delivers the store's by
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 
 import dalistream
-from dalistream import cli
 from dalistream.io.cache import BLOCK_BYTES, ByteCache
 from dalistream.io.cachefiles import parse_size
 
 from cache_helpers import BOOKKEEPING, FolderWatch, block_files, cache_folder, damage, digests, start_child
-from helpers import end_group, write_tar
+from helpers import end_group, index_on_s3, write_tar
 
 pytestmark = [pytest.mark.s3, pytest.mark.dali, pytest.mark.slow, pytest.mark.timeout(900)]
 BUCKET = "cache-limits"
@@ -41,12 +39,7 @@ def store(moto_endpoint, tmp_path_factory):
     client.create_bucket(Bucket=BUCKET)
     for s in range(SHARDS):
         client.upload_file(write_tar(str(folder / f"l-{s:05d}.tar"), shard_members(s)), BUCKET, f"ds/l-{s:05d}.tar")
-    saved = os.environ.get("AWS_ENDPOINT_URL")
-    os.environ["AWS_ENDPOINT_URL"] = moto_endpoint
-    try:
-        assert cli.main(["index", f"s3://{BUCKET}/ds/", "-o", f"s3://{BUCKET}/ds/dalistream-manifest.json"]) == 0
-    finally:
-        os.environ.pop("AWS_ENDPOINT_URL") if saved is None else os.environ.update(AWS_ENDPOINT_URL=saved)
+    index_on_s3(moto_endpoint, f"s3://{BUCKET}/ds/")
     return f"s3://{BUCKET}/ds/", {"endpoint_url": moto_endpoint}
 
 

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 import dalistream
-from dalistream import cli
 from dalistream.errors import ConfigError
 from dalistream.io.cache import BLOCK_BYTES, ByteCache
 from dalistream.io.cachefiles import NAMESPACE, block_size, length_of
@@ -27,7 +26,7 @@ from dalistream.plan import worker_plan
 from dalistream.tools.proxy import ShapingProxy
 
 from cache_helpers import block_files, cache_folder, digests, start_child
-from helpers import end_group, small_disk, wait_until, write_tar
+from helpers import end_group, index_on_s3, small_disk, wait_until, write_tar
 
 pytestmark = [pytest.mark.s3, pytest.mark.dali, pytest.mark.timeout(900)]
 BUCKET = "cache-loader"
@@ -56,12 +55,7 @@ def store(moto_endpoint, tmp_path_factory):
         path = write_tar(str(folder / f"c-{s:05d}.tar"), shard_members(s))
         client.upload_file(path, BUCKET, f"ds/c-{s:05d}.tar")
         sizes[f"s3://{BUCKET}/ds/c-{s:05d}.tar"] = os.path.getsize(path)
-    saved = os.environ.get("AWS_ENDPOINT_URL")
-    os.environ["AWS_ENDPOINT_URL"] = moto_endpoint
-    try:
-        assert cli.main(["index", f"s3://{BUCKET}/ds/", "-o", f"s3://{BUCKET}/ds/dalistream-manifest.json"]) == 0
-    finally:
-        os.environ.pop("AWS_ENDPOINT_URL") if saved is None else os.environ.update(AWS_ENDPOINT_URL=saved)
+    index_on_s3(moto_endpoint, f"s3://{BUCKET}/ds/")
     with ShapingProxy(moto_endpoint) as proxy:
         yield f"s3://{BUCKET}/ds/", {"endpoint_url": proxy.endpoint}, proxy, client, sizes
 

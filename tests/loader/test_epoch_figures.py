@@ -6,7 +6,6 @@ entered is marked ``read_ahead`` in ``stats()["by_epoch"]``, in no total and no 
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
@@ -14,9 +13,8 @@ import numpy as np
 import pytest
 
 import dalistream
-from dalistream import cli
 
-from helpers import write_tar
+from helpers import index_on_s3, write_tar
 
 pytestmark = [pytest.mark.s3, pytest.mark.dali]
 BUCKET = "epoch-figures"
@@ -39,12 +37,7 @@ def source(moto_endpoint, tmp_path_factory):
         client.upload_file(write_tar(str(folder / f"e-{s:05d}.tar"), members), BUCKET, f"ds/e-{s:05d}.tar")
     # a manifest beside them: without one, Stream.open's count scan would read every shard (through
     # the cache, when there is one) before any epoch
-    saved = os.environ.get("AWS_ENDPOINT_URL")
-    os.environ["AWS_ENDPOINT_URL"] = moto_endpoint
-    try:
-        assert cli.main(["index", f"s3://{BUCKET}/ds/", "-o", f"s3://{BUCKET}/ds/dalistream-manifest.json"]) == 0
-    finally:
-        os.environ.pop("AWS_ENDPOINT_URL") if saved is None else os.environ.update(AWS_ENDPOINT_URL=saved)
+    index_on_s3(moto_endpoint, f"s3://{BUCKET}/ds/")
     return f"s3://{BUCKET}/ds/", {"endpoint_url": moto_endpoint}
 
 
