@@ -40,6 +40,7 @@ from .cachefiles import auto_limit, parse_size
 from .cacheflight import Flight, Flights
 from .cacherange import CachedRange, Count, Fetch, Piece, Progress
 from .folder import folder_problem
+from .openfiles import files_table
 
 log = logging.getLogger(__name__)
 
@@ -279,16 +280,18 @@ class ByteCache:
             lock_fd = files.lock_fetch(lock)
             try:
                 got = self._hit(path, digest, index, count)  # fetched by another process while this one waited
-                if got is None:
+                data: Optional[bytes] = None if got is None else got.data
+                if got is not None and got.block is not None:
+                    out = bytearray(got.length)
+                    try:
+                        n = got.block.read_if_same(memoryview(out), files.HEADER.size)  # (None: evicted since)
+                    finally:
+                        files_table().release(got.block)
+                    data = None if n is None else bytes(out[:n])
+                if data is None:
                     self._fill(path, digest, url, version, index, fetch, flight, lock_fd, count)
                 else:
                     flight.hit = True
-                    data = got.data
-                    if got.block is not None:
-                        try:
-                            data = os.pread(got.block.fd, got.block.length, files.HEADER.size)
-                        finally:
-                            os.close(got.block.fd)
                     flight.finish(data)
             finally:
                 files.unlock_fetch(lock_fd, lock)
@@ -323,7 +326,8 @@ class ByteCache:
         if block is None:
             return None
         self._add(count, hits=1)
-        return Piece(index * self.block_bytes, block.length, block.length < self.block_bytes, block, b"", True)
+        shared = files_table().adopt(path, block.fd)  # (one descriptor per block file in the process, within its budget)
+        return Piece(index * self.block_bytes, block.length, block.length < self.block_bytes, shared, b"", True)
 
     def _fill(self, path: str, digest: bytes, url: str, version: str, index: int, fetch: Fetch,
               flight: Flight, lock_fd: int, count: Optional[Count]) -> None:

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import io
-import os
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
-from .cachefiles import HEADER, Block
+from .cachefiles import HEADER
 from .cacheflight import Flight
+from .openfiles import OpenFile, files_table
 
 #: ``(url, version, start, end, progress)`` -> bytes ``[start, end)``; ``progress`` (None, or a
 #: function) may be given the bytes in order as they arrive
@@ -20,15 +20,16 @@ DIRECT_BYTES = 1 << 20  # up to this many of them
 
 
 class Piece(NamedTuple):
-    """Bytes ``[base, base + length)`` of an object: a kept block's file (``block``, locked shared)
-    or bytes in memory (``data``: fetched, or a kept block read and checked whole), or a block
+    """Bytes ``[base, base + length)`` of an object: a kept block's file (``block``, in the
+    process's table of open files: :class:`~.openfiles.FileTable`, its descriptor locked shared while the
+    table keeps it open) or bytes in memory (``data``: fetched, or a kept block read and checked whole), or a block
     being fetched (``flight``: its bytes as they come, ``length`` the block's at most); ``short``:
     the object ends at ``base + length``; ``hit``: the block was there before this read."""
 
     base: int
     length: int
     short: bool
-    block: Optional[Block]
+    block: Optional[OpenFile]
     data: bytes
     hit: bool
     flight: Optional[Flight] = None
@@ -38,8 +39,10 @@ class CachedRange(io.RawIOBase):
     """Bytes ``[start, end)`` of one object through a :class:`~.cache.ByteCache`, block by block,
     from the functions it gives: ``piece(pos)`` (the :class:`Piece` that holds ``pos``),
     ``direct(start, stop)`` (bytes straight from the store, not kept) and ``add(**counters)``. A
-    kept block is read straight from its file into the caller's buffer (the file locked shared
-    while the stream is on it); a block being fetched in this process is read as its bytes arrive
+    kept block is read straight from its file into the caller's buffer (one descriptor per block
+    file in the process, shared by the streams on it and locked shared, within the budget of the
+    process's table of open files: a block evicted while the table had closed its descriptor is
+    taken again, fetched and counted as a miss); a block being fetched in this process is read as its bytes arrive
     (:mod:`.cacheflight`), and a stream's first :data:`DIRECT_BYTES`, where they are far from
     arriving (the block is fetched from an earlier offset for another stream), are taken straight
     from the store (the first batch waits for a round trip per column, not for a block); bytes
@@ -76,13 +79,24 @@ class CachedRange(io.RawIOBase):
         if left <= 0:
             return 0
         p = self._piece
-        if p is None or not p.base <= self.pos < p.base + p.length:
-            if p is not None and p.short and self.pos >= p.base + p.length:
-                return 0  # the object ends here
-            self._drop()
-            p = self._piece = self._get(self.pos)
-            if self.pos >= p.base + p.length:
-                return 0
+        while True:
+            if p is None or not p.base <= self.pos < p.base + p.length:
+                if p is not None and p.short and self.pos >= p.base + p.length:
+                    return 0  # the object ends here
+                self._drop()
+                p = self._piece = self._get(self.pos)
+                if self.pos >= p.base + p.length:
+                    return 0
+            if p.block is None or p.flight is not None:
+                break
+            n = p.block.read_if_same(view[:min(left, p.base + p.length - self.pos)], HEADER.size + self.pos - p.base)
+            if n is not None:
+                if p.hit:
+                    self._add(cache_bytes=n)
+                self.pos += n
+                return n
+            self._drop()  # evicted while the table had its descriptor closed: taken again (fetched, counted)
+            p = None
         n = min(left, p.base + p.length - self.pos)
         if p.flight is not None:
             if self._direct and p.flight.behind(self.pos - p.base) > FAR_BYTES:
@@ -94,8 +108,6 @@ class CachedRange(io.RawIOBase):
                 n = p.flight.read_into(view[:n], self.pos - p.base)  # (0: the object ends in the block, before pos)
                 if p.flight.hit:
                     self._add(cache_bytes=n)
-        elif p.block is not None:
-            n = os.preadv(p.block.fd, [view[:n]], HEADER.size + self.pos - p.base)
         else:
             at = self.pos - p.base
             view[:n] = p.data[at:at + n]
@@ -107,7 +119,7 @@ class CachedRange(io.RawIOBase):
     def _drop(self) -> None:
         p, self._piece = self._piece, None
         if p is not None and p.block is not None:
-            os.close(p.block.fd)
+            files_table().release(p.block)
         if p is not None and p.flight is not None:
             p.flight.wait()  # a stream left behind is kept (or failed) when the stream moves on or closes
 

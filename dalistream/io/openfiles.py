@@ -22,6 +22,7 @@ entry point), where the system allows it.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import logging
 import os
 import stat
@@ -137,11 +138,13 @@ class OpenFile:
     which file it is (device, inode), the parts reading it (``users``), its descriptor while the
     table keeps one (``fd``), and its mapping."""
 
-    __slots__ = ("path", "url", "identity", "users", "pins", "fd", "gzip", "mapping", "mapped_out", "__weakref__")
+    __slots__ = ("path", "url", "identity", "locked", "users", "pins", "fd", "gzip", "mapping", "mapped_out",
+                 "__weakref__")
 
-    def __init__(self, path: str, url: str, fd: int) -> None:
+    def __init__(self, path: str, url: str, fd: int, locked: bool = False) -> None:
         st = os.fstat(fd)
         self.path, self.url, self.identity, self.fd = path, url, (st.st_dev, st.st_ino), fd
+        self.locked = locked  # a cache block's file: its descriptor holds a shared lock (kept from eviction)
         self.users = self.pins = 0
         self.gzip: Optional[bool] = None
         self.mapping: Any = None  # the file mapped (a view), once a view is asked; False: it cannot be
@@ -170,6 +173,18 @@ class OpenFile:
         """Bytes from ``at`` into ``view`` (a positional read): how many (fewer at the file's end)."""
         table = files_table()
         fd = table.pin(self)
+        try:
+            return os.preadv(fd, [view], at)
+        finally:
+            table.unpin(self)
+
+    def read_if_same(self, view: memoryview, at: int) -> Optional[int]:
+        """:meth:`read_into`, or ``None`` where the table had closed the descriptor and the path no
+        longer names this file (a cache block evicted meanwhile: the caller fetches it again)."""
+        table = files_table()
+        fd = table.try_pin(self)
+        if fd is None:
+            return None
         try:
             return os.preadv(fd, [view], at)
         finally:
@@ -250,6 +265,32 @@ class FileTable:
         self.settle()  # (parts released while the lock was held)
         return entry
 
+    def adopt(self, path: str, fd: int) -> OpenFile:
+        """A cache block's file, opened by the caller (``fd``, locked shared), one part more reading
+        it: where the table has the same file (device and inode) already, its entry, ``fd`` closed
+        (or kept as the entry's descriptor where the table had closed it); else a new entry. Its
+        descriptor, reopened after the table closed it, is locked shared again."""
+        with self.lock:
+            entry = self.files.get(path)
+            st = os.fstat(fd)
+            if entry is not None and entry.identity == (st.st_dev, st.st_ino):
+                if entry.fd is None:
+                    self._room(1)
+                    entry.fd = fd
+                else:
+                    os.close(fd)
+            else:
+                self._room(1)
+                try:
+                    entry = self.files[path] = OpenFile(path, path, fd, locked=True)
+                except BaseException:
+                    os.close(fd)
+                    raise
+            self._holds(entry)
+            entry.users += 1
+        self.settle()
+        return entry
+
     def release(self, entry: OpenFile) -> None:
         """One part less reads ``entry``: the file closes with the last. Counted when the lock is
         free (:meth:`settle`): a part closed while it is held — by the garbage collector
@@ -283,10 +324,23 @@ class FileTable:
         """``entry``'s descriptor, not closed until :meth:`unpin`: opened again where the table
         closed it, checked to be the same file (a :class:`SourceError` ``changed`` where the path
         names another file now, or none)."""
+        fd = self.try_pin(entry)
+        if fd is None:
+            raise SourceError("shard file replaced or removed while it was read (its descriptor had been closed: "
+                              "this worker read more files at once than it keeps open)", url=entry.url,
+                              reason="changed", hint="do not overwrite shards while a job reads them (write a new "
+                                                     "file and rename it over the old one between epochs)")
+        return fd
+
+    def try_pin(self, entry: OpenFile) -> Optional[int]:
+        """:meth:`pin`, or ``None`` where the path names another file now, or none."""
         with self.lock:
             if entry.fd is None:
                 self._room(1)
-                entry.fd = self._reopen(entry)
+                fd = self._reopen(entry)
+                if fd is None:
+                    return None
+                entry.fd = fd
             entry.pins += 1
             self._holds(entry)
             return entry.fd
@@ -321,20 +375,24 @@ class FileTable:
             os.close(held.fd)  # type: ignore[arg-type]
             held.fd = None
 
-    def _reopen(self, entry: OpenFile) -> int:
+    def _reopen(self, entry: OpenFile) -> Optional[int]:
+        """A new descriptor of ``entry``'s path if it still names the same file (a cache block's
+        locked shared first: a block evicted between the open and the lock has no links), else None."""
         try:
-            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NOFOLLOW if entry.locked else 0))
         except OSError:
-            fd = None
-        if fd is not None:
+            return None
+        try:
+            if entry.locked:
+                fcntl.flock(fd, fcntl.LOCK_SH)
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) == entry.identity:
-                return fd
+        except BaseException:
             os.close(fd)
-        raise SourceError("shard file replaced or removed while it was read (its descriptor had been closed: this "
-                          "worker read more files at once than it keeps open)", url=entry.url, reason="changed",
-                          hint="do not overwrite shards while a job reads them (write a new file and rename it "
-                               "over the old one between epochs)")
+            raise
+        if (st.st_dev, st.st_ino) == entry.identity and st.st_nlink:
+            return fd
+        os.close(fd)
+        return None
 
 
 def files_budget(soft: int) -> int:
