@@ -1,5 +1,5 @@
 """Helpers of the byte cache's tests (tests/io/test_cache*.py): the cache folder measured all
-along, a block changed in place, the loader's outputs digested, a training process started."""
+along, a block changed in place, a store's objects in a folder (:class:`Origin`), the loader's outputs digested, a training process started."""
 
 from __future__ import annotations
 
@@ -102,6 +102,26 @@ def cache_folder(tmp_path, name="cache"):
 
 def digests(batch):
     return [(str(k), hashlib.sha256(d if isinstance(d, bytes) else bytes(d.numpy())).hexdigest()[:16]) for k, d in zip(batch["key"], batch["data"])]
+
+
+class Origin:
+    """Objects in a folder standing in for a store; ``fetch`` counts calls per (url, version, start)."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+        os.makedirs(self.folder, exist_ok=True)
+        self.calls = []
+
+    def put(self, url, data):
+        with open(os.path.join(self.folder, url), "wb") as f:
+            f.write(data)
+        return data
+
+    def fetch(self, url, version, start, end, progress=None):
+        self.calls.append((url, version, start, end))
+        with open(os.path.join(self.folder, url), "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
 
 
 def block_files(folder):

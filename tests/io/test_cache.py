@@ -20,38 +20,11 @@ from dalistream.io import cachefiles
 from dalistream.io.cache import ByteCache, parse_size
 from dalistream.io.cachesim import LRUModel, blocks, eviction_slack
 
-from cache_helpers import BOOKKEEPING, FolderWatch, damage
+from cache_helpers import BOOKKEEPING, FolderWatch, Origin, block_files, damage
 from helpers import small_disk
 
 CHILD = os.path.join(os.path.dirname(__file__), "cache_child.py")
 KB = 1 << 10
-
-
-class Origin:
-    """Objects in a folder standing in for a store; ``fetch`` counts calls per (url, version, start)."""
-
-    def __init__(self, folder):
-        self.folder = str(folder)
-        os.makedirs(self.folder, exist_ok=True)
-        self.calls = []
-
-    def put(self, url, data):
-        with open(os.path.join(self.folder, url), "wb") as f:
-            f.write(data)
-        return data
-
-    def fetch(self, url, version, start, end, progress=None):
-        self.calls.append((url, version, start, end))
-        with open(os.path.join(self.folder, url), "rb") as f:
-            f.seek(start)
-            return f.read(end - start)
-
-
-def block_files(folder):
-    out = []
-    for root, _, names in os.walk(folder):
-        out += [os.path.join(root, n) for n in names if n.endswith(".blk")]
-    return sorted(out)
 
 
 @pytest.fixture
