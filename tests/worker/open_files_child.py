@@ -18,7 +18,8 @@ mapping.
 Prints one JSON line: ``digest`` (of every batch, in order), ``batches``, ``base`` (descriptors
 open before the first epoch), ``peak`` (the most open after a batch), ``sockets`` (the most sockets
 open after a batch), ``soft`` (the soft limit of open files the entry point left), ``budget`` (the
-worker's table's).
+worker's table's), ``io_by_epoch`` (the worker's I/O counters per epoch: bytes fetched, the byte
+cache's hits and misses).
 """
 
 import hashlib
@@ -74,7 +75,8 @@ def main() -> None:
             n, s = descriptors()
             peak, sockets = max(peak, n), max(sockets, s)
     print(json.dumps({"digest": digest.hexdigest(), "batches": batches, "base": base, "peak": peak,
-                      "sockets": sockets, "soft": soft, "budget": files_table().limit}), flush=True)
+                      "sockets": sockets, "soft": soft, "budget": files_table().limit,
+                      "io_by_epoch": source._stats.io_epochs()}), flush=True)
 
 
 if __name__ == "__main__":

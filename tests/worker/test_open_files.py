@@ -2,7 +2,8 @@
 interleaved columns it reads: under ``ulimit -n 1024`` a worker of 512 and of 4,096 columns delivers
 the batches it delivers without the limit, its open descriptors within its table's budget, local
 shards with member layouts (a fresh epoch read at once, mapped; a resumed one read by the
-columns) and without (header walk), gzip shards, and S3 (the sockets: the client's pool).
+columns) and without (header walk), gzip shards, S3 (the sockets: the client's pool), and S3
+through the node-local byte cache (its block files: one descriptor each, within the budget).
 
 Each worker runs in a process of its own (``open_files_child.py``): the source is pickled here as
 it is handed to DALI, and the child lives as DALI's worker does (its entry point raises the soft
@@ -26,7 +27,7 @@ import pytest
 from dalistream.config import StreamConfig
 from dalistream.dataset import DataSet
 from dalistream.io.openfiles import files_budget
-from dalistream.io.options import MAX_IN_FLIGHT
+from dalistream.io.options import MAX_IN_FLIGHT, with_cache
 from dalistream.manifest import build_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
@@ -167,6 +168,28 @@ def test_a_worker_reading_s3_holds_no_more_sockets_than_its_client_s_pool(tmp_pa
                         more=str(MAX_IN_FLIGHT + 8), epochs=1, storage_options={"endpoint_url": moto_endpoint})
     assert remote["batches"] == local["batches"] > 0 and remote["digest"] == local["digest"]
     assert remote["sockets"] <= MAX_IN_FLIGHT and remote["peak"] - remote["base"] <= MAX_IN_FLIGHT + 8
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("columns", [512, 4096])
+def test_a_worker_reading_s3_through_the_byte_cache_keeps_its_block_files_within_its_budget(tmp_path, shards,
+                                                                                          s3_shards, moto_endpoint,
+                                                                                          columns):
+    """Reads through the node-local byte cache (``cache=``) hold a cache block's file for each
+    column on it (one per column used to be open: 4,096 columns, 4,096 descriptors): now one per
+    block file, in the worker's table of open files, within its budget. Two epochs, the second
+    from the cache, under ``ulimit -n 1024`` (then no more descriptors than the budget, the
+    client's pool and a few), deliver what the same shards on local disk deliver (the cache set
+    as ``Stream.open`` sets it: :func:`~dalistream.io.options.with_cache`)."""
+    local = run_worker(tmp_path, data_of(shards(8), "manifest"), columns)
+    remote = run_worker(tmp_path, data_of(shards(8), "manifest", s3_shards), columns, limit=(LIMIT, LIMIT),
+                        storage_options=with_cache({"endpoint_url": moto_endpoint}, str(tmp_path / f"cache-{columns}"),
+                                                   None))
+    assert remote["batches"] == local["batches"] > 0 and remote["digest"] == local["digest"]
+    assert remote["peak"] - remote["base"] <= remote["budget"] + SLACK
+    first, second = remote["io_by_epoch"]["0"], remote["io_by_epoch"]["1"]
+    assert first["cache_misses"] > 0 and second["cache_hits"] > 0
+    assert second["cache_misses"] == 0 and second["bytes"] == 0  # (the second epoch read from the cache alone)
 
 
 def test_a_worker_raises_its_soft_limit_to_the_hard_one_and_keeps_a_share_of_it(tmp_path, shards):
