@@ -1,5 +1,5 @@
-"""A process's open shard files: one table (:class:`FileTable`), the one place a worker opens the
-local files it reads, within a budget of descriptors.
+"""A process's open shard files: one table (:class:`FileTable`), the one place a worker keeps the
+local files it reads open (shards, and the byte cache's blocks), within a budget of descriptors.
 
 A worker reading interleaved columns reads a part of some shard for each of its batch positions
 at once: 512 columns kept 512 files open, and as many again in the descriptors Python's ``mmap``
@@ -10,7 +10,11 @@ and the table keeps at most its ``limit`` of descriptors open: past that, the fi
 least recently has its descriptor closed (its parts stay open) and is opened again when it is
 next read — checked to be the same file (device and inode): one replaced or removed meanwhile is
 a :class:`~dalistream.errors.SourceError` naming it (``reason="changed"``), never another file's
-bytes. A file is closed with its last part. Mappings keep no descriptor (:func:`map_file`: libc's
+bytes. A file is closed with its last part. The byte cache's block files (:mod:`.cache`) are
+read through the same table (:meth:`FileTable.adopt`), their descriptors locked shared (a block
+open in a process is not evicted); a block's path that names another file, or none, when its
+descriptor is opened again (evicted by another process meanwhile) is not an error there: the
+stream takes the block again, from the cache (checked as a new block) or the store. Mappings keep no descriptor (:func:`map_file`: libc's
 ``mmap``, not Python's, which holds a duplicate of the file's descriptor as long as it lives).
 
 The budget (:func:`files_budget`): :data:`FILES_SHARE` of the process's soft limit of open files
