@@ -171,21 +171,22 @@ def test_a_worker_reading_s3_holds_no_more_sockets_than_its_client_s_pool(tmp_pa
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("columns", [512, 4096])
+@pytest.mark.parametrize("columns, limit", [(512, 512), (4096, LIMIT)], ids=["512-ulimit-512", "4096-ulimit-1024"])
 def test_a_worker_reading_s3_through_the_byte_cache_keeps_its_block_files_within_its_budget(tmp_path, shards,
                                                                                           s3_shards, moto_endpoint,
-                                                                                          columns):
+                                                                                          columns, limit):
     """Reads through the node-local byte cache (``cache=``) hold a cache block's file for each
     column on it (one per column used to be open: 4,096 columns, 4,096 descriptors): now one per
     block file, in the worker's table of open files, within its budget. Two epochs, the second
-    from the cache, under ``ulimit -n 1024`` (then no more descriptors than the budget, the
-    client's pool and a few), deliver what the same shards on local disk deliver (the cache set
+    from the cache, under ``ulimit -n`` below the columns' descriptors (512 columns under 512, 4,096
+    under 1,024; then no more descriptors than the budget, the client's pool and a few), deliver what the same shards on local disk deliver (the cache set
     as ``Stream.open`` sets it: :func:`~dalistream.io.options.with_cache`)."""
     local = run_worker(tmp_path, data_of(shards(8), "manifest"), columns)
-    remote = run_worker(tmp_path, data_of(shards(8), "manifest", s3_shards), columns, limit=(LIMIT, LIMIT),
+    remote = run_worker(tmp_path, data_of(shards(8), "manifest", s3_shards), columns, limit=(limit, limit),
                         storage_options=with_cache({"endpoint_url": moto_endpoint}, str(tmp_path / f"cache-{columns}"),
                                                    None))
     assert remote["batches"] == local["batches"] > 0 and remote["digest"] == local["digest"]
+    assert remote["soft"] == limit and remote["budget"] == files_budget(limit) < columns
     assert remote["peak"] - remote["base"] <= remote["budget"] + SLACK
     first, second = remote["io_by_epoch"]["0"], remote["io_by_epoch"]["1"]
     assert first["cache_misses"] > 0 and second["cache_hits"] > 0
