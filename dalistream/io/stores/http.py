@@ -72,20 +72,28 @@ def ranged_get(pool: Any, url: str, headers: Dict[str, str], start: int, end: Op
     return range_answer(answer, shown or url, start, end, version, credentials)
 
 
+def given_back(answer: Any) -> None:
+    """Give ``answer``'s connection back to the pool with its (short) body read and dropped: a
+    connection given back with bytes unread would hand them to the next request on it as the start
+    of its answer."""
+    answer.drain_conn()
+    answer.release_conn()
+
+
 def range_answer(answer: Any, shown: str, start: int, end: Optional[int], version: Optional[str],
                  credentials: str) -> Answer:
     """The :class:`Answer` of a ranged GET's response (see :func:`ranged_get`)."""
     wanted = range_header(start, end)
     if answer.status == 416 and wanted:
-        answer.release_conn()
+        given_back(answer)
         return Answer(Empty(), start, version)
     if answer.status not in (200, 206):
-        answer.release_conn()
+        given_back(answer)
         raise status_error(answer.status, "", shown, "object", credentials)
     length = answer.headers.get("Content-Length")
     new_version = answer.headers.get("ETag") or answer.headers.get("Last-Modified")
     if version and new_version and new_version != version:
-        answer.release_conn()
+        answer.close()  # its body is the whole new object: not worth reading to keep the connection
         raise changed(shown)
     if wanted and answer.status == 200:
         try:
