@@ -58,53 +58,64 @@ def add_parser(subparsers: Any) -> None:
         if action.dest == "buckets":
             action.help += "; dalistream reads with them, alternating with dalistream-nobuckets (the same without)"
     p.set_defaults(batch_size=64, func=run)
-    p.add_argument("--epochs", type=int, default=1, help="epochs per run (each system's own epochs)")
-    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto", help="where images are decoded")
-    p.add_argument("--pipeline", default="classification_train", metavar="|".join(PIPELINES) + "|video_clips_train|audio_train",
-                   help="classification_train: decode + augment (random-resized-crop, flip, normalize; DALI decodes "
-                        "only the crop window); classification_full: the same with the whole image decoded first, as "
-                        "the PIL peers (webdataset, litdata, mosaicml) do in both; feed: bytes "
-                        "into the graph, ending in fn.shapes (the cost of feeding alone); read-only: bytes to Python; "
-                        "video_clips_train, audio_train: the media loaders beside a torch DataLoader decoding the same "
-                        "clips with PyAV and DALI's own file reader (dalistream/tools/bench/media.py). "
-                        "Several, comma-separated, run one after the other (e.g. feed,classification_train)")
-    p.add_argument("--size", type=int, default=224, help="output image side (classification_train, classification_full)")
-    p.add_argument("--threads", type=int, default=2, help="DALI num_threads for both DALI pipelines")
-    p.add_argument("--compare", default="", help=f"comma-separated peers: {','.join(PEERS)} (litdata and mosaicml "
-                   "convert the samples to their formats first, timed apart as convert_s: pip install 'dalistream[peers]')")
-    p.add_argument("--repeats", type=int, default=3, help="alternating runs per system")
-    p.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
-                   help="repeat the comparison over values of workers, batch-size, threads or shards "
-                        "(shards=16,160: the first N shards of the sources)")
-    p.add_argument("--merge-only", action="store_true",
-                   help="measure the merge of W tiny sources (no data): ms per batch for --merge-workers")
-    p.add_argument("--merge-workers", default="1,2,4,8", help="W values for --merge-only")
-    p.add_argument("--merge-batches", type=int, default=200, help="timed batches per --merge-only run")
-    p.add_argument("--merge-bytes", default="1",
-                   help="--merge-only: payload bytes per sample, N or LO-HI (the slot's rows spread from LO to HI)")
-    p.add_argument("--merge-method", choices=["concat", "conditional"], default="concat",
-                   help="--merge-only: sum/concatenation (dalistream's merge of scalar and 1-D fields) or the "
-                        "owner index's conditionals (other fields)")
-    p.add_argument("--plot", default=None, metavar="FILE.png", help="with --sweep: plot samples/s against the swept value")
-    p.add_argument("--lean-main", action="store_true",
-                   help="run each measurement as `python -c` (no main script for DALI's spawned workers to import "
-                        "again) instead of a script that imports torch at the top, as training scripts do")
-    p.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
-    p.add_argument("--json", action="store_true", help="progress on stderr; the last stdout line is one JSON object")
-    p.add_argument("--shape", default=None, metavar="LATENCY,RATE",
-                   help="read object store sources (a plain http --endpoint-url) and http:// sources through a loopback proxy giving every "
-                        "connection this latency to first byte and bandwidth, e.g. 40ms,3MB/s")
-    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=INT",
-                   help="an integer storage option for the runs, e.g. parts_in_flight=4 or part_bytes=1048576")
-    p.add_argument("--cache", default=None, metavar="DIR",
-                   help="dalistream reads remote shards through a node-local byte cache, in a new folder under DIR "
-                        "for each run (its first epoch fills it, the next ones read it); the same sources without "
-                        "the cache alternate with it as dalistream-nocache. Use --epochs 2 or more")
-    p.add_argument("--cache-limit", default=None, metavar="SIZE", help="with --cache: its limit (e.g. 800GB, 512MiB)")
-    p.add_argument("--local-copy", action="append", default=[], metavar="SOURCE",
-                   help="the same shards on a local disk (same names, same order), read directly without a cache "
-                        "as dalistream-local, alternating with the other systems")
-
+    measure = p.add_argument_group("what to measure")
+    measure.add_argument("--epochs", type=int, default=1, help="epochs per run (each system's own epochs)")
+    measure.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto", help="where images are decoded")
+    measure.add_argument("--pipeline", default="classification_train",
+                         metavar="|".join(PIPELINES) + "|video_clips_train|audio_train",
+                         help="classification_train: decode + augment (random-resized-crop, flip, normalize; DALI "
+                              "decodes only the crop window); classification_full: the same with the whole image "
+                              "decoded first, as the PIL peers (webdataset, litdata, mosaicml) do in both; feed: bytes "
+                              "into the graph, ending in fn.shapes (the cost of feeding alone); read-only: bytes to "
+                              "Python; video_clips_train, audio_train: the media loaders beside a torch DataLoader "
+                              "decoding the same clips with PyAV and DALI's own file reader "
+                              "(dalistream/tools/bench/media.py). Several, comma-separated, run one after the other "
+                              "(e.g. feed,classification_train)")
+    measure.add_argument("--size", type=int, default=224,
+                         help="output image side (classification_train, classification_full)")
+    measure.add_argument("--threads", type=int, default=2, help="DALI num_threads for both DALI pipelines")
+    peers = p.add_argument_group("peers and rounds")
+    peers.add_argument("--compare", default="",
+                       help=f"comma-separated peers: {','.join(PEERS)} (litdata and mosaicml convert the samples to "
+                            "their formats first, timed apart as convert_s: pip install 'dalistream[peers]')")
+    peers.add_argument("--repeats", type=int, default=3, help="alternating runs per system")
+    peers.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
+                       help="repeat the comparison over values of workers, batch-size, threads or shards "
+                            "(shards=16,160: the first N shards of the sources)")
+    peers.add_argument("--plot", default=None, metavar="FILE.png",
+                       help="with --sweep: plot samples/s against the swept value")
+    peers.add_argument("--lean-main", action="store_true",
+                       help="run each measurement as `python -c` (no main script for DALI's spawned workers to import "
+                            "again) instead of a script that imports torch at the top, as training scripts do")
+    peers.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
+    peers.add_argument("--json", action="store_true",
+                       help="progress on stderr; the last stdout line is one JSON object")
+    remote = p.add_argument_group("remote reads")
+    remote.add_argument("--shape", default=None, metavar="LATENCY,RATE",
+                        help="read object store sources (a plain http --endpoint-url) and http:// sources through a "
+                             "loopback proxy giving every connection this latency to first byte and bandwidth, e.g. "
+                             "40ms,3MB/s")
+    remote.add_argument("--storage-option", action="append", default=[], metavar="KEY=INT",
+                        help="an integer storage option for the runs, e.g. parts_in_flight=4 or part_bytes=1048576")
+    remote.add_argument("--cache", default=None, metavar="DIR",
+                        help="dalistream reads remote shards through a node-local byte cache, in a new folder under DIR "
+                             "for each run (its first epoch fills it, the next ones read it); the same sources without "
+                             "the cache alternate with it as dalistream-nocache. Use --epochs 2 or more")
+    remote.add_argument("--cache-limit", default=None, metavar="SIZE",
+                        help="with --cache: its limit (e.g. 800GB, 512MiB)")
+    remote.add_argument("--local-copy", action="append", default=[], metavar="SOURCE",
+                        help="the same shards on a local disk (same names, same order), read directly without a cache "
+                             "as dalistream-local, alternating with the other systems")
+    merge = p.add_argument_group("the merge alone (--merge-only: no data)")
+    merge.add_argument("--merge-only", action="store_true",
+                       help="measure the merge of W tiny sources (no data): ms per batch for --merge-workers")
+    merge.add_argument("--merge-workers", default="1,2,4,8", help="W values for --merge-only")
+    merge.add_argument("--merge-batches", type=int, default=200, help="timed batches per --merge-only run")
+    merge.add_argument("--merge-bytes", default="1",
+                       help="--merge-only: payload bytes per sample, N or LO-HI (the slot's rows spread from LO to HI)")
+    merge.add_argument("--merge-method", choices=["concat", "conditional"], default="concat",
+                       help="--merge-only: sum/concatenation (dalistream's merge of scalar and 1-D fields) or the "
+                            "owner index's conditionals (other fields)")
 
 def _local_size(url: str) -> Optional[int]:
     from ...io.local import local_path
