@@ -133,5 +133,20 @@ def start_child(spec_path):
                             text=True, start_new_session=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
 
 
+def run_children(spec_paths):
+    """One job per spec file (:func:`start_child`), all at once; each must exit 0 (its stderr's end
+    shown otherwise); whatever any of them left running is killed."""
+    from helpers import end_group  # (here, not at the top: this file also runs alone as the folder's watch)
+
+    procs = [start_child(path) for path in spec_paths]
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err[-3000:]
+    finally:
+        for p in procs:
+            end_group(p)
+
+
 if __name__ == "__main__":
     watch(sys.argv[1])

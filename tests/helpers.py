@@ -417,3 +417,15 @@ def index_on_s3(endpoint: str, prefix: str) -> None:
             raise RuntimeError(f"dalistream index {prefix} failed")
     finally:
         os.environ.pop("AWS_ENDPOINT_URL") if saved is None else os.environ.update(AWS_ENDPOINT_URL=saved)
+
+
+#: What a launcher (torchrun, Slurm's srun wrappers) sets, and a test's own processes must not inherit.
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launcher_free_env(**extra: str) -> Dict[str, str]:
+    """This process's environment less :data:`LAUNCHER_VARS`, with ``extra`` set: for processes a
+    test starts as the ranks of a job of its own."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env.update(extra)
+    return env

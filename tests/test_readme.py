@@ -23,7 +23,7 @@ from typing import List, NamedTuple, Optional
 
 import pytest
 
-from helpers import free_port
+from helpers import free_port, launcher_free_env
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -157,10 +157,7 @@ def test_runnable_block_runs_as_written(block, data_folder, tmp_path):
 
 
 def clean_env(tmp_path) -> dict:
-    env = dict(os.environ, DALISTREAM_CACHE=str(tmp_path / "cache"), PYTHONPATH=ROOT)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    return env
+    return launcher_free_env(DALISTREAM_CACHE=str(tmp_path / "cache"), PYTHONPATH=ROOT)
 
 
 RUN_LINE = re.compile(r"^# run: (.+)$", re.M)

@@ -15,8 +15,8 @@ import dalistream
 from dalistream.io.cache import BLOCK_BYTES, ByteCache
 from dalistream.io.cachefiles import parse_size
 
-from cache_helpers import BOOKKEEPING, FolderWatch, block_files, cache_folder, damage, digests, start_child
-from helpers import end_group, index_on_s3, write_tar
+from cache_helpers import BOOKKEEPING, FolderWatch, block_files, cache_folder, damage, digests, run_children
+from helpers import index_on_s3, write_tar
 
 pytestmark = [pytest.mark.s3, pytest.mark.dali, pytest.mark.slow, pytest.mark.timeout(900)]
 BUCKET = "cache-limits"
@@ -108,14 +108,7 @@ def test_jobs_at_once_on_one_folder_share_its_limit(store, reference, tmp_path, 
         (tmp_path / f"job-{job}.spec.json").write_text(json.dumps(spec))
         specs.append((str(tmp_path / f"job-{job}.spec.json"), spec["out"]))
     with FolderWatch(folder) as watch:
-        procs = [start_child(path) for path, _ in specs]
-        try:
-            for p in procs:
-                _, err = p.communicate(timeout=600)
-                assert p.returncode == 0, err[-3000:]
-        finally:
-            for p in procs:
-                end_group(p)
+        run_children([path for path, _ in specs])
     for _, out in specs:
         with open(out) as f:
             assert [[[tuple(s) for s in b] for b in e] for e in json.load(f)["epochs"]] == reference

@@ -25,7 +25,7 @@ from dalistream.io.cachesim import LRUModel, eviction_slack
 from dalistream.plan import worker_plan
 from dalistream.tools.proxy import ShapingProxy
 
-from cache_helpers import block_files, cache_folder, digests, start_child
+from cache_helpers import block_files, cache_folder, digests, run_children, start_child
 from helpers import end_group, index_on_s3, small_disk, wait_until, write_tar
 
 pytestmark = [pytest.mark.s3, pytest.mark.dali, pytest.mark.timeout(900)]
@@ -185,14 +185,7 @@ def test_two_ranks_of_one_node_fetch_each_block_once(store, tmp_path):
     # workers fetched a block would end that fetch, and the other rank would fetch the block again)
     specs = [child_spec(tmp_path, store, folder, rank, 2, together=str(tmp_path)) for rank in range(2)]
     before = proxy.counts()
-    procs = [start_child(spec) for spec, _ in specs]
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=600)
-            assert p.returncode == 0, err[-3000:]
-    finally:
-        for p in procs:
-            end_group(p)
+    run_children([spec for spec, _ in specs])
     after = proxy.counts()
     results = [json.loads(open(out).read()) for _, out in specs]
     blocks = block_files(folder)

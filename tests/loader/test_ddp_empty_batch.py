@@ -17,7 +17,7 @@ import pytest
 
 from dalistream.tools.synth import encode, make_image
 
-from helpers import REPO, end_group, free_port, write_tar
+from helpers import REPO, end_group, free_port, launcher_free_env, write_tar
 
 pytestmark = [pytest.mark.dali, pytest.mark.slow]
 
@@ -58,9 +58,7 @@ def test_ddp_training_runs_through_an_empty_batch(tmp_path, case):
     out = tmp_path / "out"
     out.mkdir()
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = REPO
+    env = launcher_free_env(PYTHONPATH=REPO)
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_empty_train.py"), str(r), str(world), str(port),
                                data, str(out), policy], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env, cwd=str(tmp_path), start_new_session=True) for r in range(world)]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, free_port, key_shards, shard_keys
+from helpers import REPO, free_port, key_shards, launcher_free_env, shard_keys
 
 pytestmark = [pytest.mark.dali, pytest.mark.slow]
 
@@ -29,9 +29,7 @@ def test_ddp_evaluation_with_a_collective_per_batch_completes(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = REPO
+    env = launcher_free_env(PYTHONPATH=REPO)
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_eval.py"), str(r), str(port), str(out), *args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
     try:
