@@ -22,8 +22,8 @@ from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 
 from ..errors import DalistreamError, SampleError, ShardFormatError
 from ..io.counters import ReadClock
-from .buffer import CHUNK, StreamBuffer
-from .headers import BLOCK, checksum_ok, damaged, header_name, losing, no_end_marker, number, parse_pax
+from .headers import (BLOCK, CHUNK, StreamBuffer, checksum_ok, damaged, header_name, losing, no_end_marker, number,
+                      parse_pax)
 
 ZERO = bytes(BLOCK)
 FILE, OTHER = 0, 1  # member kinds yielded: a regular file, a link/device/fifo (grouped, never read)

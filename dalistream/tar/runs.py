@@ -10,7 +10,7 @@ its own); a local file's part of more than a run and a half is cut instead into 
 no copy, and no buffer, so their length costs no memory: a worker reading many columns reads each
 column's part in a run or a few, not in tens). It checks each run's member headers in one
 gather: the ``ustar`` magic and the size field of every header at once, as
-:func:`~dalistream.tar.sliced.sliced_samples` checks them one by one. A :class:`Run` is the run's
+:func:`~dalistream.tar.samples.sliced_samples` checks them one by one. A :class:`Run` is the run's
 bytes with its samples' member positions; its members are views of those bytes
 (:mod:`dalistream.worker.rows` decodes them in bulk); :meth:`Run.cut` cuts a share of it over
 the same bytes (:func:`ranges_runs` cuts ranges of a shard that lie apart out of its mapping, a
@@ -30,10 +30,8 @@ import numpy as np
 
 from ..errors import DalistreamError, ShardFormatError
 from ..io.counters import ReadClock
-from .buffer import CHUNK, StreamBuffer
-from .headers import BLOCK, header_name
-from .samples import Sample, split_name
-from .sliced import after_last, sliced_samples
+from .headers import BLOCK, CHUNK, StreamBuffer, header_name
+from .samples import Sample, after_last, sliced_samples, split_name
 
 #: A run is at least this long (a worker reading many columns at once reads each with a small
 #: share of the buffer: runs of a few samples would cost more than they save)
@@ -232,7 +230,7 @@ def sliced_runs(
     geometry: Optional[Geometry] = None, arena: Optional[Arena] = None, first_runs: Sequence[int] = (),
 ) -> Iterator[Union[Run, Sample]]:
     """Samples ``first, first + 1, …`` of a regular shard as :class:`Run` s of about
-    ``max(chunk, MIN_RUN_BYTES)`` bytes; the arguments are :func:`~dalistream.tar.sliced.sliced_samples`'
+    ``max(chunk, MIN_RUN_BYTES)`` bytes; the arguments are :func:`~dalistream.tar.samples.sliced_samples`'
     (whose sample dicts stand in for a run that does not pass its check, up to its damage, and
     for a part whose samples are too large for runs of :data:`MIN_RUN_SAMPLES`). ``last``: as
     there, the end-of-archive marker is checked after the last sample. ``geometry``: the

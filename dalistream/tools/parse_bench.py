@@ -21,7 +21,7 @@ from ..manifest import scan_shard
 from ..manifest.offsets import SampleOffsets
 from ..manifest.rows import ShardInfo, ShardRows
 from ..tar import iter_samples
-from ..tar.sliced import sliced_samples
+from ..tar.samples import sliced_samples
 from ..worker import WorkerSource
 from ..worker.policy import ErrorPolicy
 from ..worker.stats import WorkerStats

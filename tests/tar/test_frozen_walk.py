@@ -34,7 +34,7 @@ from dalistream.manifest import scan_shard
 from dalistream.manifest.rows import ShardRows
 from dalistream.tar import iter_samples
 from dalistream.tar.runs import Arena
-from dalistream.tar.sliced import sliced_samples
+from dalistream.tar.samples import sliced_samples
 from dalistream.tar.walked import walked_runs
 
 URL = "frozen-0000.tar"  # every reader is told this URL: the messages do not depend on the test's folder

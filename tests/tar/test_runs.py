@@ -14,7 +14,7 @@ from dalistream.manifest import scan_shard
 from dalistream.manifest.rows import ShardRows
 from dalistream.tar import runs
 from dalistream.tar.runs import Run, sliced_runs
-from dalistream.tar.sliced import sliced_samples
+from dalistream.tar.samples import sliced_samples
 
 from helpers import by_headers, maps_file, random_samples, shard, short_runs, write_tarfile
 

@@ -13,7 +13,7 @@ import pytest
 from dalistream.errors import ShardFormatError
 from dalistream.manifest import scan_shard
 from dalistream.manifest.rows import ShardRows
-from dalistream.tar.sliced import sliced_samples
+from dalistream.tar.samples import sliced_samples
 
 from helpers import by_headers, random_samples, shard, write_tarfile
 
