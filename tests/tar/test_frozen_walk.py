@@ -294,7 +294,8 @@ def walks() -> Dict[str, Any]:
             out[name] = _walks(raw, path)
             base = "pax mtime" if name.startswith("pax mtime") else "ustar" if name in (
                 "ustar", "gnu sparse", "base-256 size", "misplaced header", "appended archive", "bytes after the end", "one sample more",
-                "checksum", "size of a label one more", "zero header mid shard") or name.startswith("cut ") else None
+                "checksum", "size of a label one more", "zero header mid shard", "size not a number", "size with a nine",
+                "size base-256 negative", "size larger than the shard") or name.startswith("cut ") else None
             if base is not None and layouts[base].members is not None:
                 out[name].update(_sliced(raw, path, layouts[base], layouts[base].samples))
         plain = every["ustar"]
