@@ -259,9 +259,7 @@ class StreamBuffer:
                 self.pos = max(self.pos, block - self.base)
                 self.fill(BLOCK - lead)
                 header = bytes(lead) + bytes(self.view[self.pos:min(self.pos + BLOCK - lead, self.end)])
-                member = None
-                if len(header) == BLOCK and checksum_ok(header):
-                    member = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                member = header_name(header) if len(header) == BLOCK and checksum_ok(header) else None
                 after = f"member {printable(member)} at offset {block}" if member else f"data at offset {at}"
                 if block - zero_at >= 2 * BLOCK:  # a whole end-of-archive marker came first
                     what = ("a second archive appended after the first one's end (`cat a.tar b.tar`), or blocks "

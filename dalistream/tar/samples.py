@@ -176,11 +176,6 @@ def iter_samples(
         yield current
 
 
-def _size(arr: bytearray, at: int, url: str) -> int:
-    """The size field of the header at ``arr[at:]`` (any encoding the header walk reads)."""
-    return number(bytes(arr[at + 124:at + 136]), url, "size", at)
-
-
 arr_startswith = bytearray.startswith
 
 
@@ -228,9 +223,10 @@ def sliced_samples(
                     f"corrupt tar: no tar header at offset {position + skip}, where the manifest's member layout puts one",
                     url=url, reason="bad_tar",
                     hint="if the shard was rewritten after it was indexed, rebuild the manifest with `dalistream index`")
-            if not arr_startswith(r.arr, b"%011o" % size, at + 124) and _size(r.arr, at, url) != size:
+            if not arr_startswith(r.arr, b"%011o" % size, at + 124) and (
+                    written := number(bytes(r.arr[at + 124:at + 136]), url, "size", position + skip)) != size:
                 raise ShardFormatError(
-                    f"corrupt tar: the member at offset {position + skip} has {_size(r.arr, at, url)} bytes, the "
+                    f"corrupt tar: the member at offset {position + skip} has {written} bytes, the "
                     f"manifest's member layout says {size}", url=url, member=header_name(r.arr, at), reason="bad_tar",
                     hint="if the shard was rewritten after it was indexed, rebuild the manifest with `dalistream index`")
             if j == 0:

@@ -95,6 +95,21 @@ def test_a_lone_zero_block_mid_shard_is_damage_under_raise_and_skip(tmp_path, va
         worker_run([bad], [info.samples])
 
 
+@pytest.mark.parametrize("zeros", [1, 2])
+@pytest.mark.parametrize("name", ["k004.jpg", "d" * 120 + "/k004.jpg", "e" * 90 + "/" + "f" * 60 + ".jpg"])
+def test_the_member_after_zero_blocks_is_named_whole(tmp_path, zeros, name):
+    """The member found after a lone zero block or an end-of-archive marker is named as the walk
+    names it, with the ustar prefix of a long name (``prefix/name``), not its last 100 bytes."""
+    good = write_tar(str(tmp_path / "good.tar"), members(3) + [(name, b"x" * 600)] + members(2, start=5))
+    at = header_offsets(good)["k002.cls"][0]  # a label's header and its one data block, or the header alone
+    bad = damage(good, str(tmp_path / "bad.tar"), at, bytes(512 * zeros) if zeros == 2 else bytes(512))
+    if zeros == 1:  # (the label's data follow the zeroed header: zero the block with the name behind it)
+        bad = damage(bad, bad, at + 512, bytes(512))
+    with pytest.raises(ShardFormatError) as e:
+        samples_of(bad)
+    assert e.value.member == name and f"followed by member {name!r}" in str(e.value)
+
+
 def test_zero_blocks_at_the_real_end_are_the_end(tmp_path):
     path = write_tar(str(tmp_path / "t.tar"), members(3))
     data = open(path, "rb").read()

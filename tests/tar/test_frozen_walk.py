@@ -12,7 +12,10 @@ the tar stage was merged into fewer modules) with this module's :func:`walks`::
 
     python tests/tar/test_frozen_walk.py > tests/tar/data/walks.json
 
-Written again only for a change of the readers' behaviour that is meant, and said."""
+Written again only for a change of the readers' behaviour that is meant, and said: once since, for
+two messages that named the wrong thing (the member after an end-of-archive marker without its
+ustar prefix; a bad size field read by the layout at its place in the read buffer, not in the
+shard); every sample, member and other error as 980b398 gave them."""
 
 from __future__ import annotations
 

@@ -97,3 +97,24 @@ def test_a_cut_shard_is_truncated_and_trailing_samples_show(tmp_path):
     got = by_layout(longer, info, 0, 10)
     assert len(got) == 11 and got[-1]["__index__"] == 10  # one more than counted: the reader reports it
     assert os.path.getsize(longer) > os.path.getsize(path)
+
+
+@pytest.mark.parametrize("field", [b"0000xyz0000\0", b"00000000009\0", b"\xff" * 12])
+def test_a_bad_size_field_names_its_header_where_the_shard_has_it(tmp_path, field):
+    """A size field that is no number, read by the layout, names the tar offset of its header,
+    whatever part is read and however large the reads: not a place in the reader's buffer."""
+    path = shard(tmp_path, "ustar", 2, n=12)
+    info = scan_shard(path, offsets=True)
+    raw = bytearray(open(path, "rb").read())
+    at = info.offsets[7]  # sample 7's first header
+    raw[at + 124:at + 136] = field
+    raw[at + 148:at + 156] = b" " * 8
+    raw[at + 148:at + 156] = b"%06o\0 " % sum(raw[at:at + 512])
+    bad = str(tmp_path / "bad.tar")
+    with open(bad, "wb") as f:
+        f.write(bytes(raw))
+    for first, chunk in ((0, 1 << 20), (3, 1 << 20), (5, 8192), (0, 8192)):
+        with pytest.raises(ShardFormatError) as e:
+            by_layout(bad, info, first, 12, chunk=chunk)
+        assert e.value.reason == "bad_tar" and e.value.url == bad
+        assert f"in the header at offset {at} " in str(e.value), (first, chunk, str(e.value))
