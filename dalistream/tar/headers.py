@@ -101,14 +101,11 @@ def parse_pax(data: bytes, url: str, offset: int) -> Dict[str, bytes]:
     return out
 
 
-_GZIP_ERRORS = (EOFError, zlib.error)
-
-
 def read_error(error: BaseException, url: str) -> DalistreamError:
     """A read error of the byte stream as a dalistream error: bad gzip data is the shard's fault,
     any other I/O error the source's."""
     text = f"{type(error).__name__}: {error}"
-    if isinstance(error, _GZIP_ERRORS) or type(error).__name__ == "BadGzipFile":
+    if isinstance(error, (EOFError, zlib.error)) or type(error).__name__ == "BadGzipFile":
         return ShardFormatError(f"corrupt or truncated gzip data ({text})", url=url, reason="bad_gzip",
                                 hint="re-compress or re-upload the shard")
     return SourceError(f"read error ({text})", url=url, reason="read_error")

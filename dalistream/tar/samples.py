@@ -258,8 +258,7 @@ def after_last(r: StreamBuffer, url: str, index: int, offset: int) -> Iterator[S
     end-of-archive marker (nothing), or another header: one more (empty) sample numbered
     ``index``, for the caller to report; bytes ending there instead are a truncated shard."""
     n = min(r.fill(BLOCK), BLOCK)
-    header = bytes(r.view[r.pos:r.pos + n])
-    if n < BLOCK and not header.strip(b"\0"):
-        raise no_end_marker(url)
-    if header.strip(b"\0"):
+    if r.arr[r.pos:r.pos + n].strip(b"\0"):
         yield {"__url__": url, "__index__": index, "__offset__": offset}
+    elif n < BLOCK:
+        raise no_end_marker(url)
