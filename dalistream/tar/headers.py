@@ -50,17 +50,19 @@ def damaged(message: str, url: str, member: Optional[str] = None) -> ShardFormat
                             hint="the shard is damaged: re-write or re-upload it")
 
 
-def number(field: bytes, url: str, what: str, offset: int) -> int:
-    """A numeric header field: octal text, or GNU base-256 (first byte 0x80; 0xff is negative)."""
-    if field and field[0] & 0x80:
+def header_size(header, url: str, offset: int) -> int:
+    """The size field of the 512-byte ``header`` (at tar ``offset``): octal text, or GNU base-256
+    (first byte 0x80; 0xff is negative)."""
+    field = bytes(header[124:136])
+    if field[0] & 0x80:
         if field[0] != 0x80:
-            raise damaged(f"negative or malformed {what} field (base-256) in the header at offset {offset}", url)
+            raise damaged(f"negative or malformed size field (base-256) in the header at offset {offset}", url)
         return int.from_bytes(field[1:], "big")
     text = field.split(b"\0", 1)[0].strip()
     if not text:
         return 0
     if not text.isdigit() or b"8" in text or b"9" in text:
-        raise damaged(f"bad {what} field {bytes(text[:20])!r} in the header at offset {offset}", url)
+        raise damaged(f"bad size field {text[:20]!r} in the header at offset {offset}", url)
     return int(text, 8)
 
 

@@ -22,7 +22,7 @@ from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 
 from ..errors import DalistreamError, SampleError, ShardFormatError
 from ..io.counters import ReadClock
-from .headers import (BLOCK, CHUNK, StreamBuffer, checksum_ok, damaged, header_name, losing, no_end_marker, number,
+from .headers import (BLOCK, CHUNK, StreamBuffer, checksum_ok, damaged, header_name, header_size, losing, no_end_marker,
                       parse_pax)
 
 ZERO = bytes(BLOCK)
@@ -136,9 +136,9 @@ def walk(
             try:
                 size = int(text, 8)
             except ValueError:  # an 8 or a 9
-                size = number(header[124:136], url, "size", offset)
+                size = header_size(header, url, offset)
         else:
-            size = number(header[124:136], url, "size", offset)
+            size = header_size(header, url, offset)
         name = header_name(header)
         padded = (size + BLOCK - 1) & -BLOCK
         if kind in _EXTENDED:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import SampleError, ShardFormatError, SourceError, printable
 from ..io.counters import ReadClock
-from .headers import BLOCK, CHUNK, StreamBuffer, header_name, no_end_marker, number
+from .headers import BLOCK, CHUNK, StreamBuffer, header_name, header_size, no_end_marker
 from .members import walk
 
 
@@ -224,7 +224,7 @@ def sliced_samples(
                     url=url, reason="bad_tar",
                     hint="if the shard was rewritten after it was indexed, rebuild the manifest with `dalistream index`")
             if not arr_startswith(r.arr, b"%011o" % size, at + 124) and (
-                    written := number(bytes(r.arr[at + 124:at + 136]), url, "size", position + skip)) != size:
+                    written := header_size(r.arr[at:at + BLOCK], url, position + skip)) != size:
                 raise ShardFormatError(
                     f"corrupt tar: the member at offset {position + skip} has {written} bytes, the "
                     f"manifest's member layout says {size}", url=url, member=header_name(r.arr, at), reason="bad_tar",
