@@ -279,41 +279,40 @@ def _sliced(raw: bytes, path: str, members, samples: int) -> Dict[str, Any]:
     return out
 
 
-def walks() -> Dict[str, Any]:
-    """Every shard's readings (the fixture)."""
+def walks(folder: str) -> Dict[str, Any]:
+    """Every shard's readings (the fixture), its shards written in ``folder``."""
     out: Dict[str, Any] = {}
     every = shards()
-    with tempfile.TemporaryDirectory() as folder:
-        layouts = {}
-        for base in ("ustar", "pax mtime"):
-            path = os.path.join(folder, "layout.tar")
-            with open(path, "wb") as f:
-                f.write(every[base])
-            layouts[base] = scan_shard(path, offsets=True)
-        for name, raw in every.items():
-            path = os.path.join(folder, f"s{len(out)}.tar")
-            with open(path, "wb") as f:
-                f.write(raw)
-            out[name] = _walks(raw, path)
-            base = "pax mtime" if name.startswith("pax mtime") else "ustar" if name in (
-                "ustar", "gnu sparse", "base-256 size", "misplaced header", "appended archive", "bytes after the end", "one sample more",
-                "checksum", "size of a label one more", "zero header mid shard", "size not a number", "size with a nine",
-                "size base-256 negative", "size larger than the shard") or name.startswith("cut ") else None
-            if base is not None and layouts[base].members is not None:
-                out[name].update(_sliced(raw, path, layouts[base], layouts[base].samples))
-        plain = every["ustar"]
-        for name, raw in (("gzip", gzip.compress(plain, 6, mtime=0)),
-                          ("gzip without its trailer", gzip.compress(plain, 6, mtime=0)[:-4]),
-                          ("gzip with bytes after it", gzip.compress(plain, 6, mtime=0) + b"junk"),
-                          ("gzip cut mid stream", gzip.compress(plain, 6, mtime=0)[:2000])):
-            path = os.path.join(folder, f"g{len(out)}.tar.gz")
-            with open(path, "wb") as f:
-                f.write(raw)
-            with open_shard(path) as f:
-                got = record(iter_samples(f, URL, mark_errors=True))
-            if name == "gzip cut mid stream":  # (how much of a cut stream inflates is zlib's: the error only)
-                got = {"error": got["error"]}
-            out[name] = {"skip": got}
+    layouts = {}
+    for base in ("ustar", "pax mtime"):
+        path = os.path.join(folder, "layout.tar")
+        with open(path, "wb") as f:
+            f.write(every[base])
+        layouts[base] = scan_shard(path, offsets=True)
+    for name, raw in every.items():
+        path = os.path.join(folder, f"s{len(out)}.tar")
+        with open(path, "wb") as f:
+            f.write(raw)
+        out[name] = _walks(raw, path)
+        base = "pax mtime" if name.startswith("pax mtime") else "ustar" if name in (
+            "ustar", "gnu sparse", "base-256 size", "misplaced header", "appended archive", "bytes after the end", "one sample more",
+            "checksum", "size of a label one more", "zero header mid shard", "size not a number", "size with a nine",
+            "size base-256 negative", "size larger than the shard") or name.startswith("cut ") else None
+        if base is not None and layouts[base].members is not None:
+            out[name].update(_sliced(raw, path, layouts[base], layouts[base].samples))
+    plain = every["ustar"]
+    for name, raw in (("gzip", gzip.compress(plain, 6, mtime=0)),
+                      ("gzip without its trailer", gzip.compress(plain, 6, mtime=0)[:-4]),
+                      ("gzip with bytes after it", gzip.compress(plain, 6, mtime=0) + b"junk"),
+                      ("gzip cut mid stream", gzip.compress(plain, 6, mtime=0)[:2000])):
+        path = os.path.join(folder, f"g{len(out)}.tar.gz")
+        with open(path, "wb") as f:
+            f.write(raw)
+        with open_shard(path) as f:
+            got = record(iter_samples(f, URL, mark_errors=True))
+        if name == "gzip cut mid stream":  # (how much of a cut stream inflates is zlib's: the error only)
+            got = {"error": got["error"]}
+        out[name] = {"skip": got}
     for readings in out.values():  # each shard's errors written once, its readers naming theirs by number
         errors: List[Any] = []
         for got in readings.values():
@@ -332,11 +331,11 @@ def _number(errors: List[Any], error: Any) -> Any:
     return errors.index(error)
 
 
-def test_the_readers_give_what_they_gave_before():
+def test_the_readers_give_what_they_gave_before(tmp_path):
     """Every shard, reader and option: the samples, runs and errors of the frozen expectation."""
     with open(FIXTURE) as f:
         expected = json.load(f)
-    got = json.loads(json.dumps(walks()))
+    got = json.loads(json.dumps(walks(str(tmp_path))))
     assert sorted(got) == sorted(expected)
     for shard_name in expected:
         assert sorted(got[shard_name]) == sorted(expected[shard_name]), shard_name
@@ -345,7 +344,8 @@ def test_the_readers_give_what_they_gave_before():
 
 
 if __name__ == "__main__":  # one line a shard and reader
-    readings = walks()
+    with tempfile.TemporaryDirectory() as folder:
+        readings = walks(folder)
     sys.stdout.write("{\n" + ",\n".join(f"{json.dumps(shard)}: {{" + ", ".join(
         f"{json.dumps(reader)}: {json.dumps(got, sort_keys=True)}" for reader, got in sorted(readings[shard].items()))
         + "}" for shard in sorted(readings)) + "\n}\n")
