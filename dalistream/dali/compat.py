@@ -9,6 +9,8 @@ warns once when another version is found, naming the shims that may need a look.
   (``Pipeline._shutdown``, ``_py_pool.close``) and the pool's observer thread (``_observer``).
 - The entry point DALI's worker pool starts its processes with (``_multiproc.pool.worker``),
   wrapped so that every worker ends with the process that started it (:func:`workers_die_with_parent`).
+- The queues of that pool (``_multiproc.pool.ShmQueue``, its ``cv_not_empty``): a condition whose
+  notify does not wait for the woken process (:func:`light_queues`).
 - The CUDA state DALI's backend sees (``IsDriverInitialized``, ``GetCUDADeviceCount``; the count
   is asked in a child process by :func:`dalistream.dali.device.gpu_count`, so that this one's CUDA
   stays uninitialized and workers may fork).
@@ -161,6 +163,82 @@ def workers_die_with_parent() -> None:
 
     if not isinstance(pool.worker, _ParentWatched):
         pool.worker = _ParentWatched(pool.worker, threading.main_thread().ident)
+
+
+# -- the pool's queues ---------------------------------------------------------------------------
+
+class QueueCondition:
+    """A condition for processes, in place of ``multiprocessing.Condition`` in the queues of DALI's
+    worker pool (``ShmQueue.cv_not_empty``), whose :meth:`notify` does not wait for the woken
+    process to run. multiprocessing's ``notify`` blocks, holding the queue's lock, until the
+    sleeper has woken and said so (``_woken_count``): a handshake between processes for every task
+    sent to a worker and every batch a worker returns, which costs a context switch each on a
+    loaded machine, and which never ends when the sleeper died meanwhile.
+
+    Two counting semaphores: ``sleeping`` counts the waiters not yet woken, ``wake`` the wake-ups
+    not yet taken; every waiter inside :meth:`wait` is counted by exactly one of them (a waiter
+    whose timeout ran out takes its own count back, or, if a notify took it first, that notify's
+    wake-up). A waiter that registers under the lock before it sleeps cannot miss a later notify;
+    a wake-up may go to another waiter than the longest sleeping (waiters re-check their predicate,
+    as with any condition); a waiter that died asleep leaves a count whose wake-up wakes the next
+    waiter once, spuriously, instead of hanging the notifier."""
+
+    def __init__(self, ctx: Any, lock: Any) -> None:
+        self._lock = lock
+        self._sleeping = ctx.Semaphore(0)
+        self._wake = ctx.Semaphore(0)
+
+    def __enter__(self) -> bool:
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.__exit__(*exc)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Release the lock (held by the caller), sleep until notified or ``timeout`` seconds
+        passed, take the lock again; whether notified."""
+        self._sleeping.release()
+        self._lock.release()
+        try:
+            woken = self._wake.acquire(True, timeout)
+            if not woken and not self._sleeping.acquire(False):
+                self._wake.acquire()  # a notify counted this waiter meanwhile: its wake-up is this one's
+                woken = True
+            return woken
+        finally:
+            self._lock.acquire()
+
+    def notify(self, n: int = 1) -> None:
+        """Wake up to ``n`` waiters (the caller holds the lock), without waiting for them."""
+        for _ in range(n):
+            if not self._sleeping.acquire(False):
+                return
+            self._wake.release()
+
+
+class _LightQueues:
+    """DALI's ``ShmQueue`` constructor as ``_multiproc.pool`` calls it, each queue then given a
+    :class:`QueueCondition` on its own lock."""
+
+    def __init__(self, make: Callable) -> None:
+        self.make = make
+
+    def __call__(self, mp: Any, capacity: int) -> Any:
+        queue = self.make(mp, capacity)
+        queue.cv_not_empty = QueueCondition(mp, queue.lock)
+        return queue
+
+
+def light_queues() -> None:
+    """Have the queues of every worker pool DALI makes from now on (tasks to the workers, results
+    back) wake their waiters with a :class:`QueueCondition`. DALI makes them with
+    ``ShmQueue(mp, capacity=...)``, ``ShmQueue`` looked up in ``_multiproc.pool`` at each pool:
+    that name is wrapped, once per process; the queues travel to spawned workers with their
+    condition."""
+    from nvidia.dali._multiproc import pool
+
+    if not isinstance(pool.ShmQueue, _LightQueues):
+        pool.ShmQueue = _LightQueues(pool.ShmQueue)
 
 
 # -- the graph ----------------------------------------------------------------------------------

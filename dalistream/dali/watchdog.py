@@ -24,7 +24,7 @@ import weakref
 from typing import Any, Iterator, Optional, Tuple
 
 from ..errors import WorkerError
-from .compat import (forget_observer, main_hidden_from_spawn, run_batch, shutdown, worker_processes,
+from .compat import (forget_observer, light_queues, main_hidden_from_spawn, run_batch, shutdown, worker_processes,
                      workers_die_with_parent)
 
 log = logging.getLogger(__name__)
@@ -233,6 +233,7 @@ def _starting_workers(method: str, hide: bool) -> Iterator[None]:
         print(f"dalistream worker: {error.message} (see the error of the main process)", file=sys.stderr, flush=True)
         raise SystemExit(1)
     workers_die_with_parent()  # a training process killed by any signal takes its workers with it
+    light_queues()  # no handshake between processes per task sent and batch returned
     reruns = method == "spawn" and not hide
     if reruns:
         unguarded = unguarded_main_line()

@@ -445,3 +445,286 @@ def test_dali_workers_end_with_a_parent_killed_by_sigkill(tmp_path, method):
         for p in workers:
             if alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+# -- the pool's queues: QueueCondition across real processes -------------------------------------
+
+def _light_queue(capacity=8):
+    """A queue of DALI's worker pool as DALI's pool makes one once :func:`compat.light_queues` ran
+    (fork: the consumers inherit its shared memory)."""
+    import multiprocessing
+
+    from nvidia.dali._multiproc import pool
+
+    compat.light_queues()
+    compat.light_queues()  # once per process: never wrapped twice
+    assert isinstance(pool.ShmQueue, compat._LightQueues) and not isinstance(pool.ShmQueue.make, compat._LightQueues)
+    ctx = multiprocessing.get_context("fork")
+    queue = pool.ShmQueue(ctx, capacity=capacity)
+    assert isinstance(queue.cv_not_empty, compat.QueueCondition)
+    return ctx, queue
+
+
+def _message(i):
+    from nvidia.dali._multiproc.messages import ShmMessageDesc
+
+    return ShmMessageDesc(-1, i, 0, 0, 0)
+
+
+def _consume(queue, out, ready=None):
+    """A consumer process: every message's chunk id to ``out`` until the queue is closed."""
+    if ready is not None:
+        ready.set()
+    while True:
+        got = queue.get()
+        if got is None:
+            out.put(None)
+            return
+        for msg in got:
+            out.put(msg.shm_chunk_id)
+
+
+def _finish(processes, timeout=30):
+    """Join ``processes``; the ones still running after ``timeout`` are killed and the test fails."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [p for p in processes if p.exitcode is None]
+    for p in hung:
+        p.kill()
+        p.join(5)
+    assert not hung, f"{len(hung)} of {len(processes)} processes hung"
+    return [p.exitcode for p in processes]
+
+
+def _put_within(queue, msgs, timeout=10):
+    """``queue.put(msgs)`` on a helper thread: ``"put"``, ``"full"`` (DALI's queue refuses more than
+    its capacity), or ``"hung"`` when it did not return within ``timeout`` seconds."""
+    import threading
+
+    said = []
+
+    def put():
+        try:
+            queue.put(msgs)
+            said.append("put")
+        except RuntimeError as e:
+            said.append("full" if "full" in str(e) else repr(e))
+
+    thread = threading.Thread(target=put, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return said[0] if said else "hung"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("consumers,items,burst", [(1, 400, 1), (3, 600, 1), (4, 600, 5), (6, 300, 8)])
+def test_queue_condition_hands_every_item_to_exactly_one_of_several_consumers(consumers, items, burst):
+    import queue as std_queue
+    import time
+
+    ctx, queue = _light_queue(capacity=16)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_consume, args=(queue, out), daemon=True) for _ in range(consumers)]
+    for p in procs:
+        p.start()
+    sent = 0
+    deadline = time.monotonic() + 60
+    while sent < items and time.monotonic() < deadline:
+        n = min(burst, items - sent)
+        said = _put_within(queue, [_message(sent + k) for k in range(n)])
+        assert said in ("put", "full")
+        if said == "put":
+            sent += n
+        else:  # the consumers are behind
+            time.sleep(0.001)
+    got = []
+    ended = 0
+    while ended < consumers and time.monotonic() < deadline:
+        if len(got) == sent:
+            queue.close()  # every consumer, asleep or not, ends (close wakes one, each wakes the next)
+        try:
+            item = out.get(timeout=1)
+        except std_queue.Empty:
+            continue
+        if item is None:
+            ended += 1
+        else:
+            got.append(item)
+    assert _finish(procs) == [0] * consumers
+    assert sent == items and sorted(got) == list(range(items))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("consumers", [1, 2, 5])
+def test_queue_condition_close_wakes_every_waiting_consumer(consumers):
+    import time
+
+    ctx, queue = _light_queue()
+    out = ctx.Queue()
+    readies = [ctx.Event() for _ in range(consumers)]
+    procs = [ctx.Process(target=_consume, args=(queue, out, r), daemon=True) for r in readies]
+    for p in procs:
+        p.start()
+    assert all(r.wait(30) for r in readies)
+    time.sleep(0.2)  # let them reach the wait (if one is late, close() is seen without waiting: same outcome)
+    queue.close()
+    assert _finish(procs) == [0] * consumers
+    assert [out.get(timeout=5) for _ in range(consumers)] == [None] * consumers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("live_before", [False, True])
+@pytest.mark.parametrize("dead", [1, 3])
+def test_queue_condition_a_waiter_that_died_neither_hangs_a_put_nor_loses_an_item(dead, live_before):
+    """multiprocessing's Condition.notify waits for the woken process to say so: a waiter killed
+    asleep (the out-of-memory killer) hangs the next put for ever, holding the queue's lock."""
+    import os
+    import signal
+    import time
+
+    ctx, queue = _light_queue()
+    out = ctx.Queue()
+    live = []
+
+    def start_live():
+        ready = ctx.Event()
+        live.append(ctx.Process(target=_consume, args=(queue, out, ready), daemon=True))
+        live[-1].start()
+        assert ready.wait(30)
+
+    if live_before:
+        start_live()
+    ready = [ctx.Event() for _ in range(dead)]
+    doomed = [ctx.Process(target=_consume, args=(queue, out, r), daemon=True) for r in ready]
+    for p in doomed:
+        p.start()
+    assert all(r.wait(30) for r in ready)
+    time.sleep(0.3)  # asleep in get()
+    for p in doomed:
+        os.kill(p.pid, signal.SIGKILL)
+    assert [code for code in _finish(doomed)] == [-signal.SIGKILL] * dead
+    for i in range(3):
+        assert _put_within(queue, [_message(i)]) == "put", "put hung on the dead waiters"
+        if i == 0 and not live_before:
+            start_live()
+    assert sorted(out.get(timeout=30) for _ in range(3)) == [0, 1, 2]
+    queue.close()
+    assert _finish(live) == [0]
+
+
+def test_queue_condition_wait_times_out_and_leaves_no_stale_wake_up():
+    import multiprocessing
+    import threading
+    import time
+
+    ctx = multiprocessing.get_context("fork")
+    lock = ctx.Lock()
+    cv = compat.QueueCondition(ctx, lock)
+    with cv:
+        assert cv.wait(0.05) is False
+        cv.notify()  # nobody waits: nothing is kept for later
+        assert cv.wait(0.05) is False
+    woken = []
+
+    def waiter():
+        with cv:
+            woken.append(cv.wait(30))
+
+    threads = [threading.Thread(target=waiter, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+
+    def until(condition):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with cv:
+                if condition():
+                    return True
+            time.sleep(0.001)
+        return False
+
+    assert until(lambda: cv._sleeping.get_value() == 3)  # all three asleep
+    with cv:
+        cv.notify(2)
+    assert until(lambda: len(woken) == 2)
+    with cv:
+        assert woken == [True, True] and cv._sleeping.get_value() == 1
+        cv.notify(5)  # more than wait: one wakes, nothing left over
+    for t in threads:
+        t.join(30)
+    assert woken == [True] * 3 and cv._sleeping.get_value() == 0 and cv._wake.get_value() == 0
+
+
+LIGHT_PIPELINE = """
+import sys
+import numpy as np
+from nvidia.dali import fn, pipeline_def
+from nvidia.dali._multiproc import pool
+from dalistream.config import StreamConfig
+from dalistream.dali import compat
+from dalistream.dali.watchdog import spawn_without_main
+from lightsource import Counting
+
+W = 3
+
+@pipeline_def(batch_size=4, num_threads=1, device_id=None, py_num_workers=W, py_start_method=sys.argv[1],
+              prefetch_queue_depth=int(sys.argv[3]))
+def pipe():
+    return tuple(fn.external_source(source=Counting(w), batch=True, parallel=True, cycle="quiet",
+                                    prefetch_queue_depth=int(sys.argv[3])) for w in range(W))
+
+if __name__ == "__main__":
+    p = pipe()
+    with spawn_without_main(StreamConfig(sources=("-",), fields={"x": "bin"}, batch_size=4), sys.argv[1]):
+        p.build()
+    procs = p._py_pool.pool
+    queues = [procs._result_queue] + [c.dedicated_task_queue for c in procs._workers_contexts]
+    assert len(queues) == W + 1 and all(isinstance(q.cv_not_empty, compat.QueueCondition) for q in queues)
+    for i in range(int(sys.argv[2])):
+        for w, out in enumerate(p.run()):
+            got = [np.asarray(out[k]).tolist() for k in range(4)]
+            assert got == [[w, i % 251, k] * (k + 1) for k in range(4)], (i, w, got)
+    compat.shutdown(p)
+    print("ok", flush=True)
+"""
+
+LIGHT_SOURCE = """
+import numpy as np
+
+class Counting:
+    def __init__(self, w):
+        self.w, self.i = w, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = [np.array([self.w, self.i % 251, k] * (k + 1), np.uint8) for k in range(4)]
+        self.i += 1
+        return batch
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,prefetch", [("fork", 1), ("fork", 3), ("spawn", 2)])
+def test_dali_pools_run_many_batches_on_light_queues(tmp_path, method, prefetch):
+    """A pipeline whose workers are started as dalistream starts them (its queues then wake their
+    waiters with a QueueCondition) runs many batches of three parallel sources, every batch whole
+    and in order; it never hangs (the run is killed after its timeout)."""
+    import os
+
+    from helpers import REPO
+
+    (tmp_path / "lightsource.py").write_text(LIGHT_SOURCE)
+    script = tmp_path / "pipe.py"
+    script.write_text(LIGHT_PIPELINE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, str(tmp_path)])}
+    try:
+        done = subprocess.run([sys.executable, str(script), method, "600", str(prefetch)], capture_output=True,
+                              text=True, timeout=240, env=env, cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the pipeline hung")
+    assert done.returncode == 0 and done.stdout.split() == ["ok"], done.stderr[-3000:]

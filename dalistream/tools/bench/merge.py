@@ -70,7 +70,7 @@ def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
     from nvidia.dali import fn, pipeline_def
 
     from ...config import StreamConfig
-    from ...dali.compat import shutdown
+    from ...dali.compat import light_queues, shutdown
     from ...dali.graph import merged as merged_nodes, owner_of, receive_blobs, transfer_of, valid_of
     from .monitor import tree_cpu_s
 
@@ -98,6 +98,7 @@ def run_merge(spec: Dict[str, Any]) -> Dict[str, Any]:
                                         branches)
         return (*fields, valid)
 
+    light_queues()  # as dalistream's loader starts its pools
     pipe = merged()
     pipe.build()
     build_s = time.perf_counter() - t0
