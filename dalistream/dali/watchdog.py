@@ -3,9 +3,9 @@ with the process that started them (:func:`dalistream.lifetime.die_with_parent`)
 a batch is awaited (no hang on a dead worker); shut down in bounded time.
 
 A DALI worker killed by a signal (the out-of-memory killer) can leave ``pipe.run()`` blocked for
-ever on a multiprocessing condition the dead process was waiting on. ``watched_run`` runs it on
-a helper thread and watches the worker processes meanwhile; ``stop_pipe`` shuts the pipeline
-down and kills what is left.
+ever on a queue lock the dead process held. ``watched_run`` runs it on a helper thread and
+watches the worker processes meanwhile; ``stop_pipe`` shuts the pipeline down and kills what is
+left.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ _SHUTDOWN_AFTER_DEATH_S = 2.0
 class _Runner:
     """A daemon thread that runs ``pipe.run()`` for a caller who waits on it with a timeout.
 
-    A DALI worker killed by a signal can leave ``pipe.run()`` blocked for ever (on a
-    multiprocessing condition the dead process was waiting on); the caller, not being blocked,
-    sees the dead process and raises instead. One thread per pipeline, so DALI is always called
+    A DALI worker killed by a signal can leave ``pipe.run()`` blocked for ever (on a queue lock
+    the dead process held); the caller, not being blocked, sees the dead process and raises
+    instead. One thread per pipeline, so DALI is always called
     from the same thread."""
 
     def __init__(self) -> None:
