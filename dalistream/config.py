@@ -19,7 +19,7 @@ from .errors import ConfigError, redact
 from .io.cache import parse_size
 from .kinds import IMAGE_EXTS, KINDS, Kind, is_image_ext, kind_for
 from .plan.layout import Layout, Schedule, is_int as _is_int
-from .plan.nodes import Nodes
+from .plan.affinity import Nodes
 from .plan.shapes import AspectBuckets, LengthBuckets, check_stream
 
 __all__ = ["Field", "IMAGE_EXTS", "StreamConfig", "is_image_ext", "parse_field", "parse_fields", "reading_order"]

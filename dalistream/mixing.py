@@ -12,13 +12,18 @@ spread over it (:func:`dalistream.plan.mix.column_sizes`); ``interleave=False`` 
 source's span per worker through the shuffle buffer instead. A shard listed by two sources is
 refused (:func:`check_disjoint`). The composition is the mix's own, stratified per batch. On
 another layout mid-epoch it goes on by
-:mod:`dalistream.plan.mixresume` (default epochs, ``per_batch="sample"``).
+:class:`dalistream.plan.mix.MixResume` (default epochs, ``per_batch="sample"``).
 
 **Buckets** (``buckets=``): :func:`bucketed` is the last step of the resolution: the buckets are
 resolved from the manifests' per-sample keys (``AspectBuckets.auto`` from every source's), every
 sample's bucket is kept in its data set (:attr:`~dalistream.dataset.DataSet.buckets`), and the
 first epoch is planned once, so that a layout the plan refuses fails before any worker starts.
-A mix is bucketed with ``per_batch="source"`` only (:mod:`dalistream.plan.bucketmix`).
+A mix is bucketed with ``per_batch="source"`` only (:class:`dalistream.plan.buckets.BucketMix`).
+
+The input, checked before anything is listed: ``{name: (source, weight)}`` or ``{name: {"source":
+…, "weight": …, "manifest": …, "storage_options": …}}`` (:func:`parse_mix`), and ``NAME=WEIGHT:SOURCE``
+on a command line (:func:`parse_mix_arg`); every bad input is a :class:`~dalistream.errors.ConfigError`
+that names the source.
 
 What each worker reads of an epoch, mix or not, bucketed or not, is the one plan of
 :func:`dalistream.plan.epochplan.epoch_plan`; this module resolves the data it plans.
@@ -28,9 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import numbers
 import os
+import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,13 +50,117 @@ from .io.local import local_path
 from .io.stores import any_remote
 from .manifest import SampleOffsets, count_samples
 from .manifest.files import manifest_reader, manifest_urls
-from .plan import Layout, MixEpoch, Schedule, parse_mix
-from .plan.bucketmix import check_bucket_mix
+from .plan import Layout, MixEpoch, Schedule
+from .plan.buckets import check_bucket_mix
 from .plan.epochplan import check_buckets, mix_epoch
 from .plan.mix import check_options
 from .sources import expand_sources, is_remote
 
 log = logging.getLogger(__name__)
+
+
+# -- a mix as given: {name: (source, weight)} or a dict per source; NAME=WEIGHT:SOURCE on a command line
+
+MIX_KEYS = ("source", "weight", "manifest", "storage_options")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class MixSource:
+    """One named source of a mix: where its shards are, its weight (normalised: all weights of
+    the mix sum to 1), and optionally its manifest and storage options."""
+
+    name: str
+    source: Any
+    weight: float
+    manifest: Optional[Any] = None
+    storage_options: Optional[Mapping[str, Any]] = None
+
+
+def _name(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"mix: a source name must be a non-empty string, got {name!r}")
+    return name
+
+
+def check_weight(name: str, weight: Any) -> float:
+    """``weight`` as a float, or a ConfigError naming source ``name``: the weight must be a real
+    number (not a bool), finite and greater than zero."""
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
+        raise ConfigError(f"mix: source {name!r}: weight must be a number, got {weight!r}")
+    value = float(weight)
+    if not math.isfinite(value):
+        raise ConfigError(f"mix: source {name!r}: weight must be finite, got {weight!r}")
+    if value <= 0:
+        raise ConfigError(f"mix: source {name!r}: weight must be greater than 0, got {weight!r}",
+                          hint="leave the source out of the mix instead of giving it weight 0")
+    return value
+
+
+def check_weights(weights: Mapping[str, Any]) -> Dict[str, float]:
+    """The weights of ``{name: weight}`` checked (:func:`check_weight`) and normalised to sum 1,
+    in the mapping's order."""
+    if not isinstance(weights, Mapping) or not weights:
+        raise ConfigError(f"mix: needs at least one source, got {weights!r}")
+    raw = {_name(name): check_weight(name, w) for name, w in weights.items()}
+    total = math.fsum(raw.values())
+    if not math.isfinite(total):
+        raise ConfigError("mix: the weights' sum is not finite", hint="give weights of a smaller scale")
+    return {name: w / total for name, w in raw.items()}
+
+
+def _entry(name: str, value: Any) -> Dict[str, Any]:
+    if isinstance(value, Mapping):
+        unknown = [k for k in value if k not in MIX_KEYS]
+        if unknown:
+            raise ConfigError(f"mix: source {name!r}: unknown key {unknown[0]!r}", hint=f"the keys are {MIX_KEYS}")
+        entry = dict(value)
+        entry.setdefault("weight", 1.0)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        entry = {"source": value[0], "weight": value[1]}
+    else:
+        raise ConfigError(f"mix: source {name!r}: expected (source, weight) or a dict with keys {MIX_KEYS}, "
+                          f"got {value!r}")
+    source = entry.get("source")
+    if source is None or (isinstance(source, (str, list, tuple)) and len(source) == 0):
+        raise ConfigError(f"mix: source {name!r}: missing source (shard paths or URLs)")
+    options = entry.get("storage_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigError(f"mix: source {name!r}: storage_options must be a dict, got {options!r}")
+    return entry
+
+
+def parse_mix(mapping: Mapping[str, Any]) -> List[MixSource]:
+    """The sources of a mix, in the mapping's order, weights normalised. Each entry is
+    ``name: (source, weight)`` or ``name: {"source": …, "weight": …, "manifest": …,
+    "storage_options": …}`` (``weight`` defaults to 1 in the dict form)."""
+    if not isinstance(mapping, Mapping) or not mapping:
+        raise ConfigError(f"mix: expected a non-empty mapping of named sources, got {mapping!r}")
+    entries = {_name(name): _entry(name, value) for name, value in mapping.items()}
+    weights = check_weights({name: e["weight"] for name, e in entries.items()})
+    return [MixSource(name, e["source"], weights[name], e.get("manifest"), e.get("storage_options"))
+            for name, e in entries.items()]
+
+
+def parse_mix_arg(text: str) -> Tuple[str, float, str]:
+    """``"web=0.7:s3://a/web-{0000..0009}.tar"`` → ``("web", 0.7, "s3://a/web-{0000..0009}.tar")``:
+    a command line's ``NAME=WEIGHT:SOURCE`` (the weight not yet normalised)."""
+    usage = "expected NAME=WEIGHT:SOURCE, e.g. web=0.7:s3://bucket/web-{0000..0009}.tar"
+    name, eq, rest = str(text).partition("=")
+    weight_text, colon, source = rest.partition(":")
+    if not eq or not colon:
+        raise ConfigError(f"mix: cannot read {text!r}: {usage}")
+    name = name.strip()
+    if not _NAME.match(name):
+        raise ConfigError(f"mix: cannot read {text!r}: the name {name!r} must be letters, digits, '_', '.' or '-'",
+                          hint=usage)
+    try:
+        weight = float(weight_text)
+    except ValueError:
+        raise ConfigError(f"mix: source {name!r}: weight must be a number, got {weight_text!r}", hint=usage) from None
+    if not source.strip():
+        raise ConfigError(f"mix: source {name!r}: missing source after {name}={weight_text}:", hint=usage)
+    return name, check_weight(name, weight), source.strip()
 
 
 @dataclass(frozen=True)

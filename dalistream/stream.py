@@ -22,9 +22,8 @@ from .io.options import with_cache
 from .dali.device import check_start_method, resolve_device
 from .mixing import Mix, bucketed, concatenated, open_mix, reading_order_for, resolve_source
 from .plan import Layout, check_layout, steps_per_epoch
-from .plan.cached import affine_plan
-from .plan.epochplan import epoch_plan, plan_head, planned_layout
-from .plan.nodes import ranks_per_node, resolve_nodes
+from .plan.epochplan import affine_plan, epoch_plan, plan_head, planned_layout
+from .plan.affinity import ranks_per_node, resolve_nodes
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +80,7 @@ def local_processes(env: Mapping[str, str]) -> int:
 def node_ranks(rank: int, world_size: int, env: Mapping[str, str], affinity: Any, given: Any) -> Any:
     """``ranks_per_node`` for the config, at the entry point: with ``affinity="node"``, ``given``
     (checked against the launcher's node of this rank) or the launcher's (``LOCAL_WORLD_SIZE``,
-    ``SLURM_NTASKS_PER_NODE``; :func:`~dalistream.plan.nodes.resolve_nodes`); ``None`` when the
+    ``SLURM_NTASKS_PER_NODE``; :func:`~dalistream.plan.affinity.resolve_nodes`); ``None`` when the
     launcher names none (every rank on one node, said once). Otherwise ``given`` as it is (the
     config refuses what does not fit, by name)."""
     if affinity != "node" or (given is not None and not (isinstance(given, int) and not isinstance(given, bool)

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from dalistream.dataset import DataSet
 from dalistream.manifest.offsets import SampleOffsets
-from dalistream.plan import Layout, ResumePlan, epoch_layout
+from dalistream.plan import Layout, epoch_layout
+from dalistream.plan.affinity import AffinePlan
 from dalistream.plan.shuffle import shuffled
 from dalistream.tar import iter_samples, runs
 
@@ -275,7 +276,7 @@ def run_epoch(counts, schedule, epoch, layouts, steps_run, shuffle):
     (the last one to its end)."""
     segments, delivered = [], []
     for k, layout in enumerate(layouts):
-        plan = ResumePlan(counts, layout, schedule, epoch, segments, shuffle)
+        plan = AffinePlan(counts, layout, None, schedule, epoch, columns=False, shuffle=shuffle, segments=segments)
         steps = plan.steps if k == len(layouts) - 1 else min(steps_run[k], plan.steps)
         for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
             wp = plan.worker(r, w)

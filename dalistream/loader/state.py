@@ -54,7 +54,7 @@ from ..io.options import remote_options
 from ..manifest.scan import content_version
 from ..plan import Layout, check_segments, continued
 from ..plan.affinity import node_owner
-from ..plan.affinityview import cache_kept
+from ..plan.affinity import cache_kept
 from ..sources import is_remote
 from ..stream import Stream, relative_names
 
@@ -316,7 +316,7 @@ def node_report(stream: Stream, saved_nodes: Optional[int]) -> Optional[Dict[str
     """With ``affinity="node"``: this rank's node, the job's nodes, the shards and samples its node
     owns, and after a resume from a state of ``saved_nodes`` nodes (another count),
     ``cache_kept``: the share of what the node now reads that it owned under the old count (what
-    its cache still holds, :func:`~dalistream.plan.affinityview.cache_kept`); ``None`` without affinity."""
+    its cache still holds, :func:`~dalistream.plan.affinity.cache_kept`); ``None`` without affinity."""
     c, counts = stream.config, stream.data.counts
     if c.nodes is None or counts is None:
         return None

@@ -4,7 +4,7 @@ data and reads it from the local disk from the second epoch on. Pure functions o
 layout, :class:`Nodes`, schedule, epoch[, segments]).
 
 **Nodes**: ``N`` nodes of ``L`` ranks each; rank ``r`` is on node ``r // L`` (the block placement
-of torchrun and of ``srun``). :func:`~.nodes.resolve_nodes` works the value out at an entry point.
+of torchrun and of ``srun``). :func:`resolve_nodes` works the value out at an entry point.
 
 **Ownership** (:func:`node_owner`): the shards, largest count first (equal counts in an order
 drawn from the seed), each to the node holding the fewest samples so far. The nodes' samples
@@ -40,13 +40,14 @@ part as above, its nodes' unowned tails (``even``) being spans that deliver noth
 segment's even left-out samples are drawn as above: :func:`level_zero`). So a
 resume onto another node count continues the epoch with every sample once (``exact``) and each
 node's remaining samples are those of the shards it owns under the new count
-(:func:`~.affinityview.cache_kept` says how much of each node's cache that keeps).
+(:func:`cache_kept` says how much of each node's cache that keeps).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -54,9 +55,72 @@ from ..errors import ConfigError, StateError
 from . import seeds
 from .bucketworker import stable_argsort
 from .layout import Layout, Schedule
-from .nodes import Nodes, ranks_per_node, resolve_nodes
 from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, left_out_positions, slot_starts, span_bounds
 from .resume import Remaining, Stretch, kept_first_runs, kth_positions, merged_runs, runs_to_parts
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """``count`` nodes of ``ranks_per_node`` ranks each; rank ``r`` is on node ``r // ranks_per_node``."""
+
+    count: int
+    ranks_per_node: int
+
+    def __post_init__(self) -> None:
+        for name in ("count", "ranks_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ConfigError(f"nodes: {name} must be a positive integer, got {value!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.count * self.ranks_per_node
+
+    def node_of(self, rank: int) -> int:
+        """The node of ``rank``."""
+        return rank // self.ranks_per_node
+
+
+def ranks_per_node(env: Mapping[str, str]) -> Optional[int]:
+    """Training processes per node as the launcher says: ``LOCAL_WORLD_SIZE`` (torchrun), else
+    ``SLURM_NTASKS_PER_NODE`` (srun; its first number), else None."""
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        text = env.get(name, "").split("(", 1)[0].split(",", 1)[0]
+        if text.strip().isdigit() and int(text) > 0:
+            return int(text)
+    return None
+
+
+def resolve_nodes(rank: int, world_size: int, env: Mapping[str, str], nodes: Optional[int] = None) -> Nodes:
+    """The :class:`Nodes` of a job, at an entry point: ``nodes`` given (the world split in that
+    many), else from the launcher's environment (``LOCAL_WORLD_SIZE``, ``SLURM_NTASKS_PER_NODE``;
+    none: one node). The node the launcher names for this rank (``GROUP_RANK``, ``SLURM_NODEID``)
+    must be the one the block placement gives it, else a :class:`ConfigError`."""
+    if nodes is not None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or world_size % nodes:
+            raise ConfigError(f"nodes must be a positive integer dividing the world size {world_size}, got {nodes!r}")
+        layout = Nodes(nodes, world_size // nodes)
+    else:
+        per = ranks_per_node(env)
+        if per is None:
+            return Nodes(1, world_size)
+        if world_size % per:
+            raise ConfigError(f"{world_size} ranks are not whole nodes of {per} ranks (LOCAL_WORLD_SIZE / "
+                              "SLURM_NTASKS_PER_NODE)", hint="node-affine plans need the same number of ranks on "
+                                                            "every node")
+        layout = Nodes(world_size // per, per)
+    for name in ("GROUP_RANK", "SLURM_NODEID"):
+        if name in env:
+            try:
+                named = int(env[name])
+            except ValueError:
+                raise ConfigError(f"{name} is not an integer: {env[name]!r}") from None
+            if named != layout.node_of(rank):
+                raise ConfigError(f"rank {rank} runs on node {named} ({name}), but node-affine plans place it on node "
+                                  f"{layout.node_of(rank)} (ranks {layout.ranks_per_node} to a node, in blocks)",
+                                  hint="start ranks in blocks per node (torchrun does; srun --distribution=block)")
+            break
+    return layout
 
 
 def node_owner(counts: Sequence[int], nodes: int, seed: int) -> np.ndarray:
@@ -252,10 +316,10 @@ def level_zero(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch
     each node's kept samples then its left-out ones (:class:`NodeKept`, ``even``)."""
     if len(first) == 4:
         left = left_out_positions(ep.total, Layout(*map(int, first[:3])), schedule, epoch)
-        return Remaining(ep.total, schedule, epoch, (), shuffle, left)
+        return Remaining(ep.total, schedule, epoch, shuffle, left)
     layout, count = Layout(*map(int, first[:3])), int(first[4])
     nodes = Nodes(count, layout.world_size // count)
-    grouped = Regrouped(Remaining(ep.total, schedule, epoch, (), shuffle), ep,
+    grouped = Regrouped(Remaining(ep.total, schedule, epoch, shuffle), ep,
                         node_owner(counts, nodes.count, schedule.seed), nodes.count)
     if schedule.policy != "even":
         return grouped
@@ -358,11 +422,27 @@ class AffinePlan:
         return self._plan(g, rank, worker, layout.slots[worker], layout.slot_offsets[worker], seed)
 
     def columns_of(self, rank: int, worker: int) -> Tuple[WorkerPlan, ...]:
-        """The plans of (``rank``, ``worker``)'s columns, in slot order (interleaved reading)."""
+        """The plans of (``rank``, ``worker``)'s columns, in slot order (interleaved reading);
+        without nodes each is the span of a global worker of the column layout, with its seed."""
         if not self.columns:
             raise ValueError("a plan of spans gives worker(rank, worker)")
-        return tuple(self._plan(q, q, 0, 1, 0, None) for q in self.layout.columns(rank, worker))
+        segment = len(self.segments)
+        return tuple(self._plan(q, q, 0, 1, 0, None if self.nodes is not None else
+                                seeds.segment_shuffle(self.schedule.seed, self.epoch, segment, q))
+                     for q in self.layout.columns(rank, worker))
 
 
-__all__ = ["AffinePlan", "NodeKept", "Nodes", "Regrouped", "level_zero", "node_left_out", "node_owner", "node_spans",
-           "ranks_per_node", "remaining_after", "resolve_nodes"]
+def cache_kept(counts: Sequence[int], before: int, after: int, seed: int) -> List[float]:
+    """Per node of a job resumed on ``after`` nodes (it was on ``before``): the share of the
+    samples it now owns that the same node (same node id, so the same machine and disk) owned
+    before — what its cache still holds after one epoch under the old count. Nodes beyond the
+    old count start cold (0)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    old, new = node_owner(counts, before, seed), node_owner(counts, after, seed)
+    mine = np.bincount(new, weights=counts, minlength=after)
+    kept = np.bincount(new, weights=np.where(old == new, counts, 0), minlength=after)
+    return [float(k / m) if m else 0.0 for k, m in zip(kept, mine)]
+
+
+__all__ = ["AffinePlan", "NodeKept", "Nodes", "Regrouped", "cache_kept", "level_zero", "node_left_out", "node_owner",
+           "node_spans", "ranks_per_node", "remaining_after", "resolve_nodes"]

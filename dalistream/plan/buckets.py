@@ -4,7 +4,7 @@ still to plan after a resume]); no I/O.
 
 **Sequence.** As in :mod:`.ownership`, the epoch's shards are permuted (``seeds.shard_order``)
 and laid end to end; what is planned is that sequence (or, after a resume, the part of it not yet
-delivered: :mod:`.bucketresume`). It is read in *columns*, as interleaved reading does
+delivered: the elastic resume below). It is read in *columns*, as interleaved reading does
 (:attr:`~.layout.Layout.column_layout`): cut into ``R·C`` balanced stretches (``C`` per rank,
 default ``2B``: :data:`COLUMNS_PER_POSITION`), column ``q = p·R + r`` read by rank ``r``, so a
 rank's columns lie spread over the whole epoch. The plan works on the *reading order*: rank 0's columns, then rank 1's, … .
@@ -45,6 +45,29 @@ look-ahead grows with it: it is data-dependent, reported and checked against ``l
 The order of a rank's buckets across steps is that of the (seeded) epoch sequence: a new shard
 order every epoch, so a new bucket order. Every rank computes ``S`` from the per-bucket counts
 alone (:func:`bucket_steps`).
+
+**Elastic resume** (:func:`resumed_bucket_plan`): the rest of an epoch after *segments* that
+ran under other layouts, planned over a new one. A segment is ``(world_size, workers,
+batch_size, steps)``, as in :mod:`.resume`, so the loader's state stays a few integers per layout
+change. What a segment delivered is known from the plan alone: the samples of its first ``steps``
+batches on every rank (:meth:`BucketEpoch.rank_batches`). Segment 0 plans the whole
+epoch sequence; segment ``k`` plans the positions left after segments ``0 … k-1`` (those it had
+left out under ``even`` included) with the same rules (:class:`BucketEpoch` with
+``positions``), so a chain of segments delivers every sample once under ``exact`` and none twice
+under ``even``, and every batch of every segment is one bucket.
+
+**A mix** (:class:`BucketMix`): each batch one source *and* one bucket. A stratified mix (``per_batch="sample"``) puts about ``p_s·B`` samples of every source in every
+batch. With buckets every batch must also hold one bucket, so each source would need its bucket
+counts in the proportion of the weights in every bucket — the same bucket distribution in every
+source, which real sources (web photos and book scans, say) do not have. Rather than pad or drop
+whatever does not fit, that combination is refused (:func:`check_bucket_mix`).
+
+With ``per_batch="source"`` the two hold together exactly: the mix deals whole batches to the
+sources by Tijdeman's rule (:func:`~.mix.cumulative`: after any number of steps each source is
+within one batch of its weight), and a source's batches are the batches of its own bucket plan
+(:class:`BucketEpoch`, over its own samples, with the mix's layout), taken in its plan's
+order. The epoch is the largest number of steps for which no source runs past its plan's steps
+(the same on every rank); what a source's plan holds beyond its share is left out of the epoch.
 """
 
 from __future__ import annotations
@@ -53,13 +76,13 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StateError
 from .layout import Layout, Schedule
 from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather, rank_cuts
 from .bucketworker import BucketWorkerPlan, holdings, stable_argsort
-from .mix import span_layout
+from .mix import check_share, cumulative, span_layout
 from .ownership import epoch_order
-from .resume import Stretch, runs_to_parts
+from .resume import Segment, Stretch, check_segments, runs_to_parts, segment_layout
 
 PER = ("rank", "global")
 
@@ -387,3 +410,109 @@ class BucketEpoch:
         """The look-ahead bound of ``per="rank"``: ``B + (k − 1)(B − 1)``, ``k`` the buckets with samples."""
         b, k = self.layout.batch_size, int((self.totals > 0).sum())
         return b + max(k - 1, 0) * (b - 1)
+
+
+# -- elastic resume --------------------------------------------------------------------------------
+
+def remaining_positions(counts: Sequence[int], ids: np.ndarray, buckets: int, schedule: Schedule, epoch: int,
+                        per: str, segments: Sequence[Segment]) -> Optional[np.ndarray]:
+    """Epoch positions not delivered by ``segments`` (sorted), or ``None`` without segments."""
+    positions: Optional[np.ndarray] = None
+    for k, segment in enumerate(check_segments(segments)):
+        layout, ran = segment_layout(segment), int(segment[3])
+        plan = BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions)
+        if ran > plan.steps:
+            raise StateError(f"segment {k} ran {ran} steps of a bucket plan of {plan.steps} under {layout.world_size} "
+                             f"ranks x {layout.workers} workers x batch {layout.batch_size}",
+                             hint="the state does not come from this data set and these buckets")
+        done = plan.rank_batches()[:, :ran]
+        positions = np.setdiff1d(plan.positions, done[done >= 0])  # sorted
+    return positions
+
+
+def resumed_bucket_plan(counts: Sequence[int], ids: np.ndarray, buckets: int, layout: Layout, schedule: Schedule,
+                        epoch: int, per: str, segments: Sequence[Segment],
+                        lookahead: Optional[int] = None) -> BucketEpoch:
+    """The rest of ``epoch`` after ``segments``, planned over ``layout`` (its ``steps`` are what
+    every rank runs; :meth:`BucketEpoch.worker` gives each worker's plan)."""
+    rest = remaining_positions(counts, ids, buckets, schedule, epoch, per, segments)
+    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, rest, lookahead)
+
+
+# -- a mix ---------------------------------------------------------------------------------------
+
+def check_bucket_mix(per_batch: str, samples_per_epoch: Optional[int] = None) -> None:
+    """Raise for a mix that cannot be bucketed (see the module doc)."""
+    if per_batch == "sample":
+        raise ConfigError("buckets with a stratified mix (per_batch='sample') cannot hold both: every batch would need "
+                          "each source's share of samples and all of them of one bucket, which only sources with "
+                          "the same bucket distribution have",
+                          hint="use per_batch='source': each batch then holds one source and one bucket, and the "
+                               "sources keep their weighted proportion of batches")
+    if per_batch != "source":
+        raise ConfigError(f"mix: per_batch must be 'sample' or 'source', got {per_batch!r}")
+    if samples_per_epoch is not None:
+        raise ConfigError("buckets with a mix plan default epochs only (no samples_per_epoch)",
+                          hint="leave samples_per_epoch out: an epoch then ends when a source has given its share")
+
+
+class BucketMix:
+    """One epoch of a mix with buckets (``per_batch="source"``): ``plans[s]`` is source s's
+    :class:`BucketEpoch` (laid out for ``ranks``, default all; ``indexes``: the
+    sources' :class:`~.bucketseq.BucketIndex`, if made before); ``source[t]`` and
+    ``source_step[t]`` say which source's batch step t is, and which of its plan's steps."""
+
+    def __init__(self, counts: Sequence[Sequence[int]], ids: Sequence[np.ndarray], buckets: int,
+                 weights: Sequence[float], layout: Layout, schedule: Schedule, epoch: int, per: str = "rank",
+                 names: Optional[Sequence[str]] = None, per_batch: str = "source",
+                 samples_per_epoch: Optional[int] = None, ranks: Optional[Sequence[int]] = None,
+                 indexes: Optional[Sequence[BucketIndex]] = None) -> None:
+        check_bucket_mix(per_batch, samples_per_epoch)
+        if not (len(counts) == len(ids) == len(weights)):
+            raise ConfigError(f"mix: {len(counts)} sources' counts, {len(ids)} sources' buckets, {len(weights)} weights")
+        self.names = [f"source {i}" for i in range(len(weights))] if names is None else [str(n) for n in names]
+        self.layout = layout
+        totals = [int(np.sum(c)) for c in counts]
+        check_share(weights, totals, layout.batch_size, "source", None, self.names)
+        indexes = [None] * len(ids) if indexes is None else indexes
+        self.plans: List[BucketEpoch] = [BucketEpoch(c, i, buckets, layout, schedule, epoch, per, ranks=ranks, index=x)
+                                         for c, i, x in zip(counts, ids, indexes)]
+        limits = np.array([p.steps for p in self.plans], dtype=np.int64)
+        # the largest t whose dealt batches stay within every source's plan (dealt counts grow with t)
+        lo, hi = 0, int(limits.sum())
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if np.all(cumulative(weights, mid) <= limits):
+                lo = mid
+            else:
+                hi = mid - 1
+        self.steps = lo
+        if self.steps == 0:
+            short = int(np.argmin(limits))
+            raise ConfigError(f"mix with buckets: source {self.names[short]!r} has no batch of its own this epoch "
+                              f"({totals[short]} samples)", hint="give it more samples or use fewer ranks")
+        check_share(weights, totals, layout.batch_size, "source", self.steps, self.names)
+        dealt = cumulative(weights, np.arange(self.steps + 1))  # (steps + 1, S)
+        step = np.diff(dealt, axis=0)
+        self.source = np.argmax(step, axis=1).astype(np.int64)
+        self.source_step = dealt[:-1][np.arange(self.steps), self.source]
+        self.used = dealt[-1]  # each source's plan steps used this epoch
+
+    def bucket(self, rank: int) -> np.ndarray:
+        """The bucket of each of rank ``rank``'s steps (``-1``: padding only)."""
+        return np.array([self.plans[s].step_bucket[rank, j] for s, j in zip(self.source, self.source_step)],
+                        dtype=np.int64)
+
+    def rank_batches(self) -> np.ndarray:
+        """``(ranks, steps, batch_size)`` of ``(source << 48) | epoch position`` (``-1`` padding)."""
+        out = np.full((self.layout.world_size, self.steps, self.layout.batch_size), -1, dtype=np.int64)
+        for s, plan in enumerate(self.plans):
+            at = np.flatnonzero(self.source == s)
+            table = plan.rank_batches()[:, self.source_step[at]]
+            out[:, at] = np.where(table >= 0, (s << 48) | table, -1)
+        return out
+
+    def worker(self, rank: int, worker: int) -> Tuple[Tuple[BucketWorkerPlan, ...], np.ndarray, np.ndarray]:
+        """Per source its :class:`~.bucketworker.BucketWorkerPlan` (its steps beyond ``used`` are not
+        run this epoch), and per mix step the source and the source plan's step."""
+        return tuple(p.worker(rank, worker) for p in self.plans), self.source.copy(), self.source_step.copy()

@@ -13,31 +13,37 @@ An :class:`EpochPlan` answers:
   operation over any plan: the factory again, with the segments that ran.
 
 The factory composes three choices, each made once, here: the data (one data set, or a mix of
-named sources, :mod:`.mix`), the owners (balanced spans, :mod:`.ownership` and :mod:`.resume`;
-or node affinity, :mod:`.affinity`) and the batches (each its samples in order, or each one
-bucket, :mod:`.buckets`). Callers (``Stream.steps``, the worker, the checks of a new layout) ask
-the factory only. Pure functions of (config, counts, mix, epoch, segments); the few plans that
-are costly are kept per process (:mod:`.cached`).
+named sources, :mod:`.mix`), the owners (balanced spans, :mod:`.ownership`; the rest of an epoch
+after other layouts, or node affinity, :mod:`.affinity` over :mod:`.resume`'s sequence) and the
+batches (each its samples in order, or each one bucket, :mod:`.buckets`). Callers
+(``Stream.steps``, the worker, the checks of a new layout) ask the factory only. Pure functions
+of (config, counts, mix, epoch, segments).
+
+The plans a process computes once and asks for again are kept here: the bucket plans of a few
+recent epochs (and their per-bucket totals and index), the affine plan. The cache keeps the last
+few, keyed by their inputs (a bucket array by its ``id``, kept alive beside the plan so that no
+other array takes that id). Made before DALI's workers fork, they are shared with them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from functools import lru_cache
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import ConfigError, StateError, redact
-from .affinity import AffinePlan
-from .buckets import bucket_totals
+from .affinity import AffinePlan, Nodes
+from .bucketseq import BucketIndex
+from .buckets import BucketEpoch, BucketMix, bucket_steps, bucket_totals, resumed_bucket_plan
 from .bucketworker import BucketRun, bucket_run
-from .cached import affine_plan, bucket_epoch, bucket_mix, fresh_bucket_steps
 from .layout import Layout, Schedule
-from .mix import MixEpoch
-from .mixresume import MixResume
+from .mix import MixEpoch, MixResume
 from .ownership import WorkerPlan, steps_per_epoch, worker_columns, worker_plan
-from .resume import ResumePlan, continued, resumed_steps, segment_head
+from .resume import continued, segment_head
 
 #: One column of a worker's reading: ``(plan, samples taken at each step, source)``.
 Column = Tuple[WorkerPlan, np.ndarray, int]
@@ -137,9 +143,9 @@ def epoch_plan(config: Any, data: Any, mix: Any, epoch: int, resume: Sequence = 
         return _Bucketed(config, data, mix, epoch, resume)
     if mix is not None:
         return _Mixed(config, data, mix, epoch, resume)
-    affine = affine_plan(config, data.counts, epoch, resume)
-    if affine is not None:
-        return _Affine(config, data, mix, epoch, resume, affine)
+    rest = affine_plan(config, data.counts, epoch, resume)
+    if rest is not None:
+        return _Rest(config, data, mix, epoch, resume, rest)
     return _Spans(config, data, mix, epoch, resume)
 
 
@@ -150,29 +156,23 @@ def _whole(plans: Sequence[WorkerPlan], left_out: bool = True) -> Reading:
 
 
 class _Spans(EpochPlan):
-    """One data set over balanced spans (:mod:`.ownership`; after a resume :mod:`.resume`)."""
+    """One data set, a whole epoch over balanced spans (:mod:`.ownership`)."""
 
     @property
     def steps(self) -> int:
-        c, counts = self.config, self.data.counts
-        if self.resume and counts is not None:
-            return resumed_steps(counts, c.plan_layout, c.schedule, self.epoch, self.resume, c.shuffle)
-        return steps_per_epoch(counts, c.plan_layout, c.schedule, self.epoch, c.rank)
+        c = self.config
+        return steps_per_epoch(self.data.counts, c.plan_layout, c.schedule, self.epoch, c.rank)
 
     def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
         c, counts = self.config, self.data.counts
-        if self.resume and counts is not None:
-            resumed = ResumePlan(counts, c.plan_layout, c.schedule, self.epoch, self.resume, c.shuffle)
-            if c.interleave:
-                return _whole([resumed.worker(q, 0) for q in c.layout.columns(rank, worker)])
-            return _whole([resumed.worker(rank, worker)])
         if c.interleave:
             return _whole(worker_columns(counts, len(self.data.urls), c.layout, c.schedule, self.epoch, rank, worker))
         return _whole([worker_plan(counts, len(self.data.urls), c.plan_layout, c.schedule, self.epoch, rank, worker)])
 
 
-class _Affine(EpochPlan):
-    """One data set whose shards each node reads (:mod:`.affinity`)."""
+class _Rest(EpochPlan):
+    """One data set after other layouts ran some of the epoch, or whose shards each node reads:
+    the rest of its sequence cut as :class:`~.affinity.AffinePlan` says (without nodes: spans)."""
 
     def __init__(self, config: Any, data: Any, mix: Any, epoch: int, resume: Tuple[Segment, ...],
                  affine: AffinePlan) -> None:
@@ -249,3 +249,88 @@ def check_buckets(config: Any, data: Any, mix: Any) -> None:
                           f"{totals.tolist()} samples over {config.world_size} ranks",
                           url=redact(config.sources[0]),
                           hint="use a smaller batch_size, fewer buckets, or policy='exact'")
+
+
+# -- the plans a process keeps ---------------------------------------------------------------------
+
+# a few recent epochs' plans, by their inputs: (plan, the buckets' arrays it was made of)
+_PLANS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_KEEP = 4
+
+
+def kept(key: tuple, make: Callable[[], tuple]) -> Any:
+    """The plan of ``key``, made by ``make() -> (plan, arrays kept alive with it)`` if not kept."""
+    found = _PLANS.get(key)
+    if found is None:
+        found = _PLANS[key] = make()
+        while len(_PLANS) > _KEEP:
+            _PLANS.popitem(last=False)
+    _PLANS.move_to_end(key)
+    return found[0]
+
+
+def bucket_index(data: Any, buckets: int) -> BucketIndex:
+    """The :class:`~.bucketseq.BucketIndex` of ``data``'s buckets (a data set with
+    ``counts`` and ``buckets``), made once per process."""
+    ids = data.buckets
+    return kept(("index", id(ids), len(ids), buckets), lambda: (BucketIndex(data.counts, ids, buckets), ids))
+
+
+def bucket_epoch(config: Any, data: Any, epoch: int, resume: Sequence = (),
+                 rank: Optional[int] = None) -> BucketEpoch:
+    """The bucket plan of ``epoch`` for every rank and worker (the rest of it after ``resume``'s
+    segments ran under other layouts); ``rank``: laid out for that rank's workers only (what a
+    worker needs: its cost is its rank's samples and the epoch's column counts, not the epoch)."""
+    b, ids = config.buckets, data.buckets
+    key = ("one", id(ids), len(ids), config.layout, config.schedule, int(epoch), b.per, tuple(map(tuple, resume)),
+           b.lookahead, None if resume else rank)  # (a resumed plan lays out every rank: one for all)
+
+    def make() -> tuple:
+        if resume:
+            return resumed_bucket_plan(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per, resume,
+                                       b.lookahead), ids
+        return BucketEpoch(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per,
+                           lookahead=b.lookahead, ranks=None if rank is None else (rank,),
+                           index=bucket_index(data, len(b)) if b.per == "rank" else None), ids
+
+    return kept(key, make)
+
+
+def bucket_mix(config: Any, mix: Any, epoch: int, rank: Optional[int] = None) -> BucketMix:
+    """The bucket plan of a mix's ``epoch`` (``per_batch="source"``); ``rank``: laid out for that
+    rank's workers only."""
+    b = config.buckets
+    ids = [s.data.buckets for s in mix.sources]
+    key = ("mix", tuple(map(id, ids)), config.layout, config.schedule, int(epoch), b.per, b.lookahead, rank)
+    indexes = [bucket_index(s.data, len(b)) for s in mix.sources] if b.per == "rank" else None
+    return kept(key, lambda: (BucketMix([s.data.counts for s in mix.sources], ids, len(b),
+                                        [s.weight for s in mix.sources], config.layout, config.schedule, epoch,
+                                        b.per, mix.names, mix.per_batch, mix.samples_per_epoch,
+                                        None if rank is None else (rank,), indexes), ids))
+
+
+def fresh_bucket_steps(config: Any, data: Any) -> int:
+    """Batches every rank yields in a fresh epoch of a bucketed data set, from its per-bucket
+    totals alone (counted once, not at every ``len()`` of a loader)."""
+    b, ids = config.buckets, data.buckets
+    totals = kept(("totals", id(ids), len(ids), len(b)), lambda: (bucket_totals(ids, len(b)), ids))
+    return bucket_steps(totals, config.layout, config.schedule, b.per)
+
+
+def affine_plan(config: Any, counts: Optional[Sequence[int]], epoch: int,
+                resume: Sequence = ()) -> Optional[AffinePlan]:
+    """The node-affine plan (:mod:`dalistream.plan.affinity`) of ``epoch`` after ``resume``'s
+    segments, where it applies: ``config.affinity == "node"``, or the rest of an epoch after
+    segments (with or without affinity: without nodes, its spans); ``None`` otherwise (a fresh
+    epoch without affinity, or no counts). Computed once per (epoch, layout, segments) in a process."""
+    if counts is None or (config.affinity is None and not resume):
+        return None
+    return _affine(tuple(counts), config.layout, config.nodes, config.schedule, int(epoch), bool(config.interleave),
+                   int(config.shuffle or 0), tuple(tuple(int(v) for v in s) for s in resume))
+
+
+@lru_cache(maxsize=4)
+def _affine(counts: Tuple[int, ...], layout: Layout, nodes: Optional[Nodes], schedule: Schedule, epoch: int,
+            columns: bool, shuffle: int, segments: Tuple[Tuple[int, ...], ...]) -> AffinePlan:
+    return AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns, shuffle=0 if columns else shuffle,
+                      segments=segments)

@@ -50,24 +50,84 @@ after 488 steps, 489 would need 300,440); web reads 8 × 87,450 = 699,600 and le
 With ``samples_per_epoch=1_000_000`` (also 488 steps) nothing is left out: epoch 1 reads web
 positions 699,600 … 1,399,191, the last 300,400 of pass 0 then the first 399,192 of pass 1, and
 books' pass 0 ends after 176 samples of epoch 1.
+
+**Columns.** Read in spans, a worker's share of a source is one span of the source's sequence;
+read interleaved (the default, as for one data set), it is cut into one *column* per position of
+the share, each taking one sample a step while the share reaches it (:func:`column_takes`), and
+the columns of all workers are laid over the source's sequence so that a rank's columns lie
+apart, spread over it (:func:`column_sizes`, :func:`column_index`).
+
+**Elastic resume** (:class:`MixResume`). Per source the rule of :mod:`.resume`: a global worker of a past segment delivered the first
+``d`` outputs of its shuffle buffer over its span of the source, ``d`` the samples of the source
+its slot took in the steps it ran, so each source's remaining sequence is a
+:class:`~.resume.Remaining` built from those counts. The composition goes on where it stood:
+the rule (:func:`cumulative`) continues after the units already dealt — ``n0 = Σ steps ×
+B`` sample slots per rank, or ``Σ steps`` whole batches for ``per_batch="source"`` — in batches
+of the new size, so every prefix of the epoch stays within one unit of the weights; the rest of
+the epoch is the largest number of steps for which no source runs past its remaining samples. With ``samples_per_epoch`` the rule and the passes run on across
+epochs, so level 0 is the epoch's range of each source's passes from its cursor, and a span may
+cross a pass's end (its parts then come from two passes). Each new worker's span of each
+source's remaining sequence is sized by what its slot takes of it, and read as parts minus the few positions already delivered.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from functools import lru_cache
+import math
+from dataclasses import replace
+from fractions import Fraction
+from functools import lru_cache, reduce
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StateError
 from . import seeds
 from .layout import Layout, Schedule
-from .mixcolumns import column_sizes, worker_columns
 from .ownership import EpochLayout, Part, WorkerPlan
-from .weights import integer_weights, raised_by
+from .resume import Remaining, Stretch, runs_to_parts, segment_layout
 
 PER_BATCH = ("sample", "source")
+MAX_DENOMINATOR = 1 << 16
+
+
+def integer_weights(weights: Sequence[float]) -> Tuple[int, ...]:
+    """The weights as integers ``w_s`` with ``p_s = w_s / D``, ``D = Σ w_s`` (see the module doc)."""
+    p = np.asarray(weights, dtype=np.float64)
+    if p.ndim != 1 or len(p) == 0 or not np.all(np.isfinite(p)) or np.any(p <= 0):
+        raise ConfigError(f"mix: weights must be finite numbers greater than 0, got {list(weights)!r}")
+    p = p / p.sum()
+    fractions = [Fraction(float(x)).limit_denominator(1000) for x in p]
+    if sum(fractions) == 1 and all(f > 0 and abs(float(f) - x) <= 1e-9 for f, x in zip(fractions, p)):
+        d = reduce(lambda a, b: a * b // math.gcd(a, b), (f.denominator for f in fractions), 1)
+        if d <= MAX_DENOMINATOR:
+            return tuple(int(f * d) for f in fractions)
+    raw = p * MAX_DENOMINATOR
+    w = np.maximum(np.floor(raw).astype(np.int64), 1)
+    short = MAX_DENOMINATOR - int(w.sum())
+    if short > 0:
+        w[np.argsort(-(raw - np.floor(raw)), kind="stable")[:short]] += 1
+    elif short < 0:  # only when tiny weights were raised to 1: take from the largest
+        w[np.argsort(-w, kind="stable")[:-short]] -= 1
+    g = reduce(math.gcd, w.tolist())
+    return tuple(int(x) // g for x in w)
+
+
+def raised_by(weights: Sequence[float], source: int, batch_size: int) -> Optional[float]:
+    """By how much source ``source``'s weight must be multiplied (the others kept) for half a
+    sample per batch (:func:`check_share`) after :func:`integer_weights`' rounding (3 digits, up);
+    ``None`` when the others would then fall short (more sources than a batch holds halves of)."""
+    p = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
+    factor = (1.0 - p[source]) / ((2 * batch_size - 1) * p[source])  # x / (x + others) = 1 / (2B)
+    for _ in range(100):  # the rounding to 1/65,536 may cost a unit: the next 3-digit value until it passes
+        step = 10.0 ** (math.floor(math.log10(factor)) - 2)
+        factor = float(f"{math.ceil(factor / step - 1e-9) * step:.3g}")
+        w = integer_weights(np.where(np.arange(len(p)) == source, p * factor, p))
+        if 2 * w[source] * batch_size >= sum(w):
+            return factor if all(2 * x * batch_size >= sum(w) for x in w) else None
+        factor += step
+    return None
+
+
 @lru_cache(maxsize=8)
 def _period(w: Tuple[int, ...]) -> np.ndarray:
     """``N_s(n)`` for n = 0 … D under Tijdeman's rule: ``(D + 1, S)``. At n = D every source has
@@ -120,17 +180,14 @@ def check_options(per_batch: str, samples_per_epoch: Optional[int]) -> None:
 
 
 def batch_sources(weights: Sequence[float], batch_size: int, steps: int, per_batch: str = "sample",
-                  first_step: int = 0) -> np.ndarray:
-    """Samples of each source in each rank batch of steps ``[first_step, first_step + steps)``:
-    an int64 array ``(steps, S)``, the same on every rank; every row sums to ``batch_size``.
-    Stratified (``"sample"``) deals the batches' sample slots one by one, ``"source"`` deals
-    whole batches, both by Tijdeman's rule (see the module doc): after any prefix each source is
-    within 1 (slot or batch) of its weight."""
+                  dealt: int = 0) -> np.ndarray:
+    """Samples of each source in each of ``steps`` rank batches after ``dealt`` units of the
+    rule (sample slots; whole batches for ``"source"``): an int64 array ``(steps, S)``, the same
+    on every rank; every row sums to ``batch_size``. Stratified (``"sample"``) deals the
+    batches' sample slots one by one, ``"source"`` deals whole batches, both by Tijdeman's rule
+    (see the module doc): after any prefix each source is within 1 (slot or batch) of its weight."""
     _check_per_batch(per_batch)
-    t = np.arange(int(first_step), int(first_step) + int(steps) + 1, dtype=np.int64)
-    if per_batch == "sample":
-        return np.diff(cumulative(weights, t * int(batch_size)), axis=0)
-    return np.diff(cumulative(weights, t), axis=0) * int(batch_size)
+    return np.diff(_used(weights, np.arange(int(steps) + 1, dtype=np.int64), int(batch_size), per_batch, dealt), axis=0)
 
 
 def worker_take(counts_per_step: np.ndarray, layout: Layout) -> np.ndarray:
@@ -178,11 +235,29 @@ def check_share(weights: Sequence[float], totals: Sequence[int], batch_size: int
                               hint="give it a larger weight or make the epoch longer (samples_per_epoch)")
 
 
-def _used(weights: Sequence[float], t: int, batch_size: int, per_batch: str) -> np.ndarray:
-    """Samples of each source per rank in the first ``t`` steps."""
+def _used(weights: Sequence[float], t: Any, batch_size: int, per_batch: str, dealt: int = 0) -> np.ndarray:
+    """Samples of each source per rank in the first ``t`` steps (an int or an array) after
+    ``dealt`` units of the rule (sample slots, or whole batches for ``per_batch="source"``)."""
     if per_batch == "sample":
-        return cumulative(weights, t * batch_size)
-    return cumulative(weights, t) * batch_size
+        return cumulative(weights, int(dealt) + np.asarray(t, dtype=np.int64) * batch_size)
+    return cumulative(weights, int(dealt) + np.asarray(t, dtype=np.int64)) * batch_size
+
+
+def fitting_steps(weights: Sequence[float], totals: Sequence[int], layout: Layout, per_batch: str = "sample",
+                  dealt: int = 0) -> int:
+    """The largest t for which no source's samples in the next t steps after ``dealt`` units of
+    the rule, on all ranks, exceed ``totals[s]`` (they grow with t; t ≤ Σ totals / (R·B))."""
+    r, b = layout.world_size, layout.batch_size
+    totals = np.asarray(totals, dtype=np.int64)
+    before = _used(weights, 0, b, per_batch, dealt)
+    lo, hi = 0, int(totals.sum()) // (r * b) + 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if np.all(r * (_used(weights, mid, b, per_batch, dealt) - before) <= totals):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def mix_steps(totals: Sequence[int], weights: Sequence[float], layout: Layout, per_batch: str = "sample",
@@ -197,27 +272,16 @@ def mix_steps(totals: Sequence[int], weights: Sequence[float], layout: Layout, p
             raise ConfigError(f"mix: samples_per_epoch {samples_per_epoch} is less than one step "
                               f"({layout.world_size} ranks x batch {layout.batch_size} = {per_step})")
         return samples_per_epoch // per_step
-    w = integer_weights(weights)
-    d, r, b = sum(w), layout.world_size, layout.batch_size
-    best, limit = None, 0
-    for s, total in enumerate(totals):
-        total = int(total)
-        lo, hi = 0, (total + r * b) * d // (r * w[s] * b) + 1  # p_s·t·B − 1 < used ≤ T_s / R bounds t
-        while lo < hi:  # largest t with R·used(t) ≤ T_s (used grows with t)
-            mid = (lo + hi + 1) // 2
-            if r * int(_used(weights, mid, b, per_batch)[s]) <= total:
-                lo = mid
-            else:
-                hi = mid - 1
-        if best is None or lo < best:
-            best, limit = lo, s
-    if not best:
-        need = r * int(_used(weights, 1, b, per_batch)[limit])
+    steps, r, b = fitting_steps(weights, totals, layout, per_batch), layout.world_size, layout.batch_size
+    if not steps:
+        need = r * _used(weights, 1, b, per_batch)
+        limit = int(np.flatnonzero(need > np.asarray(totals, dtype=np.int64))[0])
+        need = int(need[limit])
         raise ConfigError(f"mix: source {names[limit]!r} has {int(totals[limit])} samples, fewer than its share of one "
                           f"step on {r} ranks ({need})",
                           hint="give samples_per_epoch, so that a small source starts a new pass when it runs out, "
                                "or lower its weight")
-    return int(best)
+    return steps
 
 
 def source_order(num_shards: int, schedule: Schedule, source: int, n_pass: int) -> np.ndarray:
@@ -236,41 +300,63 @@ def span_layout(counts: Sequence[int], order: np.ndarray, bounds: np.ndarray, st
     return EpochLayout(np.asarray(order, dtype=np.int64), starts, np.asarray(bounds, dtype=np.int64), int(steps))
 
 
-@dataclass(frozen=True, eq=False)
-class SourcePlan:
-    """One source, for one worker and one epoch: its parts in reading order (``passes[i]`` is
-    the pass part i belongs to), what the worker's slot takes of it at each step, and the span
-    ``[start, start + samples)`` of the source's sequence of passes it owns, and the seed of its
-    own shuffle buffer over this source."""
+# -- columns ---------------------------------------------------------------------------------------
 
-    name: str
-    index: int
-    parts: Tuple[Part, ...]
-    passes: Tuple[int, ...]
-    take: np.ndarray  # (steps,) samples of this source in the worker's slot at each step
-    samples: int
-    start: int
-    shuffle_seed: int
+def column_takes(take: np.ndarray, interleave: bool) -> np.ndarray:
+    """``(steps, K)``: what each of a worker's columns of one source takes at each step, from its
+    share ``take`` (``(steps,)``): one column of the whole share (a span), or, interleaved, one
+    column per position of the share, taking one sample a step while the share reaches it."""
+    take = np.asarray(take, dtype=np.int64)
+    if not interleave:
+        return take[:, None]
+    return (take[:, None] > np.arange(int(take.max(initial=0)))[None, :]).astype(np.int64)
 
 
-@dataclass(frozen=True, eq=False)
-class MixPlan:
-    """What one worker does in one epoch of a mix: per source a :class:`SourcePlan`; ``steps``
-    batches, each slot of ``slot`` samples at ``offset`` holding ``take[t]`` of every source."""
+def column_sizes(take: np.ndarray, layout: Layout, interleave: bool,
+                 ks: Optional[Sequence[int]] = None) -> Tuple[List[np.ndarray], List[int]]:
+    """Per source, the samples of each of its columns over ``take`` (``(steps, W, S)``), columns
+    ``c = (k·W + w)·R + r`` (:func:`column_index`: ``k``, the column of worker ``w``'s share; as for
+    one data set, a position's columns of the ``R`` ranks lie side by side, so a rank's columns lie
+    ``R`` spans apart, spread over the source's sequence); a worker without a ``k``-th column has
+    one of size 0. Without ``interleave`` the columns are the workers' spans (``c = g``). And the
+    number of ``k`` per source (``ks``: given, for the steps of a plan that has them)."""
+    out, counts = [], []
+    for s in range(take.shape[2]):
+        per_worker = [column_takes(take[:, w, s], interleave).sum(axis=0) for w in range(layout.workers)]
+        k = (max((len(p) for p in per_worker), default=0) if interleave else 1) if ks is None else int(ks[s])
+        counts.append(k)
+        sizes = np.zeros((k, layout.workers, layout.world_size), dtype=np.int64)
+        for w in range(layout.workers):
+            p = per_worker[w][:k]
+            sizes[:len(p), w, :] = p[:, None]
+        out.append(sizes.ravel() if interleave else sizes.transpose(2, 1, 0).ravel())  # (spans: g = r·W + w)
+    return out, counts
 
-    rank: int
-    worker: int
-    epoch: int
-    steps: int
-    slot: int
-    offset: int
-    global_worker: int
-    sources: Tuple[SourcePlan, ...]
 
+def column_index(layout: Layout, rank: int, worker: int, k: int, interleave: bool) -> int:
+    """The index of worker ``worker`` of ``rank``'s ``k``-th column of a source (:func:`column_sizes`)."""
+    if not interleave:
+        return layout.global_worker(rank, worker)
+    return (k * layout.workers + worker) * layout.world_size + rank
+
+
+def worker_columns(take: np.ndarray, layout: Layout, rank: int, worker: int, interleave: bool,
+                   plan: Callable[[int, int], WorkerPlan]) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
+    """(``rank``, ``worker``)'s columns over ``take`` (``(steps, W, S)``): per source, each of its
+    columns as ``(plan(source, column index), take per step, source)``, sources in order."""
+    out = []
+    for s in range(take.shape[2]):
+        takes = column_takes(take[:, worker, s], interleave)
+        for k in range(takes.shape[1]):
+            out.append((plan(s, column_index(layout, rank, worker, k, interleave)), takes[:, k], s))
+    return out
+
+
+# -- the epoch -------------------------------------------------------------------------------------
 
 class MixEpoch:
     """One epoch of a mix, planned once for every worker (cheap: O(steps × W × S + shards));
-    :meth:`worker` gives one worker's :class:`MixPlan`. ``counts[s]`` are source s's per-shard
+    :meth:`worker_columns` gives what one worker reads. ``counts[s]`` are source s's per-shard
     sample counts, ``weights[s]`` its weight (any positive scale)."""
 
     def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout,
@@ -287,7 +373,8 @@ class MixEpoch:
         check_share(weights, self.totals, layout.batch_size, per_batch, self.steps, self.names)
         self.endless = samples_per_epoch is not None
         first = self.epoch * self.steps if self.endless else 0
-        self.batch_counts = batch_sources(weights, layout.batch_size, self.steps, per_batch, first)
+        self.batch_counts = batch_sources(weights, layout.batch_size, self.steps, per_batch,
+                                          first * (layout.batch_size if per_batch == "sample" else 1))
         self.take = worker_take(self.batch_counts, layout)  # (steps, W, S)
         per_worker = np.tile(self.take.sum(axis=0), (layout.world_size, 1))  # (R·W, S)
         r = layout.world_size
@@ -345,24 +432,89 @@ class MixEpoch:
 
         return worker_columns(self.take, layout, rank, worker, self.interleave, plan)
 
-    def worker(self, rank: int, worker: int) -> MixPlan:
-        """The :class:`MixPlan` of (``rank``, ``worker``); identical on every machine."""
+
+# -- elastic resume --------------------------------------------------------------------------------
+
+class MixResume:
+    """The rest of ``epoch`` of a mix after ``segments``, planned over ``layout`` (computed once,
+    then :meth:`worker_columns` per (rank, worker)); ``steps`` every rank runs."""
+
+    def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], names: Sequence[str],
+                 per_batch: str, samples_per_epoch, layout: Layout, schedule: Schedule, epoch: int,
+                 segments: Sequence[Sequence[int]], shuffle: int, interleave: bool = False) -> None:
+        self.weights, self.names, self.layout, self.schedule, self.epoch = list(weights), list(names), layout, schedule, epoch
+        self.per_batch, self.interleave = per_batch, bool(interleave)
+        first = MixEpoch(counts, weights, segment_layout(segments[0]), schedule, epoch, names, per_batch,
+                         samples_per_epoch, interleave)
+        self._passes = first  # each source's shard order per pass
+        # level 0, per source: the epoch's positions from its cursor (default epochs: the whole pass
+        # from 0, its tail no one owned included; samples_per_epoch: the epoch's range of the passes)
+        self.base = first.bounds[:, 0].copy()
+        lengths = ([int(np.sum(c)) for c in counts] if samples_per_epoch is None
+                   else (first.bounds[:, -1] - first.bounds[:, 0]).tolist())
+        rem: List[Remaining] = [Remaining(int(n), schedule, epoch, shuffle) for n in lengths]
+        # the rule's units dealt before this epoch: it runs on across epochs with samples_per_epoch
+        dealt_steps = epoch * first.steps if samples_per_epoch is not None else 0
+        n0 = dealt_steps * first.layout.batch_size if per_batch == "sample" else dealt_steps
+        for level, segment in enumerate(segments):
+            past, ran = segment_layout(segment), int(segment[3])
+            if level == 0:
+                bounds, take, planned = [b - b[0] for b in first.columns], first.take, first.steps
+            else:
+                bounds, take, planned = self._plan(rem, n0, past)
+            if ran > planned:
+                raise StateError(f"segment {level} ran {ran} steps of a plan of {planned} under {past.world_size} ranks "
+                                 f"x {past.workers} workers x batch {past.batch_size}",
+                                 hint="the state does not come from this mix")
+            ks = [(len(b) - 1) // past.global_workers for b in bounds]
+            done, _ = column_sizes(take[:ran], past, self.interleave, ks)  # per source: delivered per column
+            rem = [Remaining.after(rem[s], bounds[s], done[s],
+                                   lambda c, s=s, level=level: seeds.segment_source_shuffle(schedule.seed, epoch, level, s, c))
+                   for s in range(len(rem))]
+            n0 += ran * past.batch_size if per_batch == "sample" else ran  # units dealt: slots, or batches
+        self.rest, self.level = rem, len(segments)
+        self.columns, self.take, self.steps = self._plan(rem, n0, layout)
+
+    def _plan(self, rem: Sequence[Remaining], n0: int, layout: Layout) -> Tuple[List[np.ndarray], np.ndarray, int]:
+        """``(per source the bounds of its columns, take (steps, W, S), steps)`` of ``layout`` over
+        ``rem`` from slot ``n0`` (the columns: the workers' spans, or interleaved,
+        :func:`~.mix.column_sizes`)."""
+        steps = fitting_steps(self.weights, [r.total for r in rem], layout, self.per_batch, n0)
+        take = worker_take(batch_sources(self.weights, layout.batch_size, steps, self.per_batch, n0), layout)
+        sizes, _ = column_sizes(take, layout, self.interleave)
+        return [np.concatenate([[0], np.cumsum(z)]) for z in sizes], take, steps
+
+    def _parts(self, s: int, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
+        """Parts and drops of ``runs`` (level-0 positions of source ``s``), over its passes: a run
+        crossing the end of a pass reads the pass's last parts, then the next pass's first."""
+        mix, total = self._passes, int(self._passes.totals[s])
+        parts: List[Part] = []
+        drop: List[int] = []
+        raw = 0
+        for run in runs:
+            start, stop = run.start + int(self.base[s]), run.stop + int(self.base[s])
+            holes = np.asarray(run.drop, dtype=np.int64) + int(self.base[s])
+            while start < stop:
+                n_pass, at = divmod(start, total)
+                end = min(stop, start - at + total)
+                piece = Stretch(at, at + end - start, tuple((holes[(holes >= start) & (holes < end)] - start + at).tolist()))
+                got, dropped = runs_to_parts(mix.pass_layout(s, mix.first_pass(s) + n_pass), [piece])
+                parts += got
+                drop += [raw + d for d in dropped]
+                raw += end - start
+                start = end
+        return parts, drop
+
+    def worker_columns(self, rank: int, worker: int) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
+        """What (``rank``, ``worker``) reads of the rest of the epoch: per source, each of its
+        columns as ``(plan, take per step, source)`` (parts, drops, its seed), sources in order."""
         layout = self.layout
-        g = layout.global_worker(rank, worker)
-        sources = []
-        for s, name in enumerate(self.names):
-            parts, passes = self.source_parts(s, g)
-            take = self.take[:, worker, s].copy()
-            take.setflags(write=False)
-            sources.append(SourcePlan(name, s, tuple(parts), tuple(passes), take,
-                                      int(self.bounds[s, g + 1] - self.bounds[s, g]), int(self.bounds[s, g]),
-                                      seeds.source_shuffle(self.schedule.seed, self.epoch, s, g)))
-        return MixPlan(rank, worker, self.epoch, self.steps, layout.slots[worker], layout.slot_offsets[worker], g,
-                       tuple(sources))
 
+        def plan(s: int, c: int) -> WorkerPlan:
+            lo, hi = int(self.columns[s][c]), int(self.columns[s][c + 1])
+            parts, drop = self._parts(s, self.rest[s].runs(lo, hi))
+            return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
+                              layout.slot_offsets[worker], hi - lo, layout.global_worker(rank, worker), 0, tuple(drop),
+                              seeds.segment_source_shuffle(self.schedule.seed, self.epoch, self.level, s, c))
 
-def mix_plan(counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout, schedule: Schedule,
-             epoch: int, rank: int, worker: int, names: Optional[Sequence[str]] = None, per_batch: str = "sample",
-             samples_per_epoch: Optional[int] = None) -> MixPlan:
-    """One worker's :class:`MixPlan` (:meth:`MixEpoch.worker`)."""
-    return MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch, samples_per_epoch).worker(rank, worker)
+        return worker_columns(self.take, layout, rank, worker, self.interleave, plan)

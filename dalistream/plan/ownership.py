@@ -239,12 +239,6 @@ def owned_parts(counts: Optional[Sequence[int]], num_shards: int, layout: Layout
     return epoch_layout(counts, layout, schedule, epoch).parts(layout.global_worker(rank, worker))
 
 
-def owned_samples(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int) -> List[List[int]]:
-    """Samples owned by every (rank, worker) in ``epoch``: a ``world_size × workers`` table."""
-    sizes = np.diff(epoch_layout(counts, layout, schedule, epoch).bounds)
-    return sizes.reshape(layout.world_size, layout.workers).tolist()
-
-
 def steps_per_epoch(counts: Optional[Sequence[int]], layout: Layout, schedule: Schedule, epoch: int, rank: int) -> int:
     """Batches rank ``rank`` yields in ``epoch`` (the same on every rank; see the module doc)."""
     _need_counts(counts, schedule)

@@ -17,6 +17,9 @@ rule again: the state stays a few integers per segment, never a list of samples.
 
 ``fixed`` with counts continues with the epoch's remaining *batches*: the new layout's spans of
 the whole epoch, for ``batches_per_epoch`` minus the steps already run.
+
+The plan of the rest over the new layout is :class:`~.affinity.AffinePlan` without nodes (node
+affinity is the same rule with each node's share of the sequence cut on its own).
 """
 
 from __future__ import annotations
@@ -31,8 +34,7 @@ from ..errors import StateError
 from . import seeds
 from .layout import Layout, Schedule
 from .shuffle import emitted_indices
-from .ownership import (EpochLayout, Part, WorkerPlan, epoch_layout, epoch_steps, kept_positions, left_out_positions,
-                        span_bounds)
+from .ownership import EpochLayout, Part, kept_positions
 
 Segment = Tuple[int, int, int, int]  # (world_size, workers, batch_size, steps run)
 
@@ -86,28 +88,14 @@ def kth_positions(runs: Sequence[Stretch], ks: Sequence[int]) -> List[int]:
 
 
 class Remaining:
-    """The sequence of an epoch left after ``segments``: ``total`` samples, and :meth:`runs`.
-    ``left``: the epoch positions the first layout's plan left out (``even``): at level 0 the
-    sequence is the samples kept, in order, then those left out."""
+    """The sequence of an epoch left after some segments: ``total`` samples, and :meth:`runs`.
+    Level 0 (made here): the whole epoch, ``left`` the epoch positions the first layout's plan
+    left out (``even``), the sequence being the samples kept, in order, then those left out;
+    each segment more: :meth:`after` (a chain of them: :func:`~.affinity.remaining_after`)."""
 
-    def __init__(self, total: int, schedule: Schedule, epoch: int, segments: Sequence[Segment], shuffle: int,
-                 left: Sequence[int] = ()) -> None:
-        self.schedule, self.epoch, self.shuffle = schedule, epoch, shuffle
-        self.level = len(segments)
-        if not segments:
-            self.prev, self.total, self.left = None, int(total), np.asarray(left, dtype=np.int64)
-            return
-        self.prev = Remaining(total, schedule, epoch, segments[:-1], shuffle, left)
-        n_prev = self.prev.total
-        layout, steps = segment_layout(segments[-1]), int(segments[-1][3])
-        planned = epoch_steps(n_prev, layout, schedule)
-        if steps > planned:
-            raise StateError(f"segment {self.level - 1} ran {steps} steps of a plan of {planned} under "
-                             f"{layout.world_size} ranks x {layout.workers} workers x batch {layout.batch_size}",
-                             hint="the state does not come from this data set")
-        bounds = span_bounds(n_prev, layout, schedule)
-        slots = np.tile(np.asarray(layout.slots, dtype=np.int64), layout.world_size)
-        self._split(bounds, np.minimum(np.diff(bounds), steps * slots))
+    def __init__(self, total: int, schedule: Schedule, epoch: int, shuffle: int, left: Sequence[int] = ()) -> None:
+        self.schedule, self.epoch, self.shuffle, self.level = schedule, epoch, shuffle, 0
+        self.prev, self.total, self.left = None, int(total), np.asarray(left, dtype=np.int64)
 
     @classmethod
     def after(cls, prev: "Remaining", bounds: np.ndarray, done: np.ndarray, seed_of) -> "Remaining":
@@ -271,51 +259,6 @@ def continued(segments: Sequence[Segment], saved: Tuple[int, ...], step: int,
     return tuple(segments) + (head[:3] + (int(step),) + head[3:],), 0
 
 
-def resumed_steps(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,
-                  segments: Sequence[Segment], shuffle: int) -> int:
-    """Steps every rank of ``layout`` runs for the rest of ``epoch`` after ``segments``."""
-    if schedule.policy == "fixed":
-        return max(0, int(schedule.batches_per_epoch) - sum(int(s[3]) for s in segments))  # type: ignore[arg-type]
-    rest = Remaining(int(np.sum(np.asarray(counts, dtype=np.int64))), schedule, epoch, segments, shuffle)
-    return epoch_steps(rest.total, layout, schedule)
-
-
-class ResumePlan:
-    """The rest of ``epoch`` after ``segments``, planned over ``layout`` (computed once, then
-    :meth:`worker` per (rank, worker))."""
-
-    def __init__(self, counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,
-                 segments: Sequence[Segment], shuffle: int) -> None:
-        self.counts, self.layout, self.schedule, self.epoch = counts, layout, schedule, epoch
-        self.segments, self.shuffle = tuple(segments), shuffle
-        self.steps = resumed_steps(counts, layout, schedule, epoch, segments, shuffle)
-        if schedule.policy != "fixed":
-            self.epoch_layout = epoch_layout(counts, layout, schedule, epoch)
-            first = segment_layout(segments[0]) if segments else layout  # the layout that planned level 0
-            left = left_out_positions(self.epoch_layout.total, first, schedule, epoch)
-            self.rest = Remaining(self.epoch_layout.total, schedule, epoch, segments, shuffle, left)
-            self.bounds = span_bounds(self.rest.total, layout, schedule)
-
-    def worker(self, rank: int, worker: int) -> WorkerPlan:
-        """The :class:`WorkerPlan` of (``rank``, ``worker``): parts in reading order, ``drop`` the
-        raw ordinals (over the parts' samples) not to deliver, ``samples`` what it delivers, and
-        its segment's own shuffle seed."""
-        from .ownership import worker_plan
-
-        layout, schedule = self.layout, self.schedule
-        g = layout.global_worker(rank, worker)
-        seed = seeds.segment_shuffle(schedule.seed, self.epoch, len(self.segments), g)
-        if schedule.policy == "fixed":
-            plan = worker_plan(self.counts, len(self.counts), layout, schedule, self.epoch, rank, worker)
-            return WorkerPlan(rank, worker, self.epoch, plan.parts, self.steps, plan.slot, plan.offset, plan.samples,
-                              g, 0, (), seed)
-        lo, hi = int(self.bounds[g]), int(self.bounds[g + 1])
-        parts, drop = runs_to_parts(self.epoch_layout, self.rest.runs(lo, hi))
-        left_out = self.rest.total - int(self.bounds[-1]) if g == layout.global_workers - 1 else 0
-        return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
-                          layout.slot_offsets[worker], hi - lo, g, left_out, tuple(drop), seed)
-
-
 def runs_to_parts(ep: EpochLayout, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
     """The shard parts of ``runs`` (epoch positions of ``ep``'s sequence) in reading order, and
     the raw ordinals over those parts' samples to drop."""
@@ -333,18 +276,3 @@ def runs_to_parts(ep: EpochLayout, runs: Sequence[Stretch]) -> Tuple[List[Part],
             i += 1
         raw += run.stop - run.start
     return parts, drop
-
-
-
-def remaining_summary(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,
-                      segments: Sequence[Segment], shuffle: int) -> dict:
-    """What a resume leaves for ``layout``: samples delivered and left, steps per rank."""
-    total = int(np.sum(np.asarray(counts, dtype=np.int64)))
-    steps = resumed_steps(counts, layout, schedule, epoch, segments, shuffle)
-    if schedule.policy == "fixed":
-        return {"epoch": epoch, "samples": total, "delivered": None, "remaining": None, "steps": steps,
-                "segments": [list(s) for s in segments]}
-    rest = Remaining(total, schedule, epoch, segments, shuffle)
-    return {"epoch": epoch, "samples": total, "delivered": total - rest.total, "remaining": rest.total,
-            "steps": steps, "left_out": rest.total - min(rest.total, steps * layout.world_size * layout.batch_size)
-            if schedule.policy == "even" else 0, "segments": [list(s) for s in segments]}

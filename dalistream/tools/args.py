@@ -99,7 +99,7 @@ def add_stream_args(p: argparse.ArgumentParser, *, batch: bool = True, loader: b
 def stream_sources(args: argparse.Namespace) -> Any:
     """What ``Stream.open`` reads: the SOURCEs, or the mapping of ``--mix NAME=WEIGHT:SOURCE``."""
     from ..errors import ConfigError
-    from ..plan import parse_mix_arg
+    from ..mixing import parse_mix_arg
 
     if getattr(args, "mix", None):
         if args.sources:

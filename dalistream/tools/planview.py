@@ -13,11 +13,90 @@ import numpy as np
 
 from ..config import reading_order
 from ..errors import ConfigError, StateError, redact
-from ..plan import Layout, Schedule, epoch_layout, epoch_summary, owned_parts, remaining_summary, steps_per_epoch
-from ..plan.nodes import Nodes, resolve_nodes
-from ..plan.resume import segment_head
-from ..plan.quality import shuffle_quality
+from ..plan import Layout, Schedule, epoch_layout, owned_parts, steps_per_epoch
+from ..plan.mix import MixEpoch, integer_weights
+from ..plan.affinity import AffinePlan, Nodes, resolve_nodes
+from ..plan.resume import Segment, segment_head
+from .quality import shuffle_quality
 from .args import emit, storage_options
+
+
+# -- an epoch's numbers: samples read, left out, padded; shards cut; a mix's sources; a resume's rest
+
+def epoch_summary(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int) -> Dict[str, Any]:
+    """Numbers of one epoch's plan (``counts`` known): steps, samples owned per global worker
+    (min/max), left out, padding, shards cut and parts per shard."""
+    plan = epoch_layout(counts, layout, schedule, epoch)
+    total, steps = plan.total, plan.steps
+    sizes = np.diff(plan.bounds)
+    owned = int(plan.bounds[-1] - plan.bounds[0])
+    slots = np.tile(np.asarray(layout.slots, dtype=np.int64), layout.world_size)
+    delivered = np.minimum(sizes, steps * slots) if schedule.policy == "fixed" else sizes
+    capacity = steps * layout.world_size * layout.batch_size
+    a, b = plan.starts[:-1], plan.starts[1:]
+    nonempty = b > a
+    # owners of a shard: the spans that hold its first and its last sample, and all between
+    edges = plan.edges  # the spans' stretches of the sequence (left-out samples inside them passed over)
+    first = np.searchsorted(edges, a, side="right") - 1
+    last = np.searchsorted(edges, b - 1, side="right") - 1
+    owned_shard = nonempty & (a < edges[-1]) & (b > edges[0])
+    parts = np.where(owned_shard, np.minimum(last, layout.global_workers - 1) - first + 1, 0)
+    return {
+        "epoch": epoch, "policy": schedule.policy, "shards": len(counts), "empty_shards": int((~nonempty).sum()),
+        "samples": total, "world_size": layout.world_size, "workers": layout.workers,
+        "batch_size": layout.batch_size, "global_workers": layout.global_workers, "steps": steps,
+        "samples_read": int(delivered.sum()),
+        "left_out": total - owned,
+        "left_out_fraction": (total - owned) / total if total else 0.0,
+        "padding": max(0, capacity - int(delivered.sum())) if schedule.policy != "even" else 0,
+        "owned_per_worker": {"min": int(sizes.min()), "max": int(sizes.max())},
+        "shards_cut": int((parts > 1).sum()),
+        "parts_per_shard": {"max": int(parts.max()) if len(parts) else 0,
+                            "mean": float(parts[owned_shard].mean()) if owned_shard.any() else 0.0},
+    }
+
+
+def mix_summary(counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout, schedule: Schedule,
+                epoch: int, names: Optional[Sequence[str]] = None, per_batch: str = "sample",
+                samples_per_epoch: Optional[int] = None) -> Dict[str, Any]:
+    """Numbers of one epoch of a mix, for the CLI's ``plan``: steps, and per source its weight,
+    samples, samples used this epoch (all ranks), per batch (min/max), repeats (samples read
+    again after a whole pass), left out (default epochs: what no one reads), passes read."""
+    plan = MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch, samples_per_epoch)
+    w = integer_weights(weights)
+    out = []
+    for s, name in enumerate(plan.names):
+        total, lo, hi = plan.totals[s], int(plan.bounds[s, 0]), int(plan.bounds[s, -1])
+        column = plan.batch_counts[:, s]
+        out.append({
+            "name": name, "weight": w[s] / sum(w), "samples": total, "used": hi - lo,
+            "per_batch": {"min": int(column.min(initial=layout.batch_size)) if len(column) else 0,
+                          "max": int(column.max(initial=0))},
+            "repeats": max(0, hi - max(lo, total)) if plan.endless else 0,
+            "left_out": 0 if plan.endless else total - hi,
+            "passes": [plan.first_pass(s) + lo // total, plan.first_pass(s) + max(lo, hi - 1) // total],
+        })
+    return {"epoch": epoch, "steps": plan.steps, "world_size": layout.world_size, "workers": layout.workers,
+            "batch_size": layout.batch_size, "per_batch": per_batch, "samples_per_epoch": samples_per_epoch,
+            "sources": out}
+
+
+def remaining_summary(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int,
+                      segments: Sequence[Segment], shuffle: int) -> dict:
+    """What a resume leaves for ``layout``: samples delivered and left, steps per rank."""
+    total = int(np.sum(np.asarray(counts, dtype=np.int64)))
+    plan = AffinePlan(counts, layout, None, schedule, epoch, columns=False, shuffle=shuffle, segments=segments)
+    steps = plan.steps
+    if schedule.policy == "fixed":
+        return {"epoch": epoch, "samples": total, "delivered": None, "remaining": None, "steps": steps,
+                "segments": [list(s) for s in segments]}
+    rest = plan.sequence
+    return {"epoch": epoch, "samples": total, "delivered": total - rest.total, "remaining": rest.total,
+            "steps": steps, "left_out": rest.total - min(rest.total, steps * layout.world_size * layout.batch_size)
+            if schedule.policy == "even" else 0, "segments": [list(s) for s in segments]}
+
+
+# -- the command ------------------------------------------------------------------------------
 
 def synthetic_counts(spec: str, seed: int) -> np.ndarray:
     """``N:LO-HI`` (or ``N:K``): N shards of LO to HI samples (or K each)."""
@@ -92,7 +171,6 @@ def resume_view(args: argparse.Namespace, urls: Sequence[str], counts) -> Dict[s
     shuffle come from the state): samples delivered and left, steps and samples per rank."""
     from ..loader.state import differences, naming, read_state, read_state_file
     from ..plan import continued
-    from ..plan.affinity import AffinePlan
     from ..stream import sources_identity
 
     with naming(args.resume_from):
@@ -150,12 +228,11 @@ def _summary(counts, layout: Layout, schedule: Schedule, epoch: int, interleave:
 
 def mix_view(args: argparse.Namespace, cache_dir: str) -> int:
     """``plan --mix …``: per source its weight, samples, samples used this epoch, per batch,
-    repeats, left out and passes (:func:`dalistream.plan.mix_summary`)."""
-    from ..plan import mix_summary
+    repeats, left out and passes (:func:`mix_summary`)."""
     from ..stream import Stream
     from .args import mix_options, stream_sources
 
-    from ..plan.quality import mix_shuffle_quality
+    from .quality import mix_shuffle_quality
 
     order = {"interleave": args.interleave, "shuffle": args.shuffle} if args.interleave is False else \
         {"shuffle": args.shuffle}
@@ -262,7 +339,8 @@ def affinity_view(args: argparse.Namespace, counts, layout: Layout, schedule: Sc
     samples per node, steps, left out, padding), with ``--shuffle-quality`` its batch mixing
     beside the plain order's, with ``--from-nodes M`` what each node's cache keeps after the
     job moves from M nodes to N."""
-    from ..plan.affinityview import affine_shuffle_quality, affine_summary, cache_kept
+    from ..plan.affinity import cache_kept
+    from .quality import affine_shuffle_quality, affine_summary
 
     if counts is None:
         raise ConfigError("--affinity node needs sample counts", hint="drop --no-counts, or use --counts N:LO-HI")

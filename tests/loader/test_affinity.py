@@ -16,8 +16,7 @@ import pytest
 
 from dalistream import Loader, Stream
 from dalistream.errors import ConfigError
-from dalistream.plan.affinity import node_owner
-from dalistream.plan.affinityview import cache_kept
+from dalistream.plan.affinity import cache_kept, node_owner
 
 from helpers import key_shard_folder, shard_keys, uneven_sizes
 

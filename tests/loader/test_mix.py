@@ -14,7 +14,6 @@ import pytest
 from dalistream import Loader, Stream
 from dalistream.errors import ConfigError, StateError
 from dalistream.plan import Layout, batch_sources
-from dalistream.plan.mixresume import continued_counts
 
 from helpers import key_shards
 
@@ -129,7 +128,7 @@ def continued(data, weights, state, n0, layout, per_batch="sample", **kw):
             b.load_state_dict(state)
             batches = [list(zip(x["src"], x["key"])) for x in b]
         steps.add(len(batches))
-        want = continued_counts(list(weights.values()), n0, layout, len(batches), per_batch)
+        want = batch_sources(list(weights.values()), layout.batch_size, len(batches), per_batch, n0)
         for got, counts in zip(batches, want):
             c = collections.Counter(src for src, _ in got)
             assert [c[name] for name in weights] == counts.tolist()

@@ -9,7 +9,7 @@ import pytest
 
 from dalistream import Loader, Stream
 from dalistream.plan import Layout, Schedule
-from dalistream.plan.quality import batch_label_stats, rank_batches, sorted_labels
+from dalistream.tools.quality import batch_label_stats, rank_batches, sorted_labels
 
 from helpers import uneven_sizes, write_tar
 

@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dalistream.errors import ConfigError, StateError
-from dalistream.plan import Layout, ResumePlan, Schedule, epoch_layout, worker_columns, worker_plan
+from dalistream.plan import Layout, Schedule, epoch_layout, steps_per_epoch, worker_columns, worker_plan
 from dalistream.plan import seeds
-from dalistream.plan.affinity import AffinePlan, Nodes, Regrouped, greedy_owner, node_owner, remaining_after
-from dalistream.plan.nodes import ranks_per_node, resolve_nodes
-from dalistream.plan.affinityview import affine_rank_batches, epoch_positions, affine_shuffle_quality, affine_summary, cache_kept
-from dalistream.plan.quality import rank_batches, shuffle_quality
+from dalistream.plan.affinity import (AffinePlan, Nodes, Regrouped, cache_kept, greedy_owner, node_owner, ranks_per_node,
+                                      remaining_after, resolve_nodes)
+from dalistream.tools.quality import (affine_rank_batches, affine_shuffle_quality, affine_summary, epoch_positions,
+                                     rank_batches, shuffle_quality)
 from dalistream.plan.shuffle import shuffled
 
 from helpers import positions
@@ -185,18 +185,21 @@ def test_large_layouts_keep_each_node_on_the_same_balanced_shards(counts, nodes,
        layouts=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3), st.integers(1, 10)), min_size=1, max_size=3),
        steps=st.lists(st.integers(0, 10), min_size=3, max_size=3), policy=st.sampled_from(["exact", "even"]),
        shuffle=st.sampled_from([0, 5]))
-def test_without_nodes_it_is_the_plain_resume_plan(counts, layouts, steps, policy, shuffle):
-    layouts = [Layout(r, w, max(w, b)) for r, w, b in layouts]
-    schedule, segments = Schedule(2, policy), []
-    for k, layout in enumerate(layouts):
-        ours = AffinePlan(counts, layout, None, schedule, 1, columns=False, shuffle=shuffle, segments=segments)
-        theirs = ResumePlan(counts, layout, schedule, 1, segments, shuffle)
-        assert ours.steps == theirs.steps
+def test_without_nodes_and_segments_it_is_the_fresh_plan(counts, layouts, steps, policy, shuffle):
+    """Without nodes the rest of an epoch is cut as the whole epoch is: before any segment ran,
+    the same parts (less empty shards), drops, samples and steps as the fresh spans and columns."""
+    schedule = Schedule(2, policy)
+    for r, w, b in layouts:
+        layout = Layout(r, w, max(w, b))
+        ours = AffinePlan(counts, layout, None, schedule, 1, columns=False, shuffle=shuffle)
+        assert ours.steps == steps_per_epoch(counts, layout, schedule, 1, 0)
+        cols = AffinePlan(counts, layout, None, schedule, 1, columns=True)
         for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
-            a, b = ours.worker(r, w), theirs.worker(r, w)
-            assert (a.parts, a.drop, a.samples, a.shuffle_seed) == (tuple(p for p in b.parts if p[2] > p[1]), b.drop,
-                                                                    b.samples, b.shuffle_seed)
-        segments.append((layout.world_size, layout.workers, layout.batch_size, min(steps[k], theirs.steps)))
+            pairs = [(ours.worker(r, w), worker_plan(counts, len(counts), layout, schedule, 1, r, w))]
+            pairs += zip(cols.columns_of(r, w), worker_columns(counts, len(counts), layout, schedule, 1, r, w))
+            for a, b in pairs:
+                assert (a.parts, a.drop, a.samples, a.steps) == (tuple(p for p in b.parts if p[2] > p[1]), b.drop,
+                                                                 b.samples, b.steps)
 
 
 def plain_plans(counts, layout, schedule, epoch, columns):

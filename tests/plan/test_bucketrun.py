@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dalistream.plan import Layout, Schedule
-from dalistream.plan.bucketmix import BucketMix
-from dalistream.plan.bucketresume import resumed_bucket_plan
+from dalistream.plan.buckets import BucketMix
+from dalistream.plan.buckets import resumed_bucket_plan
 from dalistream.plan.buckets import BucketEpoch
 from dalistream.plan.bucketworker import KEY_SHIFT, bucket_run, stable_argsort
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from dalistream.errors import ConfigError
 from dalistream.plan import Layout, Schedule
 from dalistream.plan.buckets import BucketEpoch, bucket_steps, bucket_totals
-from dalistream.plan.bucketstats import bucket_quality, bucket_reading, bucket_summary, pixel_cost, token_padding
+from dalistream.tools.bucketview import bucket_quality, bucket_reading, bucket_summary, pixel_cost, token_padding
 
 
 def execute(plan, counts, schedule, epoch):
@@ -183,7 +183,7 @@ def test_lookahead_limit_refuses():
 
 # -- elastic resume ------------------------------------------------------------------------------
 
-from dalistream.plan.bucketresume import resumed_bucket_plan  # noqa: E402
+from dalistream.plan.buckets import resumed_bucket_plan  # noqa: E402
 from dalistream.errors import StateError  # noqa: E402
 
 
@@ -243,7 +243,7 @@ def test_resume_state_from_elsewhere_is_refused():
 
 # -- mixing ---------------------------------------------------------------------------------------
 
-from dalistream.plan.bucketmix import BucketMix  # noqa: E402
+from dalistream.plan.buckets import BucketMix  # noqa: E402
 
 
 def test_stratified_mix_with_buckets_is_refused():

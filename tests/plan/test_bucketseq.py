@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dalistream.plan import Layout, Schedule
-from dalistream.plan.bucketmix import BucketMix
+from dalistream.plan.buckets import BucketMix
 from dalistream.plan.buckets import BucketEpoch
 from dalistream.plan.bucketseq import BucketIndex, column_counts, cut_before, cuts_of, rank_cuts
 from dalistream.plan.ownership import epoch_order

@@ -9,7 +9,8 @@ import itertools
 import numpy as np
 import pytest
 
-from dalistream.plan import Layout, ResumePlan, Schedule, epoch_layout, resumed_steps, steps_per_epoch
+from dalistream.plan import Layout, Schedule, epoch_layout, steps_per_epoch
+from dalistream.plan.affinity import AffinePlan
 
 EXACT = Schedule(3, "exact")
 LAYOUTS = [Layout(R, W, B) for R in range(1, 5) for W in range(1, 4) for B in range(W, 17)]
@@ -66,7 +67,7 @@ def test_every_rank_runs_the_same_steps_and_no_batch_is_only_padding_where_a_sam
         check(per_step(np.diff(plan.bounds), layout, s, columns), layout, s, n, f"{layout}, N={n}")
         # resumed at a random step on the same layout: the rest of the same batches
         step = int(rng.integers(0, s + 1))
-        assert resumed_steps(counts, planned, EXACT, 1, (), 0) - step == s - step
+        assert AffinePlan(counts, planned, None, EXACT, 1, columns=False).steps - step == s - step
 
 
 @pytest.mark.slow
@@ -80,8 +81,8 @@ def test_after_an_elastic_resume_too(columns):
         past = was.planned(columns)
         segments = [(past.world_size, past.workers, past.batch_size, ran)] if ran else []
         shuffle = int(rng.choice([0, 0, 5]))
-        plan = ResumePlan(counts, layout.planned(columns), EXACT, 0, segments, shuffle)
-        left = plan.rest.total
+        plan = AffinePlan(counts, layout.planned(columns), None, EXACT, 0, columns=False, shuffle=shuffle, segments=segments)
+        left = plan.sequence.total
         if columns:
             sizes = np.array([plan.worker(q, 0).samples for q in range(layout.world_size * layout.batch_size)])
         else:

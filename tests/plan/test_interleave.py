@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dalistream.config import reading_order
 from dalistream.plan import Layout, Schedule, epoch_layout, worker_columns
-from dalistream.plan.quality import rank_batches, shuffle_quality
+from dalistream.tools.quality import rank_batches, shuffle_quality
 
 from helpers import plan_case as cases
 from helpers import run_epoch, small_layout

@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from dalistream.errors import ConfigError
-from dalistream.plan import (Layout, epoch_order, seeds, MixEpoch, Schedule, batch_sources, check_fields, check_share, check_weights,
-                             cumulative, integer_weights, mix_plan, mix_steps, mix_summary, parse_mix, parse_mix_arg,
-                             worker_take)
+from dalistream.mixing import check_weights, parse_mix, parse_mix_arg
+from dalistream.plan import (Layout, epoch_order, seeds, MixEpoch, Schedule, batch_sources, check_share, cumulative,
+                             integer_weights, mix_steps, worker_take)
+from dalistream.tools.planview import mix_summary
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -61,7 +62,7 @@ def test_worked_example():
 @given(weights=weight_lists(), batch_size=st.integers(1, 512), steps=st.integers(0, 300),
        first=st.integers(0, 10**6), per_batch=st.sampled_from(["sample", "source"]))
 def test_batches_sum_to_b_and_prefixes_stay_within_one(weights, batch_size, steps, first, per_batch):
-    counts = batch_sources(weights, batch_size, steps, per_batch, first_step=first)
+    counts = batch_sources(weights, batch_size, steps, per_batch, dealt=first * (batch_size if per_batch == "sample" else 1))
     assert counts.shape == (steps, len(weights)) and (counts >= 0).all()
     assert (counts.sum(axis=1) == batch_size).all()
     if per_batch == "source":
@@ -130,12 +131,13 @@ def check_epoch(ep, layout, weights):
         assert (np.abs(epoch_share * w.sum() - w * steps * B) < w.sum() * unit).all()
     for r in range(R):
         for k in range(layout.workers):
-            plan = ep.worker(r, k)
-            assert plan.steps == steps and plan.slot == layout.slots[k]
-            takes = np.stack([sp.take for sp in plan.sources], axis=1) if steps else np.zeros((0, S))
-            assert (takes.sum(axis=1) == plan.slot).all()
-            for sp in plan.sources:
-                assert sp.samples == int(sp.take.sum()) == sum(b - a for _, a, b in sp.parts)
+            columns = ep.worker_columns(r, k)  # spans: one column of each source, in order
+            assert [s for _, _, s in columns] == list(range(S))
+            assert all(p.steps == steps and p.slot == layout.slots[k] for p, _, _ in columns)
+            takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, S))
+            assert (takes.sum(axis=1) == layout.slots[k]).all()
+            for p, take, _ in columns:
+                assert p.samples == int(take.sum()) == sum(b - a for _, a, b in p.parts)
     for s in range(S):
         seen = samples_of(ep, s)
         assert sum(b - a for *_, a, b in seen) == R * int(epoch_share[s])
@@ -162,7 +164,8 @@ def test_spans_cover_each_sample_once_per_pass(case, per_batch):
     more = batch_sources(weights, layout.batch_size, ep.steps + 1, per_batch)[-1]  # one more would repeat
     assert any(layout.world_size * (u + m) > t for u, m, t in zip(per_rank, more, totals))
     for r in range(layout.world_size):  # every rank computes the same steps from counts alone
-        plan = mix_plan(counts, weights, layout, schedule, epoch, r, layout.workers - 1, names, per_batch)
+        ((plan, _, _), *_) = MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch).worker_columns(
+            r, layout.workers - 1)
         assert plan.steps == ep.steps
 
 
@@ -229,10 +232,10 @@ def test_endless_span_crosses_a_pass():
     layout = Layout(2, 2, 8)
     counts, weights = [[5, 7, 3], [50] * 8], [0.5, 0.5]
     ep = MixEpoch(counts, weights, layout, Schedule(4), 1, ["small", "big"], samples_per_epoch=80)
-    crossing = [ep.worker(r, k).sources[0] for r in range(2) for k in range(2)]
-    assert any(len(set(sp.passes)) > 1 for sp in crossing)
-    for sp in crossing:
-        assert list(sp.passes) == sorted(sp.passes)  # parts of pass p, then of pass p+1
+    crossing = [ep.source_parts(0, layout.global_worker(r, k))[1] for r in range(2) for k in range(2)]
+    assert any(len(set(passes)) > 1 for passes in crossing)
+    for passes in crossing:
+        assert passes == sorted(passes)  # parts of pass p, then of pass p+1
     summary = mix_summary(counts, weights, layout, Schedule(4), 1, ["small", "big"], samples_per_epoch=80)
     small = summary["sources"][0]
     assert summary["steps"] == 5 and small["used"] == 40 and small["repeats"] == 40 and small["left_out"] == 0
@@ -262,7 +265,7 @@ def test_deterministic_from_seed_and_epoch():
 
     def parts(seed, epoch):
         ep = MixEpoch(counts, [0.4, 0.6], layout, Schedule(seed), epoch, samples_per_epoch=400)
-        return [sp.parts for r in range(3) for k in range(2) for sp in ep.worker(r, k).sources]
+        return [p.parts for r in range(3) for k in range(2) for p, _, _ in ep.worker_columns(r, k)]
 
     assert parts(1, 2) == parts(1, 2)
     assert parts(1, 2) != parts(2, 2) and parts(1, 2) != parts(1, 3)
@@ -273,8 +276,8 @@ def test_each_source_has_its_own_order_and_shuffle():
     ep = MixEpoch(counts, [1, 1], Layout(2, 2, 8), Schedule(7), 3)
     assert (ep.pass_layout(0, 3).order == epoch_order(40, 7, 3)).all()  # source 0: the unmixed epoch's order
     assert (ep.pass_layout(1, 3).order != ep.pass_layout(0, 3).order).any()
-    plan = ep.worker(1, 1)
-    assert plan.sources[0].shuffle_seed == seeds.sample_shuffle(7, 3, 3) != plan.sources[1].shuffle_seed
+    (a, _, _), (b, _, _) = ep.worker_columns(1, 1)
+    assert a.shuffle_seed == seeds.sample_shuffle(7, 3, 3) != b.shuffle_seed
 
 
 # -- bad input -------------------------------------------------------------------------------
@@ -337,9 +340,3 @@ def test_share_and_empty_errors():
         batch_sources([1, 1], 8, 3, per_batch="shard")
     with pytest.raises(ConfigError, match="samples_per_epoch"):
         mix_steps([10, 10], [1, 1], Layout(1, 1, 8), samples_per_epoch=4)
-
-
-def test_fields_must_agree():
-    check_fields({"a": ["jpg", "cls"], "b": ["cls", "jpg"]})
-    with pytest.raises(ConfigError, match=r"source 'b' has fields \['jpg'\].*missing \['cls'\]"):
-        check_fields({"a": ["jpg", "cls"], "b": ["jpg"]})

@@ -13,7 +13,7 @@ import pytest
 
 from dalistream import Stream
 from dalistream.plan import Layout, MixEpoch, Schedule
-from dalistream.plan.quality import mix_rank_batches
+from dalistream.tools.quality import mix_rank_batches
 from dalistream.worker import WorkerSource
 
 from helpers import REPO, key_shards

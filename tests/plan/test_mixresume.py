@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dalistream.errors import ConfigError
 from dalistream.plan import Layout, MixEpoch, Schedule
-from dalistream.plan.mixresume import MixResume, continued_counts
+from dalistream.plan.mix import MixResume, batch_sources
 from dalistream.plan.shuffle import shuffled
 
 
@@ -35,16 +35,16 @@ def run(counts, weights, layouts, steps_run, shuffle, seed=3, epoch=1, per_batch
         if not segments:
             mix = MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch)
             steps = mix.steps if k == len(layouts) - 1 else min(steps_run[k], mix.steps)
-            per_worker = {(r, w): [(plan_of(mix, r, w, s), mix.take[:, w, s]) for s in range(len(counts))]
-                          for r, w in itertools.product(range(layout.world_size), range(layout.workers))}
-            passes = mix
+            plan = passes = mix
         else:
             res = MixResume(counts, weights, names, per_batch, None, layout, schedule, epoch, segments, shuffle)
             steps = res.steps if k == len(layouts) - 1 else min(steps_run[k], res.steps)
-            per_worker = {(r, w): res.worker(r, w)
-                          for r, w in itertools.product(range(layout.world_size), range(layout.workers))}
-            passes = res._passes
-            want = continued_counts(weights, n0, layout, steps, per_batch)
+            plan, passes = res, res._passes
+        # spans: each worker reads one column of each source, sources in order
+        per_worker = {(r, w): [(p, take) for p, take, _ in plan.worker_columns(r, w)]
+                      for r, w in itertools.product(range(layout.world_size), range(layout.workers))}
+        if segments:
+            want = batch_sources(weights, layout.batch_size, steps, per_batch, n0)
             got = np.stack([sum(np.asarray(per_worker[(0, w)][s][1][:steps], dtype=np.int64)
                                 for w in range(layout.workers)) for s in range(len(counts))], axis=1)
             assert (got == want).all()  # every rank batch: the continued rule's count of each source
@@ -57,14 +57,6 @@ def run(counts, weights, layouts, steps_run, shuffle, seed=3, epoch=1, per_batch
         segments.append((layout.world_size, layout.workers, layout.batch_size, steps))
         n0 += steps * layout.batch_size if per_batch == "sample" else steps
     return delivered, n0
-
-
-def plan_of(mix, r, w, s):
-    from dalistream.plan import WorkerPlan
-
-    sp = mix.worker(r, w).sources[s]
-    return WorkerPlan(r, w, mix.epoch, sp.parts, mix.steps, mix.layout.slots[w], mix.layout.slot_offsets[w],
-                      sp.samples, mix.layout.global_worker(r, w), 0, (), sp.shuffle_seed)
 
 
 def small_layout():
@@ -107,9 +99,9 @@ def test_samples_per_epoch_goes_on_from_the_epochs_cursor(epoch):
     n0 = epoch * mix.steps * 10 + 1 * 10
     assert res.steps > 0
     got = res.take.sum(axis=1)  # (steps, S): the rank batch's counts
-    assert (got == continued_counts(weights, n0, new, res.steps, "sample")).all()
+    assert (got == batch_sources(weights, new.batch_size, res.steps, "sample", n0)).all()
     used = mix.bounds[:, -1] - mix.bounds[:, 0]  # the epoch's range per source
     delivered = np.tile(mix.take[:1].sum(axis=0), (2, 1)).sum(axis=0)
     assert (res.take.sum(axis=(0, 1)) * new.world_size <= used - delivered).all()
-    plans = [res.worker(0, w) for w in range(2)]
-    assert sum(p.samples for w in plans for p, _ in w) == int(res.take.sum())
+    columns = [c for w in range(2) for c in res.worker_columns(0, w)]
+    assert sum(p.samples for p, _, _ in columns) == int(res.take.sum())

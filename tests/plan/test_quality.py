@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from dalistream.errors import ConfigError
 from dalistream.plan import Layout, Schedule, epoch_layout, seeds, worker_plan
 from dalistream.plan.shuffle import shuffled
-from dalistream.plan.quality import (batch_label_stats, rank_batches, shuffle_quality, sorted_labels,
+from dalistream.tools.quality import (batch_label_stats, rank_batches, shuffle_quality, sorted_labels,
                                      worker_streams)
 
 from helpers import plan_case

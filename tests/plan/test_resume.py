@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dalistream.errors import StateError
-from dalistream.plan import Layout, ResumePlan, Schedule, remaining_summary, worker_plan
+from dalistream.plan import Layout, Schedule, worker_plan
+from dalistream.plan.affinity import AffinePlan
+from dalistream.tools.planview import remaining_summary
 from dalistream.plan.resume import check_segments
 
 from helpers import run_epoch, small_layout
@@ -56,7 +58,7 @@ def test_large_layouts(counts, layouts, fractions, policy, shuffle):
     schedule = Schedule(5, policy)
     segments = []
     for k, layout in enumerate(layouts[:-1]):
-        plan = ResumePlan(counts, layout, schedule, 1, segments, shuffle)
+        plan = AffinePlan(counts, layout, None, schedule, 1, columns=False, shuffle=shuffle, segments=segments)
         segments.append((layout.world_size, layout.workers, layout.batch_size, int(fractions[k] * plan.steps)))
     steps = [s[3] for s in segments]
     delivered, _ = run_epoch(counts, schedule, 1, layouts, steps, shuffle)
@@ -74,7 +76,7 @@ def test_no_segment_is_the_plain_plan(shuffle, policy, epoch):
     """Without earlier segments the resumed plan is the epoch's own plan (same parts, steps, drops:
     even's left-out samples are passed over by the same workers)."""
     counts, layout, schedule = [5, 0, 9, 3, 7, 11, 4], Layout(2, 2, 4), Schedule(1, policy)
-    plan = ResumePlan(counts, layout, schedule, epoch, [], shuffle)
+    plan = AffinePlan(counts, layout, None, schedule, epoch, columns=False, shuffle=shuffle, segments=[])
     for r, w in itertools.product(range(2), range(2)):
         a, b = plan.worker(r, w), worker_plan(counts, len(counts), layout, schedule, epoch, r, w)
         assert [p for p in b.parts if p[2] > p[1]] == list(a.parts)
@@ -96,7 +98,7 @@ def test_a_window_delivered_in_part_is_dropped_not_reread():
     again and its delivered samples dropped by ordinal: at most (buffer) of them are kept, and
     the fully delivered prefix is not read at all."""
     counts, schedule = [1000], Schedule(0, "exact")
-    plan = ResumePlan(counts, Layout(1, 1, 10), schedule, 0, [(1, 1, 10, 30)], 50)
+    plan = AffinePlan(counts, Layout(1, 1, 10), None, schedule, 0, columns=False, shuffle=50, segments=[(1, 1, 10, 30)])
     wp = plan.worker(0, 0)
     assert wp.drop and wp.samples == 700
     assert wp.drop[-1] + 1 - len(wp.drop) <= 50  # kept samples up to the window's end
@@ -111,10 +113,10 @@ def test_bad_segments_are_state_errors(bad):
 
 def test_a_segment_past_its_plan_is_a_state_error():
     with pytest.raises(StateError, match="ran 99 steps"):
-        ResumePlan([10, 10], Layout(1, 1, 2), Schedule(0, "exact"), 0, [(1, 1, 2, 99)], 0)
+        AffinePlan([10, 10], Layout(1, 1, 2), None, Schedule(0, "exact"), 0, columns=False, shuffle=0, segments=[(1, 1, 2, 99)])
 
 
 def test_fixed_continues_the_remaining_batches():
     schedule = Schedule(0, "fixed", batches_per_epoch=20)
-    plan = ResumePlan([30, 30], Layout(2, 1, 4), schedule, 0, [(3, 1, 4, 7)], 0)
+    plan = AffinePlan([30, 30], Layout(2, 1, 4), None, schedule, 0, columns=False, shuffle=0, segments=[(3, 1, 4, 7)])
     assert plan.steps == 13 and plan.worker(1, 0).steps == 13

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dalistream.plan import Layout, Schedule, epoch_layout, epoch_summary, owned_parts
+from dalistream.plan import Layout, Schedule, epoch_layout, owned_parts
+from dalistream.tools.planview import epoch_summary
 
 
 @st.composite

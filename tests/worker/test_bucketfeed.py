@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from dalistream import LengthBuckets, Stream
-from dalistream.plan.cached import bucket_epoch
-from dalistream.plan.epochplan import epoch_plan
+from dalistream.plan.epochplan import bucket_epoch, epoch_plan
 from dalistream.worker import WorkerSource
 from dalistream.worker.bucketfeed import BucketFeed
 from dalistream.worker.policy import ErrorPolicy

@@ -16,7 +16,7 @@ from dalistream.manifest import build_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.manifest.rows import ShardRows
 from dalistream.plan import worker_plan
-from dalistream.plan.quality import rank_batches
+from dalistream.tools.quality import rank_batches
 from dalistream.worker import WorkerSource
 from dalistream.worker.policy import ErrorPolicy
 from dalistream.worker.reader import PlanReader

@@ -1,13 +1,13 @@
-"""Shuffle quality without reading data: the exact order in which every rank's batches receive
+"""``dalistream plan --shuffle-quality``: shuffle quality without reading data: the exact order in which every rank's batches receive
 samples is a pure function of (counts, layout, schedule, epoch, shuffle buffer size), so the
 labels a batch holds can be computed for a labelling of the samples (class-sorted by default:
 ``label = position × classes / samples``, what a naive folder conversion writes) and compared
 with a random order of the same samples.
 
 The worker's order is reproduced from its parts: global worker ``g`` reads its span of the
-epoch's sample sequence (:mod:`.ownership`; under ``even``, of the samples kept) and shuffles it through :func:`.shuffle.shuffled`,
+epoch's sample sequence (:mod:`dalistream.plan.ownership`; under ``even``, of the samples kept) and shuffles it through :func:`dalistream.plan.shuffle.shuffled`,
 the same function the worker runs, fed indices instead of samples; ``columns=True`` reproduces
-interleaved reading (the default of training streams: :attr:`.layout.Layout.column_layout`).
+interleaved reading (the default of training streams: :attr:`dalistream.plan.Layout.column_layout`).
 ``interleave=k > 1`` and ``spread`` are the design study's candidates that led to it (see
 :func:`worker_streams`); the worker does not read them.
 
@@ -21,10 +21,13 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from . import seeds
-from .shuffle import shuffled
-from .layout import Layout, Schedule
-from .ownership import EpochLayout, epoch_layout
+from ..plan import seeds
+from ..plan.affinity import AffinePlan, Nodes, node_owner
+from ..plan.layout import Layout, Schedule
+from ..plan.mix import column_index, column_takes
+from ..plan.ownership import EpochLayout, epoch_layout
+from ..plan.resume import Stretch
+from ..plan.shuffle import shuffled
 
 
 def worker_streams(plan: EpochLayout, layout: Layout, interleave: int = 1, spread: bool = False) -> List[np.ndarray]:
@@ -160,13 +163,11 @@ def batches_quality(batches: np.ndarray, counts: Sequence[int], layout: Layout, 
 
 
 def mix_rank_batches(plan: Any, buffer: int) -> np.ndarray:
-    """Sample ids of every rank's batches in a mix's epoch (a :class:`~.mix.MixEpoch`), as
+    """Sample ids of every rank's batches in a mix's epoch (a :class:`~dalistream.plan.mix.MixEpoch`), as
     :func:`rank_batches` gives them for one data set: source ``s``'s sample ``i`` (in its shards'
     written order) is id ``i`` plus the samples of the sources before it. Each worker's slot takes
     each of its columns' share at each step, sources in order (the worker's own rule); a column
     read through a buffer (spans, ``buffer > 1``) is shuffled as the worker shuffles it."""
-    from .mixcolumns import column_index, column_takes
-
     layout, steps = plan.layout, plan.steps
     out = np.full((layout.world_size, steps, layout.batch_size), -1, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(plan.totals)])
@@ -241,3 +242,94 @@ def compared(batches: np.ndarray, total: int, layout: Layout, schedule: Schedule
         base = result["random"][scope]["distinct"]
         result[f"{scope}_vs_random"] = result["order"][scope]["distinct"] / base if base else 1.0
     return result
+
+
+# -- node affinity (dalistream.plan.affinity): its batches, and its numbers per node -------------
+
+def affine_rank_batches(counts: Sequence[int], layout: Layout, nodes: Nodes, schedule: Schedule, epoch: int,
+                        buffer: int, columns: bool) -> np.ndarray:
+    """Sample ids of every rank's batches in ``epoch`` with node affinity: ``(ranks, steps,
+    batch_size)``, ``-1`` for padding (as :func:`rank_batches`)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    plan = AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns, shuffle=0 if columns else buffer)
+    ep = plan.ep
+    written = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=written[1:])
+    by_position = np.repeat(written[ep.order] - ep.starts[:-1], counts[ep.order]) + np.arange(ep.total, dtype=np.int64)
+    # the sample ids of the spans read, one block of consecutive spans (a node's) at a time
+    ids = np.full(int(plan.bounds[-1]), -1, dtype=np.int64)
+    real = np.flatnonzero(plan.owners >= 0)
+    for block in np.split(real, np.flatnonzero(np.diff(real) > 1) + 1):
+        if len(block):
+            lo, hi = int(plan.bounds[block[0]]), int(plan.bounds[block[-1] + 1])
+            ids[lo:hi] = by_position[epoch_positions(plan.sequence.runs(lo, hi), hi - lo)]
+    steps, planned = plan.steps, layout.planned(columns)
+    out = np.full((layout.world_size, steps, layout.batch_size), -1, dtype=np.int64)
+    for g in range(planned.global_workers):
+        i = int(plan.span[g])
+        lo, hi = int(plan.bounds[i]), int(plan.bounds[i + 1])
+        if columns:  # column g = p·R + r: its span's t-th sample at step t
+            p, r = divmod(g, layout.world_size)
+            n = min(hi - lo, steps)
+            out[r, :n, p] = ids[lo:lo + n]
+            continue
+        r, w = divmod(g, layout.workers)
+        slot, first = layout.slots[w], layout.slot_offsets[w]
+        pick = np.fromiter(shuffled(range(hi - lo), buffer, seeds.sample_shuffle(schedule.seed, epoch, g)),
+                           dtype=np.int64, count=hi - lo)
+        emitted = np.full(steps * slot, -1, dtype=np.int64)
+        n = min(hi - lo, steps * slot)
+        emitted[:n] = ids[lo + pick[:n]]
+        out[r, :, first:first + slot] = emitted.reshape(steps, slot)
+    return out
+
+
+def epoch_positions(runs: Sequence[Stretch], size: int) -> np.ndarray:
+    """The epoch positions ``runs`` hold (``size`` of them), in order, their drops left out."""
+    if not runs:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.fromiter((r.start for r in runs), np.int64, len(runs))
+    lengths = np.fromiter((r.stop - r.start for r in runs), np.int64, len(runs))
+    offsets = np.zeros(len(runs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    out = np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]), dtype=np.int64)
+    keep = np.ones(len(out), dtype=bool)
+    for j, r in enumerate(runs):
+        if r.drop:
+            keep[offsets[j] + np.asarray(r.drop, dtype=np.int64) - r.start] = False
+    out = out[keep]
+    if len(out) != size:
+        raise ValueError(f"runs hold {len(out)} positions, not {size}")
+    return out
+
+
+def affine_shuffle_quality(counts: Sequence[int], layout: Layout, nodes: Nodes, schedule: Schedule, epoch: int,
+                           buffer: int, classes: int = 100, labels: Optional[np.ndarray] = None,
+                           columns: bool = False) -> Dict[str, Any]:
+    """:func:`shuffle_quality` of the node-affine order (``nodes`` in the result)."""
+    batches = affine_rank_batches(counts, layout, nodes, schedule, epoch, buffer, columns)
+    result = batches_quality(batches, counts, layout, schedule, epoch, buffer, classes, labels, columns=columns)
+    result["nodes"] = nodes.count
+    return result
+
+
+def affine_summary(counts: Sequence[int], layout: Layout, nodes: Nodes, schedule: Schedule, epoch: int,
+                   columns: bool) -> Dict[str, Any]:
+    """An epoch's numbers with node affinity: steps, shards and samples per node (the share of
+    the data each node's cache holds), samples left out (``even``) and padding (``exact``)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    plan = AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns)
+    owner = node_owner(counts, nodes.count, schedule.seed)
+    shards = np.bincount(owner, minlength=nodes.count)
+    samples = plan.sequence.node_totals
+    per_node = plan.steps * nodes.ranks_per_node * layout.batch_size
+    total = int(counts.sum())
+    return {
+        "epoch": epoch, "policy": schedule.policy, "nodes": nodes.count, "ranks_per_node": nodes.ranks_per_node,
+        "shards": len(counts), "samples": total, "steps": plan.steps,
+        "shards_per_node": {"min": int(shards.min()), "max": int(shards.max())},
+        "samples_per_node": {"min": int(samples.min()), "max": int(samples.max())},
+        "largest_node_share": float(samples.max() / total) if total else 0.0,
+        "left_out": int(np.maximum(samples - per_node, 0).sum()) if schedule.policy == "even" else 0,
+        "padding": int(np.maximum(per_node - samples, 0).sum()) if schedule.policy != "even" else 0,
+    }
