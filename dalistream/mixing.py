@@ -14,11 +14,8 @@ refused (:func:`check_disjoint`). The composition is the mix's own, stratified p
 another layout mid-epoch it goes on by
 :class:`dalistream.plan.mix.MixResume` (default epochs, ``per_batch="sample"``).
 
-**Buckets** (``buckets=``): :func:`bucketed` is the last step of the resolution: the buckets are
-resolved from the manifests' per-sample keys (``AspectBuckets.auto`` from every source's), every
-sample's bucket is kept in its data set (:attr:`~dalistream.dataset.DataSet.buckets`), and the
-first epoch is planned once, so that a layout the plan refuses fails before any worker starts.
-A mix is bucketed with ``per_batch="source"`` only (:class:`dalistream.plan.buckets.BucketMix`).
+With buckets (:func:`dalistream.stream.bucketed`) a mix is bucketed with ``per_batch="source"``
+only (:class:`dalistream.plan.buckets.BucketMix`).
 
 The input, checked before anything is listed: ``{name: (source, weight)}`` or ``{name: {"source":
 …, "weight": …, "manifest": …, "storage_options": …}}`` (:func:`parse_mix`), and ``NAME=WEIGHT:SOURCE``
@@ -26,37 +23,25 @@ on a command line (:func:`parse_mix_arg`); every bad input is a :class:`~dalistr
 that names the source.
 
 What each worker reads of an epoch, mix or not, bucketed or not, is the one plan of
-:func:`dalistream.plan.epochplan.epoch_plan`; this module resolves the data it plans.
+:func:`dalistream.plan.epochplan.epoch_plan`; :mod:`dalistream.stream` resolves the data it plans.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import math
 import numbers
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
-
-from .buckets import missing_keys
-from .config import SHUFFLE_BUFFER
 from .dataset import DataSet
 from .errors import ConfigError
 from .io.local import local_path
-from .io.stores import any_remote
-from .manifest import SampleOffsets, count_samples
-from .manifest.files import manifest_reader, manifest_urls
 from .plan import Layout, MixEpoch, Schedule
-from .plan.buckets import check_bucket_mix
-from .plan.epochplan import check_buckets, mix_epoch
+from .plan.epochplan import mix_epoch
 from .plan.mix import check_options
-from .sources import expand_sources, is_remote
-
-log = logging.getLogger(__name__)
+from .sources import is_remote
 
 
 # -- a mix as given: {name: (source, weight)} or a dict per source; NAME=WEIGHT:SOURCE on a command line
@@ -200,68 +185,12 @@ class Mix:
                 "per_batch": self.per_batch, "samples_per_epoch": self.samples_per_epoch}
 
 
-def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
-                   storage_options: Optional[Mapping[str, Any]] = None) -> DataSet:
-    """One data set resolved: its shards listed and their samples counted, with offsets and
-    member layouts where a manifest or a scan has them (cached in ``config.cache_dir``), shard
-    sizes and bytes per sample, and (with ``config.buckets``) the manifest's per-sample keys. The
-    one way every data set is resolved, a mix's sources and a single set alike (``config``: its
-    policy, cache, scan limit, error policy; ``manifest`` the source's, ``storage_options`` its
-    own, else the config's). ``fixed`` without a manifest
-    counts nothing (workers own whole shards)."""
-    options = dict(config.storage_options if storage_options is None else storage_options)
-    read = manifest_reader(config.cache_dir, options)  # (the listing and the counts read the manifest once)
-    urls = expand_sources([sources] if isinstance(sources, str) else list(sources), options,
-                          named=lambda folder: manifest_urls(folder, read, manifest))
-    if not manifest and config.policy == "fixed":
-        return DataSet(tuple(urls))
-    # skip: a bad shard counts the samples before its problem (what a worker delivers)
-    counted = count_samples(urls, manifest=manifest, cache_dir=config.cache_dir, options=options,
-                            lowercase=config.lowercase_ext, tolerant=config.on_error != "raise",
-                            scan_limit_bytes=config.scan_limit_bytes, read=read)
-    rows = counted.rows
-    per_sample = None
-    sized = rows.sizes >= 0
-    if sized.any() and rows.samples[sized].sum():
-        per_sample = float(rows.sizes[sized].sum() / rows.samples[sized].sum())
-    offsets = None
-    if rows.offsets is not None:
-        offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
-        if config.cache_dir:
-            offsets = offsets.saved(config.cache_dir)
-    sizes = tuple(rows.sizes.tolist()) if bool(sized.all()) else None
-    keys = rows.keys if config.buckets is not None else None  # (bucketed() uses and checks them)
-    return DataSet(tuple(urls), tuple(rows.samples.tolist()), offsets, count_source=counted.source,
-                   bytes_per_sample=per_sample, sizes=sizes, keys=keys)
-
-
-def reading_order_for(config: Any, data: Sequence[DataSet]) -> Tuple[Any, str]:
-    """The reading order of ``config`` once its data sets are known, and why: the config's rule
-    (:func:`~dalistream.config.reading_order`), except that remote shards whose counts came
-    without sample offsets read one span per worker through a buffer (each column would fetch
-    its shard from byte 0 up to its part); a bucket plan reads its own columns."""
-    if config.buckets is not None:
-        return config, "buckets: every batch one bucket, formed as the buckets fill from columns read at once"
-    remote = any(d.counts is not None and d.offsets is None and any_remote(d.urls) for d in data)
-    if config.interleave and remote:
-        log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
-                    "each worker reads one span through a shuffle buffer of %d instead; write a manifest "
-                    "with offsets (`dalistream index SOURCE`) to read interleaved",
-                    next(d.count_source for d in data if d.offsets is None) or "the manifest", SHUFFLE_BUFFER)
-        return (config.replace(interleave=False, shuffle=config.shuffle or SHUFFLE_BUFFER),
-                "remote shards without sample offsets: one span per worker through a shuffle buffer")
-    if config.interleave:
-        return config, "interleaved: every batch position reads its own span of the epoch"
-    if config.shuffle > 1:
-        return config, f"one span per worker through a shuffle buffer of {config.shuffle}"
-    return config, "one span per worker, in order"
-
-
-def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
+def open_mix(mapping: Mapping[str, Any], config: Any, resolve: Callable[..., DataSet], per_batch: str = "sample",
              samples_per_epoch: Optional[int] = None, interleave_asked: bool = False) -> Mix:
-    """Resolve every source of ``mapping`` (see the module doc) for ``config``
-    (:func:`resolve_source`: its storage options, cache, scan limit and error policy apply to
-    every source without its own) and check the mix."""
+    """Resolve every source of ``mapping`` (see the module doc) for ``config`` by ``resolve(source,
+    config, manifest=, storage_options=)`` (the stream's one way to resolve a data set,
+    :func:`dalistream.stream.resolve_source`: the config's storage options, cache, scan limit and
+    error policy apply to every source without its own) and check the mix."""
     check_options(per_batch, samples_per_epoch)  # (before any source is listed)
     if config.policy != "even":
         raise ConfigError(f"a mix's epoch is set by its weights (or samples_per_epoch), not by policy {config.policy!r}",
@@ -276,7 +205,7 @@ def open_mix(mapping: Mapping[str, Any], config: Any, per_batch: str = "sample",
         options = dict(item.storage_options if item.storage_options is not None else config.storage_options)
         if config.storage_options.get("cache") is not None:  # the node's byte cache, for every source
             options.setdefault("cache", config.storage_options["cache"])
-        data = resolve_source(item.source, config, manifest=item.manifest, storage_options=options)
+        data = resolve(item.source, config, manifest=item.manifest, storage_options=options)
         check_disjoint(item.name, data.urls, owners)
         if not sum(data.counts or ()):
             raise ConfigError(f"mix: source {item.name!r} holds no samples", url=data.urls[0] if data.urls else None)
@@ -308,35 +237,3 @@ def check_disjoint(name: str, urls: Sequence[str], owners: dict) -> None:
 def concatenated(sources: Sequence[MixedSource]) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
     """All sources' shard URLs and counts end to end (the stream's own view, for sizing and messages)."""
     return (tuple(u for s in sources for u in s.data.urls), tuple(c for s in sources for c in s.data.counts))
-
-
-# -- buckets ------------------------------------------------------------------------------------
-
-def bucketed(config: Any, data: DataSet, mix: Any) -> Tuple[Any, DataSet, Any]:
-    """``(config, data, mix)`` with the buckets resolved and every sample's bucket known (see
-    the module doc); a data set without the keys its buckets need is a
-    :class:`~dalistream.errors.ManifestError` that names the ``dalistream index … --keys``
-    command to run."""
-    buckets = config.buckets
-    kind = type(buckets).__name__
-    if mix is not None:
-        check_bucket_mix(mix.per_batch, mix.samples_per_epoch)
-    sets = [(None, data)] if mix is None else [(s.name, s.data) for s in mix.sources]
-    for name, d in sets:
-        if not d.keys or any(c not in d.keys for c in buckets.columns):
-            what = kind + (f" (mix source {name!r})" if name is not None else "")
-            raise missing_keys(buckets.columns, d.keys, what, d.urls[0] if d.urls else None)
-    every = {c: np.concatenate([d.keys[c] for _, d in sets]) for c in buckets.columns}
-    resolved = buckets.resolve(every)
-    config = config.replace(buckets=resolved)
-    assigned = []
-    for _, d in sets:
-        starts = np.concatenate([[0], np.cumsum(d.counts)])
-        assigned.append(d.with_buckets(resolved.assign(d.keys, d.urls, starts)))
-    if mix is None:
-        data = assigned[0]
-    else:
-        mix = dataclasses.replace(mix, sources=tuple(dataclasses.replace(s, data=d)
-                                                     for s, d in zip(mix.sources, assigned)))
-    check_buckets(config, data, mix)
-    return config, data, mix

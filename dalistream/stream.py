@@ -14,16 +14,24 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-from .config import StreamConfig, WORKERS
+import numpy as np
+
+from .buckets import missing_keys
+from .config import SHUFFLE_BUFFER, StreamConfig, WORKERS
 from .dataset import DataSet
 from .errors import ConfigError, redact, redact_client_logs
 from .io.folder import folder_problem
 from .io.options import with_cache
+from .io.stores import any_remote
 from .dali.device import check_start_method, resolve_device
-from .mixing import Mix, bucketed, concatenated, open_mix, reading_order_for, resolve_source
+from .manifest import SampleOffsets, count_samples
+from .manifest.files import manifest_reader, manifest_urls
+from .mixing import Mix, concatenated, open_mix
 from .plan import Layout, check_layout, steps_per_epoch
-from .plan.epochplan import affine_plan, epoch_plan, plan_head, planned_layout
+from .plan.buckets import check_bucket_mix
+from .plan.epochplan import affine_plan, check_buckets, epoch_plan, plan_head, planned_layout
 from .plan.affinity import ranks_per_node, resolve_nodes
+from .sources import expand_sources
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +165,101 @@ def check_node_data(config: StreamConfig, counts: Sequence[int]) -> None:
                           hint="use a smaller batch_size, policy='exact', or fewer nodes' worth of shards per node")
 
 
+def resolve_source(sources: Any, config: Any, *, manifest: Optional[str],
+                   storage_options: Optional[Mapping[str, Any]] = None) -> DataSet:
+    """One data set resolved: its shards listed and their samples counted, with offsets and
+    member layouts where a manifest or a scan has them (cached in ``config.cache_dir``), shard
+    sizes and bytes per sample, and (with ``config.buckets``) the manifest's per-sample keys. The
+    one way every data set is resolved, a mix's sources and a single set alike (``config``: its
+    policy, cache, scan limit, error policy; ``manifest`` the source's, ``storage_options`` its
+    own, else the config's). ``fixed`` without a manifest
+    counts nothing (workers own whole shards)."""
+    options = dict(config.storage_options if storage_options is None else storage_options)
+    read = manifest_reader(config.cache_dir, options)  # (the listing and the counts read the manifest once)
+    urls = expand_sources([sources] if isinstance(sources, str) else list(sources), options,
+                          named=lambda folder: manifest_urls(folder, read, manifest))
+    if not manifest and config.policy == "fixed":
+        return DataSet(tuple(urls))
+    # skip: a bad shard counts the samples before its problem (what a worker delivers)
+    counted = count_samples(urls, manifest=manifest, cache_dir=config.cache_dir, options=options,
+                            lowercase=config.lowercase_ext, tolerant=config.on_error != "raise",
+                            scan_limit_bytes=config.scan_limit_bytes, read=read)
+    rows = counted.rows
+    per_sample = None
+    sized = rows.sizes >= 0
+    if sized.any() and rows.samples[sized].sum():
+        per_sample = float(rows.sizes[sized].sum() / rows.samples[sized].sum())
+    offsets = None
+    if rows.offsets is not None:
+        offsets = SampleOffsets.from_flat(rows.starts, rows.offsets, rows.members)
+        if config.cache_dir:
+            offsets = offsets.saved(config.cache_dir)
+    sizes = tuple(rows.sizes.tolist()) if bool(sized.all()) else None
+    keys = rows.keys if config.buckets is not None else None  # (bucketed() uses and checks them)
+    return DataSet(tuple(urls), tuple(rows.samples.tolist()), offsets, count_source=counted.source,
+                   bytes_per_sample=per_sample, sizes=sizes, keys=keys)
+
+
+def reading_order_for(config: Any, data: Sequence[DataSet]) -> Tuple[Any, str]:
+    """The reading order of ``config`` once its data sets are known, and why: the config's rule
+    (:func:`~dalistream.config.reading_order`), except that remote shards whose counts came
+    without sample offsets read one span per worker through a buffer (each column would fetch
+    its shard from byte 0 up to its part); a bucket plan reads its own columns."""
+    if config.buckets is not None:
+        return config, "buckets: every batch one bucket, formed as the buckets fill from columns read at once"
+    remote = any(d.counts is not None and d.offsets is None and any_remote(d.urls) for d in data)
+    if config.interleave and remote:
+        log.warning("interleaved reading needs every sample's offset for remote shards (%s has counts only): "
+                    "each worker reads one span through a shuffle buffer of %d instead; write a manifest "
+                    "with offsets (`dalistream index SOURCE`) to read interleaved",
+                    next(d.count_source for d in data if d.offsets is None) or "the manifest", SHUFFLE_BUFFER)
+        return (config.replace(interleave=False, shuffle=config.shuffle or SHUFFLE_BUFFER),
+                "remote shards without sample offsets: one span per worker through a shuffle buffer")
+    if config.interleave:
+        return config, "interleaved: every batch position reads its own span of the epoch"
+    if config.shuffle > 1:
+        return config, f"one span per worker through a shuffle buffer of {config.shuffle}"
+    return config, "one span per worker, in order"
+
+
+def bucketed(config: Any, data: DataSet, mix: Any) -> Tuple[Any, DataSet, Any]:
+    """``(config, data, mix)`` with the buckets resolved and every sample's bucket known (see
+    the module doc); a data set without the keys its buckets need is a
+    :class:`~dalistream.errors.ManifestError` that names the ``dalistream index … --keys``
+    command to run."""
+    buckets = config.buckets
+    kind = type(buckets).__name__
+    if mix is not None:
+        check_bucket_mix(mix.per_batch, mix.samples_per_epoch)
+    sets = [(None, data)] if mix is None else [(s.name, s.data) for s in mix.sources]
+    for name, d in sets:
+        if not d.keys or any(c not in d.keys for c in buckets.columns):
+            what = kind + (f" (mix source {name!r})" if name is not None else "")
+            raise missing_keys(buckets.columns, d.keys, what, d.urls[0] if d.urls else None)
+    every = {c: np.concatenate([d.keys[c] for _, d in sets]) for c in buckets.columns}
+    resolved = buckets.resolve(every)
+    config = config.replace(buckets=resolved)
+    assigned = []
+    for _, d in sets:
+        starts = np.concatenate([[0], np.cumsum(d.counts)])
+        assigned.append(d.with_buckets(resolved.assign(d.keys, d.urls, starts)))
+    if mix is None:
+        data = assigned[0]
+    else:
+        mix = dataclasses.replace(mix, sources=tuple(dataclasses.replace(s, data=d)
+                                                     for s, d in zip(mix.sources, assigned)))
+    check_buckets(config, data, mix)
+    return config, data, mix
+
+
 def resolve(config: StreamConfig, mapping: Optional[Mapping[str, Any]] = None, *, per_batch: str = "sample",
             samples_per_epoch: Optional[int] = None,
             interleave_asked: bool = False) -> Tuple[StreamConfig, DataSet, Optional[Mix], str]:
     """Every data set, mix or not, resolved in one way: each source listed and counted
-    (:func:`~dalistream.mixing.resolve_source`; a single data set is a mix of one source, without
+    (:func:`resolve_source`; a single data set is a mix of one source, without
     a name), the data checked against the layout, and the reading order decided once the data is
-    known (:func:`~dalistream.mixing.reading_order_for`): ``(config, data set, mix or None, why)``;
-    with buckets, every sample's bucket is known by then (:func:`~dalistream.mixing.bucketed`)."""
+    known (:func:`reading_order_for`): ``(config, data set, mix or None, why)``;
+    with buckets, every sample's bucket is known by then (:func:`bucketed`)."""
     config = config.replace(storage_options=with_cache(config.storage_options, config.cache, config.cache_limit))
     if config.cache_dir is not None and not config.manifest and config.policy != "fixed":
         usable_cache_dir(os.fspath(config.cache_dir), given=True)
@@ -172,7 +267,7 @@ def resolve(config: StreamConfig, mapping: Optional[Mapping[str, Any]] = None, *
         raise ConfigError("affinity='node' is not supported for a mix: each source of a mix is planned on its own",
                           hint="read the mix without affinity (affinity=None)")
     if mapping is not None:
-        mix = open_mix(mapping, config, per_batch, samples_per_epoch, interleave_asked)
+        mix = open_mix(mapping, config, resolve_source, per_batch, samples_per_epoch, interleave_asked)
         urls, counts = concatenated(mix.sources)
         known = [s.data for s in mix.sources if s.data.sizes is not None]
         per_sample = (sum(sum(d.sizes) for d in known) / max(1, sum(sum(d.counts) for d in known))) if known else None

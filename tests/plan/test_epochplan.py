@@ -40,9 +40,9 @@ from dalistream import LengthBuckets
 from dalistream.config import StreamConfig
 from dalistream.dataset import DataSet
 from dalistream.errors import DalistreamError, StateError
-from dalistream.mixing import Mix, MixedSource, bucketed
+from dalistream.mixing import Mix, MixedSource
 from dalistream.plan.epochplan import EpochPlan, Reading, epoch_plan
-from dalistream.stream import Stream
+from dalistream.stream import Stream, bucketed
 
 COUNTS = (37, 52, 9, 61, 44, 30, 23, 58)
 OTHER = (25, 40, 33, 19, 48)
