@@ -12,7 +12,7 @@ spread over it (:func:`dalistream.plan.mix.column_sizes`); ``interleave=False`` 
 source's span per worker through the shuffle buffer instead. A shard listed by two sources is
 refused (:func:`check_disjoint`). The composition is the mix's own, stratified per batch. On
 another layout mid-epoch it goes on by
-:class:`dalistream.plan.mix.MixResume` (default epochs, ``per_batch="sample"``).
+:class:`dalistream.plan.mix.MixEpoch` given the segments that ran (default epochs, ``per_batch="sample"``).
 
 With buckets (:func:`dalistream.stream.bucketed`) a mix is bucketed with ``per_batch="source"``
 only (:class:`dalistream.plan.buckets.BucketMix`).

@@ -83,8 +83,8 @@ from .bucketworker import BucketWorkerPlan, holdings, stable_argsort
 from .mix import check_share, cumulative, span_layout
 from .ownership import epoch_order
 from .resume import Segment, Stretch, check_segments, runs_to_parts, segment_layout
+from .shapes import PER
 
-PER = ("rank", "global")
 
 #: Columns a rank reads per batch position (default ``C = 2B``). A batch of a bucket holding a
 #: share ``p`` of the samples forms over ``B/(p·C)`` lockstep rounds of the rank's columns: with
@@ -369,13 +369,6 @@ class BucketEpoch:
         out[self.owner[held], self.step_of[held], self.place[held]] = self.positions[held]
         return out
 
-    def written(self, positions: np.ndarray) -> np.ndarray:
-        """Written-order sample ids of planned epoch ``positions`` (``-1`` stays ``-1``)."""
-        if not hasattr(self, "_written"):
-            self._written = np.full(int(self.counts.sum()) + 1, -1, dtype=np.int64)  # the last: for -1
-            self._written[self.positions] = self.sample_ids
-        return self._written[np.asarray(positions, dtype=np.int64)]
-
     def worker(self, rank: int, worker: int) -> BucketWorkerPlan:
         """The :class:`~.bucketworker.BucketWorkerPlan` of (``rank``, ``worker``)."""
         layout, steps = self.layout, self.steps
@@ -405,11 +398,6 @@ class BucketEpoch:
         """Samples of the epoch no rank owns (``even``: the buckets' tails), however few ranks
         were laid out."""
         return int((self.totals - np.minimum(self.kept, self.totals)).sum())
-
-    def bound(self) -> int:
-        """The look-ahead bound of ``per="rank"``: ``B + (k − 1)(B − 1)``, ``k`` the buckets with samples."""
-        b, k = self.layout.batch_size, int((self.totals > 0).sum())
-        return b + max(k - 1, 0) * (b - 1)
 
 
 # -- elastic resume --------------------------------------------------------------------------------
@@ -497,11 +485,6 @@ class BucketMix:
         self.source = np.argmax(step, axis=1).astype(np.int64)
         self.source_step = dealt[:-1][np.arange(self.steps), self.source]
         self.used = dealt[-1]  # each source's plan steps used this epoch
-
-    def bucket(self, rank: int) -> np.ndarray:
-        """The bucket of each of rank ``rank``'s steps (``-1``: padding only)."""
-        return np.array([self.plans[s].step_bucket[rank, j] for s, j in zip(self.source, self.source_step)],
-                        dtype=np.int64)
 
     def rank_batches(self) -> np.ndarray:
         """``(ranks, steps, batch_size)`` of ``(source << 48) | epoch position`` (``-1`` padding)."""

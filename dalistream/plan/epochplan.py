@@ -41,7 +41,7 @@ from .bucketseq import BucketIndex
 from .buckets import BucketEpoch, BucketMix, bucket_steps, bucket_totals, resumed_bucket_plan
 from .bucketworker import BucketRun, bucket_run
 from .layout import Layout, Schedule
-from .mix import MixEpoch, MixResume
+from .mix import MixEpoch
 from .ownership import WorkerPlan, steps_per_epoch, worker_columns, worker_plan
 from .resume import continued, segment_head
 
@@ -122,12 +122,14 @@ def plan_head(config: Any, mix: Any, layout: Optional[Layout] = None, nodes: Any
     return segment_head(layout, planned_layout(config, mix is not None, layout), nodes, bool(config.interleave))
 
 
-def mix_epoch(mix: Any, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False) -> MixEpoch:
+def mix_epoch(mix: Any, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False,
+              resume: Sequence = (), shuffle: int = 0) -> MixEpoch:
     """The plan of a mix's ``epoch`` for every worker of ``layout`` (each source's spans, or its
-    columns): ``mix`` has ``sources`` (each its ``data.counts`` and ``weight``), ``names``,
-    ``per_batch`` and ``samples_per_epoch`` (:class:`dalistream.mixing.Mix`)."""
+    columns; its rest after the segments ``resume``, delivered through buffers of ``shuffle``):
+    ``mix`` has ``sources`` (each its ``data.counts`` and ``weight``), ``names``, ``per_batch`` and
+    ``samples_per_epoch`` (:class:`dalistream.mixing.Mix`)."""
     return MixEpoch([s.data.counts for s in mix.sources], [s.weight for s in mix.sources], layout, schedule, epoch,
-                    mix.names, mix.per_batch, mix.samples_per_epoch, interleave)
+                    mix.names, mix.per_batch, mix.samples_per_epoch, interleave, resume, shuffle)
 
 
 def epoch_plan(config: Any, data: Any, mix: Any, epoch: int, resume: Sequence = ()) -> EpochPlan:
@@ -190,16 +192,11 @@ class _Rest(EpochPlan):
 
 
 class _Mixed(EpochPlan):
-    """A mix: each source's spans or columns (:mod:`.mix`; after a resume :mod:`.mixresume`)."""
+    """A mix: each source's spans or columns, or after a resume its rest (:mod:`.mix`)."""
 
-    def _plan(self) -> Any:
+    def _plan(self) -> MixEpoch:
         c = self.config
-        if self.resume:
-            m = self.mix
-            return MixResume([s.data.counts for s in m.sources], [s.weight for s in m.sources], m.names, m.per_batch,
-                             m.samples_per_epoch, c.layout, c.schedule, self.epoch, self.resume, c.shuffle,
-                             c.interleave)
-        return mix_epoch(self.mix, c.layout, c.schedule, self.epoch, c.interleave)
+        return mix_epoch(self.mix, c.layout, c.schedule, self.epoch, c.interleave, self.resume, c.shuffle)
 
     @property
     def steps(self) -> int:

@@ -57,7 +57,7 @@ the share, each taking one sample a step while the share reaches it (:func:`colu
 the columns of all workers are laid over the source's sequence so that a rank's columns lie
 apart, spread over it (:func:`column_sizes`, :func:`column_index`).
 
-**Elastic resume** (:class:`MixResume`). Per source the rule of :mod:`.resume`: a global worker of a past segment delivered the first
+**Elastic resume** (:class:`MixEpoch` with ``segments``). Per source the rule of :mod:`.resume`: a global worker of a past segment delivered the first
 ``d`` outputs of its shuffle buffer over its span of the source, ``d`` the samples of the source
 its slot took in the steps it ran, so each source's remaining sequence is a
 :class:`~.resume.Remaining` built from those counts. The composition goes on where it stood:
@@ -355,23 +355,31 @@ def worker_columns(take: np.ndarray, layout: Layout, rank: int, worker: int, int
 # -- the epoch -------------------------------------------------------------------------------------
 
 class MixEpoch:
-    """One epoch of a mix, planned once for every worker (cheap: O(steps × W × S + shards));
-    :meth:`worker_columns` gives what one worker reads. ``counts[s]`` are source s's per-shard
-    sample counts, ``weights[s]`` its weight (any positive scale)."""
+    """One epoch of a mix, planned once for every worker (cheap: O(steps × W × S + shards)), or
+    the rest of it after ``segments`` ran under other layouts (the module doc's elastic resume:
+    each source's remaining sequence read past what those delivered through buffers of
+    ``shuffle``); :meth:`worker_columns` gives what one worker reads. ``counts[s]`` are source
+    s's per-shard sample counts, ``weights[s]`` its weight (any positive scale)."""
 
     def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout,
                  schedule: Schedule, epoch: int, names: Optional[Sequence[str]] = None, per_batch: str = "sample",
-                 samples_per_epoch: Optional[int] = None, interleave: bool = False) -> None:
+                 samples_per_epoch: Optional[int] = None, interleave: bool = False, segments: Sequence = (),
+                 shuffle: int = 0) -> None:
         if len(counts) != len(weights) or (names is not None and len(names) != len(weights)):
             raise ConfigError(f"mix: {len(counts)} sources' counts for {len(weights)} weights")
         self.counts = [np.asarray(c, dtype=np.int64) for c in counts]
         self.weights, self.layout, self.schedule, self.epoch = list(weights), layout, schedule, int(epoch)
         self.names, self.per_batch = _names(names, len(weights)), per_batch
         self.totals = [int(c.sum()) for c in self.counts]
+        self.endless, self.interleave = samples_per_epoch is not None, bool(interleave)
+        self._passes: Dict[Tuple[int, int], EpochLayout] = {}
+        self.rest: Optional[List[Remaining]] = None  # each source's sequence left after ``segments``
+        if segments:
+            self._resumed(segment_layout(segments[0]), samples_per_epoch, segments, shuffle)
+            return
         check_share(weights, self.totals, layout.batch_size, per_batch, None, self.names)
         self.steps = mix_steps(self.totals, weights, layout, per_batch, samples_per_epoch, self.names)
         check_share(weights, self.totals, layout.batch_size, per_batch, self.steps, self.names)
-        self.endless = samples_per_epoch is not None
         first = self.epoch * self.steps if self.endless else 0
         self.batch_counts = batch_sources(weights, layout.batch_size, self.steps, per_batch,
                                           first * (layout.batch_size if per_batch == "sample" else 1))
@@ -382,22 +390,61 @@ class MixEpoch:
         self.bounds = np.zeros((len(weights), layout.global_workers + 1), dtype=np.int64)
         np.cumsum(per_worker.T, axis=1, out=self.bounds[:, 1:])
         self.bounds += np.asarray(cursor, dtype=np.int64)[:, None]
-        self.interleave = bool(interleave)
         # each source's columns (interleaved; else the workers' spans): their bounds in its sequence
         sizes, self.ks = column_sizes(self.take, layout, interleave)
         self.columns = [int(c) + np.concatenate([[0], np.cumsum(z)]) for c, z in zip(np.asarray(cursor, dtype=np.int64), sizes)]
-        self._passes: Dict[Tuple[int, int], EpochLayout] = {}
+
+    def _resumed(self, past: Layout, samples_per_epoch: Optional[int], segments: Sequence, shuffle: int) -> None:
+        """The rest of the epoch after ``segments`` (the first ran ``past``): each source's
+        remaining sequence, and this layout's columns over it from the rule's units dealt."""
+        schedule, epoch, per_batch = self.schedule, self.epoch, self.per_batch
+        first = MixEpoch(self.counts, self.weights, past, schedule, epoch, self.names, per_batch, samples_per_epoch,
+                         self.interleave)
+        # level 0, per source: the epoch's positions from its cursor (default epochs: the whole pass
+        # from 0, its tail no one owned included; samples_per_epoch: the epoch's range of the passes)
+        self.base = first.bounds[:, 0].copy()
+        lengths = self.totals if not self.endless else (first.bounds[:, -1] - first.bounds[:, 0]).tolist()
+        rem = [Remaining(int(n), schedule, epoch, shuffle) for n in lengths]
+        # the rule's units dealt before this epoch: it runs on across epochs with samples_per_epoch
+        dealt_steps = epoch * first.steps if self.endless else 0
+        n0 = dealt_steps * past.batch_size if per_batch == "sample" else dealt_steps
+        for level, segment in enumerate(segments):
+            past, ran = segment_layout(segment), int(segment[3])
+            if level == 0:
+                bounds, take, planned = [b - b[0] for b in first.columns], first.take, first.steps
+            else:
+                bounds, take, planned = self._rest_plan(rem, n0, past)
+            if ran > planned:
+                raise StateError(f"segment {level} ran {ran} steps of a plan of {planned} under {past.world_size} ranks "
+                                 f"x {past.workers} workers x batch {past.batch_size}",
+                                 hint="the state does not come from this mix")
+            ks = [(len(b) - 1) // past.global_workers for b in bounds]
+            done, _ = column_sizes(take[:ran], past, self.interleave, ks)  # per source: delivered per column
+            rem = [Remaining.after(rem[s], bounds[s], done[s],
+                                   lambda c, s=s, level=level: seeds.segment_source_shuffle(schedule.seed, epoch, level, s, c))
+                   for s in range(len(rem))]
+            n0 += ran * past.batch_size if per_batch == "sample" else ran  # units dealt: slots, or batches
+        self.rest, self.level = rem, len(segments)
+        self.columns, self.take, self.steps = self._rest_plan(rem, n0, self.layout)
+
+    def _rest_plan(self, rem: Sequence[Remaining], n0: int, layout: Layout) -> Tuple[List[np.ndarray], np.ndarray, int]:
+        """``(per source the bounds of its columns, take (steps, W, S), steps)`` of ``layout`` over
+        ``rem`` from slot ``n0`` (the columns: the workers' spans, or interleaved, :func:`column_sizes`)."""
+        steps = fitting_steps(self.weights, [r.total for r in rem], layout, self.per_batch, n0)
+        take = worker_take(batch_sources(self.weights, layout.batch_size, steps, self.per_batch, n0), layout)
+        sizes, _ = column_sizes(take, layout, self.interleave)
+        return [np.concatenate([[0], np.cumsum(z)]) for z in sizes], take, steps
 
     def first_pass(self, source: int) -> int:
         """The pass that position 0 of ``source``'s spans is in (default: the epoch's)."""
         return 0 if self.endless else self.epoch
 
     def pass_layout(self, source: int, n_pass: int) -> EpochLayout:
-        """Pass ``n_pass`` of ``source``: its shard order and starts (bounds not set)."""
+        """Pass ``n_pass`` of ``source``: its shard order and starts (bounds and steps not set)."""
         key = (source, n_pass)
         if key not in self._passes:
             order = source_order(len(self.counts[source]), self.schedule, source, n_pass)
-            self._passes[key] = span_layout(self.counts[source], order, np.zeros(2, dtype=np.int64), self.steps)
+            self._passes[key] = span_layout(self.counts[source], order, np.zeros(2, dtype=np.int64), 0)
         return self._passes[key]
 
     def source_parts(self, source: int, g: int, bounds: Optional[np.ndarray] = None) -> Tuple[List[Part], List[int]]:
@@ -417,88 +464,21 @@ class MixEpoch:
             passes += [n_pass] * len(cut)
         return parts, passes
 
-    def worker_columns(self, rank: int, worker: int) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
-        """What (``rank``, ``worker``) reads: per source, each of its columns (its span, or its
-        share's interleaved columns) as ``(plan, take per step, source)``, sources in order."""
-        layout = self.layout
-
-        def plan(s: int, c: int) -> WorkerPlan:
-            bounds = self.columns[s]
-            parts, _ = self.source_parts(s, c, bounds)
-            return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
-                              layout.slot_offsets[worker], int(bounds[c + 1] - bounds[c]),
-                              layout.global_worker(rank, worker), 0, (),
-                              seeds.source_shuffle(self.schedule.seed, self.epoch, s, c))
-
-        return worker_columns(self.take, layout, rank, worker, self.interleave, plan)
-
-
-# -- elastic resume --------------------------------------------------------------------------------
-
-class MixResume:
-    """The rest of ``epoch`` of a mix after ``segments``, planned over ``layout`` (computed once,
-    then :meth:`worker_columns` per (rank, worker)); ``steps`` every rank runs."""
-
-    def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], names: Sequence[str],
-                 per_batch: str, samples_per_epoch, layout: Layout, schedule: Schedule, epoch: int,
-                 segments: Sequence[Sequence[int]], shuffle: int, interleave: bool = False) -> None:
-        self.weights, self.names, self.layout, self.schedule, self.epoch = list(weights), list(names), layout, schedule, epoch
-        self.per_batch, self.interleave = per_batch, bool(interleave)
-        first = MixEpoch(counts, weights, segment_layout(segments[0]), schedule, epoch, names, per_batch,
-                         samples_per_epoch, interleave)
-        self._passes = first  # each source's shard order per pass
-        # level 0, per source: the epoch's positions from its cursor (default epochs: the whole pass
-        # from 0, its tail no one owned included; samples_per_epoch: the epoch's range of the passes)
-        self.base = first.bounds[:, 0].copy()
-        lengths = ([int(np.sum(c)) for c in counts] if samples_per_epoch is None
-                   else (first.bounds[:, -1] - first.bounds[:, 0]).tolist())
-        rem: List[Remaining] = [Remaining(int(n), schedule, epoch, shuffle) for n in lengths]
-        # the rule's units dealt before this epoch: it runs on across epochs with samples_per_epoch
-        dealt_steps = epoch * first.steps if samples_per_epoch is not None else 0
-        n0 = dealt_steps * first.layout.batch_size if per_batch == "sample" else dealt_steps
-        for level, segment in enumerate(segments):
-            past, ran = segment_layout(segment), int(segment[3])
-            if level == 0:
-                bounds, take, planned = [b - b[0] for b in first.columns], first.take, first.steps
-            else:
-                bounds, take, planned = self._plan(rem, n0, past)
-            if ran > planned:
-                raise StateError(f"segment {level} ran {ran} steps of a plan of {planned} under {past.world_size} ranks "
-                                 f"x {past.workers} workers x batch {past.batch_size}",
-                                 hint="the state does not come from this mix")
-            ks = [(len(b) - 1) // past.global_workers for b in bounds]
-            done, _ = column_sizes(take[:ran], past, self.interleave, ks)  # per source: delivered per column
-            rem = [Remaining.after(rem[s], bounds[s], done[s],
-                                   lambda c, s=s, level=level: seeds.segment_source_shuffle(schedule.seed, epoch, level, s, c))
-                   for s in range(len(rem))]
-            n0 += ran * past.batch_size if per_batch == "sample" else ran  # units dealt: slots, or batches
-        self.rest, self.level = rem, len(segments)
-        self.columns, self.take, self.steps = self._plan(rem, n0, layout)
-
-    def _plan(self, rem: Sequence[Remaining], n0: int, layout: Layout) -> Tuple[List[np.ndarray], np.ndarray, int]:
-        """``(per source the bounds of its columns, take (steps, W, S), steps)`` of ``layout`` over
-        ``rem`` from slot ``n0`` (the columns: the workers' spans, or interleaved,
-        :func:`~.mix.column_sizes`)."""
-        steps = fitting_steps(self.weights, [r.total for r in rem], layout, self.per_batch, n0)
-        take = worker_take(batch_sources(self.weights, layout.batch_size, steps, self.per_batch, n0), layout)
-        sizes, _ = column_sizes(take, layout, self.interleave)
-        return [np.concatenate([[0], np.cumsum(z)]) for z in sizes], take, steps
-
-    def _parts(self, s: int, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
-        """Parts and drops of ``runs`` (level-0 positions of source ``s``), over its passes: a run
-        crossing the end of a pass reads the pass's last parts, then the next pass's first."""
-        mix, total = self._passes, int(self._passes.totals[s])
+    def rest_parts(self, s: int, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
+        """Parts and drops of ``runs`` (level-0 positions of source ``s`` after a resume), over its
+        passes: a run crossing the end of a pass reads the pass's last parts, then the next pass's first."""
+        total, base = self.totals[s], int(self.base[s])
         parts: List[Part] = []
         drop: List[int] = []
         raw = 0
         for run in runs:
-            start, stop = run.start + int(self.base[s]), run.stop + int(self.base[s])
-            holes = np.asarray(run.drop, dtype=np.int64) + int(self.base[s])
+            start, stop = run.start + base, run.stop + base
+            holes = np.asarray(run.drop, dtype=np.int64) + base
             while start < stop:
                 n_pass, at = divmod(start, total)
                 end = min(stop, start - at + total)
                 piece = Stretch(at, at + end - start, tuple((holes[(holes >= start) & (holes < end)] - start + at).tolist()))
-                got, dropped = runs_to_parts(mix.pass_layout(s, mix.first_pass(s) + n_pass), [piece])
+                got, dropped = runs_to_parts(self.pass_layout(s, self.first_pass(s) + n_pass), [piece])
                 parts += got
                 drop += [raw + d for d in dropped]
                 raw += end - start
@@ -506,15 +486,22 @@ class MixResume:
         return parts, drop
 
     def worker_columns(self, rank: int, worker: int) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
-        """What (``rank``, ``worker``) reads of the rest of the epoch: per source, each of its
-        columns as ``(plan, take per step, source)`` (parts, drops, its seed), sources in order."""
-        layout = self.layout
+        """What (``rank``, ``worker``) reads: per source, each of its columns (its span, or its
+        share's interleaved columns) as ``(plan, take per step, source)``, sources in order; after a
+        resume, the columns of each source's rest, passing over what was delivered (drops), each
+        with its segment's seed."""
+        layout, seed = self.layout, self.schedule.seed
 
         def plan(s: int, c: int) -> WorkerPlan:
             lo, hi = int(self.columns[s][c]), int(self.columns[s][c + 1])
-            parts, drop = self._parts(s, self.rest[s].runs(lo, hi))
+            if self.rest is None:
+                parts, drop, shuffle_seed = self.source_parts(s, c, self.columns[s])[0], [], seeds.source_shuffle(
+                    seed, self.epoch, s, c)
+            else:
+                (parts, drop), shuffle_seed = (self.rest_parts(s, self.rest[s].runs(lo, hi)),
+                                               seeds.segment_source_shuffle(seed, self.epoch, self.level, s, c))
             return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
                               layout.slot_offsets[worker], hi - lo, layout.global_worker(rank, worker), 0, tuple(drop),
-                              seeds.segment_source_shuffle(self.schedule.seed, self.epoch, self.level, s, c))
+                              shuffle_seed)
 
         return worker_columns(self.take, layout, rank, worker, self.interleave, plan)

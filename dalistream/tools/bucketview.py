@@ -21,6 +21,19 @@ from .quality import batch_label_stats, sorted_labels
 
 # -- figures of a bucket plan, from pure functions ----------------------------------------------
 
+def written(plan: BucketEpoch, positions: np.ndarray) -> np.ndarray:
+    """Written-order sample ids of ``plan``'s planned epoch ``positions`` (``-1`` stays ``-1``)."""
+    ids = np.full(int(plan.counts.sum()) + 1, -1, dtype=np.int64)  # the last: for -1
+    ids[plan.positions] = plan.sample_ids
+    return ids[np.asarray(positions, dtype=np.int64)]
+
+
+def rank_bound(plan: BucketEpoch) -> int:
+    """The look-ahead bound of ``per="rank"``: ``B + (k − 1)(B − 1)``, ``k`` the buckets with samples."""
+    b, k = plan.layout.batch_size, int((plan.totals > 0).sum())
+    return b + max(k - 1, 0) * (b - 1)
+
+
 def bucket_summary(plan: BucketEpoch) -> Dict[str, Any]:
     """Figures of the plan: steps, per bucket its samples, batches per rank, padding and left
     out, and the look-ahead used (most held by one worker) against the bound."""
@@ -44,7 +57,7 @@ def bucket_summary(plan: BucketEpoch) -> Dict[str, Any]:
             "left_out": int(len(plan.left_out)),
             "lookahead": {"max": int(plan.lookahead.max(initial=0)),
                           "mean": float(plan.lookahead.mean()) if plan.lookahead.size else 0.0,
-                          "rank_bound": plan.bound() if plan.per == "rank" else None},
+                          "rank_bound": rank_bound(plan) if plan.per == "rank" else None},
             "reading": bucket_reading(plan)}
 
 
@@ -80,7 +93,7 @@ def bucket_quality(plan: BucketEpoch, classes: int = 100, labels: Optional[np.nd
     total = int(plan.counts.sum())
     labels = sorted_labels(total, classes) if labels is None else np.asarray(labels, dtype=np.int64)
     table = plan.rank_batches()
-    ids = plan.written(table)
+    ids = written(plan, table)
     rng = np.random.default_rng(seeds.random_reference(plan.schedule.seed, plan.epoch, 0xB0C4E7))
     out = []
     for k in range(plan.buckets):
@@ -262,7 +275,7 @@ def cost_figures(samples: int, layout: Layout, seed: int) -> Dict[str, Any]:
     lb = LengthBuckets("txt", LENGTH_EDGES)
     plan = BucketEpoch(counts, lb.assign({"length:txt": tokens}), len(lb), layout, schedule, 0)
     table = plan.rank_batches().reshape(-1, layout.batch_size)
-    bucketed = plan.written(table)
+    bucketed = written(plan, table)
     fixed = np.minimum(tokens, 77)
     captions = {"median": float(np.median(tokens)), "p90": float(np.percentile(tokens, 90)), "max": int(tokens.max()),
                 "unbucketed": token_padding(tokens, plain), "length buckets": token_padding(tokens, bucketed),

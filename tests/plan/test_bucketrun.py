@@ -11,10 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dalistream.plan import Layout, Schedule
-from dalistream.plan.buckets import BucketMix
-from dalistream.plan.buckets import resumed_bucket_plan
-from dalistream.plan.buckets import BucketEpoch
+from dalistream.plan.buckets import BucketEpoch, BucketMix, resumed_bucket_plan
 from dalistream.plan.bucketworker import KEY_SHIFT, bucket_run, stable_argsort
+from dalistream.tools import bucketview
 
 
 def reader_ids(run, g, written):
@@ -50,7 +49,7 @@ def written_starts(counts):
 def check_plan(plan, written, steps_from):
     table = plan.rank_batches()
     for r in range(plan.layout.world_size):
-        expected = plan.written(table[r])
+        expected = bucketview.written(plan, table[r])
         for first in steps_from:
             filled = np.full(expected.shape, -1)
             for w in range(plan.layout.workers):
@@ -122,7 +121,7 @@ def test_a_mix_run_takes_each_step_from_its_source():
             real, source_of, position = table[r] >= 0, table[r] >> 48, table[r] & ((1 << 48) - 1)
             for s, plan in enumerate(mix.plans):  # rank_batches' (source, position) as (source, written id)
                 at = real & (source_of == s)
-                expected[at] = (s << 48) | plan.written(position[at])
+                expected[at] = (s << 48) | bucketview.written(plan, position[at])
             assert np.array_equal(filled[first:], expected[first:])
 
 

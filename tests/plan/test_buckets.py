@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from dalistream.errors import ConfigError
 from dalistream.plan import Layout, Schedule
 from dalistream.plan.buckets import BucketEpoch, bucket_steps, bucket_totals
-from dalistream.tools.bucketview import bucket_quality, bucket_reading, bucket_summary, pixel_cost, token_padding
+from dalistream.tools.bucketview import (bucket_quality, bucket_reading, bucket_summary, pixel_cost, rank_bound,
+                                         token_padding, written)
 
 
 def execute(plan, counts, schedule, epoch):
@@ -55,7 +56,7 @@ def execute(plan, counts, schedule, epoch):
 def check(counts, ids, buckets, layout, schedule, epoch, per):
     plan = BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per)
     batches, held = execute(plan, counts, schedule, epoch)
-    assert np.array_equal(plan.written(plan.rank_batches()), batches)  # the plan's own table says the same
+    assert np.array_equal(written(plan, plan.rank_batches()), batches)  # the plan's own table says the same
     total = int(np.sum(counts))
     n = bucket_totals(ids, buckets)
     r_count, b = layout.world_size, layout.batch_size
@@ -83,7 +84,7 @@ def check(counts, ids, buckets, layout, schedule, epoch, per):
         assert (batches >= 0).all()  # even: full batches only
         assert (left < r_count * b).all() and (left >= 0).all()  # less than one batch per rank of each bucket
     if per == "rank":
-        assert held <= plan.bound() and plan.lookahead.max(initial=0) <= plan.bound()
+        assert held <= rank_bound(plan) and plan.lookahead.max(initial=0) <= rank_bound(plan)
     return plan
 
 
@@ -130,7 +131,7 @@ def test_steps_and_lookahead_at_scale():
     ids = rng.choice(8, int(counts.sum()), p=p / p.sum()).astype(np.int16)
     layout = Layout(64, 8, 64)
     plan = BucketEpoch(counts, ids, 8, layout, Schedule(0, "even"), 0)
-    assert plan.lookahead.max() <= plan.bound() // 2
+    assert plan.lookahead.max() <= rank_bound(plan) // 2
     assert bucket_summary(plan)["left_out"] < 8 * 64 * 64
 
 
@@ -244,6 +245,7 @@ def test_resume_state_from_elsewhere_is_refused():
 # -- mixing ---------------------------------------------------------------------------------------
 
 from dalistream.plan.buckets import BucketMix  # noqa: E402
+from dalistream.plan.bucketworker import bucket_run  # noqa: E402
 
 
 def test_stratified_mix_with_buckets_is_refused():
@@ -278,13 +280,14 @@ def test_mix_by_source_keeps_both(c, other, weight, seed):
     for s, (plan, sid) in enumerate(zip(mix.plans, [ids, ids2])):
         mine = position[source == s]
         assert len(mine) == len(set(mine.tolist()))
-        written = plan.written(mine)
+        read = written(plan, mine)
         for r in range(layout.world_size):
+            buckets = bucket_run(mix.worker(r, 0)[0], 0, *mix.worker(r, 0)[1:]).bucket  # each step's, as run
             for t in np.flatnonzero(mix.source == s):
                 row = batches[r, t][batches[r, t] >= 0] & ((1 << 48) - 1)
-                got = set(np.asarray(sid)[plan.written(row)].tolist())
-                assert got <= {int(mix.bucket(r)[t])}
-        assert len(written) <= len(sid)
+                got = set(np.asarray(sid)[written(plan, row)].tolist())
+                assert got <= {int(buckets[t])}
+        assert len(read) <= len(sid)
 
 
 # -- figures ---------------------------------------------------------------------------------------
@@ -325,7 +328,7 @@ def test_bucket_batches_mix_as_a_random_order(shards, shares, layout, per, polic
     assert len(q["buckets"]) == len(shares)
     assert min(b["vs_random"] for b in q["buckets"]) >= 0.9, [round(b["vs_random"], 3) for b in q["buckets"]]
     if per == "rank":
-        assert plan.lookahead.max() <= plan.bound()
+        assert plan.lookahead.max() <= rank_bound(plan)
 
 
 @pytest.mark.parametrize("columns", [None, 1, 32, 96])

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dalistream.errors import ConfigError
 from dalistream.plan import Layout, MixEpoch, Schedule
-from dalistream.plan.mix import MixResume, batch_sources
+from dalistream.plan.mix import batch_sources
 from dalistream.plan.shuffle import shuffled
 
 
@@ -37,9 +37,9 @@ def run(counts, weights, layouts, steps_run, shuffle, seed=3, epoch=1, per_batch
             steps = mix.steps if k == len(layouts) - 1 else min(steps_run[k], mix.steps)
             plan = passes = mix
         else:
-            res = MixResume(counts, weights, names, per_batch, None, layout, schedule, epoch, segments, shuffle)
+            res = MixEpoch(counts, weights, layout, schedule, epoch, names, per_batch, segments=segments, shuffle=shuffle)
             steps = res.steps if k == len(layouts) - 1 else min(steps_run[k], res.steps)
-            plan, passes = res, res._passes
+            plan = passes = res
         # spans: each worker reads one column of each source, sources in order
         per_worker = {(r, w): [(p, take) for p, take, _ in plan.worker_columns(r, w)]
                       for r, w in itertools.product(range(layout.world_size), range(layout.workers))}
@@ -95,7 +95,7 @@ def test_samples_per_epoch_goes_on_from_the_epochs_cursor(epoch):
     counts, weights, spe = [[30, 20], [5]], [1, 1], 40
     past, new = Layout(2, 1, 10), Layout(1, 2, 6)
     mix = MixEpoch(counts, weights, past, Schedule(3), epoch, per_batch="sample", samples_per_epoch=spe)
-    res = MixResume(counts, weights, ["a", "b"], "sample", spe, new, Schedule(3), epoch, [(2, 1, 10, 1)], 0)
+    res = MixEpoch(counts, weights, new, Schedule(3), epoch, ["a", "b"], "sample", spe, segments=[(2, 1, 10, 1)])
     n0 = epoch * mix.steps * 10 + 1 * 10
     assert res.steps > 0
     got = res.take.sum(axis=1)  # (steps, S): the rank batch's counts
