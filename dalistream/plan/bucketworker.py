@@ -131,16 +131,14 @@ def bucket_run(plans: Sequence[BucketWorkerPlan], first: int = 0, source: Option
     order = stable_argsort(time)  # a step's emissions keep their plan's (batch) order
     key, time = key[order], time[order]
     g, ordinal = key // KEY_SHIFT, key % KEY_SHIFT
-    last = np.full((len(readers), steps), -1, np.int64)
-    np.maximum.at(last, (g, time), ordinal)
-    frontier = np.maximum.accumulate(last, axis=1) + 1 if steps else last
+    reached = frontier(g, ordinal, time, len(readers), steps)
     rows = np.zeros((len(readers), steps), np.int64)
     start, gone = [], []
     by_reader = stable_argsort(g)
     edges = np.searchsorted(g[by_reader], np.arange(len(readers) + 1))
     for r in range(len(readers)):
         needed = np.sort(ordinal[by_reader[edges[r]:edges[r + 1]]])
-        rows[r] = np.searchsorted(needed, frontier[r])
+        rows[r] = np.searchsorted(needed, reached[r])
         lo = int(needed[0]) if len(needed) else 0
         hi = int(needed[-1]) + 1 if len(needed) else 0
         start.append(lo)
@@ -156,15 +154,20 @@ def bucket_run(plans: Sequence[BucketWorkerPlan], first: int = 0, source: Option
                      per_step("offset"), per_step("bucket"), source, per_step("fill"))
 
 
+def frontier(reader: np.ndarray, index: np.ndarray, step: np.ndarray, readers: int, steps: int) -> np.ndarray:
+    """``(readers, steps)``: how far each reader is read at each step: up to the last sample
+    emitted from it so far (``reader[i]``'s ordinal ``index[i]``, emitted at ``step[i]``), plus one."""
+    last = np.full((readers, steps), -1, np.int64)
+    np.maximum.at(last, (reader, step), index)
+    return np.maximum.accumulate(last, axis=1) + 1 if steps else last
+
+
 def holdings(reader: np.ndarray, index: np.ndarray, step: np.ndarray, steps: int) -> np.ndarray:
     """Samples a worker holds at each step: every reader read up to the last sample emitted from
     it so far, less the samples emitted at earlier steps. ``reader[i]``, ``index[i]``, ``step[i]``:
     reader, ordinal in it and step of each sample it emits."""
     if not len(step):
         return np.zeros(steps, dtype=np.int64)
-    n = int(reader.max()) + 1
-    last = np.full((n, steps), -1, dtype=np.int64)
-    np.maximum.at(last, (reader, step), index)
-    read = (np.maximum.accumulate(last, axis=1) + 1).sum(axis=0)
+    read = frontier(reader, index, step, int(reader.max()) + 1, steps).sum(axis=0)
     emitted = np.bincount(step, minlength=steps)[:steps]
     return read - (np.cumsum(emitted) - emitted)

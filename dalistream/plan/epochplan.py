@@ -151,10 +151,10 @@ def epoch_plan(config: Any, data: Any, mix: Any, epoch: int, resume: Sequence = 
     return _Spans(config, data, mix, epoch, resume)
 
 
-def _whole(plans: Sequence[WorkerPlan], left_out: bool = True) -> Reading:
+def _whole(plans: Sequence[WorkerPlan]) -> Reading:
     """The reading of columns each taking its plan's slot at every step."""
     columns = tuple((plan, np.full(plan.steps, plan.slot), 0) for plan in plans)
-    return Reading(columns[0][0].steps, columns, left_out=sum(plan.left_out for plan in plans) if left_out else 0)
+    return Reading(columns[0][0].steps, columns, left_out=sum(plan.left_out for plan in plans))
 
 
 class _Spans(EpochPlan):
@@ -208,8 +208,8 @@ class _Mixed(EpochPlan):
 
 
 class _Bucketed(EpochPlan):
-    """Every batch one bucket (:mod:`.buckets`; a mix :mod:`.bucketmix`; after a resume
-    :mod:`.bucketresume`)."""
+    """Every batch one bucket (:mod:`.buckets`: a data set's plan, its rest after a resume, or a
+    mix's)."""
 
     @property
     def steps(self) -> int:

@@ -274,43 +274,37 @@ def worker_plan(counts: Optional[Sequence[int]], num_shards: int, layout: Layout
                 rank: int, worker: int) -> WorkerPlan:
     """The :class:`WorkerPlan` of one worker; identical on every machine for the same inputs."""
     _need_counts(counts, schedule)
-    if counts is None:
-        parts = owned_parts(None, num_shards, layout, schedule, epoch, rank, worker)
-        steps, samples, left_out = epoch_steps(0, layout, schedule), None, 0
-    else:
-        if len(counts) != num_shards:
-            raise ManifestError(f"{len(counts)} counts for {num_shards} shards")
-        plan = epoch_layout(counts, layout, schedule, epoch)
-        g = layout.global_worker(rank, worker)
-        parts, steps, drop = plan.parts(g), plan.steps, plan.drops(g)
-        samples = int(plan.bounds[g + 1] - plan.bounds[g])
-        left_out = plan.total - int(plan.bounds[-1]) if g == layout.global_workers - 1 else 0
-        if schedule.policy == "fixed" and samples == 0:
-            raise ConfigError(
-                f"global worker {g} owns no sample: {plan.total} samples cannot fill a slot of every one of "
-                f"{layout.global_workers} global workers", hint="use fewer workers or a smaller batch")
-        return WorkerPlan(rank, worker, epoch, tuple(parts), steps, layout.slots[worker], layout.slot_offsets[worker],
-                          samples, g, left_out, drop)
-    return WorkerPlan(rank, worker, epoch, tuple(parts), steps, layout.slots[worker], layout.slot_offsets[worker],
-                      samples, layout.global_worker(rank, worker), left_out)
+    if counts is not None:
+        return span_plans(counts, num_shards, layout, schedule, epoch, [layout.global_worker(rank, worker)])[0]
+    parts = owned_parts(None, num_shards, layout, schedule, epoch, rank, worker)
+    return WorkerPlan(rank, worker, epoch, tuple(parts), epoch_steps(0, layout, schedule), layout.slots[worker],
+                      layout.slot_offsets[worker], None, layout.global_worker(rank, worker))
 
 
 def worker_columns(counts: Sequence[int], num_shards: int, layout: Layout, schedule: Schedule, epoch: int,
                    rank: int, worker: int) -> Tuple[WorkerPlan, ...]:
     """Interleaved reading: one :class:`WorkerPlan` per column of (``rank``, ``worker``), in slot
     order (each of slot 1, planned over :attr:`~.layout.Layout.column_layout`)."""
-    columns = layout.column_layout
+    return tuple(span_plans(counts, num_shards, layout.column_layout, schedule, epoch, layout.columns(rank, worker)))
+
+
+def span_plans(counts: Sequence[int], num_shards: int, planned: Layout, schedule: Schedule, epoch: int,
+               spans: Sequence[int]) -> List[WorkerPlan]:
+    """The plans of global workers ``spans`` of the ``planned`` layout (a column of an interleaved
+    layout is one of slot 1), the epoch laid out once: a worker may read hundreds of columns."""
     if len(counts) != num_shards:
         raise ManifestError(f"{len(counts)} counts for {num_shards} shards")
-    plan = epoch_layout(counts, columns, schedule, epoch)  # once: a worker may read hundreds of columns
-    total, last = plan.total, columns.global_workers - 1
-    qs = list(layout.columns(rank, worker))
+    plan = epoch_layout(counts, planned, schedule, epoch)
+    spans, last = list(spans), planned.global_workers - 1
     out = []
-    for q, parts, drop in zip(qs, plan.parts_of(qs), plan.drops_of(qs)):
-        samples = int(plan.bounds[q + 1] - plan.bounds[q])
+    for g, parts, drop in zip(spans, plan.parts_of(spans), plan.drops_of(spans)):
+        samples = int(plan.bounds[g + 1] - plan.bounds[g])
         if schedule.policy == "fixed" and samples == 0:
-            raise ConfigError(f"column {q} owns no sample: {total} samples cannot fill every position of every "
-                              f"rank's batch ({columns.global_workers} in all)", hint="use a smaller batch")
-        out.append(WorkerPlan(q, 0, epoch, tuple(parts), plan.steps, 1, 0, samples, q,
-                              total - int(plan.bounds[-1]) if q == last else 0, drop))
-    return tuple(out)
+            raise ConfigError(f"global worker {g} owns no sample: {plan.total} samples cannot fill a slot of every one "
+                              f"of {planned.global_workers} global workers (a column: each position of each rank's "
+                              "batch)", hint="use fewer workers or a smaller batch")
+        rank, worker = divmod(g, planned.workers)
+        out.append(WorkerPlan(rank, worker, epoch, tuple(parts), plan.steps, planned.slots[worker],
+                              planned.slot_offsets[worker], samples, g, plan.total - int(plan.bounds[-1]) if g == last
+                              else 0, drop))
+    return out

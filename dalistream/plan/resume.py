@@ -117,9 +117,6 @@ class Remaining:
         self.total = int(self.cum[-1])
         self._window: dict = {}
 
-    def _level_zero(self, lo: int, hi: int) -> List[Stretch]:
-        return _level_zero_runs(self.left, self.total, lo, hi)
-
     def seed_of(self, g: int) -> int:
         """Global worker ``g``'s shuffle seed in this level's segment."""
         return seeds.segment_shuffle(self.schedule.seed, self.epoch, self.level - 1, g)
@@ -140,8 +137,8 @@ class Remaining:
         """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
         if hi <= lo:
             return []
-        if self.prev is None:
-            return self._level_zero(lo, hi)
+        if self.prev is None:  # the epoch's sequence: the samples kept, then those left out
+            return kept_first_runs(lambda x, y: [Stretch(x, y)], self.total, self.left, lo, hi)
         out: List[Stretch] = []
         g = int(np.searchsorted(self.cum, lo, side="right")) - 1
         while g < len(self.cum) - 1 and int(self.cum[g]) < hi:
@@ -162,12 +159,6 @@ class Remaining:
                     out += self.prev.runs(base + rest + max(0, a - len(kept)), base + rest + b - len(kept))
             g += 1
         return merged_runs(out)
-
-
-def _level_zero_runs(left: np.ndarray, total: int, lo: int, hi: int) -> List[Stretch]:
-    """Positions ``[lo, hi)`` of an epoch's sequence of the samples kept, then those ``left`` out,
-    as runs of epoch positions (:func:`kept_first_runs` of the epoch sequence)."""
-    return kept_first_runs(lambda x, y: [Stretch(x, y)], total, left, lo, hi)
 
 
 def kept_first_runs(runs: Callable[[int, int], List[Stretch]], total: int, left: np.ndarray, lo: int,
