@@ -1,29 +1,17 @@
-"""A mix of named data sets, resolved: each source's shards, counts and offsets, its weight, and
-how batches are composed (:mod:`dalistream.plan.mix` plans it; :class:`dalistream.Stream` carries
-it; each DALI worker reads every source's share of its slot).
+"""A mix of named data sets, as the user gives it and as it is resolved: each source's shards,
+counts and offsets, its weight, and how batches are composed (:mod:`dalistream.plan.mix` plans
+it: its composition, columns and resume; :class:`dalistream.Stream` carries it; each DALI worker
+reads every source's share of its slot).
 
 ``Stream.open({"web": ("s3://a/web-{0000..8191}.tar", 0.7), "clean": ("/data/clean", 0.3)}, …)``
 lists and counts each source like a single data set (its own ``manifest`` and ``storage_options``
 when given), then checks the mix before any worker starts: weights, a source with no samples, a
-share that rounds to nothing (each a :class:`~dalistream.errors.ConfigError` naming the source).
-A mix reads every source interleaved, as a single data set does: a worker's share of each
-source is cut into columns, one per position of its share, each a span of the source's sequence
-spread over it (:func:`dalistream.plan.mix.column_sizes`); ``interleave=False`` reads each
-source's span per worker through the shuffle buffer instead. A shard listed by two sources is
-refused (:func:`check_disjoint`). The composition is the mix's own, stratified per batch. On
-another layout mid-epoch it goes on by
-:class:`dalistream.plan.mix.MixEpoch` given the segments that ran (default epochs, ``per_batch="sample"``).
-
-With buckets (:func:`dalistream.stream.bucketed`) a mix is bucketed with ``per_batch="source"``
-only (:class:`dalistream.plan.buckets.BucketMix`).
-
-The input, checked before anything is listed: ``{name: (source, weight)}`` or ``{name: {"source":
-…, "weight": …, "manifest": …, "storage_options": …}}`` (:func:`parse_mix`), and ``NAME=WEIGHT:SOURCE``
-on a command line (:func:`parse_mix_arg`); every bad input is a :class:`~dalistream.errors.ConfigError`
-that names the source.
-
-What each worker reads of an epoch, mix or not, bucketed or not, is the one plan of
-:func:`dalistream.plan.epochplan.epoch_plan`; :mod:`dalistream.stream` resolves the data it plans.
+share that rounds to nothing, a shard listed by two sources (:func:`check_disjoint`), each a
+:class:`~dalistream.errors.ConfigError` naming the source. The input is checked before anything
+is listed: ``{name: (source, weight)}`` or ``{name: {"source": …, "weight": …, "manifest": …,
+"storage_options": …}}`` (:func:`parse_mix`), and ``NAME=WEIGHT:SOURCE`` on a command line
+(:func:`parse_mix_arg`). With buckets (:func:`dalistream.stream.bucketed`) a mix is bucketed with
+``per_batch="source"`` only (:class:`dalistream.plan.buckets.BucketMix`).
 """
 
 from __future__ import annotations

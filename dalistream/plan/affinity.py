@@ -56,7 +56,7 @@ from . import seeds
 from .bucketworker import stable_argsort
 from .layout import Layout, Schedule
 from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, left_out_positions, slot_starts, span_bounds
-from .resume import Remaining, Stretch, kept_first_runs, kth_positions, merged_runs, runs_to_parts
+from .resume import Remaining, Stretch, kept_first_runs, kth_positions, merged_runs, runs_to_parts, segment_head
 
 
 @dataclass(frozen=True)
@@ -358,10 +358,11 @@ def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, 
 
 class AffinePlan:
     """The rest of ``epoch`` after ``segments`` (none: the whole epoch) for ``layout``, with node
-    affinity over ``nodes`` (``None``: without it, the spans of :mod:`.resume`), read interleaved
-    (``columns``) or one span per worker through a buffer of ``shuffle``. Computed once per
-    epoch; :meth:`worker` and :meth:`columns` give what a worker reads, as
-    :func:`~.ownership.worker_plan` and :func:`~.ownership.worker_columns` do without affinity."""
+    affinity over ``nodes`` (``None``: without it, the balanced spans of what remains, the one
+    plan of an elastic resume: :mod:`.resume`), read interleaved (``columns``) or one span per
+    worker through a buffer of ``shuffle``. Computed once per epoch; :meth:`worker` and
+    :meth:`columns_of` give what a worker reads, as :func:`~.ownership.worker_plan` and
+    :func:`~.ownership.worker_columns` do for a whole epoch without affinity."""
 
     def __init__(self, counts: Sequence[int], layout: Layout, nodes: Optional[Nodes], schedule: Schedule, epoch: int,
                  *, columns: bool, shuffle: int = 0, segments: Sequence[Segment] = ()) -> None:
@@ -396,12 +397,10 @@ class AffinePlan:
     def segment(self, steps: int) -> Segment:
         """What a loader state records when this plan has run ``steps`` steps of its epoch (its
         layout as planned without affinity; with it, the real layout, the node count and whether
-        it read interleaved)."""
-        if self.nodes is None:
-            planned = self.layout.planned(self.columns)
-            return (planned.world_size, planned.workers, planned.batch_size, int(steps))
-        layout = self.layout
-        return (layout.world_size, layout.workers, layout.batch_size, int(steps), self.nodes.count, int(self.columns))
+        it read interleaved: :func:`~.resume.segment_head`)."""
+        head = segment_head(self.layout, self.layout.planned(self.columns),
+                            None if self.nodes is None else self.nodes.count, self.columns)
+        return head[:3] + (int(steps),) + head[3:]
 
     def _plan(self, g: int, rank: int, worker: int, slot: int, offset: int, seed: Optional[int]) -> WorkerPlan:
         i = int(self.span[g])
