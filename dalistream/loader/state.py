@@ -53,8 +53,7 @@ from ..io.local import new_file_mode, write_atomic
 from ..io.options import remote_options
 from ..manifest.scan import content_version
 from ..plan import Layout, check_segments, continued
-from ..plan.affinity import node_owner
-from ..plan.affinity import cache_kept
+from ..plan.affinity import cache_kept, node_owner
 from ..sources import is_remote
 from ..stream import Stream, relative_names
 

@@ -11,6 +11,7 @@ import pytest
 
 from dalistream import LengthBuckets, Stream
 from dalistream.plan.epochplan import bucket_epoch, epoch_plan
+from dalistream.tools import bucketview
 from dalistream.worker import WorkerSource
 from dalistream.worker.bucketfeed import BucketFeed
 from dalistream.worker.policy import ErrorPolicy
@@ -61,7 +62,7 @@ def test_every_step_holds_the_plan_s_samples_where_it_puts_them(shards, policy, 
     stream = open_stream(d, policy=policy, per=per, rank=rank, world_size=world)
     plan = bucket_epoch(stream.config, stream.data, 0)
     names = key_of(stream)
-    written = plan.written(plan.rank_batches()[rank])
+    written = bucketview.written(plan, plan.rank_batches()[rank])
     got = [batches(stream, w) for w in range(2)]
     assert len(got[0]) == len(got[1]) == stream.steps(0) == plan.steps  # the workers end together
     for t in range(plan.steps):
