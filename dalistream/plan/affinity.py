@@ -56,7 +56,8 @@ from . import seeds
 from .bucketworker import stable_argsort
 from .layout import Layout, Schedule
 from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, left_out_positions, slot_starts, span_bounds
-from .resume import Remaining, Stretch, kept_first_runs, kth_positions, merged_runs, runs_to_parts, segment_head
+from .resume import (Remaining, Segment, Stretch, kept_first_runs, kth_positions, merged_runs, runs_to_parts,
+                     segment_head)
 
 
 @dataclass(frozen=True)
@@ -228,9 +229,6 @@ class Regrouped:
         return merged_runs(out)
 
 
-Segment = Tuple[int, ...]  # (R, W, B, steps) without affinity; (R, W, B, steps, nodes, columns) with it
-
-
 class NodeKept:
     """``grouped`` (a :class:`Regrouped` level 0) with each node's part reordered as ``even``
     plans it: the samples the node keeps, in order, then those it leaves out (``left``: sorted
@@ -252,12 +250,8 @@ class NodeKept:
             a, b = max(lo, b0) - b0, min(hi, b1) - b0
             if b > a:
                 left = self.left[self.cuts[n]:self.cuts[n + 1]] - b0
-                out += kept_first_runs(partial(_shifted, self.grouped, b0), b1 - b0, left, a, b)
+                out += kept_first_runs(lambda x, y, b0=b0: self.grouped.runs(b0 + x, b0 + y), b1 - b0, left, a, b)
         return merged_runs(out)
-
-
-def _shifted(seq: Regrouped, base: int, lo: int, hi: int) -> List[Stretch]:
-    return seq.runs(base + lo, base + hi)
 
 
 def node_left_out(grouped: Regrouped, steps: int, per_step: int, schedule: Schedule, epoch: int) -> np.ndarray:

@@ -43,11 +43,10 @@ from .bucketworker import BucketRun, bucket_run
 from .layout import Layout, Schedule
 from .mix import MixEpoch
 from .ownership import WorkerPlan, steps_per_epoch, worker_columns, worker_plan
-from .resume import continued, segment_head
+from .resume import Segment, continued, segment_head
 
 #: One column of a worker's reading: ``(plan, samples taken at each step, source)``.
 Column = Tuple[WorkerPlan, np.ndarray, int]
-Segment = Tuple[int, ...]
 
 
 @dataclass(frozen=True)

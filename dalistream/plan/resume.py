@@ -36,7 +36,7 @@ from .layout import Layout, Schedule
 from .shuffle import emitted_indices
 from .ownership import EpochLayout, Part, kept_positions
 
-Segment = Tuple[int, int, int, int]  # (world_size, workers, batch_size, steps run)
+Segment = Tuple[int, ...]  # (world_size, workers, batch_size, steps run[, nodes, columns]: with node affinity)
 
 
 @dataclass(frozen=True)
