@@ -80,7 +80,7 @@ from ..errors import ConfigError, StateError
 from .layout import Layout, Schedule
 from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather, rank_cuts
 from .bucketworker import BucketWorkerPlan, holdings, stable_argsort
-from .mix import check_share, cumulative, span_layout
+from .mix import check_share, cumulative, fitting_steps, span_layout
 from .ownership import epoch_order
 from .resume import Segment, Stretch, check_segments, runs_to_parts, segment_layout
 from .shapes import PER
@@ -466,15 +466,8 @@ class BucketMix:
         self.plans: List[BucketEpoch] = [BucketEpoch(c, i, buckets, layout, schedule, epoch, per, ranks=ranks, index=x)
                                          for c, i, x in zip(counts, ids, indexes)]
         limits = np.array([p.steps for p in self.plans], dtype=np.int64)
-        # the largest t whose dealt batches stay within every source's plan (dealt counts grow with t)
-        lo, hi = 0, int(limits.sum())
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if np.all(cumulative(weights, mid) <= limits):
-                lo = mid
-            else:
-                hi = mid - 1
-        self.steps = lo
+        # the largest t whose dealt batches stay within every source's plan: batches of one "sample"
+        self.steps = fitting_steps(weights, limits, Layout(1, 1, 1), "source")
         if self.steps == 0:
             short = int(np.argmin(limits))
             raise ConfigError(f"mix with buckets: source {self.names[short]!r} has no batch of its own this epoch "
