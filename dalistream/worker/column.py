@@ -124,6 +124,16 @@ class ColumnReader:
             self.policy.handle(problem, "shards")
             self.stats.flush_skips()
 
+    def close(self) -> None:
+        """Read no more: the plan's parts closed now, in this thread (a column left to the
+        collector would close them in whichever thread collects it, the read-ahead's included,
+        whose locks it takes)."""
+        self.ended = True
+        self.ahead.clear()
+        close = getattr(self.items, "close", None)
+        if close is not None:
+            close()
+
     def __iter__(self) -> "ColumnReader":
         return self
 

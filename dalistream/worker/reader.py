@@ -92,7 +92,7 @@ class PlanReader:
         return run_length(chunk_bytes(self.config.storage_options), bool(urls) and maps_parts(urls[0]))
 
     def blocks(self, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
-               gone: AbstractSet[int] = frozenset()) -> Iterator[Rows]:
+               gone: AbstractSet[int] = frozenset()) -> ColumnReader:
         """The plan's decoded samples from ordinal ``start`` on, less the ordinals ``gone``, as
         blocks (endless, the parts re-ordered per pass, for ``fixed``); the error policy applied
         where each problem is found (see the module doc). A

@@ -53,6 +53,7 @@ from ..io.openfiles import raise_files_limit
 from ..io.options import shared_budget
 from ..io.parts import PartFetcher
 from .epochfeed import EpochShares, read_epoch
+from .column import ColumnReader
 from .feed import Feed, shuffled_blocks
 from .reader import PlanReader
 from .rows import Rows
@@ -222,7 +223,17 @@ class WorkerSource:
         """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are not read
         (a seek, or skipped by tar header), never decoded. Each step takes its slot from its
         columns (:class:`~.feed.Feed`: a span's whole slot, one sample of each interleaved
-        column, each mix source's share)."""
+        column, each mix source's share). However it ends (its last step, an error, its consumer
+        letting it go), its columns' parts are closed then, in this thread."""
+        opened: List[ColumnReader] = []  # the epoch's columns, as they are made
+        try:
+            yield from self._batches(epoch, start_step, opened)
+        finally:
+            for column in opened:
+                column.close()
+
+    def _batches(self, epoch: int, start_step: int,
+                 opened: List[ColumnReader]) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         c = self.config
         if self._stats is None:
             self._stats = WorkerStats(self.stats_path, c.rank, self.worker)
@@ -239,7 +250,7 @@ class WorkerSource:
             reader.rows.epoch = reader.decoder.epoch = epoch  # (a video clip's frames are drawn by epoch)
         reading = self.reading(epoch, start_step)
         if reading.run is not None:
-            yield from self._bucket_batches(epoch, start_step, reading, policy, stats)
+            yield from self._bucket_batches(epoch, start_step, reading, policy, stats, opened)
             stats.write()
             return
         columns = reading.columns
@@ -249,7 +260,7 @@ class WorkerSource:
         def by_columns(start: int) -> Feed:  # the column path, from step ``start`` on
             for k, reader in enumerate(self.readers):  # (a column's part may be read with its neighbours')
                 reader.read_together([plan for plan, _, source in columns if source == k])
-            streams = [self._stream(plan, int(take[:start].sum()), policy, stats, self.readers[source])
+            streams = [self._stream(plan, int(take[:start].sum()), policy, stats, self.readers[source], opened)
                        for plan, take, source in columns]
             return Feed(streams, takes, len(c.fields), start, self.data.bytes_per_sample,
                         first_batch=epoch == self.start_epoch and start == start_step)
@@ -295,15 +306,18 @@ class WorkerSource:
             reader.state_ahead([plan for plan, s in zip(plans, sources) if s == source], stats)
 
     def _bucket_batches(self, epoch: int, start_step: int, reading: Reading, policy: ErrorPolicy,
-                        stats: WorkerStats) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
+                        stats: WorkerStats,
+                        opened: List[ColumnReader]) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         """The batches of ``epoch`` under its bucket plan from ``start_step`` on
         (:class:`~.bucketfeed.BucketFeed`): each step's samples at its own positions, then the
-        bucket's index (:func:`~.bucketfeed.bucket_column`), then ``valid``."""
+        bucket's index (:func:`~.bucketfeed.bucket_column`), then ``valid``; its columns added to
+        ``opened``."""
         c = self.config
         run = reading.run
         self._state_ahead(run.readers, run.source, stats)
         streams = [self.readers[run.source[g]].blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])
                    for g, plan in enumerate(run.readers)]
+        opened += streams
         feed = BucketFeed(run, streams, len(c.fields), self.data.bytes_per_sample,
                           first_batch=epoch == self.start_epoch)
         empty = batch.templates(c.fields, c.batch_size)
@@ -333,13 +347,15 @@ class WorkerSource:
             stats.add(dropped=reading.left_out)  # the job's last worker
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
-                reader: PlanReader) -> Iterator[Rows]:
+                reader: PlanReader, opened: List[ColumnReader]) -> Iterator[Rows]:
         """One plan's decoded samples (read by ``reader``) in delivery order after the first
         ``skip_count``: read, shuffled through the buffer (if any); those delivered before a
-        resume are not read (a start position, and the buffer's delivered window passed over)."""
+        resume are not read (a start position, and the buffer's delivered window passed over); its
+        column added to ``opened``."""
         c = self.config
         if c.shuffle <= 1:
-            return reader.blocks(plan, policy, stats, start=skip_count)
+            opened.append(reader.blocks(plan, policy, stats, start=skip_count))
+            return opened[-1]
         seed = plan.shuffle_seed if plan.shuffle_seed is not None else seeds.sample_shuffle(c.seed, plan.epoch, plan.global_worker)
         total = None if c.policy == "fixed" else plan.samples
         gone = emitted_indices(skip_count, total, c.shuffle, seed) if skip_count else set()
@@ -347,4 +363,5 @@ class WorkerSource:
         while start in gone:
             start += 1
         blocks = reader.blocks(plan, policy, stats, start=start, gone=frozenset(o for o in gone if o > start))
+        opened.append(blocks)
         return shuffled_blocks(blocks, c.shuffle, seed, total, skip_count)
