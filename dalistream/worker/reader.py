@@ -47,7 +47,7 @@ from .mapped import ShareMaps
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
 from .column import ColumnReader, ReadItem
-from .neighbours import Neighbours, walk_runs
+from .neighbours import walk_runs
 from .rows import last_waits, RowDecoder, Rows
 from .stats import WorkerStats
 
@@ -68,21 +68,15 @@ class PlanReader:
         #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
         self.first_runs: Tuple[int, ...] = ()
         self.fetcher: Optional[PartFetcher] = None  # the worker's read-ahead of remote parts (shared by its columns)
-        self.neighbours = Neighbours()  # the parts of this epoch's columns, read together where they can be
         self.maps = ShareMaps()  # what an epoch's shares read from one mapping hand on (:mod:`.mapped`)
 
     def __getstate__(self) -> dict:  # (the fetcher's threads stay in the process that made it; runs never travel)
-        return dict(self.__dict__, fetcher=None, neighbours=Neighbours(), maps=ShareMaps(self.maps.whole))
+        return dict(self.__dict__, fetcher=None, maps=ShareMaps(self.maps.whole))
 
     def context(self) -> ReadContext:
         """What this reader's helpers read with now (:class:`~.context.ReadContext`)."""
         return ReadContext(self.config, self.data, self.layouts, self.decoder.wants, self.rows, self.source_name,
                            self.arena, self.first_runs)
-
-    def read_together(self, plans: Sequence[WorkerPlan]) -> None:
-        """The plans of the columns this reader reads in the epoch starting now: a column's part
-        that is one run is read with the parts after it that the others read (:mod:`.neighbours`)."""
-        self.neighbours = Neighbours(plans)
 
     @property
     def run_bytes(self) -> int:
@@ -202,16 +196,7 @@ class PlanReader:
         url = self.data.urls[index]
         count = self.data.counts[index] if self.data.counts is not None else None
         found_at = first if start is not None else 0
-        run = self.neighbours.opened(index, numbering.first, stop) if stop is not None else None
-        if run is not None and first != numbering.first:  # a resumed part: read from where it resumes
-            run = None
-        layout = self.layouts.layout(index, first, stop, start) if run is None else None
-        if layout is not None:
-            run = self.neighbours.read(self.context(), index, first, stop, start, stats, shards.chunk)
-        if run is not None:  # read with its neighbours' parts
-            numbering.found, numbering.problem = stop, None
-            yield run
-            return
+        layout = self.layouts.layout(index, first, stop, start)
         problem: Optional[DalistreamError] = None
         try:
             with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too

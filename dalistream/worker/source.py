@@ -258,8 +258,6 @@ class WorkerSource:
         self._state_ahead([plan for plan, _, _ in columns], [s for _, _, s in columns], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
         def by_columns(start: int) -> Feed:  # the column path, from step ``start`` on
-            for k, reader in enumerate(self.readers):  # (a column's part may be read with its neighbours')
-                reader.read_together([plan for plan, _, source in columns if source == k])
             streams = [self._stream(plan, int(take[:start].sum()), policy, stats, self.readers[source], opened)
                        for plan, take, source in columns]
             return Feed(streams, takes, len(c.fields), start, self.data.bytes_per_sample,
