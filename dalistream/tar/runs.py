@@ -13,8 +13,7 @@ gather: the ``ustar`` magic and the size field of every header at once, as
 :func:`~dalistream.tar.samples.sliced_samples` checks them one by one. A :class:`Run` is the run's
 bytes with its samples' member positions; its members are views of those bytes
 (:mod:`dalistream.worker.rows` decodes them in bulk); :meth:`Run.cut` cuts a share of it over
-the same bytes (:func:`ranges_runs` cuts ranges of a shard that lie apart out of its mapping, a
-run each). A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``, which
+the same bytes. A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``, which
 yields its samples up to the damage and raises the same error, naming the same offsets, as for a
 part read sample by sample.
 """
@@ -301,36 +300,6 @@ def sliced_runs(
         i = k
     if last:
         yield from after_last(r, url, first + n, offset + int(sample_start[n]))
-
-
-def ranges_runs(stream: BinaryIO, url: str, geometry: Geometry, ranges: Sequence[Tuple[int, int, int]]) -> Optional[list]:
-    """Ranges of one shard's samples, each ``(first, stop, offset)`` (``offset``: sample ``first``'s),
-    each a view of the file's mapping (``stream`` the whole local shard:
-    :meth:`~dalistream.io.local.FileRange.view`, no copy and no buffer), their headers checked in
-    one gather per mapping, and where ``stop`` is the shard's end its end-of-archive marker: a
-    :class:`Run` each, as :func:`sliced_runs` reads a range that is one run; ``None`` where the
-    file cannot be mapped, a range's bytes end early or a check fails (:func:`sliced_runs` then
-    finds and names it). ``geometry``: the whole shard's."""
-    g, view = geometry, getattr(stream, "view", None)
-    starts, bases = g.sample_start, g.member_base
-    runs: list = []
-    checked: Dict[int, Tuple[Any, list, list]] = {}  # id of a mapping -> it, its runs' member positions, their checks
-    for first, stop, offset in ranges:
-        size = int(starts[stop] - starts[first])
-        stream.seek(offset)
-        last = stop == len(starts) - 1  # (the shard's end: a zero block follows, as ``after_last`` checks)
-        data = view(size + BLOCK * last) if view is not None else None
-        if data is None or len(data) < size + BLOCK * last or (last and any(data[size:])):
-            return None
-        data = data[:size]
-        runs.append(g.run(url, 0, first, stop, data, offset - int(starts[first]), None))
-        _, members, checks = checked.setdefault(id(runs[-1].buffer), (runs[-1].buffer, [], []))
-        members.append(runs[-1].member_at + runs[-1].at)
-        checks.append(g.checks[bases[first]:bases[stop]])
-    for buffer, members, checks in checked.values():
-        if not headers_ok(buffer, np.concatenate(members), np.concatenate(checks)):
-            return None
-    return runs
 
 
 def is_one_run(part_bytes: int, run_bytes: int) -> bool:

@@ -38,8 +38,9 @@ from ..io.remote import state_ahead
 from ..io.streams import ShardSequence, chunk_bytes, maps_parts
 from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
-from ..tar import read_error
+from ..tar import iter_samples, read_error
 from ..tar.runs import Arena, Run, run_length, sliced_runs
+from ..tar.walked import walked_runs
 from .fields import FieldDecoder
 from .context import ReadContext
 from .layouts import ShardLayouts
@@ -47,7 +48,6 @@ from .mapped import ShareMaps
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
 from .column import ColumnReader, ReadItem
-from .neighbours import walk_runs
 from .rows import last_waits, RowDecoder, Rows
 from .stats import WorkerStats
 
@@ -214,8 +214,11 @@ class PlanReader:
                     def keep(i: int) -> bool:
                         return first <= i and (stop is None or i < stop) and not skip(i)
 
-                    items = walk_runs(self.context(), f, url, first if start is not None else 0, keep, stats,
-                                      shards.chunk, run_length(shards.chunk), self.first_runs)
+                    samples = iter_samples(f, url, keep=keep, want_ext=self.decoder.wants,
+                                           lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes,
+                                           mark_errors=True, first_index=first if start is not None else 0,
+                                           clock=stats.io_clock, chunk=shards.chunk)
+                    items = walked_runs(samples, url, self.arena, run_length(shards.chunk), self.first_runs)
                 for item in items:
                     found_at = item.first + len(item) if isinstance(item, Run) else item["__index__"] + 1
                     if found_at <= first:
@@ -338,3 +341,4 @@ class PlanReader:
             f"shard holds {found} samples but {counted} were counted{f' ({source})' if source else ''}: {said}",
             url=url, reason="stale_count", rank=self.config.rank, worker=self.worker, hint=hint,
         )
+
