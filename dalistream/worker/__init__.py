@@ -1,7 +1,7 @@
 """The worker: the DALI parallel-source iterable of one worker, from its plan to padded batches.
 
-Reads its shards (:mod:`.reader`; neighbouring columns' parts together, :mod:`.neighbours`; a small epoch at
-once, :mod:`.epochfeed`), decodes fields (:mod:`.fields`) under the error policy
+Reads its shards (:mod:`.reader`, a column's parts; an epoch at once, in shares from one mapping of its
+shards, :mod:`.epochfeed`, :mod:`.mapped`), decodes fields (:mod:`.fields`) under the error policy
 (:mod:`.policy`), shuffles (:mod:`dalistream.plan.shuffle`), assembles batches (:mod:`.source`) and counts
 (:mod:`.stats`). Runs without DALI."""
 

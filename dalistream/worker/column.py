@@ -34,17 +34,16 @@ class ReadItem:
 class PlanItems(Protocol):
     """What a column reads its plan with (a :class:`~.reader.PlanReader`, which this module does
     not import): its plan's raw items, their blocks, the error of a pass that gives nothing; and,
-    for the :class:`~.feed.Feed`, its decoder of runs, source name, first runs and run bytes."""
+    for the :class:`~.feed.Feed`, its decoder of runs, source name and run bytes."""
 
     rows: RowDecoder
     source_name: str
-    first_runs: Tuple[int, ...]
 
     @property
     def run_bytes(self) -> int: ...
 
-    def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0,
-              gone: AbstractSet[int] = frozenset()) -> Iterator[ReadItem]: ...
+    def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0, gone: AbstractSet[int] = frozenset(),
+              first_runs: Callable[[], Tuple[int, ...]] = tuple) -> Iterator[ReadItem]: ...
 
     def item_blocks(self, item: Union[Run, dict], numbering: Numbering, policy: ErrorPolicy, stats: WorkerStats,
                     next_read: Callable[[bool], bool]) -> Iterator[Rows]: ...
@@ -62,7 +61,9 @@ class ColumnReader:
     def __init__(self, reader: PlanItems, plan: WorkerPlan, policy: ErrorPolicy, stats: WorkerStats, start: int = 0,
                  gone: AbstractSet[int] = frozenset()) -> None:
         self.reader, self.plan, self.policy, self.stats = reader, plan, policy, stats
-        self.items = reader.items(plan, stats, start, gone)
+        self.first_runs: Tuple[int, ...] = ()  # the first runs' bytes of a part opened now (read_ahead's)
+        me = weakref.ref(self)
+        self.items = reader.items(plan, stats, start, gone, lambda: me().first_runs)
         self.ahead: "deque[ReadItem]" = deque()
         self.ahead_samples = 0
         self.current: Iterator[Rows] = iter(())
@@ -70,18 +71,24 @@ class ColumnReader:
         self.pass_rows = [0, 0]  # (pass, rows given in it)
         self.ended = False
         self.waiting = 0  # 1 while the current run's last row waits for the next item (:meth:`next_read`)
-        # what the blocks' generators call back (:meth:`next_read`), by a weak reference: a strong one
-        # would make each a cycle with this reader, whose runs' buffers then wait for a collection
-        me = weakref.ref(self)
+        # what the blocks' generators call back (:meth:`next_read`), and the items' (the first runs),
+        # by a weak reference: a strong one would make each a cycle with this reader, whose runs'
+        # buffers then wait for a collection
         self._next_read = lambda read: me().next_read(read)
 
-    def read_ahead(self, samples: int) -> List[Run]:
-        """Read raw items until ``samples`` are read ahead (or the column ends); the runs read."""
+    def read_ahead(self, samples: int, first_runs: Tuple[int, ...] = ()) -> List[Run]:
+        """Read raw items until ``samples`` are read ahead (or the column ends); the runs read.
+        ``first_runs``: the bytes of the first runs of a part opened by these reads, where they are
+        to differ (:func:`~dalistream.tar.runs.sliced_runs`)."""
         runs = []
-        while self._ready() < samples and not self.ended:
-            item = self._pull()
-            if item is not None and isinstance(item.raw, Run):
-                runs.append(item.raw)
+        self.first_runs = first_runs
+        try:
+            while self._ready() < samples and not self.ended:
+                item = self._pull()
+                if item is not None and isinstance(item.raw, Run):
+                    runs.append(item.raw)
+        finally:
+            self.first_runs = ()
         return runs
 
     def _pull(self) -> Optional[ReadItem]:

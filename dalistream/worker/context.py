@@ -1,13 +1,13 @@
 """What a reader's helpers read with: :class:`ReadContext`, made by the
-:class:`~.reader.PlanReader` for each read it hands out (a part read with its neighbours',
-:mod:`.neighbours`; a share of an epoch, :mod:`.epochfeed` and :mod:`.mapped`). The helpers take
+:class:`~.reader.PlanReader` for each read it hands out (a share of an epoch, :mod:`.epochfeed`
+and :mod:`.mapped`). The helpers take
 this, never the reader: what they find out they return, and the reader (or the epoch's feed)
 acts on it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 from ..config import StreamConfig
 from ..dataset import DataSet
@@ -20,8 +20,7 @@ from .rows import RowDecoder
 class ReadContext:
     """A reader's config, data set and shard layouts; ``wants``: whether a member's extension is
     one the fields read; ``rows``: its decoder of runs, for source ``source_name``; ``arena``:
-    where runs are read (the worker's); ``first_runs``: the bytes of the first runs of the parts
-    opened now (:func:`~dalistream.tar.runs.sliced_runs`)."""
+    where runs are read (the worker's)."""
 
     config: StreamConfig
     data: DataSet
@@ -30,4 +29,3 @@ class ReadContext:
     rows: RowDecoder
     source_name: str = ""
     arena: Optional[Arena] = None
-    first_runs: Tuple[int, ...] = ()

@@ -3,55 +3,77 @@
 
 A worker reading interleaved columns reads every column's part of a share of the epoch's steps
 in a round or two anyway. Through the columns (:class:`~.feed.Feed`) each part then costs its
-column an opening, a numbering, items through the column and slicings of its rows at every
-round: ~50 µs per column and epoch, which is ~2 µs a sample when 256 columns read 23 samples
-each. Here a share's rows are read together (:func:`start_share`): each column's part cut where
-the share's rows of it begin and end (:func:`_taken`: what ``even`` leaves out is not read), the
-share read from one mapping of its shards (:class:`~.mapped.MappedShare`: one header gather and
-one decode call per piece, whatever the number of shards and columns, no copy and no buffer of
-the worker's own). Each column's rows are an index array over the decoded rows (less the plan's
-drops, an elastic resume's included), and each step takes its rows by index. What each step
-holds, in which order, is the column path's, byte for byte (``tests/worker/test_one_reader.py``).
+column an opening, a numbering, a cut of its neighbours' read, items through the column and
+slicings of its rows at every round: ~50 µs per column and epoch, which is ~2 µs a sample when
+256 columns read 23 samples each. Here a share's rows are read together (:func:`start_share`):
+each column's part cut where the share's rows of it begin and end (:func:`_taken`: what
+``even`` leaves out is not read). Where every shard of the share is local and has a member
+layout, the share is read from one mapping of its shards (:class:`~.mapped.MappedShare`: one
+header gather and one decode call per piece, whatever the number of shards and columns, no copy
+and no buffer of the worker's own). Where no shard of the share has a member layout (an index of offsets only;
+shards with folders, links or long names), it is read by ranges (:func:`read_share`): the parts
+of a shard that lie end to end are one range, found by header walk between its offsets, as a
+column finds it, its members copied into the worker's buffers (:func:`walked_range`), every run
+decoded together (:func:`~.rows.decode_runs`).
+Each column's rows are an index array over the decoded rows (less the plan's drops, an elastic
+resume's included), and each step takes its rows by index. What each step holds, in which
+order, is the column path's, byte for byte (``tests/worker/test_one_reader.py``).
 
 The shares (:func:`share_bounds`): an epoch of at most :data:`WHOLE_BYTES` is one, its first
 batch waiting for the whole read; a larger one is cut into a first of about
-:data:`FIRST_SHARE_BYTES`, which its first batch waits for, then shares of :data:`SHARE_BYTES`.
+:data:`FIRST_SHARE_BYTES`, which its first batch waits for, then shares of :data:`SHARE_BYTES`
+(found by header walk: of :data:`WALKED_SHARE_BYTES`, within what a share may copy).
 While a share is given out, the next is read from its mapping in pieces, a few at each step and
-the last by the share's last step but one, as one span's reads fall between its batches. Each
-share is held until the next is taken.
+the last by the share's last step but one, as one span's reads fall between its batches (a share
+read by ranges is read when its first step is taken). Each share is held until the next is
+taken.
 
 Only the plain case is read this way, and the column path reads every other: an epoch resumed
 mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
-column), a mix, the ``fixed`` policy (a column reads its parts again), shards without member
-layouts (the columns find their samples by header walk), a part of a remote or gzipped shard, a
-part read twice, a share over :data:`EPOCH_BYTES`, and anything amiss in the reading (a damaged,
-cut or changed shard, a file that cannot be mapped, a sample the decoder refuses): the column
-path then reads the epoch from the share's first step (as it reads one resumed there) and meets
-the problem where it lies, in order, as it always does, and every later epoch of the worker too
-(``ShareMaps.whole``, :class:`~.mapped.ShareMaps`: what stopped one read stays, and is not read
-twice each epoch). Nothing of a share is given out before the whole share is read, so a
-fallback repeats no sample.
+column), a mix, the ``fixed`` policy (a column reads its parts again), a part of a remote or
+gzipped shard or of one without offsets, a part read twice, a share over :data:`EPOCH_BYTES` (or
+walked ranges over :data:`COPIED_BYTES`), and anything amiss in the reading (a damaged, cut or
+changed shard, a file that cannot be mapped, a sample the decoder refuses, one the header walk
+leaves alone: too large for a run, or without a wanted member; a share of shards with and
+without member layouts): the column path then reads the
+epoch from the share's first step (as it reads one resumed there) and meets the problem where
+it lies, in order, as it always does, and every later epoch of the worker too
+(``ShareMaps.whole``, :class:`~.mapped.ShareMaps`: what stopped one read stays, and is not read twice each epoch).
+Nothing of a share is given out before the whole share is read, so a fallback repeats no
+sample.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import operator
-from typing import Callable, List, Optional, Sequence, Tuple
+import os
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..io.streams import maps_parts
+from ..errors import DalistreamError
+from ..io.local import FileRange, local_path
+from ..io.streams import chunk_bytes, maps_parts, open_shard
 from ..plan import WorkerPlan
+from ..tar import iter_samples
+from ..tar.runs import Run
+from ..tar.walked import walked_runs
 from .context import ReadContext
 from .feed import Feed
 from .mapped import MappedShare, ShareMaps
 from .policy import ErrorPolicy
+from .rows import decode_runs, less_drops
 from .stats import WorkerStats
 
 EPOCH_BYTES = 1 << 30  # a share read at once: at most this many bytes of a worker's shards (else the columns')
 WHOLE_BYTES = 16 << 20  # an epoch of at most this many is one share (its first batch waits for the whole read)
 FIRST_SHARE_BYTES = 16 << 20  # a larger epoch's first share (which its first batch waits for) …
 SHARE_BYTES = 64 << 20  # … and each after it, read over the steps of the one before
+COPIED_BYTES = 64 << 20  # a share's ranges found by header walk, copied into the worker's buffers: at most this …
+WALKED_SHARE_BYTES = COPIED_BYTES // 2  # … so such an epoch's shares are of this (room for samples over the mean)
+WALKED_RUN_BYTES = 4 << 20  # a walked range's runs: at most this many bytes (half an arena buffer)
 
 
 class EpochFeed:
@@ -104,7 +126,7 @@ class EpochShares:
         self.start, self.stop = 0, 0  # the steps of the share held
         self.feed: Optional[EpochFeed] = None
         self.rest: Optional[Feed] = None  # the column path, once a share could not be read
-        self.next: Optional[MappedShare] = None  # the next share, read over this one's steps
+        self.next: Optional[Union[MappedShare, ShareRead]] = None  # the next share, read over this one's steps
         self.maps = maps  # what a share hands on to the next
 
     def next_share(self) -> bool:
@@ -114,7 +136,7 @@ class EpochShares:
         self.start, self.stop = self.bounds[self.share], self.bounds[self.share + 1]
         self.feed = None  # (the last share's rows freed before the next is taken)
         read, self.next = self.next or self._start(self.share, 1), None
-        got = read.finish() if read is not None else None
+        got = read.finish()
         self.feed = EpochFeed(got[0], got[1], self.takes[self.start:self.stop], self.policy) if got else None
         if self.feed is None and self.share:
             self.rest = self.columns(self.start)
@@ -122,7 +144,7 @@ class EpochShares:
             self.next = self._start(self.share + 1, self.stop - self.start - 1)
         return self.feed is not None
 
-    def _start(self, share: int, pieces: int) -> Optional[MappedShare]:
+    def _start(self, share: int, pieces: int) -> Union[MappedShare, "ShareRead"]:
         a, b = self.rows[self.bounds[share]], self.rows[self.bounds[share + 1]]
         return start_share(self.ctx, self.plans, a, b, self.stats, self.maps, max(1, pieces))
 
@@ -141,21 +163,23 @@ class EpochShares:
         return self.feed.take(step - self.start)  # type: ignore[union-attr]
 
 
-def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float]) -> List[int]:
+def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: int = WHOLE_BYTES,
+                 later: int = SHARE_BYTES) -> List[int]:
     """Where an epoch's shares of steps (``takes``: rows per step and column) begin, and its end:
-    one share where the epoch is at most :data:`WHOLE_BYTES`, or where the samples' size is not
-    known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares of
-    :data:`SHARE_BYTES` (each read in pieces over the steps of the one before)."""
+    one share where the epoch is at most ``whole`` bytes, or where the samples' size is not
+    known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares of ``later``
+    bytes: laid out, :data:`SHARE_BYTES` (each read in pieces over the steps of the one before);
+    found by header walk, :data:`WALKED_SHARE_BYTES` (within the bytes a share may copy)."""
     steps = len(takes)
     per_step = np.cumsum(takes.sum(axis=1)) * (bytes_per_sample or 0)
-    if not bytes_per_sample or per_step[-1] <= WHOLE_BYTES:
+    if not bytes_per_sample or per_step[-1] <= whole:
         return [0, steps]
     bounds, want = [0], FIRST_SHARE_BYTES
     while bounds[-1] < steps:
         before = per_step[bounds[-1] - 1] if bounds[-1] else 0.0
         stop = int(np.searchsorted(per_step, before + want, side="right"))
         bounds.append(min(steps, max(stop, bounds[-1] + 1)))
-        want = SHARE_BYTES
+        want = later
     return bounds
 
 
@@ -173,26 +197,85 @@ def read_epoch(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], t
         return None
     if any(stop is None or stop <= first for plan in plans for _, first, stop in plan.parts):
         return None
-    if getattr(data.offsets, "members", None) is None:
-        return None  # (no member layouts: the columns find every sample by header walk)
-    bounds = share_bounds(takes, data.bytes_per_sample)
+    walked = getattr(data.offsets, "members", None) is None  # (no member layouts: every sample found by header walk)
+    whole, later = (FIRST_SHARE_BYTES, WALKED_SHARE_BYTES) if walked else (WHOLE_BYTES, SHARE_BYTES)
+    bounds = share_bounds(takes, data.bytes_per_sample, whole, later)
     shares = EpochShares(ctx, maps, plans, takes, policy, stats, bounds, columns)
     return shares if shares.next_share() else None
 
 
+def read_share(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan],
+               taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]],
+               stats: WorkerStats) -> Optional[Tuple[List[list], List[np.ndarray]]]:
+    """Each column's rows of a share read at once, by ranges (``taken``: what :func:`_taken` says
+    of them): the decoded rows, one list per field, and each column's rows among them; ``None``
+    where they cannot be (see the module doc)."""
+    by_shard: Dict[int, List[Tuple[int, int]]] = {}
+    for _, own in taken:
+        for index, first, stop in own:
+            by_shard.setdefault(index, []).append((first, stop))
+    ranges = []  # (index, first, stop, start, end): ``start``, ``end`` a walked range's bytes
+    total = 0
+    for index, parts in sorted(by_shard.items()):
+        if not maps_parts(ctx.data.urls[index]):  # (a remote or gzip shard: no positions to read by)
+            return None
+        merged: List[List[int]] = []
+        for first, stop in sorted(parts):
+            if merged and merged[-1][1] == first:
+                merged[-1][1] = stop
+            elif merged and first < merged[-1][1]:
+                return None  # (a part read twice: the column path's)
+            else:
+                merged.append([first, stop])
+        for first, stop in merged:
+            if ctx.layouts.layout(index, first, stop, ctx.data.offsets.at(index, first) if first else None):
+                return None  # (a laid-out shard beside shards without: the columns')
+            found = _walked_bytes(ctx, index, first, stop)  # (found by header walk: every member copied)
+            if found is None:
+                return None
+            start, end, size = found
+            total += size
+            if total > COPIED_BYTES or total > EPOCH_BYTES:
+                return None
+            ranges.append((index, first, stop, start, end))
+    runs = _read(ctx, ranges, stats)
+    if runs is None:
+        maps.whole = False  # (what stopped it stays: later epochs go to the columns at once)
+        return None
+    stats.add(bytes=sum(run.nbytes for _, run in runs))  # (the columns count their runs' so)
+    return _rows_of(ctx, plans, taken, runs)
+
+
+class ShareRead:
+    """A share read at once when it is taken (:meth:`finish`), in no pieces: the read by ranges
+    (:func:`read_share`), for shards without a member layout."""
+
+    pieces, done, failed = 0, 0, False
+
+    def __init__(self, *args) -> None:
+        self.args = args
+
+    def piece(self) -> None:
+        """(no pieces)"""
+
+    def finish(self) -> Optional[Tuple[List[list], List[np.ndarray]]]:
+        """What :func:`read_share` gives."""
+        return read_share(*self.args)
+
+
 def start_share(ctx: ReadContext, plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
-                stats: WorkerStats, maps: ShareMaps, pieces: int) -> Optional[MappedShare]:
-    """The read of each column's rows ``before[c]`` to ``after[c]`` from one mapping of their
-    shards, in up to ``pieces`` pieces (:class:`~.mapped.MappedShare`); ``None`` where a shard read
-    is not local or has no member layout (the columns then read the share). ``maps``: what the
-    last share hands on."""
+                stats: WorkerStats, maps: ShareMaps, pieces: int) -> Union[MappedShare, ShareRead]:
+    """The read of each column's rows ``before[c]`` to ``after[c]``: from one mapping of their
+    shards, in up to ``pieces`` pieces (:class:`~.mapped.MappedShare`), where every shard read is
+    local and has a member layout; else by ranges (:func:`read_share`: those without a member
+    layout). ``maps``: what the last share hands on."""
     taken = [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
     indices = sorted({index for _, own in taken for index, _, _ in own})
     data = ctx.data
     known = maps.shards is not None and maps.shards.shards == tuple(indices)  # (checked for the share before)
     if not indices or not (known or all(maps_parts(data.urls[i]) and ctx.layouts.layout(i, 0, data.counts[i], None)
                                         is not None for i in indices)):
-        return None
+        return ShareRead(ctx, maps, plans, taken, stats)
     drops = [np.asarray(plan.drop, np.int64) - start for plan, (start, _) in zip(plans, taken)]
     return MappedShare(ctx, maps, indices, [own for _, own in taken], drops, stats, pieces, EPOCH_BYTES)
 
@@ -222,3 +305,101 @@ def _raw(plan: WorkerPlan, rows: int) -> int:
             break
         raw += 1
     return raw
+
+
+def _read(ctx: ReadContext, ranges: Sequence[tuple], stats: WorkerStats) -> Optional[List[Tuple[int, Run]]]:
+    """Each range's runs, decoded (``(shard, run)`` in order), or ``None`` where anything is amiss."""
+    chunk = chunk_bytes(ctx.config.storage_options)
+    out: List[Tuple[int, Run]] = []
+    try:
+        for index, group in itertools.groupby(ranges, key=operator.itemgetter(0)):
+            url = ctx.data.urls[index]
+            # the shard's file held open across its ranges (a range's opening shares its descriptor:
+            # :func:`~dalistream.io.local.open_range`)
+            with stats.io_clock.timed():
+                whole = open_shard(url, 0, ctx.config.storage_options)
+            with whole:
+                if not isinstance(whole, FileRange):  # (gzip content under a .tar name: no positions)
+                    return None
+                for _, first, stop, start, end in group:
+                    items = walked_range(ctx, index, first, stop, start, end, stats, chunk)
+                    if items is None:
+                        return None
+                    out += [(index, run) for run in items]
+    except (DalistreamError, OSError, EOFError):
+        return None
+    decode_runs(ctx.rows, [(run, ctx.source_name) for _, run in out])
+    if any(run.decoded[1] for _, run in out):  # a sample the per-sample path must settle
+        return None
+    return out
+
+
+def _walked_bytes(ctx: ReadContext, index: int, first: int,
+                  stop: int) -> Optional[Tuple[Optional[int], Optional[int], int]]:
+    """Where samples ``first … stop`` of local shard ``index`` lie as its offsets place them
+    (``start``, ``end``: :meth:`~.layouts.ShardLayouts.byte_range`) and their bytes (to the file's
+    end for its last), or ``None`` where the offsets do not place them."""
+    start, end = ctx.layouts.byte_range(index, first, stop)
+    if (first and start is None) or (end is None and stop < ctx.data.counts[index]):
+        return None
+    try:
+        size = (os.path.getsize(local_path(ctx.data.urls[index])) if end is None else end) - (start or 0)
+    except OSError:
+        return None
+    return start, end, size
+
+
+def _rows_of(ctx: ReadContext, plans: Sequence[WorkerPlan],
+             parts: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]],
+             runs: Sequence[Tuple[int, Run]]) -> Tuple[List[list], List[np.ndarray]]:
+    """The decoded ``runs``' rows, one list per field, and each column's rows among them: its
+    ``parts`` (:func:`_taken`: where they start in its raw positions, and the parts) in its
+    order, less its plan's drops."""
+    flat: List[list] = [[] for _ in ctx.config.fields]
+    # shard -> its runs' first samples, and each run's (first sample, samples, first row in flat)
+    where: Dict[int, Tuple[List[int], List[Tuple[int, int, int]]]] = {}
+    at = 0
+    for index, run in runs:
+        for values, column in zip(flat, run.decoded[0]):
+            values += column
+        firsts, spans = where.setdefault(index, ([], []))
+        firsts.append(run.first)
+        spans.append((run.first, len(run), at))
+        at += len(run)
+    rows = []
+    for plan, (start, own_parts) in zip(plans, parts):
+        pieces = []
+        for index, first, stop in own_parts:
+            firsts, spans = where[index]
+            k = bisect.bisect_right(firsts, first) - 1
+            while first < stop:  # (a part may span runs: a mapped range is cut into runs)
+                s, n, a = spans[k]
+                end = min(stop, s + n)
+                pieces.append(np.arange(a + first - s, a + end - s, dtype=np.int64))
+                first, k = end, k + 1
+        own = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+        rows.append(less_drops(own, np.asarray(plan.drop, np.int64) - start))
+    return flat, rows
+
+
+def walked_range(ctx: ReadContext, index: int, first: int, stop: int, start: Optional[int], end: Optional[int],
+                 stats: WorkerStats, chunk: int) -> Optional[List[Run]]:
+    """Samples ``first … stop`` of local shard ``index`` found by header walk between bytes
+    ``start`` and ``end`` (their offsets: to the end, checked, where ``stop`` is the shard's end),
+    as a column walks its part, gathered into runs of up to :data:`WALKED_RUN_BYTES`; ``None``
+    where they are not all whole runs (a sample with a problem, or one the walk leaves alone).
+    Raises what opening and reading raise."""
+    url, c = ctx.data.urls[index], ctx.config
+    with stats.io_clock.timed():
+        opened = open_shard(url, start or 0, c.storage_options, end)
+    with opened as f:
+        samples = iter_samples(f, url, want_ext=ctx.wants, lowercase=c.lowercase_ext,
+                               max_member_bytes=c.max_member_bytes, mark_errors=True, first_index=first,
+                               clock=stats.io_clock, chunk=chunk)
+        items = list(walked_runs(samples, url, ctx.arena, WALKED_RUN_BYTES))
+    at = first
+    for item in items:  # (whole runs of samples ``first`` to ``stop``, one after the other)
+        if not isinstance(item, Run) or item.first != at:
+            return None
+        at += len(item)
+    return items if at == stop else None

@@ -242,10 +242,8 @@ class Feed:
             stream = self.streams[c]
             if isinstance(stream, ColumnReader):
                 decoder = stream.reader.rows  # (every source's reader decodes the same fields)
-                stream.reader.first_runs = self._first_runs(c)
                 ahead = int(need[c] - self.queues.queued[c])
-                pending += [(run, stream.reader.source_name) for run in stream.read_ahead(ahead)]
-                stream.reader.first_runs = ()
+                pending += [(run, stream.reader.source_name) for run in stream.read_ahead(ahead, self._first_runs(c))]
         self._first_batch = False
         if pending:
             decode_runs(decoder, pending)

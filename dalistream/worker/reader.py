@@ -26,7 +26,7 @@ columns), from the moment the column is made.
 from __future__ import annotations
 
 import itertools
-from typing import AbstractSet, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -52,6 +52,20 @@ from .rows import last_waits, RowDecoder, Rows
 from .stats import WorkerStats
 
 
+class PartRead(NamedTuple):
+    """A part of a plan's pass as a column reads it: samples ``first`` (where it opens, after
+    those a resume passes over) to ``stop`` (``None``: the shard's end) of shard ``index``,
+    numbered by ``numbering``; ``begin``, ``end``: its bytes where the offsets place them (a
+    seek, or a ranged read; ``None``: unknown)."""
+
+    index: int
+    first: int
+    stop: Optional[int]
+    numbering: Numbering
+    begin: Optional[int]
+    end: Optional[int]
+
+
 class PlanReader:
     """Reads the samples a :class:`WorkerPlan` names (see module doc); picklable. ``config``'s
     storage options are this column's share of the worker's budget."""
@@ -65,8 +79,6 @@ class PlanReader:
         self.source_name = source_name  # a mix's source name: what a ``__source__`` field holds
         self.layouts = ShardLayouts(data, config.lowercase_ext, config.max_member_bytes, self.decoder.wants)
         self.arena: Optional[Arena] = None  # where runs are read (a worker's, shared by its columns)
-        #: the bytes of the first runs of the parts opened now (:func:`~dalistream.tar.runs.sliced_runs`)
-        self.first_runs: Tuple[int, ...] = ()
         self.fetcher: Optional[PartFetcher] = None  # the worker's read-ahead of remote parts (shared by its columns)
         self.maps = ShareMaps()  # what an epoch's shares read from one mapping hand on (:mod:`.mapped`)
 
@@ -76,7 +88,7 @@ class PlanReader:
     def context(self) -> ReadContext:
         """What this reader's helpers read with now (:class:`~.context.ReadContext`)."""
         return ReadContext(self.config, self.data, self.layouts, self.decoder.wants, self.rows, self.source_name,
-                           self.arena, self.first_runs)
+                           self.arena)
 
     @property
     def run_bytes(self) -> int:
@@ -93,8 +105,8 @@ class PlanReader:
         :class:`ColumnReader`."""
         return ColumnReader(self, plan, policy, stats, start, gone)
 
-    def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0,
-              gone: AbstractSet[int] = frozenset()) -> Iterator[ReadItem]:
+    def items(self, plan: WorkerPlan, stats: WorkerStats, start: int = 0, gone: AbstractSet[int] = frozenset(),
+              first_runs: Callable[[], Tuple[int, ...]] = tuple) -> Iterator[ReadItem]:
         """The tar reader's raw items of the plan (runs, single samples) as :class:`~.column.ReadItem`
         (the item, its part's :class:`Numbering`, its pass, the shard problems met before it, those
         met after it). A
@@ -103,12 +115,14 @@ class PlanReader:
         (a problem met after it comes with it), a run at once, its last sample waiting in the
         column for the next item and the problems met before that (:meth:`item_blocks`); problems
         with no item left after them come with an item ``None``. The first pass's parts are
-        handed to the worker's read-ahead (``fetcher``) now, fetched with the other columns'."""
-        return self._items(plan, stats, start, gone, self._pass(plan, 0, 0, start, gone, stats))
+        handed to the worker's read-ahead (``fetcher``) now, fetched with the other columns'.
+        ``first_runs()``: the bytes of the first runs of a part opened now
+        (:func:`~dalistream.tar.runs.sliced_runs`), asked of the column as each part opens."""
+        return self._items(plan, stats, start, gone, self._pass(plan, 0, 0, start, gone, stats), first_runs)
 
     def _pass(self, plan: WorkerPlan, n_pass: int, ordinal: int, start: int, gone: AbstractSet[int],
-              stats: WorkerStats) -> tuple:
-        """``(reads, their ShardSequence, the ordinal after them)`` of pass ``n_pass`` of the plan's parts."""
+              stats: WorkerStats) -> Tuple[List[PartRead], ShardSequence, int]:
+        """Pass ``n_pass`` over the plan's parts: their reads, their ``ShardSequence``, the ordinal after them."""
         parts = list(plan.parts)
         if n_pass:
             perm = np.random.default_rng(seeds.pass_order(self.config.seed, plan.epoch, n_pass)).permutation(len(parts))
@@ -124,13 +138,15 @@ class PlanReader:
                 raw += size
             opened_at = first + numbering.head
             if stop is None or opened_at < stop or stop == first == 0:  # (an empty shard is opened: it is checked)
-                reads.append((index, opened_at, stop, numbering, self.layouts.byte_range(index, opened_at, stop)))
-        shards = ShardSequence([self.data.urls[r[0]] for r in reads], self.config.storage_options, stats.io,
-                               ranges=[(r[4][0] or 0, r[4][1]) for r in reads], fetcher=self.fetcher)
+                begin, end = self.layouts.byte_range(index, opened_at, stop)
+                reads.append(PartRead(index, opened_at, stop, numbering, begin, end))
+        shards = ShardSequence([self.data.urls[r.index] for r in reads], self.config.storage_options, stats.io,
+                               ranges=[(r.begin or 0, r.end) for r in reads], fetcher=self.fetcher)
         return reads, shards, ordinal
 
     def _items(self, plan: WorkerPlan, stats: WorkerStats, start: int, gone: AbstractSet[int],
-               first: tuple) -> Iterator[ReadItem]:
+               first: Tuple[List[PartRead], ShardSequence, int],
+               first_runs: Callable[[], Tuple[int, ...]]) -> Iterator[ReadItem]:
         c = self.config
         reads, shards, ordinal = first
         passes = itertools.count() if c.policy == "fixed" else range(1)
@@ -141,8 +157,9 @@ class PlanReader:
             problems: List[DalistreamError] = []  # met before any item of this pass: they come with its first
             given = 0
             try:
-                for position, (index, first, stop, numbering, (begin, end)) in enumerate(reads):
-                    for item in self._part(shards, position, index, first, stop, begin, end, stats, numbering):
+                for position, (index, first, stop, numbering, begin, end) in enumerate(reads):
+                    for item in self._part(shards, position, index, first, stop, begin, end, stats, numbering,
+                                           first_runs()):
                         if held is not None:
                             given += 1
                             yield held
@@ -183,13 +200,14 @@ class PlanReader:
 
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
               start: Optional[int], end: Optional[int], stats: WorkerStats,
-              numbering: Optional["Numbering"] = None) -> Iterator:
+              numbering: Optional["Numbering"] = None, first_runs: Tuple[int, ...] = ()) -> Iterator:
         """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None) from
         ``shards.open(position)``: bytes ``start`` to ``end`` when the offsets are known (a seek or
         a ranged GET), else from the shard's start, the samples before ``first`` passed over by
         header; ``numbering`` numbers them. A stale count shows as a shard ending before ``stop`` or
         holding more samples than counted. Yields the tar reader's raw items; the shard's problem is
-        left in ``numbering.problem``, which :meth:`items` gives with the sample before it."""
+        left in ``numbering.problem``, which :meth:`items` gives with the sample before it.
+        ``first_runs``: the bytes of the part's first runs, where they are to differ."""
         c = self.config
         numbering = numbering or Numbering(first, None if stop is None else stop - first)
         skip = numbering.skip
@@ -209,7 +227,7 @@ class PlanReader:
                                         want_ext=self.decoder.wants, lowercase=c.lowercase_ext, last=stop == count,
                                         clock=stats.io_clock, chunk=shards.chunk,
                                         geometry=self.layouts.geometry(index).part(first, stop), arena=self.arena,
-                                        first_runs=self.first_runs)
+                                        first_runs=first_runs)
                 else:  # the header walk; its whole samples gathered into runs
                     def keep(i: int) -> bool:
                         return first <= i and (stop is None or i < stop) and not skip(i)
@@ -218,7 +236,7 @@ class PlanReader:
                                            lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes,
                                            mark_errors=True, first_index=first if start is not None else 0,
                                            clock=stats.io_clock, chunk=shards.chunk)
-                    items = walked_runs(samples, url, self.arena, run_length(shards.chunk), self.first_runs)
+                    items = walked_runs(samples, url, self.arena, run_length(shards.chunk), first_runs)
                 for item in items:
                     found_at = item.first + len(item) if isinstance(item, Run) else item["__index__"] + 1
                     if found_at <= first:

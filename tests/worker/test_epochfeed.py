@@ -21,7 +21,7 @@ from dalistream.worker.epochfeed import EpochFeed
 from dalistream.worker.policy import ErrorPolicy
 
 from helpers import passed_over_shard
-from tests.worker.test_neighbours import as_bytes, config, data_set, make_shards
+from tests.worker.test_columns import as_bytes, config, data_set, make_shards
 
 
 def read(source, e, monkeypatch, budget=None, start_step=0):

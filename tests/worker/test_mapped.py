@@ -16,7 +16,7 @@ from dalistream.worker import WorkerSource, epochfeed, mapped
 from dalistream.worker.mapped import Region, ShareMaps
 
 from tests.worker.test_epochfeed import by_columns, read, shares_read
-from tests.worker.test_neighbours import config, data_set, make_shards
+from tests.worker.test_columns import config, data_set, make_shards
 
 
 def mapped_ranges():

@@ -334,7 +334,7 @@ def small_reads(on: bool):
     saved = {}
     sizes = {(runs, "MIN_RUN_BYTES"): 8 << 10, (runs, "MAPPED_RUN_BYTES"): 16 << 10, (runs, "MIN_RUN_SAMPLES"): 0,
              (epochfeed, "WHOLE_BYTES"): 32 << 10, (epochfeed, "FIRST_SHARE_BYTES"): 32 << 10,
-             (epochfeed, "SHARE_BYTES"): 64 << 10} if on else {}
+             (epochfeed, "SHARE_BYTES"): 64 << 10, (epochfeed, "WALKED_SHARE_BYTES"): 64 << 10} if on else {}
     for (module, name), value in sizes.items():
         saved[(module, name)] = getattr(module, name)
         setattr(module, name, value)
