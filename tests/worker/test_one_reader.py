@@ -46,6 +46,8 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.s3  # (every case's data is on a moto S3 server too)
+
 COUNTS_A = (23, 31, 17, 40, 9, 28)
 COUNTS_B = (19, 26, 33, 14)
 EDGES = [12, 24, 40]
