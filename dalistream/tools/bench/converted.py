@@ -14,7 +14,8 @@ shuffle (as the webdataset peer), every sample of the rank's share once per epoc
   ``streaming.StreamingDataset`` (``local=`` the folder, no remote) in a torch ``DataLoader``.
 
 The libraries are optional (``pip install 'dalistream[peers]'``); :func:`missing` names what is
-absent so that the bench refuses the peer before any run.
+absent so that the bench refuses the peer before any run. MosaicML's comes through :mod:`.mds`
+(``streaming.base`` without the ``streaming`` package's ``__init__``, which imports torchvision).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from ...errors import SampleError
 from .torchside import IMAGE_EXTS, LABEL_EXTS, Augment, feed_item, raw_collate, raw_item, rank_share, torch_loader
 from .timing import Opened
 
-MODULES = {"litdata": ("litdata", "litdata"), "mosaicml": ("streaming", "mosaicml-streaming")}
+# system -> (the module that imports its library, the distribution in the `peers` extra that provides it)
+MODULES = {"litdata": ("litdata", "litdata"), "mosaicml": ("dalistream.tools.bench.mds", "mosaicml-streaming")}
 
 
 def missing(system: str) -> Optional[str]:
@@ -44,7 +46,7 @@ def missing(system: str) -> Optional[str]:
     try:
         importlib.import_module(module)
     except Exception as e:  # noqa: BLE001  (an installed library may fail with any error on import)
-        return f"{system} needs {package} (pip install 'dalistream[peers]'): import {module} failed: {type(e).__name__}: {e}"
+        return f"{system} needs {package} (pip install 'dalistream[peers]'): importing it failed: {type(e).__name__}: {e}"
     return None
 
 
@@ -99,7 +101,7 @@ def _convert_litdata(urls, options: Dict[str, Any], folder: str, workers: int) -
 
 
 def _convert_mosaicml(urls, options: Dict[str, Any], folder: str, workers: int) -> None:
-    from streaming import MDSWriter
+    from .mds import MDSWriter
 
     with MDSWriter(out=folder, columns={"image": "bytes", "label": "int"}, size_limit="64mb") as writer:
         for url in urls:
@@ -119,7 +121,7 @@ def _litdata_loader(folder: str, transform, spec: Dict[str, Any], read_only: boo
 
 
 def _mds_dataset_class():
-    from streaming import StreamingDataset
+    from .mds import StreamingDataset
 
     class MDSDataset(StreamingDataset):
         """MosaicML's StreamingDataset with a per-sample transform (its documented way: a subclass)."""
@@ -135,7 +137,7 @@ def _mds_dataset_class():
 
 
 def _mosaicml_loader(folder: str, transform, spec: Dict[str, Any], read_only: bool, pin_memory: bool):
-    from streaming.base.util import clean_stale_shared_memory
+    from .mds import clean_stale_shared_memory
 
     clean_stale_shared_memory()
     dataset = _mds_dataset_class()(transform, local=folder, remote=None, shuffle=False, batch_size=spec["batch_size"])

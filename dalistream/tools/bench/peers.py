@@ -305,7 +305,7 @@ SYSTEMS: Dict[str, Tuple[Tuple[str, ...], Callable[[Dict[str, Any]], Opened]]] =
     "webdataset": (("torch", "webdataset"), open_webdataset),
     # litdata and MosaicML streaming: the same samples converted to their formats first (.converted)
     "litdata": (("torch", "litdata"), _open_converted),
-    "mosaicml": (("torch", "streaming"), _open_converted),
+    "mosaicml": (("torch", "dalistream.tools.bench.mds"), _open_converted),
     "sequential-read": ((), open_sequential_read),
     "fake": ((), open_fake),
 }
