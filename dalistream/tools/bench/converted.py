@@ -13,7 +13,7 @@ shuffle (as the webdataset peer), every sample of the rank's share once per epoc
 - ``mosaicml``: ``streaming.MDSWriter`` (one process: MDS has no parallel writer of its own), then
   ``streaming.StreamingDataset`` (``local=`` the folder, no remote) in a torch ``DataLoader``.
 
-The libraries are optional (``pip install 'dalistream[peers]'``); :func:`missing` names what is
+The libraries are optional (the ``peers`` extra: :func:`install_command`); :func:`missing` names what is
 absent so that the bench refuses the peer before any run. MosaicML's comes through :mod:`.mds`
 (``streaming.base`` without the ``streaming`` package's ``__init__``, which imports torchvision).
 """
@@ -40,13 +40,26 @@ from .timing import Opened
 MODULES = {"litdata": ("litdata", "litdata"), "mosaicml": ("dalistream.tools.bench.mds", "mosaicml-streaming")}
 
 
+def install_command() -> str:
+    """The command, run in dalistream's clone, that adds the ``peers`` extra beside this environment's
+    torch. torch is pinned on the same line: otherwise pip takes the newest torchvision (which
+    mosaicml-streaming requires) and the torch that one requires, replacing the installed torch."""
+    from importlib import metadata
+
+    try:
+        torch = f'"torch=={metadata.version("torch").split("+")[0]}" '
+    except metadata.PackageNotFoundError:
+        torch = ""
+    return f'pip install {torch}-e ".[peers]"'
+
+
 def missing(system: str) -> Optional[str]:
     """Why ``system``'s library cannot be imported here (None: it can)."""
     module, package = MODULES[system]
     try:
         importlib.import_module(module)
     except Exception as e:  # noqa: BLE001  (an installed library may fail with any error on import)
-        return f"{system} needs {package} (pip install 'dalistream[peers]'): importing it failed: {type(e).__name__}: {e}"
+        return f"{system} needs {package} ({install_command()}): importing it failed: {type(e).__name__}: {e}"
     return None
 
 

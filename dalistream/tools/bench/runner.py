@@ -77,7 +77,8 @@ def add_parser(subparsers: Any) -> None:
     peers = p.add_argument_group("peers and rounds")
     peers.add_argument("--compare", default="",
                        help=f"comma-separated peers: {','.join(PEERS)} (litdata and mosaicml convert the samples to "
-                            "their formats first, timed apart as convert_s: pip install 'dalistream[peers]')")
+                            "their formats first, timed apart as convert_s; they need the peers extra: "
+                            'pip install "torch==VERSION" -e ".[peers]", torch pinned to the installed one)')
     peers.add_argument("--repeats", type=int, default=3, help="alternating runs per system")
     peers.add_argument("--sweep", default=None, metavar="PARAM=V1,V2,…",
                        help="repeat the comparison over values of workers, batch-size, threads or shards "
