@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from dalistream.tools.bench import runner as bench
-from dalistream.tools.bench.converted import MODULES, missing
+from dalistream.tools.bench.converted import MODULES, install_command, missing
 from dalistream.tools.synth import SynthSpec, write_dataset
 
 pytestmark = [pytest.mark.dali]
@@ -208,7 +208,7 @@ def test_an_installed_peer_imports_without_a_working_torchvision(tmp_path, peer,
     MDS through ``streaming.base`` alone (bench/mds.py)."""
     package = MODULES[peer][1]
     if not installed(package):
-        pytest.skip(f"{package} is not installed (pip install 'dalistream[peers]')")
+        pytest.skip(f"{package} is not installed ({install_command()})")
     env = shadowing(tmp_path, {"torchvision/__init__.py": BROKEN_TORCHVISION[torchvision]})
     reason = python_json(f"import json; from dalistream.tools.bench.converted import missing; "
                          f"print(json.dumps(missing({peer!r})))", env=env)
@@ -218,9 +218,9 @@ def test_an_installed_peer_imports_without_a_working_torchvision(tmp_path, peer,
 LOADED = """
 import json, sys
 from importlib import metadata
+from dalistream.tools.bench.converted import import_library
 before = set(sys.modules)
-import importlib
-importlib.import_module({module!r})
+import_library({peer!r})
 tops = sorted({{n.split(".")[0] for n in set(sys.modules) - before}} - set(sys.stdlib_module_names) - {{"dalistream"}})
 owners = metadata.packages_distributions()
 print(json.dumps({{top: owners.get(top, []) for top in tops}}))
@@ -231,10 +231,10 @@ print(json.dumps({{top: owners.get(top, []) for top in tops}}))
 def test_a_peer_s_library_comes_from_the_extra_s_entry(peer):
     """The module a peer's opener imports is the one the extra's distribution installs (not a
     namesake from another distribution)."""
-    module, package = MODULES[peer]
+    package = MODULES[peer][1]
     if not installed(package):
-        pytest.skip(f"{package} is not installed (pip install 'dalistream[peers]')")
-    loaded = python_json(LOADED.format(module=module))
+        pytest.skip(f"{package} is not installed ({install_command()})")
+    loaded = python_json(LOADED.format(peer=peer))
     providers = {canonical(d) for dists in loaded.values() for d in dists}
     assert canonical(package) in providers, (package, loaded)
 
@@ -250,12 +250,14 @@ FAKE_STREAMING = {
 IMPORT_MDS = """
 import json, sys
 {first}
+from dalistream.tools.bench import mds
 try:
-    from dalistream.tools.bench import mds
+    base = mds.base()
 except Exception as e:
     print(json.dumps({{"error": type(e).__name__, "left": sorted(n for n in sys.modules if n.split(".")[0] == "streaming")}}))
 else:
-    print(json.dumps({{"writer": mds.MDSWriter.__module__, "init_ran": getattr(sys.modules["streaming"], "RAN", False),
+    assert base.StreamingDataset and base.util.clean_stale_shared_memory and mds.base() is base
+    print(json.dumps({{"writer": base.MDSWriter.__module__, "init_ran": getattr(sys.modules["streaming"], "RAN", False),
                       "torchvision": "torchvision" in sys.modules}}))
 """
 

@@ -29,15 +29,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import ModuleType
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from ...dali.device import resolve_device
 from ...errors import SampleError
+from . import mds
 from .torchside import IMAGE_EXTS, LABEL_EXTS, Augment, feed_item, raw_collate, raw_item, rank_share, torch_loader
 from .timing import Opened
 
-# system -> (the module that imports its library, the distribution in the `peers` extra that provides it)
-MODULES = {"litdata": ("litdata", "litdata"), "mosaicml": ("dalistream.tools.bench.mds", "mosaicml-streaming")}
+# system -> (the module its opener uses, the distribution in the `peers` extra that provides it)
+MODULES = {"litdata": ("litdata", "litdata"), "mosaicml": ("streaming.base", "mosaicml-streaming")}
+
+
+def import_library(system: str) -> ModuleType:
+    """The module ``system``'s opener uses: litdata, or MosaicML's ``streaming.base`` imported
+    without the ``streaming`` package's ``__init__`` (:func:`.mds.base`: that one imports torchvision)."""
+    return mds.base() if system == "mosaicml" else importlib.import_module(MODULES[system][0])
 
 
 def install_command() -> str:
@@ -55,9 +63,9 @@ def install_command() -> str:
 
 def missing(system: str) -> Optional[str]:
     """Why ``system``'s library cannot be imported here (None: it can)."""
-    module, package = MODULES[system]
+    package = MODULES[system][1]
     try:
-        importlib.import_module(module)
+        import_library(system)
     except Exception as e:  # noqa: BLE001  (an installed library may fail with any error on import)
         return f"{system} needs {package} ({install_command()}): importing it failed: {type(e).__name__}: {e}"
     return None
@@ -114,9 +122,7 @@ def _convert_litdata(urls, options: Dict[str, Any], folder: str, workers: int) -
 
 
 def _convert_mosaicml(urls, options: Dict[str, Any], folder: str, workers: int) -> None:
-    from .mds import MDSWriter
-
-    with MDSWriter(out=folder, columns={"image": "bytes", "label": "int"}, size_limit="64mb") as writer:
+    with mds.base().MDSWriter(out=folder, columns={"image": "bytes", "label": "int"}, size_limit="64mb") as writer:
         for url in urls:
             for image, label in shard_samples(url, options):
                 writer.write({"image": image, "label": label})
@@ -134,9 +140,7 @@ def _litdata_loader(folder: str, transform, spec: Dict[str, Any], read_only: boo
 
 
 def _mds_dataset_class():
-    from .mds import StreamingDataset
-
-    class MDSDataset(StreamingDataset):
+    class MDSDataset(mds.base().StreamingDataset):
         """MosaicML's StreamingDataset with a per-sample transform (its documented way: a subclass)."""
 
         def __init__(self, transform, **kwargs: Any) -> None:
@@ -150,9 +154,7 @@ def _mds_dataset_class():
 
 
 def _mosaicml_loader(folder: str, transform, spec: Dict[str, Any], read_only: bool, pin_memory: bool):
-    from .mds import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
+    mds.base().util.clean_stale_shared_memory()
     dataset = _mds_dataset_class()(transform, local=folder, remote=None, shuffle=False, batch_size=spec["batch_size"])
     return torch_loader(dataset, spec, read_only, pin_memory)
 
@@ -184,7 +186,7 @@ def convert_main() -> None:
     """The converting process: the job (a JSON file named by ``argv[1]``) done; prints ``{"convert_s": …}``."""
     with open(sys.argv[1]) as f:
         job = json.load(f)
-    importlib.import_module(MODULES[job["system"]][0])
+    import_library(job["system"])
     started = time.perf_counter()
     CONVERTERS[job["system"]][0](job["urls"], job["options"], job["folder"], job["workers"])
     print(json.dumps({"convert_s": time.perf_counter() - started}), flush=True)

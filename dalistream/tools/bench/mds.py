@@ -2,17 +2,16 @@
 ``mosaicml`` peer, imported without running the ``streaming`` package's ``__init__``.
 
 ``import streaming`` imports ``streaming.vision`` (torchvision datasets), ``streaming.text`` and
-``streaming.multimodal`` before ``streaming.base``. Every mosaicml-streaming release (0.1–0.13)
+``streaming.multimodal`` before ``streaming.base``. Every mosaicml-streaming release line (0.1–0.13)
 requires torchvision, and the torchvision wheels on PyPI for Linux are CUDA builds whose
 extension links torch's CUDA libraries: beside the CPU build of torch 2.13.0 (the README's pin)
 ``import torchvision`` fails ("operator torchvision::nms does not exist"), and with it
 ``import streaming``. The bench needs only ``streaming.base``, which imports none of those three
-(it imports transformers, a dependency of mosaicml-streaming). Importing this module registers
-the ``streaming`` package as found on the path (its ``__path__``, its ``__init__`` not run) and
-imports ``streaming.base`` from it (:func:`base`); a ``streaming`` already imported (a process whose
-torchvision works) is used as it is. Only the bench's own processes (the measured one, the
-converter) import this module: a process that then runs ``import streaming`` gets the package
-without its top-level names.
+(it imports transformers, a dependency of mosaicml-streaming). :func:`base` registers the
+``streaming`` package as found on the path (its ``__path__``, its ``__init__`` not run) and imports
+``streaming.base`` from it; a ``streaming`` already imported (a process whose torchvision works) is
+used as it is. Only the bench's own processes (the measured one, the converter) call it: a process
+that then runs ``import streaming`` gets the package without its top-level names.
 """
 
 from __future__ import annotations
@@ -47,9 +46,3 @@ def base() -> ModuleType:
             for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
                 del sys.modules[name]
         raise
-
-
-_base = base()
-MDSWriter = _base.MDSWriter
-StreamingDataset = _base.StreamingDataset
-clean_stale_shared_memory = _base.util.clean_stale_shared_memory

@@ -37,7 +37,7 @@ import json
 import random
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from ...buckets import parse_buckets
 from ...dali import ops
 from ...dali.compat import shutdown
 from ...dali.device import resolve_device, start_method
+from .mds import base as mds_base
 from .timing import Opened, open_fake, run_system
 from .torchside import IMAGE_EXTS, LABEL_EXTS, Augment, feed_item, raw_item, rank_of, rank_share, torch_loader
 
@@ -294,8 +295,9 @@ def _open_converted(spec: Dict[str, Any]) -> Opened:
     return open_converted(spec)
 
 
-# name -> (libraries imported before the clock, opener); every system runs through run_system
-SYSTEMS: Dict[str, Tuple[Tuple[str, ...], Callable[[Dict[str, Any]], Opened]]] = {
+# name -> (libraries imported before the clock: module names or functions that import, opener); every system
+# runs through run_system
+SYSTEMS: Dict[str, Tuple[Tuple[Union[str, Callable[[], Any]], ...], Callable[[Dict[str, Any]], Opened]]] = {
     "dalistream": (("torch", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch", "dalistream"), open_dalistream),
     # (the bench's --cache, --local-copy and --buckets: dalistream without the cache, on the local copy, without
     # the buckets)
@@ -305,7 +307,7 @@ SYSTEMS: Dict[str, Tuple[Tuple[str, ...], Callable[[Dict[str, Any]], Opened]]] =
     "webdataset": (("torch", "webdataset"), open_webdataset),
     # litdata and MosaicML streaming: the same samples converted to their formats first (.converted)
     "litdata": (("torch", "litdata"), _open_converted),
-    "mosaicml": (("torch", "dalistream.tools.bench.mds"), _open_converted),
+    "mosaicml": (("torch", mds_base), _open_converted),  # streaming.base, its package's __init__ unrun (.mds)
     "sequential-read": ((), open_sequential_read),
     "fake": ((), open_fake),
 }

@@ -22,7 +22,7 @@ import importlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from .monitor import split_cpu_s
 
@@ -86,13 +86,15 @@ def timed(batches: Iterable[Any], count: Count, t0: float, *, clock: Callable[[]
     }
 
 
-def run_system(spec: Mapping[str, Any], systems: Mapping[str, Tuple[Sequence[str], Callable[..., Opened]]], *,
+def run_system(spec: Mapping[str, Any],
+               systems: Mapping[str, Tuple[Sequence[Union[str, Callable[[], Any]]], Callable[..., Opened]]], *,
                clock: Callable[[], float] = time.perf_counter,
                cpu: Callable[[], Tuple[float, float]] = _own_cpu) -> Dict[str, Any]:
-    """Run ``spec["system"]``: ``systems[name] = (modules to import before the clock, open(spec))``."""
+    """Run ``spec["system"]``: ``systems[name] = (modules to import before the clock, open(spec))``; a
+    module is named, or a function that imports it (a library imported in a way of its own)."""
     modules, open_system = systems[spec["system"]]
     for module in modules:
-        importlib.import_module(module)
+        module() if callable(module) else importlib.import_module(module)
     t0 = clock()
     opened = open_system(spec)
     try:
