@@ -526,3 +526,39 @@ def test_every_option_of_the_data_reaches_the_systems(shards, tmp_path, monkeypa
         main(argv)
     assert {key: seen[key] for key, _ in given.values()} == dict(given.values())
     assert seen["interleave"] is False and seen["storage_options"]["endpoint_url"] == "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize("system", ["dalistream", "dalistream-nobuckets", "dalistream-local"])
+def test_every_dalistream_run_counts_as_a_first_run(shards, tmp_path, monkeypatch, system):
+    """Each dalistream run opens its stream with a scan cache of its own, empty (removed after the
+    run): its first batch includes the header scan of shards without a manifest, as a user's first
+    run does and DALI's reader does in every run; a cache left by the bench's own count, or by an
+    earlier run, is never read (for every dalistream system)."""
+    import argparse
+    import glob
+
+    from dalistream.manifest import count_shards
+    from dalistream.tools.bench import peers
+    from dalistream.tools.bench.runner import _system_spec
+
+    default = tmp_path / "default-cache"
+    monkeypatch.setenv("DALISTREAM_CACHE", str(default))
+    urls = sorted(glob.glob(os.path.join(shards, "*.tar")))
+    count_shards(urls, cache_dir=str(default))  # what the bench's parent counts: scans cached by default
+    cached = sorted(os.listdir(default / "manifests"))
+    assert len(cached) == len(urls)
+    args = argparse.Namespace(cache=None, cache_limit=None)
+    base = dict(urls=urls, local_urls=urls, counts=[40] * len(urls), batch_size=8, workers=1, threads=1,
+                device="cpu", seed=0, size=64, epochs=1, pipeline="read-only", start_method="fork", buckets=None)
+    folders = []
+    for _ in range(2):
+        with _system_spec(args, base, system) as spec:
+            folders.append(spec["cache_dir"])
+            assert os.listdir(spec["cache_dir"]) == []
+            opened = peers.open_dalistream(spec)
+            opened.close()
+            # the stream scanned every shard into its own folder: nothing was found cached
+            assert len(os.listdir(os.path.join(spec["cache_dir"], "manifests"))) == len(urls)
+            assert opened.extra()["counts_from"] == "header scan"
+    assert folders[0] != folders[1] and not any(os.path.exists(f) for f in folders)
+    assert sorted(os.listdir(default / "manifests")) == cached  # the default cache: untouched

@@ -111,9 +111,10 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
     mixed = {"per_batch": spec.get("per_batch", "sample"), "samples_per_epoch": spec.get("samples_per_epoch")} if mix else {}
     rank, world = rank_of(spec)
     buckets = spec.get("buckets") and parse_buckets(spec["buckets"], spec.get("bucket_per", "rank"), spec.get("lookahead"))
+    scan_cache = {"cache_dir": spec["cache_dir"]} if "cache_dir" in spec else {}  # (else Stream.open's default)
     stream = dalistream.Stream.open(
         {name: (list(urls), weight) for name, (urls, weight) in mix.items()} if mix else spec["urls"],
-        cache=spec.get("cache"), cache_limit=spec.get("cache_limit"),
+        cache=spec.get("cache"), cache_limit=spec.get("cache_limit"), **scan_cache,
         fields={"image": IMAGE_EXTS, "label": LABEL_EXTS}, batch_size=spec["batch_size"],
         workers=spec["workers"], device=spec["device"], seed=spec["seed"], shuffle=spec.get("shuffle"),
         interleave=spec.get("interleave"), policy=spec.get("policy", "even"), batches_per_epoch=spec.get("batches_per_epoch"),
@@ -148,6 +149,7 @@ def open_dalistream(spec: Dict[str, Any]) -> Opened:
         # each epoch's rate: the first from its first batch on (as samples_per_s), the others whole
         rates = [(b[0] - a[0]) / (b[1] - a[1]) if b[1] > a[1] else None for a, b in zip(marks, marks[1:])]
         return {"stats": loader.stats(wait_s=5), "device": stream.device, "epoch_samples_per_s": rates,
+                "counts_from": (stream.data.count_source or "").split(", cached in ")[0],
                 "start_method": start_method(stream.start_method, stream.device)}
 
     return Opened(batches(), count, loader.close, extra)

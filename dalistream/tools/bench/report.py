@@ -34,6 +34,10 @@ def format_report(report: Dict[str, Any]) -> str:
         lines.insert(0, f"(medians of {report.get('runs')} runs; {c['cpus']} CPUs, load average "
                         f"{c['loadavg_1m'][0]} before / {c['loadavg_1m'][1]} after: other load inflates wall times, "
                         f"CPU ms/sample much less)")
+    if c.get("counts_from"):
+        native = "; DALI's reader indexes the tars in every run" if "dali-native" in report.get("peers", {}) else ""
+        lines.insert(1, f"(dalistream's counts: {c['counts_from']}, with an empty scan cache in every run, as on a "
+                        f"user's first run{native})")
     rows = [("dalistream", report)] + list(report.get("peers", {}).items())
     for name, fig in rows:
         lines.append(f"{name:18s}" + "".join(fmt(_value(fig, key), 12, d) for _, key, d in cols))

@@ -188,10 +188,13 @@ def rotated(systems: Sequence[str], round_index: int) -> List[str]:
 
 @contextlib.contextmanager
 def _system_spec(args: argparse.Namespace, base: Dict[str, Any], system: str) -> Iterator[Dict[str, Any]]:
-    """The spec of one run of ``system``: dalistream's (and dalistream-nobuckets', so that the two
-    differ only in buckets) through a new, empty cache folder under ``--cache`` (removed after the
-    run); dalistream-local's on the ``--local-copy``; dalistream-nobuckets' without ``--buckets``;
-    litdata's and mosaicml's over the samples converted to their formats (:func:`.converted.converted`)."""
+    """The spec of one run of ``system``: dalistream's (each of its systems) with a new, empty scan
+    cache (``cache_dir``: the shards scanned, or their manifest parsed, as on a user's first run,
+    which is what DALI's reader does on every run), and (dalistream and dalistream-nobuckets, so
+    that the two differ only in buckets) through a new, empty byte cache under ``--cache``; both
+    removed after the run; dalistream-local's on the ``--local-copy``; dalistream-nobuckets'
+    without ``--buckets``; litdata's and mosaicml's over the samples converted to their formats
+    (:func:`.converted.converted`)."""
     spec = dict(base, system=system)
     if system == "dalistream-nobuckets":
         spec.update(buckets=None)
@@ -201,14 +204,17 @@ def _system_spec(args: argparse.Namespace, base: Dict[str, Any], system: str) ->
         with converted(dict(spec, convert_dir=args.cache)) as ready:
             yield ready
         return
-    if system not in ("dalistream", "dalistream-nobuckets") or not args.cache:
+    with contextlib.ExitStack() as folders:
+        def new_folder(prefix: str, under: Optional[str] = None) -> str:
+            folder = tempfile.mkdtemp(prefix=prefix, dir=under)
+            folders.callback(shutil.rmtree, folder, True)
+            return folder
+
+        if system.startswith("dalistream"):
+            spec.update(cache_dir=new_folder("dalistream-bench-scan-"))
+        if system in ("dalistream", "dalistream-nobuckets") and args.cache:
+            spec.update(cache=new_folder("dalistream-bench-cache-", args.cache), cache_limit=args.cache_limit)
         yield spec
-        return
-    folder = tempfile.mkdtemp(prefix="dalistream-bench-cache-", dir=args.cache)
-    try:
-        yield dict(spec, cache=folder, cache_limit=args.cache_limit)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequence[int],
@@ -243,6 +249,7 @@ def compare(args: argparse.Namespace, base: Dict[str, Any], shard_bytes: Sequenc
                              "world_size")})
     report["config"]["device"] = runs["dalistream"][-1].get("device", base["device"])  # resolved
     report["config"]["start_method"] = runs["dalistream"][-1].get("start_method", base["start_method"])
+    report["config"]["counts_from"] = runs["dalistream"][-1].get("counts_from")  # (each run with an empty scan cache)
     report["config"].update(shards=len(urls), samples=sum(counts), shard_bytes_per_sample=bytes_per_sample,
                             child="lean" if args.lean_main else "script", cpus=os.cpu_count(),
                             loadavg_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)])
