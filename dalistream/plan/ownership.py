@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
+import numpy.random  # noqa: F401  (numpy loads it at first use: in each forked DALI worker, on its first batch)
 
 from ..errors import ConfigError, ManifestError
 from . import seeds
