@@ -9,7 +9,7 @@ them (no folders, links, or long names). The samples may differ in which members
 header blocks, in tar order). Then member ``j`` of a sample has its data
 ``Σ_{m<j} (512 h_m + padded size_m) + 512 h_j`` bytes after the sample's offset, behind its own
 header (the last of its ``h_j`` blocks). The scan (:func:`layout_of`) records this only for
-shards where it holds exactly; the others are read by header as before.
+shards where it holds exactly; the others are read by header.
 
 A manifest row keeps its layout as ``(patterns, each sample's pattern, every member's size)``
 (:data:`Members`). :class:`MemberLayout` holds all rows as columns: one table of patterns, every
@@ -23,7 +23,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..tar.samples import is_meta, split_name
+from ..tar.index import Headers
 from .offsets import running_starts
 
 BLOCK = 512
@@ -37,46 +37,31 @@ def padded(sizes: np.ndarray) -> np.ndarray:
     return (np.asarray(sizes, dtype=np.int64) + (BLOCK - 1)) & -BLOCK
 
 
-def layout_of(tap: Sequence[tuple], offsets: Sequence[int]) -> Optional[Members]:
+def layout_of(headers: Headers, offsets: np.ndarray, sample_of: np.ndarray,
+              exts: Sequence[Optional[str]]) -> Optional[Members]:
     """The layout of a scanned shard, or ``None`` if it is not regular.
 
-    ``tap``: every tar entry in order, as :func:`dalistream.tar.members.walk` records them
-    (``(name, size, offset, data offset, renamed, sliceable)``, then the end-of-archive marker);
-    ``offsets``: where each sample starts. Extensions are kept as written (a reader may lowercase them)."""
-    if not tap or tap[-1][0] is not None or not offsets:
+    ``headers``: its members (:func:`dalistream.tar.index.read_headers`); ``offsets``, ``sample_of``,
+    ``exts``: where each sample starts, each member's sample and extension
+    (:func:`dalistream.tar.index.group_samples`). Extensions are kept as written (a reader may
+    lowercase them)."""
+    n = len(headers.names)
+    if not n or not len(offsets):
         return None
-    entries, end = tap[:-1], tap[-1][2]
+    following = np.append(headers.starts[1:], headers.end)
+    ahead = headers.data - headers.starts  # each member's header blocks
+    if not (headers.sliceable.all() and not headers.renamed.any() and (sample_of >= 0).all()
+            and (ahead % BLOCK == 0).all() and (ahead >= BLOCK).all()
+            and (following == headers.data + padded(headers.sizes)).all()) or "" in exts:
+        return None
+    blocks = (ahead // BLOCK).tolist()
+    edges = [0] + (np.flatnonzero(np.diff(sample_of)) + 1).tolist() + [n]
+    if len(edges) - 1 != len(offsets):
+        return None
     table: dict = {}
-    kinds: List[int] = []
-    sizes: List[int] = []
-    exts: List[str] = []
-    headers: List[int] = []
-    key = None
-    for i, (name, size, offset, data, renamed, sliceable) in enumerate(entries):
-        following = entries[i + 1][2] if i + 1 < len(entries) else end
-        blocks, rest = divmod(data - offset, BLOCK)
-        if renamed or not sliceable or rest or blocks < 1 or following != data + ((size + BLOCK - 1) & -BLOCK):
-            return None
-        k, ext = split_name(name)
-        if not ext or is_meta(name):
-            return None
-        if k != key:  # a new sample
-            if key is not None:
-                kinds.append(table.setdefault((tuple(exts), tuple(headers)), len(table)))
-            if len(kinds) >= len(offsets) or offset != offsets[len(kinds)]:
-                return None
-            key, exts, headers = k, [], []
-        if ext in exts:
-            return None
-        exts.append(ext)
-        headers.append(blocks)
-        sizes.append(size)
-    if key is None:
-        return None
-    kinds.append(table.setdefault((tuple(exts), tuple(headers)), len(table)))
-    if len(kinds) != len(offsets):
-        return None
-    return tuple(table), tuple(kinds), tuple(sizes)
+    kinds = tuple(table.setdefault((tuple(exts[a:b]), tuple(blocks[a:b])), len(table))
+                  for a, b in zip(edges, edges[1:]))
+    return tuple(table), kinds, tuple(headers.sizes.tolist())
 
 
 def pattern_problem(exts: Sequence[Any], headers: Sequence[Any]) -> Optional[str]:

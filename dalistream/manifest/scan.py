@@ -8,7 +8,9 @@ by URL, size and ETag (from a HEAD request) for remote ones, so an edited shard 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -17,11 +19,14 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from ..errors import DalistreamError, ManifestError, SourceError, redact
 from ..io.gunzip import decompressed
-from ..io.local import cache_write, local_path
+from ..io.local import cache_write, local_path, open_range
 from ..io.remote import stat_object
+from ..io.stores import is_local
 from ..io.streams import is_gzip_name, open_raw
 from ..sources import is_remote
 from ..tar import iter_samples
+from ..tar.buffer import CHUNK
+from ..tar.index import Problem, group_samples, read_headers, reader_error
 from .members import check_members, layout_of
 from .rows import ShardInfo
 
@@ -34,31 +39,38 @@ SCAN_RULES = "tar-4"  # tar-3: rows carry the member layout of regular shards; t
 def scan_shard(url: str, options: Optional[Mapping[str, Any]] = None, lowercase: bool = False,
                offsets: bool = False) -> ShardInfo:
     """Count the samples of one shard by reading its tar headers only (``offsets``: and record
-    where each sample starts).
+    where each sample starts), with the member layout of a regular shard.
 
-    ``bytes`` is the stored (possibly compressed) size: from the file system for local shards,
-    from the server's answer for remote ones, ``-1`` for ``pipe:``. Remote URLs are recorded
-    with credentials redacted.
+    The headers are read at once (:mod:`dalistream.tar.index`): a local file's through its
+    mapping, never reading member data; any other shard read once, sequentially. A shard the tar
+    reader refuses raises the reader's error (naming the shard and the member). ``bytes`` is the
+    stored (possibly compressed) size: from the file system for local shards, from the server's
+    answer for remote ones, ``-1`` for ``pipe:``. Remote URLs are recorded with credentials redacted.
     """
-    count = 0
-    starts: List[int] = []
-    tap: Optional[list] = [] if offsets else None
-    raw = open_raw(url, 0, options)
-    size = getattr(getattr(raw, "raw", None), "size", None)  # a ranged read's object size
-    with decompressed(raw, url) as stream:
-        gzipped = stream is not raw
-        for sample in iter_samples(stream, url, keep=lambda i: False, lowercase=lowercase, tap=tap):
-            count += 1
-            if offsets:
-                starts.append(sample["__offset__"])
-    if not is_remote(url):
-        size = os.path.getsize(local_path(url))
+    local = is_local(url)
+    raw = open_range(url, 0) if local else open_raw(url, 0, options)
+    size = raw.file_size if local else getattr(getattr(raw, "raw", None), "size", None)  # (a ranged read's object size)
+    try:
+        gzipped = local and raw.is_gzip()
+        view = raw.view(size) if local and not gzipped else None  # (None: a file that cannot be mapped)
+        with contextlib.ExitStack() as stack:
+            stream = None if view is not None else stack.enter_context(
+                decompressed(io.BufferedReader(raw, CHUNK) if local else raw, url))
+            gzipped = gzipped or (not local and stream is not raw)
+            try:
+                headers = read_headers(view, stream)
+                starts, sample_of, exts = group_samples(headers, lowercase)
+            except Problem as problem:
+                with decompressed(open_raw(url, 0, options), url) as again:
+                    raise reader_error(again, url, problem, lowercase) from None
+    finally:
+        raw.close()
     # a gzipped shard is read from its start anyway: no layout to slice it by; and gzip content
     # under a name that does not say so gets no offsets either (see io.streams.is_gzip_name)
-    members = layout_of(tap, starts) if tap is not None and not gzipped else None
+    members = layout_of(headers, starts, sample_of, exts) if offsets and not gzipped else None
     seekable = not gzipped or is_gzip_name(url)
-    return ShardInfo(redact(url) if is_remote(url) else url, count, size if size is not None else -1,
-                     tuple(starts) if offsets and seekable else None, members)
+    return ShardInfo(redact(url) if is_remote(url) else url, len(starts), size if size is not None else -1,
+                     tuple(starts.tolist()) if offsets and seekable else None, members)
 
 
 def content_version(url: str, options: Optional[Mapping[str, Any]] = None) -> Optional[str]:

@@ -73,15 +73,12 @@ def _first_header_error(header: bytes, url: str) -> ShardFormatError:
 def walk(
     stream: BinaryIO, url: str, *, want: Callable[[str], bool] = lambda name: True,
     max_member_bytes: int = 256 << 20, mark_errors: bool = False, clock: Optional[ReadClock] = None,
-    tap: Optional[list] = None, chunk: int = CHUNK,
+    chunk: int = CHUNK,
 ) -> Iterator[Entry]:
     """:func:`iter_members` as plain tuples ``(name, size, offset, data, error, kind)``, ``kind``
-    :data:`FILE` or :data:`OTHER` (the fast path: no object per member). ``tap``, if given, gets
-    every entry's layout as ``(name, size, offset, data offset, renamed, sliceable)`` (``renamed``:
-    its name came from a long-name or pax header; ``sliceable``: a regular file whose own header
-    carries the ``ustar`` magic, which the sliced reader checks), and at the end-of-archive marker
-    ``(None, 0, offset, offset, False, False)``: what a scan records of a regular shard
-    (:func:`dalistream.manifest.members.layout_of`). ``chunk``: bytes per read (the buffer's size)."""
+    :data:`FILE` or :data:`OTHER` (the fast path: no object per member). ``chunk``: bytes per read
+    (the buffer's size). (A scan reads a shard's headers at once instead: :mod:`.index`, which
+    finds what this walk finds.)"""
     r = StreamBuffer(stream, url, clock, chunk)
     long_name: Optional[str] = None
     pax: Optional[Dict[str, bytes]] = None
@@ -110,8 +107,6 @@ def walk(
         r.pos = pos + BLOCK
         if header == ZERO:
             r.end_or_damage(offset)
-            if tap is not None:
-                tap.append((None, 0, offset, offset, False, False))
             return
         text = header[148:154]
         if header[154] == 0 and text.isdigit():  # the usual "%06o\0 ": checksum_ok() inline (fast path)
@@ -156,7 +151,6 @@ def walk(
             continue
         if start_at is not None:  # (a resume opens the shard here: its extended headers come first)
             offset, start_at = start_at, None
-        own_name = name
         if long_name is not None:
             name, long_name = long_name, None
         sparse = kind == _SPARSE
@@ -178,9 +172,6 @@ def walk(
             raise losing(damaged(f"member size of {size} bytes is larger than the whole shard ({r.size} bytes)", url,
                                  name), name)
         r.member = name  # its data are read next
-        if tap is not None:  # sliceable: a regular file behind a ustar header (old-format ones carry no magic)
-            tap.append((name, size, offset, r.base + r.pos, name is not own_name,
-                        kind in _REGULAR and not sparse and header[257:262] == b"ustar"))
         if kind in _REGULAR and not sparse:
             if want(name):
                 if size > max_member_bytes:

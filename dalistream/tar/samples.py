@@ -73,7 +73,7 @@ def iter_samples(
     stream: BinaryIO, url: str, *, keep: Callable[[int], bool] = lambda index: True,
     want_ext: Callable[[str], bool] = lambda ext: True, lowercase: bool = False,
     max_member_bytes: int = 256 << 20, mark_errors: bool = False, first_index: int = 0,
-    clock: Optional[ReadClock] = None, tap: Optional[list] = None, chunk: int = CHUNK,
+    clock: Optional[ReadClock] = None, chunk: int = CHUNK,
 ) -> Iterator[Sample]:
     """Group members into samples: dicts of ``ext -> bytes`` plus ``__key__``, ``__url__``,
     ``__index__`` (sample number in the shard) and ``__offset__`` (tar offset of its first member).
@@ -95,8 +95,7 @@ def iter_samples(
     damage came is yielded first when it is known whole (the damage names a member of another
     sample, as a damaged or cut header does when its name can be read), never one that may have
     lost members. Keys are only ever used as strings, never as paths.
-    ``clock``, if given, accumulates the time spent waiting for the stream's bytes. ``tap``: see
-    :func:`~dalistream.tar.members.walk` (a scan records a regular shard's member layout with it).
+    ``clock``, if given, accumulates the time spent waiting for the stream's bytes.
     """
     current: Optional[Sample] = None
     current_key: Optional[str] = None
@@ -125,7 +124,7 @@ def iter_samples(
         current.setdefault("__error__", error)  # the first problem of a sample is the one reported
 
     entries = walk(stream, url, want=want, max_member_bytes=max_member_bytes, mark_errors=mark_errors, clock=clock,
-                   tap=tap, chunk=chunk)
+                   chunk=chunk)
     while True:
         try:
             name, _, offset, data, error, kind = next(entries)

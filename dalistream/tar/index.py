@@ -1,0 +1,355 @@
+"""A whole shard's tar headers at once: what the scan that counts a shard needs, found with little
+Python per member.
+
+:func:`read_headers` walks from header to header (a local file through its mapping, reading no
+member data; any other stream in large pieces), keeping each header block and little else, then
+checks every header's checksum and reads every name with array operations over all of them at once;
+:func:`group_samples` groups the members into samples by WebDataset's key rules
+(:mod:`.samples`). They find what the sequential reader (:func:`~.members.walk`,
+:func:`~.samples.iter_samples`) finds, on every archive: the same members, names, sizes, offsets and
+samples. Anything the reader would refuse (a damaged or cut header, a cut member, a lone zero block,
+a duplicate key, …) is a :class:`Problem`, which the caller answers by reading the shard with the
+reader, whose error names the shard and the member where the damage lies (:func:`reader_error`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import BinaryIO, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import DalistreamError, ShardFormatError
+from .headers import BLOCK, checksum_ok, header_name, number, parse_pax
+from .samples import is_meta
+
+ZERO = bytes(BLOCK)
+_EXTENDED = frozenset(b"LKxg")  # GNU long name / long link name, pax extended / global header
+_FILES = np.frombuffer(b"0\x007", np.uint8)  # the type flags of regular files
+_SPARSE = 83  # "S": GNU sparse file (old GNU format)
+_PIECE = 1 << 20  # bytes read at a time from a stream
+_POWERS = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # a "%06o" checksum's digits
+
+
+class Problem(Exception):
+    """Something the sequential reader refuses, found at ``offset`` (the reader names it)."""
+
+    def __init__(self, what: str, offset: int, member: Optional[str] = None) -> None:
+        super().__init__(what)
+        self.what, self.offset, self.member = what, offset, member
+
+
+@dataclass
+class Headers:
+    """A shard's members, one entry per member header (extended headers belong to the entry they
+    precede): ``starts`` where its first header block lies, ``data`` where its data begin,
+    ``sizes``, ``kinds`` (the type flag), ``names`` (long-name and pax ``path`` records applied),
+    ``renamed`` (its name came from such a record), ``sliceable`` (a regular file behind a
+    header with the ``ustar`` magic), ``sparse`` (a GNU sparse member); ``end``: the offset of the
+    end-of-archive marker."""
+
+    starts: np.ndarray
+    data: np.ndarray
+    sizes: np.ndarray
+    kinds: np.ndarray
+    names: List[str]
+    renamed: np.ndarray
+    sliceable: np.ndarray
+    sparse: np.ndarray
+    end: int
+
+    def files(self) -> np.ndarray:
+        """Which entries are files that may be in a sample (links, devices, fifos and folders are not)."""
+        return np.isin(self.kinds, _FILES) | self.sparse
+
+
+class _Bytes:
+    """The shard's bytes: a local file's mapping, whole, or a stream read in pieces (what lies
+    before the position asked for is let go)."""
+
+    def __init__(self, view: Optional[memoryview], stream: Optional[BinaryIO]) -> None:
+        self.stream = stream
+        self.buf = view if view is not None else memoryview(b"")
+        self.lo = 0  # the offset of buf[0]
+        self.eof = view is not None
+        self.seekable = False
+        if stream is not None:
+            try:
+                self.seekable = stream.seekable()
+            except (AttributeError, OSError, ValueError):
+                pass
+
+    def window(self, pos: int, n: int) -> int:
+        """Make ``buf`` hold bytes ``pos`` to ``pos + n`` (fewer only where the shard ends); the
+        index of ``pos`` in it."""
+        have = self.lo + len(self.buf)
+        if self.eof or pos + n <= have:
+            return pos - self.lo
+        kept = bytes(self.buf[pos - self.lo:]) if pos < have else b""
+        if pos > have:  # member data never needed: passed over
+            self._skip(pos - have)
+        parts = [kept]
+        got = len(kept)
+        while got < n:
+            piece = self._read(max(n - got, _PIECE))
+            if not piece:
+                self.eof = True
+                break
+            parts.append(piece)
+            got += len(piece)
+        self.buf, self.lo = memoryview(b"".join(parts)), pos
+        return 0
+
+    def _read(self, n: int) -> bytes:
+        try:
+            return self.stream.read(n)
+        except (OSError, EOFError, zlib.error, DalistreamError) as e:
+            raise Problem(f"read error ({type(e).__name__})", self.lo + len(self.buf)) from None
+
+    def _skip(self, n: int) -> None:
+        if self.seekable:
+            try:
+                self.stream.seek(n, 1)
+                return
+            except (OSError, ValueError):
+                pass  # (then read over them)
+        while n > 0:
+            piece = self._read(min(n, _PIECE))
+            if not piece:
+                self.eof = True
+                return
+            n -= len(piece)
+
+
+def read_headers(view: Optional[memoryview], stream: Optional[BinaryIO] = None) -> Headers:
+    """Every member header of a tar: from ``view`` (a whole local file's bytes, mapped), else from
+    ``stream`` (read once, sequentially). Raises :class:`Problem` where the sequential reader
+    raises an error."""
+    src = _Bytes(view, stream)
+    buf, lo = src.buf, src.lo
+    hi = lo + len(buf)
+    blocks: List[bytes] = []  # each member's own header block
+    at: List[int] = []  # where it lies
+    sizes: List[int] = []
+    extended: List[bytes] = []  # the extended headers' blocks (their checksums are checked too)
+    starts: Dict[int, int] = {}  # a member behind extended headers: where they start
+    data: Dict[int, int] = {}  # a member whose data do not follow its header (old GNU sparse maps)
+    renames: Dict[int, str] = {}
+    sparse: List[int] = []
+    pos = 0
+    start_at = -1  # offset of the extended headers before a member
+    long_name: Optional[str] = None
+    pax: Optional[Dict[str, bytes]] = None
+    while True:
+        if pos + BLOCK > hi:  # (a local file: only at its end)
+            src.window(pos, BLOCK)
+            buf, lo = src.buf, src.lo
+            hi = lo + len(buf)
+            if pos + BLOCK > hi:
+                raise Problem("the shard ends before its end-of-archive marker", pos)
+        header = bytes(buf[pos - lo:pos - lo + BLOCK])
+        if header[0] == 0 and header == ZERO:
+            _check_end(src, pos)
+            break
+        text = header[124:135]
+        size = -1
+        if header[135] in (0, 32) and text.isdigit():  # the usual "%011o\0"
+            try:
+                size = int(text, 8)
+            except ValueError:
+                pass
+        if size < 0:
+            try:
+                size = number(header[124:136], "", "size", pos)
+            except DalistreamError:
+                raise Problem("bad size field", pos) from None
+        padded = (size + BLOCK - 1) & -BLOCK
+        kind = header[156]
+        if start_at < 0 and kind not in _EXTENDED and kind != _SPARSE:  # the usual member
+            blocks.append(header)
+            at.append(pos)
+            sizes.append(size)
+            pos += BLOCK + padded
+            continue
+        if kind in _EXTENDED:
+            extended.append(header)
+            if start_at < 0:
+                start_at = pos
+            if size > (1 << 20):
+                raise Problem("implausible extended header", pos)
+            i = src.window(pos + BLOCK, padded)
+            if len(src.buf) - i < padded:
+                raise Problem("extended header cut", pos)
+            record = bytes(src.buf[i:i + size])
+            buf, lo = src.buf, src.lo
+            hi = lo + len(buf)
+            if kind == 76:  # "L"
+                long_name = record.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            elif kind == 120:  # "x"
+                try:
+                    pax = parse_pax(record, "", pos)
+                except DalistreamError:
+                    raise Problem("malformed pax header", pos) from None
+            pos += BLOCK + padded
+            continue
+        entry = len(at)
+        blocks.append(header)
+        at.append(pos)
+        if start_at >= 0:
+            starts[entry] = start_at
+            start_at = -1
+        name, long_name = long_name, None
+        is_sparse = kind == _SPARSE
+        if pax is not None:
+            if "path" in pax:
+                name = pax["path"].decode("utf-8", "surrogateescape")
+            if "size" in pax:
+                text = pax["size"]
+                if not text.isdigit():
+                    raise Problem("bad size in pax header", pos)
+                size = int(text)
+                padded = (size + BLOCK - 1) & -BLOCK
+            if any(k.startswith("GNU.sparse.") for k in pax):
+                is_sparse = True
+                if "GNU.sparse.name" in pax:
+                    name = pax["GNU.sparse.name"].decode("utf-8", "surrogateescape")
+            pax = None
+        if name is not None:
+            renames[entry] = name
+        if is_sparse:
+            sparse.append(entry)
+        sizes.append(size)
+        pos += BLOCK
+        if kind == _SPARSE:  # old GNU sparse: the map goes on in extension blocks before the data
+            more = header[482]
+            while more:
+                i = src.window(pos, BLOCK)
+                if len(src.buf) - i < BLOCK:
+                    raise Problem("sparse map cut", pos)
+                more = src.buf[i + 504]
+                pos += BLOCK
+            buf, lo = src.buf, src.lo
+            hi = lo + len(buf)
+            data[entry] = pos
+        pos += padded
+    return _checked(blocks, extended, at, sizes, starts, data, renames, sparse, pos)
+
+
+def _check_end(src: _Bytes, pos: int) -> None:
+    """Only zeros from the zero block at ``pos`` to the shard's end (else a lone zero block, or
+    bytes after the end-of-archive marker)."""
+    at = pos
+    while True:
+        i = src.window(at, _PIECE)
+        rest = np.frombuffer(src.buf[i:], np.uint8)
+        if rest.any():
+            raise Problem("a zero block followed by more than zeros", pos)
+        if src.eof:
+            return
+        at += len(rest)
+
+
+def _checked(blocks: List[bytes], extended: List[bytes], at: List[int], sizes: List[int], starts: Dict[int, int],
+             data: Dict[int, int], renames: Dict[int, str], sparse: List[int], end: int) -> Headers:
+    """The entries, once every header block's checksum holds; their names and flags read from
+    the blocks at once."""
+    if extended:
+        _checksums(np.frombuffer(b"".join(extended), np.uint8).reshape(-1, BLOCK), extended)
+    m = np.frombuffer(b"".join(blocks), np.uint8).reshape(-1, BLOCK)
+    _checksums(m, blocks)
+    header_at = np.asarray(at, np.int64)
+    begins, data_at = header_at.copy(), header_at + BLOCK
+    begins[list(starts)] = list(starts.values())
+    data_at[list(data)] = list(data.values())
+    kinds = m[:, 156].copy()
+    ustar = (m[:, 257:262] == np.frombuffer(b"ustar", np.uint8)).all(axis=1)
+    is_sparse = np.zeros(len(at), bool)
+    is_sparse[sparse] = True
+    renamed = np.zeros(len(at), bool)
+    renamed[list(renames)] = True
+    sliceable = np.isin(kinds, _FILES) & ~is_sparse & ustar
+    return Headers(begins, data_at, np.asarray(sizes, np.int64), kinds, _names(m, ustar, renames), renamed, sliceable,
+                   is_sparse, end)
+
+
+def _checksums(h: np.ndarray, blocks: List[bytes]) -> None:
+    """Raise :class:`Problem` unless every header block (the rows of ``h``) carries its own
+    checksum (:func:`~.headers.checksum_ok`: the usual field at once, any other one by one)."""
+    field = h[:, 148:154]
+    digits = field - np.uint8(48)  # (wraps below "0": no digit)
+    usual = (h[:, 154] == 0) & (digits <= 9).all(axis=1)  # "%06o\0": as checksum_ok() reads it
+    stored = digits.astype(np.int32) @ _POWERS.astype(np.int32)
+    total = h.sum(axis=1, dtype=np.uint32).astype(np.int32) - h[:, 148:156].sum(axis=1, dtype=np.int32) + 8 * 32
+    ok = (stored == total) & (digits < 8).all(axis=1)  # (an 8 or a 9: no octal number)
+    if (usual & ~ok).any() or not all(checksum_ok(blocks[r]) for r in np.flatnonzero(~usual).tolist()):
+        raise Problem("header checksum mismatch", 0)
+
+
+def _names(m: np.ndarray, ustar: np.ndarray, renames: Dict[int, str]) -> List[str]:
+    """Each header's name (:func:`~.headers.header_name`), a record's where one renamed it."""
+    field = m[:, :100]
+    nul = field == 0
+    first = np.where(nul.any(axis=1), nul.argmax(axis=1), 100)
+    # a name field with bytes after its first NUL, or a ustar prefix: read one by one
+    odd = (np.count_nonzero(field, axis=1) != first) | ((m[:, 345] != 0) & ustar & (m[:, 262] == 0))
+    names = np.ascontiguousarray(field).view("S100")[:, 0].tolist()  # (NULs at the end dropped)
+    out = [n.decode("utf-8", "surrogateescape") for n in names]
+    for r in np.flatnonzero(odd).tolist():
+        out[r] = header_name(m[r].tobytes())
+    for r, name in renames.items():
+        out[r] = name
+    return out
+
+
+def group_samples(headers: Headers, lowercase: bool = False) -> Tuple[np.ndarray, np.ndarray, List[Optional[str]]]:
+    """The samples of a shard by WebDataset's key rules (:func:`~.samples.iter_samples`): each
+    sample's offset, each entry's sample (``-1``: in none) and extension (as written; ``None``:
+    in no sample). Raises :class:`Problem` where the reader raises (a key seen before in the
+    shard, an extension twice in a sample)."""
+    files = headers.files().tolist()
+    starts = headers.starts.tolist()
+    sample_of: List[int] = []
+    exts: List[Optional[str]] = []
+    offsets: List[int] = []
+    seen: set = set()
+    key = None
+    held: List[str] = []  # the extensions of the sample being grouped (lowercased with ``lowercase``)
+    for j, name in enumerate(headers.names):
+        slash = name.rfind("/")
+        dot = name.find(".", slash + 1)
+        if not files[j] or dot <= slash + 1 or (name[:2] == "__" and is_meta(name)):
+            sample_of.append(-1)
+            exts.append(None)
+            continue
+        k, ext = name[:dot], name[dot + 1:]
+        if k != key:
+            if k in seen:
+                raise Problem("duplicate sample key", starts[j], name)
+            seen.add(k)
+            key = k
+            offsets.append(starts[j])
+            held = []
+        folded = ext.lower() if lowercase else ext
+        if folded in held:
+            raise Problem("an extension twice in a sample", starts[j], name)
+        held.append(folded)
+        sample_of.append(len(offsets) - 1)
+        exts.append(ext)
+    return np.asarray(offsets, np.int64), np.asarray(sample_of, np.int64), exts
+
+
+def reader_error(stream: BinaryIO, url: str, problem: Problem, lowercase: bool = False) -> DalistreamError:
+    """The error of the sequential reader (:func:`~.samples.iter_samples`) on ``stream``, a shard
+    in which :func:`read_headers` or :func:`group_samples` found ``problem``: the same error a
+    worker meets, naming the shard and the member."""
+    from .samples import iter_samples
+
+    try:
+        for _ in iter_samples(stream, url, keep=lambda index: False, lowercase=lowercase):
+            pass
+    except DalistreamError as e:
+        return e
+    # (the reader found nothing amiss: say what the index found)
+    return ShardFormatError(f"corrupt tar: {problem.what} at offset {problem.offset}", url=url, member=problem.member,
+                            reason="bad_tar", hint="the shard is damaged: re-write or re-upload it")
