@@ -21,12 +21,13 @@ order, is the column path's, byte for byte (``tests/worker/test_one_reader.py``)
 
 The shares (:func:`share_bounds`): an epoch of at most :data:`WHOLE_BYTES` is one, its first
 batch waiting for the whole read; a larger one is cut into a first of about
-:data:`FIRST_SHARE_BYTES`, which its first batch waits for, then shares of :data:`SHARE_BYTES`
-(found by header walk: of :data:`WALKED_SHARE_BYTES`, within what a share may copy).
-While a share is given out, the next is read from its mapping in pieces, a few at each step and
-the last by the share's last step but one, as one span's reads fall between its batches (a share
-read by ranges is read when its first step is taken). Each share is held until the next is
-taken.
+:data:`FIRST_SHARE_BYTES`, which its first batch waits for, then shares growing
+:data:`GROWTH`-fold to :data:`SHARE_BYTES` (found by header walk: to :data:`WALKED_SHARE_BYTES`,
+within what a share may copy). While a share is given out, the next is read from its mapping in
+pieces, none at the share's first step (but a share of one step's), a few at each later one and
+the last by the share's last step, as one span's reads fall between its batches (a share read by ranges is read when its
+first step is taken): the job's first batch waits for a small first share alone, its next ones
+for a piece of a small second share each. Each share is held until the next is taken.
 
 Only the plain case is read this way, and the column path reads every other: an epoch resumed
 mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
@@ -69,8 +70,9 @@ from .stats import WorkerStats
 
 EPOCH_BYTES = 1 << 30  # a share read at once: at most this many bytes of a worker's shards (else the columns')
 WHOLE_BYTES = 16 << 20  # an epoch of at most this many is one share (its first batch waits for the whole read)
-FIRST_SHARE_BYTES = 16 << 20  # a larger epoch's first share (which its first batch waits for) …
-SHARE_BYTES = 64 << 20  # … and each after it, read over the steps of the one before
+FIRST_SHARE_BYTES = 4 << 20  # a larger epoch's first share (which its first batch waits for) …
+SHARE_BYTES = 64 << 20  # … and each after it, read over the steps of the one before, …
+GROWTH = 4  # … growing to it from the first this many times over at each share (a first batch's next ones small)
 COPIED_BYTES = 64 << 20  # a share's ranges found by header walk, copied into the worker's buffers: at most this …
 WALKED_SHARE_BYTES = COPIED_BYTES // 2  # … so such an epoch's shares are of this (room for samples over the mean)
 WALKED_RUN_BYTES = 4 << 20  # a walked range's runs: at most this many bytes (half an arena buffer)
@@ -157,7 +159,8 @@ class EpochShares:
             return self.rest.take(step)
         read = self.next
         if read is not None and read.done < read.pieces:
-            want = -(-read.pieces * (step - self.start + 1) // max(1, self.stop - self.start - 1))
+            n = self.stop - self.start  # (none at a share's first step but a share of one step's)
+            want = read.pieces if n == 1 else -(-read.pieces * (step - self.start) // (n - 1))
             while read.done < min(want, read.pieces) and not read.failed:
                 read.piece()
         return self.feed.take(step - self.start)  # type: ignore[union-attr]
@@ -167,9 +170,11 @@ def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: in
                  later: int = SHARE_BYTES) -> List[int]:
     """Where an epoch's shares of steps (``takes``: rows per step and column) begin, and its end:
     one share where the epoch is at most ``whole`` bytes, or where the samples' size is not
-    known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares of ``later``
-    bytes: laid out, :data:`SHARE_BYTES` (each read in pieces over the steps of the one before);
-    found by header walk, :data:`WALKED_SHARE_BYTES` (within the bytes a share may copy)."""
+    known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares :data:`GROWTH`
+    times the one before, up to ``later`` bytes: laid out, :data:`SHARE_BYTES` (each read in
+    pieces over the steps of the one before); found by header walk, :data:`WALKED_SHARE_BYTES`
+    (within the bytes a share may copy). The first batch waits for the first share; the next
+    few, for a piece of the next share each: small ones."""
     steps = len(takes)
     per_step = np.cumsum(takes.sum(axis=1)) * (bytes_per_sample or 0)
     if not bytes_per_sample or per_step[-1] <= whole:
@@ -179,7 +184,7 @@ def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: in
         before = per_step[bounds[-1] - 1] if bounds[-1] else 0.0
         stop = int(np.searchsorted(per_step, before + want, side="right"))
         bounds.append(min(steps, max(stop, bounds[-1] + 1)))
-        want = later
+        want = min(later, want * GROWTH)
     return bounds
 
 

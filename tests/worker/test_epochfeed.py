@@ -335,9 +335,10 @@ def test_samples_ending_with_a_member_not_wanted_are_all_read_without_a_layout(t
             assert sorted(keys) == every
 
 
-def shares_read(monkeypatch, first_share, share):
+def shares_read(monkeypatch, first_share, share, growth=1 << 30):
     """Count the shares read (:func:`epochfeed.start_share`): every epoch cut into shares, the first
-    of ``first_share`` bytes, each after it of ``share``."""
+    of ``first_share`` bytes, each after it ``growth`` times the one before up to ``share`` (by
+    default: of ``share`` at once)."""
     count, start_share = [0], epochfeed.start_share
 
     def counted(*args):
@@ -350,6 +351,7 @@ def shares_read(monkeypatch, first_share, share):
         monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", first_share)
         monkeypatch.setattr(epochfeed, "SHARE_BYTES", share)
         monkeypatch.setattr(epochfeed, "WALKED_SHARE_BYTES", share)
+        monkeypatch.setattr(epochfeed, "GROWTH", growth)
     return count, patch
 
 
@@ -402,7 +404,7 @@ def test_an_epoch_found_by_header_walk_is_cut_after_a_small_first_share(tmp_path
         batches, _, at_once, _ = read(WorkerSource(c, shard_data, 0), 0, monkeypatch)
         assert at_once == count[0] and batches == by_columns(c, shard_data, 0, (0,), monkeypatch)[0]
         got.append(count[0])
-    assert got == [1, 2]  # (the small first share, then the rest)
+    assert got[0] == 1 and got[1] > 1  # (the small first share, then the rest, in shares growing from it)
 
 
 def test_an_epoch_found_by_header_walk_is_read_in_shares_within_the_copy_budget(tmp_path, monkeypatch):
@@ -414,7 +416,7 @@ def test_an_epoch_found_by_header_walk_is_read_in_shares_within_the_copy_budget(
     c = config(unlaid, workers=1)
     got = []
     for later in (130_000, epochfeed.SHARE_BYTES):  # (~2 steps of ~62 kB; the second: the rest, over the budget)
-        count, patch = shares_read(monkeypatch, 6000, later)
+        count, patch = shares_read(monkeypatch, 6000, later)  # (the next shares of ``later`` at once)
         patch()
         monkeypatch.setattr(epochfeed, "COPIED_BYTES", 270_000)
         batches, _, at_once, _ = read(WorkerSource(c, unlaid_data, 0), 1, monkeypatch)
@@ -465,20 +467,30 @@ def test_a_share_that_cannot_be_read_hands_the_rest_of_the_epoch_to_the_columns(
 
 
 def test_an_epoch_over_the_whole_read_s_bytes_is_cut_into_shares_a_small_first():
+    """A small first share (the first batch waits for it), then shares growing ``GROWTH``-fold to
+    their size (the next batches wait for a piece of the next share each)."""
     takes = np.ones((1000, 4), np.int64)  # 1,000 steps of 4 rows
     whole = epochfeed.WHOLE_BYTES / 4000  # (the whole epoch: one share's bytes exactly)
     assert epochfeed.share_bounds(takes, whole) == [0, 1000] and epochfeed.share_bounds(takes, None) == [0, 1000]
     per_sample = epochfeed.FIRST_SHARE_BYTES / 20  # (5 steps a first share)
-    bounds = epochfeed.share_bounds(takes, per_sample)
-    later = round(epochfeed.SHARE_BYTES / (4 * per_sample))
-    assert bounds[:3] == [0, 5, 5 + later] and bounds[-1] == 1000 and 5 < later and len(bounds) > 4
-    assert np.diff(bounds)[1:-1].tolist() == [later] * (len(bounds) - 3) and 0 < bounds[-1] - bounds[-2] <= later
+
+    def growing(later):  # each share's steps: 5, then GROWTH times the one before, up to ``later`` bytes
+        steps, want = [], epochfeed.FIRST_SHARE_BYTES
+        while sum(steps) < 1000:
+            steps.append(round(want / (4 * per_sample)))
+            want = min(later, want * epochfeed.GROWTH)
+        return steps
+
+    for later, bounds in ((epochfeed.SHARE_BYTES, epochfeed.share_bounds(takes, per_sample)),
+                          (epochfeed.WALKED_SHARE_BYTES, epochfeed.share_bounds(
+                              takes, per_sample, epochfeed.FIRST_SHARE_BYTES, epochfeed.WALKED_SHARE_BYTES))):
+        expected = growing(later)
+        assert expected[:3] == [5, 5 * epochfeed.GROWTH, min(5 * epochfeed.GROWTH ** 2, expected[-1])]
+        assert np.diff(bounds)[:-1].tolist() == expected[:len(bounds) - 2] and bounds[-1] == 1000
+        assert 0 < bounds[-1] - bounds[-2] <= expected[len(bounds) - 2]
     assert epochfeed.share_bounds(takes, 2.0 * epochfeed.SHARE_BYTES) == list(range(1001))  # (a step each, at least)
     walked = epochfeed.share_bounds(takes, whole, whole=epochfeed.FIRST_SHARE_BYTES)  # (no layouts: a small first share)
     assert walked[:2] == [0, round(epochfeed.FIRST_SHARE_BYTES / (4 * whole))] and walked[-1] == 1000
-    walked = epochfeed.share_bounds(takes, per_sample, epochfeed.FIRST_SHARE_BYTES, epochfeed.WALKED_SHARE_BYTES)
-    later = round(epochfeed.WALKED_SHARE_BYTES / (4 * per_sample))  # (… and shares within the copy budget)
-    assert walked[:3] == [0, 5, 5 + later] and set(np.diff(walked)[1:-1].tolist()) == {later}
 
 
 def test_steps_take_their_rows_by_index():

@@ -133,6 +133,43 @@ def test_the_next_share_is_read_in_pieces_over_the_steps_of_the_one_before(tmp_p
             assert spread >= 1  # (shares of several pieces, over several steps)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_first_batch_waits_for_the_first_share_alone(tmp_path, monkeypatch, workers):
+    """Each epoch's first batch is given out once its first share is read, before any piece of the
+    next share; the next batches read a piece of the next share each at most, shares growing from
+    the first (the first steps of a job: what DALI waits for before its first batch). The columns'
+    batches."""
+    paths = make_shards(tmp_path, n_shards=6, per_shard=60)
+    data = data_set(paths, per_shard=60)
+    c = config(paths, workers=workers)
+    count, patch = shares_read(monkeypatch, 300_000, 2_400_000, growth=4)  # (a first share of 4–9 steps)
+    events = []
+    piece, take = mapped.MappedShare.piece, epochfeed.EpochFeed.take
+
+    def logged_piece(self):
+        events.append(("piece", self))
+        piece(self)
+
+    def logged_take(self, step):
+        events.append(("take", self))
+        return take(self, step)
+
+    for worker in range(workers):
+        for e in (0, 1):
+            events.clear()
+            patch()
+            monkeypatch.setattr(mapped, "PIECE_BYTES", 5_000)
+            monkeypatch.setattr(mapped.MappedShare, "piece", logged_piece)
+            monkeypatch.setattr(epochfeed.EpochFeed, "take", logged_take)
+            batches = read(WorkerSource(c, data, worker), e, monkeypatch)[0]
+            assert batches == by_columns(c, data, worker, (e,), monkeypatch)[0]
+            takes = [i for i, ev in enumerate(events) if ev[0] == "take"]
+            first_share = {ev[1] for ev in events[:takes[0]] if ev[0] == "piece"}
+            assert len(first_share) == 1  # (before the first batch: the first share's own pieces only)
+            between = [sum(ev[0] == "piece" for ev in events[a + 1:b]) for a, b in zip(takes[:3], takes[1:4])]
+            assert max(between) <= 1, between  # (the second to fourth batches: a piece each at most)
+
+
 def test_a_shard_rewritten_between_epochs_is_mapped_anew(tmp_path, monkeypatch):
     """A worker's shards stay mapped from one epoch to the next (nothing mapped anew); a shard
     replaced by another file between them is mapped anew, alone, and read as it is now."""
