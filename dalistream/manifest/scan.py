@@ -14,7 +14,7 @@ import io
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from ..errors import DalistreamError, ManifestError, SourceError, redact
@@ -113,7 +113,8 @@ def _scan_cached(url: str, cache_dir: Optional[str], options, lowercase: bool, o
             pass  # a broken or edited cache entry is rescanned (and rewritten)
     info = scan_shard(url, options, lowercase, offsets)
     if path:
-        cache_write(path, lambda f: f.write(json.dumps(asdict(info)).encode()))
+        row = {field.name: getattr(info, field.name) for field in fields(info)}  # (asdict() deep-copies every offset)
+        cache_write(path, lambda f: f.write(json.dumps(row).encode()))
     return info
 
 
