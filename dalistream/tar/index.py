@@ -2,8 +2,9 @@
 Python per member.
 
 :func:`read_headers` walks from header to header (a local file through its mapping, reading no
-member data; any other stream in large pieces), keeping each header block and little else, then
-checks every header's checksum and reads every name with array operations over all of them at once;
+member data; any other stream in large pieces), keeping each header block and little else, and
+checks the headers' checksums and reads their names with array operations over a batch of them at
+once;
 :func:`group_samples` groups the members into samples by WebDataset's key rules
 (:mod:`.samples`). They find what the sequential reader (:func:`~.members.walk`,
 :func:`~.samples.iter_samples`) finds, on every archive: the same members, names, sizes, offsets and
@@ -30,6 +31,7 @@ _FILES = np.frombuffer(b"0\x007", np.uint8)  # the type flags of regular files
 _SPARSE = 83  # "S": GNU sparse file (old GNU format)
 _PIECE = 1 << 20  # bytes read at a time from a stream
 _POWERS = 8 ** np.arange(5, -1, -1, dtype=np.int64)  # a "%06o" checksum's digits
+_BATCH = 1 << 16  # header blocks checked and read at once (then let go: a shard's memory is not 512 bytes a member)
 
 
 class Problem(Exception):
@@ -129,7 +131,8 @@ def read_headers(view: Optional[memoryview], stream: Optional[BinaryIO] = None) 
     src = _Bytes(view, stream)
     buf, lo = src.buf, src.lo
     hi = lo + len(buf)
-    blocks: List[bytes] = []  # each member's own header block
+    blocks: List[bytes] = []  # each member's own header block, until a batch of them is read
+    batches = _Read()
     at: List[int] = []  # where it lies
     sizes: List[int] = []
     extended: List[bytes] = []  # the extended headers' blocks (their checksums are checked too)
@@ -168,12 +171,16 @@ def read_headers(view: Optional[memoryview], stream: Optional[BinaryIO] = None) 
         kind = header[156]
         if start_at < 0 and kind not in _EXTENDED and kind != _SPARSE:  # the usual member
             blocks.append(header)
+            if len(blocks) == _BATCH:
+                blocks = batches.add(blocks)
             at.append(pos)
             sizes.append(size)
             pos += BLOCK + padded
             continue
         if kind in _EXTENDED:
             extended.append(header)
+            if len(extended) == _BATCH:
+                extended = _checksums(extended)
             if start_at < 0:
                 start_at = pos
             if size > (1 << 20):
@@ -195,6 +202,8 @@ def read_headers(view: Optional[memoryview], stream: Optional[BinaryIO] = None) 
             continue
         entry = len(at)
         blocks.append(header)
+        if len(blocks) == _BATCH:
+            blocks = batches.add(blocks)
         at.append(pos)
         if start_at >= 0:
             starts[entry] = start_at
@@ -233,7 +242,9 @@ def read_headers(view: Optional[memoryview], stream: Optional[BinaryIO] = None) 
             hi = lo + len(buf)
             data[entry] = pos
         pos += padded
-    return _checked(blocks, extended, at, sizes, starts, data, renames, sparse, pos)
+    _checksums(extended)
+    batches.add(blocks)
+    return batches.headers(at, sizes, starts, data, renames, sparse, pos)
 
 
 def _check_end(src: _Bytes, pos: int) -> None:
@@ -250,32 +261,55 @@ def _check_end(src: _Bytes, pos: int) -> None:
         at += len(rest)
 
 
-def _checked(blocks: List[bytes], extended: List[bytes], at: List[int], sizes: List[int], starts: Dict[int, int],
-             data: Dict[int, int], renames: Dict[int, str], sparse: List[int], end: int) -> Headers:
-    """The entries, once every header block's checksum holds; their names and flags read from
-    the blocks at once."""
-    if extended:
-        _checksums(np.frombuffer(b"".join(extended), np.uint8).reshape(-1, BLOCK), extended)
-    m = np.frombuffer(b"".join(blocks), np.uint8).reshape(-1, BLOCK)
-    _checksums(m, blocks)
-    header_at = np.asarray(at, np.int64)
-    begins, data_at = header_at.copy(), header_at + BLOCK
-    begins[list(starts)] = list(starts.values())
-    data_at[list(data)] = list(data.values())
-    kinds = m[:, 156].copy()
-    ustar = (m[:, 257:262] == np.frombuffer(b"ustar", np.uint8)).all(axis=1)
-    is_sparse = np.zeros(len(at), bool)
-    is_sparse[sparse] = True
-    renamed = np.zeros(len(at), bool)
-    renamed[list(renames)] = True
-    sliceable = np.isin(kinds, _FILES) & ~is_sparse & ustar
-    return Headers(begins, data_at, np.asarray(sizes, np.int64), kinds, _names(m, ustar, renames), renamed, sliceable,
-                   is_sparse, end)
+class _Read:
+    """The members' header blocks read a batch at a time: each checked, then what the entries
+    keep of it (type flag, ``ustar`` magic, name) kept, and the blocks let go."""
+
+    def __init__(self) -> None:
+        self.kinds: List[np.ndarray] = []
+        self.ustar: List[np.ndarray] = []
+        self.names: List[str] = []
+
+    def add(self, blocks: List[bytes]) -> List[bytes]:
+        """Read ``blocks``; a new empty list for the next ones."""
+        if blocks:
+            m = np.frombuffer(b"".join(blocks), np.uint8).reshape(-1, BLOCK)
+            _checksums(blocks, m)
+            ustar = (m[:, 257:262] == np.frombuffer(b"ustar", np.uint8)).all(axis=1)
+            self.kinds.append(m[:, 156].copy())
+            self.ustar.append(ustar)
+            self.names += _names(m, ustar)
+        return []
+
+    def headers(self, at: List[int], sizes: List[int], starts: Dict[int, int], data: Dict[int, int],
+                renames: Dict[int, str], sparse: List[int], end: int) -> Headers:
+        """The entries (extended headers' starts, data that do not follow their header, names from
+        records, sparse members given by entry)."""
+        header_at = np.asarray(at, np.int64)
+        begins, data_at = header_at.copy(), header_at + BLOCK
+        begins[list(starts)] = list(starts.values())
+        data_at[list(data)] = list(data.values())
+        kinds = np.concatenate(self.kinds) if self.kinds else np.zeros(0, np.uint8)
+        ustar = np.concatenate(self.ustar) if self.ustar else np.zeros(0, bool)
+        is_sparse = np.zeros(len(at), bool)
+        is_sparse[sparse] = True
+        renamed = np.zeros(len(at), bool)
+        renamed[list(renames)] = True
+        for entry, name in renames.items():
+            self.names[entry] = name
+        sliceable = np.isin(kinds, _FILES) & ~is_sparse & ustar
+        return Headers(begins, data_at, np.asarray(sizes, np.int64), kinds, self.names, renamed, sliceable, is_sparse,
+                       end)
 
 
-def _checksums(h: np.ndarray, blocks: List[bytes]) -> None:
-    """Raise :class:`Problem` unless every header block (the rows of ``h``) carries its own
-    checksum (:func:`~.headers.checksum_ok`: the usual field at once, any other one by one)."""
+def _checksums(blocks: List[bytes], h: Optional[np.ndarray] = None) -> List[bytes]:
+    """Raise :class:`Problem` unless every header block (``h``: them as rows) carries its own
+    checksum (:func:`~.headers.checksum_ok`: the usual field at once, any other one by one); a new
+    empty list for the next ones."""
+    if not blocks:
+        return []
+    if h is None:
+        h = np.frombuffer(b"".join(blocks), np.uint8).reshape(-1, BLOCK)
     field = h[:, 148:154]
     digits = field - np.uint8(48)  # (wraps below "0": no digit)
     usual = (h[:, 154] == 0) & (digits <= 9).all(axis=1)  # "%06o\0": as checksum_ok() reads it
@@ -284,10 +318,11 @@ def _checksums(h: np.ndarray, blocks: List[bytes]) -> None:
     ok = (stored == total) & (digits < 8).all(axis=1)  # (an 8 or a 9: no octal number)
     if (usual & ~ok).any() or not all(checksum_ok(blocks[r]) for r in np.flatnonzero(~usual).tolist()):
         raise Problem("header checksum mismatch", 0)
+    return []
 
 
-def _names(m: np.ndarray, ustar: np.ndarray, renames: Dict[int, str]) -> List[str]:
-    """Each header's name (:func:`~.headers.header_name`), a record's where one renamed it."""
+def _names(m: np.ndarray, ustar: np.ndarray) -> List[str]:
+    """Each header's name (:func:`~.headers.header_name`)."""
     field = m[:, :100]
     nul = field == 0
     first = np.where(nul.any(axis=1), nul.argmax(axis=1), 100)
@@ -297,8 +332,6 @@ def _names(m: np.ndarray, ustar: np.ndarray, renames: Dict[int, str]) -> List[st
     out = [n.decode("utf-8", "surrogateescape") for n in names]
     for r in np.flatnonzero(odd).tolist():
         out[r] = header_name(m[r].tobytes())
-    for r, name in renames.items():
-        out[r] = name
     return out
 
 

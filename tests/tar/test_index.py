@@ -369,3 +369,22 @@ def test_a_big_regular_shard_is_laid_out(tmp_path):
     check(path)
     info = scan_shard(path, offsets=True)
     assert info.samples == 3000 and len(info.members[2]) == len(entries) and len(info.members[0]) == 2
+
+
+@pytest.mark.parametrize("writer", ["tarwriter", "tarfile-gnu", "gnu-tar-posix", "tarfile-ustar-short"])
+def test_headers_read_in_batches(tmp_path, monkeypatch, writer):
+    """Header blocks are checked and read a batch at a time (so that a shard's memory is not its
+    headers'): batches of 3 read what one batch reads, damage in any batch found."""
+    from dalistream.tar import index
+
+    monkeypatch.setattr(index, "_BATCH", 3)
+    write, filename, samples = WRITERS[writer]
+    path = str(tmp_path / filename)
+    write(path, samples)
+    check(path)
+    raw = bytearray(open(path, "rb").read())
+    for at in _headers(raw)[:-1]:  # a checksum wrong in each header block in turn
+        damaged = bytearray(raw)
+        damaged[at + 150] ^= 1
+        open(path, "wb").write(bytes(damaged))
+        check(path, layout=False)
