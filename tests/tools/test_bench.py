@@ -177,7 +177,10 @@ def test_cache_against_no_cache_and_the_local_copy(shards, tmp_path, moto_endpoi
     for name in ("dalistream-nocache", "dalistream-local"):
         assert all(r > 0 for r in report["peers"][name]["ratio"]["epoch_samples_per_s"])
     by_epoch = report["worker_stats"]["by_epoch"]
-    assert by_epoch["0"]["io"]["cache_written_bytes"] > 0 and by_epoch["1"]["io"]["cache_hits"] > 0
+    # (a first run: the header scan at the stream's opening reads the shards through the new cache,
+    # filling it, or the first epoch does; the second epoch reads it)
+    assert by_epoch["0"]["io"]["cache_written_bytes"] + by_epoch["0"]["io"]["cache_hits"] > 0
+    assert by_epoch["1"]["io"]["cache_hits"] > 0
     assert by_epoch["1"]["io"]["bytes"] <= 4 << 20  # (read-ahead across the epochs' boundary aside)
     assert "samples/s per epoch" in proc.stderr and "from the store" in proc.stderr
     assert list(caches.iterdir()) == []
