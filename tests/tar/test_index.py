@@ -11,7 +11,6 @@ Every archive is scanned from a local file (read through its mapping) and as a s
 
 import gzip
 import io
-import os
 import random
 import shutil
 import tarfile
