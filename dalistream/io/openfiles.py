@@ -14,7 +14,7 @@ bytes. A file is closed with its last part. The byte cache's block files (:mod:`
 read through the same table (:meth:`FileTable.adopt`), their descriptors locked shared (a block
 open in a process is not evicted); a block's path that names another file, or none, when its
 descriptor is opened again (evicted by another process meanwhile) is not an error there: the
-stream takes the block again, from the cache (checked as a new block) or the store. Mappings keep no descriptor (:func:`map_file`: libc's
+stream takes the block again, from the cache (checked as a new block) or the store. Mappings keep no descriptor (:class:`Region`: libc's
 ``mmap``, not Python's, which holds a duplicate of the file's descriptor as long as it lives).
 
 The budget (:func:`files_budget`): :data:`FILES_SHARE` of the process's soft limit of open files
@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import logging
+import mmap
 import os
 import stat
 import sys
@@ -35,11 +36,11 @@ import threading
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import DalistreamError, SourceError
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def open_descriptor(url: str) -> int:
 
 # -- mappings that keep no descriptor ------------------------------------------------------------
 
-_PROT_READ, _MAP_SHARED = 1, 1
+_PROT_READ, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 1, 1, 2, 0x10, 0x20, 0x4000
 _libc: Any = None
 
 
@@ -113,26 +114,103 @@ def unmap(base: int, size: int) -> None:
         libc.munmap(base, size)
 
 
-class _Mapped:
-    """``size`` bytes mapped at ``base``, as NumPy sees a buffer; unmapped when collected."""
+class Region:
+    """Local files mapped read-only side by side in one address range reserved for ``capacity``
+    bytes (at least what ``paths`` and ``files`` take): file ``k`` at ``offsets[k]`` of
+    :attr:`buffer` (and :attr:`array`), each on a page of its own, and :attr:`place` ``[path]``:
+    its ``(offset, size, identity)``. The one way a process maps its files: a share's shards
+    (:class:`~dalistream.worker.mapped.ShareMaps`), a file's runs (:meth:`OpenFile.view`).
+    :meth:`add` maps more where there is room, leaving what is mapped where it is (its pages stay
+    mapped: a page mapped anew is a fault of its own at its first touch). :attr:`buffer` and
+    every view of it keep the range mapped; it is unmapped with the last. Linux's ``mmap`` with
+    ``MAP_FIXED`` into the range reserved first (Python's ``mmap`` cannot place a mapping, and
+    keeps a descriptor of each file it maps). Raises ``OSError`` where a file cannot be mapped."""
 
-    def __init__(self, base: int, size: int) -> None:
-        self.__array_interface__ = {"data": (base, True), "shape": (size,), "typestr": "|u1", "version": 3}
-        weakref.finalize(self, unmap, base, size).atexit = False  # (never at exit: views may still be read)
+    def __init__(self, paths: Sequence[str] = (), capacity: int = 0, files: Sequence["OpenFile"] = ()) -> None:
+        libc = libc_mmap()
+        if libc is None:
+            raise OSError("no mmap with MAP_FIXED here")
+        sizes = [os.stat(path).st_size for path in paths] + [file.stat().st_size for file in files]
+        self.capacity = max(capacity, sum(_room(size) for size in sizes))
+        base = libc.mmap(None, self.capacity, 0, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        if base is None or base == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), "address range not reserved")
+        self.base, self.end = base, 0
+        self.buffer = (ctypes.c_uint8 * self.capacity).from_address(base)
+        # (never at exit: views of it may still be read while the interpreter ends)
+        weakref.finalize(self.buffer, unmap, base, self.capacity).atexit = False
+        self.array = np.frombuffer(self.buffer, np.uint8)
+        self.array.flags.writeable = False  # (mapped read-only: a write would be a fault)
+        self.place: Dict[str, Tuple[int, int, Tuple[int, int, int, int]]] = {}
+        if not (self.add(paths) and self.add_files(files)):
+            raise OSError("files grew while mapped")
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Where each file mapped lies, in the order mapped."""
+        return np.array([at for at, _, _ in self.place.values()], np.int64)
+
+    @property
+    def sizes(self) -> List[int]:
+        """Each file's size, in the order mapped."""
+        return [size for _, size, _ in self.place.values()]
+
+    def add(self, paths: Sequence[str]) -> bool:
+        """Map ``paths`` after what is mapped (a file mapped before and since replaced: anew, its
+        place then the new one's); False, and nothing mapped, where they do not fit. Their
+        descriptors are the process's table's (within its budget, however many files a share
+        maps); a mapping keeps none."""
+        if not paths:
+            return True
+        table = files_table()
+        files: List[OpenFile] = []
+        try:
+            for path in paths:
+                files.append(table.acquire(path))
+            return self.add_files(files)
+        except DalistreamError as e:  # (a file gone, or no longer a regular file: the columns meet it, named)
+            raise OSError(str(e)) from None
+        finally:
+            for file in files:
+                table.release(file)
+
+    def add_files(self, files: Sequence["OpenFile"]) -> bool:
+        """:meth:`add` of files open in the table (each at its path's place)."""
+        if not files:
+            return True
+        libc = libc_mmap()
+        identity = [file_identity(file.stat()) for file in files]  # (what is mapped is what was opened)
+        sizes = [size for _, _, size, _ in identity]
+        if not all(sizes):
+            raise OSError("an empty file")
+        room = [_room(size) for size in sizes]  # (a page apart: never one file's bytes right after another's)
+        if self.end + sum(room) > self.capacity:
+            return False
+        for file, size, known, take in zip(files, sizes, identity, room):
+            at = self.end
+            with file.descriptor() as fd:
+                if file_identity(os.fstat(fd)) != known:
+                    raise OSError("a file changed while it was mapped", file.path)
+                if libc.mmap(self.base + at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0) != self.base + at:
+                    raise OSError(ctypes.get_errno(), "not mapped", file.path)
+            self.place[file.path] = (at, size, known)
+            self.end = at + take
+        return True
 
 
-def map_file(fd: int, size: int) -> memoryview:
-    """The first ``size`` bytes of the file open as ``fd``, mapped read-only (shared with the
-    page cache), as a read-only byte view; no descriptor kept: ``fd`` may be closed at once. The
-    view and every view of it keep the mapping; it is unmapped with the last. Raises
-    ``OSError`` where it cannot be mapped."""
-    libc = libc_mmap()
-    if libc is None:
-        raise OSError("no mmap here")
-    base = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
-    if base is None or base == ctypes.c_void_p(-1).value:
-        raise OSError(ctypes.get_errno(), "not mapped")
-    return memoryview(np.asarray(_Mapped(base, size)))  # (the array's base is the mapping: it lives as long)
+def _room(size: int) -> int:
+    return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE + mmap.PAGESIZE
+
+
+def file_identity(st: os.stat_result) -> Tuple[int, int, int, int]:
+    """A file's device, inode, size and modification time (of its ``stat``): a mapping of it
+    serves while they hold."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def identities(paths: Sequence[str]) -> List[Tuple[int, int, int, int]]:
+    """Each file's :func:`file_identity` as its path names it now."""
+    return [file_identity(os.stat(path)) for path in paths]
 
 
 # -- the table -----------------------------------------------------------------------------------
@@ -151,7 +229,7 @@ class OpenFile:
         self.locked = locked  # a cache block's file: its descriptor holds a shared lock (kept from eviction)
         self.users = self.pins = 0
         self.gzip: Optional[bool] = None
-        self.mapping: Any = None  # the file mapped (a view), once a view is asked; False: it cannot be
+        self.mapping: Any = None  # the file mapped (a Region of it), once a view is asked; False: it cannot be
         self.mapped_out = 0  # the bytes of views the mapping gave out
 
     def current(self) -> bool:
@@ -212,28 +290,31 @@ class OpenFile:
 
     def view(self, at: int, n: int) -> Optional[memoryview]:
         """Bytes ``at`` to ``at + n`` of the file (fewer where it ends first) as a read-only view of
-        its mapping, ``None`` where it cannot be mapped (an empty file; a file system that maps
-        nothing: then never). A view keeps its mapping alive (unmapped with the last view of it),
-        and a mapping gives out :data:`MAP_BYTES` of views at most, then a new one is made: what
-        stays mapped is what the readers still hold, and not much more. Never past the file's end
-        as it is now (a mapping of a file that grew or shrank since is made anew)."""
+        its mapping (a :class:`Region` of this file), ``None`` where it cannot be mapped (an empty
+        file; a file system that maps nothing: then never). A view keeps its mapping alive
+        (unmapped with the last view of it), and a mapping gives out :data:`MAP_BYTES` of views
+        at most, then a new one is made: what stays mapped is what the readers still hold, and
+        not much more. Never past the file's end as it is now (a mapping of a file that grew or
+        shrank since is made anew)."""
         if self.mapping is False:
             return None
         if n <= 0:
             return memoryview(b"")
         with self.descriptor() as fd:
             try:
-                size = os.fstat(fd).st_size
-                n = max(0, min(n, size - at))
-                if n and (self.mapping is None or self.mapped_out >= MAP_BYTES or len(self.mapping) != size):
-                    self.mapping, self.mapped_out = map_file(fd, size), 0
+                known = file_identity(os.fstat(fd))
+                n = max(0, min(n, known[2] - at))
+                if n and (self.mapping is None or self.mapped_out >= MAP_BYTES
+                          or self.mapping.place[self.path][2] != known):
+                    self.mapping, self.mapped_out = Region(files=[self]), 0
             except (OSError, ValueError):
                 self.mapping = False
                 return None
         if not n:
             return memoryview(b"")
         self.mapped_out += n
-        return self.mapping[at:at + n]
+        start = self.mapping.place[self.path][0] + at
+        return memoryview(self.mapping.array)[start:start + n]
 
 
 class FileTable:

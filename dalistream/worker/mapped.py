@@ -14,22 +14,17 @@ batches. What it gives is the column path's, byte for byte; where anything is am
 shorter than what is read of it, a header that fails its check, a row the decoder refuses, no
 mapping) it gives nothing and the columns read the share.
 
-The mapping is Linux's ``mmap`` with ``MAP_FIXED`` into a range reserved first (Python's ``mmap``
-cannot place a mapping): unmapped when nothing refers to the region's bytes any more.
+The mapping is the process's one way of mapping its files (:class:`~dalistream.io.openfiles.Region`,
+the column path's runs' too): unmapped when nothing refers to the region's bytes any more.
 """
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-import os
-import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import DalistreamError
-from ..io.openfiles import OpenFile, files_table, libc_mmap, local_path, unmap
+from ..io.openfiles import Region, identities, local_path
 from ..tar.headers import BLOCK, header_name
 from ..tar.runs import headers_ok
 from ..tar.samples import split_name
@@ -40,91 +35,6 @@ from .stats import WorkerStats
 PIECE_BYTES = 8 << 20  # a share is decoded in pieces of about this many bytes, over the steps of the share before
 REGION_BYTES = 1 << 30  # the address range a worker maps its files in: up to this many bytes stay mapped …
 # … (as a share could hold); files over it are mapped anew after this many bytes read
-
-_PROT_READ, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = 1, 1, 2, 0x10, 0x20, 0x4000
-
-
-class Region:
-    """Files mapped read-only side by side in one address range reserved for ``capacity`` bytes
-    (at least what ``paths`` take): file ``k`` at ``offsets[k]`` of :attr:`buffer`, each on a page
-    of its own, and :attr:`place` ``[path]``: its ``(offset, size, identity)``. :meth:`add` maps
-    more where there is room, leaving what is mapped where it is (its pages stay mapped: a page
-    mapped anew is a fault of its own at its first touch). :attr:`buffer` and every view of it keep
-    the range mapped; it is unmapped with the last. Raises ``OSError`` where a file cannot be mapped."""
-
-    def __init__(self, paths: Sequence[str], capacity: int = 0) -> None:
-        libc = libc_mmap()
-        if libc is None:
-            raise OSError("no mmap with MAP_FIXED here")
-        self.capacity = max(capacity, sum(_room(os.stat(path).st_size) for path in paths))
-        base = libc.mmap(None, self.capacity, 0, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
-        if base is None or base == ctypes.c_void_p(-1).value:
-            raise OSError(ctypes.get_errno(), "address range not reserved")
-        self.base, self.end = base, 0
-        self.buffer = (ctypes.c_uint8 * self.capacity).from_address(base)
-        # (never at exit: views of it may still be read while the interpreter ends)
-        weakref.finalize(self.buffer, unmap, base, self.capacity).atexit = False
-        self.array = np.frombuffer(self.buffer, np.uint8)
-        self.place: Dict[str, Tuple[int, int, Tuple[int, int, int, int]]] = {}
-        if not self.add(paths):
-            raise OSError("files grew while mapped")
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """Where each file mapped lies, in the order mapped."""
-        return np.array([at for at, _, _ in self.place.values()], np.int64)
-
-    @property
-    def sizes(self) -> List[int]:
-        """Each file's size, in the order mapped."""
-        return [size for _, size, _ in self.place.values()]
-
-    def add(self, paths: Sequence[str]) -> bool:
-        """Map ``paths`` after what is mapped (a file mapped before and since replaced: anew, its
-        place then the new one's); False, and nothing mapped, where they do not fit. Their
-        descriptors are the process's table's (:mod:`dalistream.io.openfiles`: within its budget,
-        however many files a share maps); a mapping keeps none."""
-        libc, table = libc_mmap(), files_table()
-        files: List[OpenFile] = []
-        try:
-            for path in paths:
-                files.append(table.acquire(path))
-            identity = [_identity(file.stat()) for file in files]  # (what is mapped is what was opened)
-            sizes = [size for _, _, size, _ in identity]
-            if not all(sizes):
-                raise OSError("an empty file")
-            room = [_room(size) for size in sizes]  # (a page apart: never one file's bytes right after another's)
-            if self.end + sum(room) > self.capacity:
-                return False
-            for file, path, size, known, take in zip(files, paths, sizes, identity, room):
-                at = self.end
-                with file.descriptor() as fd:
-                    if _identity(os.fstat(fd)) != known:
-                        raise OSError("a file changed while it was mapped", path)
-                    if libc.mmap(self.base + at, size, _PROT_READ, _MAP_SHARED | _MAP_FIXED, fd, 0) != self.base + at:
-                        raise OSError(ctypes.get_errno(), "not mapped", path)
-                self.place[path] = (at, size, known)
-                self.end = at + take
-            return True
-        except DalistreamError as e:  # (a file gone, or no longer a regular file: the columns meet it, named)
-            raise OSError(str(e)) from None
-        finally:
-            for file in files:
-                table.release(file)
-
-
-def _room(size: int) -> int:
-    return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE + mmap.PAGESIZE
-
-
-def _identity(st: os.stat_result) -> Tuple[int, int, int, int]:
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def identities(paths: Sequence[str]) -> List[Tuple[int, int, int, int]]:
-    """Each file's device, inode, size and modification time: a region serves while they hold."""
-    return [_identity(os.stat(path)) for path in paths]
-
 
 class ShardSet:
     """Shards' member layouts laid end to end (each sample numbered from ``sample_base[k]`` for the

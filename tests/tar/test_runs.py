@@ -273,7 +273,7 @@ def test_a_file_that_cannot_be_mapped_is_read_into_buffers(tmp_path, monkeypatch
     def no_maps(*args, **kwargs):
         raise OSError(errno.ENODEV, "No such device")
 
-    monkeypatch.setattr(openfiles, "map_file", no_maps)
+    monkeypatch.setattr(openfiles, "Region", no_maps)
     short_runs(monkeypatch, 0)  # runs of one chunk: a part of several
     path = shard(tmp_path, "gnu", 1, n=30)
     info = scan_shard(path, offsets=True)
