@@ -126,11 +126,13 @@ class Region:
     ``MAP_FIXED`` into the range reserved first (Python's ``mmap`` cannot place a mapping, and
     keeps a descriptor of each file it maps). Raises ``OSError`` where a file cannot be mapped."""
 
-    def __init__(self, paths: Sequence[str] = (), capacity: int = 0, files: Sequence["OpenFile"] = ()) -> None:
+    def __init__(self, paths: Sequence[str] = (), capacity: int = 0, files: Sequence["OpenFile"] = (),
+                 known: Optional[Sequence[Tuple[int, int, int, int]]] = None) -> None:
         libc = libc_mmap()
         if libc is None:
             raise OSError("no mmap with MAP_FIXED here")
-        sizes = [os.stat(path).st_size for path in paths] + [file.stat().st_size for file in files]
+        known = [file_identity(file.stat()) for file in files] if known is None else known
+        sizes = [os.stat(path).st_size for path in paths] + [size for _, _, size, _ in known]
         self.capacity = max(capacity, sum(_room(size) for size in sizes))
         base = libc.mmap(None, self.capacity, 0, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
         if base is None or base == ctypes.c_void_p(-1).value:
@@ -142,7 +144,7 @@ class Region:
         self.array = np.frombuffer(self.buffer, np.uint8)
         self.array.flags.writeable = False  # (mapped read-only: a write would be a fault)
         self.place: Dict[str, Tuple[int, int, Tuple[int, int, int, int]]] = {}
-        if not (self.add(paths) and self.add_files(files)):
+        if not (self.add(paths) and self.add_files(files, known)):
             raise OSError("files grew while mapped")
 
     @property
@@ -174,12 +176,15 @@ class Region:
             for file in files:
                 table.release(file)
 
-    def add_files(self, files: Sequence["OpenFile"]) -> bool:
-        """:meth:`add` of files open in the table (each at its path's place)."""
+    def add_files(self, files: Sequence["OpenFile"],
+                  known: Optional[Sequence[Tuple[int, int, int, int]]] = None) -> bool:
+        """:meth:`add` of files open in the table (each at its path's place; ``known``: their
+        :func:`file_identity`, where the caller has it)."""
         if not files:
             return True
         libc = libc_mmap()
-        identity = [file_identity(file.stat()) for file in files]  # (what is mapped is what was opened)
+        # (what is mapped is what was opened)
+        identity = [file_identity(file.stat()) for file in files] if known is None else known
         sizes = [size for _, _, size, _ in identity]
         if not all(sizes):
             raise OSError("an empty file")
@@ -306,7 +311,7 @@ class OpenFile:
                 n = max(0, min(n, known[2] - at))
                 if n and (self.mapping is None or self.mapped_out >= MAP_BYTES
                           or self.mapping.place[self.path][2] != known):
-                    self.mapping, self.mapped_out = Region(files=[self]), 0
+                    self.mapping, self.mapped_out = Region(files=[self], known=[known]), 0
             except (OSError, ValueError):
                 self.mapping = False
                 return None
