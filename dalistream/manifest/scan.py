@@ -25,7 +25,7 @@ from ..io.stores import is_local
 from ..io.streams import is_gzip_name, open_raw
 from ..sources import is_remote
 from ..tar import iter_samples
-from ..tar.buffer import CHUNK
+from ..io.local import CHUNK
 from ..tar.index import Problem, group_samples, read_headers, reader_error
 from .members import check_members, layout_of
 from .rows import ShardInfo

@@ -22,7 +22,7 @@ from typing import BinaryIO, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import DalistreamError, ShardFormatError
-from .headers import BLOCK, checksum_ok, header_name, number, parse_pax
+from .headers import BLOCK, checksum_ok, header_name, header_size, parse_pax
 from .samples import is_meta
 
 ZERO = bytes(BLOCK)
@@ -164,7 +164,7 @@ def read_headers(view: Optional[memoryview], stream: Optional[BinaryIO] = None) 
                 pass
         if size < 0:
             try:
-                size = number(header[124:136], "", "size", pos)
+                size = header_size(header, "", pos)
             except DalistreamError:
                 raise Problem("bad size field", pos) from None
         padded = (size + BLOCK - 1) & -BLOCK
