@@ -82,10 +82,17 @@ def test_summary_of_a_cold_and_a_warm_epoch(source, tmp_path, interleave):
     """Epoch 0 fetches every block (its reads of a block after the fetch read the block's file:
     cache hits, labelled as its own); a later run's epoch 1 reads every byte from the cache: 0 B
     from the store, unlabelled."""
-    folder = cache_folder(tmp_path)
-    line, io, samples = one_epoch(open_stream(source, cache=folder, interleave=interleave), 0)
-    check_line(line, io, 0, 0, samples)
-    assert io["cache_misses"] > 0 and io["bytes"] > 0 and io["cache_hits"] > 0  # the case: hits in the cold epoch
+    # Whether a cold epoch reads a block back after fetching it is timing: a read that arrives while
+    # its block is still being fetched is served by that fetch (no hit), which on a loaded machine
+    # can be every read. Every try checks its line; some try must show the labelled case.
+    for attempt in range(6):
+        folder = cache_folder(tmp_path, f"cache{attempt}")
+        line, io, samples = one_epoch(open_stream(source, cache=folder, interleave=interleave), 0)
+        check_line(line, io, 0, 0, samples)
+        assert io["cache_misses"] > 0 and io["bytes"] > 0
+        if io["cache_hits"] > 0:  # the case: hits in the cold epoch
+            break
+    assert io["cache_hits"] > 0, f"no cold epoch of {attempt + 1} read a block back: {line}"
     assert "(blocks this epoch fetched included)" in line
     line, io, samples = one_epoch(open_stream(source, cache=folder, interleave=interleave), 1)
     check_line(line, io, 0, 1, samples)
