@@ -51,13 +51,13 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError
 from . import seeds
 from .bucketworker import stable_argsort
 from .layout import Layout, Schedule
 from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, left_out_positions, slot_starts, span_bounds
-from .resume import (Remaining, Segment, Stretch, kept_first_runs, kth_positions, merged_runs, runs_to_parts,
-                     segment_head)
+from .resume import (Remaining, Segment, Stretch, check_ran, kept_first_runs, kth_positions, merged_runs,
+                     runs_to_parts, segment_head, segment_layout)
 
 
 @dataclass(frozen=True)
@@ -309,9 +309,9 @@ def level_zero(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch
     (:class:`~.resume.Remaining`); with it the nodes' parts one after the other (:class:`Regrouped`),
     each node's kept samples then its left-out ones (:class:`NodeKept`, ``even``)."""
     if len(first) == 4:
-        left = left_out_positions(ep.total, Layout(*map(int, first[:3])), schedule, epoch)
+        left = left_out_positions(ep.total, segment_layout(first), schedule, epoch)
         return Remaining(ep.total, schedule, epoch, shuffle, left)
-    layout, count = Layout(*map(int, first[:3])), int(first[4])
+    layout, count = segment_layout(first), int(first[4])
     nodes = Nodes(count, layout.world_size // count)
     grouped = Regrouped(Remaining(ep.total, schedule, epoch, shuffle), ep,
                         node_owner(counts, nodes.count, schedule.seed), nodes.count)
@@ -328,24 +328,20 @@ def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, 
     ``first``: the segment that planned the epoch when there are none yet (the plan being made)."""
     level = level_zero(counts, ep, schedule, epoch, segments[0] if segments else first, shuffle)
     for k, seg in enumerate(segments):
-        steps, seed_of = int(seg[3]), partial(seeds.segment_shuffle, schedule.seed, epoch, k)
+        steps, seed_of, layout = int(seg[3]), partial(seeds.segment_shuffle, schedule.seed, epoch, k), segment_layout(seg)
         if len(seg) == 4:
-            layout = Layout(int(seg[0]), int(seg[1]), int(seg[2]))
             planned = epoch_steps(level.total, layout, schedule)
             bounds = span_bounds(level.total, layout, schedule)
             slots = np.tile(np.asarray(layout.slots, dtype=np.int64), layout.world_size)
             source = level
         else:
-            layout, columns = Layout(int(seg[0]), int(seg[1]), int(seg[2])), bool(seg[5])
-            nodes = Nodes(int(seg[4]), layout.world_size // int(seg[4]))
+            columns, nodes = bool(seg[5]), Nodes(int(seg[4]), layout.world_size // int(seg[4]))
             source = level if k == 0 else Regrouped(level, ep, node_owner(counts, nodes.count, schedule.seed),
                                                     nodes.count)
             planned = _segment_steps(source.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
             bounds, owners, slots = node_spans(source, layout, nodes, columns, schedule, planned)
             seed_of = partial(lambda owners, base, i: base(int(owners[i])), owners, seed_of)
-        if steps > planned:
-            raise StateError(f"segment {k} ran {steps} steps of a plan of {planned} under {seg[0]} ranks x {seg[1]} "
-                             f"workers x batch {seg[2]}", hint="the state does not come from this data set")
+        check_ran(k, seg, planned)
         level = Remaining.after(source, bounds, np.minimum(np.diff(bounds), steps * slots), seed_of)
     return level
 

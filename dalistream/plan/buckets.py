@@ -76,14 +76,14 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError
 from .layout import Layout, Schedule
 from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather, rank_cuts
 from .bucketworker import BucketWorkerPlan, holdings, stable_argsort
-from .mix import check_share, cumulative, fitting_steps, span_layout
-from .ownership import epoch_order
-from .resume import Segment, Stretch, check_segments, runs_to_parts, segment_layout
-from .shapes import PER
+from .mix import check_share, cumulative, fitting_steps, source_names
+from .ownership import epoch_order, laid_out
+from .resume import Segment, Stretch, check_ran, check_segments, runs_to_parts, segment_layout
+from .shapes import check_bucket_schedule
 
 
 #: Columns a rank reads per batch position (default ``C = 2B``). A batch of a bucket holding a
@@ -94,15 +94,6 @@ from .shapes import PER
 #: each worker then reads twice as many stretches, each half as long (more shard parts cut), and
 #: holds no more (the look-ahead bound does not depend on ``C``).
 COLUMNS_PER_POSITION = 2
-
-
-def check_bucket_schedule(schedule: Schedule, per: str) -> None:
-    """Buckets plan ``even`` and ``exact`` epochs, ``per`` rank or global."""
-    if schedule.policy == "fixed":
-        raise ConfigError("buckets need policy 'even' or 'exact' (a 'fixed' number of batches has no bucket plan)",
-                          hint="use policy='even'")
-    if per not in PER:
-        raise ConfigError(f"buckets: per must be one of {PER}, got {per!r}")
 
 
 def bucket_units(n: np.ndarray, layout: Layout, policy: str, per: str) -> Tuple[np.ndarray, int]:
@@ -131,7 +122,7 @@ def bucket_units(n: np.ndarray, layout: Layout, policy: str, per: str) -> Tuple[
 
 def bucket_steps(n: Sequence[int], layout: Layout, schedule: Schedule, per: str = "rank") -> int:
     """Steps of an epoch whose buckets hold ``n`` samples each, the same on every rank."""
-    check_bucket_schedule(schedule, per)
+    check_bucket_schedule(schedule.policy, per)
     return bucket_units(np.asarray(n, dtype=np.int64), layout, schedule.policy, per)[1]
 
 
@@ -155,7 +146,7 @@ class BucketEpoch:
                  lookahead: Optional[int] = None, columns: Optional[int] = None,
                  ranks: Optional[Sequence[int]] = None, index: Optional[BucketIndex] = None) -> None:
         self.ranks = frozenset(range(layout.world_size) if ranks is None else ranks)
-        check_bucket_schedule(schedule, per)
+        check_bucket_schedule(schedule.policy, per)
         self.counts = np.asarray(counts, dtype=np.int64)
         ids = np.asarray(ids)
         if len(ids) != int(self.counts.sum()):
@@ -167,7 +158,7 @@ class BucketEpoch:
         if isinstance(self.columns, bool) or not isinstance(self.columns, int) or self.columns < 1:
             raise ConfigError(f"buckets: columns must be a positive integer, got {columns!r}")
         order = epoch_order(len(self.counts), schedule.seed, epoch, schedule.shuffle_shards)
-        self.shards = span_layout(self.counts, order, np.zeros(2, dtype=np.int64), 0)
+        self.shards = laid_out(self.counts, order)
         if per == "rank" and positions is None:  # (a rank's plan from counts: :mod:`.bucketseq`)
             owner = self._from_counts(index if index is not None else BucketIndex(self.counts, ids, buckets), order)
         else:
@@ -402,29 +393,19 @@ class BucketEpoch:
 
 # -- elastic resume --------------------------------------------------------------------------------
 
-def remaining_positions(counts: Sequence[int], ids: np.ndarray, buckets: int, schedule: Schedule, epoch: int,
-                        per: str, segments: Sequence[Segment]) -> Optional[np.ndarray]:
-    """Epoch positions not delivered by ``segments`` (sorted), or ``None`` without segments."""
-    positions: Optional[np.ndarray] = None
-    for k, segment in enumerate(check_segments(segments)):
-        layout, ran = segment_layout(segment), int(segment[3])
-        plan = BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions)
-        if ran > plan.steps:
-            raise StateError(f"segment {k} ran {ran} steps of a bucket plan of {plan.steps} under {layout.world_size} "
-                             f"ranks x {layout.workers} workers x batch {layout.batch_size}",
-                             hint="the state does not come from this data set and these buckets")
-        done = plan.rank_batches()[:, :ran]
-        positions = np.setdiff1d(plan.positions, done[done >= 0])  # sorted
-    return positions
-
-
 def resumed_bucket_plan(counts: Sequence[int], ids: np.ndarray, buckets: int, layout: Layout, schedule: Schedule,
                         epoch: int, per: str, segments: Sequence[Segment],
                         lookahead: Optional[int] = None) -> BucketEpoch:
     """The rest of ``epoch`` after ``segments``, planned over ``layout`` (its ``steps`` are what
-    every rank runs; :meth:`BucketEpoch.worker` gives each worker's plan)."""
-    rest = remaining_positions(counts, ids, buckets, schedule, epoch, per, segments)
-    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, rest, lookahead)
+    every rank runs; :meth:`BucketEpoch.worker` gives each worker's plan): each segment's plan
+    over the epoch positions its segments before did not deliver."""
+    positions: Optional[np.ndarray] = None
+    for k, segment in enumerate(check_segments(segments)):
+        plan = BucketEpoch(counts, ids, buckets, segment_layout(segment), schedule, epoch, per, positions)
+        check_ran(k, segment, plan.steps, "a bucket plan", "this data set and these buckets")
+        done = plan.rank_batches()[:, :int(segment[3])]
+        positions = np.setdiff1d(plan.positions, done[done >= 0])  # sorted
+    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions, lookahead)
 
 
 # -- a mix ---------------------------------------------------------------------------------------
@@ -458,7 +439,7 @@ class BucketMix:
         check_bucket_mix(per_batch, samples_per_epoch)
         if not (len(counts) == len(ids) == len(weights)):
             raise ConfigError(f"mix: {len(counts)} sources' counts, {len(ids)} sources' buckets, {len(weights)} weights")
-        self.names = [f"source {i}" for i in range(len(weights))] if names is None else [str(n) for n in names]
+        self.names = source_names(names, len(weights))
         self.layout = layout
         totals = [int(np.sum(c)) for c in counts]
         check_share(weights, totals, layout.batch_size, "source", None, self.names)

@@ -76,15 +76,15 @@ import math
 from dataclasses import replace
 from fractions import Fraction
 from functools import lru_cache, reduce
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError
 from . import seeds
 from .layout import Layout, Schedule
-from .ownership import EpochLayout, Part, WorkerPlan
-from .resume import Remaining, Stretch, runs_to_parts, segment_layout
+from .ownership import EpochLayout, Part, WorkerPlan, epoch_order, laid_out
+from .resume import Remaining, Stretch, check_ran, runs_to_parts, segment_layout
 
 PER_BATCH = ("sample", "source")
 MAX_DENOMINATOR = 1 << 16
@@ -204,7 +204,8 @@ def worker_take(counts_per_step: np.ndarray, layout: Layout) -> np.ndarray:
     return np.maximum(hi - lo, 0).astype(np.int32)  # at most B: int32 halves (steps, W, S)
 
 
-def _names(names: Optional[Sequence[str]], size: int) -> List[str]:
+def source_names(names: Optional[Sequence[str]], size: int) -> List[str]:
+    """The sources' names for messages (default ``source 0``, ``source 1``, …)."""
     return [f"source {i}" for i in range(size)] if names is None else [str(n) for n in names]
 
 
@@ -217,7 +218,7 @@ def check_share(weights: Sequence[float], totals: Sequence[int], batch_size: int
     batches and not others, in its exact proportion."""
     _check_per_batch(per_batch)
     w = integer_weights(weights)
-    d, names = sum(w), _names(names, len(w))
+    d, names = sum(w), source_names(names, len(w))
     for s, total in enumerate(totals):
         if int(total) <= 0:
             raise ConfigError(f"mix: source {names[s]!r} is empty (0 samples)",
@@ -266,7 +267,7 @@ def mix_steps(totals: Sequence[int], weights: Sequence[float], layout: Layout, p
     the largest t for which ``R × (samples of s in the first t steps) ≤ T_s`` for every source."""
     check_options(per_batch, samples_per_epoch)
     per_step = layout.world_size * layout.batch_size
-    names = _names(names, len(totals))
+    names = source_names(names, len(totals))
     if samples_per_epoch is not None:
         if samples_per_epoch < per_step:
             raise ConfigError(f"mix: samples_per_epoch {samples_per_epoch} is less than one step "
@@ -282,22 +283,6 @@ def mix_steps(totals: Sequence[int], weights: Sequence[float], layout: Layout, p
                           hint="give samples_per_epoch, so that a small source starts a new pass when it runs out, "
                                "or lower its weight")
     return steps
-
-
-def source_order(num_shards: int, schedule: Schedule, source: int, n_pass: int) -> np.ndarray:
-    """Source ``source``'s shard permutation in pass ``n_pass`` (identity without shuffling)."""
-    if not schedule.shuffle_shards:
-        return np.arange(num_shards, dtype=np.int64)
-    rng = np.random.default_rng(seeds.source_pass(schedule.seed, source, n_pass))
-    return rng.permutation(num_shards).astype(np.int64)
-
-
-def span_layout(counts: Sequence[int], order: np.ndarray, bounds: np.ndarray, steps: int) -> EpochLayout:
-    """An :class:`EpochLayout` of the shards ``counts`` laid end to end in ``order`` with the
-    given span ``bounds`` (one more than the spans), so its ``parts(g)`` cuts span g."""
-    starts = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
-    return EpochLayout(np.asarray(order, dtype=np.int64), starts, np.asarray(bounds, dtype=np.int64), int(steps))
 
 
 # -- columns ---------------------------------------------------------------------------------------
@@ -369,7 +354,7 @@ class MixEpoch:
             raise ConfigError(f"mix: {len(counts)} sources' counts for {len(weights)} weights")
         self.counts = [np.asarray(c, dtype=np.int64) for c in counts]
         self.weights, self.layout, self.schedule, self.epoch = list(weights), layout, schedule, int(epoch)
-        self.names, self.per_batch = _names(names, len(weights)), per_batch
+        self.names, self.per_batch = source_names(names, len(weights)), per_batch
         self.totals = [int(c.sum()) for c in self.counts]
         self.endless, self.interleave = samples_per_epoch is not None, bool(interleave)
         self._passes: Dict[Tuple[int, int], EpochLayout] = {}
@@ -414,10 +399,7 @@ class MixEpoch:
                 bounds, take, planned = [b - b[0] for b in first.columns], first.take, first.steps
             else:
                 bounds, take, planned = self._rest_plan(rem, n0, past)
-            if ran > planned:
-                raise StateError(f"segment {level} ran {ran} steps of a plan of {planned} under {past.world_size} ranks "
-                                 f"x {past.workers} workers x batch {past.batch_size}",
-                                 hint="the state does not come from this mix")
+            check_ran(level, segment, planned, of="this mix")
             ks = [(len(b) - 1) // past.global_workers for b in bounds]
             done, _ = column_sizes(take[:ran], past, self.interleave, ks)  # per source: delivered per column
             rem = [Remaining.after(rem[s], bounds[s], done[s],
@@ -443,8 +425,8 @@ class MixEpoch:
         """Pass ``n_pass`` of ``source``: its shard order and starts (bounds and steps not set)."""
         key = (source, n_pass)
         if key not in self._passes:
-            order = source_order(len(self.counts[source]), self.schedule, source, n_pass)
-            self._passes[key] = span_layout(self.counts[source], order, np.zeros(2, dtype=np.int64), 0)
+            self._passes[key] = laid_out(self.counts[source], epoch_order(
+                len(self.counts[source]), self.schedule.seed, n_pass, self.schedule.shuffle_shards, source))
         return self._passes[key]
 
     def source_parts(self, source: int, g: int, bounds: Optional[np.ndarray] = None) -> Tuple[List[Part], List[int]]:

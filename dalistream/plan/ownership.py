@@ -56,11 +56,12 @@ from .layout import Layout, Schedule
 Part = Tuple[int, int, Optional[int]]  # (shard index, first sample, stop sample or None = to the end)
 
 
-def epoch_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The permutation of shard indices used in ``epoch`` (identity when ``shuffle`` is off)."""
+def epoch_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True, source: int = 0) -> np.ndarray:
+    """The permutation of shard indices used in ``epoch`` (identity when ``shuffle`` is off); of a
+    mix's ``source``, in its pass ``epoch`` (source 0's: the unmixed epoch's, :func:`~.seeds.source_pass`)."""
     if not shuffle:
         return np.arange(num_shards, dtype=np.int64)
-    return np.random.default_rng(seeds.shard_order(seed, epoch)).permutation(num_shards).astype(np.int64)
+    return np.random.default_rng(seeds.source_pass(seed, source, epoch)).permutation(num_shards).astype(np.int64)
 
 
 def check_layout(num_shards: int, layout: Layout) -> None:
@@ -213,14 +214,23 @@ class EpochLayout:
         return [found[x:y] for x, y in zip(kept[:-1], kept[1:])]
 
 
+def laid_out(counts: Sequence[int], order: np.ndarray, bounds: Optional[np.ndarray] = None, steps: int = 0,
+             left: Optional[np.ndarray] = None) -> EpochLayout:
+    """An :class:`EpochLayout` of the shards ``counts`` laid end to end in ``order`` with the given
+    span ``bounds`` (one more than the spans, so that its ``parts(g)`` cuts span g; default none)."""
+    starts = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
+    bounds = np.zeros(2, dtype=np.int64) if bounds is None else np.asarray(bounds, dtype=np.int64)
+    left = np.zeros(0, dtype=np.int64) if left is None else left
+    return EpochLayout(np.asarray(order, dtype=np.int64), starts, bounds, int(steps), left)
+
+
 def epoch_layout(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int) -> EpochLayout:
     """The epoch's order, shard starts and span bounds (cheap: O(shards + global workers))."""
-    order = epoch_order(len(counts), schedule.seed, epoch, schedule.shuffle_shards)
-    starts = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
-    total = int(starts[-1])
-    return EpochLayout(order, starts, span_bounds(total, layout, schedule), epoch_steps(total, layout, schedule),
-                       left_out_positions(total, layout, schedule, epoch))
+    total = int(np.sum(np.asarray(counts, dtype=np.int64)))
+    return laid_out(counts, epoch_order(len(counts), schedule.seed, epoch, schedule.shuffle_shards),
+                    span_bounds(total, layout, schedule), epoch_steps(total, layout, schedule),
+                    left_out_positions(total, layout, schedule, epoch))
 
 
 def owned_shards(num_shards: int, layout: Layout, schedule: Schedule, epoch: int, rank: int, worker: int) -> List[int]:

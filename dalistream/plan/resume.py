@@ -57,6 +57,13 @@ def segment_layout(segment: Sequence[int]) -> Layout:
     return Layout(int(segment[0]), int(segment[1]), int(segment[2]))
 
 
+def check_ran(k: int, segment: Sequence[int], planned: int, plan: str = "a plan", of: str = "this data set") -> None:
+    """A :class:`~dalistream.errors.StateError` for segment ``k`` having run more steps than its
+    layout's plan (of ``planned`` steps) holds: the state comes from other data."""
+    if int(segment[3]) > planned:
+        raise StateError(f"segment {k} ran {int(segment[3])} steps of {plan} of {planned} under {segment[0]} ranks x "
+                         f"{segment[1]} workers x batch {segment[2]}", hint=f"the state does not come from {of}")
+
 
 @lru_cache(maxsize=4096)
 def _emitted(count: int, total: int, size: int, seed: int) -> Tuple[int, ...]:
