@@ -20,7 +20,7 @@ node ``n``'s samples, ``L·B`` the samples its ranks take per step):
 
 - ``even``: ``steps = min_n ⌊T_n / (L·B)⌋``; node ``n`` leaves out ``T_n − steps·L·B`` samples
   (fewer than ``L·B`` plus the largest shard), one drawn in each of as many equal stretches of its
-  sequence, anew each epoch (:func:`node_left_out`; on one node exactly the samples the plan
+  sequence, anew each epoch (:func:`~.ownership.drawn_left_out`; on one node exactly the samples the plan
   without affinity leaves out), passed over by the workers reading around them (drops);
 - ``exact``: ``steps = max_n ⌈T_n / (L·B)⌉``; node ``n``'s samples are split among its ranks as
   a whole epoch is among all ranks: its own ``⌈T_n / (L·B)⌉`` steps full but the last, whose
@@ -55,7 +55,8 @@ from ..errors import ConfigError
 from . import seeds
 from .bucketworker import stable_argsort
 from .layout import Layout, Schedule
-from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, left_out_positions, slot_starts, span_bounds
+from .ownership import (EpochLayout, WorkerPlan, drawn_left_out, epoch_layout, epoch_steps, left_out_positions, slot_starts,
+                        span_bounds)
 from .resume import (Remaining, Segment, Stretch, check_ran, kept_first_runs, kth_positions, merged_runs,
                      runs_to_parts, segment_head, segment_layout)
 
@@ -254,21 +255,6 @@ class NodeKept:
         return merged_runs(out)
 
 
-def node_left_out(grouped: Regrouped, steps: int, per_step: int, schedule: Schedule, epoch: int) -> np.ndarray:
-    """The positions of ``grouped`` that ``even`` leaves out: node ``n``'s ``T_n − steps·L·B``,
-    one drawn in each of as many equal stretches of its part (as
-    :func:`~.ownership.left_out_positions` draws them over a whole epoch: one node gives the same),
-    from one generator seeded by (seed, epoch), node after node."""
-    rng = np.random.default_rng(seeds.left_out(schedule.seed, epoch))
-    out = []
-    for n, total in enumerate(grouped.node_totals.tolist()):
-        left = total - steps * per_step
-        if left > 0:
-            edges = (np.arange(left + 1, dtype=np.int64) * total) // left
-            out.append(int(grouped.bounds[n]) + rng.integers(edges[:-1], edges[1:]).astype(np.int64))
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
-
 def _segment_steps(totals: np.ndarray, per_step: int, schedule: Schedule) -> int:
     if schedule.policy == "even":
         return int((totals // per_step).min())
@@ -319,7 +305,8 @@ def level_zero(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch
         return grouped
     per_step = nodes.ranks_per_node * layout.batch_size
     steps = _segment_steps(grouped.node_totals, per_step, schedule)
-    return NodeKept(grouped, node_left_out(grouped, steps, per_step, schedule, epoch))
+    totals = grouped.node_totals.tolist()
+    return NodeKept(grouped, drawn_left_out(totals, [t - steps * per_step for t in totals], schedule.seed, epoch))
 
 
 def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch: int,
@@ -433,5 +420,5 @@ def cache_kept(counts: Sequence[int], before: int, after: int, seed: int) -> Lis
     return [float(k / m) if m else 0.0 for k, m in zip(kept, mine)]
 
 
-__all__ = ["AffinePlan", "NodeKept", "Nodes", "Regrouped", "cache_kept", "level_zero", "node_left_out", "node_owner",
+__all__ = ["AffinePlan", "NodeKept", "Nodes", "Regrouped", "cache_kept", "level_zero", "node_owner",
            "node_spans", "ranks_per_node", "remaining_after", "resolve_nodes"]

@@ -126,10 +126,22 @@ def left_out_positions(total: int, layout: Layout, schedule: Schedule, epoch: in
     that they differ from epoch to epoch and lie anywhere in the shards, never in one place."""
     if schedule.policy != "even":
         return np.zeros(0, dtype=np.int64)
-    total = int(total)
-    left = total - epoch_steps(total, layout, schedule) * layout.world_size * layout.batch_size
-    edges = (np.arange(left + 1, dtype=np.int64) * total) // max(left, 1)
-    return np.random.default_rng(seeds.left_out(schedule.seed, epoch)).integers(edges[:-1], edges[1:]).astype(np.int64)
+    left = int(total) - epoch_steps(int(total), layout, schedule) * layout.world_size * layout.batch_size
+    return drawn_left_out([int(total)], [left], schedule.seed, epoch)
+
+
+def drawn_left_out(totals: Sequence[int], left: Sequence[int], seed: int, epoch: int) -> np.ndarray:
+    """Positions left out of groups of ``totals`` positions laid end to end, ``left[n]`` of group
+    ``n``: one drawn in each of ``left[n]`` equal stretches of it, from one generator seeded by
+    (seed, epoch), group after group (a node's part of the epoch: :mod:`.affinity`)."""
+    rng = np.random.default_rng(seeds.left_out(seed, epoch))
+    out, start = [np.zeros(0, dtype=np.int64)], 0
+    for total, k in zip(totals, left):
+        if k > 0:
+            edges = (np.arange(k + 1, dtype=np.int64) * total) // k
+            out.append(start + rng.integers(edges[:-1], edges[1:]).astype(np.int64))
+        start += total
+    return np.concatenate(out)
 
 
 def kept_positions(left: np.ndarray, kept: np.ndarray) -> np.ndarray:
