@@ -78,7 +78,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .layout import Layout, Schedule
-from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather, rank_cuts
+from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather
 from .bucketworker import BucketWorkerPlan, holdings, stable_argsort
 from .mix import check_share, cumulative, fitting_steps, source_names
 from .ownership import epoch_order, laid_out
@@ -159,11 +159,18 @@ class BucketEpoch:
             raise ConfigError(f"buckets: columns must be a positive integer, got {columns!r}")
         order = epoch_order(len(self.counts), schedule.seed, epoch, schedule.shuffle_shards)
         self.shards = laid_out(self.counts, order)
-        if per == "rank" and positions is None:  # (a rank's plan from counts: :mod:`.bucketseq`)
-            owner = self._from_counts(index if index is not None else BucketIndex(self.counts, ids, buckets), order)
-        else:
-            owner = self._laid_out(ids, order, positions)
-        self._plan(owner)
+        if positions is None:
+            self._plan(self._owners(index if index is not None else BucketIndex(self.counts, ids, buckets), order,
+                                    self.shards.starts))
+        else:  # (the positions still to plan, in order: a sequence of their own, indexed as one shard)
+            planned = np.asarray(positions, dtype=np.int64)
+            written = np.zeros(len(self.counts) + 1, dtype=np.int64)
+            np.cumsum(self.counts, out=written[1:])
+            sample_ids = np.repeat(written[order] - self.shards.starts[:-1], self.counts[order])[planned] + planned
+            owner = self._owners(BucketIndex([len(planned)], ids[sample_ids], buckets), np.zeros(1, dtype=np.int64),
+                                 np.array([0, len(planned)], dtype=np.int64))
+            self.positions, self.sample_ids = planned[self.positions], sample_ids[self.positions]
+            self._plan(owner)
         most = int(self.lookahead.max(initial=0))
         if lookahead is not None and most > lookahead:
             r, w = (int(x) for x in np.unravel_index(int(np.argmax(self.lookahead)), self.lookahead.shape))
@@ -175,58 +182,27 @@ class BucketEpoch:
 
     # -- who owns what ------------------------------------------------------------------------
 
-    def _laid_out(self, ids: np.ndarray, order: np.ndarray, positions: Optional[np.ndarray]) -> np.ndarray:
-        """The epoch laid out sample by sample (``positions``: those planned, default all), in
-        reading order: the planned sequence cut into R·C column stretches, column q = p·R + r read
-        by rank r (its C columns spread over the whole sequence), ranks one after the other; the
-        rank of every sample (``-1``: left out)."""
-        layout = self.layout
-        written = np.zeros(len(self.counts) + 1, dtype=np.int64)
-        np.cumsum(self.counts, out=written[1:])
-        shift = np.repeat(written[order] - self.shards.starts[:-1], self.counts[order])
-        planned = np.arange(int(self.counts.sum()), dtype=np.int64) if positions is None else \
-            np.asarray(positions, dtype=np.int64)
-        n_cols = layout.world_size * self.columns
-        column = (np.arange(len(planned), dtype=np.int64) * n_cols) // max(len(planned), 1)
-        reading = np.argsort((column % layout.world_size) * self.columns + column // layout.world_size, kind="stable")
-        self.positions = planned[reading]  # epoch position of each sequence index, in reading order
-        self.column = column[reading]
-        self.sample_ids = shift[self.positions] + self.positions  # written-order id of each
-        seq = np.asarray(ids, dtype=np.int64)[self.sample_ids]
-        by_bucket = stable_argsort(seq)
-        edges = np.searchsorted(seq[by_bucket], np.arange(self.buckets + 1))
-        pos = [by_bucket[edges[k]:edges[k + 1]] for k in range(self.buckets)]  # sequence indices of each bucket
-        self.seq = seq
-        self.totals = np.diff(edges)
+    def _owners(self, index: BucketIndex, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """The rank of every sample laid out (``-1``: left out), from the epoch's column counts
+        (:mod:`.bucketseq`): the sequence cut into R·C column stretches, column q = p·R + r read
+        by rank r (its C columns spread over the whole sequence), ranks one after the other in
+        reading order; laid out, only the samples of the columns its ranks read (or where a cut
+        falls) under ``per="rank"``, every sample under ``per="global"`` (each rank's order counts)."""
+        layout, c, b = self.layout, self.columns, self.layout.batch_size
+        blocks = column_counts(index, order, starts, layout.world_size, c)
+        self.totals = blocks.cum[-1]
         self.units, self.steps = bucket_units(self.totals, layout, self.schedule.policy, self.per)
-        b = layout.batch_size
         r = np.arange(layout.world_size + 1, dtype=np.int64)
         if self.per == "rank":
-            bounds = np.minimum(rank_cuts(pos, self.units, layout, self.schedule.policy) * b, self.totals[None, :])
+            cuts = cuts_of(self.totals, self.units, layout, self.schedule.policy,
+                           lambda cap, t: cut_before(index, order, starts, blocks, layout.world_size, c, cap, t))
+            bounds = np.minimum(cuts * b, self.totals[None, :])
         elif self.schedule.policy == "exact":
             bounds = (self.totals[None, :] * r[:, None]) // layout.world_size
         else:
             bounds = r[:, None] * (self.units * b)[None, :]
         self.kept = bounds[-1]
-        owner = np.full(len(seq), -1, dtype=np.int64)
-        for k, p in enumerate(pos):
-            rank = np.searchsorted(bounds[:, k], np.arange(len(p)), side="right") - 1
-            owner[p] = np.where(rank < layout.world_size, rank, -1)
-        return owner
-
-    def _from_counts(self, index: BucketIndex, order: np.ndarray) -> np.ndarray:
-        """``per="rank"`` from the epoch's column counts (:mod:`.bucketseq`): the same plan, with
-        only the samples of the columns its ranks read (or where a cut falls) laid out."""
-        layout, c, b = self.layout, self.columns, self.layout.batch_size
-        starts = self.shards.starts
-        blocks = column_counts(index, order, starts, layout.world_size, c)
-        self.totals = blocks.cum[-1]
-        self.units, self.steps = bucket_units(self.totals, layout, self.schedule.policy, self.per)
-        cuts = cuts_of(self.totals, self.units, layout, self.schedule.policy,
-                       lambda cap, t: cut_before(index, order, starts, blocks, layout.world_size, c, cap, t))
-        bounds = np.minimum(cuts * b, self.totals[None, :])
-        self.kept = bounds[-1]
-        if len(self.ranks) == layout.world_size:
+        if len(self.ranks) == layout.world_size or self.per == "global":
             which = np.arange(len(blocks.size))  # (every rank: the left out too)
         else:  # the blocks holding a sample some rank asked for owns
             lo, hi = (bounds[sorted(self.ranks)][:, None, :], bounds[[r + 1 for r in sorted(self.ranks)]][:, None, :])

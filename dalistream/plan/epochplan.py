@@ -274,7 +274,7 @@ def bucket_epoch(config: Any, data: Any, epoch: int, resume: Sequence = (),
                                        b.lookahead), ids
         return BucketEpoch(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per,
                            lookahead=b.lookahead, ranks=None if rank is None else (rank,),
-                           index=bucket_index(data, len(b)) if b.per == "rank" else None), ids
+                           index=bucket_index(data, len(b))), ids
 
     return kept(key, make)
 
@@ -285,7 +285,7 @@ def bucket_mix(config: Any, mix: Any, epoch: int, rank: Optional[int] = None) ->
     b = config.buckets
     ids = [s.data.buckets for s in mix.sources]
     key = ("mix", tuple(map(id, ids)), config.layout, config.schedule, int(epoch), b.per, b.lookahead, rank)
-    indexes = [bucket_index(s.data, len(b)) for s in mix.sources] if b.per == "rank" else None
+    indexes = [bucket_index(s.data, len(b)) for s in mix.sources]
     return kept(key, lambda: (BucketMix([s.data.counts for s in mix.sources], ids, len(b),
                                         [s.weight for s in mix.sources], config.layout, config.schedule, epoch,
                                         b.per, mix.names, mix.per_batch, mix.samples_per_epoch,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from dalistream.plan import Layout, Schedule
 from dalistream.plan.buckets import BucketEpoch, BucketMix
 from dalistream.plan.bucketworker import bucket_run
-from dalistream.plan.bucketseq import BucketIndex, column_counts, cut_before, cuts_of, rank_cuts
+from dalistream.plan.bucketseq import BucketIndex, column_counts, cut_before, cuts_of
 from dalistream.plan.ownership import epoch_order
 from dalistream.errors import ConfigError
 from dalistream.tools.bucketview import written
@@ -40,8 +40,8 @@ def same_worker(a, b):
 
 
 def laid_out(counts, ids, buckets, layout, schedule, epoch, **kw):
-    """The plan over the epoch laid out sample by sample (every position given, as a resume's
-    rest is: the path that does not count by columns)."""
+    """The plan over every position given, as a resume's rest is (the positions indexed as one
+    sequence of their own, not shard by shard)."""
     return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, "rank",
                        positions=np.arange(int(np.sum(counts))), **kw)
 
@@ -140,7 +140,15 @@ def test_cuts_from_counts_are_the_laid_out_cuts():
         policy = ("exact", "even")[trial % 2]
         full = laid_out(counts, ids, k, Layout(r, w, b), Schedule(trial, policy), 0, columns=b)
         pos = [np.flatnonzero(full.seq == q) for q in range(k)]
-        dense = rank_cuts(pos, full.units, full.layout, policy)
+
+        def before(cap, thresholds):  # counted sample by sample over the laid-out reading order
+            counted = np.zeros(len(full.seq), dtype=np.int64)
+            for q, p in enumerate(pos):
+                counted[p[:cap[q]]] = 1
+            at = np.searchsorted(np.cumsum(counted), thresholds, side="left") + 1  # prefix lengths reaching each
+            return np.stack([np.minimum(np.searchsorted(p, at, side="left"), cap[q]) for q, p in enumerate(pos)], axis=1)
+
+        dense = cuts_of(full.totals, full.units, full.layout, policy, before)
         index, order = BucketIndex(counts, ids, k), epoch_order(len(counts), trial, 0)
         blocks = column_counts(index, order, full.shards.starts, r, b)
         sparse = cuts_of(full.totals, full.units, full.layout, policy,
