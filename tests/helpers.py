@@ -279,7 +279,7 @@ def run_epoch(counts, schedule, epoch, layouts, steps_run, shuffle):
         plan = AffinePlan(counts, layout, None, schedule, epoch, columns=False, shuffle=shuffle, segments=segments)
         steps = plan.steps if k == len(layouts) - 1 else min(steps_run[k], plan.steps)
         for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
-            wp = plan.worker(r, w)
+            (wp,) = plan.plans(r, w)
             seq = positions(wp, counts, layout, schedule, epoch)
             assert len(seq) == wp.samples
             out = list(shuffled(seq, shuffle, wp.shuffle_seed))

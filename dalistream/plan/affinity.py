@@ -337,9 +337,8 @@ class AffinePlan:
     """The rest of ``epoch`` after ``segments`` (none: the whole epoch) for ``layout``, with node
     affinity over ``nodes`` (``None``: without it, the balanced spans of what remains, the one
     plan of an elastic resume: :mod:`.resume`), read interleaved (``columns``) or one span per
-    worker through a buffer of ``shuffle``. Computed once per epoch; :meth:`worker` and
-    :meth:`columns_of` give what a worker reads, as :func:`~.ownership.worker_plan` and
-    :func:`~.ownership.worker_columns` do for a whole epoch without affinity."""
+    worker through a buffer of ``shuffle``. Computed once per epoch; :meth:`plans` gives what a
+    worker reads."""
 
     def __init__(self, counts: Sequence[int], layout: Layout, nodes: Optional[Nodes], schedule: Schedule, epoch: int,
                  *, columns: bool, shuffle: int = 0, segments: Sequence[Segment] = ()) -> None:
@@ -389,23 +388,19 @@ class AffinePlan:
         return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, slot, offset, hi - lo, g,
                           self.left_out if g == self.last else 0, tuple(drop), seed)
 
-    def worker(self, rank: int, worker: int) -> WorkerPlan:
-        """The plan of (``rank``, ``worker``) reading one span through its buffer."""
-        if self.columns:
-            raise ValueError("an interleaved plan gives columns(rank, worker)")
-        layout, g = self.layout, self.layout.global_worker(rank, worker)
-        seed = seeds.segment_shuffle(self.schedule.seed, self.epoch, len(self.segments), g)
-        return self._plan(g, rank, worker, layout.slots[worker], layout.slot_offsets[worker], seed)
-
-    def columns_of(self, rank: int, worker: int) -> Tuple[WorkerPlan, ...]:
-        """The plans of (``rank``, ``worker``)'s columns, in slot order (interleaved reading);
-        without nodes each is the span of a global worker of the column layout, with its seed."""
+    def plans(self, rank: int, worker: int) -> Tuple[WorkerPlan, ...]:
+        """What (``rank``, ``worker``) reads: one span through its buffer, or reading interleaved
+        its columns in slot order, as :func:`~.ownership.worker_plan` and
+        :func:`~.ownership.worker_columns` give them for a whole epoch without affinity; a span's
+        shuffle seed (and, without nodes, a column's) is its segment's."""
+        layout, seed, segment = self.layout, self.schedule.seed, len(self.segments)
         if not self.columns:
-            raise ValueError("a plan of spans gives worker(rank, worker)")
-        segment = len(self.segments)
+            g = layout.global_worker(rank, worker)
+            return (self._plan(g, rank, worker, layout.slots[worker], layout.slot_offsets[worker],
+                               seeds.segment_shuffle(seed, self.epoch, segment, g)),)
         return tuple(self._plan(q, q, 0, 1, 0, None if self.nodes is not None else
-                                seeds.segment_shuffle(self.schedule.seed, self.epoch, segment, q))
-                     for q in self.layout.columns(rank, worker))
+                                seeds.segment_shuffle(seed, self.epoch, segment, q))
+                     for q in layout.columns(rank, worker))
 
 
 def cache_kept(counts: Sequence[int], before: int, after: int, seed: int) -> List[float]:

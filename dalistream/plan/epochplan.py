@@ -66,11 +66,6 @@ class Reading:
         """The plans of the worker's columns (of its run's readers under a bucket plan)."""
         return tuple(plan for plan, _, _ in self.columns)
 
-    @property
-    def sources(self) -> Tuple[int, ...]:
-        """The source (a mix's index; 0 for one data set) each of :attr:`plans` reads."""
-        return tuple(source for _, _, source in self.columns)
-
 
 class EpochPlan(ABC):
     """The plan of one epoch of ``config``'s stream over ``data`` (or ``mix``), after the
@@ -171,7 +166,7 @@ class _Spans(EpochPlan):
     def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
         c, counts, affine = self.config, self.data.counts, self.affine
         if affine is not None:
-            return _whole(affine.columns_of(rank, worker) if c.interleave else [affine.worker(rank, worker)])
+            return _whole(affine.plans(rank, worker))
         if c.interleave:
             return _whole(worker_columns(counts, len(self.data.urls), c.layout, c.schedule, self.epoch, rank, worker))
         return _whole([worker_plan(counts, len(self.data.urls), c.plan_layout, c.schedule, self.epoch, rank, worker)])

@@ -76,7 +76,7 @@ import math
 from dataclasses import replace
 from fractions import Fraction
 from functools import lru_cache, reduce
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -325,18 +325,6 @@ def column_index(layout: Layout, rank: int, worker: int, k: int, interleave: boo
     return (k * layout.workers + worker) * layout.world_size + rank
 
 
-def worker_columns(take: np.ndarray, layout: Layout, rank: int, worker: int, interleave: bool,
-                   plan: Callable[[int, int], WorkerPlan]) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
-    """(``rank``, ``worker``)'s columns over ``take`` (``(steps, W, S)``): per source, each of its
-    columns as ``(plan(source, column index), take per step, source)``, sources in order."""
-    out = []
-    for s in range(take.shape[2]):
-        takes = column_takes(take[:, worker, s], interleave)
-        for k in range(takes.shape[1]):
-            out.append((plan(s, column_index(layout, rank, worker, k, interleave)), takes[:, k], s))
-    return out
-
-
 # -- the epoch -------------------------------------------------------------------------------------
 
 class MixEpoch:
@@ -473,17 +461,19 @@ class MixEpoch:
         resume, the columns of each source's rest, passing over what was delivered (drops), each
         with its segment's seed."""
         layout, seed = self.layout, self.schedule.seed
-
-        def plan(s: int, c: int) -> WorkerPlan:
-            lo, hi = int(self.columns[s][c]), int(self.columns[s][c + 1])
-            if self.rest is None:
-                parts, drop, shuffle_seed = self.source_parts(s, c, self.columns[s])[0], [], seeds.source_shuffle(
-                    seed, self.epoch, s, c)
-            else:
-                (parts, drop), shuffle_seed = (self.rest_parts(s, self.rest[s].runs(lo, hi)),
-                                               seeds.segment_source_shuffle(seed, self.epoch, self.level, s, c))
-            return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
-                              layout.slot_offsets[worker], hi - lo, layout.global_worker(rank, worker), 0, tuple(drop),
-                              shuffle_seed)
-
-        return worker_columns(self.take, layout, rank, worker, self.interleave, plan)
+        out = []
+        for s in range(self.take.shape[2]):
+            takes = column_takes(self.take[:, worker, s], self.interleave)
+            for k in range(takes.shape[1]):
+                c = column_index(layout, rank, worker, k, self.interleave)
+                lo, hi = int(self.columns[s][c]), int(self.columns[s][c + 1])
+                if self.rest is None:
+                    parts, drop = self.source_parts(s, c, self.columns[s])[0], []
+                    shuffle_seed = seeds.source_shuffle(seed, self.epoch, s, c)
+                else:
+                    parts, drop = self.rest_parts(s, self.rest[s].runs(lo, hi))
+                    shuffle_seed = seeds.segment_source_shuffle(seed, self.epoch, self.level, s, c)
+                out.append((WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
+                                       layout.slot_offsets[worker], hi - lo, layout.global_worker(rank, worker), 0,
+                                       tuple(drop), shuffle_seed), takes[:, k], s))
+        return out

@@ -203,8 +203,7 @@ def resume_view(args: argparse.Namespace, urls: Sequence[str], counts) -> Dict[s
                    "steps": plan.steps, "left_out": plan.left_out, "segments": [list(s) for s in segments]}
     ranks = []
     for r in range(layout.world_size) if args.rank is None else [args.rank]:
-        plans = [wp for w in range(layout.workers) for wp in (plan.columns_of(r, w) if interleave else
-                                                              (plan.worker(r, w),))]
+        plans = [wp for w in range(layout.workers) for wp in plan.plans(r, w)]
         samples = [wp.samples for wp in plans]
         ranks.append({"rank": r, "steps": plan.steps - step, "samples": None if None in samples else sum(samples)})
     return {**summary, "step": step, "steps_left": plan.steps - step, "world_size": layout.world_size,
