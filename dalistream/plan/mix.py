@@ -364,7 +364,7 @@ class MixEpoch:
         np.cumsum(per_worker.T, axis=1, out=self.bounds[:, 1:])
         self.bounds += np.asarray(cursor, dtype=np.int64)[:, None]
         # each source's columns (interleaved; else the workers' spans): their bounds in its sequence
-        sizes, self.ks = column_sizes(self.take, layout, interleave)
+        sizes, _ = column_sizes(self.take, layout, interleave)
         self.columns = [int(c) + np.concatenate([[0], np.cumsum(z)]) for c, z in zip(np.asarray(cursor, dtype=np.int64), sizes)]
 
     def _resumed(self, past: Layout, samples_per_epoch: Optional[int], segments: Sequence, shuffle: int) -> None:

@@ -377,13 +377,12 @@ def parse_buckets(text: str, per: str = "rank", lookahead: Optional[int] = None)
             return AspectBuckets(tuple(sizes), per, lookahead=lookahead)  # type: ignore[arg-type]
         if kind == "auto":
             return AspectBuckets.auto(int(rest or 8), per=per, lookahead=lookahead)
-        if kind == "length":
-            field, _, edges = rest.rpartition(":")
-            return LengthBuckets(field, tuple(int(e) for e in edges.split(",") if e.strip()), per, lookahead)
-        if kind == "key":
-            column, _, edges = rest.rpartition(":")
-            return LengthBuckets(None, tuple(int(e) for e in edges.split(",") if e.strip()), per, lookahead,
-                                 key=column or None)
+        if kind in ("length", "key"):
+            name, _, text_edges = rest.rpartition(":")
+            edges = tuple(int(e) for e in text_edges.split(",") if e.strip())
+            if kind == "length":
+                return LengthBuckets(name, edges, per, lookahead)
+            return LengthBuckets(None, edges, per, lookahead, key=name or None)
     except ValueError as e:
         if isinstance(e, ConfigError):
             raise
