@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -173,9 +173,15 @@ def greedy_owner(counts: np.ndarray, order: np.ndarray, nodes: int) -> np.ndarra
 class Regrouped:
     """The sequence ``prev`` (a :class:`~.resume.Remaining`: runs of epoch positions) regrouped
     node by node: node 0's samples first, each node's in ``prev``'s order. ``bounds[n]`` is where
-    node ``n``'s part starts; :meth:`runs` maps positions back to epoch positions."""
+    node ``n``'s part starts; :meth:`runs` maps positions back to epoch positions. With
+    ``leave_out`` (level 0 under ``even``: :func:`level_zero`), ``left = leave_out(node_totals)``
+    are the sorted positions the nodes leave out, and each node's part is reordered as ``even``
+    plans it: the samples it keeps, in order, then those it leaves out; the stretches of the kept
+    ones pass over the left-out ones inside them (their drops), as
+    :func:`~.resume.kept_first_runs` says."""
 
-    def __init__(self, prev: Remaining, ep: EpochLayout, owner: np.ndarray, nodes: int) -> None:
+    def __init__(self, prev: Remaining, ep: EpochLayout, owner: np.ndarray, nodes: int,
+                 leave_out: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
         self.prev, self.schedule, self.epoch = prev, prev.schedule, prev.epoch
         self.shuffle, self.level, self.total = prev.shuffle, prev.level, prev.total
         starts, stops, nodes_of, dropped, drops = [], [], [], [], {}
@@ -210,9 +216,24 @@ class Regrouped:
         self.node_totals = np.bincount(node, weights=sizes, minlength=nodes).astype(np.int64)
         self.bounds = np.zeros(nodes + 1, dtype=np.int64)
         np.cumsum(self.node_totals, out=self.bounds[1:])
+        self.left = np.zeros(0, dtype=np.int64) if leave_out is None else leave_out(self.node_totals)
+        self.cuts = np.searchsorted(self.left, self.bounds)
 
     def runs(self, lo: int, hi: int) -> List[Stretch]:
         """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
+        if not len(self.left):
+            return self._runs(lo, hi)
+        out: List[Stretch] = []
+        bounds = self.bounds
+        for n in range(max(0, int(np.searchsorted(bounds, lo, "right")) - 1), int(np.searchsorted(bounds, hi, "left"))):
+            b0, b1 = int(bounds[n]), int(bounds[n + 1])
+            a, b = max(lo, b0) - b0, min(hi, b1) - b0
+            if b > a:
+                left = self.left[self.cuts[n]:self.cuts[n + 1]] - b0
+                out += kept_first_runs(lambda x, y, b0=b0: self._runs(b0 + x, b0 + y), b1 - b0, left, a, b)
+        return merged_runs(out)
+
+    def _runs(self, lo: int, hi: int) -> List[Stretch]:
         if hi <= lo:
             return []
         out = []
@@ -227,31 +248,6 @@ class Regrouped:
                 continue
             x, y = kth_positions([Stretch(start, int(self.stop[k]), drop)], [a, b - 1])
             out.append(Stretch(x, y + 1, tuple(d for d in drop if x < d < y)))
-        return merged_runs(out)
-
-
-class NodeKept:
-    """``grouped`` (a :class:`Regrouped` level 0) with each node's part reordered as ``even``
-    plans it: the samples the node keeps, in order, then those it leaves out (``left``: sorted
-    positions of ``grouped``); the stretches of the kept ones pass over the left-out ones inside
-    them (their drops), as :func:`~.resume.kept_first_runs` says."""
-
-    def __init__(self, grouped: Regrouped, left: np.ndarray) -> None:
-        self.grouped, self.left = grouped, np.asarray(left, dtype=np.int64)
-        self.schedule, self.epoch, self.shuffle, self.level = grouped.schedule, grouped.epoch, grouped.shuffle, 0
-        self.total, self.bounds, self.node_totals = grouped.total, grouped.bounds, grouped.node_totals
-        self.cuts = np.searchsorted(self.left, self.bounds)
-
-    def runs(self, lo: int, hi: int) -> List[Stretch]:
-        """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
-        out: List[Stretch] = []
-        bounds = self.bounds
-        for n in range(max(0, int(np.searchsorted(bounds, lo, "right")) - 1), int(np.searchsorted(bounds, hi, "left"))):
-            b0, b1 = int(bounds[n]), int(bounds[n + 1])
-            a, b = max(lo, b0) - b0, min(hi, b1) - b0
-            if b > a:
-                left = self.left[self.cuts[n]:self.cuts[n + 1]] - b0
-                out += kept_first_runs(lambda x, y, b0=b0: self.grouped.runs(b0 + x, b0 + y), b1 - b0, left, a, b)
         return merged_runs(out)
 
 
@@ -293,20 +289,20 @@ def level_zero(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch
     """The epoch's sequence as the layout that planned it first (``first``, a segment; its steps
     are not read) cuts it: without affinity the samples kept then those ``even`` leaves out
     (:class:`~.resume.Remaining`); with it the nodes' parts one after the other (:class:`Regrouped`),
-    each node's kept samples then its left-out ones (:class:`NodeKept`, ``even``)."""
+    each node's kept samples then its left-out ones (``even``)."""
     if len(first) == 4:
         left = left_out_positions(ep.total, segment_layout(first), schedule, epoch)
         return Remaining(ep.total, schedule, epoch, shuffle, left)
     layout, count = segment_layout(first), int(first[4])
     nodes = Nodes(count, layout.world_size // count)
-    grouped = Regrouped(Remaining(ep.total, schedule, epoch, shuffle), ep,
-                        node_owner(counts, nodes.count, schedule.seed), nodes.count)
-    if schedule.policy != "even":
-        return grouped
     per_step = nodes.ranks_per_node * layout.batch_size
-    steps = _segment_steps(grouped.node_totals, per_step, schedule)
-    totals = grouped.node_totals.tolist()
-    return NodeKept(grouped, drawn_left_out(totals, [t - steps * per_step for t in totals], schedule.seed, epoch))
+
+    def leave_out(totals: np.ndarray) -> np.ndarray:
+        left = totals - _segment_steps(totals, per_step, schedule) * per_step
+        return drawn_left_out(totals.tolist(), left.tolist(), schedule.seed, epoch)
+
+    return Regrouped(Remaining(ep.total, schedule, epoch, shuffle), ep, node_owner(counts, nodes.count, schedule.seed),
+                     nodes.count, leave_out if schedule.policy == "even" else None)
 
 
 def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch: int,
@@ -415,5 +411,5 @@ def cache_kept(counts: Sequence[int], before: int, after: int, seed: int) -> Lis
     return [float(k / m) if m else 0.0 for k, m in zip(kept, mine)]
 
 
-__all__ = ["AffinePlan", "NodeKept", "Nodes", "Regrouped", "cache_kept", "level_zero", "node_owner",
+__all__ = ["AffinePlan", "Nodes", "Regrouped", "cache_kept", "level_zero", "node_owner",
            "node_spans", "ranks_per_node", "remaining_after", "resolve_nodes"]
