@@ -436,15 +436,6 @@ class BucketMix:
         self.source_step = dealt[:-1][np.arange(self.steps), self.source]
         self.used = dealt[-1]  # each source's plan steps used this epoch
 
-    def rank_batches(self) -> np.ndarray:
-        """``(ranks, steps, batch_size)`` of ``(source << 48) | epoch position`` (``-1`` padding)."""
-        out = np.full((self.layout.world_size, self.steps, self.layout.batch_size), -1, dtype=np.int64)
-        for s, plan in enumerate(self.plans):
-            at = np.flatnonzero(self.source == s)
-            table = plan.rank_batches()[:, self.source_step[at]]
-            out[:, at] = np.where(table >= 0, (s << 48) | table, -1)
-        return out
-
     def worker(self, rank: int, worker: int) -> Tuple[Tuple[BucketWorkerPlan, ...], np.ndarray, np.ndarray]:
         """Per source its :class:`~.bucketworker.BucketWorkerPlan` (its steps beyond ``used`` are not
         run this epoch), and per mix step the source and the source plan's step."""

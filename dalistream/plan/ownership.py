@@ -181,12 +181,9 @@ class EpochLayout:
         out = self.position(np.minimum(self.bounds, max(kept - 1, 0)))
         return np.where(self.bounds >= kept, out + (kept > 0), out)
 
-    def drops(self, g: int) -> Tuple[int, ...]:
-        """Raw ordinals, over the samples of :meth:`parts` ``(g)``, of those left out."""
-        return self.drops_of([g])[0]
-
     def drops_of(self, spans: Sequence[int]) -> List[Tuple[int, ...]]:
-        """:meth:`drops` of each span of ``spans`` (``left`` is sorted: a search each)."""
+        """Raw ordinals, over the samples of :meth:`parts` of each span of ``spans``, of those left
+        out (``left`` is sorted: a search each)."""
         g = np.asarray(spans, dtype=np.int64)
         if not len(self.left):
             return [()] * len(g)
@@ -196,7 +193,7 @@ class EpochLayout:
 
     def parts(self, g: int) -> List[Part]:
         """The shard parts of global worker ``g``'s stretch of the sequence, in reading order
-        (samples left out inside it are :meth:`drops`). An empty shard is a part ``(s, 0, 0)`` of
+        (samples left out inside it are :meth:`drops_of`). An empty shard is a part ``(s, 0, 0)`` of
         the span it sits in (the last span's when it sits at the end), so that it is still opened
         once: a shard that has gained samples or is damaged shows."""
         return self.parts_of([g])[0]

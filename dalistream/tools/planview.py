@@ -157,7 +157,7 @@ def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch
             owners = layout.columns(r, w) if interleave else (layout.global_worker(r, w),)
             parts = ([p for g in owners for p in plan.parts(g)] if plan is not None
                      else owned_parts(None, len(urls), layout, schedule, epoch, r, w))
-            left = sum(len(plan.drops(g)) for g in owners) if plan is not None else 0  # even's, passed over
+            left = sum(len(d) for d in plan.drops_of(owners)) if plan is not None else 0  # even's, passed over
             rows.append({
                 "rank": r, "worker": w, "global_worker": layout.global_worker(r, w), "slot": layout.slots[w],
                 "parts": [{"url": redact(urls[s]), "first": a, "stop": b} for s, a, b in parts],  # pipe: secrets
