@@ -346,7 +346,8 @@ class AffinePlan:
         self.ep = epoch_layout(counts, Layout(1, 1, 1), schedule, epoch)
         fixed = schedule.policy == "fixed"
         segments = () if fixed else self.segments
-        rest = remaining_after(counts, self.ep, schedule, epoch, segments, shuffle, self.segment(0))
+        head = segment_head(layout, layout.planned(self.columns), None if nodes is None else nodes.count, self.columns)
+        rest = remaining_after(counts, self.ep, schedule, epoch, segments, shuffle, head[:3] + (0,) + head[3:])
         planned = layout.planned(self.columns)
         if nodes is None:
             self.sequence = rest
@@ -365,14 +366,6 @@ class AffinePlan:
         self.span[self.owners[real]] = np.flatnonzero(real)
         self.left_out = 0 if fixed else int(rest.total - np.diff(self.bounds)[real].sum())
         self.last = planned.global_workers - 1
-
-    def segment(self, steps: int) -> Segment:
-        """What a loader state records when this plan has run ``steps`` steps of its epoch (its
-        layout as planned without affinity; with it, the real layout, the node count and whether
-        it read interleaved: :func:`~.resume.segment_head`)."""
-        head = segment_head(self.layout, self.layout.planned(self.columns),
-                            None if self.nodes is None else self.nodes.count, self.columns)
-        return head[:3] + (int(steps),) + head[3:]
 
     def _plan(self, g: int, rank: int, worker: int, slot: int, offset: int, seed: Optional[int]) -> WorkerPlan:
         i = int(self.span[g])

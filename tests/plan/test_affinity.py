@@ -20,6 +20,7 @@ from dalistream.plan.affinity import (AffinePlan, Nodes, Regrouped, cache_kept, 
 from dalistream.tools.quality import (affine_rank_batches, affine_shuffle_quality, affine_summary, epoch_positions,
                                      rank_batches, shuffle_quality)
 from dalistream.plan.shuffle import shuffled
+from dalistream.plan.resume import continued, segment_head
 
 from helpers import positions
 
@@ -296,11 +297,11 @@ def test_even_leaves_out_samples_spread_over_each_node_and_drawn_per_epoch(count
         assert len(set(left_by_epoch)) > 1  # (not the same samples every epoch)
 
 
-def test_the_plans_segment_is_what_a_state_records():
-    counts, layout = [30, 17, 25, 12], Layout(4, 2, 6)
-    assert AffinePlan(counts, layout, Nodes(2, 2), Schedule(), 0, columns=True).segment(3) == (4, 2, 6, 3, 2, 1)
-    assert AffinePlan(counts, layout, None, Schedule(), 0, columns=True).segment(3) == (24, 1, 1, 3)
-    assert AffinePlan(counts, layout, None, Schedule(), 0, columns=False).segment(0) == (4, 2, 6, 0)
+def test_the_segment_a_state_records():
+    layout = Layout(4, 2, 6)
+    assert continued((), segment_head(layout, layout.planned(True), 2, True), 3, ()) == (((4, 2, 6, 3, 2, 1),), 0)
+    assert continued((), segment_head(layout, layout.planned(True), None, True), 3, ()) == (((24, 1, 1, 3),), 0)
+    assert continued((), segment_head(layout, layout, None, False), 3, ()) == (((4, 2, 6, 3),), 0)
 
 
 def test_epoch_positions_leave_out_drops_and_check_the_count():
