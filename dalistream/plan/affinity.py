@@ -311,22 +311,32 @@ def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, 
     ``first``: the segment that planned the epoch when there are none yet (the plan being made)."""
     level = level_zero(counts, ep, schedule, epoch, segments[0] if segments else first, shuffle)
     for k, seg in enumerate(segments):
-        steps, seed_of, layout = int(seg[3]), partial(seeds.segment_shuffle, schedule.seed, epoch, k), segment_layout(seg)
-        if len(seg) == 4:
-            planned = epoch_steps(level.total, layout, schedule)
-            bounds = span_bounds(level.total, layout, schedule)
-            slots = np.tile(np.asarray(layout.slots, dtype=np.int64), layout.world_size)
-            source = level
-        else:
-            columns, nodes = bool(seg[5]), Nodes(int(seg[4]), layout.world_size // int(seg[4]))
-            source = level if k == 0 else Regrouped(level, ep, node_owner(counts, nodes.count, schedule.seed),
-                                                    nodes.count)
-            planned = _segment_steps(source.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
-            bounds, owners, slots = node_spans(source, layout, nodes, columns, schedule, planned)
-            seed_of = partial(lambda owners, base, i: base(int(owners[i])), owners, seed_of)
+        layout = segment_layout(seg)
+        nodes = Nodes(int(seg[4]), layout.world_size // int(seg[4])) if len(seg) == 6 else None
+        source, planned, bounds, owners, slots = cut_sequence(level, ep, counts, layout, nodes,
+                                                              len(seg) == 6 and bool(seg[5]), schedule, k > 0)
         check_ran(k, seg, planned)
-        level = Remaining.after(source, bounds, np.minimum(np.diff(bounds), steps * slots), seed_of)
+        seed_of = partial(lambda owners, base, i: base(int(owners[i])), owners,
+                          partial(seeds.segment_shuffle, schedule.seed, epoch, k))
+        level = Remaining.after(source, bounds, np.minimum(np.diff(bounds), int(seg[3]) * slots), seed_of)
     return level
+
+
+def cut_sequence(level: Any, ep: EpochLayout, counts: Sequence[int], layout: Layout, nodes: Optional[Nodes], columns: bool,
+                 schedule: Schedule, regroup: bool) -> Tuple[Any, int, np.ndarray, np.ndarray, np.ndarray]:
+    """The sequence ``level`` cut over ``layout``: ``(sequence, steps, bounds, owners, slots)``, as
+    :func:`node_spans` says them; without nodes the balanced spans of the layout as planned
+    (:func:`~.ownership.span_bounds`), span ``g`` global worker ``g``'s; with them each node's part
+    cut among its ranks (``regroup``: ``level`` regrouped node by node first)."""
+    if nodes is None:
+        planned = layout.planned(columns)
+        return (level, epoch_steps(level.total, planned, schedule), span_bounds(level.total, planned, schedule),
+                np.arange(planned.global_workers, dtype=np.int64),
+                np.tile(np.asarray(planned.slots, dtype=np.int64), planned.world_size))
+    if regroup:
+        level = Regrouped(level, ep, node_owner(counts, nodes.count, schedule.seed), nodes.count)
+    steps = _segment_steps(level.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
+    return (level, steps) + node_spans(level, layout, nodes, columns, schedule, steps)
 
 
 class AffinePlan:
@@ -349,16 +359,8 @@ class AffinePlan:
         head = segment_head(layout, layout.planned(self.columns), None if nodes is None else nodes.count, self.columns)
         rest = remaining_after(counts, self.ep, schedule, epoch, segments, shuffle, head[:3] + (0,) + head[3:])
         planned = layout.planned(self.columns)
-        if nodes is None:
-            self.sequence = rest
-            self.steps = epoch_steps(rest.total, planned, schedule)
-            self.bounds = span_bounds(rest.total, planned, schedule)
-            self.owners = np.arange(planned.global_workers, dtype=np.int64)
-        else:
-            self.sequence = rest if not segments else Regrouped(rest, self.ep, node_owner(counts, nodes.count,
-                                                                                          schedule.seed), nodes.count)
-            self.steps = _segment_steps(self.sequence.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
-            self.bounds, self.owners, _ = node_spans(self.sequence, layout, nodes, self.columns, schedule, self.steps)
+        self.sequence, self.steps, self.bounds, self.owners, _ = cut_sequence(rest, self.ep, counts, layout, nodes,
+                                                                              self.columns, schedule, bool(segments))
         if fixed:
             self.steps = max(0, int(schedule.batches_per_epoch) - sum(int(s[3]) for s in self.segments))
         self.span = np.full(planned.global_workers, -1, dtype=np.int64)
@@ -404,5 +406,5 @@ def cache_kept(counts: Sequence[int], before: int, after: int, seed: int) -> Lis
     return [float(k / m) if m else 0.0 for k, m in zip(kept, mine)]
 
 
-__all__ = ["AffinePlan", "Nodes", "Regrouped", "cache_kept", "level_zero", "node_owner",
+__all__ = ["AffinePlan", "Nodes", "Regrouped", "cache_kept", "cut_sequence", "level_zero", "node_owner",
            "node_spans", "ranks_per_node", "remaining_after", "resolve_nodes"]

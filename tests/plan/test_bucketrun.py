@@ -40,7 +40,8 @@ def execute(run, written):
                 o, x = next(streams[g])
                 held[g * KEY_SHIFT + o] = x
         most = max(most, len(held))
-        out[t] = [held.pop(int(k)) for k in run.emit[run.bounds[t]:run.bounds[t + 1]]]  # a KeyError: emitted before it was read
+        # (a KeyError: emitted before it was read)
+        out[t] = [held.pop(int(k)) for k in run.emit[run.bounds[t]:run.bounds[t + 1]]]
     return out, most
 
 
