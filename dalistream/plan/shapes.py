@@ -60,9 +60,12 @@ class _Buckets:
     per: str
     lookahead: Optional[int]
     outputs: Tuple[str, ...]
+    _positive: Tuple[str, ...] = ()  # other fields that must be positive integers
 
     def _check(self) -> None:
         _check_per(self.per)
+        for name in self._positive:
+            _positive_int(getattr(self, name), name)
         if self.lookahead is not None:
             _positive_int(self.lookahead, "lookahead")
 
@@ -186,8 +189,6 @@ class AspectBuckets(_Buckets):
 
     def __post_init__(self) -> None:
         self._check()
-        _positive_int(self.area, "area")
-        _positive_int(self.multiple, "multiple")
         if self.sizes is None:
             if self.n is None:
                 raise ConfigError("AspectBuckets needs sizes [(width, height), …], or use AspectBuckets.auto(n=8)")
@@ -223,6 +224,7 @@ class AspectBuckets(_Buckets):
         return cls(None, per, n, area, multiple, lookahead)
 
     columns = ("width", "height")
+    _positive = ("area", "multiple")
 
     def resolve(self, keys: Optional[Mapping[str, np.ndarray]]) -> "AspectBuckets":
         """These buckets with their sizes known: itself, or :meth:`auto`'s computed from ``keys``."""
