@@ -1,5 +1,6 @@
-"""A rank's bucket plan from the epoch's counts (plan/bucketseq.py) against the same plan laid
-out sample by sample: every worker's plan identical, on layouts of every shape (R up to 1,024,
+"""A rank's bucket plan from the epoch's counts (plan/bucketseq.py), indexed shard by shard,
+against the same plan over every position given, indexed as one sequence (the path of a resumed
+epoch's rest): every worker's plan identical, on layouts of every shape (R up to 1,024,
 rare buckets, empty shards, fewer samples than columns, exact and even, shuffled or not, mixes);
 and what one rank lays out stays near its share of the epoch however many ranks there are."""
 
