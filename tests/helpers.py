@@ -279,7 +279,7 @@ def run_epoch(counts, schedule, epoch, layouts, steps_run, shuffle):
         plan = AffinePlan(counts, layout, None, schedule, epoch, columns=False, shuffle=shuffle, segments=segments)
         steps = plan.steps if k == len(layouts) - 1 else min(steps_run[k], plan.steps)
         for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
-            wp = plan.worker(r, w)
+            (wp,) = plan.plans(r, w)
             seq = positions(wp, counts, layout, schedule, epoch)
             assert len(seq) == wp.samples
             out = list(shuffled(seq, shuffle, wp.shuffle_seed))
@@ -430,3 +430,15 @@ def launcher_free_env(**extra: str) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     env.update(extra)
     return env
+
+
+def mix_bucket_batches(mix) -> np.ndarray:
+    """A bucketed mix's batches (:class:`dalistream.plan.buckets.BucketMix`): ``(ranks, steps,
+    batch_size)`` of ``(source << 48) | epoch position`` (``-1`` padding), step t being batch
+    ``mix.source_step[t]`` of source ``mix.source[t]``'s own plan."""
+    out = np.full((mix.layout.world_size, mix.steps, mix.layout.batch_size), -1, dtype=np.int64)
+    for s, plan in enumerate(mix.plans):
+        at = np.flatnonzero(mix.source == s)
+        table = plan.rank_batches()[:, mix.source_step[at]]
+        out[:, at] = np.where(table >= 0, (s << 48) | table, -1)
+    return out

@@ -20,7 +20,7 @@ node ``n``'s samples, ``L·B`` the samples its ranks take per step):
 
 - ``even``: ``steps = min_n ⌊T_n / (L·B)⌋``; node ``n`` leaves out ``T_n − steps·L·B`` samples
   (fewer than ``L·B`` plus the largest shard), one drawn in each of as many equal stretches of its
-  sequence, anew each epoch (:func:`node_left_out`; on one node exactly the samples the plan
+  sequence, anew each epoch (:func:`~.ownership.drawn_left_out`; on one node exactly the samples the plan
   without affinity leaves out), passed over by the workers reading around them (drops);
 - ``exact``: ``steps = max_n ⌈T_n / (L·B)⌉``; node ``n``'s samples are split among its ranks as
   a whole epoch is among all ranks: its own ``⌈T_n / (L·B)⌉`` steps full but the last, whose
@@ -47,17 +47,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError
 from . import seeds
 from .bucketworker import stable_argsort
 from .layout import Layout, Schedule
-from .ownership import EpochLayout, WorkerPlan, epoch_layout, epoch_steps, left_out_positions, slot_starts, span_bounds
-from .resume import (Remaining, Segment, Stretch, kept_first_runs, kth_positions, merged_runs, runs_to_parts,
-                     segment_head)
+from .ownership import (EpochLayout, WorkerPlan, drawn_left_out, epoch_layout, epoch_steps, left_out_positions, slot_starts,
+                        span_bounds)
+from .resume import (Remaining, Segment, Stretch, check_ran, kept_first_runs, kth_positions, merged_runs,
+                     runs_to_parts, segment_head, segment_layout)
 
 
 @dataclass(frozen=True)
@@ -172,9 +173,15 @@ def greedy_owner(counts: np.ndarray, order: np.ndarray, nodes: int) -> np.ndarra
 class Regrouped:
     """The sequence ``prev`` (a :class:`~.resume.Remaining`: runs of epoch positions) regrouped
     node by node: node 0's samples first, each node's in ``prev``'s order. ``bounds[n]`` is where
-    node ``n``'s part starts; :meth:`runs` maps positions back to epoch positions."""
+    node ``n``'s part starts; :meth:`runs` maps positions back to epoch positions. With
+    ``leave_out`` (level 0 under ``even``: :func:`level_zero`), ``left = leave_out(node_totals)``
+    are the sorted positions the nodes leave out, and each node's part is reordered as ``even``
+    plans it: the samples it keeps, in order, then those it leaves out; the stretches of the kept
+    ones pass over the left-out ones inside them (their drops), as
+    :func:`~.resume.kept_first_runs` says."""
 
-    def __init__(self, prev: Remaining, ep: EpochLayout, owner: np.ndarray, nodes: int) -> None:
+    def __init__(self, prev: Remaining, ep: EpochLayout, owner: np.ndarray, nodes: int,
+                 leave_out: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
         self.prev, self.schedule, self.epoch = prev, prev.schedule, prev.epoch
         self.shuffle, self.level, self.total = prev.shuffle, prev.level, prev.total
         starts, stops, nodes_of, dropped, drops = [], [], [], [], {}
@@ -209,9 +216,24 @@ class Regrouped:
         self.node_totals = np.bincount(node, weights=sizes, minlength=nodes).astype(np.int64)
         self.bounds = np.zeros(nodes + 1, dtype=np.int64)
         np.cumsum(self.node_totals, out=self.bounds[1:])
+        self.left = np.zeros(0, dtype=np.int64) if leave_out is None else leave_out(self.node_totals)
+        self.cuts = np.searchsorted(self.left, self.bounds)
 
     def runs(self, lo: int, hi: int) -> List[Stretch]:
         """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
+        if not len(self.left):
+            return self._runs(lo, hi)
+        out: List[Stretch] = []
+        bounds = self.bounds
+        for n in range(max(0, int(np.searchsorted(bounds, lo, "right")) - 1), int(np.searchsorted(bounds, hi, "left"))):
+            b0, b1 = int(bounds[n]), int(bounds[n + 1])
+            a, b = max(lo, b0) - b0, min(hi, b1) - b0
+            if b > a:
+                left = self.left[self.cuts[n]:self.cuts[n + 1]] - b0
+                out += kept_first_runs(lambda x, y, b0=b0: self._runs(b0 + x, b0 + y), b1 - b0, left, a, b)
+        return merged_runs(out)
+
+    def _runs(self, lo: int, hi: int) -> List[Stretch]:
         if hi <= lo:
             return []
         out = []
@@ -227,46 +249,6 @@ class Regrouped:
             x, y = kth_positions([Stretch(start, int(self.stop[k]), drop)], [a, b - 1])
             out.append(Stretch(x, y + 1, tuple(d for d in drop if x < d < y)))
         return merged_runs(out)
-
-
-class NodeKept:
-    """``grouped`` (a :class:`Regrouped` level 0) with each node's part reordered as ``even``
-    plans it: the samples the node keeps, in order, then those it leaves out (``left``: sorted
-    positions of ``grouped``); the stretches of the kept ones pass over the left-out ones inside
-    them (their drops), as :func:`~.resume.kept_first_runs` says."""
-
-    def __init__(self, grouped: Regrouped, left: np.ndarray) -> None:
-        self.grouped, self.left = grouped, np.asarray(left, dtype=np.int64)
-        self.schedule, self.epoch, self.shuffle, self.level = grouped.schedule, grouped.epoch, grouped.shuffle, 0
-        self.total, self.bounds, self.node_totals = grouped.total, grouped.bounds, grouped.node_totals
-        self.cuts = np.searchsorted(self.left, self.bounds)
-
-    def runs(self, lo: int, hi: int) -> List[Stretch]:
-        """Positions ``[lo, hi)`` of this sequence as runs of epoch positions, in order."""
-        out: List[Stretch] = []
-        bounds = self.bounds
-        for n in range(max(0, int(np.searchsorted(bounds, lo, "right")) - 1), int(np.searchsorted(bounds, hi, "left"))):
-            b0, b1 = int(bounds[n]), int(bounds[n + 1])
-            a, b = max(lo, b0) - b0, min(hi, b1) - b0
-            if b > a:
-                left = self.left[self.cuts[n]:self.cuts[n + 1]] - b0
-                out += kept_first_runs(lambda x, y, b0=b0: self.grouped.runs(b0 + x, b0 + y), b1 - b0, left, a, b)
-        return merged_runs(out)
-
-
-def node_left_out(grouped: Regrouped, steps: int, per_step: int, schedule: Schedule, epoch: int) -> np.ndarray:
-    """The positions of ``grouped`` that ``even`` leaves out: node ``n``'s ``T_n − steps·L·B``,
-    one drawn in each of as many equal stretches of its part (as
-    :func:`~.ownership.left_out_positions` draws them over a whole epoch: one node gives the same),
-    from one generator seeded by (seed, epoch), node after node."""
-    rng = np.random.default_rng(seeds.left_out(schedule.seed, epoch))
-    out = []
-    for n, total in enumerate(grouped.node_totals.tolist()):
-        left = total - steps * per_step
-        if left > 0:
-            edges = (np.arange(left + 1, dtype=np.int64) * total) // left
-            out.append(int(grouped.bounds[n]) + rng.integers(edges[:-1], edges[1:]).astype(np.int64))
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
 def _segment_steps(totals: np.ndarray, per_step: int, schedule: Schedule) -> int:
@@ -307,19 +289,20 @@ def level_zero(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch
     """The epoch's sequence as the layout that planned it first (``first``, a segment; its steps
     are not read) cuts it: without affinity the samples kept then those ``even`` leaves out
     (:class:`~.resume.Remaining`); with it the nodes' parts one after the other (:class:`Regrouped`),
-    each node's kept samples then its left-out ones (:class:`NodeKept`, ``even``)."""
+    each node's kept samples then its left-out ones (``even``)."""
     if len(first) == 4:
-        left = left_out_positions(ep.total, Layout(*map(int, first[:3])), schedule, epoch)
+        left = left_out_positions(ep.total, segment_layout(first), schedule, epoch)
         return Remaining(ep.total, schedule, epoch, shuffle, left)
-    layout, count = Layout(*map(int, first[:3])), int(first[4])
+    layout, count = segment_layout(first), int(first[4])
     nodes = Nodes(count, layout.world_size // count)
-    grouped = Regrouped(Remaining(ep.total, schedule, epoch, shuffle), ep,
-                        node_owner(counts, nodes.count, schedule.seed), nodes.count)
-    if schedule.policy != "even":
-        return grouped
     per_step = nodes.ranks_per_node * layout.batch_size
-    steps = _segment_steps(grouped.node_totals, per_step, schedule)
-    return NodeKept(grouped, node_left_out(grouped, steps, per_step, schedule, epoch))
+
+    def leave_out(totals: np.ndarray) -> np.ndarray:
+        left = totals - _segment_steps(totals, per_step, schedule) * per_step
+        return drawn_left_out(totals.tolist(), left.tolist(), schedule.seed, epoch)
+
+    return Regrouped(Remaining(ep.total, schedule, epoch, shuffle), ep, node_owner(counts, nodes.count, schedule.seed),
+                     nodes.count, leave_out if schedule.policy == "even" else None)
 
 
 def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, epoch: int,
@@ -328,35 +311,40 @@ def remaining_after(counts: Sequence[int], ep: EpochLayout, schedule: Schedule, 
     ``first``: the segment that planned the epoch when there are none yet (the plan being made)."""
     level = level_zero(counts, ep, schedule, epoch, segments[0] if segments else first, shuffle)
     for k, seg in enumerate(segments):
-        steps, seed_of = int(seg[3]), partial(seeds.segment_shuffle, schedule.seed, epoch, k)
-        if len(seg) == 4:
-            layout = Layout(int(seg[0]), int(seg[1]), int(seg[2]))
-            planned = epoch_steps(level.total, layout, schedule)
-            bounds = span_bounds(level.total, layout, schedule)
-            slots = np.tile(np.asarray(layout.slots, dtype=np.int64), layout.world_size)
-            source = level
-        else:
-            layout, columns = Layout(int(seg[0]), int(seg[1]), int(seg[2])), bool(seg[5])
-            nodes = Nodes(int(seg[4]), layout.world_size // int(seg[4]))
-            source = level if k == 0 else Regrouped(level, ep, node_owner(counts, nodes.count, schedule.seed),
-                                                    nodes.count)
-            planned = _segment_steps(source.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
-            bounds, owners, slots = node_spans(source, layout, nodes, columns, schedule, planned)
-            seed_of = partial(lambda owners, base, i: base(int(owners[i])), owners, seed_of)
-        if steps > planned:
-            raise StateError(f"segment {k} ran {steps} steps of a plan of {planned} under {seg[0]} ranks x {seg[1]} "
-                             f"workers x batch {seg[2]}", hint="the state does not come from this data set")
-        level = Remaining.after(source, bounds, np.minimum(np.diff(bounds), steps * slots), seed_of)
+        layout = segment_layout(seg)
+        nodes = Nodes(int(seg[4]), layout.world_size // int(seg[4])) if len(seg) == 6 else None
+        source, planned, bounds, owners, slots = cut_sequence(level, ep, counts, layout, nodes,
+                                                              len(seg) == 6 and bool(seg[5]), schedule, k > 0)
+        check_ran(k, seg, planned)
+        seed_of = partial(lambda owners, base, i: base(int(owners[i])), owners,
+                          partial(seeds.segment_shuffle, schedule.seed, epoch, k))
+        level = Remaining.after(source, bounds, np.minimum(np.diff(bounds), int(seg[3]) * slots), seed_of)
     return level
+
+
+def cut_sequence(level: Any, ep: EpochLayout, counts: Sequence[int], layout: Layout, nodes: Optional[Nodes], columns: bool,
+                 schedule: Schedule, regroup: bool) -> Tuple[Any, int, np.ndarray, np.ndarray, np.ndarray]:
+    """The sequence ``level`` cut over ``layout``: ``(sequence, steps, bounds, owners, slots)``, as
+    :func:`node_spans` says them; without nodes the balanced spans of the layout as planned
+    (:func:`~.ownership.span_bounds`), span ``g`` global worker ``g``'s; with them each node's part
+    cut among its ranks (``regroup``: ``level`` regrouped node by node first)."""
+    if nodes is None:
+        planned = layout.planned(columns)
+        return (level, epoch_steps(level.total, planned, schedule), span_bounds(level.total, planned, schedule),
+                np.arange(planned.global_workers, dtype=np.int64),
+                np.tile(np.asarray(planned.slots, dtype=np.int64), planned.world_size))
+    if regroup:
+        level = Regrouped(level, ep, node_owner(counts, nodes.count, schedule.seed), nodes.count)
+    steps = _segment_steps(level.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
+    return (level, steps) + node_spans(level, layout, nodes, columns, schedule, steps)
 
 
 class AffinePlan:
     """The rest of ``epoch`` after ``segments`` (none: the whole epoch) for ``layout``, with node
     affinity over ``nodes`` (``None``: without it, the balanced spans of what remains, the one
     plan of an elastic resume: :mod:`.resume`), read interleaved (``columns``) or one span per
-    worker through a buffer of ``shuffle``. Computed once per epoch; :meth:`worker` and
-    :meth:`columns_of` give what a worker reads, as :func:`~.ownership.worker_plan` and
-    :func:`~.ownership.worker_columns` do for a whole epoch without affinity."""
+    worker through a buffer of ``shuffle``. Computed once per epoch; :meth:`plans` gives what a
+    worker reads."""
 
     def __init__(self, counts: Sequence[int], layout: Layout, nodes: Optional[Nodes], schedule: Schedule, epoch: int,
                  *, columns: bool, shuffle: int = 0, segments: Sequence[Segment] = ()) -> None:
@@ -368,18 +356,11 @@ class AffinePlan:
         self.ep = epoch_layout(counts, Layout(1, 1, 1), schedule, epoch)
         fixed = schedule.policy == "fixed"
         segments = () if fixed else self.segments
-        rest = remaining_after(counts, self.ep, schedule, epoch, segments, shuffle, self.segment(0))
+        head = segment_head(layout, layout.planned(self.columns), None if nodes is None else nodes.count, self.columns)
+        rest = remaining_after(counts, self.ep, schedule, epoch, segments, shuffle, head[:3] + (0,) + head[3:])
         planned = layout.planned(self.columns)
-        if nodes is None:
-            self.sequence = rest
-            self.steps = epoch_steps(rest.total, planned, schedule)
-            self.bounds = span_bounds(rest.total, planned, schedule)
-            self.owners = np.arange(planned.global_workers, dtype=np.int64)
-        else:
-            self.sequence = rest if not segments else Regrouped(rest, self.ep, node_owner(counts, nodes.count,
-                                                                                          schedule.seed), nodes.count)
-            self.steps = _segment_steps(self.sequence.node_totals, nodes.ranks_per_node * layout.batch_size, schedule)
-            self.bounds, self.owners, _ = node_spans(self.sequence, layout, nodes, self.columns, schedule, self.steps)
+        self.sequence, self.steps, self.bounds, self.owners, _ = cut_sequence(rest, self.ep, counts, layout, nodes,
+                                                                              self.columns, schedule, bool(segments))
         if fixed:
             self.steps = max(0, int(schedule.batches_per_epoch) - sum(int(s[3]) for s in self.segments))
         self.span = np.full(planned.global_workers, -1, dtype=np.int64)
@@ -387,14 +368,6 @@ class AffinePlan:
         self.span[self.owners[real]] = np.flatnonzero(real)
         self.left_out = 0 if fixed else int(rest.total - np.diff(self.bounds)[real].sum())
         self.last = planned.global_workers - 1
-
-    def segment(self, steps: int) -> Segment:
-        """What a loader state records when this plan has run ``steps`` steps of its epoch (its
-        layout as planned without affinity; with it, the real layout, the node count and whether
-        it read interleaved: :func:`~.resume.segment_head`)."""
-        head = segment_head(self.layout, self.layout.planned(self.columns),
-                            None if self.nodes is None else self.nodes.count, self.columns)
-        return head[:3] + (int(steps),) + head[3:]
 
     def _plan(self, g: int, rank: int, worker: int, slot: int, offset: int, seed: Optional[int]) -> WorkerPlan:
         i = int(self.span[g])
@@ -406,23 +379,19 @@ class AffinePlan:
         return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, slot, offset, hi - lo, g,
                           self.left_out if g == self.last else 0, tuple(drop), seed)
 
-    def worker(self, rank: int, worker: int) -> WorkerPlan:
-        """The plan of (``rank``, ``worker``) reading one span through its buffer."""
-        if self.columns:
-            raise ValueError("an interleaved plan gives columns(rank, worker)")
-        layout, g = self.layout, self.layout.global_worker(rank, worker)
-        seed = seeds.segment_shuffle(self.schedule.seed, self.epoch, len(self.segments), g)
-        return self._plan(g, rank, worker, layout.slots[worker], layout.slot_offsets[worker], seed)
-
-    def columns_of(self, rank: int, worker: int) -> Tuple[WorkerPlan, ...]:
-        """The plans of (``rank``, ``worker``)'s columns, in slot order (interleaved reading);
-        without nodes each is the span of a global worker of the column layout, with its seed."""
+    def plans(self, rank: int, worker: int) -> Tuple[WorkerPlan, ...]:
+        """What (``rank``, ``worker``) reads: one span through its buffer, or reading interleaved
+        its columns in slot order, as :func:`~.ownership.worker_plan` and
+        :func:`~.ownership.worker_columns` give them for a whole epoch without affinity; a span's
+        shuffle seed (and, without nodes, a column's) is its segment's."""
+        layout, seed, segment = self.layout, self.schedule.seed, len(self.segments)
         if not self.columns:
-            raise ValueError("a plan of spans gives worker(rank, worker)")
-        segment = len(self.segments)
+            g = layout.global_worker(rank, worker)
+            return (self._plan(g, rank, worker, layout.slots[worker], layout.slot_offsets[worker],
+                               seeds.segment_shuffle(seed, self.epoch, segment, g)),)
         return tuple(self._plan(q, q, 0, 1, 0, None if self.nodes is not None else
-                                seeds.segment_shuffle(self.schedule.seed, self.epoch, segment, q))
-                     for q in self.layout.columns(rank, worker))
+                                seeds.segment_shuffle(seed, self.epoch, segment, q))
+                     for q in layout.columns(rank, worker))
 
 
 def cache_kept(counts: Sequence[int], before: int, after: int, seed: int) -> List[float]:
@@ -437,5 +406,5 @@ def cache_kept(counts: Sequence[int], before: int, after: int, seed: int) -> Lis
     return [float(k / m) if m else 0.0 for k, m in zip(kept, mine)]
 
 
-__all__ = ["AffinePlan", "NodeKept", "Nodes", "Regrouped", "cache_kept", "level_zero", "node_left_out", "node_owner",
+__all__ = ["AffinePlan", "Nodes", "Regrouped", "cache_kept", "cut_sequence", "level_zero", "node_owner",
            "node_spans", "ranks_per_node", "remaining_after", "resolve_nodes"]

@@ -76,14 +76,14 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError
 from .layout import Layout, Schedule
-from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather, rank_cuts
+from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather
 from .bucketworker import BucketWorkerPlan, holdings, stable_argsort
-from .mix import check_share, cumulative, fitting_steps, span_layout
-from .ownership import epoch_order
-from .resume import Segment, Stretch, check_segments, runs_to_parts, segment_layout
-from .shapes import PER
+from .mix import check_share, cumulative, fitting_steps, source_names
+from .ownership import epoch_order, laid_out
+from .resume import Segment, Stretch, check_ran, check_segments, runs_to_parts, segment_layout
+from .shapes import check_bucket_schedule
 
 
 #: Columns a rank reads per batch position (default ``C = 2B``). A batch of a bucket holding a
@@ -94,15 +94,6 @@ from .shapes import PER
 #: each worker then reads twice as many stretches, each half as long (more shard parts cut), and
 #: holds no more (the look-ahead bound does not depend on ``C``).
 COLUMNS_PER_POSITION = 2
-
-
-def check_bucket_schedule(schedule: Schedule, per: str) -> None:
-    """Buckets plan ``even`` and ``exact`` epochs, ``per`` rank or global."""
-    if schedule.policy == "fixed":
-        raise ConfigError("buckets need policy 'even' or 'exact' (a 'fixed' number of batches has no bucket plan)",
-                          hint="use policy='even'")
-    if per not in PER:
-        raise ConfigError(f"buckets: per must be one of {PER}, got {per!r}")
 
 
 def bucket_units(n: np.ndarray, layout: Layout, policy: str, per: str) -> Tuple[np.ndarray, int]:
@@ -131,7 +122,7 @@ def bucket_units(n: np.ndarray, layout: Layout, policy: str, per: str) -> Tuple[
 
 def bucket_steps(n: Sequence[int], layout: Layout, schedule: Schedule, per: str = "rank") -> int:
     """Steps of an epoch whose buckets hold ``n`` samples each, the same on every rank."""
-    check_bucket_schedule(schedule, per)
+    check_bucket_schedule(schedule.policy, per)
     return bucket_units(np.asarray(n, dtype=np.int64), layout, schedule.policy, per)[1]
 
 
@@ -155,7 +146,7 @@ class BucketEpoch:
                  lookahead: Optional[int] = None, columns: Optional[int] = None,
                  ranks: Optional[Sequence[int]] = None, index: Optional[BucketIndex] = None) -> None:
         self.ranks = frozenset(range(layout.world_size) if ranks is None else ranks)
-        check_bucket_schedule(schedule, per)
+        check_bucket_schedule(schedule.policy, per)
         self.counts = np.asarray(counts, dtype=np.int64)
         ids = np.asarray(ids)
         if len(ids) != int(self.counts.sum()):
@@ -167,12 +158,19 @@ class BucketEpoch:
         if isinstance(self.columns, bool) or not isinstance(self.columns, int) or self.columns < 1:
             raise ConfigError(f"buckets: columns must be a positive integer, got {columns!r}")
         order = epoch_order(len(self.counts), schedule.seed, epoch, schedule.shuffle_shards)
-        self.shards = span_layout(self.counts, order, np.zeros(2, dtype=np.int64), 0)
-        if per == "rank" and positions is None:  # (a rank's plan from counts: :mod:`.bucketseq`)
-            owner = self._from_counts(index if index is not None else BucketIndex(self.counts, ids, buckets), order)
-        else:
-            owner = self._laid_out(ids, order, positions)
-        self._plan(owner)
+        self.shards = laid_out(self.counts, order)
+        if positions is None:
+            self._plan(self._owners(index if index is not None else BucketIndex(self.counts, ids, buckets), order,
+                                    self.shards.starts))
+        else:  # (the positions still to plan, in order: a sequence of their own, indexed as one shard)
+            planned = np.asarray(positions, dtype=np.int64)
+            written = np.zeros(len(self.counts) + 1, dtype=np.int64)
+            np.cumsum(self.counts, out=written[1:])
+            sample_ids = np.repeat(written[order] - self.shards.starts[:-1], self.counts[order])[planned] + planned
+            owner = self._owners(BucketIndex([len(planned)], ids[sample_ids], buckets), np.zeros(1, dtype=np.int64),
+                                 np.array([0, len(planned)], dtype=np.int64))
+            self.positions, self.sample_ids = planned[self.positions], sample_ids[self.positions]
+            self._plan(owner)
         most = int(self.lookahead.max(initial=0))
         if lookahead is not None and most > lookahead:
             r, w = (int(x) for x in np.unravel_index(int(np.argmax(self.lookahead)), self.lookahead.shape))
@@ -184,58 +182,27 @@ class BucketEpoch:
 
     # -- who owns what ------------------------------------------------------------------------
 
-    def _laid_out(self, ids: np.ndarray, order: np.ndarray, positions: Optional[np.ndarray]) -> np.ndarray:
-        """The epoch laid out sample by sample (``positions``: those planned, default all), in
-        reading order: the planned sequence cut into R·C column stretches, column q = p·R + r read
-        by rank r (its C columns spread over the whole sequence), ranks one after the other; the
-        rank of every sample (``-1``: left out)."""
-        layout = self.layout
-        written = np.zeros(len(self.counts) + 1, dtype=np.int64)
-        np.cumsum(self.counts, out=written[1:])
-        shift = np.repeat(written[order] - self.shards.starts[:-1], self.counts[order])
-        planned = np.arange(int(self.counts.sum()), dtype=np.int64) if positions is None else \
-            np.asarray(positions, dtype=np.int64)
-        n_cols = layout.world_size * self.columns
-        column = (np.arange(len(planned), dtype=np.int64) * n_cols) // max(len(planned), 1)
-        reading = np.argsort((column % layout.world_size) * self.columns + column // layout.world_size, kind="stable")
-        self.positions = planned[reading]  # epoch position of each sequence index, in reading order
-        self.column = column[reading]
-        self.sample_ids = shift[self.positions] + self.positions  # written-order id of each
-        seq = np.asarray(ids, dtype=np.int64)[self.sample_ids]
-        by_bucket = stable_argsort(seq)
-        edges = np.searchsorted(seq[by_bucket], np.arange(self.buckets + 1))
-        pos = [by_bucket[edges[k]:edges[k + 1]] for k in range(self.buckets)]  # sequence indices of each bucket
-        self.seq = seq
-        self.totals = np.diff(edges)
+    def _owners(self, index: BucketIndex, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """The rank of every sample laid out (``-1``: left out), from the epoch's column counts
+        (:mod:`.bucketseq`): the sequence cut into R·C column stretches, column q = p·R + r read
+        by rank r (its C columns spread over the whole sequence), ranks one after the other in
+        reading order; laid out, only the samples of the columns its ranks read (or where a cut
+        falls) under ``per="rank"``, every sample under ``per="global"`` (each rank's order counts)."""
+        layout, c, b = self.layout, self.columns, self.layout.batch_size
+        blocks = column_counts(index, order, starts, layout.world_size, c)
+        self.totals = blocks.cum[-1]
         self.units, self.steps = bucket_units(self.totals, layout, self.schedule.policy, self.per)
-        b = layout.batch_size
         r = np.arange(layout.world_size + 1, dtype=np.int64)
         if self.per == "rank":
-            bounds = np.minimum(rank_cuts(pos, self.units, layout, self.schedule.policy) * b, self.totals[None, :])
+            cuts = cuts_of(self.totals, self.units, layout, self.schedule.policy,
+                           lambda cap, t: cut_before(index, order, starts, blocks, layout.world_size, c, cap, t))
+            bounds = np.minimum(cuts * b, self.totals[None, :])
         elif self.schedule.policy == "exact":
             bounds = (self.totals[None, :] * r[:, None]) // layout.world_size
         else:
             bounds = r[:, None] * (self.units * b)[None, :]
         self.kept = bounds[-1]
-        owner = np.full(len(seq), -1, dtype=np.int64)
-        for k, p in enumerate(pos):
-            rank = np.searchsorted(bounds[:, k], np.arange(len(p)), side="right") - 1
-            owner[p] = np.where(rank < layout.world_size, rank, -1)
-        return owner
-
-    def _from_counts(self, index: BucketIndex, order: np.ndarray) -> np.ndarray:
-        """``per="rank"`` from the epoch's column counts (:mod:`.bucketseq`): the same plan, with
-        only the samples of the columns its ranks read (or where a cut falls) laid out."""
-        layout, c, b = self.layout, self.columns, self.layout.batch_size
-        starts = self.shards.starts
-        blocks = column_counts(index, order, starts, layout.world_size, c)
-        self.totals = blocks.cum[-1]
-        self.units, self.steps = bucket_units(self.totals, layout, self.schedule.policy, self.per)
-        cuts = cuts_of(self.totals, self.units, layout, self.schedule.policy,
-                       lambda cap, t: cut_before(index, order, starts, blocks, layout.world_size, c, cap, t))
-        bounds = np.minimum(cuts * b, self.totals[None, :])
-        self.kept = bounds[-1]
-        if len(self.ranks) == layout.world_size:
+        if len(self.ranks) == layout.world_size or self.per == "global":
             which = np.arange(len(blocks.size))  # (every rank: the left out too)
         else:  # the blocks holding a sample some rank asked for owns
             lo, hi = (bounds[sorted(self.ranks)][:, None, :], bounds[[r + 1 for r in sorted(self.ranks)]][:, None, :])
@@ -402,29 +369,19 @@ class BucketEpoch:
 
 # -- elastic resume --------------------------------------------------------------------------------
 
-def remaining_positions(counts: Sequence[int], ids: np.ndarray, buckets: int, schedule: Schedule, epoch: int,
-                        per: str, segments: Sequence[Segment]) -> Optional[np.ndarray]:
-    """Epoch positions not delivered by ``segments`` (sorted), or ``None`` without segments."""
-    positions: Optional[np.ndarray] = None
-    for k, segment in enumerate(check_segments(segments)):
-        layout, ran = segment_layout(segment), int(segment[3])
-        plan = BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions)
-        if ran > plan.steps:
-            raise StateError(f"segment {k} ran {ran} steps of a bucket plan of {plan.steps} under {layout.world_size} "
-                             f"ranks x {layout.workers} workers x batch {layout.batch_size}",
-                             hint="the state does not come from this data set and these buckets")
-        done = plan.rank_batches()[:, :ran]
-        positions = np.setdiff1d(plan.positions, done[done >= 0])  # sorted
-    return positions
-
-
 def resumed_bucket_plan(counts: Sequence[int], ids: np.ndarray, buckets: int, layout: Layout, schedule: Schedule,
                         epoch: int, per: str, segments: Sequence[Segment],
                         lookahead: Optional[int] = None) -> BucketEpoch:
     """The rest of ``epoch`` after ``segments``, planned over ``layout`` (its ``steps`` are what
-    every rank runs; :meth:`BucketEpoch.worker` gives each worker's plan)."""
-    rest = remaining_positions(counts, ids, buckets, schedule, epoch, per, segments)
-    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, rest, lookahead)
+    every rank runs; :meth:`BucketEpoch.worker` gives each worker's plan): each segment's plan
+    over the epoch positions its segments before did not deliver."""
+    positions: Optional[np.ndarray] = None
+    for k, segment in enumerate(check_segments(segments)):
+        plan = BucketEpoch(counts, ids, buckets, segment_layout(segment), schedule, epoch, per, positions)
+        check_ran(k, segment, plan.steps, "a bucket plan", "this data set and these buckets")
+        done = plan.rank_batches()[:, :int(segment[3])]
+        positions = np.setdiff1d(plan.positions, done[done >= 0])  # sorted
+    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions, lookahead)
 
 
 # -- a mix ---------------------------------------------------------------------------------------
@@ -458,7 +415,7 @@ class BucketMix:
         check_bucket_mix(per_batch, samples_per_epoch)
         if not (len(counts) == len(ids) == len(weights)):
             raise ConfigError(f"mix: {len(counts)} sources' counts, {len(ids)} sources' buckets, {len(weights)} weights")
-        self.names = [f"source {i}" for i in range(len(weights))] if names is None else [str(n) for n in names]
+        self.names = source_names(names, len(weights))
         self.layout = layout
         totals = [int(np.sum(c)) for c in counts]
         check_share(weights, totals, layout.batch_size, "source", None, self.names)
@@ -478,15 +435,6 @@ class BucketMix:
         self.source = np.argmax(step, axis=1).astype(np.int64)
         self.source_step = dealt[:-1][np.arange(self.steps), self.source]
         self.used = dealt[-1]  # each source's plan steps used this epoch
-
-    def rank_batches(self) -> np.ndarray:
-        """``(ranks, steps, batch_size)`` of ``(source << 48) | epoch position`` (``-1`` padding)."""
-        out = np.full((self.layout.world_size, self.steps, self.layout.batch_size), -1, dtype=np.int64)
-        for s, plan in enumerate(self.plans):
-            at = np.flatnonzero(self.source == s)
-            table = plan.rank_batches()[:, self.source_step[at]]
-            out[:, at] = np.where(table >= 0, (s << 48) | table, -1)
-        return out
 
     def worker(self, rank: int, worker: int) -> Tuple[Tuple[BucketWorkerPlan, ...], np.ndarray, np.ndarray]:
         """Per source its :class:`~.bucketworker.BucketWorkerPlan` (its steps beyond ``used`` are not

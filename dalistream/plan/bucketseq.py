@@ -9,14 +9,14 @@ it owns. Those counts come from :class:`BucketIndex` (built once per data set: e
 bucket histogram, and a sorted key to count a shard's first ``x`` samples of each bucket) and
 :func:`column_counts` (per epoch: each column's counts, ``R·C`` columns × buckets); samples are
 laid out only for the columns a rank reads (:func:`gather`) or where a cut falls
-(:func:`cut_before`). :func:`rank_cuts` decides the same cuts over an epoch laid out sample by
-sample (a resumed epoch's rest). Before this, every worker sorted the whole epoch at each epoch's
+(:func:`cut_before`). A resumed epoch's rest is indexed the same way, its positions still to
+plan taken as one shard. Before this, every worker sorted the whole epoch at each epoch's
 start: O(N log N) for a share of N/(R·W) samples.
 """
 
 from __future__ import annotations
 
-from typing import Callable, List, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -132,8 +132,7 @@ def cut_before(index: BucketIndex, order: np.ndarray, starts: np.ndarray, blocks
                columns: int, cap: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
     """``(len(thresholds), buckets)``: for each threshold T, the samples of each bucket (at most
     ``cap``) before the shortest reading-order prefix holding T samples within their bucket's
-    ``cap`` (see :func:`cuts_of`; :func:`rank_cuts` counts the same over the
-    laid-out epoch). Only the blocks where a prefix ends are laid out."""
+    ``cap`` (see :func:`cuts_of`). Only the blocks where a prefix ends are laid out."""
     k = index.buckets
     run = np.minimum(blocks.cum, cap[None, :]).sum(axis=1)  # counted samples before each block
     nonempty = np.flatnonzero(blocks.size > 0)
@@ -177,9 +176,8 @@ def cuts_of(n: np.ndarray, units: np.ndarray, layout: Layout, policy: str,
     (``cap``: the first ``min(n, units·B)`` of the bucket in reading order); the rank boundaries
     fall where the count reaches each rank's share of them: ``before(cap, thresholds)`` gives,
     for each threshold, the samples of each bucket (at most ``cap``) before the shortest reading
-    prefix that counts it (:func:`rank_cuts` over the laid-out epoch,
-    :func:`cut_before` from column counts); rounded to whole units by largest
-    remainders, so that they add up."""
+    prefix that counts it (:func:`cut_before`, from column counts); rounded to whole units by
+    largest remainders, so that they add up."""
     r_count, b = layout.world_size, layout.batch_size
     cuts = np.zeros((r_count + 1, len(units)), dtype=np.int64)
     cuts[-1] = units
@@ -197,17 +195,3 @@ def cuts_of(n: np.ndarray, units: np.ndarray, layout: Layout, policy: str,
             target = target * (cum_units[i] / s)
         cuts[i] = _round_units(target, int(cum_units[i]), cuts[i - 1], units)
     return cuts
-
-
-def rank_cuts(pos: List[np.ndarray], units: np.ndarray, layout: Layout, policy: str) -> np.ndarray:
-    """:func:`cuts_of` over the laid-out epoch: ``pos[b]``, the sequence indices of bucket b's samples."""
-    n = np.array([len(p) for p in pos], dtype=np.int64)
-
-    def before(cap: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
-        counted = np.zeros(int(n.sum()), dtype=np.int64)
-        for k, p in enumerate(pos):
-            counted[p[:cap[k]]] = 1
-        at = np.searchsorted(np.cumsum(counted), thresholds, side="left") + 1  # prefix lengths reaching each
-        return np.stack([np.minimum(np.searchsorted(p, at, side="left"), cap[k]) for k, p in enumerate(pos)], axis=1)
-
-    return cuts_of(n, units, layout, policy, before)

@@ -52,11 +52,6 @@ class BucketWorkerPlan:
     lookahead: int
     fill: np.ndarray
 
-    @property
-    def samples(self) -> int:
-        """Samples it emits in the epoch."""
-        return int(self.take.sum())
-
     def reader(self, j: int) -> WorkerPlan:
         """Reader ``j`` as a :class:`~.ownership.WorkerPlan` (its parts and drops), which the
         worker's reader reads as any column."""
@@ -101,10 +96,6 @@ class BucketRun:
     bucket: np.ndarray
     step_source: np.ndarray
     fill: np.ndarray
-
-    def emitted(self, step: int) -> np.ndarray:
-        """The keys step ``step`` emits, in batch order."""
-        return self.emit[self.bounds[step]:self.bounds[step + 1]]
 
 
 def bucket_run(plans: Sequence[BucketWorkerPlan], first: int = 0, source: Optional[np.ndarray] = None,

@@ -30,13 +30,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import ConfigError, StateError, redact
-from .affinity import AffinePlan, Nodes
+from .affinity import AffinePlan
 from .bucketseq import BucketIndex
 from .buckets import BucketEpoch, BucketMix, bucket_steps, bucket_totals, resumed_bucket_plan
 from .bucketworker import BucketRun, bucket_run
@@ -66,11 +65,6 @@ class Reading:
     def plans(self) -> Tuple[WorkerPlan, ...]:
         """The plans of the worker's columns (of its run's readers under a bucket plan)."""
         return tuple(plan for plan, _, _ in self.columns)
-
-    @property
-    def sources(self) -> Tuple[int, ...]:
-        """The source (a mix's index; 0 for one data set) each of :attr:`plans` reads."""
-        return tuple(source for _, _, source in self.columns)
 
 
 class EpochPlan(ABC):
@@ -144,9 +138,6 @@ def epoch_plan(config: Any, data: Any, mix: Any, epoch: int, resume: Sequence = 
         return _Bucketed(config, data, mix, epoch, resume)
     if mix is not None:
         return _Mixed(config, data, mix, epoch, resume)
-    rest = affine_plan(config, data.counts, epoch, resume)
-    if rest is not None:
-        return _Rest(config, data, mix, epoch, resume, rest)
     return _Spans(config, data, mix, epoch, resume)
 
 
@@ -157,37 +148,28 @@ def _whole(plans: Sequence[WorkerPlan]) -> Reading:
 
 
 class _Spans(EpochPlan):
-    """One data set, a whole epoch over balanced spans (:mod:`.ownership`)."""
+    """One data set: a whole epoch over balanced spans (:mod:`.ownership`), or, after other layouts
+    ran some of it or where each node reads its own shards, the rest of its sequence cut as
+    :class:`~.affinity.AffinePlan` says (without nodes: spans)."""
+
+    def __init__(self, config: Any, data: Any, mix: Any, epoch: int, resume: Tuple[Segment, ...]) -> None:
+        super().__init__(config, data, mix, epoch, resume)
+        self.affine = affine_plan(config, data.counts, epoch, resume)
 
     @property
     def steps(self) -> int:
         c = self.config
+        if self.affine is not None:
+            return self.affine.steps
         return steps_per_epoch(self.data.counts, c.plan_layout, c.schedule, self.epoch, c.rank)
 
     def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
-        c, counts = self.config, self.data.counts
+        c, counts, affine = self.config, self.data.counts, self.affine
+        if affine is not None:
+            return _whole(affine.plans(rank, worker))
         if c.interleave:
             return _whole(worker_columns(counts, len(self.data.urls), c.layout, c.schedule, self.epoch, rank, worker))
         return _whole([worker_plan(counts, len(self.data.urls), c.plan_layout, c.schedule, self.epoch, rank, worker)])
-
-
-class _Rest(EpochPlan):
-    """One data set after other layouts ran some of the epoch, or whose shards each node reads:
-    the rest of its sequence cut as :class:`~.affinity.AffinePlan` says (without nodes: spans)."""
-
-    def __init__(self, config: Any, data: Any, mix: Any, epoch: int, resume: Tuple[Segment, ...],
-                 affine: AffinePlan) -> None:
-        super().__init__(config, data, mix, epoch, resume)
-        self.affine = affine
-
-    @property
-    def steps(self) -> int:
-        return self.affine.steps
-
-    def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
-        if self.config.interleave:
-            return _whole(self.affine.columns_of(rank, worker))
-        return _whole([self.affine.worker(rank, worker)])
 
 
 class _Mixed(EpochPlan):
@@ -287,7 +269,7 @@ def bucket_epoch(config: Any, data: Any, epoch: int, resume: Sequence = (),
                                        b.lookahead), ids
         return BucketEpoch(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per,
                            lookahead=b.lookahead, ranks=None if rank is None else (rank,),
-                           index=bucket_index(data, len(b)) if b.per == "rank" else None), ids
+                           index=bucket_index(data, len(b))), ids
 
     return kept(key, make)
 
@@ -298,7 +280,7 @@ def bucket_mix(config: Any, mix: Any, epoch: int, rank: Optional[int] = None) ->
     b = config.buckets
     ids = [s.data.buckets for s in mix.sources]
     key = ("mix", tuple(map(id, ids)), config.layout, config.schedule, int(epoch), b.per, b.lookahead, rank)
-    indexes = [bucket_index(s.data, len(b)) for s in mix.sources] if b.per == "rank" else None
+    indexes = [bucket_index(s.data, len(b)) for s in mix.sources]
     return kept(key, lambda: (BucketMix([s.data.counts for s in mix.sources], ids, len(b),
                                         [s.weight for s in mix.sources], config.layout, config.schedule, epoch,
                                         b.per, mix.names, mix.per_batch, mix.samples_per_epoch,
@@ -321,12 +303,8 @@ def affine_plan(config: Any, counts: Optional[Sequence[int]], epoch: int,
     epoch without affinity, or no counts). Computed once per (epoch, layout, segments) in a process."""
     if counts is None or (config.affinity is None and not resume):
         return None
-    return _affine(tuple(counts), config.layout, config.nodes, config.schedule, int(epoch), bool(config.interleave),
-                   int(config.shuffle or 0), tuple(tuple(int(v) for v in s) for s in resume))
-
-
-@lru_cache(maxsize=4)
-def _affine(counts: Tuple[int, ...], layout: Layout, nodes: Optional[Nodes], schedule: Schedule, epoch: int,
-            columns: bool, shuffle: int, segments: Tuple[Tuple[int, ...], ...]) -> AffinePlan:
-    return AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns, shuffle=0 if columns else shuffle,
-                      segments=segments)
+    counts, columns, segments = tuple(counts), bool(config.interleave), tuple(tuple(int(v) for v in s) for s in resume)
+    shuffle = 0 if columns else int(config.shuffle or 0)
+    key = ("affine", counts, config.layout, config.nodes, config.schedule, int(epoch), columns, shuffle, segments)
+    return kept(key, lambda: (AffinePlan(counts, config.layout, config.nodes, config.schedule, int(epoch),
+                                         columns=columns, shuffle=shuffle, segments=segments), None))

@@ -80,11 +80,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError
 from . import seeds
 from .layout import Layout, Schedule
-from .ownership import EpochLayout, Part, WorkerPlan
-from .resume import Remaining, Stretch, runs_to_parts, segment_layout
+from .ownership import EpochLayout, Part, WorkerPlan, epoch_order, laid_out
+from .resume import Remaining, Stretch, check_ran, runs_to_parts, segment_layout
 
 PER_BATCH = ("sample", "source")
 MAX_DENOMINATOR = 1 << 16
@@ -204,7 +204,8 @@ def worker_take(counts_per_step: np.ndarray, layout: Layout) -> np.ndarray:
     return np.maximum(hi - lo, 0).astype(np.int32)  # at most B: int32 halves (steps, W, S)
 
 
-def _names(names: Optional[Sequence[str]], size: int) -> List[str]:
+def source_names(names: Optional[Sequence[str]], size: int) -> List[str]:
+    """The sources' names for messages (default ``source 0``, ``source 1``, …)."""
     return [f"source {i}" for i in range(size)] if names is None else [str(n) for n in names]
 
 
@@ -217,7 +218,7 @@ def check_share(weights: Sequence[float], totals: Sequence[int], batch_size: int
     batches and not others, in its exact proportion."""
     _check_per_batch(per_batch)
     w = integer_weights(weights)
-    d, names = sum(w), _names(names, len(w))
+    d, names = sum(w), source_names(names, len(w))
     for s, total in enumerate(totals):
         if int(total) <= 0:
             raise ConfigError(f"mix: source {names[s]!r} is empty (0 samples)",
@@ -266,7 +267,7 @@ def mix_steps(totals: Sequence[int], weights: Sequence[float], layout: Layout, p
     the largest t for which ``R × (samples of s in the first t steps) ≤ T_s`` for every source."""
     check_options(per_batch, samples_per_epoch)
     per_step = layout.world_size * layout.batch_size
-    names = _names(names, len(totals))
+    names = source_names(names, len(totals))
     if samples_per_epoch is not None:
         if samples_per_epoch < per_step:
             raise ConfigError(f"mix: samples_per_epoch {samples_per_epoch} is less than one step "
@@ -282,22 +283,6 @@ def mix_steps(totals: Sequence[int], weights: Sequence[float], layout: Layout, p
                           hint="give samples_per_epoch, so that a small source starts a new pass when it runs out, "
                                "or lower its weight")
     return steps
-
-
-def source_order(num_shards: int, schedule: Schedule, source: int, n_pass: int) -> np.ndarray:
-    """Source ``source``'s shard permutation in pass ``n_pass`` (identity without shuffling)."""
-    if not schedule.shuffle_shards:
-        return np.arange(num_shards, dtype=np.int64)
-    rng = np.random.default_rng(seeds.source_pass(schedule.seed, source, n_pass))
-    return rng.permutation(num_shards).astype(np.int64)
-
-
-def span_layout(counts: Sequence[int], order: np.ndarray, bounds: np.ndarray, steps: int) -> EpochLayout:
-    """An :class:`EpochLayout` of the shards ``counts`` laid end to end in ``order`` with the
-    given span ``bounds`` (one more than the spans), so its ``parts(g)`` cuts span g."""
-    starts = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
-    return EpochLayout(np.asarray(order, dtype=np.int64), starts, np.asarray(bounds, dtype=np.int64), int(steps))
 
 
 # -- columns ---------------------------------------------------------------------------------------
@@ -340,18 +325,6 @@ def column_index(layout: Layout, rank: int, worker: int, k: int, interleave: boo
     return (k * layout.workers + worker) * layout.world_size + rank
 
 
-def worker_columns(take: np.ndarray, layout: Layout, rank: int, worker: int, interleave: bool,
-                   plan: Callable[[int, int], WorkerPlan]) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
-    """(``rank``, ``worker``)'s columns over ``take`` (``(steps, W, S)``): per source, each of its
-    columns as ``(plan(source, column index), take per step, source)``, sources in order."""
-    out = []
-    for s in range(take.shape[2]):
-        takes = column_takes(take[:, worker, s], interleave)
-        for k in range(takes.shape[1]):
-            out.append((plan(s, column_index(layout, rank, worker, k, interleave)), takes[:, k], s))
-    return out
-
-
 # -- the epoch -------------------------------------------------------------------------------------
 
 class MixEpoch:
@@ -369,7 +342,7 @@ class MixEpoch:
             raise ConfigError(f"mix: {len(counts)} sources' counts for {len(weights)} weights")
         self.counts = [np.asarray(c, dtype=np.int64) for c in counts]
         self.weights, self.layout, self.schedule, self.epoch = list(weights), layout, schedule, int(epoch)
-        self.names, self.per_batch = _names(names, len(weights)), per_batch
+        self.names, self.per_batch = source_names(names, len(weights)), per_batch
         self.totals = [int(c.sum()) for c in self.counts]
         self.endless, self.interleave = samples_per_epoch is not None, bool(interleave)
         self._passes: Dict[Tuple[int, int], EpochLayout] = {}
@@ -391,7 +364,7 @@ class MixEpoch:
         np.cumsum(per_worker.T, axis=1, out=self.bounds[:, 1:])
         self.bounds += np.asarray(cursor, dtype=np.int64)[:, None]
         # each source's columns (interleaved; else the workers' spans): their bounds in its sequence
-        sizes, self.ks = column_sizes(self.take, layout, interleave)
+        sizes, _ = column_sizes(self.take, layout, interleave)
         self.columns = [int(c) + np.concatenate([[0], np.cumsum(z)]) for c, z in zip(np.asarray(cursor, dtype=np.int64), sizes)]
 
     def _resumed(self, past: Layout, samples_per_epoch: Optional[int], segments: Sequence, shuffle: int) -> None:
@@ -414,10 +387,7 @@ class MixEpoch:
                 bounds, take, planned = [b - b[0] for b in first.columns], first.take, first.steps
             else:
                 bounds, take, planned = self._rest_plan(rem, n0, past)
-            if ran > planned:
-                raise StateError(f"segment {level} ran {ran} steps of a plan of {planned} under {past.world_size} ranks "
-                                 f"x {past.workers} workers x batch {past.batch_size}",
-                                 hint="the state does not come from this mix")
+            check_ran(level, segment, planned, of="this mix")
             ks = [(len(b) - 1) // past.global_workers for b in bounds]
             done, _ = column_sizes(take[:ran], past, self.interleave, ks)  # per source: delivered per column
             rem = [Remaining.after(rem[s], bounds[s], done[s],
@@ -443,8 +413,8 @@ class MixEpoch:
         """Pass ``n_pass`` of ``source``: its shard order and starts (bounds and steps not set)."""
         key = (source, n_pass)
         if key not in self._passes:
-            order = source_order(len(self.counts[source]), self.schedule, source, n_pass)
-            self._passes[key] = span_layout(self.counts[source], order, np.zeros(2, dtype=np.int64), 0)
+            self._passes[key] = laid_out(self.counts[source], epoch_order(
+                len(self.counts[source]), self.schedule.seed, n_pass, self.schedule.shuffle_shards, source))
         return self._passes[key]
 
     def source_parts(self, source: int, g: int, bounds: Optional[np.ndarray] = None) -> Tuple[List[Part], List[int]]:
@@ -491,17 +461,19 @@ class MixEpoch:
         resume, the columns of each source's rest, passing over what was delivered (drops), each
         with its segment's seed."""
         layout, seed = self.layout, self.schedule.seed
-
-        def plan(s: int, c: int) -> WorkerPlan:
-            lo, hi = int(self.columns[s][c]), int(self.columns[s][c + 1])
-            if self.rest is None:
-                parts, drop, shuffle_seed = self.source_parts(s, c, self.columns[s])[0], [], seeds.source_shuffle(
-                    seed, self.epoch, s, c)
-            else:
-                (parts, drop), shuffle_seed = (self.rest_parts(s, self.rest[s].runs(lo, hi)),
-                                               seeds.segment_source_shuffle(seed, self.epoch, self.level, s, c))
-            return WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
-                              layout.slot_offsets[worker], hi - lo, layout.global_worker(rank, worker), 0, tuple(drop),
-                              shuffle_seed)
-
-        return worker_columns(self.take, layout, rank, worker, self.interleave, plan)
+        out = []
+        for s in range(self.take.shape[2]):
+            takes = column_takes(self.take[:, worker, s], self.interleave)
+            for k in range(takes.shape[1]):
+                c = column_index(layout, rank, worker, k, self.interleave)
+                lo, hi = int(self.columns[s][c]), int(self.columns[s][c + 1])
+                if self.rest is None:
+                    parts, drop = self.source_parts(s, c, self.columns[s])[0], []
+                    shuffle_seed = seeds.source_shuffle(seed, self.epoch, s, c)
+                else:
+                    parts, drop = self.rest_parts(s, self.rest[s].runs(lo, hi))
+                    shuffle_seed = seeds.segment_source_shuffle(seed, self.epoch, self.level, s, c)
+                out.append((WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
+                                       layout.slot_offsets[worker], hi - lo, layout.global_worker(rank, worker), 0,
+                                       tuple(drop), shuffle_seed), takes[:, k], s))
+        return out

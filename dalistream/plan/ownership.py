@@ -56,11 +56,12 @@ from .layout import Layout, Schedule
 Part = Tuple[int, int, Optional[int]]  # (shard index, first sample, stop sample or None = to the end)
 
 
-def epoch_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The permutation of shard indices used in ``epoch`` (identity when ``shuffle`` is off)."""
+def epoch_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True, source: int = 0) -> np.ndarray:
+    """The permutation of shard indices used in ``epoch`` (identity when ``shuffle`` is off); of a
+    mix's ``source``, in its pass ``epoch`` (source 0's: the unmixed epoch's, :func:`~.seeds.source_pass`)."""
     if not shuffle:
         return np.arange(num_shards, dtype=np.int64)
-    return np.random.default_rng(seeds.shard_order(seed, epoch)).permutation(num_shards).astype(np.int64)
+    return np.random.default_rng(seeds.source_pass(seed, source, epoch)).permutation(num_shards).astype(np.int64)
 
 
 def check_layout(num_shards: int, layout: Layout) -> None:
@@ -125,10 +126,22 @@ def left_out_positions(total: int, layout: Layout, schedule: Schedule, epoch: in
     that they differ from epoch to epoch and lie anywhere in the shards, never in one place."""
     if schedule.policy != "even":
         return np.zeros(0, dtype=np.int64)
-    total = int(total)
-    left = total - epoch_steps(total, layout, schedule) * layout.world_size * layout.batch_size
-    edges = (np.arange(left + 1, dtype=np.int64) * total) // max(left, 1)
-    return np.random.default_rng(seeds.left_out(schedule.seed, epoch)).integers(edges[:-1], edges[1:]).astype(np.int64)
+    left = int(total) - epoch_steps(int(total), layout, schedule) * layout.world_size * layout.batch_size
+    return drawn_left_out([int(total)], [left], schedule.seed, epoch)
+
+
+def drawn_left_out(totals: Sequence[int], left: Sequence[int], seed: int, epoch: int) -> np.ndarray:
+    """Positions left out of groups of ``totals`` positions laid end to end, ``left[n]`` of group
+    ``n``: one drawn in each of ``left[n]`` equal stretches of it, from one generator seeded by
+    (seed, epoch), group after group (a node's part of the epoch: :mod:`.affinity`)."""
+    rng = np.random.default_rng(seeds.left_out(seed, epoch))
+    out, start = [np.zeros(0, dtype=np.int64)], 0
+    for total, k in zip(totals, left):
+        if k > 0:
+            edges = (np.arange(k + 1, dtype=np.int64) * total) // k
+            out.append(start + rng.integers(edges[:-1], edges[1:]).astype(np.int64))
+        start += total
+    return np.concatenate(out)
 
 
 def kept_positions(left: np.ndarray, kept: np.ndarray) -> np.ndarray:
@@ -168,12 +181,9 @@ class EpochLayout:
         out = self.position(np.minimum(self.bounds, max(kept - 1, 0)))
         return np.where(self.bounds >= kept, out + (kept > 0), out)
 
-    def drops(self, g: int) -> Tuple[int, ...]:
-        """Raw ordinals, over the samples of :meth:`parts` ``(g)``, of those left out."""
-        return self.drops_of([g])[0]
-
     def drops_of(self, spans: Sequence[int]) -> List[Tuple[int, ...]]:
-        """:meth:`drops` of each span of ``spans`` (``left`` is sorted: a search each)."""
+        """Raw ordinals, over the samples of :meth:`parts` of each span of ``spans``, of those left
+        out (``left`` is sorted: a search each)."""
         g = np.asarray(spans, dtype=np.int64)
         if not len(self.left):
             return [()] * len(g)
@@ -183,7 +193,7 @@ class EpochLayout:
 
     def parts(self, g: int) -> List[Part]:
         """The shard parts of global worker ``g``'s stretch of the sequence, in reading order
-        (samples left out inside it are :meth:`drops`). An empty shard is a part ``(s, 0, 0)`` of
+        (samples left out inside it are :meth:`drops_of`). An empty shard is a part ``(s, 0, 0)`` of
         the span it sits in (the last span's when it sits at the end), so that it is still opened
         once: a shard that has gained samples or is damaged shows."""
         return self.parts_of([g])[0]
@@ -213,14 +223,23 @@ class EpochLayout:
         return [found[x:y] for x, y in zip(kept[:-1], kept[1:])]
 
 
+def laid_out(counts: Sequence[int], order: np.ndarray, bounds: Optional[np.ndarray] = None, steps: int = 0,
+             left: Optional[np.ndarray] = None) -> EpochLayout:
+    """An :class:`EpochLayout` of the shards ``counts`` laid end to end in ``order`` with the given
+    span ``bounds`` (one more than the spans, so that its ``parts(g)`` cuts span g; default none)."""
+    starts = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
+    bounds = np.zeros(2, dtype=np.int64) if bounds is None else np.asarray(bounds, dtype=np.int64)
+    left = np.zeros(0, dtype=np.int64) if left is None else left
+    return EpochLayout(np.asarray(order, dtype=np.int64), starts, bounds, int(steps), left)
+
+
 def epoch_layout(counts: Sequence[int], layout: Layout, schedule: Schedule, epoch: int) -> EpochLayout:
     """The epoch's order, shard starts and span bounds (cheap: O(shards + global workers))."""
-    order = epoch_order(len(counts), schedule.seed, epoch, schedule.shuffle_shards)
-    starts = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
-    total = int(starts[-1])
-    return EpochLayout(order, starts, span_bounds(total, layout, schedule), epoch_steps(total, layout, schedule),
-                       left_out_positions(total, layout, schedule, epoch))
+    total = int(np.sum(np.asarray(counts, dtype=np.int64)))
+    return laid_out(counts, epoch_order(len(counts), schedule.seed, epoch, schedule.shuffle_shards),
+                    span_bounds(total, layout, schedule), epoch_steps(total, layout, schedule),
+                    left_out_positions(total, layout, schedule, epoch))
 
 
 def owned_shards(num_shards: int, layout: Layout, schedule: Schedule, epoch: int, rank: int, worker: int) -> List[int]:

@@ -31,7 +31,6 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import StateError
-from . import seeds
 from .layout import Layout, Schedule
 from .shuffle import emitted_indices
 from .ownership import EpochLayout, Part, kept_positions
@@ -56,6 +55,13 @@ def segment_layout(segment: Sequence[int]) -> Layout:
     """The :class:`Layout` of a segment ``(world_size, workers, batch_size, steps)``."""
     return Layout(int(segment[0]), int(segment[1]), int(segment[2]))
 
+
+def check_ran(k: int, segment: Sequence[int], planned: int, plan: str = "a plan", of: str = "this data set") -> None:
+    """A :class:`~dalistream.errors.StateError` for segment ``k`` having run more steps than its
+    layout's plan (of ``planned`` steps) holds: the state comes from other data."""
+    if int(segment[3]) > planned:
+        raise StateError(f"segment {k} ran {int(segment[3])} steps of {plan} of {planned} under {segment[0]} ranks x "
+                         f"{segment[1]} workers x batch {segment[2]}", hint=f"the state does not come from {of}")
 
 
 @lru_cache(maxsize=4096)
@@ -105,21 +111,13 @@ class Remaining:
         out = cls.__new__(cls)
         out.schedule, out.epoch, out.shuffle = prev.schedule, prev.epoch, prev.shuffle
         out.level, out.prev, out.seed_of = prev.level + 1, prev, seed_of
-        out._split(np.asarray(bounds, dtype=np.int64), np.asarray(done, dtype=np.int64))
+        out.bounds = bounds = np.asarray(bounds, dtype=np.int64)
+        out.done = np.minimum(np.diff(bounds), np.asarray(done, dtype=np.int64))
+        left = list((np.diff(bounds) - out.done).tolist()) + [prev.total - int(bounds[-1])]  # last: no one's (even)
+        out.cum = np.zeros(len(left) + 1, dtype=np.int64)
+        np.cumsum(left, out=out.cum[1:])
+        out.total, out._window = int(out.cum[-1]), {}
         return out
-
-    def _split(self, bounds: np.ndarray, done: np.ndarray) -> None:
-        n_prev = self.prev.total
-        self.bounds, self.done = bounds, np.minimum(np.diff(bounds), done)
-        left = list((np.diff(bounds) - self.done).tolist()) + [n_prev - int(bounds[-1])]  # last: no one's (even)
-        self.cum = np.zeros(len(left) + 1, dtype=np.int64)
-        np.cumsum(left, out=self.cum[1:])
-        self.total = int(self.cum[-1])
-        self._window: dict = {}
-
-    def seed_of(self, g: int) -> int:
-        """Global worker ``g``'s shuffle seed in this level's segment."""
-        return seeds.segment_shuffle(self.schedule.seed, self.epoch, self.level - 1, g)
 
     def window(self, g: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], int]:
         """Global worker ``g`` of the last segment: (undelivered ordinals of its window, the

@@ -40,22 +40,41 @@ def _check_per(per: Any) -> None:
         raise ConfigError(f"buckets: per must be one of {PER}, got {per!r}")
 
 
+def check_bucket_schedule(policy: str, per: Any) -> None:
+    """Buckets plan ``even`` and ``exact`` epochs, ``per`` rank or global."""
+    if policy == "fixed":
+        raise ConfigError("buckets need policy 'even' or 'exact' (a 'fixed' number of batches has no bucket plan)",
+                          hint="use policy='even'")
+    _check_per(per)
+
+
 def _positive_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ConfigError(f"buckets: {what} must be a positive integer, got {value!r}")
     return int(value)
 
 
-def _lookahead(value: Any) -> Optional[int]:
-    return None if value is None else _positive_int(value, "lookahead")
+class _Buckets:
+    """What both kinds of buckets share: ``per`` and ``lookahead`` checked, and :meth:`table`."""
 
+    per: str
+    lookahead: Optional[int]
+    outputs: Tuple[str, ...]
+    _positive: Tuple[str, ...] = ()  # other fields that must be positive integers
 
-def _table(buckets: Any) -> np.ndarray:
-    """Per bucket, then for a step of padding only (index ``-1``, bucket 0's sizes), the values of
-    ``buckets.outputs``: its index, then its :meth:`describe` values."""
-    rows = [[k] + [buckets.describe(k)[name[len("bucket_"):]] for name in buckets.outputs[1:]]
-            for k in range(len(buckets))]
-    return np.array(rows + [[-1] + rows[0][1:]], dtype=np.int32)
+    def _check(self) -> None:
+        _check_per(self.per)
+        for name in self._positive:
+            _positive_int(getattr(self, name), name)
+        if self.lookahead is not None:
+            _positive_int(self.lookahead, "lookahead")
+
+    def table(self) -> np.ndarray:
+        """Per bucket, then for a step of padding only (index ``-1``, bucket 0's values), the values
+        of :attr:`outputs`: its index, then its :meth:`describe` values."""
+        rows = [[k] + [self.describe(k)[name[len("bucket_"):]] for name in self.outputs[1:]]  # type: ignore[attr-defined]
+                for k in range(len(self))]  # type: ignore[arg-type]
+        return np.array(rows + [[-1] + rows[0][1:]], dtype=np.int32)
 
 
 #: Which ``--keys`` item records a key column other than ``length:EXT`` (:mod:`dalistream.manifest.keys`).
@@ -155,7 +174,7 @@ def _size(ratio: float, area: int, multiple: int) -> Tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class AspectBuckets:
+class AspectBuckets(_Buckets):
     """Target image sizes ``(width, height)``; each sample goes to the size of nearest aspect
     ratio (log scale). ``sizes=None`` with ``n``: :meth:`auto`, resolved from the data set's keys
     by :meth:`resolve`. ``lookahead``: the most samples a worker may hold (read, not yet emitted);
@@ -169,10 +188,7 @@ class AspectBuckets:
     lookahead: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _check_per(self.per)
-        _positive_int(self.area, "area")
-        _positive_int(self.multiple, "multiple")
-        _lookahead(self.lookahead)
+        self._check()
         if self.sizes is None:
             if self.n is None:
                 raise ConfigError("AspectBuckets needs sizes [(width, height), …], or use AspectBuckets.auto(n=8)")
@@ -208,6 +224,7 @@ class AspectBuckets:
         return cls(None, per, n, area, multiple, lookahead)
 
     columns = ("width", "height")
+    _positive = ("area", "multiple")
 
     def resolve(self, keys: Optional[Mapping[str, np.ndarray]]) -> "AspectBuckets":
         """These buckets with their sizes known: itself, or :meth:`auto`'s computed from ``keys``."""
@@ -258,17 +275,13 @@ class AspectBuckets:
     #: its index (``-1``: a step of padding only) and target size.
     outputs = ("bucket", "bucket_height", "bucket_width")
 
-    def table(self) -> np.ndarray:
-        """Per bucket (then for a step of padding only) the values of :attr:`outputs`."""
-        return _table(self)
-
     def plain(self) -> Dict[str, Any]:
         """These (resolved) buckets as plain data, as a loader state records them."""
         return {"kind": "AspectBuckets", "per": self.per, "sizes": [list(s) for s in self.sizes or ()]}
 
 
 @dataclass(frozen=True)
-class LengthBuckets:
+class LengthBuckets(_Buckets):
     """Buckets by the byte length of member ``field`` (key ``length:FIELD``), or by any other
     integer key column of the manifest named by ``key`` instead (a video's or audio file's
     ``duration_ms`` or ``frames``, recorded by ``dalistream index --keys video`` / ``audio`` or
@@ -285,8 +298,7 @@ class LengthBuckets:
     key: Optional[str] = None
 
     def __post_init__(self) -> None:
-        _check_per(self.per)
-        _lookahead(self.lookahead)
+        self._check()
         if (self.field is None) == (self.key is None):
             raise ConfigError(f"LengthBuckets: give a member field (its byte length) or a key column, one of them; "
                               f"got field={self.field!r}, key={self.key!r}")
@@ -328,10 +340,6 @@ class LengthBuckets:
     #: As :attr:`AspectBuckets.outputs`: the index and the length (``-1``: the open last bucket).
     outputs = ("bucket", "bucket_length")
 
-    def table(self) -> np.ndarray:
-        """Per bucket (then for a step of padding only) the values of :attr:`outputs`."""
-        return _table(self)
-
     def plain(self) -> Dict[str, Any]:
         """These buckets as plain data, as a loader state records them."""
         out = {"kind": "LengthBuckets", "per": self.per, "field": self.field, "edges": list(self.edges)}
@@ -345,9 +353,7 @@ def check_stream(config: Any) -> None:
     b = config.buckets
     if not isinstance(b, (AspectBuckets, LengthBuckets)):
         raise ConfigError(f"buckets must be a dalistream.AspectBuckets or LengthBuckets, got {b!r}")
-    if config.policy == "fixed":
-        raise ConfigError("buckets need policy 'even' or 'exact' (a 'fixed' number of batches has no bucket plan)",
-                          hint="use policy='even'")
+    check_bucket_schedule(config.policy, b.per)
     if config.interleave is False or (config.shuffle or 0) > 1:
         raise ConfigError("buckets read in columns, one per batch position, whose batches form as each bucket "
                           "fills: there is no shuffle buffer nor one span per worker to choose",
@@ -373,13 +379,12 @@ def parse_buckets(text: str, per: str = "rank", lookahead: Optional[int] = None)
             return AspectBuckets(tuple(sizes), per, lookahead=lookahead)  # type: ignore[arg-type]
         if kind == "auto":
             return AspectBuckets.auto(int(rest or 8), per=per, lookahead=lookahead)
-        if kind == "length":
-            field, _, edges = rest.rpartition(":")
-            return LengthBuckets(field, tuple(int(e) for e in edges.split(",") if e.strip()), per, lookahead)
-        if kind == "key":
-            column, _, edges = rest.rpartition(":")
-            return LengthBuckets(None, tuple(int(e) for e in edges.split(",") if e.strip()), per, lookahead,
-                                 key=column or None)
+        if kind in ("length", "key"):
+            name, _, text_edges = rest.rpartition(":")
+            edges = tuple(int(e) for e in text_edges.split(",") if e.strip())
+            if kind == "length":
+                return LengthBuckets(name, edges, per, lookahead)
+            return LengthBuckets(None, edges, per, lookahead, key=name or None)
     except ValueError as e:
         if isinstance(e, ConfigError):
             raise

@@ -157,7 +157,7 @@ def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch
             owners = layout.columns(r, w) if interleave else (layout.global_worker(r, w),)
             parts = ([p for g in owners for p in plan.parts(g)] if plan is not None
                      else owned_parts(None, len(urls), layout, schedule, epoch, r, w))
-            left = sum(len(plan.drops(g)) for g in owners) if plan is not None else 0  # even's, passed over
+            left = sum(len(d) for d in plan.drops_of(owners)) if plan is not None else 0  # even's, passed over
             rows.append({
                 "rank": r, "worker": w, "global_worker": layout.global_worker(r, w), "slot": layout.slots[w],
                 "parts": [{"url": redact(urls[s]), "first": a, "stop": b} for s, a, b in parts],  # pipe: secrets
@@ -203,8 +203,7 @@ def resume_view(args: argparse.Namespace, urls: Sequence[str], counts) -> Dict[s
                    "steps": plan.steps, "left_out": plan.left_out, "segments": [list(s) for s in segments]}
     ranks = []
     for r in range(layout.world_size) if args.rank is None else [args.rank]:
-        plans = [wp for w in range(layout.workers) for wp in (plan.columns_of(r, w) if interleave else
-                                                              (plan.worker(r, w),))]
+        plans = [wp for w in range(layout.workers) for wp in plan.plans(r, w)]
         samples = [wp.samples for wp in plans]
         ranks.append({"rank": r, "steps": plan.steps - step, "samples": None if None in samples else sum(samples)})
     return {**summary, "step": step, "steps_left": plan.steps - step, "world_size": layout.world_size,

@@ -20,6 +20,7 @@ from dalistream.plan.affinity import (AffinePlan, Nodes, Regrouped, cache_kept, 
 from dalistream.tools.quality import (affine_rank_batches, affine_shuffle_quality, affine_summary, epoch_positions,
                                      rank_batches, shuffle_quality)
 from dalistream.plan.shuffle import shuffled
+from dalistream.plan.resume import continued, segment_head
 
 from helpers import positions
 
@@ -27,10 +28,7 @@ from helpers import positions
 def plans_of(plan, layout):
     """Every (plan, slot) of a segment's workers (columns when reading interleaved)."""
     for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
-        if plan.columns:
-            yield from ((wp, 1) for wp in plan.columns_of(r, w))
-        else:
-            yield plan.worker(r, w), layout.slots[w]
+        yield from ((wp, 1 if plan.columns else layout.slots[w]) for wp in plan.plans(r, w))
 
 
 def run_segments(counts, schedule, epoch, segments_spec, shuffle):
@@ -81,7 +79,7 @@ def test_each_node_reads_its_own_balanced_shards_every_epoch(counts, spec, polic
         plan = AffinePlan(counts, layout, nodes, schedule, epoch, columns=columns, shuffle=0 if columns else shuffle)
         for r in range(layout.world_size):
             node_plan = [wp for w in range(layout.workers)
-                         for wp in (plan.columns_of(r, w) if columns else [plan.worker(r, w)])]
+                         for wp in plan.plans(r, w)]
             read = {s for wp in node_plan for s, a, b in wp.parts if b > a}
             assert {int(owner[s]) for s in read} <= {nodes.node_of(r)}  # the same shards, every epoch
         delivered, _ = run_segments(counts, schedule, epoch, [(layout, nodes, columns, None)], shuffle)
@@ -169,7 +167,7 @@ def test_large_layouts_keep_each_node_on_the_same_balanced_shards(counts, nodes,
             return
         read = [set() for _ in range(nodes)]
         for r in range(layout.world_size):
-            for wp in (plan.columns_of(r, 0) if columns else [plan.worker(r, 0)]):
+            for wp in plan.plans(r, 0):
                 read[r // per_node] |= {s for s, a, b in wp.parts if b > a}
         for n in range(nodes):
             assert {int(owner[s]) for s in read[n]} <= {n}
@@ -195,8 +193,8 @@ def test_without_nodes_and_segments_it_is_the_fresh_plan(counts, layouts, steps,
         assert ours.steps == steps_per_epoch(counts, layout, schedule, 1, 0)
         cols = AffinePlan(counts, layout, None, schedule, 1, columns=True)
         for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
-            pairs = [(ours.worker(r, w), worker_plan(counts, len(counts), layout, schedule, 1, r, w))]
-            pairs += zip(cols.columns_of(r, w), worker_columns(counts, len(counts), layout, schedule, 1, r, w))
+            pairs = [(ours.plans(r, w)[0], worker_plan(counts, len(counts), layout, schedule, 1, r, w))]
+            pairs += zip(cols.plans(r, w), worker_columns(counts, len(counts), layout, schedule, 1, r, w))
             for a, b in pairs:
                 assert (a.parts, a.drop, a.samples, a.steps) == (tuple(p for p in b.parts if p[2] > p[1]), b.drop,
                                                                  b.samples, b.steps)
@@ -237,7 +235,7 @@ def rank_sizes(plan, layout):
     sizes = np.zeros((layout.world_size, plan.steps), dtype=np.int64)
     t = np.arange(plan.steps)
     for r, w in itertools.product(range(layout.world_size), range(layout.workers)):
-        for wp in (plan.columns_of(r, w) if plan.columns else [plan.worker(r, w)]):
+        for wp in plan.plans(r, w):
             slot = 1 if plan.columns else layout.slots[w]
             sizes[r] += np.clip(wp.samples - t * slot, 0, slot)
     return sizes
@@ -299,11 +297,11 @@ def test_even_leaves_out_samples_spread_over_each_node_and_drawn_per_epoch(count
         assert len(set(left_by_epoch)) > 1  # (not the same samples every epoch)
 
 
-def test_the_plans_segment_is_what_a_state_records():
-    counts, layout = [30, 17, 25, 12], Layout(4, 2, 6)
-    assert AffinePlan(counts, layout, Nodes(2, 2), Schedule(), 0, columns=True).segment(3) == (4, 2, 6, 3, 2, 1)
-    assert AffinePlan(counts, layout, None, Schedule(), 0, columns=True).segment(3) == (24, 1, 1, 3)
-    assert AffinePlan(counts, layout, None, Schedule(), 0, columns=False).segment(0) == (4, 2, 6, 0)
+def test_the_segment_a_state_records():
+    layout = Layout(4, 2, 6)
+    assert continued((), segment_head(layout, layout.planned(True), 2, True), 3, ()) == (((4, 2, 6, 3, 2, 1),), 0)
+    assert continued((), segment_head(layout, layout.planned(True), None, True), 3, ()) == (((24, 1, 1, 3),), 0)
+    assert continued((), segment_head(layout, layout, None, False), 3, ()) == (((4, 2, 6, 3),), 0)
 
 
 def test_epoch_positions_leave_out_drops_and_check_the_count():

@@ -246,6 +246,7 @@ def test_resume_state_from_elsewhere_is_refused():
 
 from dalistream.plan.buckets import BucketMix  # noqa: E402
 from dalistream.plan.bucketworker import bucket_run  # noqa: E402
+from helpers import mix_bucket_batches  # noqa: E402
 
 
 def test_stratified_mix_with_buckets_is_refused():
@@ -269,7 +270,7 @@ def test_mix_by_source_keeps_both(c, other, weight, seed):
     except ConfigError as e:
         assert "no batch of its own" in str(e) or "rounds to 0" in str(e) or "is empty" in str(e)
         return
-    batches = mix.rank_batches()
+    batches = mix_bucket_batches(mix)
     source = np.where(batches >= 0, batches >> 48, -1)
     position = batches & ((1 << 48) - 1)
     for t in range(mix.steps):

@@ -1,5 +1,6 @@
-"""A rank's bucket plan from the epoch's counts (plan/bucketseq.py) against the same plan laid
-out sample by sample: every worker's plan identical, on layouts of every shape (R up to 1,024,
+"""A rank's bucket plan from the epoch's counts (plan/bucketseq.py), indexed shard by shard,
+against the same plan over every position given, indexed as one sequence (the path of a resumed
+epoch's rest): every worker's plan identical, on layouts of every shape (R up to 1,024,
 rare buckets, empty shards, fewer samples than columns, exact and even, shuffled or not, mixes);
 and what one rank lays out stays near its share of the epoch however many ranks there are."""
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from dalistream.plan import Layout, Schedule
 from dalistream.plan.buckets import BucketEpoch, BucketMix
 from dalistream.plan.bucketworker import bucket_run
-from dalistream.plan.bucketseq import BucketIndex, column_counts, cut_before, cuts_of, rank_cuts
+from dalistream.plan.bucketseq import BucketIndex, column_counts, cut_before, cuts_of
 from dalistream.plan.ownership import epoch_order
 from dalistream.errors import ConfigError
 from dalistream.tools.bucketview import written
@@ -40,8 +41,8 @@ def same_worker(a, b):
 
 
 def laid_out(counts, ids, buckets, layout, schedule, epoch, **kw):
-    """The plan over the epoch laid out sample by sample (every position given, as a resume's
-    rest is: the path that does not count by columns)."""
+    """The plan over every position given, as a resume's rest is (the positions indexed as one
+    sequence of their own, not shard by shard)."""
     return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, "rank",
                        positions=np.arange(int(np.sum(counts))), **kw)
 
@@ -140,7 +141,15 @@ def test_cuts_from_counts_are_the_laid_out_cuts():
         policy = ("exact", "even")[trial % 2]
         full = laid_out(counts, ids, k, Layout(r, w, b), Schedule(trial, policy), 0, columns=b)
         pos = [np.flatnonzero(full.seq == q) for q in range(k)]
-        dense = rank_cuts(pos, full.units, full.layout, policy)
+
+        def before(cap, thresholds):  # counted sample by sample over the laid-out reading order
+            counted = np.zeros(len(full.seq), dtype=np.int64)
+            for q, p in enumerate(pos):
+                counted[p[:cap[q]]] = 1
+            at = np.searchsorted(np.cumsum(counted), thresholds, side="left") + 1  # prefix lengths reaching each
+            return np.stack([np.minimum(np.searchsorted(p, at, side="left"), cap[q]) for q, p in enumerate(pos)], axis=1)
+
+        dense = cuts_of(full.totals, full.units, full.layout, policy, before)
         index, order = BucketIndex(counts, ids, k), epoch_order(len(counts), trial, 0)
         blocks = column_counts(index, order, full.shards.starts, r, b)
         sparse = cuts_of(full.totals, full.units, full.layout, policy,
@@ -180,4 +189,4 @@ def test_a_rank_lays_out_about_its_share_however_many_ranks(ranks):
     one = BucketEpoch(counts, ids, 8, layout, Schedule(0, "exact"), 0, ranks=(ranks // 2,),
                       index=BucketIndex(counts, ids, 8))
     assert len(one.positions) <= 3.5 * share
-    assert sum(one.worker(ranks // 2, w).samples for w in range(4)) >= share - 8 * 32
+    assert sum(int(one.worker(ranks // 2, w).take.sum()) for w in range(4)) >= share - 8 * 32

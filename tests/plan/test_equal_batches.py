@@ -84,9 +84,9 @@ def test_after_an_elastic_resume_too(columns):
         plan = AffinePlan(counts, layout.planned(columns), None, EXACT, 0, columns=False, shuffle=shuffle, segments=segments)
         left = plan.sequence.total
         if columns:
-            sizes = np.array([plan.worker(q, 0).samples for q in range(layout.world_size * layout.batch_size)])
+            sizes = np.array([plan.plans(q, 0)[0].samples for q in range(layout.world_size * layout.batch_size)])
         else:
-            sizes = np.array([plan.worker(r, w).samples for r in range(layout.world_size) for w in range(layout.workers)])
+            sizes = np.array([plan.plans(r, w)[0].samples for r in range(layout.world_size) for w in range(layout.workers)])
         check(per_step(sizes, layout, plan.steps, columns), layout, plan.steps, left,
               f"{was} ran {ran} steps, then {layout}, N={n}")
 

@@ -78,7 +78,7 @@ def test_no_segment_is_the_plain_plan(shuffle, policy, epoch):
     counts, layout, schedule = [5, 0, 9, 3, 7, 11, 4], Layout(2, 2, 4), Schedule(1, policy)
     plan = AffinePlan(counts, layout, None, schedule, epoch, columns=False, shuffle=shuffle, segments=[])
     for r, w in itertools.product(range(2), range(2)):
-        a, b = plan.worker(r, w), worker_plan(counts, len(counts), layout, schedule, epoch, r, w)
+        a, b = plan.plans(r, w)[0], worker_plan(counts, len(counts), layout, schedule, epoch, r, w)
         assert [p for p in b.parts if p[2] > p[1]] == list(a.parts)
         assert (a.steps, a.samples, a.drop, a.left_out) == (b.steps, b.samples, b.drop, b.left_out)
 
@@ -99,7 +99,7 @@ def test_a_window_delivered_in_part_is_dropped_not_reread():
     the fully delivered prefix is not read at all."""
     counts, schedule = [1000], Schedule(0, "exact")
     plan = AffinePlan(counts, Layout(1, 1, 10), None, schedule, 0, columns=False, shuffle=50, segments=[(1, 1, 10, 30)])
-    wp = plan.worker(0, 0)
+    (wp,) = plan.plans(0, 0)
     assert wp.drop and wp.samples == 700
     assert wp.drop[-1] + 1 - len(wp.drop) <= 50  # kept samples up to the window's end
     assert 0 < wp.parts[0][1] < 300  # the window starts after the prefix, before the 300 delivered end
@@ -119,4 +119,4 @@ def test_a_segment_past_its_plan_is_a_state_error():
 def test_fixed_continues_the_remaining_batches():
     schedule = Schedule(0, "fixed", batches_per_epoch=20)
     plan = AffinePlan([30, 30], Layout(2, 1, 4), None, schedule, 0, columns=False, shuffle=0, segments=[(3, 1, 4, 7)])
-    assert plan.steps == 13 and plan.worker(1, 0).steps == 13
+    assert plan.steps == 13 and plan.plans(1, 0)[0].steps == 13

@@ -61,7 +61,7 @@ def test_spans_tile_the_epoch_once_and_keep_the_promises(case):
         assert all(joined[i] == joined[i + 1] for i in range(1, len(joined) - 1, 2))
         lo, hi = (intervals[0][0], intervals[-1][1]) if intervals else (int(plan.edges[g]), int(plan.edges[g]))
         assert (lo, hi) == (int(plan.edges[g]), int(plan.edges[g + 1]))
-        drops = plan.drops(g)  # even's left-out samples inside the stretch, passed over
+        (drops,) = plan.drops_of([g])  # even's left-out samples inside the stretch, passed over
         assert [lo + d for d in drops] == [p for p in plan.left.tolist() if lo <= p < hi]
         assert hi - lo - len(drops) == int(plan.bounds[g + 1] - plan.bounds[g]) <= plan.steps * slots[g]
     assert np.all(np.diff(plan.bounds) >= 0) and plan.bounds[0] == 0
