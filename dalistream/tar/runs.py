@@ -122,17 +122,15 @@ class Geometry:
         np.cumsum(per_sample, out=member_base[1:])
         headers = np.concatenate([np.asarray(h, dtype=np.int64) for _, h in patterns] or [np.zeros(0, np.int64)])
         pattern_base = np.concatenate([[0], np.cumsum([len(h) for _, h in patterns])]).astype(np.int64)
-        # each member's header blocks: its pattern's, member by member
-        member_kind = np.repeat(kinds, per_sample)
-        within = np.arange(len(sizes), dtype=np.int64) - np.repeat(member_base[:-1], per_sample)
-        blocks = headers[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, np.int64)
+        in_patterns = concat_ranges(pattern_base[kinds], per_sample)  # each member's place in its pattern's table
+        blocks = headers[in_patterns]  # (its header blocks)
         span = BLOCK * blocks + ((sizes + BLOCK - 1) & -BLOCK)
         member_start = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(span, out=member_start[1:])
         self.member_at = member_start[:-1] + BLOCK * blocks  # data, from the first sample's start
         self.sample_start = member_start[member_base]  # n + 1 entries: the last is the end
         want = np.array([want_ext(e) for exts in names for e in exts], dtype=bool)
-        self.want_member = want[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, bool)
+        self.want_member = want[in_patterns]
         self.wanted = np.zeros(len(sizes) + 1, dtype=np.int64)  # the wanted bytes before each member
         np.cumsum(np.where(self.want_member, sizes, 0), out=self.wanted[1:])
         digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
@@ -162,6 +160,12 @@ class Geometry:
         return Run(url, first + i, data, offset + self.sample_start[i:k], self.kinds[i:k], self.names,
                    self.member_base[i:k + 1] - a, self.member_at[a:b] - base, self.sizes[a:b],
                    int(self.wanted[b] - self.wanted[a]), where)
+
+
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``starts[i], starts[i] + 1, …, starts[i] + lengths[i] - 1`` for every ``i``, end to end."""
+    before = np.cumsum(lengths) - lengths
+    return np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 def _start(view: memoryview) -> int:

@@ -59,7 +59,7 @@ from ..io.local import FileRange, local_path
 from ..io.streams import chunk_bytes, maps_parts, open_shard
 from ..plan import WorkerPlan
 from ..tar import iter_samples
-from ..tar.runs import Run
+from ..tar.runs import Run, concat_ranges
 from ..tar.walked import walked_runs
 from .context import ReadContext
 from .feed import Feed
@@ -100,9 +100,7 @@ class EpochFeed:
         if self.lattice:
             index = self.all_rows[self.base + step]
         else:
-            columns = np.repeat(np.arange(len(counts)), counts)
-            within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-            index = self.all_rows[self.base[columns] + self.before[step][columns] + within]
+            index = self.all_rows[concat_ranges(self.base + self.before[step], counts)]
         at = index.tolist()
         self.policy.passed += len(at)
         if not at:

@@ -200,7 +200,7 @@ class Feed:
         counts = hi[r] - lo[r]
         if lattice:  # every column gave one row a step: step r's rows are every M-th row from r
             return [values[r::t1 - t0] if t1 - t0 > 1 else values for values in flat], len(self.streams), counts
-        index = (np.arange(int(counts.sum())) + np.repeat(lo[r] - (np.cumsum(counts) - counts), counts)).tolist()
+        index = runs.concat_ranges(lo[r], counts).tolist()
         return [[values[i] for i in index] for values in flat], len(index), counts
 
     def round_of(self, step: int) -> Tuple[int, int, List[list], np.ndarray]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..io.openfiles import Region, identities, local_path
 from ..tar.headers import BLOCK, header_name
-from ..tar.runs import headers_ok
+from ..tar.runs import concat_ranges, headers_ok
 from ..tar.samples import split_name
 from .context import ReadContext
 from .rows import less_drops
@@ -142,12 +142,6 @@ class _Rows:
         return self._urls[int(self._owner[i])]
 
 
-def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``starts[i], starts[i] + 1, …, starts[i] + lengths[i] - 1`` for every ``i``, end to end."""
-    before = np.cumsum(lengths) - lengths
-    return np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
-
-
 class MappedShare:
     """A share's rows, read from one :class:`Region` of its shards in :attr:`pieces` pieces
     (:meth:`piece`), then :meth:`finish`: ``(flat, rows)`` as :class:`~.epochfeed.EpochFeed`
@@ -173,21 +167,21 @@ class MappedShare:
         if len(order) > 1 and (first_[order][1:] < (first_ + count_)[order][:-1]).any():
             self.failed = True  # (a sample read twice: the columns')
             return
-        self.samples = _concat_ranges(first_[order], count_[order])  # the share's samples, in the files' order
+        self.samples = concat_ranges(first_[order], count_[order])  # the share's samples, in the files' order
         size = int(shards.sample_bytes[self.samples].sum())
         if size > budget:
             self.failed = True  # (over the bytes a share may hold: the columns')
             return
         place = np.empty_like(order)
         place[order] = np.cumsum(count_[order]) - count_[order]
-        taken = _concat_ranges(place, count_)  # each column's rows among them, column after column
+        taken = concat_ranges(place, count_)  # each column's rows among them, column after column
         per_column = np.bincount(np.array(column, np.int64), weights=count_, minlength=len(parts)).astype(np.int64)
         self.rows = [less_drops(own, drop) for own, drop in zip(np.split(taken, np.cumsum(per_column)[:-1]), drops)]
         used = sorted(set(shards.owner[self.samples].tolist()))
         member_first = shards.member_base[self.samples]
         self.members = shards.member_base[self.samples + 1] - member_first
         self.member_cut = np.concatenate([[0], np.cumsum(self.members)]).astype(np.int64)
-        self.member_index = _concat_ranges(member_first, self.members)
+        self.member_index = concat_ranges(member_first, self.members)
         paths = [local_path(shards.urls[k]) for k in used]
         try:
             with stats.io_clock.timed():
