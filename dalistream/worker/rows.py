@@ -125,22 +125,14 @@ class _Joined:
         else:
             self.data = b"".join(r.data for r in runs)
             starts = np.cumsum([0] + [len(r.data) for r in runs])[:-1]
-        tables: Dict[int, int] = {}  # id of a pattern table -> where its patterns start in names
-        names: List[Tuple[str, ...]] = []
-        self.tables: List[Sequence[Tuple[str, ...]]] = []  # the runs' pattern tables, in names' order
-        for r in runs:
-            if id(r.names) not in tables:
-                tables[id(r.names)] = len(names)
-                names += r.names
-                self.tables.append(r.names)
-        self.names = tuple(names)
+        self.names, self.tables, shift = joined_tables([r.names for r in runs])
         # (each run's arrays shifted by its place: one concatenation and one addition per array for
         # all the runs, not one per run: a worker's round decodes tens of short runs)
         rows = [len(r.kinds) for r in runs]
         members = [len(r.member_at) for r in runs]
         self.row_starts = np.cumsum([0] + rows)
         member_starts = np.cumsum([0] + members)
-        self.kinds = np.concatenate([r.kinds for r in runs]) + np.repeat([tables[id(r.names)] for r in runs], rows)
+        self.kinds = np.concatenate([r.kinds for r in runs]) + np.repeat(shift, rows)
         self.member_at = np.concatenate([r.member_at for r in runs]) + np.repeat(starts, members)
         self.member_size = np.concatenate([r.member_size for r in runs])
         self.member_base = np.concatenate([r.member_base[:-1] for r in runs] + [np.zeros(1, np.int64)]) + \
@@ -159,6 +151,22 @@ class _Joined:
 
     def url_of(self, i: int) -> str:
         return self._run(i)[0].url
+
+
+def joined_tables(tables: Sequence[Sequence[Tuple[str, ...]]]) -> Tuple[Tuple[Tuple[str, ...], ...],
+                                                                        List[Sequence[Tuple[str, ...]]], List[int]]:
+    """Pattern tables (of runs, or shards) laid end to end, each once however often it comes:
+    their patterns' names, the tables in that order (as :meth:`RowDecoder.decode` reads them),
+    and where each of ``tables`` starts among the names (what its patterns' numbers shift by)."""
+    place: Dict[int, int] = {}  # id of a pattern table -> where its patterns start in names
+    names: List[Tuple[str, ...]] = []
+    once = []
+    for table in tables:
+        if id(table) not in place:
+            place[id(table)] = len(names)
+            names += table
+            once.append(table)
+    return tuple(names), once, [place[id(table)] for table in tables]
 
 
 def decode_runs(decoder: RowDecoder, runs: Sequence[Tuple[Run, str]]) -> None:
