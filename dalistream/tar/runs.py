@@ -12,10 +12,9 @@ column's part in a run or a few, not in tens). It checks each run's member heade
 gather: the ``ustar`` magic and the size field of every header at once, as
 :func:`~dalistream.tar.samples.sliced_samples` checks them one by one. A :class:`Run` is the run's
 bytes with its samples' member positions; its members are views of those bytes
-(:mod:`dalistream.worker.rows` decodes them in bulk); :meth:`Run.cut` cuts a share of it over
-the same bytes. A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``, which
-yields its samples up to the damage and raises the same error, naming the same offsets, as for a
-part read sample by sample.
+(:mod:`dalistream.worker.rows` decodes them in bulk). A run whose check fails, or whose bytes
+end early, is handed to ``sliced_samples``, which yields its samples up to the damage and
+raises the same error, naming the same offsets, as for a part read sample by sample.
 """
 
 from __future__ import annotations
@@ -73,13 +72,6 @@ class Run:
 
     def __len__(self) -> int:
         return len(self.kinds)
-
-    def cut(self, a: int, b: int, nbytes: int) -> "Run":
-        """Samples ``a`` to ``b - 1`` as a run over the same bytes, ``nbytes`` of them wanted."""
-        m0, m1 = int(self.member_base[a]), int(self.member_base[b])
-        return Run(self.url, self.first + a, self.data, self.offsets[a:b], self.kinds[a:b], self.names,
-                   self.member_base[a:b + 1] - m0, self.member_at[m0:m1], self.member_size[m0:m1], nbytes,
-                   (self.buffer, self.at))
 
     def url_of(self, i: int) -> str:
         """Sample ``i``'s shard (the run's)."""
