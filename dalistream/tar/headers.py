@@ -59,12 +59,6 @@ def damaged(message: str, url: str, member: Optional[str] = None) -> ShardFormat
 def header_size(header, url: str, offset: int) -> int:
     """The size field of the 512-byte ``header`` (at tar ``offset``): octal text, or GNU base-256
     (first byte 0x80; 0xff is negative)."""
-    text = header[124:135]
-    if header[135] in (0, 32) and text.isdigit():  # the usual "%011o\0" (fast path)
-        try:
-            return int(text, 8)
-        except ValueError:  # an 8 or a 9: damaged, said below
-            pass
     field = bytes(header[124:136])
     if field[0] & 0x80:
         if field[0] != 0x80:
@@ -80,11 +74,9 @@ def header_size(header, url: str, offset: int) -> int:
 
 def checksum_ok(header: bytes) -> bool:
     """True if the 512-byte ``header`` carries its own (unsigned) checksum."""
-    text = header[148:154]
-    if header[154] != 0 or not text.isdigit():  # (not the usual "%06o\0 ")
-        text = header[148:156].split(b"\0", 1)[0].strip()
-        if not text.isdigit():
-            return False
+    text = header[148:156].split(b"\0", 1)[0].strip()
+    if not text.isdigit():
+        return False
     try:
         stored = int(text, 8)
     except ValueError:  # an 8 or a 9
@@ -92,8 +84,9 @@ def checksum_ok(header: bytes) -> bool:
     # the byte sum with the checksum field as spaces; adler32's low half is 1 + the byte sum
     # modulo 65521, exact for runs under 257 bytes, and costs a fraction of sum() over 512 bytes
     adler = zlib.adler32
-    return stored == ((adler(header[:148]) & 0xFFFF) + (adler(header[156:400]) & 0xFFFF)
-                      + (adler(header[400:]) & 0xFFFF) - 3 + 8 * 32)
+    total = ((adler(header[:148]) & 0xFFFF) + (adler(header[156:400]) & 0xFFFF) + (adler(header[400:]) & 0xFFFF)
+             - 3 + 8 * 32)
+    return stored == total
 
 
 def parse_pax(data: bytes, url: str, offset: int) -> Dict[str, bytes]:
