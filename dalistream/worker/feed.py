@@ -32,7 +32,7 @@ from ..plan.bucketworker import KEY_SHIFT
 from ..plan.shuffle import shuffled
 from ..tar import runs
 from .column import ColumnReader
-from .rows import Rows, decode_runs
+from .rows import Rows, decode_runs, gather
 
 ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields), and of each
 # of several columns at most half a run: their next runs, out of step, are read a few per round, and
@@ -167,7 +167,6 @@ class Feed:
         takes = np.asarray(takes, dtype=np.int64)
         # (a worker a bucket plan gives no sample has no column: its steps are padding)
         self.takes = takes.reshape(-1, len(streams)) if len(streams) else takes.reshape(len(takes), 0)
-        self.n_fields = n_fields + keyed
         if keyed and len(self.takes):  # a bucket plan's reads are uneven (a few steps read much): by their mean
             per_column = max(1.0, float(self.takes.mean(axis=0).max(initial=1)))
         else:
@@ -201,7 +200,7 @@ class Feed:
         if lattice:  # every column gave one row a step: step r's rows are every M-th row from r
             return [values[r::t1 - t0] if t1 - t0 > 1 else values for values in flat], len(self.streams), counts
         index = runs.concat_ranges(lo[r], counts).tolist()
-        return [[values[i] for i in index] for values in flat], len(index), counts
+        return gather(flat, index), len(index), counts
 
     def round_of(self, step: int) -> Tuple[int, int, List[list], np.ndarray]:
         """The round holding ``step`` (read now if it is the next; the steps are taken in order):

@@ -12,6 +12,7 @@ what the per-sample path delivers, value for value). :class:`Rows` is a decoded 
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
@@ -220,6 +221,16 @@ def last_waits(columns: List[list], n: int, ordinal: int, next_read: Callable[[b
     # the generator does not hold the run's rows, which would keep its buffer from the arena)
     del columns, next_read
     yield last
+
+
+def gather(flat: Sequence[list], at: List[int]) -> List[list]:
+    """Rows ``at`` (in that order) of each field's values in ``flat``: a step's slot."""
+    if not at:
+        return [[] for _ in flat]
+    if len(at) == 1:
+        return [[values[at[0]]] for values in flat]
+    pick = operator.itemgetter(*at)
+    return [list(pick(values)) for values in flat]
 
 
 def less_drops(rows: np.ndarray, drop: np.ndarray) -> np.ndarray:
