@@ -38,6 +38,8 @@ MIN_RUN_BYTES = 256 << 10
 MAPPED_RUN_BYTES = 4 << 20
 #: A part whose samples are larger on average than a run of this many is read sample by sample
 MIN_RUN_SAMPLES = 8
+#: An arena keeps at most this many of its buffers for reuse
+ARENA_KEEP = 16
 
 _USTAR = np.frombuffer(b"ustar", np.uint8)
 _OCTAL_SHIFTS = 3 * np.arange(10, -1, -1, dtype=np.int64)  # the 11 digits of "%011o"
@@ -172,12 +174,11 @@ class Arena:
     copy (:func:`dalistream.worker.rows.decode_runs`). A new buffer of ``size`` (or of the run,
     when larger) when the current one is full: one of its earlier buffers that nothing refers to
     any more (no run, row or view of it is alive), else a fresh one (fresh memory costs a page
-    fault per page on its first write: as much as the read itself); at most ``keep`` are kept for
-    reuse. One arena serves a worker for all its epochs."""
+    fault per page on its first write: as much as the read itself); at most :data:`ARENA_KEEP` are
+    kept for reuse. One arena serves a worker for all its epochs."""
 
-    def __init__(self, size: int = 8 << 20, keep: int = 16) -> None:
+    def __init__(self, size: int = 8 << 20) -> None:
         self.size = size
-        self.keep = keep
         self._buffer: Optional[bytearray] = None
         self._used = 0
         self._pool: list = []  # buffers handed out, reused once nothing else refers to them
@@ -198,12 +199,12 @@ class Arena:
             if len(buffer) >= n and sys.getrefcount(buffer) <= _FREE_REFS:
                 return buffer
         buffer = bytearray(max(self.size, n))
-        if len(buffer) == self.size and len(self._pool) < self.keep:
+        if len(buffer) == self.size and len(self._pool) < ARENA_KEEP:
             self._pool.append(buffer)
         return buffer
 
     def __getstate__(self) -> dict:  # buffers never travel to a worker
-        return {"size": self.size, "keep": self.keep, "_buffer": None, "_used": 0, "_pool": [], "last": (None, 0)}
+        return {"size": self.size, "_buffer": None, "_used": 0, "_pool": [], "last": (None, 0)}
 
 
 def _refs_when_free() -> int:

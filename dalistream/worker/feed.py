@@ -41,6 +41,7 @@ MAX_ROUND_STEPS = 64
 ROUND_ROWS = 2048  # when the bytes per sample are unknown, a round of at most this many samples …
 COLUMN_ROUND_ROWS = 16  # … and of this many of each of several columns'
 FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the job's first batch (its first epoch's)
+SHUFFLED_BLOCK_ROWS = 64  # the shuffle buffer gives its rows in blocks of this many
 
 
 class _Queues:
@@ -255,12 +256,12 @@ class Feed:
         self._round = (t0, t1, flat, lo, hi, lattice)
 
 
-def shuffled_blocks(blocks: Iterator[Rows], size: int, seed: int, total: Optional[int], skip: int = 0,
-                    rows_per_block: int = 64) -> Iterator[Rows]:
+def shuffled_blocks(blocks: Iterator[Rows], size: int, seed: int, total: Optional[int],
+                    skip: int = 0) -> Iterator[Rows]:
     """The rows of ``blocks`` (consecutive ordinals each, in order; ordinals absent where samples
     were skipped or left out) in the order a shuffle buffer of ``size`` emits the ordinals
     ``0 … total - 1`` (``None``: endless), after its first ``skip`` emissions (a resume: those
-    ordinals were delivered, and are not in ``blocks``); emitted in blocks of ``rows_per_block``."""
+    ordinals were delivered, and are not in ``blocks``); emitted in blocks of :data:`SHUFFLED_BLOCK_ROWS`."""
     order = itertools.islice(shuffled(range(total) if total is not None else itertools.count(), size, seed), skip, None)
     held: dict = {}
     last = -1
@@ -279,7 +280,7 @@ def shuffled_blocks(blocks: Iterator[Rows], size: int, seed: int, total: Optiona
         row = held.pop(o, None)
         if row is not None:
             out.append(row)
-            if len(out) >= rows_per_block:
+            if len(out) >= SHUFFLED_BLOCK_ROWS:
                 yield Rows([list(v) for v in zip(*out)], len(out))
                 out = []
         if ended and not held:
