@@ -1,6 +1,8 @@
-"""Tar blocks: the fields of a header (name, numbers, checksum, pax records), the errors of a
-damaged shard, and :class:`StreamBuffer`, the large reads of a tar stream into one reused buffer
-out of which headers are parsed in place: what every reader of tar bytes parses them with."""
+"""Tar blocks: the fields of a header (name, numbers, checksum, type flags, pax records), the
+extended headers before a member (:class:`Extended`), the errors of a damaged shard, and
+:class:`StreamBuffer`, the large reads of a tar stream into one reused buffer out of which
+headers are parsed in place: what every reader of tar bytes parses them with (the sequential
+walk, :mod:`.members`, and the scan's index, :mod:`.index`)."""
 
 from __future__ import annotations
 
@@ -111,7 +113,8 @@ def parse_pax(data: bytes, url: str, offset: int) -> Dict[str, bytes]:
 
 class Extended:
     """The extended headers before a member's own header (GNU long name, pax records), as every
-    header walk reads them: :meth:`add` each, then :meth:`apply` them to the member's header.
+    header walk reads them: :meth:`check` and :meth:`add` each, then :meth:`apply` them to the
+    member's header.
     ``start``: the offset of the first (where the member starts), ``None`` while there are none."""
 
     __slots__ = ("start", "name", "pax")
