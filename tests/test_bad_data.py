@@ -25,7 +25,7 @@ from dalistream.errors import ConfigError, SampleError, ShardFormatError, Source
 from dalistream.worker import image_problem
 from dalistream.worker import WorkerSource
 from dalistream.io import open_shard
-from dalistream.tar import iter_members, iter_samples
+from dalistream.tar import iter_samples
 
 from helpers import PEER_DATA, data_set, write_tar, write_wds
 
@@ -247,12 +247,12 @@ def test_member_size_is_refused_before_anything_is_read():
     header = info.tobuf(format=tarfile.GNU_FORMAT)
     stream = io.BytesIO(header + b"\0" * 1024)
     with pytest.raises(SampleError, match="exceeds the limit of 268435456 bytes") as e:
-        next(iter_members(stream, "mem.tar"))
+        next(iter_samples(stream, "mem.tar"))
     assert e.value.reason == "too_large" and e.value.member == "huge/0.png"
     # with mark_errors the member is passed over by header (here its data are missing: truncated)
     stream = io.BytesIO(header + b"\0" * 1024)
     with pytest.raises(ShardFormatError, match="truncated"):
-        list(iter_members(stream, "mem.tar", mark_errors=True))
+        list(iter_samples(stream, "mem.tar", mark_errors=True))
 
 
 @pytest.mark.parametrize("data,problem", [

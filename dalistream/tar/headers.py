@@ -1,6 +1,8 @@
-"""Tar blocks: the fields of a header (name, numbers, checksum, pax records), the errors of a
-damaged shard, and :class:`StreamBuffer`, the large reads of a tar stream into one reused buffer
-out of which headers are parsed in place: what every reader of tar bytes parses them with."""
+"""Tar blocks: the fields of a header (name, numbers, checksum, type flags, pax records), the
+extended headers before a member (:class:`Extended`), the errors of a damaged shard, and
+:class:`StreamBuffer`, the large reads of a tar stream into one reused buffer out of which
+headers are parsed in place: what every reader of tar bytes parses them with (the sequential
+walk, :mod:`.members`, and the scan's index, :mod:`.index`)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,19 @@ import io
 import os
 import time
 import zlib
-from typing import BinaryIO, Dict, Optional
+from typing import BinaryIO, Dict, Optional, Tuple
 
 from ..errors import DalistreamError, ShardFormatError, SourceError, printable
 from ..io.counters import ReadClock
 from ..io.local import CHUNK
 
 BLOCK = 512
+ZERO = bytes(BLOCK)
+REGULAR = frozenset(b"0\x007")  # the type flags of regular files
+SPECIAL = frozenset(b"12346")  # hard link, symlink, char/block device, fifo (in no sample; directories are ignored)
+EXTENDED = frozenset(b"LKxg")  # GNU long name / long link name, pax extended / global header
+SPARSE = 83  # "S": GNU sparse file (old GNU format)
+MAX_EXTENDED = 1 << 20  # an extended header's record of more bytes is damage
 
 
 def header_name(buf, at: int = 0) -> str:
@@ -101,6 +109,56 @@ def parse_pax(data: bytes, url: str, offset: int) -> Dict[str, bytes]:
     except ValueError:
         raise damaged(f"malformed pax extended header at offset {offset}", url) from None
     return out
+
+
+class Extended:
+    """The extended headers before a member's own header (GNU long name, pax records), as every
+    header walk reads them: :meth:`check` and :meth:`add` each, then :meth:`apply` them to the
+    member's header.
+    ``start``: the offset of the first (where the member starts), ``None`` while there are none."""
+
+    __slots__ = ("start", "name", "pax")
+
+    def __init__(self) -> None:
+        self.start: Optional[int] = None
+        self.name: Optional[str] = None
+        self.pax: Optional[Dict[str, bytes]] = None
+
+    def check(self, size: int, url: str, offset: int) -> None:
+        """An extended header of ``size`` bytes at ``offset``, its record not read yet."""
+        if size > MAX_EXTENDED:
+            raise damaged(f"extended header of {size} bytes at offset {offset} is implausible", url)
+        if self.start is None:
+            self.start = offset
+
+    def add(self, kind: int, record: bytes, url: str, offset: int) -> None:
+        """The record of the extended header of type ``kind`` at ``offset`` (checked first)."""
+        if kind == 76:  # "L"
+            self.name = record.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        elif kind == 120:  # "x"
+            self.pax = parse_pax(record, url, offset)
+
+    def apply(self, name: Optional[str], size: int, url: str) -> Tuple[int, Optional[str], int, bool]:
+        """The member whose own header (naming ``name``, of ``size`` bytes) follows: its start,
+        name, size, and whether pax records make it a GNU sparse file; then none pending."""
+        start, pax = self.start, self.pax
+        if self.name is not None:
+            name = self.name
+        self.start = self.name = self.pax = None
+        sparse = False
+        if pax is not None:
+            if "path" in pax:
+                name = pax["path"].decode("utf-8", "surrogateescape")
+            if "size" in pax:
+                text = pax["size"]
+                if not text.isdigit():
+                    raise losing(damaged(f"bad size {text[:20]!r} in pax header at offset {start}", url, name), name)
+                size = int(text)
+            if any(k.startswith("GNU.sparse.") for k in pax):
+                sparse = True
+                if "GNU.sparse.name" in pax:
+                    name = pax["GNU.sparse.name"].decode("utf-8", "surrogateescape")
+        return start, name, size, sparse  # type: ignore[return-value]
 
 
 def read_error(error: BaseException, url: str) -> DalistreamError:

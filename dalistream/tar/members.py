@@ -16,41 +16,17 @@ names stay distinct keys (:func:`dalistream.errors.printable` shows them as ``ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import BinaryIO, Callable, Iterator, Optional, Tuple
 from zlib import adler32
-from typing import BinaryIO, Callable, Dict, Iterator, Optional, Tuple
 
 from ..errors import DalistreamError, SampleError, ShardFormatError
 from ..io.counters import ReadClock
-from .headers import (BLOCK, CHUNK, StreamBuffer, checksum_ok, damaged, header_name, header_size, losing, no_end_marker,
-                      parse_pax)
+from .headers import (BLOCK, CHUNK, EXTENDED, REGULAR, SPARSE, SPECIAL, ZERO, Extended, StreamBuffer, checksum_ok,
+                      damaged, header_name, header_size, losing, no_end_marker)
 
-ZERO = bytes(BLOCK)
 FILE, OTHER = 0, 1  # member kinds yielded: a regular file, a link/device/fifo (grouped, never read)
-_REGULAR = frozenset(b"0\x007")
-_OTHER = frozenset(b"12346")  # hard link, symlink, char/block device, fifo (directories are ignored)
-_EXTENDED = frozenset(b"LKxg")  # GNU long name / long link name, pax extended / global header
-_SPARSE = 83  # "S": GNU sparse file (old GNU format)
 
 Entry = Tuple[str, int, int, Optional[bytes], Optional[DalistreamError], int]
-
-
-@dataclass
-class Member:
-    """One tar member: its name, size, header offset in the tar and (if read) its data.
-
-    ``error`` is set (and ``data`` is ``None``) for a member refused with ``mark_errors``: a
-    :class:`SampleError` when it is larger than ``max_member_bytes`` (its data were skipped,
-    never read) or of an unsupported type (GNU sparse), a :class:`ShardFormatError` when its data
-    are cut (the last member of the stream). ``regular`` is false for links, devices and fifos,
-    which carry no data but still belong to their sample."""
-
-    name: str
-    size: int
-    offset: int
-    data: Optional[bytes]
-    error: Optional[DalistreamError] = None
-    regular: bool = True
 
 
 def _cut_error(name: str, size: int, got: int, url: str) -> ShardFormatError:
@@ -75,15 +51,25 @@ def walk(
     max_member_bytes: int = 256 << 20, mark_errors: bool = False, clock: Optional[ReadClock] = None,
     chunk: int = CHUNK,
 ) -> Iterator[Entry]:
-    """:func:`iter_members` as plain tuples ``(name, size, offset, data, error, kind)``, ``kind``
-    :data:`FILE` or :data:`OTHER` (the fast path: no object per member). ``chunk``: bytes per read
-    (the buffer's size). (A scan reads a shard's headers at once instead: :mod:`.index`, which
-    finds what this walk finds.)"""
+    """The members of a tar stream as plain tuples ``(name, size, offset, data, error, kind)`` (no
+    object per member): files, ``kind`` :data:`FILE`, and links, devices and fifos, ``kind``
+    :data:`OTHER` (no data, never read); ``data`` is read only if ``want(name)``. ``chunk``:
+    bytes per read (the buffer's size). (A scan reads a shard's headers at once instead:
+    :mod:`.index`, which finds what this walk finds.)
+
+    Handles ustar prefixes, GNU long names and pax ``path``/``size`` records. Raises
+    :class:`ShardFormatError` for a stream that is empty, not a tar, damaged (bad checksum, a
+    size that is no number, negative or larger than the shard, a lone zero block), cut
+    mid-header or mid-member, or ends without the end-of-archive marker. A wanted member larger
+    than ``max_member_bytes``, or of a type not supported (GNU sparse), is refused before
+    anything is allocated: a :class:`SampleError`, or with ``mark_errors`` an entry carrying the
+    error whose data were skipped unread. With ``mark_errors`` a wanted member whose data are cut
+    is also yielded, carrying its :class:`ShardFormatError`, as the last entry (so the caller
+    knows the member before it ended). ``clock``, if given, accumulates the time spent waiting
+    for the stream's bytes."""
     r = StreamBuffer(stream, url, clock, chunk)
-    long_name: Optional[str] = None
-    pax: Optional[Dict[str, bytes]] = None
+    pending = Extended()  # the extended headers before a member
     first = True
-    start_at: Optional[int] = None  # offset of the extended headers before a member: where it starts
     while True:
         r.member = None  # between members: a read error here is the stream's, not a member's
         pos = r.pos
@@ -109,7 +95,7 @@ def walk(
             r.end_or_damage(offset)
             return
         text = header[148:154]
-        if header[154] == 0 and text.isdigit():  # the usual "%06o\0 ": checksum_ok() inline (fast path)
+        if header[154] == 0 and text.isdigit():  # checksum_ok()'s usual case inline (calls: +4% a member)
             try:
                 ok = int(text, 8) == ((adler32(header[:148]) & 0xFFFF) + (adler32(header[156:400]) & 0xFFFF)
                                       + (adler32(header[400:]) & 0xFFFF) + 253)
@@ -127,52 +113,32 @@ def walk(
         first = False
         kind = header[156]
         text = header[124:135]
-        if header[135] in (0, 32) and text.isdigit():  # the usual "%011o\0" (fast path)
+        if header[135] in (0, 32) and text.isdigit():  # header_size()'s usual case inline (see above)
             try:
                 size = int(text, 8)
             except ValueError:  # an 8 or a 9
                 size = header_size(header, url, offset)
         else:
             size = header_size(header, url, offset)
-        name = header_name(header)
         padded = (size + BLOCK - 1) & -BLOCK
-        if kind in _EXTENDED:
-            if start_at is None:
-                start_at = offset
-            if size > (1 << 20):
-                raise damaged(f"extended header of {size} bytes at offset {offset} is implausible", url)
+        if kind in EXTENDED:
+            pending.check(size, url, offset)
             data = r.take(padded)
             if len(data) < padded:
                 raise ShardFormatError("truncated tar: extended header cut", url=url, reason="truncated")
-            if kind == 76:  # "L"
-                long_name = data[:size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            elif kind == 120:  # "x"
-                pax = parse_pax(data[:size], url, offset)
+            pending.add(kind, data[:size], url, offset)
             continue
-        if start_at is not None:  # (a resume opens the shard here: its extended headers come first)
-            offset, start_at = start_at, None
-        if long_name is not None:
-            name, long_name = long_name, None
-        sparse = kind == _SPARSE
-        if pax is not None:
-            if "path" in pax:
-                name = pax["path"].decode("utf-8", "surrogateescape")
-            if "size" in pax:
-                text = pax["size"]
-                if not text.isdigit():
-                    raise losing(damaged(f"bad size {text[:20]!r} in pax header at offset {offset}", url, name), name)
-                size = int(text)
-                padded = (size + BLOCK - 1) & -BLOCK
-            if any(k.startswith("GNU.sparse.") for k in pax):
-                sparse = True
-                if "GNU.sparse.name" in pax:
-                    name = pax["GNU.sparse.name"].decode("utf-8", "surrogateescape")
-            pax = None
+        name = header_name(header)
+        sparse = kind == SPARSE
+        if pending.start is not None:  # (a resume opens the shard at the first: the member starts there)
+            offset, name, size, pax_sparse = pending.apply(name, size, url)
+            padded = (size + BLOCK - 1) & -BLOCK
+            sparse = sparse or pax_sparse
         if r.size is not None and size > r.size:
             raise losing(damaged(f"member size of {size} bytes is larger than the whole shard ({r.size} bytes)", url,
                                  name), name)
         r.member = name  # its data are read next
-        if kind in _REGULAR and not sparse:
+        if kind in REGULAR and not sparse:
             if want(name):
                 if size > max_member_bytes:
                     error = SampleError(
@@ -208,7 +174,7 @@ def walk(
                 return
             yield name, size, offset, None, None, FILE
             continue
-        if sparse and kind == _SPARSE:  # old GNU sparse: the map goes on in extension blocks before the data
+        if sparse and kind == SPARSE:  # old GNU sparse: the map goes on in extension blocks before the data
             extended = header[482]
             while extended:
                 block = r.take(BLOCK)
@@ -228,31 +194,8 @@ def walk(
                 if not mark_errors:
                     raise error
             yield name, size, offset, None, error, FILE
-        elif kind in _OTHER:
+        elif kind in SPECIAL:
             yield name, size, offset, None, None, OTHER
-
-
-def iter_members(
-    stream: BinaryIO, url: str, *, want: Callable[[str], bool] = lambda name: True,
-    max_member_bytes: int = 256 << 20, mark_errors: bool = False, clock: Optional[ReadClock] = None,
-) -> Iterator[Member]:
-    """Yield the file members of a tar stream (links, devices and fifos too, as members with
-    ``regular`` false and no data); ``data`` is read only if ``want(name)``.
-
-    Handles ustar prefixes, GNU long names and pax ``path``/``size`` records. Raises
-    :class:`ShardFormatError` for a stream that is empty, not a tar, damaged (bad checksum, a
-    size that is no number, negative or larger than the shard, a lone zero block), cut
-    mid-header or mid-member, or ends without the end-of-archive marker. A wanted member larger
-    than ``max_member_bytes``, or of a type not supported (GNU sparse), is refused before
-    anything is allocated: a :class:`SampleError`, or with ``mark_errors`` a :class:`Member`
-    carrying the error whose data were skipped unread. With ``mark_errors`` a wanted member
-    whose data are cut is also yielded, carrying its :class:`ShardFormatError`, as the last
-    member (so the caller knows the member before it ended). ``clock``, if given, accumulates
-    the time spent waiting for the stream's bytes.
-    """
-    for name, size, offset, data, error, kind in walk(stream, url, want=want, max_member_bytes=max_member_bytes,
-                                                      mark_errors=mark_errors, clock=clock):
-        yield Member(name, size, offset, data, error, kind == FILE)
 
 
 def _cut(name: str, size: int, offset: int, got: int, url: str, mark_errors: bool,

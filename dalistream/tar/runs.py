@@ -12,10 +12,9 @@ column's part in a run or a few, not in tens). It checks each run's member heade
 gather: the ``ustar`` magic and the size field of every header at once, as
 :func:`~dalistream.tar.samples.sliced_samples` checks them one by one. A :class:`Run` is the run's
 bytes with its samples' member positions; its members are views of those bytes
-(:mod:`dalistream.worker.rows` decodes them in bulk); :meth:`Run.cut` cuts a share of it over
-the same bytes. A run whose check fails, or whose bytes end early, is handed to ``sliced_samples``, which
-yields its samples up to the damage and raises the same error, naming the same offsets, as for a
-part read sample by sample.
+(:mod:`dalistream.worker.rows` decodes them in bulk). A run whose check fails, or whose bytes
+end early, is handed to ``sliced_samples``, which yields its samples up to the damage and
+raises the same error, naming the same offsets, as for a part read sample by sample.
 """
 
 from __future__ import annotations
@@ -39,6 +38,8 @@ MIN_RUN_BYTES = 256 << 10
 MAPPED_RUN_BYTES = 4 << 20
 #: A part whose samples are larger on average than a run of this many is read sample by sample
 MIN_RUN_SAMPLES = 8
+#: An arena keeps at most this many of its buffers for reuse
+ARENA_KEEP = 16
 
 _USTAR = np.frombuffer(b"ustar", np.uint8)
 _OCTAL_SHIFTS = 3 * np.arange(10, -1, -1, dtype=np.int64)  # the 11 digits of "%011o"
@@ -73,13 +74,6 @@ class Run:
 
     def __len__(self) -> int:
         return len(self.kinds)
-
-    def cut(self, a: int, b: int, nbytes: int) -> "Run":
-        """Samples ``a`` to ``b - 1`` as a run over the same bytes, ``nbytes`` of them wanted."""
-        m0, m1 = int(self.member_base[a]), int(self.member_base[b])
-        return Run(self.url, self.first + a, self.data, self.offsets[a:b], self.kinds[a:b], self.names,
-                   self.member_base[a:b + 1] - m0, self.member_at[m0:m1], self.member_size[m0:m1], nbytes,
-                   (self.buffer, self.at))
 
     def url_of(self, i: int) -> str:
         """Sample ``i``'s shard (the run's)."""
@@ -122,17 +116,15 @@ class Geometry:
         np.cumsum(per_sample, out=member_base[1:])
         headers = np.concatenate([np.asarray(h, dtype=np.int64) for _, h in patterns] or [np.zeros(0, np.int64)])
         pattern_base = np.concatenate([[0], np.cumsum([len(h) for _, h in patterns])]).astype(np.int64)
-        # each member's header blocks: its pattern's, member by member
-        member_kind = np.repeat(kinds, per_sample)
-        within = np.arange(len(sizes), dtype=np.int64) - np.repeat(member_base[:-1], per_sample)
-        blocks = headers[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, np.int64)
+        in_patterns = concat_ranges(pattern_base[kinds], per_sample)  # each member's place in its pattern's table
+        blocks = headers[in_patterns]  # (its header blocks)
         span = BLOCK * blocks + ((sizes + BLOCK - 1) & -BLOCK)
         member_start = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(span, out=member_start[1:])
         self.member_at = member_start[:-1] + BLOCK * blocks  # data, from the first sample's start
         self.sample_start = member_start[member_base]  # n + 1 entries: the last is the end
         want = np.array([want_ext(e) for exts in names for e in exts], dtype=bool)
-        self.want_member = want[pattern_base[member_kind] + within] if len(sizes) else np.zeros(0, bool)
+        self.want_member = want[in_patterns]
         self.wanted = np.zeros(len(sizes) + 1, dtype=np.int64)  # the wanted bytes before each member
         np.cumsum(np.where(self.want_member, sizes, 0), out=self.wanted[1:])
         digits = ((sizes[:, None] >> _OCTAL_SHIFTS) & 7) + ord("0")
@@ -164,6 +156,12 @@ class Geometry:
                    int(self.wanted[b] - self.wanted[a]), where)
 
 
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``starts[i], starts[i] + 1, …, starts[i] + lengths[i] - 1`` for every ``i``, end to end."""
+    before = np.cumsum(lengths) - lengths
+    return np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
 def _start(view: memoryview) -> int:
     """Where ``view`` starts in the buffer it is a view of."""
     return np.frombuffer(view, np.uint8).__array_interface__["data"][0] - \
@@ -176,12 +174,11 @@ class Arena:
     copy (:func:`dalistream.worker.rows.decode_runs`). A new buffer of ``size`` (or of the run,
     when larger) when the current one is full: one of its earlier buffers that nothing refers to
     any more (no run, row or view of it is alive), else a fresh one (fresh memory costs a page
-    fault per page on its first write: as much as the read itself); at most ``keep`` are kept for
-    reuse. One arena serves a worker for all its epochs."""
+    fault per page on its first write: as much as the read itself); at most :data:`ARENA_KEEP` are
+    kept for reuse. One arena serves a worker for all its epochs."""
 
-    def __init__(self, size: int = 8 << 20, keep: int = 16) -> None:
+    def __init__(self, size: int = 8 << 20) -> None:
         self.size = size
-        self.keep = keep
         self._buffer: Optional[bytearray] = None
         self._used = 0
         self._pool: list = []  # buffers handed out, reused once nothing else refers to them
@@ -202,12 +199,12 @@ class Arena:
             if len(buffer) >= n and sys.getrefcount(buffer) <= _FREE_REFS:
                 return buffer
         buffer = bytearray(max(self.size, n))
-        if len(buffer) == self.size and len(self._pool) < self.keep:
+        if len(buffer) == self.size and len(self._pool) < ARENA_KEEP:
             self._pool.append(buffer)
         return buffer
 
     def __getstate__(self) -> dict:  # buffers never travel to a worker
-        return {"size": self.size, "keep": self.keep, "_buffer": None, "_used": 0, "_pool": [], "last": (None, 0)}
+        return {"size": self.size, "_buffer": None, "_used": 0, "_pool": [], "last": (None, 0)}
 
 
 def _refs_when_free() -> int:

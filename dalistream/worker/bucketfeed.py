@@ -13,14 +13,13 @@ is not there when its step comes: the step holds one sample fewer (padding at it
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..plan.bucketworker import BucketRun
 from .feed import Feed
-from .rows import Rows
+from .rows import Rows, gather
 
 
 class BucketFeed:
@@ -36,7 +35,6 @@ class BucketFeed:
     def __init__(self, run: BucketRun, streams: Sequence[Iterator[Rows]], n_fields: int,
                  bytes_per_sample: Optional[float] = None, first_batch: bool = False) -> None:
         self.run = run
-        self.n_fields = n_fields
         self.feed = Feed(streams, run.reads, n_fields, run.first, bytes_per_sample, first_batch, keyed=True)
         self.held: List[int] = []
         self._held_rows: List[list] = [[] for _ in range(n_fields)]
@@ -52,13 +50,7 @@ class BucketFeed:
         if step >= self._t1:
             self._next_round(step)
         lo, hi = int(self._bounds[step - self._t0]), int(self._bounds[step - self._t0 + 1])
-        if hi == lo:
-            return [() for _ in range(self.n_fields)], 0
-        if hi - lo == 1:
-            i = self._index[lo]
-            return [(values[i],) for values in self._pool], 1
-        get = itemgetter(*self._index[lo:hi])
-        return [get(values) for values in self._pool], hi - lo
+        return gather(self._pool, self._index[lo:hi]), hi - lo
 
     def _next_round(self, step: int) -> None:
         run = self.run

@@ -59,13 +59,13 @@ from ..io.local import FileRange, local_path
 from ..io.streams import chunk_bytes, maps_parts, open_shard
 from ..plan import WorkerPlan
 from ..tar import iter_samples
-from ..tar.runs import Run
+from ..tar.runs import Run, concat_ranges
 from ..tar.walked import walked_runs
 from .context import ReadContext
 from .feed import Feed
 from .mapped import MappedShare, ShareMaps
 from .policy import ErrorPolicy
-from .rows import decode_runs, less_drops
+from .rows import decode_runs, gather, less_drops
 from .stats import WorkerStats
 
 EPOCH_BYTES = 1 << 30  # a share read at once: at most this many bytes of a worker's shards (else the columns')
@@ -100,17 +100,10 @@ class EpochFeed:
         if self.lattice:
             index = self.all_rows[self.base + step]
         else:
-            columns = np.repeat(np.arange(len(counts)), counts)
-            within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-            index = self.all_rows[self.base[columns] + self.before[step][columns] + within]
+            index = self.all_rows[concat_ranges(self.base + self.before[step], counts)]
         at = index.tolist()
         self.policy.passed += len(at)
-        if not at:
-            return [[] for _ in self.flat], 0, counts
-        if len(at) == 1:
-            return [[values[at[0]]] for values in self.flat], 1, counts
-        pick = operator.itemgetter(*at)
-        return [list(pick(values)) for values in self.flat], len(at), counts
+        return gather(self.flat, at), len(at), counts
 
 
 class EpochShares:

@@ -32,7 +32,7 @@ from ..plan.bucketworker import KEY_SHIFT
 from ..plan.shuffle import shuffled
 from ..tar import runs
 from .column import ColumnReader
-from .rows import Rows, decode_runs
+from .rows import Rows, decode_runs, gather
 
 ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields), and of each
 # of several columns at most half a run: their next runs, out of step, are read a few per round, and
@@ -41,6 +41,7 @@ MAX_ROUND_STEPS = 64
 ROUND_ROWS = 2048  # when the bytes per sample are unknown, a round of at most this many samples …
 COLUMN_ROUND_ROWS = 16  # … and of this many of each of several columns'
 FIRST_RUN_BYTES = 32 << 10  # a column's first run, read for the job's first batch (its first epoch's)
+SHUFFLED_BLOCK_ROWS = 64  # the shuffle buffer gives its rows in blocks of this many
 
 
 class _Queues:
@@ -167,7 +168,6 @@ class Feed:
         takes = np.asarray(takes, dtype=np.int64)
         # (a worker a bucket plan gives no sample has no column: its steps are padding)
         self.takes = takes.reshape(-1, len(streams)) if len(streams) else takes.reshape(len(takes), 0)
-        self.n_fields = n_fields + keyed
         if keyed and len(self.takes):  # a bucket plan's reads are uneven (a few steps read much): by their mean
             per_column = max(1.0, float(self.takes.mean(axis=0).max(initial=1)))
         else:
@@ -200,8 +200,8 @@ class Feed:
         counts = hi[r] - lo[r]
         if lattice:  # every column gave one row a step: step r's rows are every M-th row from r
             return [values[r::t1 - t0] if t1 - t0 > 1 else values for values in flat], len(self.streams), counts
-        index = (np.arange(int(counts.sum())) + np.repeat(lo[r] - (np.cumsum(counts) - counts), counts)).tolist()
-        return [[values[i] for i in index] for values in flat], len(index), counts
+        index = runs.concat_ranges(lo[r], counts).tolist()
+        return gather(flat, index), len(index), counts
 
     def round_of(self, step: int) -> Tuple[int, int, List[list], np.ndarray]:
         """The round holding ``step`` (read now if it is the next; the steps are taken in order):
@@ -256,12 +256,12 @@ class Feed:
         self._round = (t0, t1, flat, lo, hi, lattice)
 
 
-def shuffled_blocks(blocks: Iterator[Rows], size: int, seed: int, total: Optional[int], skip: int = 0,
-                    rows_per_block: int = 64) -> Iterator[Rows]:
+def shuffled_blocks(blocks: Iterator[Rows], size: int, seed: int, total: Optional[int],
+                    skip: int = 0) -> Iterator[Rows]:
     """The rows of ``blocks`` (consecutive ordinals each, in order; ordinals absent where samples
     were skipped or left out) in the order a shuffle buffer of ``size`` emits the ordinals
     ``0 … total - 1`` (``None``: endless), after its first ``skip`` emissions (a resume: those
-    ordinals were delivered, and are not in ``blocks``); emitted in blocks of ``rows_per_block``."""
+    ordinals were delivered, and are not in ``blocks``); emitted in blocks of :data:`SHUFFLED_BLOCK_ROWS`."""
     order = itertools.islice(shuffled(range(total) if total is not None else itertools.count(), size, seed), skip, None)
     held: dict = {}
     last = -1
@@ -280,7 +280,7 @@ def shuffled_blocks(blocks: Iterator[Rows], size: int, seed: int, total: Optiona
         row = held.pop(o, None)
         if row is not None:
             out.append(row)
-            if len(out) >= rows_per_block:
+            if len(out) >= SHUFFLED_BLOCK_ROWS:
                 yield Rows([list(v) for v in zip(*out)], len(out))
                 out = []
         if ended and not held:

@@ -20,16 +20,15 @@ the column path's runs' too): unmapped when nothing refers to the region's bytes
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..io.openfiles import Region, identities, local_path
-from ..tar.headers import BLOCK, header_name
-from ..tar.runs import headers_ok
-from ..tar.samples import split_name
+from ..tar.headers import BLOCK
+from ..tar.runs import Run, concat_ranges, headers_ok
 from .context import ReadContext
-from .rows import less_drops
+from .rows import joined_tables, less_drops
 from .stats import WorkerStats
 
 PIECE_BYTES = 8 << 20  # a share is decoded in pieces of about this many bytes, over the steps of the share before
@@ -46,19 +45,13 @@ class ShardSet:
         self.shards = tuple(shards)
         self.where = {s: k for k, s in enumerate(self.shards)}
         self.urls = [ctx.data.urls[s] for s in self.shards]
-        tables: Dict[int, int] = {}
-        self.tables: List[Sequence[Tuple[str, ...]]] = []
-        names: List[Tuple[str, ...]] = []
+        geometries = [ctx.layouts.geometry(s) for s in self.shards]
+        self.names, self.tables, shift = joined_tables([g.names for g in geometries])
         kinds, bases, ats, sizes, checks, owners, ends, counts, wanted, spans, stops = ([] for _ in range(11))
         members = 0
-        for k, s in enumerate(self.shards):
-            g = ctx.layouts.geometry(s)
-            if id(g.names) not in tables:
-                tables[id(g.names)] = len(names)
-                names += g.names
-                self.tables.append(g.names)
+        for k, (s, g) in enumerate(zip(self.shards, geometries)):
             first = ctx.data.offsets.at(s, 0) or 0  # (where its first sample's first header is)
-            kinds.append(g.kinds + tables[id(g.names)])
+            kinds.append(g.kinds + shift[k])
             bases.append(g.member_base[:-1] + members)
             ats.append(g.member_at + first)
             sizes.append(g.sizes)
@@ -70,7 +63,6 @@ class ShardSet:
             stops.append(first + g.sample_start[1:])
             counts.append(len(g.kinds))
             members += len(g.sizes)
-        self.names = tuple(names)
         self.kinds = np.concatenate(kinds)
         self.member_base = np.concatenate(bases + [np.array([members], np.int64)])
         self.member_at = np.concatenate(ats)  # in its file
@@ -121,31 +113,20 @@ class ShareMaps:
         return self.region
 
 
-class _Rows:
-    """A piece of a share's samples as :meth:`~dalistream.worker.rows.RowDecoder.decode` reads a run."""
+class _Rows(Run):
+    """A piece of a share's samples as :meth:`~dalistream.worker.rows.RowDecoder.decode` reads a
+    run (their keys read as a run's, from the region's bytes)."""
 
     def __init__(self, region: Region, shards: ShardSet, samples: np.ndarray, member_base: np.ndarray,
                  member_at: np.ndarray, member_size: np.ndarray) -> None:
         self.data, self.names, self.tables = region.buffer, shards.names, shards.tables
+        self.buffer, self.at = region.buffer, 0
         self.kinds = shards.kinds[samples]
         self.member_base, self.member_at, self.member_size = member_base, member_at, member_size
         self._owner, self._urls = shards.owner[samples], shards.urls
 
-    def __len__(self) -> int:
-        return len(self.kinds)
-
-    def key(self, i: int, lowercase: bool = False) -> str:
-        at = int(self.member_at[self.member_base[i]]) - BLOCK
-        return split_name(header_name(bytes(memoryview(self.data)[at:at + BLOCK])), lowercase)[0]
-
     def url_of(self, i: int) -> str:
         return self._urls[int(self._owner[i])]
-
-
-def _concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``starts[i], starts[i] + 1, …, starts[i] + lengths[i] - 1`` for every ``i``, end to end."""
-    before = np.cumsum(lengths) - lengths
-    return np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 class MappedShare:
@@ -173,21 +154,21 @@ class MappedShare:
         if len(order) > 1 and (first_[order][1:] < (first_ + count_)[order][:-1]).any():
             self.failed = True  # (a sample read twice: the columns')
             return
-        self.samples = _concat_ranges(first_[order], count_[order])  # the share's samples, in the files' order
+        self.samples = concat_ranges(first_[order], count_[order])  # the share's samples, in the files' order
         size = int(shards.sample_bytes[self.samples].sum())
         if size > budget:
             self.failed = True  # (over the bytes a share may hold: the columns')
             return
         place = np.empty_like(order)
         place[order] = np.cumsum(count_[order]) - count_[order]
-        taken = _concat_ranges(place, count_)  # each column's rows among them, column after column
+        taken = concat_ranges(place, count_)  # each column's rows among them, column after column
         per_column = np.bincount(np.array(column, np.int64), weights=count_, minlength=len(parts)).astype(np.int64)
         self.rows = [less_drops(own, drop) for own, drop in zip(np.split(taken, np.cumsum(per_column)[:-1]), drops)]
         used = sorted(set(shards.owner[self.samples].tolist()))
         member_first = shards.member_base[self.samples]
         self.members = shards.member_base[self.samples + 1] - member_first
         self.member_cut = np.concatenate([[0], np.cumsum(self.members)]).astype(np.int64)
-        self.member_index = _concat_ranges(member_first, self.members)
+        self.member_index = concat_ranges(member_first, self.members)
         paths = [local_path(shards.urls[k]) for k in used]
         try:
             with stats.io_clock.timed():

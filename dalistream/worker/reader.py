@@ -199,8 +199,8 @@ class PlanReader:
                            reason="no_samples", hint="check the shards (see the warnings), or use fewer workers")
 
     def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
-              start: Optional[int], end: Optional[int], stats: WorkerStats,
-              numbering: Optional["Numbering"] = None, first_runs: Tuple[int, ...] = ()) -> Iterator:
+              start: Optional[int], end: Optional[int], stats: WorkerStats, numbering: Numbering,
+              first_runs: Tuple[int, ...] = ()) -> Iterator:
         """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None) from
         ``shards.open(position)``: bytes ``start`` to ``end`` when the offsets are known (a seek or
         a ranged GET), else from the shard's start, the samples before ``first`` passed over by
@@ -209,7 +209,6 @@ class PlanReader:
         left in ``numbering.problem``, which :meth:`items` gives with the sample before it.
         ``first_runs``: the bytes of the part's first runs, where they are to differ."""
         c = self.config
-        numbering = numbering or Numbering(first, None if stop is None else stop - first)
         skip = numbering.skip
         url = self.data.urls[index]
         count = self.data.counts[index] if self.data.counts is not None else None

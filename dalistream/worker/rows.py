@@ -12,6 +12,7 @@ what the per-sample path delivers, value for value). :class:`Rows` is a decoded 
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
@@ -125,22 +126,14 @@ class _Joined:
         else:
             self.data = b"".join(r.data for r in runs)
             starts = np.cumsum([0] + [len(r.data) for r in runs])[:-1]
-        tables: Dict[int, int] = {}  # id of a pattern table -> where its patterns start in names
-        names: List[Tuple[str, ...]] = []
-        self.tables: List[Sequence[Tuple[str, ...]]] = []  # the runs' pattern tables, in names' order
-        for r in runs:
-            if id(r.names) not in tables:
-                tables[id(r.names)] = len(names)
-                names += r.names
-                self.tables.append(r.names)
-        self.names = tuple(names)
+        self.names, self.tables, shift = joined_tables([r.names for r in runs])
         # (each run's arrays shifted by its place: one concatenation and one addition per array for
         # all the runs, not one per run: a worker's round decodes tens of short runs)
         rows = [len(r.kinds) for r in runs]
         members = [len(r.member_at) for r in runs]
         self.row_starts = np.cumsum([0] + rows)
         member_starts = np.cumsum([0] + members)
-        self.kinds = np.concatenate([r.kinds for r in runs]) + np.repeat([tables[id(r.names)] for r in runs], rows)
+        self.kinds = np.concatenate([r.kinds for r in runs]) + np.repeat(shift, rows)
         self.member_at = np.concatenate([r.member_at for r in runs]) + np.repeat(starts, members)
         self.member_size = np.concatenate([r.member_size for r in runs])
         self.member_base = np.concatenate([r.member_base[:-1] for r in runs] + [np.zeros(1, np.int64)]) + \
@@ -159,6 +152,22 @@ class _Joined:
 
     def url_of(self, i: int) -> str:
         return self._run(i)[0].url
+
+
+def joined_tables(tables: Sequence[Sequence[Tuple[str, ...]]]) -> Tuple[Tuple[Tuple[str, ...], ...],
+                                                                        List[Sequence[Tuple[str, ...]]], List[int]]:
+    """Pattern tables (of runs, or shards) laid end to end, each once however often it comes:
+    their patterns' names, the tables in that order (as :meth:`RowDecoder.decode` reads them),
+    and where each of ``tables`` starts among the names (what its patterns' numbers shift by)."""
+    place: Dict[int, int] = {}  # id of a pattern table -> where its patterns start in names
+    names: List[Tuple[str, ...]] = []
+    once = []
+    for table in tables:
+        if id(table) not in place:
+            place[id(table)] = len(names)
+            names += table
+            once.append(table)
+    return tuple(names), once, [place[id(table)] for table in tables]
 
 
 def decode_runs(decoder: RowDecoder, runs: Sequence[Tuple[Run, str]]) -> None:
@@ -212,6 +221,16 @@ def last_waits(columns: List[list], n: int, ordinal: int, next_read: Callable[[b
     # the generator does not hold the run's rows, which would keep its buffer from the arena)
     del columns, next_read
     yield last
+
+
+def gather(flat: Sequence[list], at: List[int]) -> List[list]:
+    """Rows ``at`` (in that order) of each field's values in ``flat``: a step's slot."""
+    if not at:
+        return [[] for _ in flat]
+    if len(at) == 1:
+        return [[values[at[0]]] for values in flat]
+    pick = operator.itemgetter(*at)
+    return [list(pick(values)) for values in flat]
 
 
 def less_drops(rows: np.ndarray, drop: np.ndarray) -> np.ndarray:

@@ -44,7 +44,7 @@ from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import redact_client_logs
 from ..plan import WorkerPlan, seeds
-from ..plan.epochplan import Column, Reading, epoch_plan
+from ..plan.epochplan import Reading, epoch_plan
 from ..tar.runs import Arena
 from . import batch
 from .policy import ErrorPolicy
@@ -209,11 +209,6 @@ class WorkerSource:
         resume = self.resume if epoch == self.start_epoch else ()
         return epoch_plan(self.config, self.data, self.mix, epoch, resume).for_worker(self.config.rank, self.worker,
                                                                                         first)
-
-    def columns(self, epoch: int) -> List[Column]:
-        """What this worker reads in ``epoch``: ``(plan, take per step, source)`` per column
-        (:meth:`reading`)."""
-        return list(self.reading(epoch).columns)
 
     def plans(self, epoch: int) -> Tuple[WorkerPlan, ...]:
         """The plans of this worker's columns in ``epoch`` (:meth:`reading`)."""

@@ -8,7 +8,7 @@ import pytest
 from dalistream.errors import SampleError, ShardFormatError
 from dalistream.io import open_shard
 from dalistream.io import ReadClock
-from dalistream.tar import iter_members, iter_samples, split_name
+from dalistream.tar import iter_samples, split_name
 
 from helpers import PEER_DATA, write_tar, write_wds
 
@@ -167,5 +167,5 @@ def test_member_larger_than_limit_is_refused(tmp_path):
 def test_members_header_offsets(tmp_path):
     path = write_tar(str(tmp_path / "t.tar"), [("a.jpg", bytes(10)), ("b.jpg", bytes(600))])
     with open(path, "rb") as f:
-        members = list(iter_members(f, path))
-    assert [m.offset for m in members] == [0, 1024]
+        offsets = [s["__offset__"] for s in iter_samples(f, path)]
+    assert offsets == [0, 1024]

@@ -204,18 +204,26 @@ def test_an_arena_reuses_a_buffer_only_once_nothing_refers_to_it():
     assert len(big) == 100 and len(arena._pool) == 3
 
 
-def test_a_run_cut_in_two_gives_the_samples_of_the_whole(tmp_path):
+def test_a_part_read_in_two_runs_gives_the_samples_of_one_run(tmp_path):
+    """A part cut into two runs (a first run as long as asked) over one arena: their samples,
+    keys and wanted bytes are those of the part read as one run."""
     path = shard(tmp_path, "pax", 1, n=12)
     info = scan_shard(path, offsets=True)
     patterns, kinds, sizes, _ = layout(info)
-    with open(path, "rb") as f:
-        (run,) = list(sliced_runs(f, path, patterns, kinds, sizes, first=0, offset=0, last=True, chunk=1 << 20))
+    starts = runs.Geometry(patterns, kinds, sizes).sample_start.tolist()
+
+    def read(first_runs=()):
+        with open(path, "rb") as f:
+            return list(sliced_runs(f, path, patterns, kinds, sizes, first=0, offset=0, last=True, chunk=1 << 20,
+                                    arena=runs.Arena(), first_runs=first_runs))
+
+    (run,) = read()
     whole = [run.sample(i) for i in range(len(run))]
     for k in (1, 5, 11):
-        head, tail = run.cut(0, k, run.nbytes), run.cut(k, len(run), 0)
+        head, tail = read((starts[k],))
         assert (len(head), len(tail), tail.first) == (k, 12 - k, k)
         assert [head.sample(i) for i in range(k)] + [tail.sample(i) for i in range(12 - k)] == whole
-        assert head.buffer is run.buffer and tail.buffer is run.buffer and head.nbytes == run.nbytes and tail.nbytes == 0
+        assert head.buffer is tail.buffer and head.nbytes + tail.nbytes == run.nbytes
         assert [tail.key(i) for i in range(12 - k)] == [s["__key__"] for s in whole[k:]]
 
 

@@ -109,7 +109,7 @@ def test_short_columns_are_not_cut(shards, monkeypatch):
     monkeypatch.setattr(runs, "MIN_RUN_BYTES", 1 << 20)  # a run holds a column's whole share
     monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
     source = WorkerSource(config, data, 0)
-    plans = [plan for plan, _, _ in source.columns(1)]
+    plans = source.plans(1)
     f = feed.Feed([iter(())] * len(plans), np.ones((15, len(plans)), np.int64), 3,
                   bytes_per_sample=data.bytes_per_sample)
     assert f._first_runs(3) == ()

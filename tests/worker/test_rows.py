@@ -310,6 +310,15 @@ def test_rows_count_as_samples_passed(tmp_path, monkeypatch):
     assert list(policy.watched(iter([Rows([[1, 2, 3]], 3), Rows([[1]], 1)]))) and policy.passed == 4
 
 
+def halves(run, geometry):
+    """``run``'s samples as two runs over its bytes, all but the last and the last, made as
+    :func:`~dalistream.tar.runs.sliced_runs` makes a part's runs (:meth:`~dalistream.tar.runs.Geometry.run`)."""
+    a, m, b = run.first, run.first + len(run) - 1, run.first + len(run)
+    cut = int(geometry.sample_start[m] - geometry.sample_start[a])
+    return [geometry.run(run.url, 0, a, m, run.data, 0, (run.buffer, run.at)),
+            geometry.run(run.url, 0, m, b, memoryview(run.data)[cut:], 0, (run.buffer, run.at + cut))]
+
+
 def test_runs_of_shards_with_other_layouts_decode_together_as_alone(tmp_path, monkeypatch):
     """Runs of several shards (each its own member layout) read into one arena, and parts cut
     from runs, decode together to what each decodes to alone (the rows a worker's round holds)."""
@@ -319,11 +328,12 @@ def test_runs_of_shards_with_other_layouts_decode_together_as_alone(tmp_path, mo
     short_runs(monkeypatch, 20000)  # runs of a few samples
     arena = Arena()
     decoder = FieldDecoder([parse_field(k, v) for k, v in FIELDS.items()])
-    items = []
+    items, geometries = [], {}
     for seed in range(3):
         rng = np.random.default_rng(seed)
         path = write_tar(str(tmp_path / f"layout-{seed}.tar"), [m for i in range(30) for m in sample_members(i, rng)])
         patterns, kinds, sizes, _ = ShardRows.from_infos([scan_shard(path, offsets=True)]).members.at(0)
+        geometries[path] = runs.Geometry(patterns, kinds, sizes, decoder.wants)
         with open(path, "rb") as f:
             items += [(r, f"source-{seed % 2}") for r in sliced_runs(f, path, patterns, kinds, sizes, first=0, offset=0,
                                                                      want_ext=decoder.wants, last=True, chunk=4096,
@@ -332,8 +342,8 @@ def test_runs_of_shards_with_other_layouts_decode_together_as_alone(tmp_path, mo
     rows = RowDecoder(decoder.fields)
     alone = [rows.decode(r, source) for r, source in items]
     cut, parts_of = [], []
-    for k, (r, source) in enumerate(items):  # some runs cut in two over the same bytes (as neighbours' parts are)
-        parts = [r.cut(0, len(r) - 1, r.nbytes), r.cut(len(r) - 1, len(r), 0)] if len(r) > 1 and k % 3 else [r]
+    for k, (r, source) in enumerate(items):  # some runs cut in two over the same bytes (as a part's runs are)
+        parts = halves(r, geometries[r.url]) if len(r) > 1 and k % 3 else [r]
         cut += [(part, source) for part in parts]
         parts_of.append(parts)
     assert any(len(p) == 2 for p in parts_of) and any(len(p) == 1 for p in parts_of)
