@@ -155,18 +155,15 @@ def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
 @do_not_convert
 def packed_columns(config: StreamConfig, branches: Sequence[Sequence]) -> list:
     """The packed output of the W branches, summed (every worker but a position's owner gives
-    zeros there), cut into its columns, each as its own type: the packed fields', then a bucketed
-    stream's bucket index (int32), then ``valid`` (uint8)."""
+    zeros there), cut into its columns: a bucketed stream's bucket index (int32) and ``valid``
+    (uint8), else ``valid`` alone."""
     from nvidia.dali import fn, types
 
     form = transfer_of(config)
     total = functools.reduce(operator.add, [b[-1] for b in branches])
-    dtypes = [np.dtype(config.fields[i].dtype) for i in form.columns] + [np.dtype(np.int32)] * form.bucket
-    out = []
-    for k, dtype in enumerate(dtypes + [np.dtype(np.uint8)]):
-        column = total if form.width == 1 else total[k]
-        out.append(column if dtype == form.dtype else fn.cast(column, dtype=types.to_dali_type(dtype)))
-    return out
+    if not form.bucket:
+        return [total]
+    return [total[0], fn.cast(total[1], dtype=types.UINT8)]
 
 
 _by_owner = converted(merge)  # its `if` is on data; converted at first use, not at import
@@ -176,7 +173,7 @@ _by_owner = converted(merge)  # its `if` is on data; converted at first use, not
 def merged(config: StreamConfig, owner: Any, branches: Sequence[Sequence]) -> tuple:
     """The merge of :func:`sharded_sources`' branches: ``(fields, bucket, valid)``, a node per
     field in the stream's order, a bucketed stream's bucket index node (``None`` without), and
-    ``valid``. The packed columns by one sum; the other outputs by :func:`merge_by_concat`, or,
+    ``valid``. The packed output by one sum; the fields by :func:`merge_by_concat`, or,
     given an ``owner`` index (:func:`owner_of`), by :func:`merge`'s conditionals (AutoGraph-converted:
     the pipeline needs ``enable_conditionals=True``)."""
     form = transfer_of(config)
@@ -188,9 +185,7 @@ def merged(config: StreamConfig, owner: Any, branches: Sequence[Sequence]) -> tu
         shipped = merge_by_concat(config, own)
     else:
         shipped = list(_by_owner(owner, own))
-    fields = [columns[form.columns.index(i)] if i in form.columns else shipped[form.outputs.index(i)]
-              for i in range(len(config.fields))]
-    return fields, columns[-2] if form.bucket else None, columns[-1]
+    return shipped, columns[0] if form.bucket else None, columns[-1]
 
 
 @do_not_convert

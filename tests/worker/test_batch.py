@@ -48,19 +48,16 @@ def config(paths, **kw):
 
 
 def unpacked(form, fields, out):
-    """What the graph makes of a transfer-form batch: each blob cut into its rows, each packed
-    column as its field's type, then the bucket index and ``valid``."""
+    """What the graph makes of a transfer-form batch: each blob cut into its rows, then the
+    packed output's bucket index and ``valid``."""
     packed = out[-1].reshape(len(out[-1]), form.width)
     assert packed.dtype == form.dtype
     plain = []
     for i, f in enumerate(fields):
-        if i in form.columns:
-            plain.append(packed[:, form.columns.index(i)].astype(f.dtype))
-        else:
-            j = form.outputs.index(i)
-            plain.append(batch.rows(out[j], len(packed)) if j in form.blobs else out[j])
+        j = form.outputs.index(i)
+        plain.append(batch.rows(out[j], len(packed)) if j in form.blobs else out[j])
     if form.bucket:
-        plain.append(packed[:, -2].astype(np.int32))
+        plain.append(packed[:, 0].astype(np.int32))
     return tuple(plain) + (packed[:, -1].astype(np.uint8),)
 
 
@@ -74,26 +71,17 @@ def same(a, b):
             assert u.dtype == v.dtype and u.shape == v.shape and np.array_equal(u, v)
 
 
-def test_transfer_packs_the_integer_scalars_and_ships_the_rest():
+def test_transfer_ships_every_field_and_packs_valid_with_the_bucket_index():
     c = config(["x.tar"])
     form = batch.transfer(c.fields)
     names = [f.name for f in c.fields]
-    assert [names[i] for i in form.columns] == ["label"] and form.dtype == "int64" and form.width == 2
-    assert [names[i] for i in form.outputs] == ["data", "arr", "text", "key", "url"]
-    assert [names[form.outputs[j]] for j in form.blobs] == ["data", "text", "key", "url"]
-    assert form.n_outputs == 6
+    assert [names[i] for i in form.outputs] == names  # integer scalars (label) too: cutting a packed
+    assert [names[form.outputs[j]] for j in form.blobs] == ["data", "text", "key", "url"]  # array costs an op per column
+    assert form.n_outputs == len(names) + 1 and form.width == 1 and form.dtype == "uint8"
     bucketed = batch.transfer(c.fields, bucketed=True)
-    assert bucketed.width == 3 and bucketed.dtype == "int64"
-    small = {"a": {"exts": "a", "kind": "npy", "dtype": "int16", "ndim": 0}, "b": {"exts": "b", "kind": "npy", "dtype": "uint8", "ndim": 0},
-             "f": {"exts": "f", "kind": "npy", "dtype": "float32", "ndim": 0},
-             "u": {"exts": "u", "kind": "npy", "dtype": "uint64", "ndim": 0}, "data": "bin"}
-    fields = StreamConfig(sources=("x",), fields=small, batch_size=4).fields
-    form = batch.transfer(fields)
-    assert [fields[i].name for i in form.columns] == ["a", "b"] and form.dtype == "int16"
-    assert [fields[i].name for i in form.outputs] == ["f", "u", "data"]  # a float merges by owner, uint64 fits no int64
-    assert batch.transfer(fields, bucketed=True).dtype == "int32"
+    assert bucketed.width == 2 and bucketed.dtype == "int32" and bucketed.outputs == form.outputs
     only_bytes = batch.transfer(StreamConfig(sources=("x",), fields={"data": "bin"}, batch_size=4).fields)
-    assert only_bytes.width == 1 and only_bytes.dtype == "uint8" and only_bytes.columns == ()
+    assert only_bytes.width == 1 and only_bytes.dtype == "uint8" and only_bytes.blobs == (0,)
 
 
 @pytest.mark.parametrize("workers, batch_size", [(1, 3), (2, 5), (3, 7)])
@@ -110,7 +98,7 @@ def test_the_transfer_form_delivers_the_same_samples(shards, workers, batch_size
         hi = lo + c.layout.slots[w]
         for plain in WorkerSource(c, data_set(paths, counts), w).epoch_batches(0, start_step):
             out = batch.pack(plain, form, kept, lo, hi)
-            assert len(out) == form.n_outputs and out[-1].shape == (batch_size, form.width)
+            assert len(out) == form.n_outputs and out[-1].shape == (batch_size,) and out[-1].dtype == np.uint8
             for j in form.blobs:
                 i = form.outputs[j]
                 assert out[j].dtype == np.uint8 and out[j].ndim == 1
@@ -121,7 +109,7 @@ def test_the_transfer_form_delivers_the_same_samples(shards, workers, batch_size
     assert seen_padding and seen_empty
 
 
-def test_left_out_fields_ship_a_placeholder_or_a_zero_column(shards):
+def test_left_out_fields_ship_a_placeholder(shards):
     paths, counts = shards
     c = config(paths)
     form = batch.transfer(c.fields)
@@ -136,9 +124,7 @@ def test_left_out_fields_ship_a_placeholder_or_a_zero_column(shards):
                 assert isinstance(out[j], np.ndarray) and out[j].dtype == np.uint8 and not out[j].any()
             else:
                 same([out[j]], [full[j]])
-        for k, i in enumerate(form.columns):
-            assert np.array_equal(out[-1][:, k], 0 * full[-1][:, k] if c.fields[i].name in names else full[-1][:, k])
-        assert np.array_equal(out[-1][:, -1], full[-1][:, -1])  # valid
+        assert np.array_equal(out[-1], full[-1])  # valid
         assert source.blob_outputs == [j for j in form.blobs if c.fields[form.outputs[j]].name not in names]
 
 

@@ -23,11 +23,9 @@ def make(tmp_path, sizes, **kw):
 
 
 def keys_of(batch, lo=0, hi=None):
-    if len(batch) == 2:  # transfer form (from iter()): the keys' blob, then the labels and valid packed
-        keys, packed = batch
-        keys, valid = rows(keys, len(packed)), packed[:, -1]
-    else:
-        keys, labels, valid = batch
+    keys, labels, valid = batch
+    if isinstance(keys, np.ndarray) and keys.dtype == np.uint8:  # transfer form (from iter()): the keys' blob
+        keys = rows(keys, len(valid))
     return [bytes(k).decode() for k, v in zip(keys[lo:hi], valid[lo:hi]) if int(v)]
 
 
