@@ -2,13 +2,12 @@
 
 Every worker's source yields a full-size batch whose own slot holds real samples; every other
 position holds an empty array (a zero for scalar fields). What it ships
-(:func:`dalistream.worker.batch.transfer`): each field that is not an integer scalar as an output
-of its own (a byte field as a blob, cut into rows on receipt: :func:`received_rows`), then one
-*packed* ``(B, k)`` integer array: the integer scalars (labels), a bucketed stream's bucket index
-and ``valid``. The packed arrays merge by ONE sum over the workers (every worker but a
-position's owner gives zeros there), cut into columns, each cast back to its type
-(:func:`packed_columns`); a bucketed stream's bucket sizes are read off its index by lookup
-tables (:func:`bucket_nodes`). When every other field is one-dimensional (encoded bytes, keys:
+(:func:`dalistream.worker.batch.transfer`): each field as an output of its own (a byte field as
+a blob, cut into rows on receipt: :func:`received_rows`), then a bucketed stream's bucket index,
+then ``valid``. Integer scalars (labels), the bucket index and ``valid`` merge by a sum over the
+workers (every worker but a position's owner gives zeros there); a bucketed stream's bucket
+sizes are read off its index by lookup tables (:func:`bucket_nodes`). When every other field is
+one-dimensional (encoded bytes, keys:
 the usual case), the merge needs no conditionals: each position's array is the concatenation
 over workers (all but the owner give nothing) (:func:`merge_by_concat`). This costs no AutoGraph
 conversion when the pipeline is defined and no split/merge per worker when it runs. Otherwise a
@@ -42,9 +41,8 @@ def transfer_of(config: StreamConfig) -> Transfer:
 
 @do_not_convert
 def valid_of(config: StreamConfig, nodes: Sequence) -> Any:
-    """A source's ``valid`` node: the last column of its packed output (the last of ``nodes``)."""
-    form = transfer_of(config)
-    return nodes[-1] if form.width == 1 else nodes[-1][form.width - 1]
+    """A source's ``valid`` node: the last of its ``nodes``."""
+    return nodes[-1]
 
 
 @do_not_convert
@@ -78,8 +76,8 @@ def sharded_sources(
 ) -> Tuple[Optional[object], List[Sequence], List[WorkerSource]]:
     """Create the W parallel sources of ``data``; return ``(owner, branches, sources)``: the owner
     index node (``None`` with one worker, or when :func:`merge_by_concat` can merge the fields),
-    per worker its output nodes (:func:`transfer_of`: the fields that ship on their own, then the
-    packed columns), and the W sources (not yet shipped to their workers:
+    per worker its output nodes (:func:`transfer_of`: its fields, then a bucketed stream's
+    bucket index, then ``valid``), and the W sources (not yet shipped to their workers:
     :meth:`~WorkerSource.leave_out` may still narrow them). ``data.bytes_per_sample`` (shard
     bytes / samples, when known) sizes the shared memory once for the whole run.
 
@@ -152,20 +150,6 @@ def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
     return out
 
 
-@do_not_convert
-def packed_columns(config: StreamConfig, branches: Sequence[Sequence]) -> list:
-    """The packed output of the W branches, summed (every worker but a position's owner gives
-    zeros there), cut into its columns: a bucketed stream's bucket index (int32) and ``valid``
-    (uint8), else ``valid`` alone."""
-    from nvidia.dali import fn, types
-
-    form = transfer_of(config)
-    total = functools.reduce(operator.add, [b[-1] for b in branches])
-    if not form.bucket:
-        return [total]
-    return [total[0], fn.cast(total[1], dtype=types.UINT8)]
-
-
 _by_owner = converted(merge)  # its `if` is on data; converted at first use, not at import
 
 
@@ -173,26 +157,27 @@ _by_owner = converted(merge)  # its `if` is on data; converted at first use, not
 def merged(config: StreamConfig, owner: Any, branches: Sequence[Sequence]) -> tuple:
     """The merge of :func:`sharded_sources`' branches: ``(fields, bucket, valid)``, a node per
     field in the stream's order, a bucketed stream's bucket index node (``None`` without), and
-    ``valid``. The packed output by one sum; the fields by :func:`merge_by_concat`, or,
+    ``valid``. The bucket index and ``valid`` by a sum; the fields by :func:`merge_by_concat`, or,
     given an ``owner`` index (:func:`owner_of`), by :func:`merge`'s conditionals (AutoGraph-converted:
     the pipeline needs ``enable_conditionals=True``)."""
     form = transfer_of(config)
-    columns = packed_columns(config, branches)
-    own = [list(b[:-1]) for b in branches]
-    if not form.outputs:
+    n = len(form.outputs)
+    own = [list(b[:n]) for b in branches]
+    if not n:
         shipped = []
     elif owner is None:
         shipped = merge_by_concat(config, own)
     else:
         shipped = list(_by_owner(owner, own))
-    return shipped, columns[0] if form.bucket else None, columns[-1]
+    bucket = functools.reduce(operator.add, [b[n] for b in branches]) if form.bucket else None
+    return shipped, bucket, functools.reduce(operator.add, [b[-1] for b in branches])
 
 
 @do_not_convert
 def bucket_nodes(config: StreamConfig, bucket: Any) -> list:
     """A bucketed stream's nodes that carry each batch's bucket at every position, named by
-    ``config.bucket_outputs``: the ``bucket`` index (a packed column: one branch filled it, summed
-    over the W branches), then its sizes by lookup tables (a step of padding only, index ``-1``,
+    ``config.bucket_outputs``: the ``bucket`` index (one branch filled it, summed over the W
+    branches), then its sizes by lookup tables (a step of padding only, index ``-1``,
     gets bucket 0's)."""
     from nvidia.dali import fn, types
 

@@ -5,10 +5,8 @@ its samples and every other position the field's shared empty array (a zero in t
 of a scalar field), then ``valid``. :func:`pack` turns it into the *transfer* form
 (:func:`transfer` says which output each field takes): a byte field (``bytes``, ``meta``:
 one-dimensional ``uint8``) travels as a *blob*, one flat array holding the batch's row lengths
-(``batch`` int32) and then the slot's rows end to end; the integer scalars (labels), a
-bucketed stream's bucket index and ``valid`` as the columns of one packed ``(batch, k)`` array,
-summed over the workers in one operation and cut into columns in the graph
-(:func:`dalistream.dali.graph.packed_columns`). In the main process, before DALI feeds it,
+(``batch`` int32) and then the slot's rows end to end; every other field, a bucketed stream's
+bucket index and ``valid`` as they are. In the main process, before DALI feeds it,
 :func:`row_bounds` finds a blob's non-empty rows, which become one view each
 (:func:`dalistream.dali.graph.received_rows`), so the graph gets the exact bytes and trims
 nothing.
@@ -56,34 +54,27 @@ def assemble(empty: Sequence[Any], columns: Sequence[Sequence[Any]], lo: int, n:
 class Transfer:
     """How a worker's batch travels (:func:`transfer`): ``outputs``, the stream's fields (indices
     into them), each an output of its own, in order (``blobs``: which of those outputs are blobs);
-    then one last output, the *packed* array of ``dtype``: a bucketed stream's bucket index and
-    ``valid`` as the columns of one ``(batch, 2)`` array, else ``valid`` alone, shape ``(batch,)``."""
+    then a bucketed stream's bucket index (``bucket``: int32), then ``valid`` (uint8)."""
 
     outputs: Tuple[int, ...]
     blobs: Tuple[int, ...]
     bucket: bool
-    dtype: str
-
-    @property
-    def width(self) -> int:
-        """Columns of the packed output."""
-        return self.bucket + 1
 
     @property
     def n_outputs(self) -> int:
-        """Outputs a source ships: its own fields', then the packed one."""
-        return len(self.outputs) + 1
+        """Outputs a source ships: its fields', then the bucket index (bucketed), then ``valid``."""
+        return len(self.outputs) + self.bucket + 1
 
 
 def transfer(fields: Sequence[Any], bucketed: bool = False) -> Transfer:
     """The :class:`Transfer` of a stream's ``fields``: each ships as an output of its own (a byte
-    field as a blob), then ``valid`` (uint8), packed with a bucketed stream's bucket index (int32).
-    Integer scalars (labels) are not packed with them: cutting a packed array into columns takes
-    a DALI operator per column and batch, which cost the main process more than the outputs saved
-    (feed graph, ``-W 2`` and ``-W 4``: 0.82–0.90× its CPU per sample without them)."""
+    field as a blob), then a bucketed stream's bucket index, then ``valid``. Nothing is packed
+    into a wider array: cutting one into columns takes a DALI operator per column and batch,
+    which cost the main process more than the outputs it saved (feed graph, ``-W 2`` and ``-W 4``:
+    0.82–0.90× its CPU per sample without the packing)."""
     outputs = tuple(range(len(fields)))
     blobs = tuple(i for i in outputs if fields[i].spec.travels(fields[i]) == "blob")
-    return Transfer(outputs, blobs, bucketed, "int32" if bucketed else "uint8")
+    return Transfer(outputs, blobs, bucketed)
 
 
 def pack(plain: Sequence[Any], form: Transfer, kept: Sequence[int], lo: int, hi: int) -> Tuple[Any, ...]:
@@ -92,8 +83,7 @@ def pack(plain: Sequence[Any], form: Transfer, kept: Sequence[int], lo: int, hi:
     are left out: no graph output needs them), then a bucketed stream's bucket index, then
     ``valid``. Each byte field becomes a blob (its ``batch`` row lengths as int32, then the rows
     ``lo:hi`` end to end; the other positions are empty), a left-out output one placeholder (a
-    dense array of zero bytes, which DALI prunes unfed), ``valid`` and the bucket index the
-    packed array."""
+    dense array of zero bytes, which DALI prunes unfed), the others as they are."""
     batch_size = len(plain[-1])
     placeholder = np.zeros(batch_size, np.uint8)
     out: List[Any] = [placeholder] * len(form.outputs)
@@ -105,12 +95,8 @@ def pack(plain: Sequence[Any], form: Transfer, kept: Sequence[int], lo: int, hi:
             lengths[lo:hi] = [len(a) for a in own]  # (1-D bytes: len is the size, for arrays and views alike)
             value = np.frombuffer(bytearray().join([lengths.tobytes(), *own]), np.uint8)  # one copy, writable
         out[j] = value
-    if not form.bucket:
-        return tuple(out) + (np.asarray(plain[-1], np.uint8),)
-    packed = np.zeros((batch_size, 2), np.int32)
-    packed[:, 0] = plain[-2]
-    packed[:, 1] = plain[-1]
-    return tuple(out) + (packed,)
+    tail = (np.asarray(plain[-2], np.int32),) if form.bucket else ()
+    return tuple(out) + tail + (np.asarray(plain[-1], np.uint8),)
 
 
 def row_bounds(blob: np.ndarray, batch_size: int) -> Tuple[np.ndarray, List[int], List[int], List[int]]:

@@ -5,8 +5,8 @@
 only this worker's slot holds real samples; every other position holds the field's shared empty
 array, or a zero in the dense array of a scalar field. The extra ``valid`` output marks real
 samples (1) and padding (0). Each ``next()`` gives DALI the same batch in transfer form: each
-byte field as one flat blob holding its row lengths and rows, the integer scalars and ``valid``
-as the columns of one packed array (:mod:`.batch`).
+byte field as one flat blob holding its row lengths and rows, the other fields and ``valid`` as
+they are (:mod:`.batch`).
 
 What a worker reads (:meth:`WorkerSource.plans`): its span of the epoch, through the shuffle
 buffer; or, reading interleaved (the default of training streams), the *columns* of its slot —

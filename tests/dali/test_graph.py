@@ -262,9 +262,9 @@ def test_nothing_per_batch_runs_as_autograph_converted_code(shards, fields, grap
 
 @pytest.mark.parametrize("fields, workers, forced", [(BASE, 1, None), (BASE, 2, None), (BASE, 3, True),
                                                      (WITH_2D, 2, None)], ids=["w1", "w2", "w3-cond", "owner"])
-def test_packed_columns_reach_the_graph_as_their_fields_types(shards, fields, workers, forced):
-    """The integer scalars and valid travel packed in one wider integer array: each comes out of
-    the merge as its own type again, with the values of a merge by owner."""
+def test_summed_fields_reach_the_graph_as_their_types(shards, fields, workers, forced):
+    """The integer scalars and valid, merged by a sum over the workers (or by the owner's
+    conditionals), come out as their own types, with the values of a merge by owner."""
     from nvidia.dali import types
 
     from dalistream.dali import compat

@@ -35,7 +35,7 @@ def test_library_ops_are_kept_out_of_autograph():
 
     for fn in (ops.decode_images, ops.random_resized_crop, ops.resize_shorter, ops.normalize, ops.coin_flip,
                ops.color_jitter, ops.to_device, graph.sharded_sources, pipeline.read, pipeline._check_outputs,
-               dali_ops.with_placeholder, graph._by_owner, graph.merged, graph.merge_by_concat, graph.packed_columns,
+               dali_ops.with_placeholder, graph._by_owner, graph.merged, graph.merge_by_concat,
                graph.valid_of, graph.owner_of, graph.receive_blobs, graph.received_rows, graph.bucket_nodes):
         assert _autograph.is_autograph_artifact(fn), fn.__name__
     assert not _autograph.is_autograph_artifact(graph.merge)

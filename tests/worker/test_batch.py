@@ -48,17 +48,12 @@ def config(paths, **kw):
 
 
 def unpacked(form, fields, out):
-    """What the graph makes of a transfer-form batch: each blob cut into its rows, then the
-    packed output's bucket index and ``valid``."""
-    packed = out[-1].reshape(len(out[-1]), form.width)
-    assert packed.dtype == form.dtype
-    plain = []
-    for i, f in enumerate(fields):
-        j = form.outputs.index(i)
-        plain.append(batch.rows(out[j], len(packed)) if j in form.blobs else out[j])
-    if form.bucket:
-        plain.append(packed[:, 0].astype(np.int32))
-    return tuple(plain) + (packed[:, -1].astype(np.uint8),)
+    """What the graph makes of a transfer-form batch: each blob cut into its rows, the others as
+    they are, then the bucket index and ``valid``."""
+    batch_size = len(out[-1])
+    plain = [batch.rows(out[j], batch_size) if j in form.blobs else out[j] for j in range(len(form.outputs))]
+    assert out[-1].dtype == np.uint8 and (not form.bucket or out[-2].dtype == np.int32)
+    return tuple(plain) + tuple(out[len(form.outputs):])
 
 
 def same(a, b):
@@ -71,17 +66,17 @@ def same(a, b):
             assert u.dtype == v.dtype and u.shape == v.shape and np.array_equal(u, v)
 
 
-def test_transfer_ships_every_field_and_packs_valid_with_the_bucket_index():
+def test_transfer_ships_every_field_then_the_bucket_index_and_valid():
     c = config(["x.tar"])
     form = batch.transfer(c.fields)
     names = [f.name for f in c.fields]
-    assert [names[i] for i in form.outputs] == names  # integer scalars (label) too: cutting a packed
-    assert [names[form.outputs[j]] for j in form.blobs] == ["data", "text", "key", "url"]  # array costs an op per column
-    assert form.n_outputs == len(names) + 1 and form.width == 1 and form.dtype == "uint8"
+    assert [names[i] for i in form.outputs] == names  # integer scalars (labels) too, unpacked
+    assert [names[form.outputs[j]] for j in form.blobs] == ["data", "text", "key", "url"]
+    assert form.n_outputs == len(names) + 1 and not form.bucket
     bucketed = batch.transfer(c.fields, bucketed=True)
-    assert bucketed.width == 2 and bucketed.dtype == "int32" and bucketed.outputs == form.outputs
+    assert bucketed.n_outputs == len(names) + 2 and bucketed.outputs == form.outputs
     only_bytes = batch.transfer(StreamConfig(sources=("x",), fields={"data": "bin"}, batch_size=4).fields)
-    assert only_bytes.width == 1 and only_bytes.dtype == "uint8" and only_bytes.blobs == (0,)
+    assert only_bytes.n_outputs == 2 and only_bytes.blobs == (0,)
 
 
 @pytest.mark.parametrize("workers, batch_size", [(1, 3), (2, 5), (3, 7)])
