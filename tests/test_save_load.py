@@ -43,9 +43,9 @@ def run_save_load(make: Callable[[Optional[Any]], Tuple[Iterator, Callable[[], A
 
 
 def keys_of(batch) -> List[str]:
-    """The real samples' keys of a worker's batch in transfer form (the key's blob, then valid: the
-    last column of the packed array, or that array alone)."""
-    keys, valid = batch[0], batch[-1] if batch[-1].ndim == 1 else batch[-1][:, -1]
+    """The real samples' keys of a worker's batch in transfer form (the key's blob first, valid
+    last)."""
+    keys, valid = batch[0], batch[-1]
     return [bytes(k).decode() for k, v in zip(rows(keys, len(valid)), valid) if int(v)]
 
 
