@@ -25,8 +25,6 @@ import functools
 import operator
 from typing import Any, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..worker import WorkerSource, stats_path
@@ -134,13 +132,13 @@ def concat_mergeable(fields: Sequence) -> bool:
 
 @do_not_convert
 def merge_by_concat(config: StreamConfig, branches: Sequence[Sequence]) -> list:
-    """The outputs of their own (:func:`transfer_of`) of the W branches of :func:`sharded_sources`,
+    """The fields' outputs (:func:`transfer_of`) of the W branches of :func:`sharded_sources`,
     merged without conditionals (see the module's notes)."""
     from nvidia.dali import fn
 
     out = []
-    for j, i in enumerate(transfer_of(config).outputs):
-        columns = [b[j] for b in branches]
+    for i in range(transfer_of(config).fields):
+        columns = [b[i] for b in branches]
         if len(columns) == 1:
             out.append(columns[0])
         elif config.fields[i].spec.merge(config.fields[i]) == "sum":
@@ -161,7 +159,7 @@ def merged(config: StreamConfig, owner: Any, branches: Sequence[Sequence]) -> tu
     given an ``owner`` index (:func:`owner_of`), by :func:`merge`'s conditionals (AutoGraph-converted:
     the pipeline needs ``enable_conditionals=True``)."""
     form = transfer_of(config)
-    n = len(form.outputs)
+    n = form.fields
     own = [list(b[:n]) for b in branches]
     if not n:
         shipped = []

@@ -52,18 +52,18 @@ def assemble(empty: Sequence[Any], columns: Sequence[Sequence[Any]], lo: int, n:
 
 @dataclass(frozen=True)
 class Transfer:
-    """How a worker's batch travels (:func:`transfer`): ``outputs``, the stream's fields (indices
-    into them), each an output of its own, in order (``blobs``: which of those outputs are blobs);
-    then a bucketed stream's bucket index (``bucket``: int32), then ``valid`` (uint8)."""
+    """How a worker's batch travels (:func:`transfer`): the stream's ``fields`` (a count), each an
+    output of its own, in the stream's order (``blobs``: which of them are blobs); then a bucketed
+    stream's bucket index (``bucket``: int32), then ``valid`` (uint8)."""
 
-    outputs: Tuple[int, ...]
+    fields: int
     blobs: Tuple[int, ...]
     bucket: bool
 
     @property
     def n_outputs(self) -> int:
         """Outputs a source ships: its fields', then the bucket index (bucketed), then ``valid``."""
-        return len(self.outputs) + self.bucket + 1
+        return self.fields + self.bucket + 1
 
 
 def transfer(fields: Sequence[Any], bucketed: bool = False) -> Transfer:
@@ -72,9 +72,8 @@ def transfer(fields: Sequence[Any], bucketed: bool = False) -> Transfer:
     into a wider array: cutting one into columns takes a DALI operator per column and batch,
     which cost the main process more than the outputs it saved (feed graph, ``-W 2`` and ``-W 4``:
     0.82–0.90× its CPU per sample without the packing)."""
-    outputs = tuple(range(len(fields)))
-    blobs = tuple(i for i in outputs if fields[i].spec.travels(fields[i]) == "blob")
-    return Transfer(outputs, blobs, bucketed)
+    blobs = tuple(i for i, f in enumerate(fields) if f.spec.travels(f) == "blob")
+    return Transfer(len(fields), blobs, bucketed)
 
 
 def pack(plain: Sequence[Any], form: Transfer, kept: Sequence[int], lo: int, hi: int) -> Tuple[Any, ...]:
@@ -86,15 +85,14 @@ def pack(plain: Sequence[Any], form: Transfer, kept: Sequence[int], lo: int, hi:
     dense array of zero bytes, which DALI prunes unfed), the others as they are."""
     batch_size = len(plain[-1])
     placeholder = np.zeros(batch_size, np.uint8)
-    out: List[Any] = [placeholder] * len(form.outputs)
+    out: List[Any] = [placeholder] * form.fields
     for value, i in zip(plain, kept):
-        j = form.outputs.index(i)
-        if j in form.blobs:
+        if i in form.blobs:
             own = value[lo:hi]
             lengths = np.zeros(batch_size, np.int32)
             lengths[lo:hi] = [len(a) for a in own]  # (1-D bytes: len is the size, for arrays and views alike)
             value = np.frombuffer(bytearray().join([lengths.tobytes(), *own]), np.uint8)  # one copy, writable
-        out[j] = value
+        out[i] = value
     tail = (np.asarray(plain[-2], np.int32),) if form.bucket else ()
     return tuple(out) + tail + (np.asarray(plain[-1], np.uint8),)
 

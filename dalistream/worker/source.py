@@ -115,7 +115,7 @@ class WorkerSource:
         #: receiver holds it)
         if not hasattr(self, "blob_outputs"):
             self.blob_outputs: List[int] = []
-        self.blob_outputs[:] = [j for j in self.transfer.blobs if self.transfer.outputs[j] in self._kept]
+        self.blob_outputs[:] = [i for i in self.transfer.blobs if i in self._kept]
 
     def leave_out(self, names: Sequence[str]) -> None:
         """Read no member for the fields ``names`` (no output of the graph depends on them): each

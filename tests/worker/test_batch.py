@@ -51,9 +51,9 @@ def unpacked(form, fields, out):
     """What the graph makes of a transfer-form batch: each blob cut into its rows, the others as
     they are, then the bucket index and ``valid``."""
     batch_size = len(out[-1])
-    plain = [batch.rows(out[j], batch_size) if j in form.blobs else out[j] for j in range(len(form.outputs))]
+    plain = [batch.rows(out[j], batch_size) if j in form.blobs else out[j] for j in range(form.fields)]
     assert out[-1].dtype == np.uint8 and (not form.bucket or out[-2].dtype == np.int32)
-    return tuple(plain) + tuple(out[len(form.outputs):])
+    return tuple(plain) + tuple(out[form.fields:])
 
 
 def same(a, b):
@@ -70,11 +70,11 @@ def test_transfer_ships_every_field_then_the_bucket_index_and_valid():
     c = config(["x.tar"])
     form = batch.transfer(c.fields)
     names = [f.name for f in c.fields]
-    assert [names[i] for i in form.outputs] == names  # integer scalars (labels) too, unpacked
-    assert [names[form.outputs[j]] for j in form.blobs] == ["data", "text", "key", "url"]
+    assert form.fields == len(names)  # integer scalars (labels) too, unpacked
+    assert [names[i] for i in form.blobs] == ["data", "text", "key", "url"]
     assert form.n_outputs == len(names) + 1 and not form.bucket
     bucketed = batch.transfer(c.fields, bucketed=True)
-    assert bucketed.n_outputs == len(names) + 2 and bucketed.outputs == form.outputs
+    assert bucketed.n_outputs == len(names) + 2 and bucketed.fields == form.fields
     only_bytes = batch.transfer(StreamConfig(sources=("x",), fields={"data": "bin"}, batch_size=4).fields)
     assert only_bytes.n_outputs == 2 and only_bytes.blobs == (0,)
 
@@ -94,10 +94,9 @@ def test_the_transfer_form_delivers_the_same_samples(shards, workers, batch_size
         for plain in WorkerSource(c, data_set(paths, counts), w).epoch_batches(0, start_step):
             out = batch.pack(plain, form, kept, lo, hi)
             assert len(out) == form.n_outputs and out[-1].shape == (batch_size,) and out[-1].dtype == np.uint8
-            for j in form.blobs:
-                i = form.outputs[j]
-                assert out[j].dtype == np.uint8 and out[j].ndim == 1
-                assert len(out[j]) == 4 * batch_size + sum(r.size for r in plain[i][lo:hi])
+            for i in form.blobs:
+                assert out[i].dtype == np.uint8 and out[i].ndim == 1
+                assert len(out[i]) == 4 * batch_size + sum(r.size for r in plain[i][lo:hi])
                 seen_empty += sum(r.size == 0 for r in plain[i][lo:hi])
             same(unpacked(form, c.fields, out), plain)
             seen_padding += int(plain[-1][lo:hi].sum()) < hi - lo
@@ -114,13 +113,13 @@ def test_left_out_fields_ship_a_placeholder(shards):
         full = next(iter(WorkerSource(c, data_set(paths, counts), 0)))
         out = next(iter(source))
         assert len(out) == form.n_outputs
-        for j, i in enumerate(form.outputs):
-            if c.fields[i].name in names:
-                assert isinstance(out[j], np.ndarray) and out[j].dtype == np.uint8 and not out[j].any()
+        for i, field in enumerate(c.fields):
+            if field.name in names:
+                assert isinstance(out[i], np.ndarray) and out[i].dtype == np.uint8 and not out[i].any()
             else:
-                same([out[j]], [full[j]])
+                same([out[i]], [full[i]])
         assert np.array_equal(out[-1], full[-1])  # valid
-        assert source.blob_outputs == [j for j in form.blobs if c.fields[form.outputs[j]].name not in names]
+        assert source.blob_outputs == [i for i in form.blobs if c.fields[i].name not in names]
 
 
 def test_rows_are_views_and_must_add_up():
