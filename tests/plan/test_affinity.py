@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dalistream.errors import ConfigError, StateError
@@ -459,6 +459,9 @@ def expand(runs):
 @given(counts=st.lists(st.integers(0, 40), min_size=6, max_size=30), specs=resume_specs(),
        policy=st.sampled_from(["exact", "even"]), shuffle=st.sampled_from([0, 3]), seed=st.integers(0, 99),
        to=st.integers(1, 5))
+@example(counts=[0, 0, 1, 0, 0, 2], policy="exact", shuffle=3, seed=0, to=1,  # interleaved: the segments ran unshuffled
+         specs=[((Layout(1, 1, 1), Nodes(1, 1)), False, True, 1), ((Layout(2, 1, 1), Nodes(2, 1)), True, False, 0),
+                ((Layout(1, 1, 1), Nodes(1, 1)), False, False, 0)])
 def test_regrouped_is_the_rest_grouped_node_by_node(counts, specs, policy, shuffle, seed, to):
     """A resumed epoch's rest (runs with drops) regrouped onto ``to`` nodes: each node's samples in
     the rest's order, node after node, against the rest laid out position by position."""
@@ -470,7 +473,7 @@ def test_regrouped_is_the_rest_grouped_node_by_node(counts, specs, policy, shuff
     _, segments = run_segments(counts, schedule, 1, chain[:-1], shuffle)
     ep = epoch_layout(counts, Layout(1, 1, 1), schedule, 1)
     first = segments[0]
-    rest = remaining_after(counts, ep, schedule, 1, segments, shuffle, first)
+    rest = remaining_after(counts, ep, schedule, 1, segments, 0 if columns else shuffle, first)  # as run_segments ran
     owner = node_owner(counts, to, seed)
     grouped = Regrouped(rest, ep, owner, to)
     laid = np.asarray(expand(rest.runs(0, rest.total)), dtype=np.int64)
