@@ -168,29 +168,17 @@ class Feed:
         takes = np.asarray(takes, dtype=np.int64)
         # (a worker a bucket plan gives no sample has no column: its steps are padding)
         self.takes = takes.reshape(-1, len(streams)) if len(streams) else takes.reshape(len(takes), 0)
-        if keyed and len(self.takes):  # a bucket plan's reads are uneven (a few steps read much): by their mean
-            per_column = max(1.0, float(self.takes.mean(axis=0).max(initial=1)))
-        else:
-            per_column = max(1, int(self.takes.max(initial=1)))
-        several = len(streams) > 1
         # the columns' runs (a reader's: every source's reads through the same share of the budget)
         readers = {id(s.reader): s.reader for s in streams if isinstance(s, ColumnReader)}  # (one per source)
         self.run_bytes = max((reader.run_bytes for reader in readers.values()), default=runs.MIN_RUN_BYTES)
-        per_step = per_column * max(1, len(streams))
-        if bytes_per_sample:
-            steps = ROUND_BYTES // (per_step * bytes_per_sample)
-            if several:
-                steps = min(steps, (self.run_bytes // 2) // (per_column * bytes_per_sample))
-        else:
-            steps = min(ROUND_ROWS // per_step, COLUMN_ROUND_ROWS // per_column if several else ROUND_ROWS)
-        self.max_steps = int(max(1, min(MAX_ROUND_STEPS, steps)))
+        self.max_steps = round_steps(self.takes, keyed, bytes_per_sample, self.run_bytes)
         self.step = start
         self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
         self._size = 1
         self._first_batch = first_batch  # the first batch's columns start with short runs
         self._phased = [False] * len(streams)  # whether a column's first part is opened
         column_bytes = self.takes.sum(axis=0).max(initial=0) * (bytes_per_sample or 0)
-        self._phase = several and column_bytes > 2 * self.run_bytes
+        self._phase = len(streams) > 1 and column_bytes > 2 * self.run_bytes
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
         """Step ``step``'s slot (the steps are taken in order): one list per field, the number of
@@ -254,6 +242,31 @@ class Feed:
         hi = base + np.minimum(starts + takes, got)
         lattice = bool((takes == 1).all() and (got == len(takes)).all())
         self._round = (t0, t1, flat, lo, hi, lattice)
+
+
+def round_steps(takes: np.ndarray, keyed: bool, bytes_per_sample: Optional[float], run_bytes: int) -> int:
+    """The most steps a round of a feed reads (``takes[t, c]``: column ``c``'s rows at step ``t``;
+    its first rounds are shorter, doubling up to it): about :data:`ROUND_BYTES` of rows, at most
+    half a run (``run_bytes``) of any one of several columns, :data:`MAX_ROUND_STEPS` at most;
+    without ``bytes_per_sample``, :data:`ROUND_ROWS` rows and :data:`COLUMN_ROUND_ROWS` of a
+    column. A bucket plan's reads (``keyed``) are uneven, a few steps reading much, and its 2B
+    columns read about B rows a step between them: they are sized by their means, a column's and
+    a step's (sized by the columns, a bucket worker read a round a step)."""
+    columns = takes.shape[1]
+    if keyed and len(takes):
+        per_column = max(1.0, float(takes.mean(axis=0).max(initial=1)))
+        per_step = max(1.0, float(takes.sum(axis=1).mean()))
+    else:
+        per_column = max(1, int(takes.max(initial=1)))
+        per_step = per_column * max(1, columns)
+    several = columns > 1
+    if bytes_per_sample:
+        steps = ROUND_BYTES // (per_step * bytes_per_sample)
+        if several:
+            steps = min(steps, (run_bytes // 2) // (per_column * bytes_per_sample))
+    else:
+        steps = min(ROUND_ROWS // per_step, COLUMN_ROUND_ROWS // per_column if several else ROUND_ROWS)
+    return int(max(1, min(MAX_ROUND_STEPS, steps)))
 
 
 def shuffled_blocks(blocks: Iterator[Rows], size: int, seed: int, total: Optional[int],

@@ -184,3 +184,24 @@ def test_each_step_takes_each_column_s_rows_in_order(pattern, keyed):
     assert at == [len(rows) for rows in expected]
     del values
     assert not [w for w in watch if w() is not None]
+
+
+@pytest.mark.parametrize("batch", [8, 64, 256])
+@pytest.mark.parametrize("sample_bytes", [2_000, 10_000, 60_000])
+def test_a_round_reads_about_its_bytes_however_many_columns_share_a_step(batch, sample_bytes):
+    """A round reads about ``ROUND_BYTES`` (at most ``MAX_ROUND_STEPS`` steps, at least one) of the
+    rows its steps take, counted by what the steps take: a bucket worker's 2B columns taking B rows
+    a step between them (each about half a row a step, unevenly), or B interleaved columns one row
+    each, give the same rounds; a keyed feed's rounds are not shortened for its columns' number."""
+    rng = np.random.default_rng(batch + sample_bytes)
+    steps = 60
+    interleaved = np.ones((steps, batch), np.int64)
+    bucketed = np.zeros((steps, 2 * batch), np.int64)  # B rows a step, spread over 2B columns
+    for t in range(steps):
+        np.add.at(bucketed[t], rng.integers(0, 2 * batch, batch), 1)
+    run_bytes = runs.run_length(1 << 20, mapped=True)
+    want = max(1, min(feed.MAX_ROUND_STEPS, feed.ROUND_BYTES // (batch * sample_bytes),
+                      (run_bytes // 2) // sample_bytes))
+    assert feed.round_steps(interleaved, False, sample_bytes, run_bytes) == want
+    assert feed.round_steps(bucketed, True, sample_bytes, run_bytes) == want
+    assert feed.round_steps(bucketed[:, :1], True, sample_bytes, run_bytes) >= 1  # (one column, few rows)
