@@ -420,19 +420,32 @@ class MixEpoch:
     def source_parts(self, source: int, g: int, bounds: Optional[np.ndarray] = None) -> Tuple[List[Part], List[int]]:
         """Global worker ``g``'s parts of ``source`` in reading order, and the pass of each (span
         ``g`` of ``bounds``, by default the workers' spans: ``self.bounds[source]``)."""
+        return self.spans_parts(source, [g], bounds)[0]
+
+    def spans_parts(self, source: int, spans: Sequence[int],
+                    bounds: Optional[np.ndarray] = None) -> List[Tuple[List[Part], List[int]]]:
+        """:meth:`source_parts` of each of ``spans``, worked out together, a pass at a time (a
+        worker reading a mix interleaved plans a column per position of its slot every epoch:
+        one cut of each pass for all of them, not one per column)."""
         bounds = self.bounds[source] if bounds is None else bounds
-        lo, hi = int(bounds[g]), int(bounds[g + 1])
         total = self.totals[source]
-        parts: List[Part] = []
-        passes: List[int] = []
-        if hi <= lo:
-            return parts, passes
-        for p in range(lo // total, (hi - 1) // total + 1):
+        out: List[Tuple[List[Part], List[int]]] = [([], []) for _ in spans]
+        at = np.asarray(spans, dtype=np.int64)
+        lo, hi = bounds[at], bounds[at + 1]
+        real = hi > lo
+        if not real.any():
+            return out
+        first, last = lo // total, (hi - 1) // total
+        for p in range(int(first[real].min()), int(last[real].max()) + 1):
+            which = np.flatnonzero(real & (first <= p) & (p <= last)).tolist()
+            if not which:
+                continue
             n_pass = self.first_pass(source) + p
-            cut = replace(self.pass_layout(source, n_pass), bounds=np.clip(bounds - p * total, 0, total)).parts(g)
-            parts += cut
-            passes += [n_pass] * len(cut)
-        return parts, passes
+            cut = replace(self.pass_layout(source, n_pass), bounds=np.clip(bounds - p * total, 0, total))
+            for i, parts in zip(which, cut.parts_of(at[which])):
+                out[i][0].extend(parts)
+                out[i][1].extend([n_pass] * len(parts))
+        return out
 
     def rest_parts(self, s: int, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
         """Parts and drops of ``runs`` (level-0 positions of source ``s`` after a resume), over its
@@ -464,11 +477,12 @@ class MixEpoch:
         out = []
         for s in range(self.take.shape[2]):
             takes = column_takes(self.take[:, worker, s], self.interleave)
-            for k in range(takes.shape[1]):
-                c = column_index(layout, rank, worker, k, self.interleave)
+            spans = [column_index(layout, rank, worker, k, self.interleave) for k in range(takes.shape[1])]
+            fresh = self.spans_parts(s, spans, self.columns[s]) if self.rest is None else []
+            for k, c in enumerate(spans):
                 lo, hi = int(self.columns[s][c]), int(self.columns[s][c + 1])
                 if self.rest is None:
-                    parts, drop = self.source_parts(s, c, self.columns[s])[0], []
+                    parts, drop = fresh[k][0], []
                     shuffle_seed = seeds.source_shuffle(seed, self.epoch, s, c)
                 else:
                     parts, drop = self.rest_parts(s, self.rest[s].runs(lo, hi))

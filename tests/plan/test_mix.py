@@ -228,6 +228,42 @@ def test_endless_passes_never_repeat_before_all_seen(case, per_batch, epochs, st
         assert all(per_pass[p] == total for p in per_pass if p < max(per_pass))  # a pass is whole before the next
 
 
+def one_span_parts(ep, source, g, bounds):
+    """Span ``g``'s parts and passes cut pass by pass on their own (how they were worked out
+    before columns were cut together): the reference of :meth:`MixEpoch.spans_parts`."""
+    from dataclasses import replace
+
+    lo, hi = int(bounds[g]), int(bounds[g + 1])
+    total, parts, passes = ep.totals[source], [], []
+    for p in range(lo // total, (hi - 1) // total + 1) if hi > lo else ():
+        n_pass = ep.first_pass(source) + p
+        cut = replace(ep.pass_layout(source, n_pass), bounds=np.clip(bounds - p * total, 0, total)).parts(g)
+        parts += cut
+        passes += [n_pass] * len(cut)
+    return parts, passes
+
+
+@FAST
+@given(case=mixes(), epochs=st.integers(1, 3), order=st.randoms(use_true_random=False))
+def test_columns_cut_together_are_each_column_cut_alone(case, epochs, order):
+    """Every column's parts and passes, worked out for many columns at once (in any order, with
+    repeats, over passes crossed by some spans and not others: ``samples_per_epoch``), are those
+    of the column worked out alone."""
+    layout, weights, counts, schedule, _ = case
+    spe = 3 * layout.world_size * layout.batch_size + layout.batch_size // 2
+    try:
+        eps = [MixEpoch(counts, weights, layout, schedule, e, samples_per_epoch=spe) for e in range(epochs)]
+    except ConfigError:
+        return
+    for ep in eps:
+        for s in range(len(weights)):
+            for bounds in (ep.bounds[s], ep.columns[s]):
+                spans = list(range(len(bounds) - 1)) * 2
+                order.shuffle(spans)
+                got = ep.spans_parts(s, spans, bounds)
+                assert got == [one_span_parts(ep, s, g, bounds) for g in spans]
+
+
 def test_endless_span_crosses_a_pass():
     layout = Layout(2, 2, 8)
     counts, weights = [[5, 7, 3], [50] * 8], [0.5, 0.5]
