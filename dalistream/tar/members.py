@@ -104,7 +104,7 @@ def walk(
         else:
             ok = checksum_ok(header)
         if not ok:
-            if first:
+            if first and not offset:  # (a read from a sample's offset met a damaged header: not "no tar")
                 raise ShardFormatError(f"not a tar stream: no valid tar header at offset 0 (starts {bytes(header[:16])!r})",
                                        url=url, reason="not_tar", hint="is this file really a tar shard?")
             named = header_name(header) or None  # (a damaged header: what its name field reads)

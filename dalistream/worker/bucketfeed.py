@@ -1,10 +1,11 @@
 """A worker's batches under a bucket plan: each step's samples from its readers, held in the
 look-ahead until the step that emits them.
 
-:class:`BucketFeed` follows a :class:`~dalistream.plan.bucketworker.BucketRun`: the one
-:class:`~.feed.Feed` reads each reader's rows as any column's (``reads[t]`` of each at step t:
-up to the last sample the step emits from it, never further), keyed by reader and ordinal, a
-round of steps at a time; the round's rows and those held from earlier rounds form a pool in
+:class:`BucketFeed` follows a :class:`~dalistream.plan.bucketworker.BucketRun`: its feed reads
+each reader's rows as any column's (``reads[t]`` of each at step t: up to the last sample the
+step emits from it, never further), keyed by reader and ordinal: the epoch read at once
+(:class:`~.epochfeed.EpochShares`, a step a round) or the column path (:class:`~.feed.Feed`, a
+round of steps at a time, where the epoch is not read at once); the round's rows and those held from earlier rounds form a pool in
 which every emission of the round is found at once, and each step takes its samples from it in
 batch order, at positions ``offset[t]``, … . So a worker holds at most the plan's look-ahead of
 decoded samples (besides the round the Feed reads ahead). A sample skipped by the error policy
@@ -13,18 +14,20 @@ is not there when its step comes: the step holds one sample fewer (padding at it
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..plan.bucketworker import BucketRun
+from .epochfeed import EpochShares
 from .feed import Feed
-from .rows import Rows, gather
+from .rows import gather
 
 
 class BucketFeed:
-    """Each step's emitted samples of ``run`` from ``streams`` (one per reader, read from its
-    ``start`` passing over ``gone``), ``n_fields`` per sample. ``held``: the keys of the samples
+    """Each step's emitted samples of ``run`` from ``feed``'s keyed rounds (its readers' rows:
+    the column path's :class:`~.feed.Feed`, or :class:`~.epochfeed.EpochShares`, the epoch read at
+    once), ``n_fields`` per sample. ``held``: the keys of the samples
     read in earlier rounds and not yet emitted; ``most``: the most samples held at once, the
     step's own included (the plan's look-ahead bounds it).
 
@@ -32,10 +35,9 @@ class BucketFeed:
     rounds form a pool, every emission of the round is found in it at once (one sort and search
     of keys, not a dictionary's work per sample), and a step's samples are one gather per field."""
 
-    def __init__(self, run: BucketRun, streams: Sequence[Iterator[Rows]], n_fields: int,
-                 bytes_per_sample: Optional[float] = None, first_batch: bool = False) -> None:
+    def __init__(self, run: BucketRun, feed: Union[Feed, EpochShares], n_fields: int) -> None:
         self.run = run
-        self.feed = Feed(streams, run.reads, n_fields, run.first, bytes_per_sample, first_batch, keyed=True)
+        self.feed = feed  # (keyed rounds)
         self.held: List[int] = []
         self._held_rows: List[list] = [[] for _ in range(n_fields)]
         self.most = 0

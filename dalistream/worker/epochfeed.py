@@ -58,6 +58,7 @@ from ..errors import DalistreamError
 from ..io.local import FileRange, local_path
 from ..io.streams import chunk_bytes, maps_parts, open_shard
 from ..plan import WorkerPlan
+from ..plan.bucketworker import KEY_SHIFT
 from ..tar import iter_samples
 from ..tar.runs import Run, concat_ranges
 from ..tar.walked import walked_runs
@@ -157,6 +158,19 @@ class EpochShares:
             while read.done < min(want, read.pieces) and not read.failed:
                 read.piece()
         return self.feed.take(step - self.start)  # type: ignore[union-attr]
+
+    def round_of(self, step: int) -> Tuple[int, int, List[list], np.ndarray]:
+        """A keyed round (:meth:`~.feed.Feed.round_of`, a bucket worker's), of one step: the step's
+        rows, then each row's key (its column × ``KEY_SHIFT`` plus its place in the column), and
+        how many rows the step read."""
+        if self.rest is None and step >= self.stop:
+            self.next_share()
+        if self.rest is not None:
+            return self.rest.round_of(step)
+        values, n, counts = self.take(step)
+        before = self.rows[self.start] + self.feed.before[step - self.start]  # type: ignore[union-attr]
+        keys = concat_ranges(np.arange(len(counts), dtype=np.int64) * KEY_SHIFT + before, counts)
+        return step, step + 1, values + [keys.tolist()], np.array([n], np.int64)
 
 
 def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: int = WHOLE_BYTES,

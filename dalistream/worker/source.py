@@ -308,11 +308,23 @@ class WorkerSource:
         c = self.config
         run = reading.run
         self._state_ahead(run.readers, run.source, stats)
-        streams = [self.readers[run.source[g]].blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])
-                   for g, plan in enumerate(run.readers)]
-        opened += streams
-        feed = BucketFeed(run, streams, len(c.fields), self.data.bytes_per_sample,
-                          first_batch=epoch == self.start_epoch)
+
+        def by_columns(start: int) -> Feed:  # the column path, from step ``start`` on
+            read = run.reads[run.first:start].sum(axis=0)  # (each reader's rows before it: none gone)
+            streams = [self.readers[run.source[g]].blocks(plan, policy, stats, start=run.start[g] + int(read[g]),
+                                                          gone=run.gone[g])
+                       for g, plan in enumerate(run.readers)]
+            opened.extend(streams)
+            return Feed(streams, run.reads, len(c.fields), start, self.data.bytes_per_sample,
+                        first_batch=epoch == self.start_epoch and start == run.first, keyed=True)
+
+        rows: Union[Feed, EpochShares, None] = None
+        if start_step == run.first == 0 and self.mix is None and not any(run.start) and not any(run.gone):
+            t0 = time.perf_counter()  # a fresh epoch whose readers read every sample: at once, in shares
+            reader = self.readers[0]
+            rows = read_epoch(reader.context(), reader.maps, list(run.readers), run.reads, policy, stats, by_columns)
+            stats.read_s += time.perf_counter() - t0
+        feed = BucketFeed(run, rows if rows is not None else by_columns(start_step), len(c.fields))
         empty = batch.templates(c.fields, c.batch_size)
         first = self.worker == 0
         # (per step: plain numbers, read once an epoch)

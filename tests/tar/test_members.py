@@ -169,3 +169,27 @@ def test_members_header_offsets(tmp_path):
     with open(path, "rb") as f:
         offsets = [s["__offset__"] for s in iter_samples(f, path)]
     assert offsets == [0, 1024]
+
+
+@pytest.mark.parametrize("damaged", [0, 3, 5])
+@pytest.mark.parametrize("start", ["shard", "sample before", "the sample"])
+@pytest.mark.parametrize("field", ["magic", "checksum"])
+def test_a_damaged_header_is_damage_wherever_the_read_starts(tmp_path, damaged, start, field):
+    """A damaged member header is a damaged shard (``bad_tar``, its offset in the shard named)
+    whether the read starts at the shard's start, at an earlier sample's offset, or at that very
+    header (a part, a resume, a share's fallback start at a sample's offset); only a shard whose
+    own first header is no tar header is ``not_tar``."""
+    path = write_tar(str(tmp_path / "s.tar"), [(f"k{i}.bin", bytes([i]) * 700) for i in range(8)])
+    with tarfile.open(path) as tar:
+        at = [m.offset for m in tar.getmembers()]
+    where = at[damaged] + (257 if field == "magic" else 148)  # the ustar magic, or the checksum field
+    with open(path, "r+b") as f:
+        f.seek(where)
+        f.write(b"xxxxx")
+    begin = {"shard": 0, "sample before": at[max(0, damaged - 2)], "the sample": at[damaged]}[start]
+    with pytest.raises(ShardFormatError) as e, open_shard(path, begin) as f:
+        list(iter_samples(f, path))
+    if damaged == 0 and begin == 0:
+        assert e.value.reason == "not_tar"
+    else:
+        assert e.value.reason == "bad_tar" and f"offset {at[damaged]}" in str(e.value)

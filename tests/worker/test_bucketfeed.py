@@ -14,6 +14,8 @@ from dalistream.plan.epochplan import bucket_epoch, epoch_plan
 from dalistream.tools import bucketview
 from dalistream.worker import WorkerSource
 from dalistream.worker.bucketfeed import BucketFeed
+from dalistream.worker.epochfeed import EpochShares, read_epoch
+from dalistream.worker.feed import Feed
 from dalistream.worker.policy import ErrorPolicy
 from dalistream.worker.reader import PlanReader
 from dalistream.worker.stats import WorkerStats
@@ -84,7 +86,10 @@ def test_a_resume_mid_epoch_goes_on_with_the_same_batches(shards):
             assert batches(stream, w, start=start) == full[start:]
 
 
-def test_a_worker_holds_at_most_the_plan_s_look_ahead(shards):
+@pytest.mark.parametrize("at_once", [False, True])
+def test_a_worker_holds_at_most_the_plan_s_look_ahead(shards, at_once):
+    """Through the column path or the epoch read at once, a worker's pool holds at most the plan's
+    look-ahead of samples, and every emission is found in it."""
     d, _ = shards
     stream = open_stream(d, batch_size=8, workers=2)
     c = stream.config
@@ -93,12 +98,41 @@ def test_a_worker_holds_at_most_the_plan_s_look_ahead(shards):
         run = epoch_plan(c, stream.data, None, 0).for_worker(c.rank, w).run
         reader = PlanReader(c, stream.data, w)
         stats, policy = WorkerStats(None, 0, w), ErrorPolicy("raise", 1.0)
-        streams = [reader.blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])
-                   for g, plan in enumerate(run.readers)]
-        feed = BucketFeed(run, streams, len(c.fields))
+        if at_once:
+            rows = read_epoch(reader.context(), reader.maps, list(run.readers), run.reads, policy, stats, None)
+            assert isinstance(rows, EpochShares)
+        else:
+            streams = [reader.blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])
+                       for g, plan in enumerate(run.readers)]
+            rows = Feed(streams, run.reads, len(c.fields), run.first, keyed=True)
+        feed = BucketFeed(run, rows, len(c.fields))
         taken = sum(feed.take(t)[1] for t in range(run.steps))
         assert taken == int(run.bounds[-1]) and not feed.held
         assert 0 < feed.most <= planned
+
+
+def test_the_epoch_is_read_at_once_where_it_can_be_and_gives_the_same_batches(shards, monkeypatch):
+    """A fresh epoch of one data set is read at once (its readers' rows, in shares of its steps):
+    the same batches as the column path gives, for every worker and policy, in one share or many."""
+    from dalistream.worker import epochfeed, source
+
+    d, _ = shards
+    for policy in ("exact", "even"):
+        stream = open_stream(d, batch_size=8, workers=2, policy=policy)
+        used = []
+        real = epochfeed.read_epoch
+        monkeypatch.setattr(source, "read_epoch", lambda *a: used.append(real(*a)) or used[-1])
+        for whole in (epochfeed.WHOLE_BYTES, 1):  # one share; shares of a step or two
+            monkeypatch.setattr(epochfeed, "WHOLE_BYTES", whole)
+            monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", whole)
+            at_once = [batches(stream, w) for w in range(2)]
+            assert used and all(isinstance(r, EpochShares) for r in used)
+            if whole == 1:
+                assert max(len(r.bounds) for r in used) > 3
+            monkeypatch.setattr(source, "read_epoch", lambda *a: None)
+            assert at_once == [batches(stream, w) for w in range(2)]
+            monkeypatch.setattr(source, "read_epoch", lambda *a: used.append(real(*a)) or used[-1])
+            used.clear()
 
 
 def test_a_skipped_sample_leaves_its_step_one_sample_short_and_nothing_else_moves(tmp_path):

@@ -25,7 +25,10 @@ or by ranges, neighbouring parts read together, views of a local file's mapping 
 
     python tests/worker/test_one_reader.py > tests/worker/data/one_reader.json
 
-Write it again only for a change of the batches that is meant, and said.
+Write it again only for a change of the batches that is meant, and said. Changed since: a part
+read from the offset of a sample whose header is damaged names it as damage (``shards:bad_tar``,
+the header's offset), where the code before called the shard no tar (``not_tar``, "offset 0"):
+13 cases' skip reasons and errors, their batches the same.
 """
 
 from __future__ import annotations
