@@ -173,6 +173,22 @@ class EpochShares:
         return step, step + 1, values + [keys.tolist()], np.array([n], np.int64)
 
 
+class SourceFeeds:
+    """Each step's slot (:meth:`take`) from the feeds of a mix's sources, each over its own
+    columns (an epoch read at once, :class:`EpochShares`, or the column path's
+    :class:`~.feed.Feed`), the columns laid out source after source: the step's rows as one feed
+    over all the columns gives them."""
+
+    def __init__(self, feeds: Sequence[Union[Feed, EpochShares]]) -> None:
+        self.feeds = list(feeds)
+
+    def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
+        """Step ``step``'s slot: one list per field, the number of rows, how many came from each column."""
+        parts = [feed.take(step) for feed in self.feeds]
+        values = [list(itertools.chain.from_iterable(part[0][f] for part in parts)) for f in range(len(parts[0][0]))]
+        return values, sum(part[1] for part in parts), np.concatenate([part[2] for part in parts])
+
+
 def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: int = WHOLE_BYTES,
                  later: int = SHARE_BYTES) -> List[int]:
     """Where an epoch's shares of steps (``takes``: rows per step and column) begin, and its end:

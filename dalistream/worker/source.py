@@ -36,7 +36,8 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from functools import partial
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -52,7 +53,7 @@ from .bucketfeed import BucketFeed, bucket_column
 from ..io.openfiles import raise_files_limit
 from ..io.options import shared_budget
 from ..io.parts import PartFetcher
-from .epochfeed import EpochShares, read_epoch
+from .epochfeed import EpochShares, SourceFeeds, read_epoch
 from .column import ColumnReader
 from .feed import Feed, shuffled_blocks
 from .reader import PlanReader
@@ -252,18 +253,18 @@ class WorkerSource:
         steps = reading.steps
         self._state_ahead([plan for plan, _, _ in columns], [s for _, _, s in columns], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
-        def by_columns(start: int) -> Feed:  # the column path, from step ``start`` on
-            streams = [self._stream(plan, int(take[:start].sum()), policy, stats, self.readers[source], opened)
-                       for plan, take, source in columns]
-            return Feed(streams, takes, len(c.fields), start, self.data.bytes_per_sample,
+        def by_columns(start: int, which: Optional[Sequence[int]] = None) -> Feed:
+            """The column path from step ``start`` on, of the columns ``which`` (all by default)."""
+            which = list(range(len(columns))) if which is None else list(which)
+            streams = [self._stream(columns[k][0], int(columns[k][1][:start].sum()), policy, stats,
+                                    self.readers[columns[k][2]], opened) for k in which]
+            return Feed(streams, takes[:, which], len(c.fields), start, self.data.bytes_per_sample,
                         first_batch=epoch == self.start_epoch and start == start_step)
 
-        feed: Union[Feed, EpochShares, None] = None
-        if c.interleave and start_step == 0 and self.mix is None:  # read at once, in shares (not from mid-way)
+        feed: Union[Feed, EpochShares, SourceFeeds, None] = None
+        if c.interleave and start_step == 0:  # read at once, in shares (not from mid-way), source by source
             t0 = time.perf_counter()
-            reader = self.readers[0]
-            feed = read_epoch(reader.context(), reader.maps, [plan for plan, _, _ in columns], takes, policy, stats,
-                              by_columns)
+            feed = self._at_once(columns, takes, policy, stats, by_columns)
             stats.read_s += time.perf_counter() - t0
         if feed is None:
             feed = by_columns(start_step)
@@ -291,6 +292,25 @@ class WorkerSource:
         if c.policy == "even" and self.mix is None:  # a span is exactly steps x slot: only the job's tail is left out
             stats.add(dropped=reading.left_out)
         stats.write()
+
+    def _at_once(self, columns: Sequence[Tuple[WorkerPlan, np.ndarray, int]], takes: np.ndarray,
+                 policy: ErrorPolicy, stats: WorkerStats,
+                 by_columns: Callable[..., Feed]) -> Union[EpochShares, SourceFeeds, None]:
+        """An interleaved epoch read at once (:func:`~.epochfeed.read_epoch`), each source's
+        columns by its own reader (a mix's sources side by side: :class:`~.epochfeed.SourceFeeds`,
+        a source that cannot be read so by its columns); ``None`` where no source can be."""
+        groups = [[k for k, column in enumerate(columns) if column[2] == s] for s in range(len(self.readers))]
+        groups = [g for g in groups if g]
+        if [k for g in groups for k in g] != list(range(len(columns))):
+            return None  # (columns not laid out source by source)
+        read = [read_epoch(self.readers[columns[g[0]][2]].context(), self.readers[columns[g[0]][2]].maps,
+                           [columns[k][0] for k in g], takes[:, g], policy, stats, partial(by_columns, which=g))
+                for g in groups]
+        if all(r is None for r in read):
+            return None
+        if len(read) == 1:
+            return read[0]
+        return SourceFeeds([r if r is not None else by_columns(0, g) for r, g in zip(read, groups)])
 
     def _state_ahead(self, plans: Sequence[WorkerPlan], sources: Sequence[int], stats: WorkerStats) -> None:
         """Through a byte cache: the versions of the objects ``plans`` read (each through reader

@@ -509,3 +509,39 @@ def test_steps_take_their_rows_by_index():
     assert policy.passed == 9
     lattice = EpochFeed(flat, [np.array([3, 1]), np.array([0, 2])], np.ones((2, 2), np.int64), ErrorPolicy("raise"))
     assert [lattice.take(t)[0][1] for t in (0, 1)] == [[103, 100], [101, 102]]
+
+
+@pytest.mark.parametrize("workers,rank,world_size", [(1, 0, 1), (2, 0, 1), (2, 1, 2)])
+@pytest.mark.parametrize("b_gzipped", [False, True])
+def test_a_mix_is_read_at_once_source_by_source_and_delivers_the_same(tmp_path, monkeypatch, workers, rank,
+                                                                        world_size, b_gzipped):
+    """A mix's interleaved epoch is read at once, each source's columns by its own reader, the
+    step's rows source after source: the batches and counts of the column path, whether both
+    sources are read at once or one cannot be (gzipped shards: read by their columns, beside the
+    other source read at once)."""
+    import gzip
+    import shutil
+
+    from dalistream import Stream
+
+    for name, n, per in (("a", 3, 37), ("b", 2, 29)):
+        (tmp_path / name).mkdir()
+        for path in make_shards(tmp_path / name, n_shards=n, per_shard=per):
+            if name == "b" and b_gzipped:
+                with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
+                    shutil.copyfileobj(f, g)
+                os.remove(path)
+    stream = Stream.open({"a": (str(tmp_path / "a"), 0.6), "b": (str(tmp_path / "b"), 0.4)},
+                         fields={"key": "__key__", "raw": "bin", "label": "cls"}, batch_size=10, workers=workers,
+                         rank=rank, world_size=world_size, device="cpu", seed=3, policy="even", env={},
+                         cache_dir=str(tmp_path / "cache"))
+    for worker in range(workers):
+        source = WorkerSource(stream.config, stream.data, worker, mix=stream.mix)
+        got = [read(source, e, monkeypatch) for e in (0, 1)]
+        assert all(at_once >= 1 for _, _, at_once, _ in got)  # (source a at least, read at once)
+        columns = WorkerSource(stream.config, stream.data, worker, mix=stream.mix)
+        assert [batches for batches, _, _, _ in got] == [read(columns, e, monkeypatch, budget=0)[0] for e in (0, 1)]
+        for e in (0, 1):
+            ours, theirs = source._stats.totals_by_epoch[e], columns._stats.totals_by_epoch[e]
+            ours.pop("bytes"), theirs.pop("bytes")
+            assert ours == theirs
