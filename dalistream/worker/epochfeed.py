@@ -29,9 +29,11 @@ the last by the share's last step, as one span's reads fall between its batches 
 first step is taken): the job's first batch waits for a small first share alone, its next ones
 for a piece of a small second share each. Each share is held until the next is taken.
 
-Only the plain case is read this way, and the column path reads every other: an epoch resumed
+A fresh interleaved epoch is read this way: of one data set, of a mix (each source's columns by
+its own reader, :class:`SourceFeeds`), or a bucket plan's readers (:meth:`EpochShares.round_of`).
+The column path reads every other: an epoch resumed
 mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
-column), a mix, the ``fixed`` policy (a column reads its parts again), a part of a remote or
+column), a bucketed mix, the ``fixed`` policy (a column reads its parts again), a part of a remote or
 gzipped shard or of one without offsets, a part read twice, a share over :data:`EPOCH_BYTES` (or
 walked ranges over :data:`COPIED_BYTES`), and anything amiss in the reading (a damaged, cut or
 changed shard, a file that cannot be mapped, a sample the decoder refuses, one the header walk
