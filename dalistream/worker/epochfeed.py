@@ -29,12 +29,12 @@ the last by the share's last step, as one span's reads fall between its batches 
 first step is taken): the job's first batch waits for a small first share alone, its next ones
 for a piece of a small second share each. Each share is held until the next is taken.
 
-A fresh interleaved epoch is read this way: of one data set, of a mix (each source's columns by
-its own reader, :class:`SourceFeeds`), or a bucket plan's readers (:meth:`EpochShares.round_of`).
-The column path reads every other: an epoch resumed
-mid-way (its earlier samples are not read), one span per worker (its one column pays nothing per
-column), a bucketed mix, the ``fixed`` policy (a column reads its parts again), a part of a remote or
-gzipped shard or of one without offsets, a part read twice, a share over :data:`EPOCH_BYTES` (or
+An interleaved epoch is read this way, fresh or resumed mid-way (from its step: the rows before
+are not read): of one data set, of a mix (each source's columns by its own reader,
+:class:`SourceFeeds`), and a bucket plan's fresh epoch (its readers, :meth:`EpochShares.round_of`).
+The column path reads every other: one span per worker (its one column pays nothing per
+column), a bucket plan's resumed epoch and a bucketed mix, the ``fixed`` policy (a column reads
+its parts again), a part of a remote or gzipped shard or of one without offsets, a part read twice, a share over :data:`EPOCH_BYTES` (or
 walked ranges over :data:`COPIED_BYTES`), and anything amiss in the reading (a damaged, cut or
 changed shard, a file that cannot be mapped, a sample the decoder refuses, one the header walk
 leaves alone: too large for a run, or without a wanted member; a share of shards with and
@@ -214,14 +214,15 @@ def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: in
 
 
 def read_epoch(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], takes: np.ndarray,
-               policy: ErrorPolicy, stats: WorkerStats, columns: Callable[[int], Feed]) -> Optional[EpochShares]:
+               policy: ErrorPolicy, stats: WorkerStats, columns: Callable[[int], Feed],
+               start: int = 0) -> Optional[EpochShares]:
     """The epoch of ``plans`` (one per column, all read with ``ctx``, a reader's; ``maps``: what
-    its shares hand on to the next, :class:`~.mapped.ShareMaps`) read at once in shares (see the
-    module doc), its first share read now; or ``None``: the column path is to read it.
-    ``columns(step)``: the column path from ``step`` on, for the rest of an epoch whose later
-    share cannot be read."""
+    its shares hand on to the next, :class:`~.mapped.ShareMaps`) from step ``start`` on (a resume
+    mid-way: the rows before it are not read) read at once in shares (see the module doc), its
+    first share read now; or ``None``: the column path is to read it. ``columns(step)``: the
+    column path from ``step`` on, for the rest of an epoch whose later share cannot be read."""
     data = ctx.data
-    if not len(takes) or not plans or ctx.config.policy == "fixed" or data.offsets is None or data.counts is None:
+    if start >= len(takes) or not plans or ctx.config.policy == "fixed" or data.offsets is None or data.counts is None:
         return None  # (``fixed`` reads a column's parts again; without offsets no part has a known place)
     if not maps.whole:
         return None
@@ -229,7 +230,7 @@ def read_epoch(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], t
         return None
     walked = getattr(data.offsets, "members", None) is None  # (no member layouts: every sample found by header walk)
     whole, later = (FIRST_SHARE_BYTES, WALKED_SHARE_BYTES) if walked else (WHOLE_BYTES, SHARE_BYTES)
-    bounds = share_bounds(takes, data.bytes_per_sample, whole, later)
+    bounds = [start + b for b in share_bounds(takes[start:], data.bytes_per_sample, whole, later)]
     shares = EpochShares(ctx, maps, plans, takes, policy, stats, bounds, columns)
     return shares if shares.next_share() else None
 

@@ -262,9 +262,9 @@ class WorkerSource:
                         first_batch=epoch == self.start_epoch and start == start_step)
 
         feed: Union[Feed, EpochShares, SourceFeeds, None] = None
-        if c.interleave and start_step == 0:  # read at once, in shares (not from mid-way), source by source
+        if c.interleave:  # read at once, in shares, source by source
             t0 = time.perf_counter()
-            feed = self._at_once(columns, takes, policy, stats, by_columns)
+            feed = self._at_once(columns, takes, start_step, policy, stats, by_columns)
             stats.read_s += time.perf_counter() - t0
         if feed is None:
             feed = by_columns(start_step)
@@ -293,24 +293,24 @@ class WorkerSource:
             stats.add(dropped=reading.left_out)
         stats.write()
 
-    def _at_once(self, columns: Sequence[Tuple[WorkerPlan, np.ndarray, int]], takes: np.ndarray,
+    def _at_once(self, columns: Sequence[Tuple[WorkerPlan, np.ndarray, int]], takes: np.ndarray, start: int,
                  policy: ErrorPolicy, stats: WorkerStats,
                  by_columns: Callable[..., Feed]) -> Union[EpochShares, SourceFeeds, None]:
-        """An interleaved epoch read at once (:func:`~.epochfeed.read_epoch`), each source's
-        columns by its own reader (a mix's sources side by side: :class:`~.epochfeed.SourceFeeds`,
+        """An interleaved epoch from step ``start`` on read at once (:func:`~.epochfeed.read_epoch`),
+        each source's columns by its own reader (a mix's sources side by side: :class:`~.epochfeed.SourceFeeds`,
         a source that cannot be read so by its columns); ``None`` where no source can be."""
         groups = [[k for k, column in enumerate(columns) if column[2] == s] for s in range(len(self.readers))]
         groups = [g for g in groups if g]
         if [k for g in groups for k in g] != list(range(len(columns))):
             return None  # (columns not laid out source by source)
         read = [read_epoch(self.readers[columns[g[0]][2]].context(), self.readers[columns[g[0]][2]].maps,
-                           [columns[k][0] for k in g], takes[:, g], policy, stats, partial(by_columns, which=g))
+                           [columns[k][0] for k in g], takes[:, g], policy, stats, partial(by_columns, which=g), start)
                 for g in groups]
         if all(r is None for r in read):
             return None
         if len(read) == 1:
             return read[0]
-        return SourceFeeds([r if r is not None else by_columns(0, g) for r, g in zip(read, groups)])
+        return SourceFeeds([r if r is not None else by_columns(start, g) for r, g in zip(read, groups)])
 
     def _state_ahead(self, plans: Sequence[WorkerPlan], sources: Sequence[int], stats: WorkerStats) -> None:
         """Through a byte cache: the versions of the objects ``plans`` read (each through reader

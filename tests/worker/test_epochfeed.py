@@ -222,7 +222,7 @@ def test_an_elastic_resume_s_rest_is_read_at_once_and_delivers_the_same(tmp_path
         assert batches != by_columns(c, data, worker, (1,), monkeypatch)[0]  # (the segment's samples left out)
 
 
-def test_the_columns_read_an_epoch_resumed_mid_way_one_span_and_over_the_budget(tmp_path, monkeypatch):
+def test_the_columns_read_one_span_and_an_epoch_over_the_budget(tmp_path, monkeypatch):
     paths = make_shards(tmp_path)
     data = data_set(paths)
     c = config(paths)
@@ -234,9 +234,34 @@ def test_the_columns_read_an_epoch_resumed_mid_way_one_span_and_over_the_budget(
         read(source, 0, monkeypatch)
         got, _, at_once, _ = read(source, 1, monkeypatch)
         assert at_once == 0 and got == by_columns(span, data, 0, (0, 1), monkeypatch)[1]
-    resumed = WorkerSource(c, data, 0, start_epoch=1, start_step=2)  # (resumed mid-way: its columns, from step 2)
-    got, _, at_once, _ = read(resumed, 1, monkeypatch, start_step=2)
-    assert at_once == 0 and got == by_columns(c, data, 0, (1,), monkeypatch)[0][2:]
+
+
+@pytest.mark.parametrize("policy", ["exact", "even"])
+@pytest.mark.parametrize("workers,start", [(1, 1), (1, 5), (2, 3), (3, 2)])
+@pytest.mark.parametrize("shares", ["one", "several"])
+def test_an_epoch_resumed_mid_way_is_read_at_once_from_its_step(tmp_path, monkeypatch, policy, workers, start,
+                                                                 shares):
+    """Resumed at step ``start``, an interleaved epoch is read at once from that step (its rows
+    before it not read, in one share or several): the batches the columns give from that step,
+    and the epoch after it whole."""
+    paths = make_shards(tmp_path)
+    data = data_set(paths)
+    c = config(paths, policy=policy, workers=workers)
+
+    def small_shares():  # (read() undoes every patch when it is done)
+        if shares == "several":
+            monkeypatch.setattr(epochfeed, "WHOLE_BYTES", 1)
+            monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", 1)
+
+    for worker in range(workers):
+        whole = by_columns(c, data, worker, (1, 2), monkeypatch)
+        resumed = WorkerSource(c, data, worker, start_epoch=1, start_step=start)
+        small_shares()
+        got, _, at_once, _ = read(resumed, 1, monkeypatch, start_step=start)
+        assert at_once >= (2 if shares == "several" and len(got) > 1 else 1) and got == whole[0][start:]
+        small_shares()
+        after, _, at_once, _ = read(resumed, 2, monkeypatch)
+        assert at_once >= 1 and after == whole[1]
 
 
 @pytest.mark.parametrize("damage", ["header", "label", "cut", "end"])
