@@ -1,15 +1,16 @@
 """A worker's batches under a bucket plan: each step's samples from its readers, held in the
 look-ahead until the step that emits them.
 
-:class:`BucketFeed` follows a :class:`~dalistream.plan.bucketworker.BucketRun`: its feed reads
-each reader's rows as any column's (``reads[t]`` of each at step t: up to the last sample the
-step emits from it, never further), keyed by reader and ordinal: the epoch read at once
-(:class:`~.epochfeed.EpochShares`, a step a round) or the column path (:class:`~.feed.Feed`, a
-round of steps at a time, where the epoch is not read at once); the round's rows and those held from earlier rounds form a pool in
-which every emission of the round is found at once, and each step takes its samples from it in
-batch order, at positions ``offset[t]``, … . So a worker holds at most the plan's look-ahead of
-decoded samples (besides the round the Feed reads ahead). A sample skipped by the error policy
-is not there when its step comes: the step holds one sample fewer (padding at its end).
+:class:`BucketFeed` follows a :class:`~dalistream.plan.bucketworker.BucketRun`: its feed reads each
+reader's rows as any column's (``reads[t]`` of each at step t: up to the last sample the step emits
+from it, never further), keyed by reader and ordinal: the epoch read at once
+(:class:`~.epochfeed.EpochShares`, a step a round) or the column path (:class:`~.feed.Feed`, a round
+of steps at a time, where the epoch is not read at once); the round's rows and those held from
+earlier rounds form a pool in which every emission of the round is found at once, and each step
+takes its samples from it in batch order, at positions ``offset[t]``, … . So a worker holds at most
+the plan's look-ahead of decoded samples (besides the round the Feed reads ahead). A sample skipped
+by the error policy is not there when its step comes: the step holds one sample fewer (padding at
+its end).
 """
 
 from __future__ import annotations

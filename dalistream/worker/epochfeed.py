@@ -29,19 +29,19 @@ the last by the share's last step, as one span's reads fall between its batches 
 first step is taken): the job's first batch waits for a small first share alone, its next ones
 for a piece of a small second share each. Each share is held until the next is taken.
 
-An interleaved epoch is read this way, fresh or resumed mid-way (from its step: the rows before
-are not read): of one data set, of a mix (each source's columns by its own reader,
+An interleaved epoch is read this way, fresh or resumed mid-way (from its step: the rows before are
+not read): of one data set, of a mix (each source's columns by its own reader,
 :class:`SourceFeeds`), and a bucket plan's fresh epoch (its readers, :meth:`EpochShares.round_of`).
-The column path reads every other: one span per worker (its one column pays nothing per
-column), a bucket plan's resumed epoch and a bucketed mix, the ``fixed`` policy (a column reads
-its parts again), a part of a remote or gzipped shard or of one without offsets, a part read twice, a share over :data:`EPOCH_BYTES` (or
-walked ranges over :data:`COPIED_BYTES`), and anything amiss in the reading (a damaged, cut or
-changed shard, a file that cannot be mapped, a sample the decoder refuses, one the header walk
-leaves alone: too large for a run, or without a wanted member; a share of shards with and
-without member layouts): the column path then reads the
-epoch from the share's first step (as it reads one resumed there) and meets the problem where
-it lies, in order, as it always does, and every later epoch of the worker too
-(``ShareMaps.whole``, :class:`~.mapped.ShareMaps`: what stopped one read stays, and is not read twice each epoch).
+The column path reads every other: one span per worker (its one column pays nothing per column), a
+bucket plan's resumed epoch and a bucketed mix, the ``fixed`` policy (a column reads its parts
+again), a part of a remote or gzipped shard or of one without offsets, a part read twice, a share
+over :data:`EPOCH_BYTES` (or walked ranges over :data:`COPIED_BYTES`), and anything amiss in the
+reading (a damaged, cut or changed shard, a file that cannot be mapped, a sample the decoder
+refuses, one the header walk leaves alone: too large for a run, or without a wanted member; a share
+of shards with and without member layouts): the column path then reads the epoch from the share's
+first step (as it reads one resumed there) and meets the problem where it lies, in order, as it
+always does, and every later epoch of the worker too (``ShareMaps.whole``,
+:class:`~.mapped.ShareMaps`: what stopped one read stays, and is not read twice each epoch).
 Nothing of a share is given out before the whole share is read, so a fallback repeats no
 sample.
 """

@@ -297,8 +297,9 @@ class WorkerSource:
                  policy: ErrorPolicy, stats: WorkerStats,
                  by_columns: Callable[..., Feed]) -> Union[EpochShares, SourceFeeds, None]:
         """An interleaved epoch from step ``start`` on read at once (:func:`~.epochfeed.read_epoch`),
-        each source's columns by its own reader (a mix's sources side by side: :class:`~.epochfeed.SourceFeeds`,
-        a source that cannot be read so by its columns); ``None`` where no source can be."""
+        each source's columns by its own reader (a mix's sources side by side:
+        :class:`~.epochfeed.SourceFeeds`, a source that cannot be read so by its columns); ``None``
+        where no source can be."""
         groups = [[k for k, column in enumerate(columns) if column[2] == s] for s in range(len(self.readers))]
         groups = [g for g in groups if g]
         if [k for g in groups for k in g] != list(range(len(columns))):
