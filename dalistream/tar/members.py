@@ -69,7 +69,7 @@ def walk(
     for the stream's bytes."""
     r = StreamBuffer(stream, url, clock, chunk)
     pending = Extended()  # the extended headers before a member
-    first = True
+    first = not r.base  # the shard's own first header (a read from a sample's offset meets none)
     while True:
         r.member = None  # between members: a read error here is the stream's, not a member's
         pos = r.pos
@@ -104,7 +104,7 @@ def walk(
         else:
             ok = checksum_ok(header)
         if not ok:
-            if first and not offset:  # (a read from a sample's offset met a damaged header: not "no tar")
+            if first:
                 raise ShardFormatError(f"not a tar stream: no valid tar header at offset 0 (starts {bytes(header[:16])!r})",
                                        url=url, reason="not_tar", hint="is this file really a tar shard?")
             named = header_name(header) or None  # (a damaged header: what its name field reads)

@@ -193,3 +193,21 @@ def test_a_damaged_header_is_damage_wherever_the_read_starts(tmp_path, damaged, 
         assert e.value.reason == "not_tar"
     else:
         assert e.value.reason == "bad_tar" and f"offset {at[damaged]}" in str(e.value)
+
+
+@pytest.mark.parametrize("cut", ["at the sample", "inside its header"])
+@pytest.mark.parametrize("start", ["shard", "sample before", "the sample"])
+def test_a_shard_cut_short_is_truncated_wherever_the_read_starts(tmp_path, cut, start):
+    """A shard whose bytes end at a sample, or inside its header, is a truncated shard wherever
+    the read starts (a part, a resume, a share's fallback start at a sample's offset): never an
+    empty shard or no tar, which only a shard read from its start can be."""
+    path = write_tar(str(tmp_path / "s.tar"), [(f"k{i}.bin", bytes([i]) * 700) for i in range(8)])
+    with tarfile.open(path) as tar:
+        at = [m.offset for m in tar.getmembers()]
+    with open(path, "r+b") as f:
+        f.truncate(at[5] + (0 if cut == "at the sample" else 100))
+    begin = {"shard": 0, "sample before": at[3], "the sample": at[5]}[start]
+    with pytest.raises(ShardFormatError) as e, open_shard(path, begin) as f:
+        list(iter_samples(f, path))
+    assert e.value.reason == "truncated", str(e.value)
+    assert "offset 0" not in str(e.value)
