@@ -304,9 +304,9 @@ class WorkerSource:
         groups = [g for g in groups if g]
         if [k for g in groups for k in g] != list(range(len(columns))):
             return None  # (columns not laid out source by source)
-        read = [read_epoch(self.readers[columns[g[0]][2]].context(), self.readers[columns[g[0]][2]].maps,
-                           [columns[k][0] for k in g], takes[:, g], policy, stats, partial(by_columns, which=g), start)
-                for g in groups]
+        readers = [self.readers[columns[g[0]][2]] for g in groups]
+        read = [read_epoch(reader.context(), reader.maps, [columns[k][0] for k in g], takes[:, g], policy, stats,
+                           partial(by_columns, which=g), start) for reader, g in zip(readers, groups)]
         if all(r is None for r in read):
             return None
         if len(read) == 1:
