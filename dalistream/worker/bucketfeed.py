@@ -3,32 +3,29 @@ look-ahead until the step that emits them.
 
 :class:`BucketFeed` follows a :class:`~dalistream.plan.bucketworker.BucketRun`: its feed reads each
 reader's rows as any column's (``reads[t]`` of each at step t: up to the last sample the step emits
-from it, never further), keyed by reader and ordinal: the epoch read at once
-(:class:`~.epochfeed.EpochShares`, a step a round) or the column path (:class:`~.feed.Feed`, a round
-of steps at a time, where the epoch is not read at once); the round's rows and those held from
-earlier rounds form a pool in which every emission of the round is found at once, and each step
+from it, never further), keyed by reader and ordinal (:class:`~.epochfeed.EpochShares`: a step a
+round where the epoch is read at once, a round of steps by the column path); the round's rows and
+those held from earlier rounds form a pool in which every emission of the round is found at once, and each step
 takes its samples from it in batch order, at positions ``offset[t]``, … . So a worker holds at most
-the plan's look-ahead of decoded samples (besides the round the Feed reads ahead). A sample skipped
+the plan's look-ahead of decoded samples (besides the round the columns read ahead). A sample skipped
 by the error policy is not there when its step comes: the step holds one sample fewer (padding at
 its end).
 """
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple, Union
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
 from ..plan.bucketworker import BucketRun
 from .epochfeed import EpochShares
-from .feed import Feed
 from .rows import gather
 
 
 class BucketFeed:
-    """Each step's emitted samples of ``run`` from ``feed``'s keyed rounds (its readers' rows:
-    the column path's :class:`~.feed.Feed`, or :class:`~.epochfeed.EpochShares`, the epoch read at
-    once), ``n_fields`` per sample. ``held``: the keys of the samples
+    """Each step's emitted samples of ``run`` from ``feed``'s keyed rounds (its readers' rows,
+    :meth:`~.epochfeed.EpochShares.round_of`), ``n_fields`` per sample. ``held``: the keys of the samples
     read in earlier rounds and not yet emitted; ``most``: the most samples held at once, the
     step's own included (the plan's look-ahead bounds it).
 
@@ -36,7 +33,7 @@ class BucketFeed:
     rounds form a pool, every emission of the round is found in it at once (one sort and search
     of keys, not a dictionary's work per sample), and a step's samples are one gather per field."""
 
-    def __init__(self, run: BucketRun, feed: Union[Feed, EpochShares], n_fields: int) -> None:
+    def __init__(self, run: BucketRun, feed: EpochShares, n_fields: int) -> None:
         self.run = run
         self.feed = feed  # (keyed rounds)
         self.held: List[int] = []

@@ -1,5 +1,5 @@
 """A column's blocks of rows, read ahead on request: :class:`ColumnReader` (see
-:mod:`.reader`, which reads a plan's parts, and :class:`~.feed.Feed`, which asks for the runs of
+:mod:`.reader`, which reads a plan's parts, and :class:`~.feed.ColumnRounds`, which asks for the runs of
 all of a worker's columns before decoding them together)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class ReadItem:
 class PlanItems(Protocol):
     """What a column reads its plan with (a :class:`~.reader.PlanReader`, which this module does
     not import): its plan's raw items, their blocks, the error of a pass that gives nothing; and,
-    for the :class:`~.feed.Feed`, its decoder of runs, source name and run bytes."""
+    for :class:`~.feed.ColumnRounds`, its decoder of runs, source name and run bytes."""
 
     rows: RowDecoder
     source_name: str

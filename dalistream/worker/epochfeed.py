@@ -1,8 +1,10 @@
-"""A worker's interleaved epoch read at once, in shares of its steps: :func:`read_epoch`,
-:class:`EpochShares` and :class:`EpochFeed`.
+"""A worker's epoch in shares of its steps: :func:`read_epoch`, :class:`EpochShares` and
+:class:`EpochFeed`, the one feed of every epoch's steps: each share's rows read at once where they
+can be, else by the columns a round at a time (:class:`~.feed.ColumnRounds`, the column path:
+:func:`read_by_columns`).
 
 A worker reading interleaved columns reads every column's part of a share of the epoch's steps
-in a round or two anyway. Through the columns (:class:`~.feed.Feed`) each part then costs its
+in a round or two anyway. Through the columns each part then costs its
 column an opening, a numbering, a cut of its neighbours' read, items through the column and
 slicings of its rows at every round: ~50 µs per column and epoch, which is ~2 µs a sample when
 256 columns read 23 samples each. Here a share's rows are read together (:func:`start_share`):
@@ -29,7 +31,7 @@ the last by the share's last step, as one span's reads fall between its batches 
 first step is taken): the job's first batch waits for a small first share alone, its next ones
 for a piece of a small second share each. Each share is held until the next is taken.
 
-An interleaved epoch is read this way, fresh or resumed mid-way (from its step: the rows before are
+An interleaved epoch is read at once, fresh or resumed mid-way (from its step: the rows before are
 not read): of one data set, of a mix (each source's columns by its own reader,
 :class:`SourceFeeds`), and a bucket plan's fresh epoch (its readers, :meth:`EpochShares.round_of`).
 The column path reads every other: one span per worker (its one column pays nothing per column), a
@@ -39,7 +41,7 @@ over :data:`EPOCH_BYTES` (or walked ranges over :data:`COPIED_BYTES`), and anyth
 reading (a damaged, cut or changed shard, a file that cannot be mapped, a sample the decoder
 refuses, one the header walk leaves alone: too large for a run, or without a wanted member; a share
 of shards with and without member layouts): the column path then reads the epoch from the share's
-first step (as it reads one resumed there) and meets the problem where it lies, in order, as it
+first step (as it reads one resumed there; :meth:`EpochShares.by_columns`, its rounds the shares) and meets the problem where it lies, in order, as it
 always does, and every later epoch of the worker too (``ShareMaps.whole``,
 :class:`~.mapped.ShareMaps`: what stopped one read stays, and is not read twice each epoch).
 Nothing of a share is given out before the whole share is read, so a fallback repeats no
@@ -65,7 +67,7 @@ from ..tar import iter_samples
 from ..tar.runs import Run, concat_ranges
 from ..tar.walked import walked_runs
 from .context import ReadContext
-from .feed import Feed
+from .feed import ColumnRounds
 from .mapped import MappedShare, ShareMaps
 from .policy import ErrorPolicy
 from .rows import decode_runs, gather, less_drops
@@ -82,77 +84,94 @@ WALKED_RUN_BYTES = 4 << 20  # a walked range's runs: at most this many bytes (ha
 
 
 class EpochFeed:
-    """Each step's slot (:meth:`take`, as :meth:`~.feed.Feed.take` gives it) from a share of an
-    epoch's decoded rows (its steps numbered from 0): ``flat``, one list per field; ``rows[c]``,
-    column ``c``'s rows in ``flat`` in its order; ``takes[t, c]``, what step ``t`` takes of
-    column ``c``."""
+    """Each step's slot (:meth:`take`) from a share of an epoch's decoded rows (its steps
+    numbered from 0): ``flat``, one list per field; ``rows[c]``, column ``c``'s rows in ``flat``
+    in its order, or, where the columns' rows lie in ``flat`` column after column (the column
+    path's), how many each holds; ``takes[t, c]``, what step ``t`` takes of column ``c``.
+    ``counted``: the rows taken are counted as samples that passed (the column path counts its
+    own)."""
 
-    def __init__(self, flat: List[list], rows: Sequence[np.ndarray], takes: np.ndarray, policy: ErrorPolicy) -> None:
+    def __init__(self, flat: List[list], rows: Union[Sequence[np.ndarray], np.ndarray], takes: np.ndarray,
+                 policy: ErrorPolicy, counted: bool = True) -> None:
+        laid = isinstance(rows, np.ndarray)
+        held = rows if laid else np.array([len(r) for r in rows], np.int64)
         # a column that runs short (``exact``'s last step) gives what it holds: the step is padded at its end
-        held = np.array([len(r) for r in rows], np.int64)
-        takes = np.diff(np.minimum(np.cumsum(takes, axis=0), held), axis=0, prepend=0) if len(rows) else takes
-        self.flat, self.takes, self.policy = flat, takes, policy
-        self.all_rows = np.concatenate(list(rows)) if len(rows) else np.zeros(0, np.int64)
-        self.base = np.concatenate([[0], np.cumsum([len(r) for r in rows])[:-1]]).astype(np.int64)
+        takes = np.diff(np.minimum(np.cumsum(takes, axis=0), held), axis=0, prepend=0) if len(held) else takes
+        self.flat, self.takes, self.policy, self.counted = flat, takes, policy, counted
+        self.order = None if laid else np.concatenate(list(rows)) if len(rows) else np.zeros(0, np.int64)
+        self.base = np.concatenate([[0], np.cumsum(held)[:-1]]).astype(np.int64)
         self.before = np.cumsum(takes, axis=0) - takes  # rows each column gave before each step
         self.lattice = bool((takes == 1).all())  # one row of every column a step: no repeats
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
         """Step ``step``'s slot: one list per field, the number of rows, how many came from each column."""
         counts = self.takes[step]
-        if self.lattice:
-            index = self.all_rows[self.base + step]
-        else:
-            index = self.all_rows[concat_ranges(self.base + self.before[step], counts)]
-        at = index.tolist()
-        self.policy.passed += len(at)
+        index = self.base + step if self.lattice else concat_ranges(self.base + self.before[step], counts)
+        at = (self.order[index] if self.order is not None else index).tolist()
+        if self.counted:
+            self.policy.passed += len(at)
         return gather(self.flat, at), len(at), counts
 
 
 class EpochShares:
-    """Each step's slot (:meth:`take`) from an epoch read at once in shares of its steps
-    (:func:`share_bounds`), each an :class:`EpochFeed`, the next read while one is given out
-    (:func:`start_share`). A share that cannot be read hands the rest of the epoch to
-    ``columns(step)``, the column path from that step on (as a resume mid-way reads it)."""
+    """Each step's slot (:meth:`take`) from an epoch read in shares of its steps (``bounds``),
+    each an :class:`EpochFeed`: read at once (:func:`share_bounds`), the next read while one is
+    given out (:func:`start_share`); or by the columns (``columns(step)``, the column path from
+    that step on, :class:`~.feed.ColumnRounds`: its rounds are the shares), from the first share
+    that cannot be read at once (as a resume mid-way reads it) or from the start
+    (:meth:`by_columns`)."""
 
-    def __init__(self, ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], takes: np.ndarray,
-                 policy: ErrorPolicy, stats: WorkerStats, bounds: Sequence[int], columns: Callable[[int], Feed]) -> None:
+    def __init__(self, ctx: Optional[ReadContext], maps: ShareMaps, plans: Sequence[WorkerPlan], takes: np.ndarray,
+                 policy: ErrorPolicy, stats: Optional[WorkerStats], bounds: Sequence[int],
+                 columns: Callable[[int], ColumnRounds]) -> None:
         self.ctx, self.plans, self.takes, self.policy, self.stats = ctx, plans, takes, policy, stats
         self.bounds, self.columns = list(bounds), columns
         self.rows = np.vstack([np.zeros((1, takes.shape[1]), np.int64), np.cumsum(takes, axis=0)])  # rows before each step
         self.share = -1
         self.start, self.stop = 0, 0  # the steps of the share held
         self.feed: Optional[EpochFeed] = None
-        self.rest: Optional[Feed] = None  # the column path, once a share could not be read
+        self.rounds: Optional[ColumnRounds] = None  # the column path, once a share could not be read at once
         self.next: Optional[Union[MappedShare, ShareRead]] = None  # the next share, read over this one's steps
         self.maps = maps  # what a share hands on to the next
 
-    def next_share(self) -> bool:
-        """Read the next share (what of it is not read yet); ``False``: it could not be (after the
-        first, the columns then read the rest of the epoch from its first step)."""
+    def by_columns(self) -> "EpochShares":
+        """Read the shares from the next on by the columns, their rounds the shares."""
+        start = self.bounds[self.share + 1]
+        self.rounds = self.columns(start)
+        self.bounds[self.share + 1:] = self.rounds.bounds(start)
+        self.next = None
+        return self
+
+    def next_share(self) -> None:
+        """Read the next share (what of it is not read yet): at once, or where it cannot be (or
+        once one could not be), by the columns."""
+        self.feed = None  # (the last share's rows freed before the next is taken)
+        if self.rounds is None:
+            read, self.next = self.next or self._start(self.share + 1, 1), None
+            got = read.finish()
+            if got is None:
+                self.by_columns()
+            else:
+                self.share += 1
+                self.start, self.stop = self.bounds[self.share], self.bounds[self.share + 1]
+                self.feed = EpochFeed(got[0], got[1], self.takes[self.start:self.stop], self.policy)
+                if self.share + 2 < len(self.bounds):
+                    self.next = self._start(self.share + 1, self.stop - self.start - 1)
+                return
         self.share += 1
         self.start, self.stop = self.bounds[self.share], self.bounds[self.share + 1]
-        self.feed = None  # (the last share's rows freed before the next is taken)
-        read, self.next = self.next or self._start(self.share, 1), None
-        got = read.finish()
-        self.feed = EpochFeed(got[0], got[1], self.takes[self.start:self.stop], self.policy) if got else None
-        if self.feed is None and self.share:
-            self.rest = self.columns(self.start)
-        if self.feed is not None and self.share + 2 < len(self.bounds):
-            self.next = self._start(self.share + 1, self.stop - self.start - 1)
-        return self.feed is not None
+        flat, held = self.rounds.read(self.start, self.stop)
+        self.feed = EpochFeed(flat, held, self.takes[self.start:self.stop], self.policy, counted=False)
 
     def _start(self, share: int, pieces: int) -> Union[MappedShare, "ShareRead"]:
         a, b = self.rows[self.bounds[share]], self.rows[self.bounds[share + 1]]
         return start_share(self.ctx, self.plans, a, b, self.stats, self.maps, max(1, pieces))
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
-        """Step ``step``'s slot, as :meth:`EpochFeed.take` (or the columns') gives it; the next
-        share's pieces read on the way, the last by the share's last step but one."""
-        if self.rest is None and step >= self.stop:
+        """Step ``step``'s slot, as :meth:`EpochFeed.take` gives it; the next share's pieces read
+        on the way, the last by the share's last step but one."""
+        if step >= self.stop:
             self.next_share()
-        if self.rest is not None:
-            return self.rest.take(step)
         read = self.next
         if read is not None and read.done < read.pieces:
             n = self.stop - self.start  # (none at a share's first step but a share of one step's)
@@ -162,26 +181,27 @@ class EpochShares:
         return self.feed.take(step - self.start)  # type: ignore[union-attr]
 
     def round_of(self, step: int) -> Tuple[int, int, List[list], np.ndarray]:
-        """A keyed round (:meth:`~.feed.Feed.round_of`, a bucket worker's), of one step: the step's
-        rows, then each row's key (its column × ``KEY_SHIFT`` plus its place in the column), and
-        how many rows the step read."""
-        if self.rest is None and step >= self.stop:
+        """A keyed round (a bucket worker's): its steps ``t0 … t1 − 1``, their rows (one list per
+        field, then each row's key: its column × ``KEY_SHIFT`` plus its place in the column) and
+        how many rows each step read. A share read at once gives a round of one step; the
+        columns' keyed rows (:class:`~.feed.ColumnRounds`), a round of the share's steps."""
+        if step >= self.stop:
             self.next_share()
-        if self.rest is not None:
-            return self.rest.round_of(step)
+        feed = self.feed
+        if self.rounds is not None:
+            return self.start, self.stop, feed.flat, feed.takes.sum(axis=1)  # type: ignore[union-attr]
         values, n, counts = self.take(step)
-        before = self.rows[self.start] + self.feed.before[step - self.start]  # type: ignore[union-attr]
+        before = self.rows[self.start] + feed.before[step - self.start]  # type: ignore[union-attr]
         keys = concat_ranges(np.arange(len(counts), dtype=np.int64) * KEY_SHIFT + before, counts)
         return step, step + 1, values + [keys.tolist()], np.array([n], np.int64)
 
 
 class SourceFeeds:
-    """Each step's slot (:meth:`take`) from the feeds of a mix's sources, each over its own
-    columns (an epoch read at once, :class:`EpochShares`, or the column path's
-    :class:`~.feed.Feed`), the columns laid out source after source: the step's rows as one feed
-    over all the columns gives them."""
+    """Each step's slot (:meth:`take`) from the feeds of a mix's sources
+    (:class:`EpochShares`), each over its own columns, the columns laid out source after source:
+    the step's rows as one feed over all the columns gives them."""
 
-    def __init__(self, feeds: Sequence[Union[Feed, EpochShares]]) -> None:
+    def __init__(self, feeds: Sequence[EpochShares]) -> None:
         self.feeds = list(feeds)
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
@@ -214,25 +234,48 @@ def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: in
 
 
 def read_epoch(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], takes: np.ndarray,
-               policy: ErrorPolicy, stats: WorkerStats, columns: Callable[[int], Feed],
-               start: int = 0) -> Optional[EpochShares]:
+               policy: ErrorPolicy, stats: WorkerStats, columns: Callable[[int], ColumnRounds],
+               start: int = 0) -> EpochShares:
     """The epoch of ``plans`` (one per column, all read with ``ctx``, a reader's; ``maps``: what
     its shares hand on to the next, :class:`~.mapped.ShareMaps`) from step ``start`` on (a resume
-    mid-way: the rows before it are not read) read at once in shares (see the module doc), its
-    first share read now; or ``None``: the column path is to read it. ``columns(step)``: the
-    column path from ``step`` on, for the rest of an epoch whose later share cannot be read."""
+    mid-way: the rows before it are not read), its first share read now: at once in shares where
+    it can be (:func:`at_once`, see the module doc), else by ``columns(step)``, the column path
+    from ``step`` on."""
+    bounds = at_once(ctx, maps, plans, takes, start)
+    shares = EpochShares(ctx, maps, plans, takes, policy, stats, bounds or [start], columns)
+    if bounds is None:
+        shares.by_columns()
+    if start < len(takes):
+        shares.next_share()
+    return shares
+
+
+def read_by_columns(takes: np.ndarray, policy: ErrorPolicy, columns: Callable[[int], ColumnRounds],
+                    start: int = 0) -> EpochShares:
+    """The epoch of ``takes`` (rows per step and column) from step ``start`` on read by its
+    columns (``columns(step)``, the column path from ``step`` on), its first round read now."""
+    shares = EpochShares(None, ShareMaps(), (), takes, policy, None, [start], columns).by_columns()
+    if start < len(takes):
+        shares.next_share()
+    return shares
+
+
+def at_once(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], takes: np.ndarray,
+            start: int = 0) -> Optional[List[int]]:
+    """The shares in which the epoch of ``plans`` (``takes``: rows per step and column) is read at
+    once from step ``start`` on (:func:`share_bounds`), or ``None`` where it cannot be: ``fixed``
+    (a column reads its parts again), parts without a known place (no offsets, or no counts), a
+    worker whose share of the epoch could not be read at once before (``maps.whole``)."""
     data = ctx.data
     if start >= len(takes) or not plans or ctx.config.policy == "fixed" or data.offsets is None or data.counts is None:
-        return None  # (``fixed`` reads a column's parts again; without offsets no part has a known place)
+        return None
     if not maps.whole:
         return None
     if any(stop is None or stop <= first for plan in plans for _, first, stop in plan.parts):
         return None
     walked = getattr(data.offsets, "members", None) is None  # (no member layouts: every sample found by header walk)
     whole, later = (FIRST_SHARE_BYTES, WALKED_SHARE_BYTES) if walked else (WHOLE_BYTES, SHARE_BYTES)
-    bounds = [start + b for b in share_bounds(takes[start:], data.bytes_per_sample, whole, later)]
-    shares = EpochShares(ctx, maps, plans, takes, policy, stats, bounds, columns)
-    return shares if shares.next_share() else None
+    return [start + b for b in share_bounds(takes[start:], data.bytes_per_sample, whole, later)]
 
 
 def read_share(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan],

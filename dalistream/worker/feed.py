@@ -1,17 +1,16 @@
-"""A worker's slot, step by step, from its columns' blocks of rows: what each step takes of each
-column is the plan's (``take``: a span's whole slot, one sample of each interleaved column, a
-mix source's share).
+"""The column path: a worker's columns read a round of steps at a time (:class:`ColumnRounds`),
+each through its own :class:`~.column.ColumnReader`, for the epoch's shares
+(:class:`~.epochfeed.EpochShares`) that are not read at once.
 
-:class:`Feed` reads the columns a *round* of steps at a time: each column's raw items for the
-round are read ahead and their runs decoded together (:func:`~.rows.decode_runs`: one pass of
-array operations over all the round's rows), then the columns' blocks (:class:`~.rows.Rows`)
-are pulled as needed and the round's rows of all columns taken at once (:class:`_Queues`: a few
-operations over all the columns' heads, not a loop body per column), laid end to end per field;
-each step's slot is gathered from them with one slice (or one index list) per field.
-So a worker reading 128 interleaved columns pays little per column, and that once per round.
-A round's first is one step (the first batch waits for little), then rounds double up to
-:data:`ROUND_BYTES` of samples, and at most half a run of each of several columns. A column that
-runs short (skipped samples, ``exact``'s last step) gives fewer rows: the step is padded at its end.
+A round's raw items of every column are read ahead and their runs decoded together
+(:func:`~.rows.decode_runs`: one pass of array operations over all the round's rows), then the
+columns' blocks (:class:`~.rows.Rows`) are pulled as needed and the round's rows of all columns
+taken at once (:class:`_Queues`: a few operations over all the columns' heads, not a loop body
+per column), laid end to end per field. So a worker reading 128 interleaved columns pays little
+per column, and that once per round. A round's first is one step (the first batch waits for
+little), then rounds double up to :data:`ROUND_BYTES` of samples, and at most half a run of
+each of several columns. A column that runs short (skipped samples, ``exact``'s last step)
+gives fewer rows: the step is padded at its end.
 
 :func:`shuffled_blocks` is the shuffle buffer over a column's blocks: the emission order is
 that of :func:`~dalistream.plan.shuffle.shuffled` over the column's ordinals (a pure function of
@@ -32,7 +31,7 @@ from ..plan.bucketworker import KEY_SHIFT
 from ..plan.shuffle import shuffled
 from ..tar import runs
 from .column import ColumnReader
-from .rows import Rows, decode_runs, gather
+from .rows import Rows, decode_runs
 
 ROUND_BYTES = 4 << 20  # a round reads about this much (the columns' rows, all fields), and of each
 # of several columns at most half a run: their next runs, out of step, are read a few per round, and
@@ -153,15 +152,16 @@ class _Queues:
 _NONE: list = []  # the head of a column that holds none
 
 
-class Feed:
-    """Each step's slot from ``streams`` (one per column), ``takes[t, c]`` rows of column ``c`` at
-    step ``t``, from step ``start`` on (see the module doc). ``bytes_per_sample`` (when known)
-    sizes the rounds. ``first_batch``: the parts opened for the first batch start with a short
-    run (:data:`FIRST_RUN_BYTES`), so it waits for little. ``keyed``: every step's rows come with
-    one more list, each row's key ``c × KEY_SHIFT + ordinal`` (``c`` its column, the ordinal its
-    place in the column: a bucket plan's emissions name them)."""
+class ColumnRounds:
+    """The column path's reads of an epoch: rounds of its steps (:meth:`bounds`), each column's
+    rows of a round (``takes[t, c]`` at step ``t``) read from its ``streams[c]``, their runs read
+    ahead and decoded together, the rows taken at once (:meth:`read`; see the module doc).
+    ``bytes_per_sample`` (when known) sizes the rounds. ``first_batch``: the parts opened for the
+    first batch start with a short run (:data:`FIRST_RUN_BYTES`), so it waits for little.
+    ``keyed``: a round's rows come with one more list, each row's key ``c × KEY_SHIFT + ordinal``
+    (``c`` its column, the ordinal its place in the column: a bucket plan's emissions name them)."""
 
-    def __init__(self, streams: Sequence[Iterator[Rows]], takes: np.ndarray, n_fields: int, start: int = 0,
+    def __init__(self, streams: Sequence[Iterator[Rows]], takes: np.ndarray, n_fields: int,
                  bytes_per_sample: Optional[float] = None, first_batch: bool = False, keyed: bool = False) -> None:
         self.streams = list(streams)
         self.queues = _Queues(self.streams, n_fields, keyed)
@@ -172,37 +172,39 @@ class Feed:
         readers = {id(s.reader): s.reader for s in streams if isinstance(s, ColumnReader)}  # (one per source)
         self.run_bytes = max((reader.run_bytes for reader in readers.values()), default=runs.MIN_RUN_BYTES)
         self.max_steps = round_steps(self.takes, keyed, bytes_per_sample, self.run_bytes)
-        self.step = start
-        self._round: Optional[Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]] = None
-        self._size = 1
         self._first_batch = first_batch  # the first batch's columns start with short runs
         self._phased = [False] * len(streams)  # whether a column's first part is opened
         column_bytes = self.takes.sum(axis=0).max(initial=0) * (bytes_per_sample or 0)
         self._phase = len(streams) > 1 and column_bytes > 2 * self.run_bytes
 
-    def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
-        """Step ``step``'s slot (the steps are taken in order): one list per field, the number of
-        rows, and how many came from each column."""
-        t0, t1, flat, lo, hi, lattice = self._round_at(step)
-        r = step - t0
-        counts = hi[r] - lo[r]
-        if lattice:  # every column gave one row a step: step r's rows are every M-th row from r
-            return [values[r::t1 - t0] if t1 - t0 > 1 else values for values in flat], len(self.streams), counts
-        index = runs.concat_ranges(lo[r], counts).tolist()
-        return gather(flat, index), len(index), counts
+    def bounds(self, start: int) -> List[int]:
+        """Where the rounds from step ``start`` on begin, and the epoch's end: the first of one
+        step (its batch waits for little), then each twice the one before, up to
+        :func:`round_steps`."""
+        bounds, size = [start], 1
+        while bounds[-1] < len(self.takes):
+            bounds.append(min(len(self.takes), bounds[-1] + size))
+            size = min(self.max_steps, 2 * size)
+        return bounds
 
-    def round_of(self, step: int) -> Tuple[int, int, List[list], np.ndarray]:
-        """The round holding ``step`` (read now if it is the next; the steps are taken in order):
-        its steps ``t0 … t1 − 1``, all its rows laid end to end per field, and how many of them
-        each of its steps reads."""
-        t0, t1, flat, lo, hi, _ = self._round_at(step)
-        return t0, t1, flat, (hi - lo).sum(axis=1)
-
-    def _round_at(self, step: int) -> Tuple[int, int, List[list], np.ndarray, np.ndarray, bool]:
-        """The round holding ``step``, read first if it is the next."""
-        if self._round is None or step >= self._round[1]:
-            self._read_round(step)
-        return self._round  # type: ignore[return-value]
+    def read(self, t0: int, t1: int) -> Tuple[List[list], np.ndarray]:
+        """The rows of steps ``t0 … t1 − 1`` (a round; the rounds are read in order): one list per
+        field (and the keys), column after column, and how many each column gave (fewer than its
+        takes where it ran out)."""
+        need = self.takes[t0:t1].sum(axis=0)
+        # the columns' runs for the round read first, then decoded together: one pass of array
+        # operations over all their rows, not one per column's few
+        pending, decoder = [], None
+        for c in (need > self.queues.queued).nonzero()[0].tolist():
+            stream = self.streams[c]
+            if isinstance(stream, ColumnReader):
+                decoder = stream.reader.rows  # (every source's reader decodes the same fields)
+                ahead = int(need[c] - self.queues.queued[c])
+                pending += [(run, stream.reader.source_name) for run in stream.read_ahead(ahead, self._first_runs(c))]
+        self._first_batch = False
+        if pending:
+            decode_runs(decoder, pending)
+        return self.queues.take(need)  # (pulls the columns' blocks: once per column per round)
 
     def _first_runs(self, c: int) -> Tuple[int, ...]:
         """The bytes of the first runs of the part column ``c`` opens now: the first batch waits
@@ -217,31 +219,6 @@ class Feed:
             if self._phase:
                 first += (max(1, self.run_bytes * (c + 1) // len(self.streams)),)
         return first
-
-    def _read_round(self, t0: int) -> None:
-        t1 = min(len(self.takes), t0 + self._size)
-        self._size = min(self.max_steps, 2 * self._size)
-        takes = self.takes[t0:t1]  # (M, K)
-        need = takes.sum(axis=0)
-        # the columns' runs for the round read first, then decoded together: one pass of array
-        # operations over all their rows, not one per column's few
-        pending, decoder = [], None
-        for c in (need > self.queues.queued).nonzero()[0].tolist():
-            stream = self.streams[c]
-            if isinstance(stream, ColumnReader):
-                decoder = stream.reader.rows  # (every source's reader decodes the same fields)
-                ahead = int(need[c] - self.queues.queued[c])
-                pending += [(run, stream.reader.source_name) for run in stream.read_ahead(ahead, self._first_runs(c))]
-        self._first_batch = False
-        if pending:
-            decode_runs(decoder, pending)
-        flat, got = self.queues.take(need)  # (pulls the columns' blocks: once per column per round)
-        base = np.concatenate([[0], np.cumsum(got)[:-1]])
-        starts = np.cumsum(takes, axis=0) - takes
-        lo = base + np.minimum(starts, got)
-        hi = base + np.minimum(starts + takes, got)
-        lattice = bool((takes == 1).all() and (got == len(takes)).all())
-        self._round = (t0, t1, flat, lo, hi, lattice)
 
 
 def round_steps(takes: np.ndarray, keyed: bool, bytes_per_sample: Optional[float], run_bytes: int) -> int:

@@ -16,7 +16,7 @@ decoded (:class:`~.numbering.Numbering`). Every block holds consecutive ordinals
 is its first).
 
 A column's blocks come from a :class:`~.column.ColumnReader`, which reads the tar reader's raw items
-ahead on request, so that the :class:`~.feed.Feed` decodes the runs of all of a worker's columns
+ahead on request, so that :class:`~.feed.ColumnRounds` decodes the runs of all of a worker's columns
 together (:func:`~.rows.decode_runs`) before each column turns its items into blocks, in its own
 order: the problems of a shard are acted on before the sample read just before them. A column's
 remote parts are fetched by the worker's read-ahead (``PlanReader.fetcher``, one for all its

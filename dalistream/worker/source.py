@@ -53,9 +53,9 @@ from .bucketfeed import BucketFeed, bucket_column
 from ..io.openfiles import raise_files_limit
 from ..io.options import shared_budget
 from ..io.parts import PartFetcher
-from .epochfeed import EpochShares, SourceFeeds, read_epoch
+from .epochfeed import EpochShares, SourceFeeds, at_once, read_by_columns, read_epoch
 from .column import ColumnReader
-from .feed import Feed, shuffled_blocks
+from .feed import ColumnRounds, shuffled_blocks
 from .reader import PlanReader
 from .rows import Rows
 from ..plan.shuffle import emitted_indices
@@ -218,8 +218,8 @@ class WorkerSource:
     def epoch_batches(self, epoch: int, start_step: int = 0) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         """The padded batches of ``epoch`` from ``start_step`` on; earlier samples are not read
         (a seek, or skipped by tar header), never decoded. Each step takes its slot from its
-        columns (:class:`~.feed.Feed`: a span's whole slot, one sample of each interleaved
-        column, each mix source's share). However it ends (its last step, an error, its consumer
+        columns (:class:`~.epochfeed.EpochShares`: a span's whole slot, one sample of each
+        interleaved column, each mix source's share). However it ends (its last step, an error, its consumer
         letting it go), its columns' parts are closed then, in this thread."""
         opened: List[ColumnReader] = []  # the epoch's columns, as they are made
         try:
@@ -253,21 +253,18 @@ class WorkerSource:
         steps = reading.steps
         self._state_ahead([plan for plan, _, _ in columns], [s for _, _, s in columns], stats)
         takes = np.stack([take for _, take, _ in columns], axis=1) if steps else np.zeros((0, len(columns)), np.int64)
-        def by_columns(start: int, which: Optional[Sequence[int]] = None) -> Feed:
+
+        def by_columns(start: int, which: Optional[Sequence[int]] = None) -> ColumnRounds:
             """The column path from step ``start`` on, of the columns ``which`` (all by default)."""
             which = list(range(len(columns))) if which is None else list(which)
             streams = [self._stream(columns[k][0], int(columns[k][1][:start].sum()), policy, stats,
                                     self.readers[columns[k][2]], opened) for k in which]
-            return Feed(streams, takes[:, which], len(c.fields), start, self.data.bytes_per_sample,
-                        first_batch=epoch == self.start_epoch and start == start_step)
+            return ColumnRounds(streams, takes[:, which], len(c.fields), self.data.bytes_per_sample,
+                                first_batch=epoch == self.start_epoch and start == start_step)
 
-        feed: Union[Feed, EpochShares, SourceFeeds, None] = None
-        if c.interleave:  # read at once, in shares, source by source
-            t0 = time.perf_counter()
-            feed = self._at_once(columns, takes, start_step, policy, stats, by_columns)
-            stats.read_s += time.perf_counter() - t0
-        if feed is None:
-            feed = by_columns(start_step)
+        t0 = time.perf_counter()
+        feed = self._epoch_feed(columns, takes, start_step, policy, stats, by_columns)
+        stats.read_s += time.perf_counter() - t0
         # a mix counts what each step took of each source: columns summed by source
         by_source = np.zeros((len(columns), len(self.readers)), np.int64)
         by_source[np.arange(len(columns)), [source for _, _, source in columns]] = 1
@@ -293,25 +290,23 @@ class WorkerSource:
             stats.add(dropped=reading.left_out)
         stats.write()
 
-    def _at_once(self, columns: Sequence[Tuple[WorkerPlan, np.ndarray, int]], takes: np.ndarray, start: int,
-                 policy: ErrorPolicy, stats: WorkerStats,
-                 by_columns: Callable[..., Feed]) -> Union[EpochShares, SourceFeeds, None]:
-        """An interleaved epoch from step ``start`` on read at once (:func:`~.epochfeed.read_epoch`),
-        each source's columns by its own reader (a mix's sources side by side:
-        :class:`~.epochfeed.SourceFeeds`, a source that cannot be read so by its columns); ``None``
-        where no source can be."""
+    def _epoch_feed(self, columns: Sequence[Tuple[WorkerPlan, np.ndarray, int]], takes: np.ndarray, start: int,
+                    policy: ErrorPolicy, stats: WorkerStats,
+                    by_columns: Callable[..., ColumnRounds]) -> Union[EpochShares, SourceFeeds]:
+        """The epoch's feed from step ``start`` on: interleaved, each source's columns by its own
+        reader (:func:`~.epochfeed.read_epoch`: read at once where they can be; a mix's sources
+        side by side, :class:`~.epochfeed.SourceFeeds`); else (one span, or no source read at
+        once) all the columns by the column path together."""
         groups = [[k for k, column in enumerate(columns) if column[2] == s] for s in range(len(self.readers))]
         groups = [g for g in groups if g]
-        if [k for g in groups for k in g] != list(range(len(columns))):
-            return None  # (columns not laid out source by source)
         readers = [self.readers[columns[g[0]][2]] for g in groups]
-        read = [read_epoch(reader.context(), reader.maps, [columns[k][0] for k in g], takes[:, g], policy, stats,
-                           partial(by_columns, which=g), start) for reader, g in zip(readers, groups)]
-        if all(r is None for r in read):
-            return None
-        if len(read) == 1:
-            return read[0]
-        return SourceFeeds([r if r is not None else by_columns(start, g) for r, g in zip(read, groups)])
+        plans = [[columns[k][0] for k in g] for g in groups]
+        if (not self.config.interleave or [k for g in groups for k in g] != list(range(len(columns)))
+                or not any(at_once(r.context(), r.maps, p, takes[:, g], start) for r, p, g in zip(readers, plans, groups))):
+            return read_by_columns(takes, policy, by_columns, start)
+        read = [read_epoch(reader.context(), reader.maps, p, takes[:, g], policy, stats, partial(by_columns, which=g),
+                           start) for reader, p, g in zip(readers, plans, groups)]
+        return read[0] if len(read) == 1 else SourceFeeds(read)
 
     def _state_ahead(self, plans: Sequence[WorkerPlan], sources: Sequence[int], stats: WorkerStats) -> None:
         """Through a byte cache: the versions of the objects ``plans`` read (each through reader
@@ -330,22 +325,24 @@ class WorkerSource:
         run = reading.run
         self._state_ahead(run.readers, run.source, stats)
 
-        def by_columns(start: int) -> Feed:  # the column path, from step ``start`` on
+        def by_columns(start: int) -> ColumnRounds:  # the column path, from step ``start`` on
             read = run.reads[run.first:start].sum(axis=0)  # (each reader's rows before it: none gone)
             streams = [self.readers[run.source[g]].blocks(plan, policy, stats, start=run.start[g] + int(read[g]),
                                                           gone=run.gone[g])
                        for g, plan in enumerate(run.readers)]
             opened.extend(streams)
-            return Feed(streams, run.reads, len(c.fields), start, self.data.bytes_per_sample,
-                        first_batch=epoch == self.start_epoch and start == run.first, keyed=True)
+            return ColumnRounds(streams, run.reads, len(c.fields), self.data.bytes_per_sample,
+                                first_batch=epoch == self.start_epoch and start == run.first, keyed=True)
 
-        rows: Union[Feed, EpochShares, None] = None
+        t0 = time.perf_counter()
         if start_step == run.first == 0 and self.mix is None and not any(run.start) and not any(run.gone):
-            t0 = time.perf_counter()  # a fresh epoch whose readers read every sample: at once, in shares
+            # a fresh epoch whose readers read every sample: at once, in shares, where it can be
             reader = self.readers[0]
             rows = read_epoch(reader.context(), reader.maps, list(run.readers), run.reads, policy, stats, by_columns)
-            stats.read_s += time.perf_counter() - t0
-        feed = BucketFeed(run, rows if rows is not None else by_columns(start_step), len(c.fields))
+        else:
+            rows = read_by_columns(run.reads, policy, by_columns, start_step)
+        stats.read_s += time.perf_counter() - t0
+        feed = BucketFeed(run, rows, len(c.fields))
         empty = batch.templates(c.fields, c.batch_size)
         first = self.worker == 0
         # (per step: plain numbers, read once an epoch)

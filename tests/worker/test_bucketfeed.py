@@ -14,8 +14,8 @@ from dalistream.plan.epochplan import bucket_epoch, epoch_plan
 from dalistream.tools import bucketview
 from dalistream.worker import WorkerSource
 from dalistream.worker.bucketfeed import BucketFeed
-from dalistream.worker.epochfeed import EpochShares, read_epoch
-from dalistream.worker.feed import Feed
+from dalistream.worker.epochfeed import EpochShares, read_by_columns, read_epoch
+from dalistream.worker.feed import ColumnRounds
 from dalistream.worker.policy import ErrorPolicy
 from dalistream.worker.reader import PlanReader
 from dalistream.worker.stats import WorkerStats
@@ -100,11 +100,12 @@ def test_a_worker_holds_at_most_the_plan_s_look_ahead(shards, at_once):
         stats, policy = WorkerStats(None, 0, w), ErrorPolicy("raise", 1.0)
         if at_once:
             rows = read_epoch(reader.context(), reader.maps, list(run.readers), run.reads, policy, stats, None)
-            assert isinstance(rows, EpochShares)
+            assert rows.rounds is None  # (read at once)
         else:
             streams = [reader.blocks(plan, policy, stats, start=run.start[g], gone=run.gone[g])
                        for g, plan in enumerate(run.readers)]
-            rows = Feed(streams, run.reads, len(c.fields), run.first, keyed=True)
+            rows = read_by_columns(run.reads, policy, lambda s: ColumnRounds(streams, run.reads, len(c.fields),
+                                                                             keyed=True), run.first)
         feed = BucketFeed(run, rows, len(c.fields))
         taken = sum(feed.take(t)[1] for t in range(run.steps))
         assert taken == int(run.bounds[-1]) and not feed.held
@@ -126,10 +127,11 @@ def test_the_epoch_is_read_at_once_where_it_can_be_and_gives_the_same_batches(sh
             monkeypatch.setattr(epochfeed, "WHOLE_BYTES", whole)
             monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", whole)
             at_once = [batches(stream, w) for w in range(2)]
-            assert used and all(isinstance(r, EpochShares) for r in used)
+            assert used and all(isinstance(r, EpochShares) and r.rounds is None for r in used)
             if whole == 1:
                 assert max(len(r.bounds) for r in used) > 3
-            monkeypatch.setattr(source, "read_epoch", lambda *a: None)
+            monkeypatch.setattr(source, "read_epoch", lambda ctx, maps, plans, takes, policy, stats, columns, start=0:
+                                read_by_columns(takes, policy, columns, start))
             assert at_once == [batches(stream, w) for w in range(2)]
             monkeypatch.setattr(source, "read_epoch", lambda *a: used.append(real(*a)) or used[-1])
             used.clear()

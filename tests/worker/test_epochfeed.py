@@ -43,10 +43,10 @@ def read(source, e, monkeypatch, budget=None, start_step=0):
         reads[0] += len(paths)
         return region_of(self, paths, nbytes)
 
-    class Made(epochfeed.EpochFeed):  # (a share read at once and given out)
-        def __init__(self, *args):
-            at_once[0] += 1
-            super().__init__(*args)
+    class Made(epochfeed.EpochFeed):  # (a share read at once and given out; not a round of the columns')
+        def __init__(self, *args, counted=True):
+            at_once[0] += counted
+            super().__init__(*args, counted=counted)
 
     monkeypatch.setattr(runs.Arena, "take", counted)
     monkeypatch.setattr(FileRange, "view", viewed)

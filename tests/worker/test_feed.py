@@ -17,6 +17,7 @@ from dalistream.manifest.rows import ShardRows
 from dalistream.plan.bucketworker import KEY_SHIFT
 from dalistream.tar import runs
 from dalistream.worker import WorkerSource, epochfeed, feed
+from dalistream.worker.policy import ErrorPolicy
 from dalistream.worker.rows import Rows
 
 from helpers import short_runs, write_tar
@@ -60,13 +61,13 @@ def epoch(config, data, monkeypatch, e=1):
         per_round[-1] += n > 0
         return view(self, n)
 
-    def round_(self, t0, original=feed.Feed._read_round):
+    def round_(self, t0, t1, original=feed.ColumnRounds.read):
         per_round.append(0)
-        return original(self, t0)
+        return original(self, t0, t1)
 
     monkeypatch.setattr(runs.Arena, "take", counted)
     monkeypatch.setattr(FileRange, "view", viewed)
-    monkeypatch.setattr(feed.Feed, "_read_round", round_)
+    monkeypatch.setattr(feed.ColumnRounds, "read", round_)
     source = WorkerSource(config, data, 0)
     batches = [[np.asarray(v).tobytes() for v in b[0]] + [np.asarray(b[2]).tobytes()] for b in source.epoch_batches(e)]
     monkeypatch.undo()
@@ -80,7 +81,7 @@ def test_columns_start_out_of_step_and_deliver_the_same(shards, monkeypatch):
     # then one phased to (c + 1) / C of a run, then runs of ~8 samples
     assert len(phased) == 15 and reads[:2] == [COLUMNS, COLUMNS]
     short_runs(monkeypatch, 64 << 10)
-    monkeypatch.setattr(feed.Feed, "_first_runs", lambda self, c: ())  # every column in step
+    monkeypatch.setattr(feed.ColumnRounds, "_first_runs", lambda self, c: ())  # every column in step
     in_step, reads_in_step = epoch(config, data, monkeypatch, e=0)
     assert in_step == phased  # the same samples, in the same batches
     assert max(reads_in_step[2:]) == COLUMNS  # in step: every column needs its next run at the same round
@@ -93,8 +94,8 @@ def test_only_the_first_epoch_starts_with_short_runs(shards, monkeypatch):
     config, data = shards
     later, reads = epoch(config, data, monkeypatch, e=1)
     short_runs(monkeypatch, 64 << 10)
-    init = feed.Feed.__init__
-    monkeypatch.setattr(feed.Feed, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "first_batch": True}))
+    init = feed.ColumnRounds.__init__
+    monkeypatch.setattr(feed.ColumnRounds, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "first_batch": True}))
     short, reads_short = epoch(config, data, monkeypatch, e=1)
     assert later == short  # the same samples, in the same batches
     assert reads_short[:2] == [COLUMNS, COLUMNS]  # short runs, then the phased ones a round later
@@ -110,8 +111,8 @@ def test_short_columns_are_not_cut(shards, monkeypatch):
     monkeypatch.setattr(runs, "MAPPED_RUN_BYTES", 0)  # (a local file's mapped runs as long)
     source = WorkerSource(config, data, 0)
     plans = source.plans(1)
-    f = feed.Feed([iter(())] * len(plans), np.ones((15, len(plans)), np.int64), 3,
-                  bytes_per_sample=data.bytes_per_sample)
+    f = feed.ColumnRounds([iter(())] * len(plans), np.ones((15, len(plans)), np.int64), 3,
+                          bytes_per_sample=data.bytes_per_sample)
     assert f._first_runs(3) == ()
 
 
@@ -169,7 +170,7 @@ def test_each_step_takes_each_column_s_rows_in_order(pattern, keyed):
                 for v0, v1 in zip(*b.columns)]
         expected.append(rows)
         streams.append(_blocks(np.random.default_rng(c), c, lengths, watch))
-    f = feed.Feed(streams, takes, 2, keyed=keyed)
+    f = epochfeed.read_by_columns(takes, ErrorPolicy("raise"), lambda s: feed.ColumnRounds(streams, takes, 2, keyed=keyed))
     at = [0] * n_columns
     for t in range(steps):
         values, n, counts = f.take(t)
