@@ -407,7 +407,8 @@ def test_loader_raise_on_a_shard_damaged_after_indexing(tmp_path):
     e = info.value
     assert (e.url, e.member, e.rank, e.worker, e.reason) == (paths[1], "s1/005.png", 0, 1, "truncated")
     assert "truncated tar: member data cut after" in str(e) and "re-write or re-upload" in str(e)
-    assert "Traceback (most recent call last)" in e.worker_traceback and "worker/reader.py" in e.worker_traceback
+    # (the worker's traceback, down to where the part's reader met the damage)
+    assert "Traceback (most recent call last)" in e.worker_traceback and "worker/part.py" in e.worker_traceback
     assert not any("DALI worker process" in note for note in getattr(e, "__notes__", ()))  # one message
     assert set(got) <= {f"s{i}/{j:03d}" for i in range(2) for j in range(12)}
 

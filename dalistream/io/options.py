@@ -130,6 +130,22 @@ def shared_budget(options: Optional[Mapping[str, Any]], share: int) -> Dict[str,
     return options
 
 
+def one_stream(options: Optional[Mapping[str, Any]], streams: int, share: int = 1) -> Dict[str, Any]:
+    """``options`` for one byte stream that reads what ``streams`` streams reading at once would
+    (a worker's interleaved columns, an epoch's share of them read by ranges), within ``share``
+    of the worker's read-ahead (:func:`shared_budget`): as many requests in flight as the streams
+    would keep (one each, at least :data:`SPAN_IN_FLIGHT`, at most :data:`MAX_IN_FLIGHT`;
+    ``parts_in_flight`` if given), in parts small enough that so many fit in its budget, its
+    reads' chunks no larger than that budget."""
+    options = shared_budget(options, share)
+    opts = remote_options(options)
+    flight = opts.parts_in_flight or min(MAX_IN_FLIGHT, max(SPAN_IN_FLIGHT, streams))
+    ahead = opts.read_ahead_bytes
+    options.update(parts_in_flight=flight, part_bytes=max(1024, min(opts.part_bytes, ahead // flight)),
+                   chunk_bytes=max(1, min(opts.chunk_bytes, ahead)))  # (a stream's budget is at least a chunk)
+    return options
+
+
 def with_cache(options: Optional[Mapping[str, Any]], folder: Optional[str], limit: Any) -> Dict[str, Any]:
     """``options`` carrying the node-local byte cache of ``folder`` (at most ``limit`` bytes):
     built here, once, so a folder that cannot hold it is a :class:`ConfigError` before any worker

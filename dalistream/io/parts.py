@@ -24,7 +24,10 @@ at most :data:`~.options.MAX_IN_FLIGHT`), so that each column's first bytes are 
 batch waits for about one round trip, not one per column.
 
 The first part of a shard learns the object's size and ETag; the following parts are pinned to
-that ETag (``If-Match``), so two versions are never spliced. Each part retries throttling and
+that ETag (``If-Match``), so two versions are never spliced; and so is every later stream of the
+same object for the fetcher's life (a worker's next share or epoch of it): an object replaced
+while a worker reads it is a ``changed`` error wherever that is met, never the new bytes read
+as if the offsets counted at the start still held. Each part retries throttling and
 5xx answers with backoff and resumes a cut transfer from its exact byte (:class:`RemoteRaw`).
 An HTTP server that ignores ranges answers the first part with the whole object: that shard is
 then read as one stream (still within the byte budget). A failed part is handed to the reader in
@@ -68,6 +71,7 @@ class PartFetcher:
         # (by index in the fetcher's list; a stream's entries go when it is dropped)
         self.shards: Dict[int, Optional[ShardState]] = {}
         self.owners: Dict[int, StreamState] = {}  # the stream of each shard
+        self.pinned: Dict[str, Tuple[str, Optional[int]]] = {}  # each object's ETag and size, as its first part learned them
         self.count = 0
         self.streams: List[StreamState] = []  # those still read
         self.held = 0
@@ -87,8 +91,10 @@ class PartFetcher:
             self.count += len(urls)
             stream = StreamState(lo, self.count, start, opts, counters)
             for i, url in enumerate(urls):
-                self.shards[lo + i] = ShardState(url, *(ranges[i] if ranges is not None else (0, None))) \
-                    if is_ranged(url) else None
+                shard = ShardState(url, *(ranges[i] if ranges is not None else (0, None))) if is_ranged(url) else None
+                if shard is not None and url in self.pinned:
+                    shard.etag = self.pinned[url][0]
+                self.shards[lo + i] = shard
                 self.owners[lo + i] = stream
             self.streams.append(stream)
             wanted = opts.in_flight if opts.parts_in_flight is not None or not self.open_to_more else \
@@ -274,6 +280,10 @@ class PartFetcher:
         """The first part answered: the size and ETag of the object are known."""
         with self.cond:
             shard.size, shard.etag = raw.size, raw.etag
+            if raw.etag is not None:
+                _, size = self.pinned.setdefault(shard.url, (raw.etag, raw.size))
+                if shard.size is None:  # (a pinned read through the cache states no size: the first one's)
+                    shard.size = size
             if raw.ranged:
                 shard.state = "known"
             else:  # the server sent the whole object: read it as one stream, charged as it arrives

@@ -7,10 +7,11 @@ acts on it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ..config import StreamConfig
 from ..dataset import DataSet
+from ..io.parts import PartFetcher
 from ..tar.runs import Arena
 from .layouts import ShardLayouts
 from .rows import RowDecoder
@@ -20,7 +21,9 @@ from .rows import RowDecoder
 class ReadContext:
     """A reader's config, data set and shard layouts; ``wants``: whether a member's extension is
     one the fields read; ``rows``: its decoder of runs, for source ``source_name``; ``arena``:
-    where runs are read (the worker's)."""
+    where runs are read, ``worker`` and ``fetcher`` (its read-ahead of remote parts): the worker's;
+    ``share_options``: the storage options of the one stream that reads a share by ranges (the
+    reader's share of the worker's read-ahead; ``None``: ``config``'s)."""
 
     config: StreamConfig
     data: DataSet
@@ -29,3 +32,6 @@ class ReadContext:
     rows: RowDecoder
     source_name: str = ""
     arena: Optional[Arena] = None
+    worker: int = 0
+    fetcher: Optional[PartFetcher] = None
+    share_options: Optional[Mapping[str, Any]] = None

@@ -12,10 +12,12 @@ each column's part cut where the share's rows of it begin and end (:func:`_taken
 ``even`` leaves out is not read). Where every shard of the share is local and has a member
 layout, the share is read from one mapping of its shards (:class:`~.mapped.MappedShare`: one
 header gather and one decode call per piece, whatever the number of shards and columns, no copy
-and no buffer of the worker's own). Where no shard of the share has a member layout (an index of offsets only;
-shards with folders, links or long names), it is read by ranges (:func:`read_share`): the parts
-of a shard that lie end to end are one range, found by header walk between its offsets, as a
-column finds it, its members copied into the worker's buffers (:func:`walked_range`), every run
+and no buffer of the worker's own). Any other share (remote shards with offsets; shards without a
+member layout: an index of offsets only, shards with folders, links or long names) is read by
+ranges (:class:`ShareRead`): the parts of a shard that lie end to end are one range, its remote
+ranges handed to the worker's read-ahead as the share is started (fetched over the steps of the
+share before), each range read as a column reads a part (:func:`~.part.read_part`: cut by its
+member layout, or found by header walk), its members copied into the worker's buffers, every run
 decoded together (:func:`~.rows.decode_runs`).
 Each column's rows are an index array over the decoded rows (less the plan's drops, an elastic
 resume's included), and each step takes its rows by index. What each step holds, in which
@@ -27,23 +29,24 @@ batch waiting for the whole read; a larger one is cut into a first of about
 :data:`GROWTH`-fold to :data:`SHARE_BYTES` (found by header walk: to :data:`WALKED_SHARE_BYTES`,
 within what a share may copy). While a share is given out, the next is read from its mapping in
 pieces, none at the share's first step (but a share of one step's), a few at each later one and
-the last by the share's last step, as one span's reads fall between its batches (a share read by ranges is read when its
-first step is taken): the job's first batch waits for a small first share alone, its next ones
+the last by the share's last step, as one span's reads fall between its batches (a share read
+by ranges is read when its first step is taken): the job's first batch waits for a small first share alone, its next ones
 for a piece of a small second share each. Each share is held until the next is taken.
 
 An interleaved epoch is read at once, fresh or resumed mid-way (from its step: the rows before are
 not read): of one data set, of a mix (each source's columns by its own reader,
-:class:`SourceFeeds`), and a bucket plan's fresh epoch (its readers, :meth:`EpochShares.round_of`).
-The column path reads every other: one span per worker (its one column pays nothing per column), a
-bucket plan's resumed epoch and a bucketed mix, the ``fixed`` policy (a column reads its parts
-again), a part of a remote or gzipped shard or of one without offsets, a part read twice, a share
-over :data:`EPOCH_BYTES` (or walked ranges over :data:`COPIED_BYTES`), and anything amiss in the
-reading (a damaged, cut or changed shard, a file that cannot be mapped, a sample the decoder
-refuses, one the header walk leaves alone: too large for a run, or without a wanted member; a share
-of shards with and without member layouts): the column path then reads the epoch from the share's
-first step (as it reads one resumed there; :meth:`EpochShares.by_columns`, its rounds the shares) and meets the problem where it lies, in order, as it
-always does, and every later epoch of the worker too (``ShareMaps.whole``,
-:class:`~.mapped.ShareMaps`: what stopped one read stays, and is not read twice each epoch).
+:class:`SourceFeeds`), and a bucket plan's fresh epoch (its readers, :meth:`EpochShares.round_of`);
+local or remote. The column path reads every other: one span per worker (its one column pays
+nothing per column), a bucket plan's resumed epoch and a bucketed mix, the ``fixed`` policy (a
+column reads its parts again), a part of a gzipped shard or of one without offsets, a part read
+twice, a share over :data:`EPOCH_BYTES` (or ranges over :data:`COPIED_BYTES`), and anything amiss
+in the reading (a damaged, cut or changed shard, a file that cannot be mapped, a sample the
+decoder refuses, one the header walk leaves alone: too large for a run, or without a wanted
+member): the column path then reads the epoch from the share's first step (as it reads one
+resumed there; :meth:`EpochShares.by_columns`, its rounds the shares) and meets the problem where
+it lies, in order, as it always does, and every later epoch of the worker too
+(``ShareMaps.whole``, :class:`~.mapped.ShareMaps`: what stopped one read stays, and is not read
+twice each epoch).
 Nothing of a share is given out before the whole share is read, so a fallback repeats no
 sample.
 """
@@ -51,24 +54,25 @@ sample.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
-import operator
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..errors import DalistreamError
-from ..io.local import FileRange, local_path
-from ..io.streams import chunk_bytes, maps_parts, open_shard
+from ..io.local import local_path
+from ..io.remote import is_ranged
+from ..io.streams import ShardSequence, is_gzip_name, maps_parts
 from ..plan import WorkerPlan
 from ..plan.bucketworker import KEY_SHIFT
-from ..tar import iter_samples
 from ..tar.runs import Run, concat_ranges
-from ..tar.walked import walked_runs
 from .context import ReadContext
 from .feed import ColumnRounds
 from .mapped import MappedShare, ShareMaps
+from .numbering import Numbering
+from .part import read_part
 from .policy import ErrorPolicy
 from .rows import decode_runs, gather, less_drops
 from .stats import WorkerStats
@@ -78,9 +82,9 @@ WHOLE_BYTES = 16 << 20  # an epoch of at most this many is one share (its first 
 FIRST_SHARE_BYTES = 4 << 20  # a larger epoch's first share (which its first batch waits for) …
 SHARE_BYTES = 64 << 20  # … and each after it, read over the steps of the one before, …
 GROWTH = 4  # … growing to it from the first this many times over at each share (a first batch's next ones small)
-COPIED_BYTES = 64 << 20  # a share's ranges found by header walk, copied into the worker's buffers: at most this …
+COPIED_BYTES = 64 << 20  # a share read by ranges (remote, or found by header walk) copied into the worker's buffers: at most this …
 WALKED_SHARE_BYTES = COPIED_BYTES // 2  # … so such an epoch's shares are of this (room for samples over the mean)
-WALKED_RUN_BYTES = 4 << 20  # a walked range's runs: at most this many bytes (half an arena buffer)
+WALKED_RUN_BYTES = 4 << 20  # a range's runs found by header walk: at most this many bytes (half an arena buffer)
 
 
 class EpochFeed:
@@ -137,9 +141,9 @@ class EpochShares:
     def by_columns(self) -> "EpochShares":
         """Read the shares from the next on by the columns, their rounds the shares."""
         start = self.bounds[self.share + 1]
+        self.close()  # (a next share started: not read so)
         self.rounds = self.columns(start)
         self.bounds[self.share + 1:] = self.rounds.bounds(start)
-        self.next = None
         return self
 
     def next_share(self) -> None:
@@ -162,6 +166,12 @@ class EpochShares:
         self.start, self.stop = self.bounds[self.share], self.bounds[self.share + 1]
         flat, held = self.rounds.read(self.start, self.stop)
         self.feed = EpochFeed(flat, held, self.takes[self.start:self.stop], self.policy, counted=False)
+
+    def close(self) -> None:
+        """Read no more: the next share's remote reads stopped now, in this thread."""
+        read, self.next = self.next, None
+        if isinstance(read, ShareRead):
+            read.close()
 
     def _start(self, share: int, pieces: int) -> Union[MappedShare, "ShareRead"]:
         a, b = self.rows[self.bounds[share]], self.rows[self.bounds[share + 1]]
@@ -203,6 +213,11 @@ class SourceFeeds:
 
     def __init__(self, feeds: Sequence[EpochShares]) -> None:
         self.feeds = list(feeds)
+
+    def close(self) -> None:
+        """Read no more (:meth:`EpochShares.close`)."""
+        for feed in self.feeds:
+            feed.close()
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
         """Step ``step``'s slot: one list per field, the number of rows, how many came from each column."""
@@ -273,26 +288,29 @@ def at_once(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], take
         return None
     if any(stop is None or stop <= first for plan in plans for _, first, stop in plan.parts):
         return None
-    walked = getattr(data.offsets, "members", None) is None  # (no member layouts: every sample found by header walk)
-    whole, later = (FIRST_SHARE_BYTES, WALKED_SHARE_BYTES) if walked else (WHOLE_BYTES, SHARE_BYTES)
+    # copied into the worker's buffers: samples found by header walk (no member layouts), or remote ones
+    copied = (getattr(data.offsets, "members", None) is None
+              or not all(maps_parts(data.urls[index]) for plan in plans for index, _, _ in plan.parts))
+    whole, later = (FIRST_SHARE_BYTES, WALKED_SHARE_BYTES) if copied else (WHOLE_BYTES, SHARE_BYTES)
     return [start + b for b in share_bounds(takes[start:], data.bytes_per_sample, whole, later)]
 
 
-def read_share(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan],
-               taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]],
-               stats: WorkerStats) -> Optional[Tuple[List[list], List[np.ndarray]]]:
-    """Each column's rows of a share read at once, by ranges (``taken``: what :func:`_taken` says
-    of them): the decoded rows, one list per field, and each column's rows among them; ``None``
-    where they cannot be (see the module doc)."""
+def share_ranges(ctx: ReadContext, taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]]) -> Optional[List[tuple]]:
+    """The ranges a share's columns read (``taken``: what :func:`_taken` says of them): each
+    shard's parts that lie end to end as one range ``(shard, first, stop, start, end)``, its bytes
+    ``start`` to ``end`` where the offsets place them; ``None`` where the share cannot be read by
+    ranges (a gzip or ``pipe:`` shard, a part with no known place, one read twice, or over the
+    bytes a share may copy)."""
     by_shard: Dict[int, List[Tuple[int, int]]] = {}
     for _, own in taken:
         for index, first, stop in own:
             by_shard.setdefault(index, []).append((first, stop))
-    ranges = []  # (index, first, stop, start, end): ``start``, ``end`` a walked range's bytes
+    ranges = []
     total = 0
     for index, parts in sorted(by_shard.items()):
-        if not maps_parts(ctx.data.urls[index]):  # (a remote or gzip shard: no positions to read by)
-            return None
+        url = ctx.data.urls[index]
+        if is_gzip_name(url) or not (maps_parts(url) or is_ranged(url)):
+            return None  # (no positions to read by)
         merged: List[List[int]] = []
         for first, stop in sorted(parts):
             if merged and merged[-1][1] == first:
@@ -302,9 +320,7 @@ def read_share(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan],
             else:
                 merged.append([first, stop])
         for first, stop in merged:
-            if ctx.layouts.layout(index, first, stop, ctx.data.offsets.at(index, first) if first else None):
-                return None  # (a laid-out shard beside shards without: the columns')
-            found = _walked_bytes(ctx, index, first, stop)  # (found by header walk: every member copied)
+            found = _range_bytes(ctx, index, first, stop)
             if found is None:
                 return None
             start, end, size = found
@@ -312,37 +328,58 @@ def read_share(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan],
             if total > COPIED_BYTES or total > EPOCH_BYTES:
                 return None
             ranges.append((index, first, stop, start, end))
-    runs = _read(ctx, ranges, stats)
-    if runs is None:
-        maps.whole = False  # (what stopped it stays: later epochs go to the columns at once)
-        return None
-    stats.add(bytes=sum(run.nbytes for _, run in runs))  # (the columns count their runs' so)
-    return _rows_of(ctx, plans, taken, runs)
+    return ranges
 
 
 class ShareRead:
-    """A share read at once when it is taken (:meth:`finish`), in no pieces: the read by ranges
-    (:func:`read_share`), for shards without a member layout."""
+    """A share read by ranges (:func:`share_ranges`), in no pieces: its remote ranges handed to the
+    worker's read-ahead as it is started (fetched over the steps of the share before, with the
+    columns' parts), every range read when its first step is taken (:meth:`finish`) by
+    :func:`~.part.read_part` (cut by member layout or found by header walk, into the worker's
+    buffers), every run decoded together."""
 
     pieces, done, failed = 0, 0, False
 
-    def __init__(self, *args) -> None:
-        self.args = args
+    def __init__(self, ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan],
+                 taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]], stats: WorkerStats) -> None:
+        self.ctx, self.maps, self.plans, self.taken, self.stats = ctx, maps, plans, taken, stats
+        self.ranges = share_ranges(ctx, taken)
+        self.shards: Optional[ShardSequence] = None
+        if self.ranges is not None:
+            options = ctx.config.storage_options if ctx.share_options is None else ctx.share_options
+            self.shards = ShardSequence([ctx.data.urls[r[0]] for r in self.ranges], options, stats.io,
+                                        ranges=[(r[3] or 0, r[4]) for r in self.ranges], fetcher=ctx.fetcher)
 
     def piece(self) -> None:
         """(no pieces)"""
 
     def finish(self) -> Optional[Tuple[List[list], List[np.ndarray]]]:
-        """What :func:`read_share` gives."""
-        return read_share(*self.args)
+        """The decoded rows, one list per field, and each column's rows among them; ``None``
+        where the share cannot be read so (see the module doc)."""
+        if self.ranges is None or self.shards is None:
+            return None
+        try:
+            runs = _read(self.ctx, self.shards, self.ranges, self.stats)
+        finally:
+            self.close()
+        if runs is None:
+            self.maps.whole = False  # (what stopped it stays: later epochs go to the columns at once)
+            return None
+        self.stats.add(bytes=sum(run.nbytes for _, run in runs))  # (the columns count their runs' so)
+        return _rows_of(self.ctx, self.plans, self.taken, runs)
+
+    def close(self) -> None:
+        """Stop fetching its remote ranges (a share not read: the epoch ended before it)."""
+        if self.shards is not None:
+            self.shards.close()
 
 
 def start_share(ctx: ReadContext, plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
                 stats: WorkerStats, maps: ShareMaps, pieces: int) -> Union[MappedShare, ShareRead]:
     """The read of each column's rows ``before[c]`` to ``after[c]``: from one mapping of their
     shards, in up to ``pieces`` pieces (:class:`~.mapped.MappedShare`), where every shard read is
-    local and has a member layout; else by ranges (:func:`read_share`: those without a member
-    layout). ``maps``: what the last share hands on."""
+    local and has a member layout; else by ranges (:class:`ShareRead`). ``maps``: what the last
+    share hands on."""
     taken = [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
     indices = sorted({index for _, own in taken for index, _, _ in own})
     data = ctx.data
@@ -381,25 +418,24 @@ def _raw(plan: WorkerPlan, rows: int) -> int:
     return raw
 
 
-def _read(ctx: ReadContext, ranges: Sequence[tuple], stats: WorkerStats) -> Optional[List[Tuple[int, Run]]]:
-    """Each range's runs, decoded (``(shard, run)`` in order), or ``None`` where anything is amiss."""
-    chunk = chunk_bytes(ctx.config.storage_options)
+def _read(ctx: ReadContext, shards: ShardSequence, ranges: Sequence[tuple],
+          stats: WorkerStats) -> Optional[List[Tuple[int, Run]]]:
+    """Each range's runs, decoded (``(shard, run)`` in order), or ``None`` where anything is amiss
+    (a problem, a sample the walk leaves alone or the decoder refuses: the columns meet it)."""
     out: List[Tuple[int, Run]] = []
     try:
-        for index, group in itertools.groupby(ranges, key=operator.itemgetter(0)):
-            url = ctx.data.urls[index]
-            # the shard's file held open across its ranges (a range's opening shares its descriptor:
-            # :func:`~dalistream.io.local.open_range`)
-            with stats.io_clock.timed():
-                whole = open_shard(url, 0, ctx.config.storage_options)
-            with whole:
-                if not isinstance(whole, FileRange):  # (gzip content under a .tar name: no positions)
-                    return None
-                for _, first, stop, start, end in group:
-                    items = walked_range(ctx, index, first, stop, start, end, stats, chunk)
-                    if items is None:
+        for position, (index, first, stop, start, end) in enumerate(ranges):
+            numbering = Numbering(first, stop - first)
+            at = first
+            with contextlib.closing(read_part(ctx, shards, position, index, first, stop, start, end, stats, numbering,
+                                              run_bytes=WALKED_RUN_BYTES)) as items:
+                for item in items:
+                    if not isinstance(item, Run) or item.first != at:
                         return None
-                    out += [(index, run) for run in items]
+                    at += len(item)
+                    out.append((index, item))
+            if numbering.problem is not None or at != stop:
+                return None
     except (DalistreamError, OSError, EOFError):
         return None
     decode_runs(ctx.rows, [(run, ctx.source_name) for _, run in out])
@@ -408,19 +444,22 @@ def _read(ctx: ReadContext, ranges: Sequence[tuple], stats: WorkerStats) -> Opti
     return out
 
 
-def _walked_bytes(ctx: ReadContext, index: int, first: int,
-                  stop: int) -> Optional[Tuple[Optional[int], Optional[int], int]]:
-    """Where samples ``first … stop`` of local shard ``index`` lie as its offsets place them
-    (``start``, ``end``: :meth:`~.layouts.ShardLayouts.byte_range`) and their bytes (to the file's
-    end for its last), or ``None`` where the offsets do not place them."""
+def _range_bytes(ctx: ReadContext, index: int, first: int,
+                 stop: int) -> Optional[Tuple[Optional[int], Optional[int], int]]:
+    """Where samples ``first … stop`` of shard ``index`` lie as its offsets place them (``start``,
+    ``end``: :meth:`~.layouts.ShardLayouts.byte_range`) and their bytes (to the shard's end for its
+    last: a local file's size, a remote one's as listed), or ``None`` where they are not known."""
     start, end = ctx.layouts.byte_range(index, first, stop)
     if (first and start is None) or (end is None and stop < ctx.data.counts[index]):
         return None
+    if end is not None:
+        return start, end, end - (start or 0)
+    url, sizes = ctx.data.urls[index], ctx.data.sizes
     try:
-        size = (os.path.getsize(local_path(ctx.data.urls[index])) if end is None else end) - (start or 0)
+        size = os.path.getsize(local_path(url)) if maps_parts(url) else sizes[index] if sizes is not None else None
     except OSError:
         return None
-    return start, end, size
+    return None if size is None else (start, end, size - (start or 0))
 
 
 def _rows_of(ctx: ReadContext, plans: Sequence[WorkerPlan],
@@ -454,26 +493,3 @@ def _rows_of(ctx: ReadContext, plans: Sequence[WorkerPlan],
         own = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
         rows.append(less_drops(own, np.asarray(plan.drop, np.int64) - start))
     return flat, rows
-
-
-def walked_range(ctx: ReadContext, index: int, first: int, stop: int, start: Optional[int], end: Optional[int],
-                 stats: WorkerStats, chunk: int) -> Optional[List[Run]]:
-    """Samples ``first … stop`` of local shard ``index`` found by header walk between bytes
-    ``start`` and ``end`` (their offsets: to the end, checked, where ``stop`` is the shard's end),
-    as a column walks its part, gathered into runs of up to :data:`WALKED_RUN_BYTES`; ``None``
-    where they are not all whole runs (a sample with a problem, or one the walk leaves alone).
-    Raises what opening and reading raise."""
-    url, c = ctx.data.urls[index], ctx.config
-    with stats.io_clock.timed():
-        opened = open_shard(url, start or 0, c.storage_options, end)
-    with opened as f:
-        samples = iter_samples(f, url, want_ext=ctx.wants, lowercase=c.lowercase_ext,
-                               max_member_bytes=c.max_member_bytes, mark_errors=True, first_index=first,
-                               clock=stats.io_clock, chunk=chunk)
-        items = list(walked_runs(samples, url, ctx.arena, WALKED_RUN_BYTES))
-    at = first
-    for item in items:  # (whole runs of samples ``first`` to ``stop``, one after the other)
-        if not isinstance(item, Run) or item.first != at:
-            return None
-        at += len(item)
-    return items if at == stop else None

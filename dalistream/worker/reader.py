@@ -26,27 +26,25 @@ columns), from the moment the column is made.
 from __future__ import annotations
 
 import itertools
-from typing import AbstractSet, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Callable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..config import StreamConfig
 from ..dataset import DataSet
-from ..errors import DalistreamError, ManifestError, SampleError, ShardFormatError, SourceError
+from ..errors import DalistreamError, SampleError, SourceError
 from ..io.parts import PartFetcher
 from ..io.remote import state_ahead
 from ..io.streams import ShardSequence, chunk_bytes, maps_parts
-from ..manifest.scan import forget
 from ..plan import WorkerPlan, seeds
-from ..tar import iter_samples, read_error
-from ..tar.runs import Arena, Run, run_length, sliced_runs
-from ..tar.walked import walked_runs
+from ..tar.runs import Arena, Run, run_length
 from .fields import FieldDecoder
 from .context import ReadContext
 from .layouts import ShardLayouts
 from .mapped import ShareMaps
 from .policy import ErrorPolicy
 from .numbering import Numbering, between as _between
+from .part import read_part
 from .column import ColumnReader, ReadItem
 from .rows import last_waits, RowDecoder, Rows
 from .stats import WorkerStats
@@ -68,10 +66,14 @@ class PartRead(NamedTuple):
 
 class PlanReader:
     """Reads the samples a :class:`WorkerPlan` names (see module doc); picklable. ``config``'s
-    storage options are this column's share of the worker's budget."""
+    storage options are this column's share of the worker's budget; ``share_options``, those of
+    the one stream that reads an epoch's share by ranges (its source's share of the worker's
+    budget; default: ``config``'s)."""
 
-    def __init__(self, config: StreamConfig, data: DataSet, worker: int, source_name: str = "") -> None:
+    def __init__(self, config: StreamConfig, data: DataSet, worker: int, source_name: str = "",
+                 share_options: Optional[Mapping[str, Any]] = None) -> None:
         self.config = config
+        self.share_options = dict(config.storage_options if share_options is None else share_options)
         self.data = data  # the shards, their counts, offsets (a part opens where it starts) and count source
         self.worker = worker
         self.decoder = FieldDecoder(config.fields, config.missing)
@@ -88,7 +90,7 @@ class PlanReader:
     def context(self) -> ReadContext:
         """What this reader's helpers read with now (:class:`~.context.ReadContext`)."""
         return ReadContext(self.config, self.data, self.layouts, self.decoder.wants, self.rows, self.source_name,
-                           self.arena)
+                           self.arena, self.worker, self.fetcher, self.share_options)
 
     @property
     def run_bytes(self) -> int:
@@ -148,6 +150,7 @@ class PlanReader:
                first: Tuple[List[PartRead], ShardSequence, int],
                first_runs: Callable[[], Tuple[int, ...]]) -> Iterator[ReadItem]:
         c = self.config
+        ctx = self.context()
         reads, shards, ordinal = first
         passes = itertools.count() if c.policy == "fixed" else range(1)
         for n_pass in passes:
@@ -158,8 +161,8 @@ class PlanReader:
             given = 0
             try:
                 for position, (index, first, stop, numbering, begin, end) in enumerate(reads):
-                    for item in self._part(shards, position, index, first, stop, begin, end, stats, numbering,
-                                           first_runs()):
+                    for item in read_part(ctx, shards, position, index, first, stop, begin, end, stats, numbering,
+                                          first_runs()):
                         if held is not None:
                             given += 1
                             yield held
@@ -197,65 +200,6 @@ class PlanReader:
         return SourceError("worker's shards hold no usable samples: policy 'fixed' cannot fill its batches",
                            url=self.data.urls[plan.shards[0]] if plan.parts else None, rank=c.rank, worker=self.worker,
                            reason="no_samples", hint="check the shards (see the warnings), or use fewer workers")
-
-    def _part(self, shards: ShardSequence, position: int, index: int, first: int, stop: Optional[int],
-              start: Optional[int], end: Optional[int], stats: WorkerStats, numbering: Numbering,
-              first_runs: Tuple[int, ...] = ()) -> Iterator:
-        """Samples ``first`` to ``stop`` of shard ``index`` (to its end when ``stop`` is None) from
-        ``shards.open(position)``: bytes ``start`` to ``end`` when the offsets are known (a seek or
-        a ranged GET), else from the shard's start, the samples before ``first`` passed over by
-        header; ``numbering`` numbers them. A stale count shows as a shard ending before ``stop`` or
-        holding more samples than counted. Yields the tar reader's raw items; the shard's problem is
-        left in ``numbering.problem``, which :meth:`items` gives with the sample before it.
-        ``first_runs``: the bytes of the part's first runs, where they are to differ."""
-        c = self.config
-        skip = numbering.skip
-        url = self.data.urls[index]
-        count = self.data.counts[index] if self.data.counts is not None else None
-        found_at = first if start is not None else 0
-        layout = self.layouts.layout(index, first, stop, start)
-        problem: Optional[DalistreamError] = None
-        try:
-            with stats.io_clock.timed():  # blocked before the first chunk arrives: I/O wait too
-                opened = shards.open(position)  # (a part with an end: a tar of its own)
-            with opened as f:
-                if layout is not None:  # a regular shard: samples cut out by the manifest's member layout
-                    patterns, kinds, sizes, offset = layout
-                    found_at = first
-                    items = sliced_runs(f, url, patterns, kinds, sizes, first=first, offset=offset,
-                                        want_ext=self.decoder.wants, lowercase=c.lowercase_ext, last=stop == count,
-                                        clock=stats.io_clock, chunk=shards.chunk,
-                                        geometry=self.layouts.geometry(index).part(first, stop), arena=self.arena,
-                                        first_runs=first_runs)
-                else:  # the header walk; its whole samples gathered into runs
-                    def keep(i: int) -> bool:
-                        return first <= i and (stop is None or i < stop) and not skip(i)
-
-                    samples = iter_samples(f, url, keep=keep, want_ext=self.decoder.wants,
-                                           lowercase=c.lowercase_ext, max_member_bytes=c.max_member_bytes,
-                                           mark_errors=True, first_index=first if start is not None else 0,
-                                           clock=stats.io_clock, chunk=shards.chunk)
-                    items = walked_runs(samples, url, self.arena, run_length(shards.chunk), first_runs)
-                for item in items:
-                    found_at = item.first + len(item) if isinstance(item, Run) else item["__index__"] + 1
-                    if found_at <= first:
-                        continue  # another worker's sample, passed over by header
-                    if stop is not None and found_at > stop:
-                        if stop == count:
-                            problem = self.stale(url, count, f"at least {found_at}")
-                        break
-                    yield item
-                else:
-                    if stop is not None and found_at < stop:
-                        problem = self.stale(url, count, str(found_at))
-        except (ShardFormatError, SourceError) as e:
-            problem = e
-        except DalistreamError as e:
-            raise e.at(rank=c.rank, worker=self.worker)
-        except (OSError, EOFError) as e:  # I/O errors outside the tar reader (open, close)
-            problem = read_error(e, url)
-        numbering.found = found_at
-        numbering.problem = problem.at(rank=c.rank, worker=self.worker) if problem is not None else None
 
     def item_blocks(self, item, numbering: "Numbering", policy: ErrorPolicy, stats: WorkerStats,
                     next_read: Callable[[bool], bool]) -> Iterator[Rows]:
@@ -343,19 +287,3 @@ class PlanReader:
         policy.handle(error.at(rank=c.rank, worker=self.worker), "samples")
         stats.flush_skips()
         return None
-
-    def stale(self, url: str, counted: Optional[int], found: str) -> ManifestError:
-        """The error of a shard whose sample count no longer holds (rewritten after it was counted)."""
-        source = self.data.count_source or ""
-        if source.startswith("header scan"):  # our own count: its cache entry is dropped, so a restart rescans
-            forget(url, self.config.cache_dir, self.config.storage_options, self.config.lowercase_ext)
-            said, hint = ("it changed after it was counted", "its cached count was dropped: restart to rescan")
-        else:  # an index file somebody wrote: restarting reads the same wrong count again
-            said, hint = ("the shard and its index disagree (the shard changed after it was indexed, or the index "
-                          "was written for other shards)",
-                          "rebuild the index: `dalistream index SOURCE` writes a manifest beside the shards")
-        return ManifestError(
-            f"shard holds {found} samples but {counted} were counted{f' ({source})' if source else ''}: {said}",
-            url=url, reason="stale_count", rank=self.config.rank, worker=self.worker, hint=hint,
-        )
-

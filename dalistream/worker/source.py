@@ -51,10 +51,9 @@ from . import batch
 from .policy import ErrorPolicy
 from .bucketfeed import BucketFeed, bucket_column
 from ..io.openfiles import raise_files_limit
-from ..io.options import shared_budget
+from ..io.options import one_stream, shared_budget
 from ..io.parts import PartFetcher
 from .epochfeed import EpochShares, SourceFeeds, at_once, read_by_columns, read_epoch
-from .column import ColumnReader
 from .feed import ColumnRounds, shuffled_blocks
 from .reader import PlanReader
 from .rows import Rows
@@ -106,8 +105,10 @@ class WorkerSource:
         share = c.layout.slots[self.worker] if c.interleave else 1
         sources = ([(s.data, s.storage_options, s.name) for s in self.mix.sources] if self.mix is not None
                    else [(self.data, c.storage_options, "")])
+        # (an epoch's share read by ranges: one stream a source, each its share of the budget)
         self.readers = tuple(PlanReader(c.replace(storage_options=shared_budget(options, share)), data, self.worker,
-                                        source_name=name) for data, options, name in sources)
+                                        source_name=name, share_options=one_stream(options, share, len(sources)))
+                             for data, options, name in sources)
         self.names = tuple(name for _, _, name in sources)
         if not self.left_out:  # (the stream's fields: what the graph is defined on)
             self.transfer = batch.transfer(c.fields, c.buckets is not None)
@@ -221,15 +222,15 @@ class WorkerSource:
         columns (:class:`~.epochfeed.EpochShares`: a span's whole slot, one sample of each
         interleaved column, each mix source's share). However it ends (its last step, an error, its consumer
         letting it go), its columns' parts are closed then, in this thread."""
-        opened: List[ColumnReader] = []  # the epoch's columns, as they are made
+        opened: List[Any] = []  # what the epoch reads with (its columns, its feed), as they are made
         try:
             yield from self._batches(epoch, start_step, opened)
         finally:
-            for column in opened:
-                column.close()
+            for reads in opened:
+                reads.close()
 
     def _batches(self, epoch: int, start_step: int,
-                 opened: List[ColumnReader]) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
+                 opened: List[Any]) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         c = self.config
         if self._stats is None:
             self._stats = WorkerStats(self.stats_path, c.rank, self.worker)
@@ -264,6 +265,7 @@ class WorkerSource:
 
         t0 = time.perf_counter()
         feed = self._epoch_feed(columns, takes, start_step, policy, stats, by_columns)
+        opened.append(feed)
         stats.read_s += time.perf_counter() - t0
         # a mix counts what each step took of each source: columns summed by source
         by_source = np.zeros((len(columns), len(self.readers)), np.int64)
@@ -316,7 +318,7 @@ class WorkerSource:
 
     def _bucket_batches(self, epoch: int, start_step: int, reading: Reading, policy: ErrorPolicy,
                         stats: WorkerStats,
-                        opened: List[ColumnReader]) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
+                        opened: List[Any]) -> Iterator[Tuple[Union[List[np.ndarray], np.ndarray], ...]]:
         """The batches of ``epoch`` under its bucket plan from ``start_step`` on
         (:class:`~.bucketfeed.BucketFeed`): each step's samples at its own positions, then the
         bucket's index (:func:`~.bucketfeed.bucket_column`), then ``valid``; its columns added to
@@ -341,6 +343,7 @@ class WorkerSource:
             rows = read_epoch(reader.context(), reader.maps, list(run.readers), run.reads, policy, stats, by_columns)
         else:
             rows = read_by_columns(run.reads, policy, by_columns, start_step)
+        opened.append(rows)
         stats.read_s += time.perf_counter() - t0
         feed = BucketFeed(run, rows, len(c.fields))
         empty = batch.templates(c.fields, c.batch_size)
@@ -370,7 +373,7 @@ class WorkerSource:
             stats.add(dropped=reading.left_out)  # the job's last worker
 
     def _stream(self, plan: WorkerPlan, skip_count: int, policy: ErrorPolicy, stats: WorkerStats,
-                reader: PlanReader, opened: List[ColumnReader]) -> Iterator[Rows]:
+                reader: PlanReader, opened: List[Any]) -> Iterator[Rows]:
         """One plan's decoded samples (read by ``reader``) in delivery order after the first
         ``skip_count``: read, shuffled through the buffer (if any); those delivered before a
         resume are not read (a start position, and the buffer's delivered window passed over); its

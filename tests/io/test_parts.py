@@ -158,6 +158,44 @@ def test_object_changed_between_parts_is_an_error(shards):
         seq.close()
 
 
+@pytest.mark.parametrize("replaced", [False, True])
+def test_a_fetcher_s_later_streams_of_an_object_are_pinned_to_its_first_version(shards, replaced):
+    """A worker's fetcher reads an object in one stream (an epoch's share), then in another (the
+    next share, the next epoch): the later stream is pinned to the version the first one learned,
+    so an object replaced in between is a ``changed`` error naming it, not the new bytes read at
+    the old offsets; an object left alone reads the same bytes again."""
+    from dalistream.io.parts import PartFetcher
+
+    path = next(p for p in shards["paths"] if not p.endswith(".gz"))
+    data = open(path, "rb").read()
+    key = f"pinned-{int(replaced)}.tar"
+    shards["client"].put_object(Bucket=BUCKET, Key=key, Body=data)
+    url = f"s3://{BUCKET}/{key}"
+    options = {"endpoint_url": shards["endpoint"], "part_bytes": 64 * KiB}
+    fetcher = PartFetcher()
+    try:
+        first = ShardSequence([url], options, ranges=[(0, 4096)], fetcher=fetcher)
+        with first.open(0) as f:  # (a part with an end reads as a tar of its own: its end marker follows)
+            assert f.read(4096) == data[:4096]
+        first.close()
+        if replaced:
+            shards["client"].put_object(Bucket=BUCKET, Key=key, Body=data[::-1])
+        later = ShardSequence([url], options, ranges=[(4096, None)], fetcher=fetcher)
+        try:
+            if replaced:
+                with pytest.raises(SourceError) as info:
+                    with later.open(0) as f:
+                        f.read()
+                assert info.value.reason == "changed" and info.value.url == url
+            else:
+                with later.open(0) as f:
+                    assert f.read() == data[4096:]
+        finally:
+            later.close()
+    finally:
+        fetcher.stop()
+
+
 @pytest.mark.slow
 def test_http_ranges_give_parts_else_one_stream(shards, tmp_path):
     import functools

@@ -64,7 +64,7 @@ def read(source, e, monkeypatch, budget=None, start_step=0):
 def unlaid_shards(d, unlaid, n_shards=4, per_shard=37, large=()):
     """Shards and their data set with no member layout: ``offsets only`` (an index without one),
     or ``a folder entry`` (as ``tar cf`` of a folder writes it: not a regular shard). ``large``:
-    samples of the first shard over a walked run's share (:func:`~neighbours.walked_range`)."""
+    samples of the first shard over a walked run's share (:data:`~epochfeed.WALKED_RUN_BYTES`)."""
     if unlaid == "offsets only":
         paths = make_shards(d, n_shards=n_shards, per_shard=per_shard)
         data = data_set(paths, per_shard=per_shard)
@@ -174,7 +174,7 @@ def test_what_the_walk_leaves_alone_sends_every_epoch_to_the_columns(tmp_path, m
         f.seek(member.offset + 257)
         f.write(b"xxxxx")
     walked = [0]
-    walk = epochfeed.walked_range
+    walk = epochfeed._read  # (a share's ranges read)
 
     def counted(*args):
         walked[0] += 1
@@ -186,7 +186,7 @@ def test_what_the_walk_leaves_alone_sends_every_epoch_to_the_columns(tmp_path, m
         def epochs(budget):
             source, out, at_once, tried = WorkerSource(c, shards_data, 0), [], 0, []
             for e in (0, 1, 2):
-                monkeypatch.setattr(epochfeed, "walked_range", counted)  # (``read`` undoes it)
+                monkeypatch.setattr(epochfeed, "_read", counted)  # (``read`` undoes it)
                 try:
                     batches, _, once, skipped = read(source, e, monkeypatch, budget=budget)
                     out.append((batches, skipped))

@@ -20,6 +20,7 @@ from dalistream.tools.quality import rank_batches
 from dalistream.worker import WorkerSource
 from dalistream.worker.policy import ErrorPolicy
 from dalistream.worker.numbering import Numbering
+from dalistream.worker.part import read_part
 from dalistream.worker.reader import PlanReader
 from dalistream.worker.stats import WorkerStats
 
@@ -106,7 +107,7 @@ def test_a_part_with_offsets_never_reads_outside_itself(tmp_path, reading):
     assert (start, end) == (lo, hi)
     assert (reader.layouts.layout(0, 4, 9, start) is not None) == (reading == "members")
     shards = ShardSequence(paths, ranges=[(start, end)])
-    got = [s["__key__"] for s in reader._part(shards, 0, 0, 4, 9, start, end, stats, Numbering(4, 5))
+    got = [s["__key__"] for s in read_part(reader.context(), shards, 0, 0, 4, 9, start, end, stats, Numbering(4, 5))
            for s in ([s.sample(i) for i in range(len(s))] if hasattr(s, "sample") else [s])]
     assert got == [f"s000/{i:05d}" for i in range(4, 9)]
 
