@@ -354,18 +354,11 @@ class MixEpoch:
         self.steps = mix_steps(self.totals, weights, layout, per_batch, samples_per_epoch, self.names)
         check_share(weights, self.totals, layout.batch_size, per_batch, self.steps, self.names)
         first = self.epoch * self.steps if self.endless else 0
-        self.batch_counts = batch_sources(weights, layout.batch_size, self.steps, per_batch,
-                                          first * (layout.batch_size if per_batch == "sample" else 1))
-        self.take = worker_take(self.batch_counts, layout)  # (steps, W, S)
-        per_worker = np.tile(self.take.sum(axis=0), (layout.world_size, 1))  # (R·W, S)
-        r = layout.world_size
-        cursor = r * _used(weights, first, layout.batch_size, per_batch) if self.endless else np.zeros(len(weights))
-        self.bounds = np.zeros((len(weights), layout.global_workers + 1), dtype=np.int64)
-        np.cumsum(per_worker.T, axis=1, out=self.bounds[:, 1:])
-        self.bounds += np.asarray(cursor, dtype=np.int64)[:, None]
+        cursor = (layout.world_size * _used(weights, first, layout.batch_size, per_batch) if self.endless
+                  else np.zeros(len(weights), dtype=np.int64))
         # each source's columns (interleaved; else the workers' spans): their bounds in its sequence
-        sizes, _ = column_sizes(self.take, layout, interleave)
-        self.columns = [int(c) + np.concatenate([[0], np.cumsum(z)]) for c, z in zip(np.asarray(cursor, dtype=np.int64), sizes)]
+        self.batch_counts, self.take, self.columns = self._laid(self.steps, self._units(first, layout), layout, cursor)
+        self.bounds = np.array(_edges(column_sizes(self.take, layout, False)[0], cursor))  # (S, R·W + 1)
 
     def _resumed(self, past: Layout, samples_per_epoch: Optional[int], segments: Sequence, shuffle: int) -> None:
         """The rest of the epoch after ``segments`` (the first ran ``past``): each source's
@@ -379,8 +372,7 @@ class MixEpoch:
         lengths = self.totals if not self.endless else (first.bounds[:, -1] - first.bounds[:, 0]).tolist()
         rem = [Remaining(int(n), schedule, epoch, shuffle) for n in lengths]
         # the rule's units dealt before this epoch: it runs on across epochs with samples_per_epoch
-        dealt_steps = epoch * first.steps if self.endless else 0
-        n0 = dealt_steps * past.batch_size if per_batch == "sample" else dealt_steps
+        n0 = self._units(epoch * first.steps if self.endless else 0, past)
         for level, segment in enumerate(segments):
             past, ran = segment_layout(segment), int(segment[3])
             if level == 0:
@@ -393,17 +385,29 @@ class MixEpoch:
             rem = [Remaining.after(rem[s], bounds[s], done[s],
                                    lambda c, s=s, level=level: seeds.segment_source_shuffle(schedule.seed, epoch, level, s, c))
                    for s in range(len(rem))]
-            n0 += ran * past.batch_size if per_batch == "sample" else ran  # units dealt: slots, or batches
+            n0 += self._units(ran, past)
         self.rest, self.level = rem, len(segments)
         self.columns, self.take, self.steps = self._rest_plan(rem, n0, self.layout)
 
     def _rest_plan(self, rem: Sequence[Remaining], n0: int, layout: Layout) -> Tuple[List[np.ndarray], np.ndarray, int]:
         """``(per source the bounds of its columns, take (steps, W, S), steps)`` of ``layout`` over
-        ``rem`` from slot ``n0`` (the columns: the workers' spans, or interleaved, :func:`column_sizes`)."""
+        ``rem`` from unit ``n0``: the most steps no source runs past its remaining samples in."""
         steps = fitting_steps(self.weights, [r.total for r in rem], layout, self.per_batch, n0)
-        take = worker_take(batch_sources(self.weights, layout.batch_size, steps, self.per_batch, n0), layout)
-        sizes, _ = column_sizes(take, layout, self.interleave)
-        return [np.concatenate([[0], np.cumsum(z)]) for z in sizes], take, steps
+        _, take, columns = self._laid(steps, n0, layout, np.zeros(len(rem), dtype=np.int64))
+        return columns, take, steps
+
+    def _laid(self, steps: int, n0: int, layout: Layout,
+              cursor: np.ndarray) -> Tuple[np.ndarray, np.ndarray, List[np.ndarray]]:
+        """``(batch counts (steps, S), take (steps, W, S), per source the bounds of its columns from
+        ``cursor``)`` of ``steps`` steps of ``layout`` from unit ``n0`` of the rule (the columns: the
+        workers' spans, or interleaved, :func:`column_sizes`)."""
+        counts = batch_sources(self.weights, layout.batch_size, steps, self.per_batch, n0)
+        take = worker_take(counts, layout)
+        return counts, take, _edges(column_sizes(take, layout, self.interleave)[0], cursor)
+
+    def _units(self, steps: int, layout: Layout) -> int:
+        """The rule's units dealt in ``steps`` steps of ``layout``: sample slots, or whole batches."""
+        return steps * layout.batch_size if self.per_batch == "sample" else steps
 
     def first_pass(self, source: int) -> int:
         """The pass that position 0 of ``source``'s spans is in (default: the epoch's)."""
@@ -447,26 +451,24 @@ class MixEpoch:
                 out[i][1].extend([n_pass] * len(parts))
         return out
 
-    def rest_parts(self, s: int, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
-        """Parts and drops of ``runs`` (level-0 positions of source ``s`` after a resume), over its
-        passes: a run crossing the end of a pass reads the pass's last parts, then the next pass's first."""
-        total, base = self.totals[s], int(self.base[s])
-        parts: List[Part] = []
-        drop: List[int] = []
-        raw = 0
-        for run in runs:
-            start, stop = run.start + base, run.stop + base
-            holes = np.asarray(run.drop, dtype=np.int64) + base
-            while start < stop:
-                n_pass, at = divmod(start, total)
-                end = min(stop, start - at + total)
-                piece = Stretch(at, at + end - start, tuple((holes[(holes >= start) & (holes < end)] - start + at).tolist()))
-                got, dropped = runs_to_parts(self.pass_layout(s, self.first_pass(s) + n_pass), [piece])
-                parts += got
-                drop += [raw + d for d in dropped]
-                raw += end - start
-                start = end
-        return parts, drop
+    def rest_parts(self, s: int, runs: Sequence[Sequence[Stretch]]) -> List[Tuple[List[Part], List[int]]]:
+        """Per column, the parts and drops of its ``runs`` (level-0 positions of source ``s`` after a
+        resume), all runs cut together as :meth:`spans_parts` cuts spans: a run crossing the end of a
+        pass reads the pass's last parts, then the next pass's first."""
+        flat = [run for column in runs for run in column]
+        edges = int(self.base[s]) + np.array([(run.start, run.stop) for run in flat], dtype=np.int64).reshape(-1)
+        cut = iter(self.spans_parts(s, range(0, len(edges), 2), edges))
+        out = []
+        for column in runs:
+            parts: List[Part] = []
+            drop: List[int] = []
+            raw = 0  # samples of the column's runs before this one
+            for run, (got, _) in zip(column, cut):
+                parts += [p for p in got if p[2] > p[1]]  # (an empty shard is no part of a run)
+                drop += [raw + d - run.start for d in run.drop]
+                raw += run.stop - run.start
+            out.append((parts, drop))
+        return out
 
     def worker_columns(self, rank: int, worker: int) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
         """What (``rank``, ``worker``) reads: per source, each of its columns (its span, or its
@@ -478,16 +480,20 @@ class MixEpoch:
         for s in range(self.take.shape[2]):
             takes = column_takes(self.take[:, worker, s], self.interleave)
             spans = [column_index(layout, rank, worker, k, self.interleave) for k in range(takes.shape[1])]
-            fresh = self.spans_parts(s, spans, self.columns[s]) if self.rest is None else []
-            for k, c in enumerate(spans):
-                lo, hi = int(self.columns[s][c]), int(self.columns[s][c + 1])
-                if self.rest is None:
-                    parts, drop = fresh[k][0], []
-                    shuffle_seed = seeds.source_shuffle(seed, self.epoch, s, c)
-                else:
-                    parts, drop = self.rest_parts(s, self.rest[s].runs(lo, hi))
-                    shuffle_seed = seeds.segment_source_shuffle(seed, self.epoch, self.level, s, c)
+            bounds = self.columns[s]
+            if self.rest is None:
+                cut = [(parts, []) for parts, _ in self.spans_parts(s, spans, bounds)]
+            else:
+                cut = self.rest_parts(s, [self.rest[s].runs(int(bounds[c]), int(bounds[c + 1])) for c in spans])
+            for k, (c, (parts, drop)) in enumerate(zip(spans, cut)):
+                shuffle_seed = (seeds.source_shuffle(seed, self.epoch, s, c) if self.rest is None
+                                else seeds.segment_source_shuffle(seed, self.epoch, self.level, s, c))
                 out.append((WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
-                                       layout.slot_offsets[worker], hi - lo, layout.global_worker(rank, worker), 0,
-                                       tuple(drop), shuffle_seed), takes[:, k], s))
+                                       layout.slot_offsets[worker], int(bounds[c + 1] - bounds[c]),
+                                       layout.global_worker(rank, worker), 0, tuple(drop), shuffle_seed), takes[:, k], s))
         return out
+
+
+def _edges(sizes: Sequence[np.ndarray], cursor: np.ndarray) -> List[np.ndarray]:
+    """Per source, the bounds of consecutive stretches of ``sizes`` from its ``cursor``."""
+    return [int(c) + np.concatenate([[0], np.cumsum(z)]) for c, z in zip(cursor, sizes)]
