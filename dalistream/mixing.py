@@ -27,7 +27,6 @@ from .dataset import DataSet
 from .errors import ConfigError
 from .io.local import local_path
 from .plan import Layout, MixEpoch, Schedule
-from .plan.epochplan import mix_epoch
 from .plan.mix import check_options
 from .sources import is_remote
 
@@ -161,10 +160,12 @@ class Mix:
     def names(self) -> Tuple[str, ...]:
         return tuple(s.name for s in self.sources)
 
-    def epoch(self, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False) -> MixEpoch:
+    def epoch(self, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False, resume: Sequence = (),
+              shuffle: int = 0) -> MixEpoch:
         """The plan of ``epoch`` for every worker of ``layout`` (each source's spans, or its columns;
-        :func:`dalistream.plan.epochplan.mix_epoch`)."""
-        return mix_epoch(self, layout, schedule, epoch, interleave)
+        its rest after the segments ``resume``, delivered through buffers of ``shuffle``)."""
+        return MixEpoch([s.data.counts for s in self.sources], [s.weight for s in self.sources], layout, schedule,
+                        epoch, self.names, self.per_batch, self.samples_per_epoch, interleave, resume, shuffle)
 
     def identity(self, of: Any) -> dict:
         """What the sources are, for a loader state: ``of(urls, counts, sizes)`` per source name,

@@ -39,7 +39,7 @@ from .affinity import AffinePlan
 from .bucketseq import BucketIndex
 from .buckets import BucketEpoch, BucketMix, bucket_steps, bucket_totals, resumed_bucket_plan
 from .bucketworker import BucketRun, bucket_run
-from .layout import Layout, Schedule
+from .layout import Layout
 from .mix import MixEpoch
 from .ownership import WorkerPlan, steps_per_epoch, worker_columns, worker_plan
 from .resume import Segment, continued, segment_head
@@ -115,16 +115,6 @@ def plan_head(config: Any, mix: Any, layout: Optional[Layout] = None, nodes: Any
     return segment_head(layout, planned_layout(config, mix is not None, layout), nodes, bool(config.interleave))
 
 
-def mix_epoch(mix: Any, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False,
-              resume: Sequence = (), shuffle: int = 0) -> MixEpoch:
-    """The plan of a mix's ``epoch`` for every worker of ``layout`` (each source's spans, or its
-    columns; its rest after the segments ``resume``, delivered through buffers of ``shuffle``):
-    ``mix`` has ``sources`` (each its ``data.counts`` and ``weight``), ``names``, ``per_batch`` and
-    ``samples_per_epoch`` (:class:`dalistream.mixing.Mix`)."""
-    return MixEpoch([s.data.counts for s in mix.sources], [s.weight for s in mix.sources], layout, schedule, epoch,
-                    mix.names, mix.per_batch, mix.samples_per_epoch, interleave, resume, shuffle)
-
-
 def epoch_plan(config: Any, data: Any, mix: Any, epoch: int, resume: Sequence = ()) -> EpochPlan:
     """THE plan of ``epoch`` of ``config``'s stream over ``data`` (a mix: ``mix``, whose sources
     ``data`` lists end to end) after the segments ``resume`` ran under other layouts: the one
@@ -177,7 +167,7 @@ class _Mixed(EpochPlan):
 
     def _plan(self) -> MixEpoch:
         c = self.config
-        return mix_epoch(self.mix, c.layout, c.schedule, self.epoch, c.interleave, self.resume, c.shuffle)
+        return self.mix.epoch(c.layout, c.schedule, self.epoch, c.interleave, self.resume, c.shuffle)
 
     @property
     def steps(self) -> int:

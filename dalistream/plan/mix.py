@@ -84,7 +84,7 @@ from ..errors import ConfigError
 from . import seeds
 from .layout import Layout, Schedule
 from .ownership import EpochLayout, Part, WorkerPlan, epoch_order, laid_out
-from .resume import Remaining, Stretch, check_ran, runs_to_parts, segment_layout
+from .resume import Remaining, Stretch, check_ran, segment_layout
 
 PER_BATCH = ("sample", "source")
 MAX_DENOMINATOR = 1 << 16
@@ -354,10 +354,9 @@ class MixEpoch:
         self.steps = mix_steps(self.totals, weights, layout, per_batch, samples_per_epoch, self.names)
         check_share(weights, self.totals, layout.batch_size, per_batch, self.steps, self.names)
         first = self.epoch * self.steps if self.endless else 0
-        cursor = (layout.world_size * _used(weights, first, layout.batch_size, per_batch) if self.endless
-                  else np.zeros(len(weights), dtype=np.int64))
+        cursor = layout.world_size * _used(weights, first, layout.batch_size, per_batch)  # (0 but endless)
         # each source's columns (interleaved; else the workers' spans): their bounds in its sequence
-        self.batch_counts, self.take, self.columns = self._laid(self.steps, self._units(first, layout), layout, cursor)
+        self.columns, self.take, self.batch_counts = self._laid(self.steps, self._units(first, layout), layout, cursor)
         self.bounds = np.array(_edges(column_sizes(self.take, layout, False)[0], cursor))  # (S, R·W + 1)
 
     def _resumed(self, past: Layout, samples_per_epoch: Optional[int], segments: Sequence, shuffle: int) -> None:
@@ -373,12 +372,16 @@ class MixEpoch:
         rem = [Remaining(int(n), schedule, epoch, shuffle) for n in lengths]
         # the rule's units dealt before this epoch: it runs on across epochs with samples_per_epoch
         n0 = self._units(epoch * first.steps if self.endless else 0, past)
-        for level, segment in enumerate(segments):
-            past, ran = segment_layout(segment), int(segment[3])
+        for level, segment in enumerate(tuple(segments) + (None,)):  # each segment's layout, then this one
+            past = self.layout if segment is None else segment_layout(segment)
             if level == 0:
                 bounds, take, planned = [b - b[0] for b in first.columns], first.take, first.steps
-            else:
-                bounds, take, planned = self._rest_plan(rem, n0, past)
+            else:  # the most steps in which no source runs past its remaining samples
+                planned = fitting_steps(self.weights, [r.total for r in rem], past, per_batch, n0)
+                bounds, take, _ = self._laid(planned, n0, past)
+            if segment is None:
+                break
+            ran = int(segment[3])
             check_ran(level, segment, planned, of="this mix")
             ks = [(len(b) - 1) // past.global_workers for b in bounds]
             done, _ = column_sizes(take[:ran], past, self.interleave, ks)  # per source: delivered per column
@@ -387,23 +390,15 @@ class MixEpoch:
                    for s in range(len(rem))]
             n0 += self._units(ran, past)
         self.rest, self.level = rem, len(segments)
-        self.columns, self.take, self.steps = self._rest_plan(rem, n0, self.layout)
+        self.columns, self.take, self.steps = bounds, take, planned
 
-    def _rest_plan(self, rem: Sequence[Remaining], n0: int, layout: Layout) -> Tuple[List[np.ndarray], np.ndarray, int]:
-        """``(per source the bounds of its columns, take (steps, W, S), steps)`` of ``layout`` over
-        ``rem`` from unit ``n0``: the most steps no source runs past its remaining samples in."""
-        steps = fitting_steps(self.weights, [r.total for r in rem], layout, self.per_batch, n0)
-        _, take, columns = self._laid(steps, n0, layout, np.zeros(len(rem), dtype=np.int64))
-        return columns, take, steps
-
-    def _laid(self, steps: int, n0: int, layout: Layout,
-              cursor: np.ndarray) -> Tuple[np.ndarray, np.ndarray, List[np.ndarray]]:
-        """``(batch counts (steps, S), take (steps, W, S), per source the bounds of its columns from
-        ``cursor``)`` of ``steps`` steps of ``layout`` from unit ``n0`` of the rule (the columns: the
-        workers' spans, or interleaved, :func:`column_sizes`)."""
+    def _laid(self, steps: int, n0: int, layout: Layout, cursor: Any = 0) -> Tuple[List[np.ndarray], np.ndarray, np.ndarray]:
+        """``(per source the bounds of its columns from its ``cursor``, take (steps, W, S),
+        batch counts (steps, S))`` of ``steps`` steps of ``layout`` from unit ``n0`` of the rule (the
+        columns: the workers' spans, or interleaved, :func:`column_sizes`)."""
         counts = batch_sources(self.weights, layout.batch_size, steps, self.per_batch, n0)
         take = worker_take(counts, layout)
-        return counts, take, _edges(column_sizes(take, layout, self.interleave)[0], cursor)
+        return _edges(column_sizes(take, layout, self.interleave)[0], cursor), take, counts
 
     def _units(self, steps: int, layout: Layout) -> int:
         """The rule's units dealt in ``steps`` steps of ``layout``: sample slots, or whole batches."""
@@ -494,6 +489,6 @@ class MixEpoch:
         return out
 
 
-def _edges(sizes: Sequence[np.ndarray], cursor: np.ndarray) -> List[np.ndarray]:
-    """Per source, the bounds of consecutive stretches of ``sizes`` from its ``cursor``."""
-    return [int(c) + np.concatenate([[0], np.cumsum(z)]) for c, z in zip(cursor, sizes)]
+def _edges(sizes: Sequence[np.ndarray], cursor: Any) -> List[np.ndarray]:
+    """Per source, the bounds of consecutive stretches of ``sizes`` from its ``cursor`` (one, or one for all)."""
+    return [int(c) + np.concatenate([[0], np.cumsum(z)]) for c, z in zip(np.broadcast_to(cursor, len(sizes)), sizes)]
