@@ -80,7 +80,7 @@ from ..errors import ConfigError
 from .layout import Layout, Schedule
 from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather
 from .bucketworker import BucketWorkerPlan, holdings, stable_argsort
-from .mix import check_share, cumulative, fitting_steps, source_names
+from .mix import check_options, check_share, cumulative, fitting_steps, source_names
 from .ownership import epoch_order, laid_out
 from .resume import Segment, Stretch, check_ran, check_segments, runs_to_parts, segment_layout
 from .shapes import check_bucket_schedule
@@ -394,8 +394,7 @@ def check_bucket_mix(per_batch: str, samples_per_epoch: Optional[int] = None) ->
                           "the same bucket distribution have",
                           hint="use per_batch='source': each batch then holds one source and one bucket, and the "
                                "sources keep their weighted proportion of batches")
-    if per_batch != "source":
-        raise ConfigError(f"mix: per_batch must be 'sample' or 'source', got {per_batch!r}")
+    check_options(per_batch, samples_per_epoch)
     if samples_per_epoch is not None:
         raise ConfigError("buckets with a mix plan default epochs only (no samples_per_epoch)",
                           hint="leave samples_per_epoch out: an epoch then ends when a source has given its share")

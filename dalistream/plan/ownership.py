@@ -262,9 +262,7 @@ def owned_parts(counts: Optional[Sequence[int]], num_shards: int, layout: Layout
 def steps_per_epoch(counts: Optional[Sequence[int]], layout: Layout, schedule: Schedule, epoch: int, rank: int) -> int:
     """Batches rank ``rank`` yields in ``epoch`` (the same on every rank; see the module doc)."""
     _need_counts(counts, schedule)
-    if schedule.policy == "fixed":
-        return epoch_steps(0, layout, schedule)
-    return epoch_steps(int(np.sum(np.asarray(counts, dtype=np.int64))), layout, schedule)
+    return epoch_steps(0 if counts is None else int(np.sum(np.asarray(counts, dtype=np.int64))), layout, schedule)
 
 
 @dataclass(frozen=True)
@@ -293,10 +291,9 @@ class WorkerPlan:
 def worker_plan(counts: Optional[Sequence[int]], num_shards: int, layout: Layout, schedule: Schedule, epoch: int,
                 rank: int, worker: int) -> WorkerPlan:
     """The :class:`WorkerPlan` of one worker; identical on every machine for the same inputs."""
-    _need_counts(counts, schedule)
     if counts is not None:
         return span_plans(counts, num_shards, layout, schedule, epoch, [layout.global_worker(rank, worker)])[0]
-    parts = owned_parts(None, num_shards, layout, schedule, epoch, rank, worker)
+    parts = owned_parts(None, num_shards, layout, schedule, epoch, rank, worker)  # (None: policy fixed, or raises)
     return WorkerPlan(rank, worker, epoch, tuple(parts), epoch_steps(0, layout, schedule), layout.slots[worker],
                       layout.slot_offsets[worker], None, layout.global_worker(rank, worker))
 

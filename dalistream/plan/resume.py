@@ -87,9 +87,7 @@ def kth_positions(runs: Sequence[Stretch], ks: Sequence[int]) -> List[int]:
     out = np.empty(len(ks), dtype=np.int64)
     for j in np.unique(which).tolist():
         run, at = runs[j], which == j
-        i = ks[at] - cum[j]  # the i-th kept position of the run: start + i + (drops at or before it)
-        drop = np.asarray(run.drop, dtype=np.int64)
-        out[at] = run.start + i + np.searchsorted(drop - run.start - np.arange(len(drop)), i, side="right")
+        out[at] = run.start + kept_positions(np.asarray(run.drop, dtype=np.int64) - run.start, ks[at] - cum[j])
     return out.tolist()
 
 
@@ -152,7 +150,7 @@ class Remaining:
                     x, y = base + take[0], base + take[-1] + 1
                     inner = self.prev.runs(x, y)
                     holes = [o + base - x for o in gone if take[0] < o < take[-1]]
-                    out += _with_drops(inner, kth_positions(inner, holes))
+                    out += _with_drops(inner, holes)
                 if b > len(kept):
                     out += self.prev.runs(base + rest + max(0, a - len(kept)), base + rest + b - len(kept))
             g += 1
@@ -176,16 +174,17 @@ def kept_first_runs(runs: Callable[[int, int], List[Stretch]], total: int, left:
         y = int(kept_positions(left, np.array([b]))[0]) if b < kept else last + 1
         inner = runs(x, y)
         holes = left[(left > x) & (left < y)] - x  # ordinals over the sequence's positions [x, y)
-        out += _with_drops(inner, kth_positions(inner, holes))
+        out += _with_drops(inner, holes)
     for h in left[max(lo, kept) - kept:max(hi, kept) - kept].tolist():
         out += runs(h, h + 1)
     return merged_runs(out)
 
 
-def _with_drops(runs: List[Stretch], positions: Sequence[int]) -> List[Stretch]:
-    if not positions:
+def _with_drops(runs: List[Stretch], ordinals: Sequence[int]) -> List[Stretch]:
+    """``runs`` passing over their ``ordinals``-th positions too (:func:`kth_positions`)."""
+    if not len(ordinals):
         return runs
-    pos = np.asarray(positions, dtype=np.int64)
+    pos = np.asarray(kth_positions(runs, ordinals), dtype=np.int64)
     out = []
     for r in runs:
         extra = pos[(pos >= r.start) & (pos < r.stop)].tolist()
