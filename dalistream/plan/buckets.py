@@ -370,18 +370,19 @@ class BucketEpoch:
 # -- elastic resume --------------------------------------------------------------------------------
 
 def resumed_bucket_plan(counts: Sequence[int], ids: np.ndarray, buckets: int, layout: Layout, schedule: Schedule,
-                        epoch: int, per: str, segments: Sequence[Segment],
-                        lookahead: Optional[int] = None) -> BucketEpoch:
-    """The rest of ``epoch`` after ``segments``, planned over ``layout`` (its ``steps`` are what
-    every rank runs; :meth:`BucketEpoch.worker` gives each worker's plan): each segment's plan
-    over the epoch positions its segments before did not deliver."""
+                        epoch: int, per: str, segments: Sequence[Segment], lookahead: Optional[int] = None,
+                        ranks: Optional[Sequence[int]] = None, index: Optional[BucketIndex] = None) -> BucketEpoch:
+    """The rest of ``epoch`` after ``segments`` (none: the whole epoch, laid out for ``ranks``),
+    planned over ``layout`` (its ``steps`` are what every rank runs; :meth:`BucketEpoch.worker`
+    gives each worker's plan): each segment's plan over the epoch positions its segments before
+    did not deliver."""
     positions: Optional[np.ndarray] = None
     for k, segment in enumerate(check_segments(segments)):
         plan = BucketEpoch(counts, ids, buckets, segment_layout(segment), schedule, epoch, per, positions)
         check_ran(k, segment, plan.steps, "a bucket plan", "this data set and these buckets")
         done = plan.rank_batches()[:, :int(segment[3])]
         positions = np.setdiff1d(plan.positions, done[done >= 0])  # sorted
-    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions, lookahead)
+    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions, lookahead, ranks=ranks, index=index)
 
 
 # -- a mix ---------------------------------------------------------------------------------------

@@ -252,16 +252,9 @@ def bucket_epoch(config: Any, data: Any, epoch: int, resume: Sequence = (),
     b, ids = config.buckets, data.buckets
     key = ("one", id(ids), len(ids), config.layout, config.schedule, int(epoch), b.per, tuple(map(tuple, resume)),
            b.lookahead, None if resume else rank)  # (a resumed plan lays out every rank: one for all)
-
-    def make() -> tuple:
-        if resume:
-            return resumed_bucket_plan(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per, resume,
-                                       b.lookahead), ids
-        return BucketEpoch(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per,
-                           lookahead=b.lookahead, ranks=None if rank is None else (rank,),
-                           index=bucket_index(data, len(b))), ids
-
-    return kept(key, make)
+    return kept(key, lambda: (resumed_bucket_plan(
+        data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per, resume, b.lookahead,
+        None if resume or rank is None else (rank,), None if resume else bucket_index(data, len(b))), ids))
 
 
 def bucket_mix(config: Any, mix: Any, epoch: int, rank: Optional[int] = None) -> BucketMix:
