@@ -182,22 +182,29 @@ class _Bucketed(EpochPlan):
     """Every batch one bucket (:mod:`.buckets`: a data set's plan, its rest after a resume, or a
     mix's)."""
 
+    def _plan(self, rank: Optional[int] = None) -> Any:
+        """The mix's :class:`~.buckets.BucketMix` or the data set's :class:`~.buckets.BucketEpoch`
+        (laid out for ``rank``'s workers only, if given)."""
+        if self.mix is not None:
+            return bucket_mix(self.config, self.mix, self.epoch, rank)
+        return bucket_epoch(self.config, self.data, self.epoch, self.resume, rank)
+
     @property
     def steps(self) -> int:
         c = self.config
-        if self.mix is not None:
-            return bucket_mix(c, self.mix, self.epoch).steps
-        if self.resume:
-            return bucket_epoch(c, self.data, self.epoch, self.resume).steps
-        return fresh_bucket_steps(c, self.data)
+        if self.mix is not None or self.resume:
+            return self._plan().steps
+        # a fresh epoch of a data set: from its per-bucket totals alone, counted once (not at every len())
+        b, ids = c.buckets, self.data.buckets
+        totals = kept(("totals", id(ids), len(ids), len(b)), lambda: (bucket_totals(ids, len(b)), ids))
+        return bucket_steps(totals, c.layout, c.schedule, b.per)
 
     def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
-        c = self.config
+        c, plan = self.config, self._plan(rank)
         if self.mix is not None:
-            plans, source, source_step = bucket_mix(c, self.mix, self.epoch, rank).worker(rank, worker)
+            plans, source, source_step = plan.worker(rank, worker)
             run, left_out = bucket_run(plans, first, source, source_step), 0
         else:
-            plan = bucket_epoch(c, self.data, self.epoch, self.resume, rank)
             run = bucket_run([plan.worker(rank, worker)], first)
             last = (rank, worker) == (c.world_size - 1, c.workers - 1)  # (the job's last worker counts them)
             left_out = plan.left_out_count if last and c.policy == "even" else 0
@@ -209,8 +216,7 @@ def check_buckets(config: Any, data: Any, mix: Any) -> None:
     """Plan the first epoch of a bucketed stream on ``config``'s layout, every rank's: a
     :class:`~dalistream.errors.ConfigError` when it holds no batch, or needs a worker to hold
     more than the buckets' ``lookahead``."""
-    steps = (bucket_mix(config, mix, 0) if mix is not None else bucket_epoch(config, data, 0)).steps
-    if steps == 0:
+    if _Bucketed(config, data, mix, 0, ())._plan().steps == 0:
         sets = [data] if mix is None else [s.data for s in mix.sources]
         totals = sum(bucket_totals(d.buckets, len(config.buckets)) for d in sets)
         raise ConfigError(f"batch_size {config.batch_size} gives no batch of one bucket: buckets of "
@@ -268,14 +274,6 @@ def bucket_mix(config: Any, mix: Any, epoch: int, rank: Optional[int] = None) ->
                                         [s.weight for s in mix.sources], config.layout, config.schedule, epoch,
                                         b.per, mix.names, mix.per_batch, mix.samples_per_epoch,
                                         None if rank is None else (rank,), indexes), ids))
-
-
-def fresh_bucket_steps(config: Any, data: Any) -> int:
-    """Batches every rank yields in a fresh epoch of a bucketed data set, from its per-bucket
-    totals alone (counted once, not at every ``len()`` of a loader)."""
-    b, ids = config.buckets, data.buckets
-    totals = kept(("totals", id(ids), len(ids), len(b)), lambda: (bucket_totals(ids, len(b)), ids))
-    return bucket_steps(totals, config.layout, config.schedule, b.per)
 
 
 def affine_plan(config: Any, counts: Optional[Sequence[int]], epoch: int,
