@@ -46,22 +46,17 @@ The order of a rank's buckets across steps is that of the (seeded) epoch sequenc
 order every epoch, so a new bucket order. Every rank computes ``S`` from the per-bucket counts
 alone (:func:`bucket_steps`).
 
-**Elastic resume** (:func:`resumed_bucket_plan`): the rest of an epoch after *segments* that
-ran under other layouts, planned over a new one. A segment is ``(world_size, workers,
-batch_size, steps)``, as in :mod:`.resume`, so the loader's state stays a few integers per layout
-change. What a segment delivered is known from the plan alone: the samples of its first ``steps``
-batches on every rank (:meth:`BucketEpoch.rank_batches`). Segment 0 plans the whole
-epoch sequence; segment ``k`` plans the positions left after segments ``0 … k-1`` (those it had
-left out under ``even`` included) with the same rules (:class:`BucketEpoch` with
-``positions``), so a chain of segments delivers every sample once under ``exact`` and none twice
-under ``even``, and every batch of every segment is one bucket.
+**Elastic resume** (:func:`resumed_bucket_plan`): the rest of an epoch after the *segments*
+(:mod:`.resume`) that ran under other layouts, planned over a new one. What a segment delivered
+is known from the plan alone: the samples of its first ``steps`` batches on every rank
+(:meth:`BucketEpoch.rank_batches`). Segment ``k`` plans the positions left after segments ``0 …
+k-1`` (those it had left out under ``even`` included) with the same rules (:class:`BucketEpoch`
+with ``positions``), so a chain of segments delivers every sample once under ``exact`` and none
+twice under ``even``, and every batch of every segment is one bucket.
 
-**A mix** (:class:`BucketMix`): each batch one source *and* one bucket. A stratified mix (``per_batch="sample"``) puts about ``p_s·B`` samples of every source in every
-batch. With buckets every batch must also hold one bucket, so each source would need its bucket
-counts in the proportion of the weights in every bucket — the same bucket distribution in every
-source, which real sources (web photos and book scans, say) do not have. Rather than pad or drop
-whatever does not fit, that combination is refused (:func:`check_bucket_mix`).
-
+**A mix** (:class:`BucketMix`): each batch one source *and* one bucket. A stratified mix
+(``per_batch="sample"``) cannot hold both unless every source has the same bucket distribution,
+which real sources (web photos and book scans, say) do not: it is refused (:func:`check_bucket_mix`).
 With ``per_batch="source"`` the two hold together exactly: the mix deals whole batches to the
 sources by Tijdeman's rule (:func:`~.mix.cumulative`: after any number of steps each source is
 within one batch of its weight), and a source's batches are the batches of its own bucket plan
@@ -373,9 +368,7 @@ def resumed_bucket_plan(counts: Sequence[int], ids: np.ndarray, buckets: int, la
                         epoch: int, per: str, segments: Sequence[Segment], lookahead: Optional[int] = None,
                         ranks: Optional[Sequence[int]] = None, index: Optional[BucketIndex] = None) -> BucketEpoch:
     """The rest of ``epoch`` after ``segments`` (none: the whole epoch, laid out for ``ranks``),
-    planned over ``layout`` (its ``steps`` are what every rank runs; :meth:`BucketEpoch.worker`
-    gives each worker's plan): each segment's plan over the epoch positions its segments before
-    did not deliver."""
+    planned over ``layout`` (see the module doc)."""
     positions: Optional[np.ndarray] = None
     for k, segment in enumerate(check_segments(segments)):
         plan = BucketEpoch(counts, ids, buckets, segment_layout(segment), schedule, epoch, per, positions)

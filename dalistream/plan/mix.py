@@ -51,23 +51,17 @@ With ``samples_per_epoch=1_000_000`` (also 488 steps) nothing is left out: epoch
 positions 699,600 … 1,399,191, the last 300,400 of pass 0 then the first 399,192 of pass 1, and
 books' pass 0 ends after 176 samples of epoch 1.
 
-**Columns.** Read in spans, a worker's share of a source is one span of the source's sequence;
-read interleaved (the default, as for one data set), it is cut into one *column* per position of
-the share, each taking one sample a step while the share reaches it (:func:`column_takes`), and
-the columns of all workers are laid over the source's sequence so that a rank's columns lie
-apart, spread over it (:func:`column_sizes`, :func:`column_index`).
+**Columns.** Read interleaved (the default, as for one data set), a worker's share of a source
+is cut into one *column* per position of the share (:func:`column_takes`), laid over the source's
+sequence as a rank's columns are for one data set (:func:`column_sizes`); read in spans, one span.
 
-**Elastic resume** (:class:`MixEpoch` with ``segments``). Per source the rule of :mod:`.resume`: a global worker of a past segment delivered the first
-``d`` outputs of its shuffle buffer over its span of the source, ``d`` the samples of the source
-its slot took in the steps it ran, so each source's remaining sequence is a
-:class:`~.resume.Remaining` built from those counts. The composition goes on where it stood:
-the rule (:func:`cumulative`) continues after the units already dealt — ``n0 = Σ steps ×
-B`` sample slots per rank, or ``Σ steps`` whole batches for ``per_batch="source"`` — in batches
-of the new size, so every prefix of the epoch stays within one unit of the weights; the rest of
-the epoch is the largest number of steps for which no source runs past its remaining samples. With ``samples_per_epoch`` the rule and the passes run on across
-epochs, so level 0 is the epoch's range of each source's passes from its cursor, and a span may
-cross a pass's end (its parts then come from two passes). Each new worker's span of each
-source's remaining sequence is sized by what its slot takes of it, and read as parts minus the few positions already delivered.
+**Elastic resume** (:class:`MixEpoch` with ``segments``). Per source the rule of :mod:`.resume`,
+a past worker having delivered what its slot took of the source: each source's remaining
+sequence is a :class:`~.resume.Remaining`. The rule (:func:`cumulative`) goes on after the units
+already dealt, in batches of the new size, so every prefix of the epoch stays within one unit of
+the weights; the rest is the largest number of steps in which no source runs past its remaining
+samples. With ``samples_per_epoch`` level 0 is the epoch's range of each source's passes from its
+cursor, and a span may cross a pass's end.
 """
 
 from __future__ import annotations
@@ -182,10 +176,8 @@ def check_options(per_batch: str, samples_per_epoch: Optional[int]) -> None:
 def batch_sources(weights: Sequence[float], batch_size: int, steps: int, per_batch: str = "sample",
                   dealt: int = 0) -> np.ndarray:
     """Samples of each source in each of ``steps`` rank batches after ``dealt`` units of the
-    rule (sample slots; whole batches for ``"source"``): an int64 array ``(steps, S)``, the same
-    on every rank; every row sums to ``batch_size``. Stratified (``"sample"``) deals the
-    batches' sample slots one by one, ``"source"`` deals whole batches, both by Tijdeman's rule
-    (see the module doc): after any prefix each source is within 1 (slot or batch) of its weight."""
+    rule (sample slots; whole batches for ``"source"``; see the module doc): an int64 array
+    ``(steps, S)``, the same on every rank; every row sums to ``batch_size``."""
     _check_per_batch(per_batch)
     return np.diff(_used(weights, np.arange(int(steps) + 1, dtype=np.int64), int(batch_size), per_batch, dealt), axis=0)
 
@@ -393,9 +385,8 @@ class MixEpoch:
         self.columns, self.take, self.steps = bounds, take, planned
 
     def _laid(self, steps: int, n0: int, layout: Layout, cursor: Any = 0) -> Tuple[List[np.ndarray], np.ndarray, np.ndarray]:
-        """``(per source the bounds of its columns from its ``cursor``, take (steps, W, S),
-        batch counts (steps, S))`` of ``steps`` steps of ``layout`` from unit ``n0`` of the rule (the
-        columns: the workers' spans, or interleaved, :func:`column_sizes`)."""
+        """``(per source its columns' bounds from its ``cursor``, take (steps, W, S), batch counts
+        (steps, S))`` of ``steps`` steps of ``layout`` from unit ``n0`` of the rule."""
         counts = batch_sources(self.weights, layout.batch_size, steps, self.per_batch, n0)
         take = worker_take(counts, layout)
         return _edges(column_sizes(take, layout, self.interleave)[0], cursor), take, counts
