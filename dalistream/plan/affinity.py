@@ -52,6 +52,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ConfigError
+from ..manifest.offsets import running_starts
 from . import seeds
 from .bucketworker import stable_argsort
 from .layout import Layout, Schedule
@@ -209,11 +210,9 @@ class Regrouped:
         where = np.empty(len(order), dtype=np.int64)
         where[order] = np.arange(len(order))
         self.drops = {int(where[k]): d for k, d in drops.items()}  # piece -> the positions it passes over
-        self.cum = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(sizes[order], out=self.cum[1:])
+        self.cum = running_starts(sizes[order])
         self.node_totals = np.bincount(node, weights=sizes, minlength=nodes).astype(np.int64)
-        self.bounds = np.zeros(nodes + 1, dtype=np.int64)
-        np.cumsum(self.node_totals, out=self.bounds[1:])
+        self.bounds = running_starts(self.node_totals)
         self.left = np.zeros(0, dtype=np.int64) if leave_out is None else leave_out(self.node_totals)
         self.cuts = np.searchsorted(self.left, self.bounds)
 

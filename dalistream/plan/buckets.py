@@ -72,6 +72,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ConfigError
+from ..manifest.offsets import running_starts
 from .layout import Layout, Schedule
 from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather
 from .bucketworker import BucketWorkerPlan, holdings, stable_argsort
@@ -159,9 +160,8 @@ class BucketEpoch:
                                     self.shards.starts))
         else:  # (the positions still to plan, in order: a sequence of their own, indexed as one shard)
             planned = np.asarray(positions, dtype=np.int64)
-            written = np.zeros(len(self.counts) + 1, dtype=np.int64)
-            np.cumsum(self.counts, out=written[1:])
-            sample_ids = np.repeat(written[order] - self.shards.starts[:-1], self.counts[order])[planned] + planned
+            shift = running_starts(self.counts)[order] - self.shards.starts[:-1]  # written minus epoch start
+            sample_ids = np.repeat(shift, self.counts[order])[planned] + planned
             owner = self._owners(BucketIndex([len(planned)], ids[sample_ids], buckets), np.zeros(1, dtype=np.int64),
                                  np.array([0, len(planned)], dtype=np.int64))
             self.positions, self.sample_ids = planned[self.positions], sample_ids[self.positions]
@@ -260,8 +260,7 @@ class BucketEpoch:
         bucket = self.seq[m]
         by = stable_argsort(bucket)  # by[start[k] + j]: the merged index of bucket k's j-th sample
         count = np.bincount(bucket, minlength=self.buckets)
-        start = np.zeros(self.buckets + 1, dtype=np.int64)
-        np.cumsum(count, out=start[1:])
+        start = running_starts(count)
         rank_in = np.empty(len(m), dtype=np.int64)
         rank_in[by] = np.arange(len(m)) - np.repeat(start[:-1], count)
         unit = rank_in // b
@@ -285,8 +284,7 @@ class BucketEpoch:
 
     def _global_steps(self, merged: Sequence[tuple]) -> None:
         units = self.units
-        base = np.zeros(self.buckets + 1, dtype=np.int64)
-        np.cumsum(units, out=base[1:])
+        base = running_starts(units)
         ready = np.zeros(int(base[-1]), dtype=np.float64)  # (b, j): when the last rank completes it
         per_rank = []
         for m, time in merged:
@@ -375,7 +373,8 @@ def resumed_bucket_plan(counts: Sequence[int], ids: np.ndarray, buckets: int, la
         check_ran(k, segment, plan.steps, "a bucket plan", "this data set and these buckets")
         done = plan.rank_batches()[:, :int(segment[3])]
         positions = np.setdiff1d(plan.positions, done[done >= 0])  # sorted
-    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions, lookahead, ranks=ranks, index=index)
+    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions, lookahead, ranks=ranks,
+                       index=index)
 
 
 # -- a mix ---------------------------------------------------------------------------------------

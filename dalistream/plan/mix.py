@@ -75,6 +75,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ConfigError
+from ..manifest.offsets import running_starts
 from . import seeds
 from .layout import Layout, Schedule
 from .ownership import EpochLayout, Part, WorkerPlan, epoch_order, laid_out
@@ -384,7 +385,8 @@ class MixEpoch:
         self.rest, self.level = rem, len(segments)
         self.columns, self.take, self.steps = bounds, take, planned
 
-    def _laid(self, steps: int, n0: int, layout: Layout, cursor: Any = 0) -> Tuple[List[np.ndarray], np.ndarray, np.ndarray]:
+    def _laid(self, steps: int, n0: int, layout: Layout,
+              cursor: Any = 0) -> Tuple[List[np.ndarray], np.ndarray, np.ndarray]:
         """``(per source its columns' bounds from its ``cursor``, take (steps, W, S), batch counts
         (steps, S))`` of ``steps`` steps of ``layout`` from unit ``n0`` of the rule."""
         counts = batch_sources(self.weights, layout.batch_size, steps, self.per_batch, n0)
@@ -474,12 +476,13 @@ class MixEpoch:
             for k, (c, (parts, drop)) in enumerate(zip(spans, cut)):
                 shuffle_seed = (seeds.source_shuffle(seed, self.epoch, s, c) if self.rest is None
                                 else seeds.segment_source_shuffle(seed, self.epoch, self.level, s, c))
-                out.append((WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
-                                       layout.slot_offsets[worker], int(bounds[c + 1] - bounds[c]),
-                                       layout.global_worker(rank, worker), 0, tuple(drop), shuffle_seed), takes[:, k], s))
+                plan = WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
+                                  layout.slot_offsets[worker], int(bounds[c + 1] - bounds[c]),
+                                  layout.global_worker(rank, worker), 0, tuple(drop), shuffle_seed)
+                out.append((plan, takes[:, k], s))
         return out
 
 
 def _edges(sizes: Sequence[np.ndarray], cursor: Any) -> List[np.ndarray]:
     """Per source, the bounds of consecutive stretches of ``sizes`` from its ``cursor`` (one, or one for all)."""
-    return [int(c) + np.concatenate([[0], np.cumsum(z)]) for c, z in zip(np.broadcast_to(cursor, len(sizes)), sizes)]
+    return [int(c) + running_starts(z) for c, z in zip(np.broadcast_to(cursor, len(sizes)), sizes)]

@@ -50,6 +50,7 @@ import numpy as np
 import numpy.random  # noqa: F401  (numpy loads it at first use: in each forked DALI worker, on its first batch)
 
 from ..errors import ConfigError, ManifestError
+from ..manifest.offsets import running_starts
 from . import seeds
 from .layout import Layout, Schedule
 
@@ -219,7 +220,7 @@ class EpochLayout:
         first = np.where(full, np.maximum(lo, a) - a, 0)[keep]
         stop = np.where(full, np.minimum(hi, b) - a, 0)[keep]
         found = list(zip(shard[keep].tolist(), first.tolist(), stop.tolist()))
-        kept = np.concatenate([[0], np.cumsum(keep)])[np.append(head, len(keep))].tolist()  # each span's, among found
+        kept = running_starts(keep)[np.append(head, len(keep))].tolist()  # each span's, among found
         return [found[x:y] for x, y in zip(kept[:-1], kept[1:])]
 
 
@@ -227,8 +228,7 @@ def laid_out(counts: Sequence[int], order: np.ndarray, bounds: Optional[np.ndarr
              left: Optional[np.ndarray] = None) -> EpochLayout:
     """An :class:`EpochLayout` of the shards ``counts`` laid end to end in ``order`` with the given
     span ``bounds`` (one more than the spans, so that its ``parts(g)`` cuts span g; default none)."""
-    starts = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
+    starts = running_starts(np.asarray(counts, dtype=np.int64)[order])
     bounds = np.zeros(2, dtype=np.int64) if bounds is None else np.asarray(bounds, dtype=np.int64)
     left = np.zeros(0, dtype=np.int64) if left is None else left
     return EpochLayout(np.asarray(order, dtype=np.int64), starts, bounds, int(steps), left)

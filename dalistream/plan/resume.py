@@ -31,6 +31,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import StateError
+from ..manifest.offsets import running_starts
 from .layout import Layout, Schedule
 from .shuffle import emitted_indices
 from .ownership import EpochLayout, Part, kept_positions
@@ -80,8 +81,7 @@ def delivered_ordinals(count: int, total: int, shuffle: int, seed: int) -> Tuple
 def kth_positions(runs: Sequence[Stretch], ks: Sequence[int]) -> List[int]:
     """Epoch positions of the ``ks``-th kept positions of ``runs`` (those past the runs' end left out)."""
     ks = np.asarray(ks, dtype=np.int64)
-    cum = np.zeros(len(runs) + 1, dtype=np.int64)
-    np.cumsum([r.size for r in runs], out=cum[1:])
+    cum = running_starts([r.size for r in runs])
     ks = ks[ks < cum[-1]]
     which = np.searchsorted(cum, ks, side="right") - 1
     out = np.empty(len(ks), dtype=np.int64)
@@ -112,8 +112,7 @@ class Remaining:
         out.bounds = bounds = np.asarray(bounds, dtype=np.int64)
         out.done = np.minimum(np.diff(bounds), np.asarray(done, dtype=np.int64))
         left = list((np.diff(bounds) - out.done).tolist()) + [prev.total - int(bounds[-1])]  # last: no one's (even)
-        out.cum = np.zeros(len(left) + 1, dtype=np.int64)
-        np.cumsum(left, out=out.cum[1:])
+        out.cum = running_starts(left)
         out.total, out._window = int(out.cum[-1]), {}
         return out
 
