@@ -426,9 +426,8 @@ class BucketMix:
         step = np.diff(dealt, axis=0)
         self.source = np.argmax(step, axis=1).astype(np.int64)
         self.source_step = dealt[:-1][np.arange(self.steps), self.source]
-        self.used = dealt[-1]  # each source's plan steps used this epoch
 
     def worker(self, rank: int, worker: int) -> Tuple[Tuple[BucketWorkerPlan, ...], np.ndarray, np.ndarray]:
-        """Per source its :class:`~.bucketworker.BucketWorkerPlan` (its steps beyond ``used`` are not
-        run this epoch), and per mix step the source and the source plan's step."""
+        """Per source its :class:`~.bucketworker.BucketWorkerPlan` (its steps no mix step names are
+        not run this epoch), and per mix step the source and the source plan's step."""
         return tuple(p.worker(rank, worker) for p in self.plans), self.source.copy(), self.source_step.copy()

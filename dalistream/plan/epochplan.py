@@ -86,8 +86,7 @@ class EpochPlan(ABC):
     def state(self, step: int) -> Tuple[Segment, ...]:
         """The segments that say ``step`` batches of this epoch ran on this plan's layout (after
         ``resume``): what a loader state saved at ``step`` resumes from on another layout."""
-        closed = ()  # (the head of no layout: this one's segment closes at ``step``)
-        return continued(self.resume, plan_head(self.config, self.mix), step, closed)[0]
+        return continued(self.resume, plan_head(self.config, self.mix), step, ())[0]  # (): no layout's head
 
     def rest(self, config: Any, step: int) -> Tuple["EpochPlan", int]:
         """The rest of the epoch after ``step`` batches of it ran on this plan's layout, on

@@ -102,13 +102,12 @@ def slot_starts(layout: Layout) -> np.ndarray:
 def span_bounds(total: int, layout: Layout, schedule: Schedule) -> np.ndarray:
     """Where each global worker's span starts in the epoch's sample sequence: ``R·W + 1`` bounds,
     span ``g`` is ``[bounds[g], bounds[g+1])`` (see the module doc)."""
-    c = slot_starts(layout)
-    if schedule.policy == "even":
-        return epoch_steps(total, layout, schedule) * c
+    c, steps = slot_starts(layout), epoch_steps(total, layout, schedule)
     per_step = layout.world_size * layout.batch_size
+    if schedule.policy == "even":
+        return steps * c
     if schedule.policy == "fixed":
         return (int(total) * c) // per_step
-    steps = epoch_steps(total, layout, schedule)
     if steps == 0:
         return np.zeros_like(c)
     last = int(total) - (steps - 1) * per_step  # the last step's samples: 0 < last <= R·B
