@@ -409,16 +409,12 @@ class MixEpoch:
                 len(self.counts[source]), self.schedule.seed, n_pass, self.schedule.shuffle_shards, source))
         return self._passes[key]
 
-    def source_parts(self, source: int, g: int, bounds: Optional[np.ndarray] = None) -> Tuple[List[Part], List[int]]:
-        """Global worker ``g``'s parts of ``source`` in reading order, and the pass of each (span
-        ``g`` of ``bounds``, by default the workers' spans: ``self.bounds[source]``)."""
-        return self.spans_parts(source, [g], bounds)[0]
-
     def spans_parts(self, source: int, spans: Sequence[int],
                     bounds: Optional[np.ndarray] = None) -> List[Tuple[List[Part], List[int]]]:
-        """:meth:`source_parts` of each of ``spans``, worked out together, a pass at a time (a
-        worker reading a mix interleaved plans a column per position of its slot every epoch:
-        one cut of each pass for all of them, not one per column)."""
+        """Per span of ``spans`` (of ``bounds``, by default the workers' spans: ``self.bounds[source]``),
+        its parts of ``source`` in reading order and the pass of each, all worked out together, a
+        pass at a time (a worker reading a mix interleaved plans a column per position of its slot
+        every epoch: one cut of each pass for all of them, not one per column)."""
         bounds = self.bounds[source] if bounds is None else bounds
         total = self.totals[source]
         out: List[Tuple[List[Part], List[int]]] = [([], []) for _ in spans]

@@ -182,7 +182,7 @@ class EpochLayout:
         return np.where(self.bounds >= kept, out + (kept > 0), out)
 
     def drops_of(self, spans: Sequence[int]) -> List[Tuple[int, ...]]:
-        """Raw ordinals, over the samples of :meth:`parts` of each span of ``spans``, of those left
+        """Raw ordinals, over the samples of :meth:`parts_of` each span of ``spans``, of those left
         out (``left`` is sorted: a search each)."""
         g = np.asarray(spans, dtype=np.int64)
         if not len(self.left):
@@ -191,17 +191,13 @@ class EpochLayout:
         a, b = np.searchsorted(self.left, lo, side="left"), np.searchsorted(self.left, hi, side="left")
         return [tuple((self.left[i:j] - x).tolist()) for i, j, x in zip(a.tolist(), b.tolist(), lo.tolist())]
 
-    def parts(self, g: int) -> List[Part]:
-        """The shard parts of global worker ``g``'s stretch of the sequence, in reading order
-        (samples left out inside it are :meth:`drops_of`). An empty shard is a part ``(s, 0, 0)`` of
-        the span it sits in (the last span's when it sits at the end), so that it is still opened
-        once: a shard that has gained samples or is damaged shows."""
-        return self.parts_of([g])[0]
-
     def parts_of(self, spans: Sequence[int]) -> List[List[Part]]:
-        """:meth:`parts` of each span of ``spans``, worked out together (a worker reading
-        interleaved plans hundreds of columns an epoch: one pass of array operations, not one per
-        column)."""
+        """The shard parts of each global worker's stretch of the sequence (``spans``: the global
+        workers), in reading order (samples left out inside it are :meth:`drops_of`); all worked
+        out together, in one pass of array operations (a worker reading interleaved plans hundreds
+        of columns an epoch). An empty shard is a part ``(s, 0, 0)`` of the span it sits in (the
+        last span's when it sits at the end), so that it is still opened once: a shard that has
+        gained samples or is damaged shows."""
         g = np.asarray(spans, dtype=np.int64)
         lo, hi = self.edges[g], self.edges[g + 1]
         last = g == len(self.bounds) - 2
@@ -255,7 +251,7 @@ def owned_parts(counts: Optional[Sequence[int]], num_shards: int, layout: Layout
     _need_counts(counts, schedule)
     if counts is None:
         return [(i, 0, None) for i in owned_shards(num_shards, layout, schedule, epoch, rank, worker)]
-    return epoch_layout(counts, layout, schedule, epoch).parts(layout.global_worker(rank, worker))
+    return epoch_layout(counts, layout, schedule, epoch).parts_of([layout.global_worker(rank, worker)])[0]
 
 
 def steps_per_epoch(counts: Optional[Sequence[int]], layout: Layout, schedule: Schedule, epoch: int, rank: int) -> int:

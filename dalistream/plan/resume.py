@@ -162,7 +162,7 @@ def kept_first_runs(runs: Callable[[int, int], List[Stretch]], total: int, left:
     (sorted) in their order, then those of ``left``; ``runs(x, y)`` gives positions ``[x, y)`` of
     the sequence itself as runs. A stretch of kept positions reads the sequence from its first
     position up to the next kept one (or just past its last, at the end), the left-out positions
-    inside as its drops: the stretches of :meth:`~.ownership.EpochLayout.parts`."""
+    inside as its drops: the stretches of :meth:`~.ownership.EpochLayout.parts_of`."""
     if not len(left):
         return runs(lo, hi)
     kept = total - len(left)
