@@ -8,9 +8,7 @@ lists and counts each source like a single data set (its own ``manifest`` and ``
 when given), then checks the mix before any worker starts: weights, a source with no samples, a
 share that rounds to nothing, a shard listed by two sources (:func:`check_disjoint`), each a
 :class:`~dalistream.errors.ConfigError` naming the source. The input is checked before anything
-is listed: ``{name: (source, weight)}`` or ``{name: {"source": …, "weight": …, "manifest": …,
-"storage_options": …}}`` (:func:`parse_mix`), and ``NAME=WEIGHT:SOURCE`` on a command line
-(:func:`parse_mix_arg`). With buckets (:func:`dalistream.stream.bucketed`) a mix is bucketed with
+is listed (:func:`parse_mix`; on a command line :func:`parse_mix_arg`). With buckets (:func:`dalistream.stream.bucketed`) a mix is bucketed with
 ``per_batch="source"`` only (:class:`dalistream.plan.buckets.BucketMix`).
 """
 

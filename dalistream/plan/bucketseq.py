@@ -10,8 +10,7 @@ bucket histogram, and a sorted key to count a shard's first ``x`` samples of eac
 :func:`column_counts` (per epoch: each column's counts, ``R·C`` columns × buckets); samples are
 laid out only for the columns a rank reads (:func:`gather`) or where a cut falls
 (:func:`cut_before`). A resumed epoch's rest is indexed the same way, its positions still to
-plan taken as one shard. Before this, every worker sorted the whole epoch at each epoch's
-start: O(N log N) for a share of N/(R·W) samples.
+plan taken as one shard.
 """
 
 from __future__ import annotations

@@ -322,9 +322,8 @@ def column_index(layout: Layout, rank: int, worker: int, k: int, interleave: boo
 
 class MixEpoch:
     """One epoch of a mix, planned once for every worker (cheap: O(steps × W × S + shards)), or
-    the rest of it after ``segments`` ran under other layouts (the module doc's elastic resume:
-    each source's remaining sequence read past what those delivered through buffers of
-    ``shuffle``); :meth:`worker_columns` gives what one worker reads. ``counts[s]`` are source
+    its rest after ``segments`` ran under other layouts, delivered through buffers of ``shuffle``
+    (the module doc); :meth:`worker_columns` gives what one worker reads. ``counts[s]`` are source
     s's per-shard sample counts, ``weights[s]`` its weight (any positive scale)."""
 
     def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout,

@@ -106,14 +106,12 @@ class Remaining:
         """The sequence left after one more segment whose global worker ``g`` owned
         ``[bounds[g], bounds[g+1])`` of ``prev`` and delivered the first ``done[g]`` outputs of its
         shuffle buffer, seeded ``seed_of(g)`` (a mix's source: its spans are sized by the takes)."""
-        out = cls.__new__(cls)
-        out.schedule, out.epoch, out.shuffle = prev.schedule, prev.epoch, prev.shuffle
-        out.level, out.prev, out.seed_of = prev.level + 1, prev, seed_of
-        out.bounds = bounds = np.asarray(bounds, dtype=np.int64)
-        out.done = np.minimum(np.diff(bounds), np.asarray(done, dtype=np.int64))
-        left = list((np.diff(bounds) - out.done).tolist()) + [prev.total - int(bounds[-1])]  # last: no one's (even)
-        out.cum = running_starts(left)
-        out.total, out._window = int(out.cum[-1]), {}
+        bounds = np.asarray(bounds, dtype=np.int64)
+        done = np.minimum(np.diff(bounds), np.asarray(done, dtype=np.int64))
+        left = (np.diff(bounds) - done).tolist() + [prev.total - int(bounds[-1])]  # last: no one's (even)
+        out = cls(sum(left), prev.schedule, prev.epoch, prev.shuffle)
+        out.level, out.prev, out.seed_of, out.bounds, out.done = prev.level + 1, prev, seed_of, bounds, done
+        out.cum, out._window = running_starts(left), {}
         return out
 
     def window(self, g: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], int]:
