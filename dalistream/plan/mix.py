@@ -160,15 +160,11 @@ def cumulative(weights: Sequence[float], n: Any) -> np.ndarray:
     return q[..., None] * np.asarray(w, dtype=np.int64) + table[r]
 
 
-def _check_per_batch(per_batch: str) -> None:
-    if per_batch not in PER_BATCH:
-        raise ConfigError(f"mix: per_batch must be one of {PER_BATCH}, got {per_batch!r}")
-
-
-def check_options(per_batch: str, samples_per_epoch: Optional[int]) -> None:
+def check_options(per_batch: str, samples_per_epoch: Optional[int] = None) -> None:
     """Raise :class:`~dalistream.errors.ConfigError` for a mix's ``per_batch`` or
     ``samples_per_epoch`` (``None``: set by the weights) that no plan can take."""
-    _check_per_batch(per_batch)
+    if per_batch not in PER_BATCH:
+        raise ConfigError(f"mix: per_batch must be one of {PER_BATCH}, got {per_batch!r}")
     if samples_per_epoch is not None and (isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int)
                                           or samples_per_epoch < 1):
         raise ConfigError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
@@ -179,7 +175,7 @@ def batch_sources(weights: Sequence[float], batch_size: int, steps: int, per_bat
     """Samples of each source in each of ``steps`` rank batches after ``dealt`` units of the
     rule (sample slots; whole batches for ``"source"``; see the module doc): an int64 array
     ``(steps, S)``, the same on every rank; every row sums to ``batch_size``."""
-    _check_per_batch(per_batch)
+    check_options(per_batch)
     return np.diff(_used(weights, np.arange(int(steps) + 1, dtype=np.int64), int(batch_size), per_batch, dealt), axis=0)
 
 
@@ -209,7 +205,7 @@ def check_share(weights: Sequence[float], totals: Sequence[int], batch_size: int
     batches would hold none of it); ``per_batch="source"`` with ``steps`` known, fewer than half
     a batch per epoch. A share of half a sample or more is kept: the source is then in some
     batches and not others, in its exact proportion."""
-    _check_per_batch(per_batch)
+    check_options(per_batch)
     w = integer_weights(weights)
     d, names = sum(w), source_names(names, len(w))
     for s, total in enumerate(totals):
