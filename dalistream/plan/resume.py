@@ -67,15 +67,8 @@ def check_ran(k: int, segment: Sequence[int], planned: int, plan: str = "a plan"
 
 @lru_cache(maxsize=4096)
 def _emitted(count: int, total: int, size: int, seed: int) -> Tuple[int, ...]:
+    """Input ordinals (of ``total``) among the first ``count`` outputs of a buffer of ``size``, sorted."""
     return tuple(sorted(emitted_indices(count, total, size, seed)))
-
-
-def delivered_ordinals(count: int, total: int, shuffle: int, seed: int) -> Tuple[int, ...]:
-    """Input ordinals (of ``total``) among a worker's first ``count`` outputs, sorted."""
-    count = min(count, total)
-    if shuffle <= 1:
-        return tuple(range(count))
-    return _emitted(count, total, shuffle, seed)
 
 
 def kth_positions(runs: Sequence[Stretch], ks: Sequence[int]) -> List[int]:
@@ -118,8 +111,8 @@ class Remaining:
         """Global worker ``g`` of the last segment: (undelivered ordinals of its window, the
         window's delivered ordinals, where its untouched rest starts), ordinals in its span."""
         if g not in self._window:
-            n, c = int(self.bounds[g + 1] - self.bounds[g]), int(self.done[g])
-            gone = delivered_ordinals(c, n, self.shuffle, self.seed_of(g))
+            n, c = int(self.bounds[g + 1] - self.bounds[g]), int(self.done[g])  # (c <= n)
+            gone = tuple(range(c)) if self.shuffle <= 1 else _emitted(c, n, self.shuffle, self.seed_of(g))
             rest = gone[-1] + 1 if gone else 0
             prefix = next((i for i, o in enumerate(gone) if o != i), len(gone))
             kept = tuple(sorted(set(range(prefix, rest)) - set(gone)))
