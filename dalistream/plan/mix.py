@@ -342,7 +342,7 @@ class MixEpoch:
         self.steps = mix_steps(self.totals, weights, layout, per_batch, samples_per_epoch, self.names)
         check_share(weights, self.totals, layout.batch_size, per_batch, self.steps, self.names)
         first = self.epoch * self.steps if self.endless else 0
-        cursor = layout.world_size * _used(weights, first, layout.batch_size, per_batch)  # (0 but endless)
+        cursor = layout.world_size * _used(weights, first, layout.batch_size, per_batch)  # (zeros unless endless)
         # each source's columns (interleaved; else the workers' spans): their bounds in its sequence
         self.columns, self.take, self.batch_counts = self._laid(self.steps, self._units(first, layout), layout, cursor)
         self.bounds = np.array(_edges(column_sizes(self.take, layout, False)[0], cursor))  # (S, R·W + 1)
