@@ -8,9 +8,7 @@ lists and counts each source like a single data set (its own ``manifest`` and ``
 when given), then checks the mix before any worker starts: weights, a source with no samples, a
 share that rounds to nothing, a shard listed by two sources (:func:`check_disjoint`), each a
 :class:`~dalistream.errors.ConfigError` naming the source. The input is checked before anything
-is listed: ``{name: (source, weight)}`` or ``{name: {"source": …, "weight": …, "manifest": …,
-"storage_options": …}}`` (:func:`parse_mix`), and ``NAME=WEIGHT:SOURCE`` on a command line
-(:func:`parse_mix_arg`). With buckets (:func:`dalistream.stream.bucketed`) a mix is bucketed with
+is listed (:func:`parse_mix`; on a command line :func:`parse_mix_arg`). With buckets (:func:`dalistream.stream.bucketed`) a mix is bucketed with
 ``per_batch="source"`` only (:class:`dalistream.plan.buckets.BucketMix`).
 """
 
@@ -27,7 +25,6 @@ from .dataset import DataSet
 from .errors import ConfigError
 from .io.local import local_path
 from .plan import Layout, MixEpoch, Schedule
-from .plan.epochplan import mix_epoch
 from .plan.mix import check_options
 from .sources import is_remote
 
@@ -161,10 +158,12 @@ class Mix:
     def names(self) -> Tuple[str, ...]:
         return tuple(s.name for s in self.sources)
 
-    def epoch(self, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False) -> MixEpoch:
+    def epoch(self, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False, resume: Sequence = (),
+              shuffle: int = 0) -> MixEpoch:
         """The plan of ``epoch`` for every worker of ``layout`` (each source's spans, or its columns;
-        :func:`dalistream.plan.epochplan.mix_epoch`)."""
-        return mix_epoch(self, layout, schedule, epoch, interleave)
+        its rest after the segments ``resume``, delivered through buffers of ``shuffle``)."""
+        return MixEpoch([s.data.counts for s in self.sources], [s.weight for s in self.sources], layout, schedule,
+                        epoch, self.names, self.per_batch, self.samples_per_epoch, interleave, resume, shuffle)
 
     def identity(self, of: Any) -> dict:
         """What the sources are, for a loader state: ``of(urls, counts, sizes)`` per source name,

@@ -52,6 +52,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ConfigError
+from ..manifest.offsets import running_starts
 from . import seeds
 from .bucketworker import stable_argsort
 from .layout import Layout, Schedule
@@ -175,10 +176,8 @@ class Regrouped:
     node by node: node 0's samples first, each node's in ``prev``'s order. ``bounds[n]`` is where
     node ``n``'s part starts; :meth:`runs` maps positions back to epoch positions. With
     ``leave_out`` (level 0 under ``even``: :func:`level_zero`), ``left = leave_out(node_totals)``
-    are the sorted positions the nodes leave out, and each node's part is reordered as ``even``
-    plans it: the samples it keeps, in order, then those it leaves out; the stretches of the kept
-    ones pass over the left-out ones inside them (their drops), as
-    :func:`~.resume.kept_first_runs` says."""
+    are the sorted positions the nodes leave out, each node's part reordered by
+    :func:`~.resume.kept_first_runs`: the samples it keeps, then those it leaves out."""
 
     def __init__(self, prev: Remaining, ep: EpochLayout, owner: np.ndarray, nodes: int,
                  leave_out: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
@@ -211,11 +210,9 @@ class Regrouped:
         where = np.empty(len(order), dtype=np.int64)
         where[order] = np.arange(len(order))
         self.drops = {int(where[k]): d for k, d in drops.items()}  # piece -> the positions it passes over
-        self.cum = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(sizes[order], out=self.cum[1:])
+        self.cum = running_starts(sizes[order])
         self.node_totals = np.bincount(node, weights=sizes, minlength=nodes).astype(np.int64)
-        self.bounds = np.zeros(nodes + 1, dtype=np.int64)
-        np.cumsum(self.node_totals, out=self.bounds[1:])
+        self.bounds = running_starts(self.node_totals)
         self.left = np.zeros(0, dtype=np.int64) if leave_out is None else leave_out(self.node_totals)
         self.cuts = np.searchsorted(self.left, self.bounds)
 
@@ -262,10 +259,8 @@ def node_spans(grouped: Any, layout: Layout, nodes: Nodes, columns: bool, schedu
     """Spans of an affine segment over ``grouped`` (node by node): ``(bounds, owners, slots)``;
     span ``i`` is ``[bounds[i], bounds[i+1])``, read by global worker ``owners[i]`` (a column when
     ``columns``) with slot ``slots[i]``; ``-1``/0 for a node's samples that no one reads
-    (``even``). A node's samples are cut among its ranks as a whole epoch is among all ranks
-    (:func:`~.ownership.span_bounds` over the node's layout): ``even`` gives every worker
-    ``steps × slot``; ``exact`` fills the node's steps and deals its last step position by
-    position, so no rank of a node gets only padding where its samples allow."""
+    (``even``). A node's samples are cut among its ranks as the module doc says (``even``: every
+    worker ``steps × slot``; else :func:`~.ownership.span_bounds` over the node's layout)."""
     planned = layout.planned(columns)
     node_layout = Layout(nodes.ranks_per_node, layout.workers, layout.batch_size).planned(columns)
     g = np.arange(planned.global_workers, dtype=np.int64)

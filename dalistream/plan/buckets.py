@@ -46,22 +46,17 @@ The order of a rank's buckets across steps is that of the (seeded) epoch sequenc
 order every epoch, so a new bucket order. Every rank computes ``S`` from the per-bucket counts
 alone (:func:`bucket_steps`).
 
-**Elastic resume** (:func:`resumed_bucket_plan`): the rest of an epoch after *segments* that
-ran under other layouts, planned over a new one. A segment is ``(world_size, workers,
-batch_size, steps)``, as in :mod:`.resume`, so the loader's state stays a few integers per layout
-change. What a segment delivered is known from the plan alone: the samples of its first ``steps``
-batches on every rank (:meth:`BucketEpoch.rank_batches`). Segment 0 plans the whole
-epoch sequence; segment ``k`` plans the positions left after segments ``0 … k-1`` (those it had
-left out under ``even`` included) with the same rules (:class:`BucketEpoch` with
-``positions``), so a chain of segments delivers every sample once under ``exact`` and none twice
-under ``even``, and every batch of every segment is one bucket.
+**Elastic resume** (:func:`resumed_bucket_plan`): the rest of an epoch after the *segments*
+(:mod:`.resume`) that ran under other layouts, planned over a new one. What a segment delivered
+is known from the plan alone: the samples of its first ``steps`` batches on every rank
+(:meth:`BucketEpoch.rank_batches`). Segment ``k`` plans the positions left after segments ``0 …
+k-1`` (those it had left out under ``even`` included) with the same rules (:class:`BucketEpoch`
+with ``positions``), so a chain of segments delivers every sample once under ``exact`` and none
+twice under ``even``, and every batch of every segment is one bucket.
 
-**A mix** (:class:`BucketMix`): each batch one source *and* one bucket. A stratified mix (``per_batch="sample"``) puts about ``p_s·B`` samples of every source in every
-batch. With buckets every batch must also hold one bucket, so each source would need its bucket
-counts in the proportion of the weights in every bucket — the same bucket distribution in every
-source, which real sources (web photos and book scans, say) do not have. Rather than pad or drop
-whatever does not fit, that combination is refused (:func:`check_bucket_mix`).
-
+**A mix** (:class:`BucketMix`): each batch one source *and* one bucket. A stratified mix
+(``per_batch="sample"``) cannot hold both unless every source has the same bucket distribution,
+which real sources (web photos and book scans, say) do not: it is refused (:func:`check_bucket_mix`).
 With ``per_batch="source"`` the two hold together exactly: the mix deals whole batches to the
 sources by Tijdeman's rule (:func:`~.mix.cumulative`: after any number of steps each source is
 within one batch of its weight), and a source's batches are the batches of its own bucket plan
@@ -77,10 +72,11 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ConfigError
+from ..manifest.offsets import running_starts
 from .layout import Layout, Schedule
 from .bucketseq import BucketIndex, column_counts, cut_before, cuts_of, gather
 from .bucketworker import BucketWorkerPlan, holdings, stable_argsort
-from .mix import check_share, cumulative, fitting_steps, source_names
+from .mix import check_options, check_share, cumulative, fitting_steps, source_names
 from .ownership import epoch_order, laid_out
 from .resume import Segment, Stretch, check_ran, check_segments, runs_to_parts, segment_layout
 from .shapes import check_bucket_schedule
@@ -164,9 +160,8 @@ class BucketEpoch:
                                     self.shards.starts))
         else:  # (the positions still to plan, in order: a sequence of their own, indexed as one shard)
             planned = np.asarray(positions, dtype=np.int64)
-            written = np.zeros(len(self.counts) + 1, dtype=np.int64)
-            np.cumsum(self.counts, out=written[1:])
-            sample_ids = np.repeat(written[order] - self.shards.starts[:-1], self.counts[order])[planned] + planned
+            shift = running_starts(self.counts)[order] - self.shards.starts[:-1]  # written minus epoch start
+            sample_ids = np.repeat(shift, self.counts[order])[planned] + planned
             owner = self._owners(BucketIndex([len(planned)], ids[sample_ids], buckets), np.zeros(1, dtype=np.int64),
                                  np.array([0, len(planned)], dtype=np.int64))
             self.positions, self.sample_ids = planned[self.positions], sample_ids[self.positions]
@@ -265,8 +260,7 @@ class BucketEpoch:
         bucket = self.seq[m]
         by = stable_argsort(bucket)  # by[start[k] + j]: the merged index of bucket k's j-th sample
         count = np.bincount(bucket, minlength=self.buckets)
-        start = np.zeros(self.buckets + 1, dtype=np.int64)
-        np.cumsum(count, out=start[1:])
+        start = running_starts(count)
         rank_in = np.empty(len(m), dtype=np.int64)
         rank_in[by] = np.arange(len(m)) - np.repeat(start[:-1], count)
         unit = rank_in // b
@@ -290,8 +284,7 @@ class BucketEpoch:
 
     def _global_steps(self, merged: Sequence[tuple]) -> None:
         units = self.units
-        base = np.zeros(self.buckets + 1, dtype=np.int64)
-        np.cumsum(units, out=base[1:])
+        base = running_starts(units)
         ready = np.zeros(int(base[-1]), dtype=np.float64)  # (b, j): when the last rank completes it
         per_rank = []
         for m, time in merged:
@@ -370,18 +363,18 @@ class BucketEpoch:
 # -- elastic resume --------------------------------------------------------------------------------
 
 def resumed_bucket_plan(counts: Sequence[int], ids: np.ndarray, buckets: int, layout: Layout, schedule: Schedule,
-                        epoch: int, per: str, segments: Sequence[Segment],
-                        lookahead: Optional[int] = None) -> BucketEpoch:
-    """The rest of ``epoch`` after ``segments``, planned over ``layout`` (its ``steps`` are what
-    every rank runs; :meth:`BucketEpoch.worker` gives each worker's plan): each segment's plan
-    over the epoch positions its segments before did not deliver."""
+                        epoch: int, per: str, segments: Sequence[Segment], lookahead: Optional[int] = None,
+                        ranks: Optional[Sequence[int]] = None, index: Optional[BucketIndex] = None) -> BucketEpoch:
+    """The rest of ``epoch`` after ``segments`` (none: the whole epoch, laid out for ``ranks``),
+    planned over ``layout`` (see the module doc)."""
     positions: Optional[np.ndarray] = None
     for k, segment in enumerate(check_segments(segments)):
         plan = BucketEpoch(counts, ids, buckets, segment_layout(segment), schedule, epoch, per, positions)
         check_ran(k, segment, plan.steps, "a bucket plan", "this data set and these buckets")
         done = plan.rank_batches()[:, :int(segment[3])]
         positions = np.setdiff1d(plan.positions, done[done >= 0])  # sorted
-    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions, lookahead)
+    return BucketEpoch(counts, ids, buckets, layout, schedule, epoch, per, positions, lookahead, ranks=ranks,
+                       index=index)
 
 
 # -- a mix ---------------------------------------------------------------------------------------
@@ -394,8 +387,7 @@ def check_bucket_mix(per_batch: str, samples_per_epoch: Optional[int] = None) ->
                           "the same bucket distribution have",
                           hint="use per_batch='source': each batch then holds one source and one bucket, and the "
                                "sources keep their weighted proportion of batches")
-    if per_batch != "source":
-        raise ConfigError(f"mix: per_batch must be 'sample' or 'source', got {per_batch!r}")
+    check_options(per_batch, samples_per_epoch)
     if samples_per_epoch is not None:
         raise ConfigError("buckets with a mix plan default epochs only (no samples_per_epoch)",
                           hint="leave samples_per_epoch out: an epoch then ends when a source has given its share")
@@ -434,9 +426,8 @@ class BucketMix:
         step = np.diff(dealt, axis=0)
         self.source = np.argmax(step, axis=1).astype(np.int64)
         self.source_step = dealt[:-1][np.arange(self.steps), self.source]
-        self.used = dealt[-1]  # each source's plan steps used this epoch
 
     def worker(self, rank: int, worker: int) -> Tuple[Tuple[BucketWorkerPlan, ...], np.ndarray, np.ndarray]:
-        """Per source its :class:`~.bucketworker.BucketWorkerPlan` (its steps beyond ``used`` are not
-        run this epoch), and per mix step the source and the source plan's step."""
+        """Per source its :class:`~.bucketworker.BucketWorkerPlan` (its steps no mix step names are
+        not run this epoch), and per mix step the source and the source plan's step."""
         return tuple(p.worker(rank, worker) for p in self.plans), self.source.copy(), self.source_step.copy()

@@ -10,8 +10,7 @@ bucket histogram, and a sorted key to count a shard's first ``x`` samples of eac
 :func:`column_counts` (per epoch: each column's counts, ``R·C`` columns × buckets); samples are
 laid out only for the columns a rank reads (:func:`gather`) or where a cut falls
 (:func:`cut_before`). A resumed epoch's rest is indexed the same way, its positions still to
-plan taken as one shard. Before this, every worker sorted the whole epoch at each epoch's
-start: O(N log N) for a share of N/(R·W) samples.
+plan taken as one shard.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from ..manifest.offsets import running_starts
 from .bucketworker import stable_argsort
 from .layout import Layout
 
@@ -31,14 +31,12 @@ class BucketIndex:
     def __init__(self, counts: Sequence[int], ids: np.ndarray, buckets: int) -> None:
         self.counts = np.asarray(counts, dtype=np.int64)
         self.buckets = k = int(buckets)
-        self.written = np.zeros(len(self.counts) + 1, dtype=np.int64)
-        np.cumsum(self.counts, out=self.written[1:])
+        self.written = running_starts(self.counts)
         self.ids = np.asarray(ids)
         shard = np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts)
         group = shard * k + self.ids
         self.hist = np.bincount(group, minlength=len(self.counts) * k).reshape(len(self.counts), k)
-        self.group_start = np.zeros(self.hist.size + 1, dtype=np.int64)
-        np.cumsum(self.hist.ravel(), out=self.group_start[1:])
+        self.group_start = running_starts(self.hist.ravel())
         self.span = int(self.counts.max(initial=0)) + 1
         # (shard, bucket, offset) as one sorted number: a shard's first x samples of bucket b are
         # those of group s·k + b below offset x
@@ -86,9 +84,7 @@ def column_counts(index: BucketIndex, order: np.ndarray, starts: np.ndarray, ran
     size = np.diff(edges)[q]
     cum = np.zeros((n_cols + 1, index.buckets), dtype=np.int64)
     np.cumsum(np.diff(before, axis=0)[q], axis=0, out=cum[1:])
-    read_start = np.zeros(n_cols + 1, dtype=np.int64)
-    np.cumsum(size, out=read_start[1:])
-    return ColumnCounts(edges[q], size, read_start, cum)
+    return ColumnCounts(edges[q], size, running_starts(size), cum)
 
 
 class Gathered(NamedTuple):
@@ -141,8 +137,7 @@ def cut_before(index: BucketIndex, order: np.ndarray, starts: np.ndarray, blocks
     block = nonempty[at]  # the first block whose end counts T
     which = np.unique(block)
     got = gather(index, order, starts, blocks, ranks, columns, which)
-    first = np.zeros(len(which) + 1, dtype=np.int64)
-    np.cumsum(blocks.size[which], out=first[1:])
+    first = running_starts(blocks.size[which])
     # counted so far at each laid-out sample: nondecreasing over the blocks in reading order
     total = np.cumsum(got.nth < cap[got.bucket])
     size = blocks.size[which]

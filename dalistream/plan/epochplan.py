@@ -39,7 +39,7 @@ from .affinity import AffinePlan
 from .bucketseq import BucketIndex
 from .buckets import BucketEpoch, BucketMix, bucket_steps, bucket_totals, resumed_bucket_plan
 from .bucketworker import BucketRun, bucket_run
-from .layout import Layout, Schedule
+from .layout import Layout
 from .mix import MixEpoch
 from .ownership import WorkerPlan, steps_per_epoch, worker_columns, worker_plan
 from .resume import Segment, continued, segment_head
@@ -86,8 +86,7 @@ class EpochPlan(ABC):
     def state(self, step: int) -> Tuple[Segment, ...]:
         """The segments that say ``step`` batches of this epoch ran on this plan's layout (after
         ``resume``): what a loader state saved at ``step`` resumes from on another layout."""
-        closed = ()  # (the head of no layout: this one's segment closes at ``step``)
-        return continued(self.resume, plan_head(self.config, self.mix), step, closed)[0]
+        return continued(self.resume, plan_head(self.config, self.mix), step, ())[0]  # (): no layout's head
 
     def rest(self, config: Any, step: int) -> Tuple["EpochPlan", int]:
         """The rest of the epoch after ``step`` batches of it ran on this plan's layout, on
@@ -113,16 +112,6 @@ def plan_head(config: Any, mix: Any, layout: Optional[Layout] = None, nodes: Any
     if nodes is ...:
         nodes = config.nodes.count if config.nodes is not None else None
     return segment_head(layout, planned_layout(config, mix is not None, layout), nodes, bool(config.interleave))
-
-
-def mix_epoch(mix: Any, layout: Layout, schedule: Schedule, epoch: int, interleave: bool = False,
-              resume: Sequence = (), shuffle: int = 0) -> MixEpoch:
-    """The plan of a mix's ``epoch`` for every worker of ``layout`` (each source's spans, or its
-    columns; its rest after the segments ``resume``, delivered through buffers of ``shuffle``):
-    ``mix`` has ``sources`` (each its ``data.counts`` and ``weight``), ``names``, ``per_batch`` and
-    ``samples_per_epoch`` (:class:`dalistream.mixing.Mix`)."""
-    return MixEpoch([s.data.counts for s in mix.sources], [s.weight for s in mix.sources], layout, schedule, epoch,
-                    mix.names, mix.per_batch, mix.samples_per_epoch, interleave, resume, shuffle)
 
 
 def epoch_plan(config: Any, data: Any, mix: Any, epoch: int, resume: Sequence = ()) -> EpochPlan:
@@ -177,7 +166,7 @@ class _Mixed(EpochPlan):
 
     def _plan(self) -> MixEpoch:
         c = self.config
-        return mix_epoch(self.mix, c.layout, c.schedule, self.epoch, c.interleave, self.resume, c.shuffle)
+        return self.mix.epoch(c.layout, c.schedule, self.epoch, c.interleave, self.resume, c.shuffle)
 
     @property
     def steps(self) -> int:
@@ -192,22 +181,29 @@ class _Bucketed(EpochPlan):
     """Every batch one bucket (:mod:`.buckets`: a data set's plan, its rest after a resume, or a
     mix's)."""
 
+    def _plan(self, rank: Optional[int] = None) -> Any:
+        """The mix's :class:`~.buckets.BucketMix` or the data set's :class:`~.buckets.BucketEpoch`
+        (laid out for ``rank``'s workers only, if given)."""
+        if self.mix is not None:
+            return bucket_mix(self.config, self.mix, self.epoch, rank)
+        return bucket_epoch(self.config, self.data, self.epoch, self.resume, rank)
+
     @property
     def steps(self) -> int:
         c = self.config
-        if self.mix is not None:
-            return bucket_mix(c, self.mix, self.epoch).steps
-        if self.resume:
-            return bucket_epoch(c, self.data, self.epoch, self.resume).steps
-        return fresh_bucket_steps(c, self.data)
+        if self.mix is not None or self.resume:
+            return self._plan().steps
+        # a fresh epoch of a data set: from its per-bucket totals alone, counted once (not at every len())
+        b, ids = c.buckets, self.data.buckets
+        totals = kept(("totals", id(ids), len(ids), len(b)), lambda: (bucket_totals(ids, len(b)), ids))
+        return bucket_steps(totals, c.layout, c.schedule, b.per)
 
     def for_worker(self, rank: int, worker: int, first: int = 0) -> Reading:
-        c = self.config
+        c, plan = self.config, self._plan(rank)
         if self.mix is not None:
-            plans, source, source_step = bucket_mix(c, self.mix, self.epoch, rank).worker(rank, worker)
+            plans, source, source_step = plan.worker(rank, worker)
             run, left_out = bucket_run(plans, first, source, source_step), 0
         else:
-            plan = bucket_epoch(c, self.data, self.epoch, self.resume, rank)
             run = bucket_run([plan.worker(rank, worker)], first)
             last = (rank, worker) == (c.world_size - 1, c.workers - 1)  # (the job's last worker counts them)
             left_out = plan.left_out_count if last and c.policy == "even" else 0
@@ -219,8 +215,7 @@ def check_buckets(config: Any, data: Any, mix: Any) -> None:
     """Plan the first epoch of a bucketed stream on ``config``'s layout, every rank's: a
     :class:`~dalistream.errors.ConfigError` when it holds no batch, or needs a worker to hold
     more than the buckets' ``lookahead``."""
-    steps = (bucket_mix(config, mix, 0) if mix is not None else bucket_epoch(config, data, 0)).steps
-    if steps == 0:
+    if _Bucketed(config, data, mix, 0, ())._plan().steps == 0:
         sets = [data] if mix is None else [s.data for s in mix.sources]
         totals = sum(bucket_totals(d.buckets, len(config.buckets)) for d in sets)
         raise ConfigError(f"batch_size {config.batch_size} gives no batch of one bucket: buckets of "
@@ -262,16 +257,9 @@ def bucket_epoch(config: Any, data: Any, epoch: int, resume: Sequence = (),
     b, ids = config.buckets, data.buckets
     key = ("one", id(ids), len(ids), config.layout, config.schedule, int(epoch), b.per, tuple(map(tuple, resume)),
            b.lookahead, None if resume else rank)  # (a resumed plan lays out every rank: one for all)
-
-    def make() -> tuple:
-        if resume:
-            return resumed_bucket_plan(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per, resume,
-                                       b.lookahead), ids
-        return BucketEpoch(data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per,
-                           lookahead=b.lookahead, ranks=None if rank is None else (rank,),
-                           index=bucket_index(data, len(b))), ids
-
-    return kept(key, make)
+    return kept(key, lambda: (resumed_bucket_plan(
+        data.counts, ids, len(b), config.layout, config.schedule, epoch, b.per, resume, b.lookahead,
+        None if resume or rank is None else (rank,), None if resume else bucket_index(data, len(b))), ids))
 
 
 def bucket_mix(config: Any, mix: Any, epoch: int, rank: Optional[int] = None) -> BucketMix:
@@ -285,14 +273,6 @@ def bucket_mix(config: Any, mix: Any, epoch: int, rank: Optional[int] = None) ->
                                         [s.weight for s in mix.sources], config.layout, config.schedule, epoch,
                                         b.per, mix.names, mix.per_batch, mix.samples_per_epoch,
                                         None if rank is None else (rank,), indexes), ids))
-
-
-def fresh_bucket_steps(config: Any, data: Any) -> int:
-    """Batches every rank yields in a fresh epoch of a bucketed data set, from its per-bucket
-    totals alone (counted once, not at every ``len()`` of a loader)."""
-    b, ids = config.buckets, data.buckets
-    totals = kept(("totals", id(ids), len(ids), len(b)), lambda: (bucket_totals(ids, len(b)), ids))
-    return bucket_steps(totals, config.layout, config.schedule, b.per)
 
 
 def affine_plan(config: Any, counts: Optional[Sequence[int]], epoch: int,

@@ -51,23 +51,17 @@ With ``samples_per_epoch=1_000_000`` (also 488 steps) nothing is left out: epoch
 positions 699,600 … 1,399,191, the last 300,400 of pass 0 then the first 399,192 of pass 1, and
 books' pass 0 ends after 176 samples of epoch 1.
 
-**Columns.** Read in spans, a worker's share of a source is one span of the source's sequence;
-read interleaved (the default, as for one data set), it is cut into one *column* per position of
-the share, each taking one sample a step while the share reaches it (:func:`column_takes`), and
-the columns of all workers are laid over the source's sequence so that a rank's columns lie
-apart, spread over it (:func:`column_sizes`, :func:`column_index`).
+**Columns.** Read interleaved (the default, as for one data set), a worker's share of a source
+is cut into one *column* per position of the share (:func:`column_takes`), laid over the source's
+sequence as a rank's columns are for one data set (:func:`column_sizes`); read in spans, one span.
 
-**Elastic resume** (:class:`MixEpoch` with ``segments``). Per source the rule of :mod:`.resume`: a global worker of a past segment delivered the first
-``d`` outputs of its shuffle buffer over its span of the source, ``d`` the samples of the source
-its slot took in the steps it ran, so each source's remaining sequence is a
-:class:`~.resume.Remaining` built from those counts. The composition goes on where it stood:
-the rule (:func:`cumulative`) continues after the units already dealt — ``n0 = Σ steps ×
-B`` sample slots per rank, or ``Σ steps`` whole batches for ``per_batch="source"`` — in batches
-of the new size, so every prefix of the epoch stays within one unit of the weights; the rest of
-the epoch is the largest number of steps for which no source runs past its remaining samples. With ``samples_per_epoch`` the rule and the passes run on across
-epochs, so level 0 is the epoch's range of each source's passes from its cursor, and a span may
-cross a pass's end (its parts then come from two passes). Each new worker's span of each
-source's remaining sequence is sized by what its slot takes of it, and read as parts minus the few positions already delivered.
+**Elastic resume** (:class:`MixEpoch` with ``segments``). Per source the rule of :mod:`.resume`,
+a past worker having delivered what its slot took of the source: each source's remaining
+sequence is a :class:`~.resume.Remaining`. The rule (:func:`cumulative`) goes on after the units
+already dealt, in batches of the new size, so every prefix of the epoch stays within one unit of
+the weights; the rest is the largest number of steps in which no source runs past its remaining
+samples. With ``samples_per_epoch`` level 0 is the epoch's range of each source's passes from its
+cursor, and a span may cross a pass's end.
 """
 
 from __future__ import annotations
@@ -81,10 +75,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ConfigError
+from ..manifest.offsets import running_starts
 from . import seeds
 from .layout import Layout, Schedule
 from .ownership import EpochLayout, Part, WorkerPlan, epoch_order, laid_out
-from .resume import Remaining, Stretch, check_ran, runs_to_parts, segment_layout
+from .resume import Remaining, Stretch, check_ran, segment_layout
 
 PER_BATCH = ("sample", "source")
 MAX_DENOMINATOR = 1 << 16
@@ -165,15 +160,11 @@ def cumulative(weights: Sequence[float], n: Any) -> np.ndarray:
     return q[..., None] * np.asarray(w, dtype=np.int64) + table[r]
 
 
-def _check_per_batch(per_batch: str) -> None:
-    if per_batch not in PER_BATCH:
-        raise ConfigError(f"mix: per_batch must be one of {PER_BATCH}, got {per_batch!r}")
-
-
-def check_options(per_batch: str, samples_per_epoch: Optional[int]) -> None:
+def check_options(per_batch: str, samples_per_epoch: Optional[int] = None) -> None:
     """Raise :class:`~dalistream.errors.ConfigError` for a mix's ``per_batch`` or
     ``samples_per_epoch`` (``None``: set by the weights) that no plan can take."""
-    _check_per_batch(per_batch)
+    if per_batch not in PER_BATCH:
+        raise ConfigError(f"mix: per_batch must be one of {PER_BATCH}, got {per_batch!r}")
     if samples_per_epoch is not None and (isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, int)
                                           or samples_per_epoch < 1):
         raise ConfigError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
@@ -182,11 +173,9 @@ def check_options(per_batch: str, samples_per_epoch: Optional[int]) -> None:
 def batch_sources(weights: Sequence[float], batch_size: int, steps: int, per_batch: str = "sample",
                   dealt: int = 0) -> np.ndarray:
     """Samples of each source in each of ``steps`` rank batches after ``dealt`` units of the
-    rule (sample slots; whole batches for ``"source"``): an int64 array ``(steps, S)``, the same
-    on every rank; every row sums to ``batch_size``. Stratified (``"sample"``) deals the
-    batches' sample slots one by one, ``"source"`` deals whole batches, both by Tijdeman's rule
-    (see the module doc): after any prefix each source is within 1 (slot or batch) of its weight."""
-    _check_per_batch(per_batch)
+    rule (sample slots; whole batches for ``"source"``; see the module doc): an int64 array
+    ``(steps, S)``, the same on every rank; every row sums to ``batch_size``."""
+    check_options(per_batch)
     return np.diff(_used(weights, np.arange(int(steps) + 1, dtype=np.int64), int(batch_size), per_batch, dealt), axis=0)
 
 
@@ -216,7 +205,7 @@ def check_share(weights: Sequence[float], totals: Sequence[int], batch_size: int
     batches would hold none of it); ``per_batch="source"`` with ``steps`` known, fewer than half
     a batch per epoch. A share of half a sample or more is kept: the source is then in some
     batches and not others, in its exact proportion."""
-    _check_per_batch(per_batch)
+    check_options(per_batch)
     w = integer_weights(weights)
     d, names = sum(w), source_names(names, len(w))
     for s, total in enumerate(totals):
@@ -329,9 +318,8 @@ def column_index(layout: Layout, rank: int, worker: int, k: int, interleave: boo
 
 class MixEpoch:
     """One epoch of a mix, planned once for every worker (cheap: O(steps × W × S + shards)), or
-    the rest of it after ``segments`` ran under other layouts (the module doc's elastic resume:
-    each source's remaining sequence read past what those delivered through buffers of
-    ``shuffle``); :meth:`worker_columns` gives what one worker reads. ``counts[s]`` are source
+    its rest after ``segments`` ran under other layouts, delivered through buffers of ``shuffle``
+    (the module doc); :meth:`worker_columns` gives what one worker reads. ``counts[s]`` are source
     s's per-shard sample counts, ``weights[s]`` its weight (any positive scale)."""
 
     def __init__(self, counts: Sequence[Sequence[int]], weights: Sequence[float], layout: Layout,
@@ -354,18 +342,10 @@ class MixEpoch:
         self.steps = mix_steps(self.totals, weights, layout, per_batch, samples_per_epoch, self.names)
         check_share(weights, self.totals, layout.batch_size, per_batch, self.steps, self.names)
         first = self.epoch * self.steps if self.endless else 0
-        self.batch_counts = batch_sources(weights, layout.batch_size, self.steps, per_batch,
-                                          first * (layout.batch_size if per_batch == "sample" else 1))
-        self.take = worker_take(self.batch_counts, layout)  # (steps, W, S)
-        per_worker = np.tile(self.take.sum(axis=0), (layout.world_size, 1))  # (R·W, S)
-        r = layout.world_size
-        cursor = r * _used(weights, first, layout.batch_size, per_batch) if self.endless else np.zeros(len(weights))
-        self.bounds = np.zeros((len(weights), layout.global_workers + 1), dtype=np.int64)
-        np.cumsum(per_worker.T, axis=1, out=self.bounds[:, 1:])
-        self.bounds += np.asarray(cursor, dtype=np.int64)[:, None]
+        cursor = layout.world_size * _used(weights, first, layout.batch_size, per_batch)  # (zeros unless endless)
         # each source's columns (interleaved; else the workers' spans): their bounds in its sequence
-        sizes, _ = column_sizes(self.take, layout, interleave)
-        self.columns = [int(c) + np.concatenate([[0], np.cumsum(z)]) for c, z in zip(np.asarray(cursor, dtype=np.int64), sizes)]
+        self.columns, self.take, self.batch_counts = self._laid(self.steps, self._units(first, layout), layout, cursor)
+        self.bounds = np.array(_edges(column_sizes(self.take, layout, False)[0], cursor))  # (S, R·W + 1)
 
     def _resumed(self, past: Layout, samples_per_epoch: Optional[int], segments: Sequence, shuffle: int) -> None:
         """The rest of the epoch after ``segments`` (the first ran ``past``): each source's
@@ -379,31 +359,38 @@ class MixEpoch:
         lengths = self.totals if not self.endless else (first.bounds[:, -1] - first.bounds[:, 0]).tolist()
         rem = [Remaining(int(n), schedule, epoch, shuffle) for n in lengths]
         # the rule's units dealt before this epoch: it runs on across epochs with samples_per_epoch
-        dealt_steps = epoch * first.steps if self.endless else 0
-        n0 = dealt_steps * past.batch_size if per_batch == "sample" else dealt_steps
-        for level, segment in enumerate(segments):
-            past, ran = segment_layout(segment), int(segment[3])
+        n0 = self._units(epoch * first.steps if self.endless else 0, past)
+        for level, segment in enumerate(tuple(segments) + (None,)):  # each segment's layout, then this one
+            past = self.layout if segment is None else segment_layout(segment)
             if level == 0:
                 bounds, take, planned = [b - b[0] for b in first.columns], first.take, first.steps
-            else:
-                bounds, take, planned = self._rest_plan(rem, n0, past)
+            else:  # the most steps in which no source runs past its remaining samples
+                planned = fitting_steps(self.weights, [r.total for r in rem], past, per_batch, n0)
+                bounds, take, _ = self._laid(planned, n0, past)
+            if segment is None:
+                break
+            ran = int(segment[3])
             check_ran(level, segment, planned, of="this mix")
             ks = [(len(b) - 1) // past.global_workers for b in bounds]
             done, _ = column_sizes(take[:ran], past, self.interleave, ks)  # per source: delivered per column
             rem = [Remaining.after(rem[s], bounds[s], done[s],
                                    lambda c, s=s, level=level: seeds.segment_source_shuffle(schedule.seed, epoch, level, s, c))
                    for s in range(len(rem))]
-            n0 += ran * past.batch_size if per_batch == "sample" else ran  # units dealt: slots, or batches
+            n0 += self._units(ran, past)
         self.rest, self.level = rem, len(segments)
-        self.columns, self.take, self.steps = self._rest_plan(rem, n0, self.layout)
+        self.columns, self.take, self.steps = bounds, take, planned
 
-    def _rest_plan(self, rem: Sequence[Remaining], n0: int, layout: Layout) -> Tuple[List[np.ndarray], np.ndarray, int]:
-        """``(per source the bounds of its columns, take (steps, W, S), steps)`` of ``layout`` over
-        ``rem`` from slot ``n0`` (the columns: the workers' spans, or interleaved, :func:`column_sizes`)."""
-        steps = fitting_steps(self.weights, [r.total for r in rem], layout, self.per_batch, n0)
-        take = worker_take(batch_sources(self.weights, layout.batch_size, steps, self.per_batch, n0), layout)
-        sizes, _ = column_sizes(take, layout, self.interleave)
-        return [np.concatenate([[0], np.cumsum(z)]) for z in sizes], take, steps
+    def _laid(self, steps: int, n0: int, layout: Layout,
+              cursor: Any = 0) -> Tuple[List[np.ndarray], np.ndarray, np.ndarray]:
+        """``(per source its columns' bounds from its ``cursor``, take (steps, W, S), batch counts
+        (steps, S))`` of ``steps`` steps of ``layout`` from unit ``n0`` of the rule."""
+        counts = batch_sources(self.weights, layout.batch_size, steps, self.per_batch, n0)
+        take = worker_take(counts, layout)
+        return _edges(column_sizes(take, layout, self.interleave)[0], cursor), take, counts
+
+    def _units(self, steps: int, layout: Layout) -> int:
+        """The rule's units dealt in ``steps`` steps of ``layout``: sample slots, or whole batches."""
+        return steps * layout.batch_size if self.per_batch == "sample" else steps
 
     def first_pass(self, source: int) -> int:
         """The pass that position 0 of ``source``'s spans is in (default: the epoch's)."""
@@ -417,16 +404,12 @@ class MixEpoch:
                 len(self.counts[source]), self.schedule.seed, n_pass, self.schedule.shuffle_shards, source))
         return self._passes[key]
 
-    def source_parts(self, source: int, g: int, bounds: Optional[np.ndarray] = None) -> Tuple[List[Part], List[int]]:
-        """Global worker ``g``'s parts of ``source`` in reading order, and the pass of each (span
-        ``g`` of ``bounds``, by default the workers' spans: ``self.bounds[source]``)."""
-        return self.spans_parts(source, [g], bounds)[0]
-
     def spans_parts(self, source: int, spans: Sequence[int],
                     bounds: Optional[np.ndarray] = None) -> List[Tuple[List[Part], List[int]]]:
-        """:meth:`source_parts` of each of ``spans``, worked out together, a pass at a time (a
-        worker reading a mix interleaved plans a column per position of its slot every epoch:
-        one cut of each pass for all of them, not one per column)."""
+        """Per span of ``spans`` (of ``bounds``, by default the workers' spans: ``self.bounds[source]``),
+        its parts of ``source`` in reading order and the pass of each, all worked out together, a
+        pass at a time (a worker reading a mix interleaved plans a column per position of its slot
+        every epoch: one cut of each pass for all of them, not one per column)."""
         bounds = self.bounds[source] if bounds is None else bounds
         total = self.totals[source]
         out: List[Tuple[List[Part], List[int]]] = [([], []) for _ in spans]
@@ -447,26 +430,24 @@ class MixEpoch:
                 out[i][1].extend([n_pass] * len(parts))
         return out
 
-    def rest_parts(self, s: int, runs: Sequence[Stretch]) -> Tuple[List[Part], List[int]]:
-        """Parts and drops of ``runs`` (level-0 positions of source ``s`` after a resume), over its
-        passes: a run crossing the end of a pass reads the pass's last parts, then the next pass's first."""
-        total, base = self.totals[s], int(self.base[s])
-        parts: List[Part] = []
-        drop: List[int] = []
-        raw = 0
-        for run in runs:
-            start, stop = run.start + base, run.stop + base
-            holes = np.asarray(run.drop, dtype=np.int64) + base
-            while start < stop:
-                n_pass, at = divmod(start, total)
-                end = min(stop, start - at + total)
-                piece = Stretch(at, at + end - start, tuple((holes[(holes >= start) & (holes < end)] - start + at).tolist()))
-                got, dropped = runs_to_parts(self.pass_layout(s, self.first_pass(s) + n_pass), [piece])
-                parts += got
-                drop += [raw + d for d in dropped]
-                raw += end - start
-                start = end
-        return parts, drop
+    def rest_parts(self, s: int, runs: Sequence[Sequence[Stretch]]) -> List[Tuple[List[Part], List[int]]]:
+        """Per column, the parts and drops of its ``runs`` (level-0 positions of source ``s`` after a
+        resume), all runs cut together as :meth:`spans_parts` cuts spans: a run crossing the end of a
+        pass reads the pass's last parts, then the next pass's first."""
+        flat = [run for column in runs for run in column]
+        edges = int(self.base[s]) + np.array([(run.start, run.stop) for run in flat], dtype=np.int64).reshape(-1)
+        cut = iter(self.spans_parts(s, range(0, len(edges), 2), edges))
+        out = []
+        for column in runs:
+            parts: List[Part] = []
+            drop: List[int] = []
+            raw = 0  # samples of the column's runs before this one
+            for run, (got, _) in zip(column, cut):
+                parts += [p for p in got if p[2] > p[1]]  # (an empty shard is no part of a run)
+                drop += [raw + d - run.start for d in run.drop]
+                raw += run.stop - run.start
+            out.append((parts, drop))
+        return out
 
     def worker_columns(self, rank: int, worker: int) -> List[Tuple[WorkerPlan, np.ndarray, int]]:
         """What (``rank``, ``worker``) reads: per source, each of its columns (its span, or its
@@ -478,16 +459,21 @@ class MixEpoch:
         for s in range(self.take.shape[2]):
             takes = column_takes(self.take[:, worker, s], self.interleave)
             spans = [column_index(layout, rank, worker, k, self.interleave) for k in range(takes.shape[1])]
-            fresh = self.spans_parts(s, spans, self.columns[s]) if self.rest is None else []
-            for k, c in enumerate(spans):
-                lo, hi = int(self.columns[s][c]), int(self.columns[s][c + 1])
-                if self.rest is None:
-                    parts, drop = fresh[k][0], []
-                    shuffle_seed = seeds.source_shuffle(seed, self.epoch, s, c)
-                else:
-                    parts, drop = self.rest_parts(s, self.rest[s].runs(lo, hi))
-                    shuffle_seed = seeds.segment_source_shuffle(seed, self.epoch, self.level, s, c)
-                out.append((WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
-                                       layout.slot_offsets[worker], hi - lo, layout.global_worker(rank, worker), 0,
-                                       tuple(drop), shuffle_seed), takes[:, k], s))
+            bounds = self.columns[s]
+            if self.rest is None:
+                cut = [(parts, []) for parts, _ in self.spans_parts(s, spans, bounds)]
+            else:
+                cut = self.rest_parts(s, [self.rest[s].runs(int(bounds[c]), int(bounds[c + 1])) for c in spans])
+            for k, (c, (parts, drop)) in enumerate(zip(spans, cut)):
+                shuffle_seed = (seeds.source_shuffle(seed, self.epoch, s, c) if self.rest is None
+                                else seeds.segment_source_shuffle(seed, self.epoch, self.level, s, c))
+                plan = WorkerPlan(rank, worker, self.epoch, tuple(parts), self.steps, layout.slots[worker],
+                                  layout.slot_offsets[worker], int(bounds[c + 1] - bounds[c]),
+                                  layout.global_worker(rank, worker), 0, tuple(drop), shuffle_seed)
+                out.append((plan, takes[:, k], s))
         return out
+
+
+def _edges(sizes: Sequence[np.ndarray], cursor: Any) -> List[np.ndarray]:
+    """Per source, the bounds of consecutive stretches of ``sizes`` from its ``cursor`` (one, or one for all)."""
+    return [int(c) + running_starts(z) for c, z in zip(np.broadcast_to(cursor, len(sizes)), sizes)]

@@ -50,6 +50,7 @@ import numpy as np
 import numpy.random  # noqa: F401  (numpy loads it at first use: in each forked DALI worker, on its first batch)
 
 from ..errors import ConfigError, ManifestError
+from ..manifest.offsets import running_starts
 from . import seeds
 from .layout import Layout, Schedule
 
@@ -101,13 +102,12 @@ def slot_starts(layout: Layout) -> np.ndarray:
 def span_bounds(total: int, layout: Layout, schedule: Schedule) -> np.ndarray:
     """Where each global worker's span starts in the epoch's sample sequence: ``R·W + 1`` bounds,
     span ``g`` is ``[bounds[g], bounds[g+1])`` (see the module doc)."""
-    c = slot_starts(layout)
-    if schedule.policy == "even":
-        return epoch_steps(total, layout, schedule) * c
+    c, steps = slot_starts(layout), epoch_steps(total, layout, schedule)
     per_step = layout.world_size * layout.batch_size
+    if schedule.policy == "even":
+        return steps * c
     if schedule.policy == "fixed":
         return (int(total) * c) // per_step
-    steps = epoch_steps(total, layout, schedule)
     if steps == 0:
         return np.zeros_like(c)
     last = int(total) - (steps - 1) * per_step  # the last step's samples: 0 < last <= R·B
@@ -182,7 +182,7 @@ class EpochLayout:
         return np.where(self.bounds >= kept, out + (kept > 0), out)
 
     def drops_of(self, spans: Sequence[int]) -> List[Tuple[int, ...]]:
-        """Raw ordinals, over the samples of :meth:`parts` of each span of ``spans``, of those left
+        """Raw ordinals, over the samples of :meth:`parts_of` each span of ``spans``, of those left
         out (``left`` is sorted: a search each)."""
         g = np.asarray(spans, dtype=np.int64)
         if not len(self.left):
@@ -191,17 +191,13 @@ class EpochLayout:
         a, b = np.searchsorted(self.left, lo, side="left"), np.searchsorted(self.left, hi, side="left")
         return [tuple((self.left[i:j] - x).tolist()) for i, j, x in zip(a.tolist(), b.tolist(), lo.tolist())]
 
-    def parts(self, g: int) -> List[Part]:
-        """The shard parts of global worker ``g``'s stretch of the sequence, in reading order
-        (samples left out inside it are :meth:`drops_of`). An empty shard is a part ``(s, 0, 0)`` of
-        the span it sits in (the last span's when it sits at the end), so that it is still opened
-        once: a shard that has gained samples or is damaged shows."""
-        return self.parts_of([g])[0]
-
     def parts_of(self, spans: Sequence[int]) -> List[List[Part]]:
-        """:meth:`parts` of each span of ``spans``, worked out together (a worker reading
-        interleaved plans hundreds of columns an epoch: one pass of array operations, not one per
-        column)."""
+        """The shard parts of each global worker's stretch of the sequence (``spans``: the global
+        workers), in reading order (samples left out inside it are :meth:`drops_of`); all worked
+        out together, in one pass of array operations (a worker reading interleaved plans hundreds
+        of columns an epoch). An empty shard is a part ``(s, 0, 0)`` of the span it sits in (the
+        last span's when it sits at the end), so that it is still opened once: a shard that has
+        gained samples or is damaged shows."""
         g = np.asarray(spans, dtype=np.int64)
         lo, hi = self.edges[g], self.edges[g + 1]
         last = g == len(self.bounds) - 2
@@ -219,7 +215,7 @@ class EpochLayout:
         first = np.where(full, np.maximum(lo, a) - a, 0)[keep]
         stop = np.where(full, np.minimum(hi, b) - a, 0)[keep]
         found = list(zip(shard[keep].tolist(), first.tolist(), stop.tolist()))
-        kept = np.concatenate([[0], np.cumsum(keep)])[np.append(head, len(keep))].tolist()  # each span's, among found
+        kept = running_starts(keep)[np.append(head, len(keep))].tolist()  # each span's, among found
         return [found[x:y] for x, y in zip(kept[:-1], kept[1:])]
 
 
@@ -227,8 +223,7 @@ def laid_out(counts: Sequence[int], order: np.ndarray, bounds: Optional[np.ndarr
              left: Optional[np.ndarray] = None) -> EpochLayout:
     """An :class:`EpochLayout` of the shards ``counts`` laid end to end in ``order`` with the given
     span ``bounds`` (one more than the spans, so that its ``parts(g)`` cuts span g; default none)."""
-    starts = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(counts, dtype=np.int64)[order], out=starts[1:])
+    starts = running_starts(np.asarray(counts, dtype=np.int64)[order])
     bounds = np.zeros(2, dtype=np.int64) if bounds is None else np.asarray(bounds, dtype=np.int64)
     left = np.zeros(0, dtype=np.int64) if left is None else left
     return EpochLayout(np.asarray(order, dtype=np.int64), starts, bounds, int(steps), left)
@@ -256,15 +251,13 @@ def owned_parts(counts: Optional[Sequence[int]], num_shards: int, layout: Layout
     _need_counts(counts, schedule)
     if counts is None:
         return [(i, 0, None) for i in owned_shards(num_shards, layout, schedule, epoch, rank, worker)]
-    return epoch_layout(counts, layout, schedule, epoch).parts(layout.global_worker(rank, worker))
+    return epoch_layout(counts, layout, schedule, epoch).parts_of([layout.global_worker(rank, worker)])[0]
 
 
 def steps_per_epoch(counts: Optional[Sequence[int]], layout: Layout, schedule: Schedule, epoch: int, rank: int) -> int:
     """Batches rank ``rank`` yields in ``epoch`` (the same on every rank; see the module doc)."""
     _need_counts(counts, schedule)
-    if schedule.policy == "fixed":
-        return epoch_steps(0, layout, schedule)
-    return epoch_steps(int(np.sum(np.asarray(counts, dtype=np.int64))), layout, schedule)
+    return epoch_steps(0 if counts is None else int(np.sum(np.asarray(counts, dtype=np.int64))), layout, schedule)
 
 
 @dataclass(frozen=True)
@@ -293,10 +286,9 @@ class WorkerPlan:
 def worker_plan(counts: Optional[Sequence[int]], num_shards: int, layout: Layout, schedule: Schedule, epoch: int,
                 rank: int, worker: int) -> WorkerPlan:
     """The :class:`WorkerPlan` of one worker; identical on every machine for the same inputs."""
-    _need_counts(counts, schedule)
     if counts is not None:
         return span_plans(counts, num_shards, layout, schedule, epoch, [layout.global_worker(rank, worker)])[0]
-    parts = owned_parts(None, num_shards, layout, schedule, epoch, rank, worker)
+    parts = owned_parts(None, num_shards, layout, schedule, epoch, rank, worker)  # (None: policy fixed, or raises)
     return WorkerPlan(rank, worker, epoch, tuple(parts), epoch_steps(0, layout, schedule), layout.slots[worker],
                       layout.slot_offsets[worker], None, layout.global_worker(rank, worker))
 

@@ -31,6 +31,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import StateError
+from ..manifest.offsets import running_starts
 from .layout import Layout, Schedule
 from .shuffle import emitted_indices
 from .ownership import EpochLayout, Part, kept_positions
@@ -66,30 +67,20 @@ def check_ran(k: int, segment: Sequence[int], planned: int, plan: str = "a plan"
 
 @lru_cache(maxsize=4096)
 def _emitted(count: int, total: int, size: int, seed: int) -> Tuple[int, ...]:
+    """Input ordinals (of ``total``) among the first ``count`` outputs of a buffer of ``size``, sorted."""
     return tuple(sorted(emitted_indices(count, total, size, seed)))
-
-
-def delivered_ordinals(count: int, total: int, shuffle: int, seed: int) -> Tuple[int, ...]:
-    """Input ordinals (of ``total``) among a worker's first ``count`` outputs, sorted."""
-    count = min(count, total)
-    if shuffle <= 1:
-        return tuple(range(count))
-    return _emitted(count, total, shuffle, seed)
 
 
 def kth_positions(runs: Sequence[Stretch], ks: Sequence[int]) -> List[int]:
     """Epoch positions of the ``ks``-th kept positions of ``runs`` (those past the runs' end left out)."""
     ks = np.asarray(ks, dtype=np.int64)
-    cum = np.zeros(len(runs) + 1, dtype=np.int64)
-    np.cumsum([r.size for r in runs], out=cum[1:])
+    cum = running_starts([r.size for r in runs])
     ks = ks[ks < cum[-1]]
     which = np.searchsorted(cum, ks, side="right") - 1
     out = np.empty(len(ks), dtype=np.int64)
     for j in np.unique(which).tolist():
         run, at = runs[j], which == j
-        i = ks[at] - cum[j]  # the i-th kept position of the run: start + i + (drops at or before it)
-        drop = np.asarray(run.drop, dtype=np.int64)
-        out[at] = run.start + i + np.searchsorted(drop - run.start - np.arange(len(drop)), i, side="right")
+        out[at] = run.start + kept_positions(np.asarray(run.drop, dtype=np.int64) - run.start, ks[at] - cum[j])
     return out.tolist()
 
 
@@ -108,23 +99,20 @@ class Remaining:
         """The sequence left after one more segment whose global worker ``g`` owned
         ``[bounds[g], bounds[g+1])`` of ``prev`` and delivered the first ``done[g]`` outputs of its
         shuffle buffer, seeded ``seed_of(g)`` (a mix's source: its spans are sized by the takes)."""
-        out = cls.__new__(cls)
-        out.schedule, out.epoch, out.shuffle = prev.schedule, prev.epoch, prev.shuffle
-        out.level, out.prev, out.seed_of = prev.level + 1, prev, seed_of
-        out.bounds = bounds = np.asarray(bounds, dtype=np.int64)
-        out.done = np.minimum(np.diff(bounds), np.asarray(done, dtype=np.int64))
-        left = list((np.diff(bounds) - out.done).tolist()) + [prev.total - int(bounds[-1])]  # last: no one's (even)
-        out.cum = np.zeros(len(left) + 1, dtype=np.int64)
-        np.cumsum(left, out=out.cum[1:])
-        out.total, out._window = int(out.cum[-1]), {}
+        bounds = np.asarray(bounds, dtype=np.int64)
+        done = np.minimum(np.diff(bounds), np.asarray(done, dtype=np.int64))
+        left = (np.diff(bounds) - done).tolist() + [prev.total - int(bounds[-1])]  # last: no one's (even)
+        out = cls(sum(left), prev.schedule, prev.epoch, prev.shuffle)
+        out.level, out.prev, out.seed_of, out.bounds, out.done = prev.level + 1, prev, seed_of, bounds, done
+        out.cum, out._window = running_starts(left), {}
         return out
 
     def window(self, g: int) -> Tuple[Tuple[int, ...], Tuple[int, ...], int]:
         """Global worker ``g`` of the last segment: (undelivered ordinals of its window, the
         window's delivered ordinals, where its untouched rest starts), ordinals in its span."""
         if g not in self._window:
-            n, c = int(self.bounds[g + 1] - self.bounds[g]), int(self.done[g])
-            gone = delivered_ordinals(c, n, self.shuffle, self.seed_of(g))
+            n, c = int(self.bounds[g + 1] - self.bounds[g]), int(self.done[g])  # (c <= n)
+            gone = tuple(range(c)) if self.shuffle <= 1 else _emitted(c, n, self.shuffle, self.seed_of(g))
             rest = gone[-1] + 1 if gone else 0
             prefix = next((i for i, o in enumerate(gone) if o != i), len(gone))
             kept = tuple(sorted(set(range(prefix, rest)) - set(gone)))
@@ -152,7 +140,7 @@ class Remaining:
                     x, y = base + take[0], base + take[-1] + 1
                     inner = self.prev.runs(x, y)
                     holes = [o + base - x for o in gone if take[0] < o < take[-1]]
-                    out += _with_drops(inner, kth_positions(inner, holes))
+                    out += _with_drops(inner, holes)
                 if b > len(kept):
                     out += self.prev.runs(base + rest + max(0, a - len(kept)), base + rest + b - len(kept))
             g += 1
@@ -165,7 +153,7 @@ def kept_first_runs(runs: Callable[[int, int], List[Stretch]], total: int, left:
     (sorted) in their order, then those of ``left``; ``runs(x, y)`` gives positions ``[x, y)`` of
     the sequence itself as runs. A stretch of kept positions reads the sequence from its first
     position up to the next kept one (or just past its last, at the end), the left-out positions
-    inside as its drops: the stretches of :meth:`~.ownership.EpochLayout.parts`."""
+    inside as its drops: the stretches of :meth:`~.ownership.EpochLayout.parts_of`."""
     if not len(left):
         return runs(lo, hi)
     kept = total - len(left)
@@ -176,16 +164,17 @@ def kept_first_runs(runs: Callable[[int, int], List[Stretch]], total: int, left:
         y = int(kept_positions(left, np.array([b]))[0]) if b < kept else last + 1
         inner = runs(x, y)
         holes = left[(left > x) & (left < y)] - x  # ordinals over the sequence's positions [x, y)
-        out += _with_drops(inner, kth_positions(inner, holes))
+        out += _with_drops(inner, holes)
     for h in left[max(lo, kept) - kept:max(hi, kept) - kept].tolist():
         out += runs(h, h + 1)
     return merged_runs(out)
 
 
-def _with_drops(runs: List[Stretch], positions: Sequence[int]) -> List[Stretch]:
-    if not positions:
+def _with_drops(runs: List[Stretch], ordinals: Sequence[int]) -> List[Stretch]:
+    """``runs`` passing over their ``ordinals``-th positions too (:func:`kth_positions`)."""
+    if not len(ordinals):
         return runs
-    pos = np.asarray(positions, dtype=np.int64)
+    pos = np.asarray(kth_positions(runs, ordinals), dtype=np.int64)
     out = []
     for r in runs:
         extra = pos[(pos >= r.start) & (pos < r.stop)].tolist()

@@ -59,13 +59,12 @@ def source_shuffle(seed: int, epoch: int, source: int, global_worker: int) -> in
 def segment_shuffle(seed: int, epoch: int, segment: int, global_worker: int) -> int:
     """Seed of a global worker's sample shuffle in segment ``segment`` of ``epoch`` after an
     elastic resume (segment 0: :func:`sample_shuffle`'s, so that a run never resumed is unchanged)."""
-    base = sample_shuffle(seed, epoch, global_worker)
-    return base if segment == 0 else (base * 1_000_037 + segment) & 0x7FFFFFFFFFFF
+    return segment_source_shuffle(seed, epoch, segment, 0, global_worker)
 
 
 def segment_source_shuffle(seed: int, epoch: int, segment: int, source: int, global_worker: int) -> int:
     """Seed of a global worker's shuffle buffer over a mix's ``source`` in segment ``segment`` of
-    ``epoch`` (segment 0: :func:`source_shuffle`'s)."""
+    ``epoch`` (segment 0: :func:`source_shuffle`'s; source 0: :func:`segment_shuffle`'s)."""
     base = source_shuffle(seed, epoch, source, global_worker)
     return base if segment == 0 else (base * 1_000_037 + segment) & 0x7FFFFFFFFFFF
 

@@ -155,7 +155,7 @@ def _rows(urls: Sequence[str], counts, layout: Layout, schedule: Schedule, epoch
     for r in range(layout.world_size) if rank is None else [rank]:
         for w in range(layout.workers):
             owners = layout.columns(r, w) if interleave else (layout.global_worker(r, w),)
-            parts = ([p for g in owners for p in plan.parts(g)] if plan is not None
+            parts = ([p for cut in plan.parts_of(owners) for p in cut] if plan is not None
                      else owned_parts(None, len(urls), layout, schedule, epoch, r, w))
             left = sum(len(d) for d in plan.drops_of(owners)) if plan is not None else 0  # even's, passed over
             rows.append({

@@ -36,7 +36,7 @@ def samples_of(ep, s):
     """(pass, shard, first, stop) of every part of source s, over all global workers."""
     out = []
     for g in range(ep.layout.global_workers):
-        parts, passes = ep.source_parts(s, g)
+        parts, passes = ep.spans_parts(s, [g])[0]
         assert sum(b - a for _, a, b in parts) == ep.bounds[s, g + 1] - ep.bounds[s, g]
         out += [(p, shard, a, b) for (shard, a, b), p in zip(parts, passes) if b > a]
     return out
@@ -237,7 +237,7 @@ def one_span_parts(ep, source, g, bounds):
     total, parts, passes = ep.totals[source], [], []
     for p in range(lo // total, (hi - 1) // total + 1) if hi > lo else ():
         n_pass = ep.first_pass(source) + p
-        cut = replace(ep.pass_layout(source, n_pass), bounds=np.clip(bounds - p * total, 0, total)).parts(g)
+        cut = replace(ep.pass_layout(source, n_pass), bounds=np.clip(bounds - p * total, 0, total)).parts_of([g])[0]
         parts += cut
         passes += [n_pass] * len(cut)
     return parts, passes
@@ -268,7 +268,7 @@ def test_endless_span_crosses_a_pass():
     layout = Layout(2, 2, 8)
     counts, weights = [[5, 7, 3], [50] * 8], [0.5, 0.5]
     ep = MixEpoch(counts, weights, layout, Schedule(4), 1, ["small", "big"], samples_per_epoch=80)
-    crossing = [ep.source_parts(0, layout.global_worker(r, k))[1] for r in range(2) for k in range(2)]
+    crossing = [passes for _, passes in ep.spans_parts(0, range(layout.global_workers))]
     assert any(len(set(passes)) > 1 for passes in crossing)
     for passes in crossing:
         assert passes == sorted(passes)  # parts of pass p, then of pass p+1
