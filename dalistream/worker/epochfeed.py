@@ -136,6 +136,7 @@ class EpochShares:
         self.feed: Optional[EpochFeed] = None
         self.rounds: Optional[ColumnRounds] = None  # the column path, once a share could not be read at once
         self.next: Optional[Union[MappedShare, ShareRead]] = None  # the next share, read over this one's steps
+        self.sequence: Optional[RangeSequence] = None  # the ranges of the shares read by ranges, fetched ahead
         self.maps = maps  # what a share hands on to the next
 
     def by_columns(self) -> "EpochShares":
@@ -168,14 +169,31 @@ class EpochShares:
         self.feed = EpochFeed(flat, held, self.takes[self.start:self.stop], self.policy, counted=False)
 
     def close(self) -> None:
-        """Read no more: the next share's remote reads stopped now, in this thread."""
+        """Read no more: the shares' remote reads stopped now, in this thread."""
         read, self.next = self.next, None
         if isinstance(read, ShareRead):
             read.close()
+        sequence, self.sequence = self.sequence, None
+        if sequence is not None:
+            sequence.close()
 
     def _start(self, share: int, pieces: int) -> Union[MappedShare, "ShareRead"]:
+        if self.sequence is None or not self.sequence.holds(share):
+            self.sequence = self._sequence(share)
         a, b = self.rows[self.bounds[share]], self.rows[self.bounds[share + 1]]
-        return start_share(self.ctx, self.plans, a, b, self.stats, self.maps, max(1, pieces))
+        return start_share(self.ctx, self.plans, a, b, self.stats, self.maps, max(1, pieces), self.sequence, share)
+
+    def _sequence(self, share: int) -> Optional[RangeSequence]:
+        """The ranges of the shares read by ranges from ``share`` on, up to the first that is not
+        (or cannot be), as one sequence (:class:`RangeSequence`); ``None`` if ``share`` is not."""
+        ranges: List[List[tuple]] = []
+        for k in range(share, len(self.bounds) - 1):
+            taken = share_taken(self.plans, self.rows[self.bounds[k]], self.rows[self.bounds[k + 1]])
+            got = None if mapped(self.ctx, self.maps, taken) else share_ranges(self.ctx, taken)
+            if got is None:
+                break
+            ranges.append(got)
+        return RangeSequence(self.ctx, self.stats, share, ranges) if ranges else None
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
         """Step ``step``'s slot, as :meth:`EpochFeed.take` gives it; the next share's pieces read
@@ -227,19 +245,19 @@ class SourceFeeds:
 
 
 def share_bounds(takes: np.ndarray, bytes_per_sample: Optional[float], whole: int = WHOLE_BYTES,
-                 later: int = SHARE_BYTES) -> List[int]:
+                 later: int = SHARE_BYTES, first: int = FIRST_SHARE_BYTES) -> List[int]:
     """Where an epoch's shares of steps (``takes``: rows per step and column) begin, and its end:
     one share where the epoch is at most ``whole`` bytes, or where the samples' size is not
-    known; else a first of about :data:`FIRST_SHARE_BYTES` of samples, then shares :data:`GROWTH`
-    times the one before, up to ``later`` bytes: laid out, :data:`SHARE_BYTES` (each read in
-    pieces over the steps of the one before); found by header walk, :data:`WALKED_SHARE_BYTES`
-    (within the bytes a share may copy). The first batch waits for the first share; the next
-    few, for a piece of the next share each: small ones."""
+    known; else a first of about ``first`` bytes of samples, then shares :data:`GROWTH` times the
+    one before, up to ``later`` bytes: laid out, :data:`SHARE_BYTES` (each read in pieces over
+    the steps of the one before); copied into the worker's buffers (found by header walk, or
+    remote), :data:`WALKED_SHARE_BYTES` (within the bytes a share may copy). The first batch waits
+    for the first share; the next few, for a piece of the next share each: small ones."""
     steps = len(takes)
     per_step = np.cumsum(takes.sum(axis=1)) * (bytes_per_sample or 0)
     if not bytes_per_sample or per_step[-1] <= whole:
         return [0, steps]
-    bounds, want = [0], FIRST_SHARE_BYTES
+    bounds, want = [0], first
     while bounds[-1] < steps:
         before = per_step[bounds[-1] - 1] if bounds[-1] else 0.0
         stop = int(np.searchsorted(per_step, before + want, side="right"))
@@ -288,11 +306,16 @@ def at_once(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], take
         return None
     if any(stop is None or stop <= first for plan in plans for _, first, stop in plan.parts):
         return None
-    # copied into the worker's buffers: samples found by header walk (no member layouts), or remote ones
-    copied = (getattr(data.offsets, "members", None) is None
-              or not all(maps_parts(data.urls[index]) for plan in plans for index, _, _ in plan.parts))
-    whole, later = (FIRST_SHARE_BYTES, WALKED_SHARE_BYTES) if copied else (WHOLE_BYTES, SHARE_BYTES)
-    return [start + b for b in share_bounds(takes[start:], data.bytes_per_sample, whole, later)]
+    if not all(maps_parts(data.urls[index]) for plan in plans for index, _, _ in plan.parts):
+        # remote: shares as large as a share may copy from the first, each column's range of one a
+        # request or two (smaller ones would cost the far link a round trip for a few samples each;
+        # the columns' first parts are as large)
+        sizes = (WALKED_SHARE_BYTES,) * 3
+    elif getattr(data.offsets, "members", None) is None:  # (no member layouts: every sample found by header walk)
+        sizes = (FIRST_SHARE_BYTES, WALKED_SHARE_BYTES, FIRST_SHARE_BYTES)
+    else:
+        sizes = (WHOLE_BYTES, SHARE_BYTES, FIRST_SHARE_BYTES)
+    return [start + b for b in share_bounds(takes[start:], data.bytes_per_sample, *sizes)]
 
 
 def share_ranges(ctx: ReadContext, taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]]) -> Optional[List[tuple]]:
@@ -331,24 +354,54 @@ def share_ranges(ctx: ReadContext, taken: Sequence[Tuple[int, Sequence[Tuple[int
     return ranges
 
 
+class RangeSequence:
+    """The ranges of consecutive shares read by ranges (``shares[k]``: share ``first + k``'s,
+    :func:`share_ranges`) as one sequence (a :class:`~dalistream.io.streams.ShardSequence`): its
+    remote ranges fetched ahead across the shares, within the worker's read-ahead, as a span's
+    parts are (the fetch does not wait for a share to be taken); each share reads its own in turn."""
+
+    def __init__(self, ctx: ReadContext, stats: WorkerStats, first: int, shares: Sequence[List[tuple]]) -> None:
+        self.first, self.shares = first, list(shares)
+        self.base = np.concatenate([[0], np.cumsum([len(r) for r in self.shares])]).astype(np.int64)
+        flat = [r for ranges in self.shares for r in ranges]
+        options = ctx.config.storage_options if ctx.share_options is None else ctx.share_options
+        self.shards = ShardSequence([ctx.data.urls[r[0]] for r in flat], options, stats.io,
+                                    ranges=[(r[3] or 0, r[4]) for r in flat], fetcher=ctx.fetcher)
+
+    def holds(self, share: int) -> bool:
+        """Whether share ``share``'s ranges are in this sequence."""
+        return self.first <= share < self.first + len(self.shares)
+
+    def last(self, share: int) -> bool:
+        """Whether share ``share`` is the last of this sequence."""
+        return share == self.first + len(self.shares) - 1
+
+    def ranges(self, share: int) -> Tuple[List[tuple], int]:
+        """Share ``share``'s ranges, and the place of its first in the sequence."""
+        return self.shares[share - self.first], int(self.base[share - self.first])
+
+    def close(self) -> None:
+        """Stop fetching (its last share read, or not to be read)."""
+        self.shards.close()
+
+
 class ShareRead:
-    """A share read by ranges (:func:`share_ranges`), in no pieces: its remote ranges handed to the
-    worker's read-ahead as it is started (fetched over the steps of the share before, with the
-    columns' parts), every range read when its first step is taken (:meth:`finish`) by
-    :func:`~.part.read_part` (cut by member layout or found by header walk, into the worker's
-    buffers), every run decoded together."""
+    """A share read by ranges (:func:`share_ranges`), in no pieces, when its first step is taken
+    (:meth:`finish`): each range as a column reads a part (:func:`~.part.read_part`: cut by member
+    layout or found by header walk, into the worker's buffers), every run decoded together; its
+    ranges those of share ``share`` of ``sequence`` (fetched ahead with the shares before it), or
+    of a sequence of its own."""
 
     pieces, done, failed = 0, 0, False
 
     def __init__(self, ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan],
-                 taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]], stats: WorkerStats) -> None:
+                 taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]], stats: WorkerStats,
+                 sequence: Optional[RangeSequence] = None, share: int = 0) -> None:
         self.ctx, self.maps, self.plans, self.taken, self.stats = ctx, maps, plans, taken, stats
-        self.ranges = share_ranges(ctx, taken)
-        self.shards: Optional[ShardSequence] = None
-        if self.ranges is not None:
-            options = ctx.config.storage_options if ctx.share_options is None else ctx.share_options
-            self.shards = ShardSequence([ctx.data.urls[r[0]] for r in self.ranges], options, stats.io,
-                                        ranges=[(r[3] or 0, r[4]) for r in self.ranges], fetcher=ctx.fetcher)
+        if sequence is None or not sequence.holds(share):
+            ranges = share_ranges(ctx, taken)
+            sequence, share = (RangeSequence(ctx, stats, 0, [ranges]) if ranges is not None else None), 0
+        self.sequence, self.share = sequence, share
 
     def piece(self) -> None:
         """(no pieces)"""
@@ -356,12 +409,13 @@ class ShareRead:
     def finish(self) -> Optional[Tuple[List[list], List[np.ndarray]]]:
         """The decoded rows, one list per field, and each column's rows among them; ``None``
         where the share cannot be read so (see the module doc)."""
-        if self.ranges is None or self.shards is None:
+        sequence = self.sequence
+        if sequence is None:
             return None
-        try:
-            runs = _read(self.ctx, self.shards, self.ranges, self.stats)
-        finally:
-            self.close()
+        ranges, base = sequence.ranges(self.share)
+        runs = _read(self.ctx, sequence.shards, ranges, self.stats, base)
+        if runs is None or sequence.last(self.share):
+            sequence.close()
         if runs is None:
             self.maps.whole = False  # (what stopped it stays: later epochs go to the columns at once)
             return None
@@ -369,24 +423,38 @@ class ShareRead:
         return _rows_of(self.ctx, self.plans, self.taken, runs)
 
     def close(self) -> None:
-        """Stop fetching its remote ranges (a share not read: the epoch ended before it)."""
-        if self.shards is not None:
-            self.shards.close()
+        """Stop fetching its sequence (the epoch ended before this share was read)."""
+        if self.sequence is not None:
+            self.sequence.close()
 
 
-def start_share(ctx: ReadContext, plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
-                stats: WorkerStats, maps: ShareMaps, pieces: int) -> Union[MappedShare, ShareRead]:
-    """The read of each column's rows ``before[c]`` to ``after[c]``: from one mapping of their
-    shards, in up to ``pieces`` pieces (:class:`~.mapped.MappedShare`), where every shard read is
-    local and has a member layout; else by ranges (:class:`ShareRead`). ``maps``: what the last
-    share hands on."""
-    taken = [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
+def share_taken(plans: Sequence[WorkerPlan], before: np.ndarray,
+                after: np.ndarray) -> List[Tuple[int, List[Tuple[int, int, int]]]]:
+    """What each column ``c`` reads for its rows ``before[c]`` to ``after[c]`` (:func:`_taken`)."""
+    return [_taken(plan, int(lo), int(hi)) for plan, lo, hi in zip(plans, before.tolist(), after.tolist())]
+
+
+def mapped(ctx: ReadContext, maps: ShareMaps, taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]]) -> bool:
+    """Whether a share that reads ``taken`` is read from one mapping: every shard it reads local,
+    with a member layout."""
     indices = sorted({index for _, own in taken for index, _, _ in own})
     data = ctx.data
     known = maps.shards is not None and maps.shards.shards == tuple(indices)  # (checked for the share before)
-    if not indices or not (known or all(maps_parts(data.urls[i]) and ctx.layouts.layout(i, 0, data.counts[i], None)
-                                        is not None for i in indices)):
-        return ShareRead(ctx, maps, plans, taken, stats)
+    return bool(indices) and (known or all(maps_parts(data.urls[i]) and ctx.layouts.layout(i, 0, data.counts[i], None)
+                                           is not None for i in indices))
+
+
+def start_share(ctx: ReadContext, plans: Sequence[WorkerPlan], before: np.ndarray, after: np.ndarray,
+                stats: WorkerStats, maps: ShareMaps, pieces: int, sequence: Optional[RangeSequence] = None,
+                share: int = 0) -> Union[MappedShare, ShareRead]:
+    """The read of each column's rows ``before[c]`` to ``after[c]``: from one mapping of their
+    shards, in up to ``pieces`` pieces (:class:`~.mapped.MappedShare`), where every shard read is
+    local and has a member layout; else by ranges (:class:`ShareRead`, share ``share`` of
+    ``sequence`` where it holds it). ``maps``: what the last share hands on."""
+    taken = share_taken(plans, before, after)
+    if not mapped(ctx, maps, taken):
+        return ShareRead(ctx, maps, plans, taken, stats, sequence, share)
+    indices = sorted({index for _, own in taken for index, _, _ in own})
     drops = [np.asarray(plan.drop, np.int64) - start for plan, (start, _) in zip(plans, taken)]
     return MappedShare(ctx, maps, indices, [own for _, own in taken], drops, stats, pieces, EPOCH_BYTES)
 
@@ -418,17 +486,18 @@ def _raw(plan: WorkerPlan, rows: int) -> int:
     return raw
 
 
-def _read(ctx: ReadContext, shards: ShardSequence, ranges: Sequence[tuple],
-          stats: WorkerStats) -> Optional[List[Tuple[int, Run]]]:
-    """Each range's runs, decoded (``(shard, run)`` in order), or ``None`` where anything is amiss
-    (a problem, a sample the walk leaves alone or the decoder refuses: the columns meet it)."""
+def _read(ctx: ReadContext, shards: ShardSequence, ranges: Sequence[tuple], stats: WorkerStats,
+          base: int = 0) -> Optional[List[Tuple[int, Run]]]:
+    """Each range's runs (the range ``k`` at place ``base + k`` of ``shards``), decoded (``(shard,
+    run)`` in order), or ``None`` where anything is amiss (a problem, a sample the walk leaves
+    alone or the decoder refuses: the columns meet it)."""
     out: List[Tuple[int, Run]] = []
     try:
         for position, (index, first, stop, start, end) in enumerate(ranges):
             numbering = Numbering(first, stop - first)
             at = first
-            with contextlib.closing(read_part(ctx, shards, position, index, first, stop, start, end, stats, numbering,
-                                              run_bytes=WALKED_RUN_BYTES)) as items:
+            with contextlib.closing(read_part(ctx, shards, base + position, index, first, stop, start, end, stats,
+                                              numbering, run_bytes=WALKED_RUN_BYTES)) as items:
                 for item in items:
                     if not isinstance(item, Run) or item.first != at:
                         return None

@@ -516,6 +516,9 @@ def test_an_epoch_over_the_whole_read_s_bytes_is_cut_into_shares_a_small_first()
     assert epochfeed.share_bounds(takes, 2.0 * epochfeed.SHARE_BYTES) == list(range(1001))  # (a step each, at least)
     walked = epochfeed.share_bounds(takes, whole, whole=epochfeed.FIRST_SHARE_BYTES)  # (no layouts: a small first share)
     assert walked[:2] == [0, round(epochfeed.FIRST_SHARE_BYTES / (4 * whole))] and walked[-1] == 1000
+    remote = (epochfeed.WALKED_SHARE_BYTES,) * 3  # (remote: shares as large from the first)
+    far = epochfeed.share_bounds(takes, per_sample, *remote)
+    assert len(far) > 3 and np.diff(far)[:-1].tolist() == [round(epochfeed.WALKED_SHARE_BYTES / (4 * per_sample))] * (len(far) - 2)
 
 
 def test_steps_take_their_rows_by_index():
