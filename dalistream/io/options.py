@@ -135,14 +135,15 @@ def one_stream(options: Optional[Mapping[str, Any]], streams: int, share: int = 
     (a worker's interleaved columns, an epoch's share of them read by ranges), within ``share``
     of the worker's read-ahead (:func:`shared_budget`): as many requests in flight as the streams
     would keep (one each, at least :data:`SPAN_IN_FLIGHT`, at most :data:`MAX_IN_FLIGHT`;
-    ``parts_in_flight`` if given), in parts small enough that so many fit in its budget, its
-    reads' chunks no larger than that budget."""
+    ``parts_in_flight`` if given), in parts small enough that so many fit in its budget; its
+    reads' chunks those of one of the streams (its many short ranges each read through a buffer
+    of that size, and a stream's budget is at least a chunk)."""
     options = shared_budget(options, share)
     opts = remote_options(options)
     flight = opts.parts_in_flight or min(MAX_IN_FLIGHT, max(SPAN_IN_FLIGHT, streams))
     ahead = opts.read_ahead_bytes
     options.update(parts_in_flight=flight, part_bytes=max(1024, min(opts.part_bytes, ahead // flight)),
-                   chunk_bytes=max(1, min(opts.chunk_bytes, ahead)))  # (a stream's budget is at least a chunk)
+                   chunk_bytes=shared_budget(options, streams).get("chunk_bytes", opts.chunk_bytes))
     return options
 
 

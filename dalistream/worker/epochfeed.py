@@ -64,7 +64,7 @@ import numpy as np
 from ..errors import DalistreamError
 from ..io.local import local_path
 from ..io.remote import is_ranged
-from ..io.streams import ShardSequence, is_gzip_name, maps_parts
+from ..io.streams import ShardSequence, is_gzip_name, maps_parts, open_shard
 from ..plan import WorkerPlan
 from ..plan.bucketworker import KEY_SHIFT
 from ..tar.runs import Run, concat_ranges
@@ -493,6 +493,15 @@ def _read(ctx: ReadContext, shards: ShardSequence, ranges: Sequence[tuple], stat
     alone or the decoder refuses: the columns meet it)."""
     out: List[Tuple[int, Run]] = []
     try:
+        # each local shard's file held open across its ranges (a range's opening shares its
+        # descriptor and what was checked of the file: :func:`~dalistream.io.local.open_range`)
+        held = contextlib.ExitStack()
+        for url in dict.fromkeys(ctx.data.urls[r[0]] for r in ranges):
+            if maps_parts(url):
+                held.enter_context(open_shard(url, 0, ctx.config.storage_options))
+    except (DalistreamError, OSError, EOFError):
+        return None
+    try:
         for position, (index, first, stop, start, end) in enumerate(ranges):
             numbering = Numbering(first, stop - first)
             at = first
@@ -507,6 +516,8 @@ def _read(ctx: ReadContext, shards: ShardSequence, ranges: Sequence[tuple], stat
                 return None
     except (DalistreamError, OSError, EOFError):
         return None
+    finally:
+        held.close()
     decode_runs(ctx.rows, [(run, ctx.source_name) for _, run in out])
     if any(run.decoded[1] for _, run in out):  # a sample the per-sample path must settle
         return None

@@ -54,6 +54,8 @@ def read_part(ctx: ReadContext, shards: ShardSequence, position: int, index: int
                 def keep(i: int) -> bool:
                     return first <= i and (stop is None or i < stop) and not skip(i)
 
+                if start is not None and not numbering.skips:  # (opened at ``first``, passing over none:
+                    keep = _every  # a sample past ``stop`` is a stale count, found below)
                 samples = iter_samples(f, url, keep=keep, want_ext=ctx.wants, lowercase=c.lowercase_ext,
                                        max_member_bytes=c.max_member_bytes, mark_errors=True,
                                        first_index=first if start is not None else 0, clock=stats.io_clock,
@@ -79,6 +81,10 @@ def read_part(ctx: ReadContext, shards: ShardSequence, position: int, index: int
         problem = read_error(e, url)
     numbering.found = found_at
     numbering.problem = problem.at(rank=c.rank, worker=ctx.worker) if problem is not None else None
+
+
+def _every(index: int) -> bool:
+    return True
 
 
 def stale(ctx: ReadContext, url: str, counted: Optional[int], found: str) -> ManifestError:
