@@ -106,10 +106,17 @@ class EpochFeed:
         self.base = np.concatenate([[0], np.cumsum(held)[:-1]]).astype(np.int64)
         self.before = np.cumsum(takes, axis=0) - takes  # rows each column gave before each step
         self.lattice = bool((takes == 1).all())  # one row of every column a step: no repeats
+        # (laid out column after column, a row of each a step: step t's rows are every M-th from t)
+        self.stride = len(takes) if laid and self.lattice and bool((held == len(takes)).all()) else 0
 
     def take(self, step: int) -> Tuple[List[list], int, np.ndarray]:
         """Step ``step``'s slot: one list per field, the number of rows, how many came from each column."""
         counts = self.takes[step]
+        if self.stride:
+            values = [column[step::self.stride] for column in self.flat]
+            if self.counted:
+                self.policy.passed += len(counts)
+            return values, len(counts), counts
         index = self.base + step if self.lattice else concat_ranges(self.base + self.before[step], counts)
         at = (self.order[index] if self.order is not None else index).tolist()
         if self.counted:
