@@ -56,6 +56,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import itertools
+import operator
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -499,32 +500,28 @@ def _read(ctx: ReadContext, shards: ShardSequence, ranges: Sequence[tuple], stat
     run)`` in order), or ``None`` where anything is amiss (a problem, a sample the walk leaves
     alone or the decoder refuses: the columns meet it)."""
     out: List[Tuple[int, Run]] = []
+    position = base
     try:
-        # each local shard's file held open across its ranges (a range's opening shares its
-        # descriptor and what was checked of the file: :func:`~dalistream.io.local.open_range`)
-        held = contextlib.ExitStack()
-        for url in dict.fromkeys(ctx.data.urls[r[0]] for r in ranges):
-            if maps_parts(url):
-                held.enter_context(open_shard(url, 0, ctx.config.storage_options))
-    except (DalistreamError, OSError, EOFError):
-        return None
-    try:
-        for position, (index, first, stop, start, end) in enumerate(ranges):
-            numbering = Numbering(first, stop - first)
-            at = first
-            with contextlib.closing(read_part(ctx, shards, base + position, index, first, stop, start, end, stats,
-                                              numbering, run_bytes=WALKED_RUN_BYTES)) as items:
-                for item in items:
-                    if not isinstance(item, Run) or item.first != at:
+        for index, group in itertools.groupby(ranges, key=operator.itemgetter(0)):
+            url = ctx.data.urls[index]
+            # a local shard's file held open across its ranges, one file at a time (a range's
+            # opening shares its descriptor and what was checked of the file: open_range)
+            with open_shard(url, 0, ctx.config.storage_options) if maps_parts(url) else contextlib.nullcontext():
+                for _, first, stop, start, end in group:
+                    numbering = Numbering(first, stop - first)
+                    at = first
+                    with contextlib.closing(read_part(ctx, shards, position, index, first, stop, start, end, stats,
+                                                      numbering, run_bytes=WALKED_RUN_BYTES)) as items:
+                        for item in items:
+                            if not isinstance(item, Run) or item.first != at:
+                                return None
+                            at += len(item)
+                            out.append((index, item))
+                    if numbering.problem is not None or at != stop:
                         return None
-                    at += len(item)
-                    out.append((index, item))
-            if numbering.problem is not None or at != stop:
-                return None
+                    position += 1
     except (DalistreamError, OSError, EOFError):
         return None
-    finally:
-        held.close()
     decode_runs(ctx.rows, [(run, ctx.source_name) for _, run in out])
     if any(run.decoded[1] for _, run in out):  # a sample the per-sample path must settle
         return None
