@@ -71,7 +71,8 @@ class PartFetcher:
         # (by index in the fetcher's list; a stream's entries go when it is dropped)
         self.shards: Dict[int, Optional[ShardState]] = {}
         self.owners: Dict[int, StreamState] = {}  # the stream of each shard
-        self.pinned: Dict[str, Tuple[str, Optional[int]]] = {}  # each object's ETag and size, as its first part learned them
+        # each object's ETag and size, as its first part learned them
+        self.pinned: Dict[str, Tuple[str, Optional[int]]] = {}
         self.count = 0
         self.streams: List[StreamState] = []  # those still read
         self.held = 0

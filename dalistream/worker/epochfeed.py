@@ -14,9 +14,9 @@ layout, the share is read from one mapping of its shards (:class:`~.mapped.Mappe
 header gather and one decode call per piece, whatever the number of shards and columns, no copy
 and no buffer of the worker's own). Any other share (remote shards with offsets; shards without a
 member layout: an index of offsets only, shards with folders, links or long names) is read by
-ranges (:class:`ShareRead`): the parts of a shard that lie end to end are one range, its remote
-ranges handed to the worker's read-ahead as the share is started (fetched over the steps of the
-share before), each range read as a column reads a part (:func:`~.part.read_part`: cut by its
+ranges (:class:`ShareRead`): the parts of a shard that lie end to end are one range, the ranges of
+consecutive such shares one sequence (:class:`RangeSequence`: remote ranges fetched ahead across
+shares by the worker's read-ahead), each range read as a column reads a part (:func:`~.part.read_part`: cut by its
 member layout, or found by header walk), its members copied into the worker's buffers, every run
 decoded together (:func:`~.rows.decode_runs`).
 Each column's rows are an index array over the decoded rows (less the plan's drops, an elastic
@@ -30,8 +30,8 @@ batch waiting for the whole read; a larger one is cut into a first of about
 within what a share may copy). While a share is given out, the next is read from its mapping in
 pieces, none at the share's first step (but a share of one step's), a few at each later one and
 the last by the share's last step, as one span's reads fall between its batches (a share read
-by ranges is read when its first step is taken): the job's first batch waits for a small first share alone, its next ones
-for a piece of a small second share each. Each share is held until the next is taken.
+by ranges is read when its first step is taken): the job's first batch waits for a small first
+share alone, its next ones for a piece of a small second share each. Each share is held until the next is taken.
 
 An interleaved epoch is read at once, fresh or resumed mid-way (from its step: the rows before are
 not read): of one data set, of a mix (each source's columns by its own reader,
@@ -83,7 +83,8 @@ WHOLE_BYTES = 16 << 20  # an epoch of at most this many is one share (its first 
 FIRST_SHARE_BYTES = 4 << 20  # a larger epoch's first share (which its first batch waits for) …
 SHARE_BYTES = 64 << 20  # … and each after it, read over the steps of the one before, …
 GROWTH = 4  # … growing to it from the first this many times over at each share (a first batch's next ones small)
-COPIED_BYTES = 64 << 20  # a share read by ranges (remote, or found by header walk) copied into the worker's buffers: at most this …
+# a share read by ranges (remote, or found by header walk) is copied into the worker's buffers: at most this …
+COPIED_BYTES = 64 << 20
 WALKED_SHARE_BYTES = COPIED_BYTES // 2  # … so such an epoch's shares are of this (room for samples over the mean)
 WALKED_RUN_BYTES = 4 << 20  # a range's runs found by header walk: at most this many bytes (half an arena buffer)
 
@@ -326,7 +327,8 @@ def at_once(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], take
     return [start + b for b in share_bounds(takes[start:], data.bytes_per_sample, *sizes)]
 
 
-def share_ranges(ctx: ReadContext, taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]]) -> Optional[List[tuple]]:
+def share_ranges(ctx: ReadContext,
+                 taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]]) -> Optional[List[tuple]]:
     """The ranges a share's columns read (``taken``: what :func:`_taken` says of them): each
     shard's parts that lie end to end as one range ``(shard, first, stop, start, end)``, its bytes
     ``start`` to ``end`` where the offsets place them; ``None`` where the share cannot be read by

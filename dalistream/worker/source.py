@@ -295,16 +295,19 @@ class WorkerSource:
     def _epoch_feed(self, columns: Sequence[Tuple[WorkerPlan, np.ndarray, int]], takes: np.ndarray, start: int,
                     policy: ErrorPolicy, stats: WorkerStats,
                     by_columns: Callable[..., ColumnRounds]) -> Union[EpochShares, SourceFeeds]:
-        """The epoch's feed from step ``start`` on: interleaved, each source's columns by its own
-        reader (:func:`~.epochfeed.read_epoch`: read at once where they can be; a mix's sources
-        side by side, :class:`~.epochfeed.SourceFeeds`); else (one span, or no source read at
-        once) all the columns by the column path together."""
+        """The epoch's feed from step ``start`` on: each source's columns (interleaved, or one span
+        without a shuffle buffer) by its own reader (:func:`~.epochfeed.read_epoch`: read at once
+        where they can be; a mix's sources side by side, :class:`~.epochfeed.SourceFeeds`); else
+        (a span through its shuffle buffer, or no source read at once) all the columns by the
+        column path together."""
         groups = [[k for k, column in enumerate(columns) if column[2] == s] for s in range(len(self.readers))]
         groups = [g for g in groups if g]
         readers = [self.readers[columns[g[0]][2]] for g in groups]
         plans = [[columns[k][0] for k in g] for g in groups]
-        if (not self.config.interleave or [k for g in groups for k in g] != list(range(len(columns)))
-                or not any(at_once(r.context(), r.maps, p, takes[:, g], start) for r, p, g in zip(readers, plans, groups))):
+        laid_out = [k for g in groups for k in g] == list(range(len(columns)))  # (source after source)
+        readable = laid_out and any(at_once(r.context(), r.maps, p, takes[:, g], start)
+                                    for r, p, g in zip(readers, plans, groups))
+        if (not self.config.interleave and self.config.shuffle > 1) or not readable:  # (a shuffle buffer: the column's)
             return read_by_columns(takes, policy, by_columns, start)
         read = [read_epoch(reader.context(), reader.maps, p, takes[:, g], policy, stats, partial(by_columns, which=g),
                            start) for reader, p, g in zip(readers, plans, groups)]

@@ -118,6 +118,36 @@ def test_a_small_epoch_is_read_at_once_and_delivers_the_same(tmp_path, monkeypat
             assert all(0 < reads <= len(paths) + (policy == "even") for _, reads, _, _ in got)
 
 
+@pytest.mark.parametrize("policy", ["exact", "even"])
+@pytest.mark.parametrize("members", [True, False])
+@pytest.mark.parametrize("workers,world_size,rank", [(1, 1, 0), (2, 1, 0), (2, 2, 1)])
+def test_one_span_without_a_shuffle_buffer_is_read_at_once_and_delivers_the_columns(
+        tmp_path, monkeypatch, policy, members, workers, world_size, rank):
+    """One span per worker with no shuffle buffer (its one column's rows in order): read at once
+    (from one mapping, or by ranges without member layouts), fresh and resumed at a step, the
+    batches, samples, padding and drops its column delivers; through a shuffle buffer, by the
+    column."""
+    paths = make_shards(tmp_path, n_shards=4, per_shard=37)
+    data = data_set(paths, per_shard=37)
+    if not members:
+        data = dataclasses.replace(data, offsets=SampleOffsets.from_flat(data.offsets.starts,
+                                                                       np.asarray(data.offsets.flat)))
+    c = config(paths, policy=policy, workers=workers, world_size=world_size, rank=rank, interleave=False, shuffle=0)
+    for worker in range(workers):
+        for start in (0, 3):
+            source = WorkerSource(c, data, worker)
+            got = [read(source, e, monkeypatch, start_step=start if e == 1 else 0) for e in (0, 1)]
+            assert [at_once for _, _, at_once, _ in got] == [1, 1]
+            columns = WorkerSource(c, data, worker)
+            want = [read(columns, e, monkeypatch, budget=0, start_step=start if e == 1 else 0) for e in (0, 1)]
+            assert [g[0] for g in got] == [w[0] for w in want] and len(got[0][0]) > 3
+            for e in (0, 1):
+                ours, theirs = source._stats.totals_by_epoch[e], columns._stats.totals_by_epoch[e]
+                assert {k: v for k, v in ours.items() if k != "bytes"} == {k: v for k, v in theirs.items() if k != "bytes"}
+    buffered = WorkerSource(c.replace(shuffle=8), data, 0)
+    assert read(buffered, 0, monkeypatch)[2] == 0  # (a shuffle buffer: the column's order)
+
+
 def test_long_ranges_are_cut_out_of_the_mapping_and_deliver_the_same(tmp_path, monkeypatch):
     """Ranges of several megabytes (one worker, every column's part end to end: a range a shard),
     each a run of the file's mapping, in one share and in several: the columns' batches."""
@@ -222,18 +252,19 @@ def test_an_elastic_resume_s_rest_is_read_at_once_and_delivers_the_same(tmp_path
         assert batches != by_columns(c, data, worker, (1,), monkeypatch)[0]  # (the segment's samples left out)
 
 
-def test_the_columns_read_one_span_and_an_epoch_over_the_budget(tmp_path, monkeypatch):
+def test_the_columns_read_a_span_s_shuffle_buffer_and_an_epoch_over_the_budget(tmp_path, monkeypatch):
     paths = make_shards(tmp_path)
     data = data_set(paths)
     c = config(paths)
     source = WorkerSource(c, data, 0)
     later, _, at_once, _ = read(source, 1, monkeypatch, budget=1000)  # (fewer bytes than the epoch's)
     assert at_once == 0 and later == by_columns(c, data, 0, (0, 1), monkeypatch)[1]
-    for span in (config(paths, interleave=False, shuffle=0), config(paths, interleave=False, shuffle=8)):
-        source = WorkerSource(span, data, 0)  # one span per worker: its one column
+    for shuffle, once in ((0, 1), (8, 0)):  # one span per worker: its one column, through a buffer or not
+        span = config(paths, interleave=False, shuffle=shuffle)
+        source = WorkerSource(span, data, 0)
         read(source, 0, monkeypatch)
         got, _, at_once, _ = read(source, 1, monkeypatch)
-        assert at_once == 0 and got == by_columns(span, data, 0, (0, 1), monkeypatch)[1]
+        assert at_once == once and got == by_columns(span, data, 0, (0, 1), monkeypatch)[1]
 
 
 @pytest.mark.parametrize("policy", ["exact", "even"])
@@ -518,7 +549,8 @@ def test_an_epoch_over_the_whole_read_s_bytes_is_cut_into_shares_a_small_first()
     assert walked[:2] == [0, round(epochfeed.FIRST_SHARE_BYTES / (4 * whole))] and walked[-1] == 1000
     remote = (epochfeed.WALKED_SHARE_BYTES,) * 3  # (remote: shares as large from the first)
     far = epochfeed.share_bounds(takes, per_sample, *remote)
-    assert len(far) > 3 and np.diff(far)[:-1].tolist() == [round(epochfeed.WALKED_SHARE_BYTES / (4 * per_sample))] * (len(far) - 2)
+    steps = round(epochfeed.WALKED_SHARE_BYTES / (4 * per_sample))
+    assert len(far) > 3 and np.diff(far)[:-1].tolist() == [steps] * (len(far) - 2)
 
 
 def test_steps_take_their_rows_by_index():
