@@ -305,11 +305,12 @@ def read_by_columns(takes: np.ndarray, policy: ErrorPolicy, columns: Callable[[i
 def at_once(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], takes: np.ndarray,
             start: int = 0) -> Optional[List[int]]:
     """The shares in which the epoch of ``plans`` (``takes``: rows per step and column) is read at
-    once from step ``start`` on (:func:`share_bounds`), or ``None`` where it cannot be: ``fixed``
-    (a column reads its parts again), parts without a known place (no offsets, or no counts), a
-    worker whose share of the epoch could not be read at once before (``maps.whole``)."""
+    once from step ``start`` on (:func:`share_bounds`), or ``None`` where it cannot be: parts
+    without a known place (no offsets, or no counts), a worker whose share of the epoch could not
+    be read at once before (``maps.whole``). (A ``fixed`` column's plan is its passes unrolled:
+    :func:`~.numbering.unrolled`.)"""
     data = ctx.data
-    if start >= len(takes) or not plans or ctx.config.policy == "fixed" or data.offsets is None or data.counts is None:
+    if start >= len(takes) or not plans or data.offsets is None or data.counts is None:
         return None
     if not maps.whole:
         return None

@@ -1,12 +1,17 @@
 """The samples of one part of a worker's plan: each one's ordinal, and which are passed over on
-a resume (a start position, an elastic resume's drops, a shuffle buffer's delivered window)."""
+a resume (a start position, an elastic resume's drops, a shuffle buffer's delivered window); and
+the parts of each pass over a ``fixed`` plan (:func:`pass_parts`, :func:`unrolled`)."""
 
 from __future__ import annotations
 
 import bisect
-from typing import AbstractSet, List, Optional, Sequence
+import dataclasses
+from typing import AbstractSet, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ..errors import DalistreamError
+from ..plan import WorkerPlan, seeds
 
 
 class Numbering:
@@ -65,3 +70,30 @@ class Numbering:
 def between(sorted_values: Sequence[int], lo: int, hi: int) -> int:
     """How many of ``sorted_values`` lie in ``[lo, hi)``."""
     return bisect.bisect_left(sorted_values, hi) - bisect.bisect_left(sorted_values, lo)
+
+
+def pass_parts(plan: WorkerPlan, n_pass: int, seed: int) -> List[Tuple[int, int, Optional[int]]]:
+    """The parts of pass ``n_pass`` over ``plan``'s (``fixed`` reads them again and again): the
+    first pass in plan order, each later one in an order of its own (``seed``: the stream's)."""
+    parts = list(plan.parts)
+    if n_pass:
+        perm = np.random.default_rng(seeds.pass_order(seed, plan.epoch, n_pass)).permutation(len(parts))
+        parts = [parts[int(i)] for i in perm]
+    return parts
+
+
+def unrolled(plan: WorkerPlan, rows: int, seed: int) -> Optional[WorkerPlan]:
+    """``plan`` (a ``fixed`` column's) with the parts of as many passes as its first ``rows`` rows
+    take (:func:`pass_parts`; its drops are the first pass's, as they are where its column reads
+    them), or ``None`` where its parts' counts are unknown or hold no sample."""
+    if any(stop is None for _, _, stop in plan.parts):
+        return None
+    per_pass = sum(stop - first for _, first, stop in plan.parts) - len(plan.drop)
+    if per_pass <= 0:
+        return None
+    parts, n_pass, got = [], 0, 0
+    while got < rows:
+        parts += pass_parts(plan, n_pass, seed)
+        got += per_pass
+        n_pass += 1
+    return dataclasses.replace(plan, parts=tuple(parts))

@@ -28,22 +28,20 @@ from __future__ import annotations
 import itertools
 from typing import AbstractSet, Any, Callable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-import numpy as np
-
 from ..config import StreamConfig
 from ..dataset import DataSet
 from ..errors import DalistreamError, SampleError, SourceError
 from ..io.parts import PartFetcher
 from ..io.remote import state_ahead
 from ..io.streams import ShardSequence, chunk_bytes, maps_parts
-from ..plan import WorkerPlan, seeds
+from ..plan import WorkerPlan
 from ..tar.runs import Arena, Run, run_length
 from .fields import FieldDecoder
 from .context import ReadContext
 from .layouts import ShardLayouts
 from .mapped import ShareMaps
 from .policy import ErrorPolicy
-from .numbering import Numbering, between as _between
+from .numbering import Numbering, between as _between, pass_parts
 from .part import read_part
 from .column import ColumnReader, ReadItem
 from .rows import last_waits, RowDecoder, Rows
@@ -125,10 +123,7 @@ class PlanReader:
     def _pass(self, plan: WorkerPlan, n_pass: int, ordinal: int, start: int, gone: AbstractSet[int],
               stats: WorkerStats) -> Tuple[List[PartRead], ShardSequence, int]:
         """Pass ``n_pass`` over the plan's parts: their reads, their ``ShardSequence``, the ordinal after them."""
-        parts = list(plan.parts)
-        if n_pass:
-            perm = np.random.default_rng(seeds.pass_order(self.config.seed, plan.epoch, n_pass)).permutation(len(parts))
-            parts = [parts[int(i)] for i in perm]
+        parts = pass_parts(plan, n_pass, self.config.seed)
         drop = plan.drop if not n_pass else ()  # an elastic resume's raw positions (first pass only)
         reads = []
         raw = 0
@@ -153,8 +148,10 @@ class PlanReader:
         ctx = self.context()
         reads, shards, ordinal = first
         passes = itertools.count() if c.policy == "fixed" else range(1)
+        pass_first = 0  # the pass's first ordinal
         for n_pass in passes:
             if n_pass:
+                pass_first = ordinal
                 reads, shards, ordinal = self._pass(plan, n_pass, ordinal, start, gone, stats)
             held: Optional[ReadItem] = None  # the raw item read last: given out once the next one is read
             problems: List[DalistreamError] = []  # met before any item of this pass: they come with its first
@@ -184,7 +181,8 @@ class PlanReader:
                     yield ReadItem(None, None, n_pass, problems, [])
             finally:
                 shards.close()
-            if c.policy == "fixed" and not given and not (n_pass == 0 and (start or gone)):
+            delivered = pass_first < ordinal <= start  # (a pass whose samples all came before a resume)
+            if c.policy == "fixed" and not given and not delivered and not (n_pass == 0 and (start or gone)):
                 raise self.no_samples(plan)
 
     def state_ahead(self, plans: Sequence[WorkerPlan], stats: WorkerStats) -> None:

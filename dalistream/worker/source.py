@@ -56,6 +56,7 @@ from ..io.parts import PartFetcher
 from .epochfeed import EpochShares, SourceFeeds, at_once, read_by_columns, read_epoch
 from .feed import ColumnRounds, shuffled_blocks
 from .reader import PlanReader
+from .numbering import unrolled
 from .rows import Rows
 from ..plan.shuffle import emitted_indices
 from .stats import WorkerStats
@@ -300,17 +301,23 @@ class WorkerSource:
         where they can be; a mix's sources side by side, :class:`~.epochfeed.SourceFeeds`); else
         (a span through its shuffle buffer, or no source read at once) all the columns by the
         column path together."""
+        c = self.config
         groups = [[k for k, column in enumerate(columns) if column[2] == s] for s in range(len(self.readers))]
         groups = [g for g in groups if g]
         readers = [self.readers[columns[g[0]][2]] for g in groups]
-        plans = [[columns[k][0] for k in g] for g in groups]
+        # (``fixed``: each column's parts over as many passes as its rows take, as its column reads them)
+        plans = [[columns[k][0] if c.policy != "fixed" else unrolled(columns[k][0], int(takes[:, k].sum()), c.seed)
+                  for k in g] for g in groups]
+        plans = [p if all(plan is not None for plan in p) else None for p in plans]
         laid_out = [k for g in groups for k in g] == list(range(len(columns)))  # (source after source)
-        readable = laid_out and any(at_once(r.context(), r.maps, p, takes[:, g], start)
+        readable = laid_out and any(p is not None and at_once(r.context(), r.maps, p, takes[:, g], start)
                                     for r, p, g in zip(readers, plans, groups))
-        if (not self.config.interleave and self.config.shuffle > 1) or not readable:  # (a shuffle buffer: the column's)
+        if (not c.interleave and c.shuffle > 1) or not readable:  # (a shuffle buffer: the column's)
             return read_by_columns(takes, policy, by_columns, start)
         read = [read_epoch(reader.context(), reader.maps, p, takes[:, g], policy, stats, partial(by_columns, which=g),
-                           start) for reader, p, g in zip(readers, plans, groups)]
+                           start) if p is not None else read_by_columns(takes[:, g], policy, partial(by_columns, which=g),
+                                                                      start)
+                for reader, p, g in zip(readers, plans, groups)]
         return read[0] if len(read) == 1 else SourceFeeds(read)
 
     def _state_ahead(self, plans: Sequence[WorkerPlan], sources: Sequence[int], stats: WorkerStats) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from dalistream.errors import DalistreamError
 from dalistream.io.local import FileRange
+from dalistream.manifest import build_manifest, write_manifest
 from dalistream.manifest.offsets import SampleOffsets
 from dalistream.tar import runs
 from dalistream.worker import WorkerSource, epochfeed, mapped
@@ -146,6 +147,63 @@ def test_one_span_without_a_shuffle_buffer_is_read_at_once_and_delivers_the_colu
                 assert {k: v for k, v in ours.items() if k != "bytes"} == {k: v for k, v in theirs.items() if k != "bytes"}
     buffered = WorkerSource(c.replace(shuffle=8), data, 0)
     assert read(buffered, 0, monkeypatch)[2] == 0  # (a shuffle buffer: the column's order)
+
+
+@pytest.mark.parametrize("members", [True, False])
+@pytest.mark.parametrize("workers,world_size,rank", [(1, 1, 0), (2, 1, 0), (2, 2, 1)])
+@pytest.mark.parametrize("batches", [3, 40])
+def test_a_fixed_epoch_is_read_at_once_over_its_passes_and_delivers_the_columns(
+        tmp_path, monkeypatch, members, workers, world_size, rank, batches):
+    """``fixed``: each column reads its parts pass after pass (each later pass in its own order)
+    for as many batches as the epoch has; read at once, its passes unrolled, fresh and resumed at
+    a step: the batches, samples and padding its columns deliver (3 batches: part of a pass; 40:
+    several passes, in shares of a step or two)."""
+    paths = make_shards(tmp_path, n_shards=3, per_shard=80)  # (every column of R 2 x W 2 x B 16 some samples)
+    data = data_set(paths, per_shard=80)
+
+    def shares(source, e, **kw):  # (``read`` undoes every patch: set again for each read)
+        if batches > 3:  # (a share of a whole pass or more would read a part twice: the columns')
+            monkeypatch.setattr(epochfeed, "WHOLE_BYTES", 1)
+            monkeypatch.setattr(epochfeed, "FIRST_SHARE_BYTES", 1)
+        return read(source, e, monkeypatch, **kw)
+
+    if not members:
+        data = dataclasses.replace(data, offsets=SampleOffsets.from_flat(data.offsets.starts,
+                                                                       np.asarray(data.offsets.flat)))
+    manifest = str(tmp_path / "manifest.json")  # (``fixed`` reads interleaved with counts: a manifest's)
+    write_manifest(build_manifest(paths, offsets=True), manifest)
+    c = config(paths, policy="fixed", batches_per_epoch=batches, workers=workers, world_size=world_size, rank=rank,
+               manifest=manifest)
+    for worker in range(workers):
+        for start in (0, 2):
+            source = WorkerSource(c, data, worker)
+            got = [shares(source, e, start_step=start if e == 1 else 0) for e in (0, 1)]
+            assert all(at_once >= 1 for _, _, at_once, _ in got)
+            columns = WorkerSource(c, data, worker)
+            want = [read(columns, e, monkeypatch, budget=0, start_step=start if e == 1 else 0) for e in (0, 1)]
+            assert [g[0] for g in got] == [w[0] for w in want] and len(got[0][0]) == batches
+            for e in (0, 1):
+                ours, theirs = source._stats.totals_by_epoch[e], columns._stats.totals_by_epoch[e]
+                assert {k: v for k, v in ours.items() if k != "bytes"} == {k: v for k, v in theirs.items() if k != "bytes"}
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_fixed_epoch_resumed_passes_later_delivers_the_rest(tmp_path, monkeypatch, at_once, workers):
+    """A ``fixed`` epoch resumed at a step in any pass of its columns (the first, the second, one
+    much later) delivers the batches of the whole epoch from that step, at once and by the columns
+    (which called a column whose passes before the resume gave nothing "no usable samples")."""
+    paths = make_shards(tmp_path, n_shards=2, per_shard=16)
+    data = data_set(paths, per_shard=16)
+    manifest = str(tmp_path / "manifest.json")
+    write_manifest(build_manifest(paths, offsets=True), manifest)
+    c = config(paths, policy="fixed", batches_per_epoch=30, workers=workers, manifest=manifest)
+    budget = None if at_once else 0
+    for worker in range(workers):
+        whole = read(WorkerSource(c, data, worker), 0, monkeypatch, budget=budget)[0]
+        for start in (1, 3, 9, 25):  # (a column of 2 samples a pass: its first, second, fifth, thirteenth)
+            rest = read(WorkerSource(c, data, worker), 0, monkeypatch, budget=budget, start_step=start)[0]
+            assert rest == whole[start:], (worker, start)
 
 
 def test_long_ranges_are_cut_out_of_the_mapping_and_deliver_the_same(tmp_path, monkeypatch):

@@ -28,7 +28,11 @@ or by ranges, neighbouring parts read together, views of a local file's mapping 
 Write it again only for a change of the batches that is meant, and said. Changed since: a part
 read from the offset of a sample whose header is damaged names it as damage (``shards:bad_tar``,
 the header's offset), where the code before called the shard no tar (``not_tar``, "offset 0"):
-13 cases' skip reasons and errors, their batches the same.
+13 cases' skip reasons and errors, their batches the same. And a ``fixed`` epoch is read at once
+(its columns' passes unrolled), reading only the samples its batches deliver, where its columns
+read ahead past them: 4 (rank, worker) outcomes of 3 cases (``fixed``, damage under ``raise``,
+member layouts) that met damage past the epoch's last batch deliver the epoch whole instead
+(their other outcomes, and every ``fixed`` case under ``skip``, the same).
 """
 
 from __future__ import annotations
