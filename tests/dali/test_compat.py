@@ -728,3 +728,48 @@ def test_dali_pools_run_many_batches_on_light_queues(tmp_path, method, prefetch)
     except subprocess.TimeoutExpired:
         pytest.fail("the pipeline hung")
     assert done.returncode == 0 and done.stdout.split() == ["ok"], done.stderr[-3000:]
+
+
+class Untold:
+    """A parallel source whose batches say how far it got before its first ``next()``: 1 after
+    ``iter()``; :class:`Told`: 2 once told its worker started after that."""
+
+    def __init__(self):
+        self.stage = 0
+
+    def __iter__(self):
+        self.stage = 1
+        return self
+
+    def __next__(self):
+        return [np.array(self.stage, np.int32)] * 2
+
+
+class Told(Untold):
+    def worker_started(self):
+        self.stage = 2 if self.stage == 1 else -1
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_dali_worker_tells_its_sources_once_it_has_started(method):
+    """In DALI's worker process, each parallel source that has ``worker_started()`` is told, after
+    its ``iter()`` and before its first ``next()`` (a source without it is left alone)."""
+    from nvidia.dali import fn, pipeline_def
+
+    from dalistream.dali import watchdog
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=2, py_start_method=method)
+    def pipe():
+        return (fn.external_source(source=Told(), batch=True, parallel=True, cycle="quiet"),
+                fn.external_source(source=Untold(), batch=True, parallel=True, cycle="quiet"))
+
+    p = pipe()
+    compat.workers_die_with_parent()  # (as the loader starts its workers: the wrapped entry point)
+    with compat.main_hidden_from_spawn(method == "spawn"):
+        p.build()
+    try:
+        told, untold = p.run()
+        assert [int(x) for x in told.as_array()] == [2, 2]  # iter(), then worker_started(), then next()
+        assert [int(x) for x in untold.as_array()] == [1, 1]
+    finally:
+        watchdog.stop_pipe(p)

@@ -213,3 +213,112 @@ def test_interleaved_resume_at_any_step_on_any_layout(sizes, R, W, extra, policy
         assert full and sum(map(len, full)) > 0
         k = data.draw(st.integers(0, len(full)))
         assert run_from(k) == full[k:]
+
+
+
+def _plain(batch):
+    return [np.asarray(output).tolist() if not isinstance(output, list) else [bytes(x) for x in output]
+            for output in batch]
+
+
+def _first_batch_in_a_worker(source, shards, repair, results) -> None:
+    """A DALI worker's start (forked): ``iter()``, then ``worker_started()`` (as DALI's worker
+    tells it: tests/dali/test_compat.py); then, once the thread making the first batch is done,
+    the shards change under it (removed; or, ``repair``: written whole again, of those sizes)
+    before ``next()`` asks for the batch: what it gives or raises was made before."""
+    import os
+    import threading
+
+    from dalistream.worker.source import FIRST_BATCH_THREAD
+
+    try:
+        iter(source)
+        source.worker_started()
+        for thread in threading.enumerate():
+            if thread.name == FIRST_BATCH_THREAD:
+                thread.join()
+        if repair:
+            key_shards(os.path.dirname(shards[0]), repair)
+        else:
+            for path in shards:
+                os.remove(path)
+        try:
+            results.put(("batch", _plain(next(source))))
+        except Exception as e:  # noqa: BLE001 - what the worker raises, sent back as DALI's worker does
+            results.put(("error", type(e).__name__, str(e)))
+    finally:
+        results.close()
+        results.join_thread()
+
+
+def _in_a_worker(source, shards, repair=()):
+    """What ``source``, handed to DALI, gives in a worker process (:func:`_first_batch_in_a_worker`)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_first_batch_in_a_worker, args=(source.for_dali(), shards, list(repair), results))
+    child.start()
+    try:
+        return results.get(timeout=120)
+    finally:
+        child.join(30)
+
+
+def _damage(paths) -> None:
+    """Every label of ``paths`` unreadable (``cls`` not a number)."""
+    import tarfile
+
+    from helpers import write_tar
+
+    for path in paths:
+        with tarfile.open(path) as tar:
+            members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+        write_tar(path, [(name, b"x" if name.endswith(".cls") else data) for name, data in members])
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("start_step", [0, 1])
+@pytest.mark.parametrize("worker", [0, 1])
+def test_a_dali_worker_makes_its_first_batch_before_it_is_asked(tmp_path, interleave, start_step, worker):
+    """In DALI's worker process (a source handed to DALI, iterated in another process) the
+    epoch's first batch (a resumed one's, from its step) is made once the worker has started:
+    the shards removed after that, ``next()`` still gives it, the batch the source gives where it
+    is asked."""
+    config, paths, counts = make(tmp_path, [5, 6, 7, 8], interleave=interleave, shuffle=None if interleave else 3,
+                                 policy="exact")
+    expected = _plain(next(iter(WorkerSource(config, data_set(paths, counts), worker, start_step=start_step))))
+    got = _in_a_worker(WorkerSource(config, data_set(paths, counts), worker, start_step=start_step), paths)
+    assert got == ("batch", expected)
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_a_dali_worker_s_first_batch_error_is_raised_by_next_as_made(tmp_path, interleave):
+    """An error met making the first batch ahead (in DALI's worker process) is raised by
+    ``next()``, of its type, with its message: the one the source raises where the batch is
+    asked for; the shards repaired after it was met, ``next()`` still raises it."""
+    config, paths, counts = make(tmp_path, [5, 6, 7, 8], interleave=interleave)
+    _damage(paths)
+    with pytest.raises(Exception) as inline:
+        next(iter(WorkerSource(config, data_set(paths, counts), 0)))
+    got = _in_a_worker(WorkerSource(config, data_set(paths, counts), 0), paths, repair=counts)
+    assert got == ("error", type(inline.value).__name__, str(inline.value))
+
+
+def test_the_first_batch_is_made_ahead_only_in_dali_s_worker_and_unprofiled(tmp_path, monkeypatch):
+    """Told its worker started where it is no DALI worker's (a source not handed to DALI, or in
+    the process that handed it) or profiled (its profile must see the first batch), a source makes
+    its first batch when asked for it: the shards removed before that, ``next()`` fails."""
+    import os
+
+    config, paths, counts = make(tmp_path, [5, 6, 7, 8])
+    for source in (WorkerSource(config, data_set(paths, counts), 0),
+                   WorkerSource(config, data_set(paths, counts), 0).for_dali()):
+        iter(source)
+        source.worker_started()
+        assert source._ahead is None
+    monkeypatch.setenv("DALISTREAM_PROFILE", str(tmp_path / "profile"))
+    profiled = WorkerSource(config, data_set(paths, counts), 0)
+    monkeypatch.delenv("DALISTREAM_PROFILE")
+    got = _in_a_worker(profiled, paths)
+    assert got[0] == "error" and not any(os.path.exists(p) for p in paths)
