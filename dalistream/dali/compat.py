@@ -8,10 +8,7 @@ warns once when another version is found, naming the shims that may need a look.
 - Worker processes of a pipeline (``Pipeline._py_pool.pool._processes``), its shutdown
   (``Pipeline._shutdown``, ``_py_pool.close``) and the pool's observer thread (``_observer``).
 - The entry point DALI's worker pool starts its processes with (``_multiproc.pool.worker``),
-  wrapped so that every worker ends with the process that started it (:func:`workers_die_with_parent`),
-  and, in a worker, the context it makes as it starts (``_multiproc.worker.WorkerContext``, its
-  ``callbacks``, an iterable's ``iter``): its sources are told once it has reported itself started
-  (:func:`sources_told_when_started`).
+  wrapped so that every worker ends with the process that started it (:func:`workers_die_with_parent`).
 - The queues of that pool (``_multiproc.pool.ShmQueue``, its ``cv_not_empty``): a condition whose
   notify does not wait for the woken process (:func:`light_queues`).
 - The CUDA state DALI's backend sees (``IsDriverInitialized``, ``GetCUDADeviceCount``; the count
@@ -153,35 +150,7 @@ class _ParentWatched:
             parent = started_by.pid if started_by is not None else os.getppid()
             from_main = threading.get_ident() == self.main_thread
         die_with_parent(parent, death_signal=from_main)
-        sources_told_when_started()
         return self.target(*args, **kwargs)
-
-
-_TELLS = "__dalistream_tells_sources__"
-
-
-def sources_told_when_started() -> None:
-    """In a DALI worker process: once the worker has made its context (each iterable source's
-    ``iter()`` called) and reported itself started, which the pipeline's build waits for, each
-    source that has a ``worker_started()`` method is told so
-    (:meth:`dalistream.worker.WorkerSource.worker_started`). DALI's worker makes the context as
-    ``_multiproc.worker.WorkerContext``, looked up when it starts: that name is replaced, in this
-    process only, by a subclass that tells the sources at the end of its ``__init__``."""
-    from nvidia.dali._multiproc import worker
-
-    if getattr(worker.WorkerContext, _TELLS, False):
-        return
-
-    class TellingContext(worker.WorkerContext):  # type: ignore[name-defined]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            for callback in self.callbacks.values():
-                started = getattr(getattr(callback, "iter", None), "worker_started", None)
-                if started is not None:
-                    started()
-
-    setattr(TellingContext, _TELLS, True)
-    worker.WorkerContext = TellingContext
 
 
 def workers_die_with_parent() -> None:

@@ -65,38 +65,6 @@ from .stats import WorkerStats
 PROFILE_ENV = "DALISTREAM_PROFILE"
 #: How a source introduces itself (its ``repr``, which DALI's messages about it quote)
 SOURCE_NAME = "dalistream-worker-source"
-#: The name of the thread on which a DALI worker makes its first batch (:class:`FirstBatch`)
-FIRST_BATCH_THREAD = "dalistream-first-batch"
-
-
-class FirstBatch:
-    """An epoch's first batch, made on a daemon thread from now on: ``take(batches)``, whose
-    result, or exception, :meth:`result` returns, or raises, as ``take`` would have. ``batches``
-    is handed over as it is (the caller goes on with it). A daemon thread: a worker stopped or
-    killed meanwhile ends without waiting for it."""
-
-    def __init__(self, batches: Iterator, take: Callable[[Iterator], Any]) -> None:
-        self.batches = batches
-        self._value: Any = None
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._make, args=(take,), name=FIRST_BATCH_THREAD, daemon=True)
-        self._thread.start()
-
-    def _make(self, take: Callable[[Iterator], Any]) -> None:
-        try:
-            self._value = take(self.batches)
-        except BaseException as e:  # raised by result(), in the thread that asks for the batch
-            self._error = e
-
-    def result(self) -> Any:
-        self._thread.join()
-        error, value, self._error, self._value = self._error, self._value, None, None
-        if error is not None:
-            try:
-                raise error
-            finally:
-                error = None  # (no cycle through this frame)
-        return value
 
 
 class WorkerSource:
@@ -123,7 +91,6 @@ class WorkerSource:
         self._probe_pid: Optional[int] = None
         self._iters = 0
         self._gen: Optional[Iterator] = None
-        self._ahead: Optional[FirstBatch] = None  # the first batch, made in the DALI worker before it is asked
         self._stats: Optional[WorkerStats] = None
         self.epoch = start_epoch
         # read where the sources are made (the main process): the workers may not see its environment
@@ -199,21 +166,6 @@ class WorkerSource:
         self._skip = skip
         return self
 
-    def worker_started(self) -> None:
-        """DALI's worker process, having called ``iter()`` and reported itself started, waits for
-        the pipeline's build and its first task: the epoch's first batch is made meanwhile, on a
-        thread (:class:`FirstBatch`), which the first ``next()`` joins. Started there, not in
-        ``iter()``: the thread would hold up that report, which the build waits for. Only in
-        DALI's worker (a source handed to it), before the epoch's first batch; a profiled worker
-        makes it in ``next()``, where its profile sees it."""
-        if (self._probe_pid in (None, os.getpid()) or self._iters != 1 or self._gen is not None
-                or self._ahead is not None or self.profile_dir is not None):
-            return
-        try:
-            self._ahead = FirstBatch(self.epoch_batches(self.epoch, self._skip), self._take)
-        except RuntimeError:  # no thread to be had: next() makes it, as where no DALI worker asks
-            self._ahead = None
-
     def __next__(self) -> Tuple[Union[List[np.ndarray], np.ndarray], ...]:
         """The next batch in DALI's transfer form (:func:`dalistream.worker.batch.pack`)."""
         if self.profile_dir is None:
@@ -235,16 +187,8 @@ class WorkerSource:
         if self._gen is None:
             if self._iters == 0:
                 self.__iter__()
-            ahead, self._ahead = self._ahead, None
-            if ahead is not None:  # the epoch's first batch, made since the worker started
-                self._gen = ahead.batches
-                return ahead.result()
             self._gen = self.epoch_batches(self.epoch, self._skip)
-        return self._take(self._gen)
-
-    def _take(self, batches: Iterator) -> Tuple[Union[List[np.ndarray], np.ndarray], ...]:
-        """The next of ``batches`` in transfer form."""
-        plain = next(batches)
+        plain = next(self._gen)
         t0 = time.perf_counter()
         packed = batch.pack(plain, self.transfer, self._kept, *self._span)
         if self._stats is not None:
@@ -253,7 +197,7 @@ class WorkerSource:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_gen"] = state["_ahead"] = None  # generators (and threads) never travel to the worker
+        state["_gen"] = None  # generators never travel to the worker
         state["_profile"] = None
         state["_arena"] = state["_fetcher"] = None
         return state
