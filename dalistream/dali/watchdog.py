@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 from ..errors import WorkerError
 from .compat import (forget_observer, light_queues, main_hidden_from_spawn, run_batch, shutdown, worker_processes,
@@ -68,10 +68,12 @@ class _Runner:
             pipe = stream = request = None
             self._done.set()
 
-    def run(self, pipe, processes: list, stream: Any = None):
+    def run(self, pipe, processes: list, stream: Any = None, meanwhile: Optional[Callable[[], Any]] = None):
         self._done.clear()
         self.busy = True
         self._requests.put((pipe, stream))
+        if meanwhile is not None:
+            _meanwhile(meanwhile)
         dead_since = None
         while not self._done.wait(_POLL_S):
             dead = [(i, p) for i, p in enumerate(processes) if p.exitcode is not None]
@@ -102,17 +104,29 @@ class _Runner:
 _runners: "weakref.WeakKeyDictionary[Any, _Runner]" = weakref.WeakKeyDictionary()
 
 
-def watched_run(pipe, stream: Any = None):
+def watched_run(pipe, stream: Any = None, meanwhile: Optional[Callable[[], Any]] = None):
     """``pipe.run()`` (``pipe.run(stream)`` with a consumer's CUDA stream, see
     :func:`dalistream.dali.compat.run_batch`), but a dead DALI worker process is a
-    :class:`WorkerError` within about a second instead of a hang."""
+    :class:`WorkerError` within about a second instead of a hang.
+
+    ``meanwhile``: called on this thread while the batch is computed on the helper thread, for
+    work the caller does with the outputs next (the first import of the converter: ~3 ms on the
+    first batch's path otherwise); what it raises is left to the caller's own use of that work.
+    With no worker process the batch is computed on this thread, and ``meanwhile`` is not called."""
     processes = worker_processes(pipe)
     if not processes:
         return run_batch(pipe, stream)
     runner = _runners.get(pipe)
     if runner is None:
         runner = _runners[pipe] = _Runner()
-    return runner.run(pipe, processes, stream)
+    return runner.run(pipe, processes, stream, meanwhile)
+
+
+def _meanwhile(work: Callable[[], Any]) -> None:
+    try:
+        work()
+    except Exception:  # noqa: BLE001 - raised again where the caller does the work itself
+        log.debug("work done while a batch was computed failed", exc_info=True)
 
 
 def _exit_text(code: Optional[int]) -> str:

@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, Optional
 
-from ..dali.compat import consumer_stream, decodes_images, exec_dynamic
+from ..dali.compat import consumer_stream, decodes_images, exec_dynamic, torch_utils
 from ..dali.diagnose import translate
 from ..dali.pipeline import built, raw_pipeline
 from ..dali.watchdog import spawn_without_main, stop_pipe, watched_run
@@ -207,7 +207,8 @@ class Loader:
 
     def _run(self) -> Any:
         try:
-            outputs = watched_run(self._pipe, consumer_stream(self._pipe))
+            # DALI's torch helpers imported while the batch is computed (the first batch's path)
+            outputs = watched_run(self._pipe, consumer_stream(self._pipe), meanwhile=torch_utils)
         except BaseException as e:  # after a failure (or Ctrl-C) the pipeline is dead: never run it again
             self._shutdown_pipe()
             if not isinstance(e, Exception):

@@ -1,5 +1,6 @@
-"""Counting samples by a header scan: one shard (:func:`scan_shard`), many in parallel threads
-(:func:`build_manifest`), cached on local disk, or tolerant of damage (:func:`scan_tolerant`).
+"""Counting samples by a header scan: one shard (:func:`scan_shard`), many (:func:`build_manifest`:
+local ones in turn, the others in parallel threads), cached on local disk, or tolerant of damage
+(:func:`scan_tolerant`).
 
 A scan reads tar headers only and seeks over member data where it can (remote shards are read
 through once, sequentially). The cache is keyed by path, size and mtime for local shards, and
@@ -15,7 +16,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence
 
 from ..errors import DalistreamError, ManifestError, SourceError, redact
 from ..io.gunzip import decompressed
@@ -158,15 +159,34 @@ def build_manifest(
     lowercase: bool = False, threads: int = 8, offsets: bool = False,
     progress: Optional[Callable[[ShardInfo], None]] = None,
 ) -> List[ShardInfo]:
-    """Scan every shard (in parallel threads; cached when ``cache_dir`` is set); ``offsets``:
-    record each sample's tar offset too; ``progress`` is called with each row as it is done."""
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
-        rows = []
-        for info in pool.map(lambda u: _scan_cached(u, cache_dir, options, lowercase, offsets), urls):
-            rows.append(info)
-            if progress is not None:
-                progress(info)
-        return rows
+    """Scan every shard (those read by a stream in parallel threads: :func:`_in_order`; cached
+    when ``cache_dir`` is set); ``offsets``: record each sample's tar offset too; ``progress`` is
+    called with each row as it is done."""
+    rows = []
+    for info in _in_order(lambda u: _scan_cached(u, cache_dir, options, lowercase, offsets), urls, threads):
+        rows.append(info)
+        if progress is not None:
+            progress(info)
+    return rows
+
+
+def _in_order(scan: Callable[[str], Any], urls: Sequence[str], threads: int) -> Iterator[Any]:
+    """``scan(url)`` of every URL, in order. A plain local shard is scanned in this thread, through
+    its mapping: its scan is Python work under the interpreter lock with no wait another thread
+    could fill (a page fault of a mapping holds the lock too), so threads only add their
+    switches (8 local shards: 39 ms in 8 threads, 31 in one). The others (remote, ``pipe:``,
+    compressed) wait on reads or decompress without the lock: up to ``threads`` at once, ahead
+    of the local ones."""
+    pooled = [not (is_local(u) and not is_gzip_name(u)) for u in urls]
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, sum(pooled)))) as pool:
+        futures = [pool.submit(scan, u) if p else None for u, p in zip(urls, pooled)]
+        try:
+            for url, future in zip(urls, futures):
+                yield future.result() if future is not None else scan(url)
+        finally:  # an error (or a caller that stops): what has not started never does
+            for future in futures:
+                if future is not None:
+                    future.cancel()
 
 
 def scan_tolerant(
@@ -184,12 +204,11 @@ def scan_tolerant(
         except DalistreamError as e:
             return _scan_partial(url, options, lowercase, offsets), e
 
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(urls)))) as pool:
-        results = []
-        for result in pool.map(one, urls):
-            results.append(result)
-            if progress is not None:
-                progress(result[0])
+    results = []
+    for result in _in_order(one, urls, threads):
+        results.append(result)
+        if progress is not None:
+            progress(result[0])
     return [info for info, _ in results], [error for _, error in results if error is not None]
 
 

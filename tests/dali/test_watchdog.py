@@ -32,6 +32,7 @@ def test_stream_checks_and_shows_the_start_method(tmp_path):
 
 import os  # noqa: E402
 import subprocess  # noqa: E402
+import threading  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 
@@ -193,3 +194,57 @@ def test_fork_without_the_guard_warns_what_spawn_would_break(tmp_path, guarded):
     assert done.stdout.splitlines()[-1] == "6"
     warned = done.stderr.count("outside `if __name__ == \"__main__\":`: it works here because the workers fork")
     assert warned == (0 if guarded else 1)
+
+
+# -- the caller's work while a batch is computed -----------------------------------------------------
+
+def _waiting_pipeline(flag: str):
+    """A pipeline whose worker's batches say whether ``flag`` existed when they were made; the
+    first one waits for it (up to a minute)."""
+    import time
+
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def
+
+    class Source:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            deadline = time.monotonic() + 60
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return [np.array(os.path.exists(flag), np.uint8)] * 2
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None, py_num_workers=1, py_start_method="fork")
+    def pipe():
+        return fn.external_source(source=Source(), batch=True, parallel=True, cycle="quiet")
+
+    return pipe()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_watched_run_does_the_caller_s_work_while_the_batch_is_computed(tmp_path, fails):
+    """``meanwhile`` runs on the caller's thread while the workers compute the batch (here the
+    batch waits for what it does): not before the run starts, not after it ends. What it raises
+    is not the run's error: the batch comes back all the same."""
+    from dalistream.dali import watchdog
+
+    flag = str(tmp_path / "flag")
+    done = []
+
+    def work():
+        with open(flag, "w"):
+            pass
+        done.append(threading.current_thread().name)
+        if fails:
+            raise RuntimeError("the caller's work failed")
+
+    pipe = _waiting_pipeline(flag)
+    pipe.build()
+    try:
+        (outputs,) = watchdog.watched_run(pipe, meanwhile=work)
+        assert [int(x) for x in outputs.as_array()] == [1, 1]
+        assert done == [threading.main_thread().name]
+    finally:
+        watchdog.stop_pipe(pipe)

@@ -240,3 +240,38 @@ def test_batches_kept_by_the_user_are_never_overwritten(shards, dynamic):
         assert labels.tolist() == expected
     if not dynamic:
         assert len(reused) <= 3
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_converter_is_imported_while_the_first_batch_is_computed(shards, tmp_path, workers):
+    """DALI's torch helpers, which the loader turns outputs into tensors with, are imported (the
+    first time, in a fresh process) while the loader waits for the first batch, not once it has
+    come: the import (``nvidia.dali.plugin.pytorch``) happens within the wait for the batch
+    (``watched_run``), before any output is converted (``to_torch``)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "first.py"
+    script.write_text(textwrap.dedent(f"""\
+        import sys, traceback
+        stacks = []
+
+        class Seen:
+            def find_spec(self, name, path, target=None):
+                if name == "nvidia.dali.plugin.pytorch":
+                    stacks.append([frame.name for frame in traceback.extract_stack()])
+                return None
+
+        sys.meta_path.insert(0, Seen())
+        import dalistream
+        stream = dalistream.Stream.open({shards!r}, fields={{"key": "__key__"}}, batch_size=4, workers={workers},
+                                        device="cpu", cache_dir={str(tmp_path / "cache")!r})
+        with dalistream.Loader(stream) as loader:
+            batch = next(iter(loader))
+        assert len(batch["key"]) == 4
+        print(len(stacks), "watched_run" in stacks[0], "to_torch" in stacks[0])
+        """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "True", "False"]
