@@ -330,8 +330,10 @@ def at_once(ctx: ReadContext, maps: ShareMaps, plans: Sequence[WorkerPlan], take
 
 def share_ranges(ctx: ReadContext,
                  taken: Sequence[Tuple[int, Sequence[Tuple[int, int, int]]]]) -> Optional[List[tuple]]:
-    """The ranges a share's columns read (``taken``: what :func:`_taken` says of them): each
-    shard's parts that lie end to end as one range ``(shard, first, stop, start, end)``, its bytes
+    """The ranges a share's columns read (``taken``: what :func:`_taken` says of them), shard after
+    shard in the order the columns first read them (a span's plan order: what a byte cache's
+    eviction was planned for): each shard's parts that lie end to end as one range ``(shard,
+    first, stop, start, end)``, its bytes
     ``start`` to ``end`` where the offsets place them; ``None`` where the share cannot be read by
     ranges (a gzip or ``pipe:`` shard, a part with no known place, one read twice, or over the
     bytes a share may copy)."""
@@ -341,7 +343,7 @@ def share_ranges(ctx: ReadContext,
             by_shard.setdefault(index, []).append((first, stop))
     ranges = []
     total = 0
-    for index, parts in sorted(by_shard.items()):
+    for index, parts in by_shard.items():  # (the shards in the order the columns first read them: a span's plan order)
         url = ctx.data.urls[index]
         if is_gzip_name(url) or not (maps_parts(url) or is_ranged(url)):
             return None  # (no positions to read by)
