@@ -54,8 +54,8 @@ def read_part(ctx: ReadContext, shards: ShardSequence, position: int, index: int
                 def keep(i: int) -> bool:
                     return first <= i and (stop is None or i < stop) and not skip(i)
 
-                if start is not None and not numbering.skips:  # (opened at ``first``, passing over none:
-                    keep = _every  # a sample past ``stop`` is a stale count, found below)
+                if start is not None and end is not None and not numbering.skips:  # (opened at ``first``
+                    keep = _every  # and ending at ``stop``'s offset: no sample to pass over)
                 samples = iter_samples(f, url, keep=keep, want_ext=ctx.wants, lowercase=c.lowercase_ext,
                                        max_member_bytes=c.max_member_bytes, mark_errors=True,
                                        first_index=first if start is not None else 0, clock=stats.io_clock,
