@@ -295,7 +295,9 @@ def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarr
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
+            # slice threads only: with frame threads, leaving the decode before the stream's end
+            # (the last frame asked for) can hang FFmpeg's decoder for ever (PyAV #1849, #1861)
+            stream.thread_type = "SLICE"
             if place and needed and needed[0] > 0:
                 container.seek(info.pts[needed[0]], stream=stream, backward=True, any_frame=False)
             counted = -1

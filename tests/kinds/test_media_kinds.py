@@ -457,3 +457,47 @@ def test_without_pyav_a_clip_is_a_config_error_naming_the_video_extra(call, tmp_
     assert out.returncode == 0, out.stderr
     assert 'HINT pip install "dalistream[video]"' in out.stdout, out.stdout
     assert "'video' extra" in out.stdout
+
+
+@pytest.mark.parametrize("codec", ["h264", "vp9", "av1"])
+def test_the_worker_decode_uses_slice_threads_only(codec, monkeypatch):
+    """A decode left before the stream's end (the last frame asked for) with FFmpeg's frame
+    threads can hang for ever (PyAV #1849, #1861; a DALI worker decoding H.264 clips stalled a CI
+    run so): the worker decodes with slice threads only, whatever the codec and the frames."""
+    import av
+
+    from dalistream.kinds import video
+
+    seen = []
+
+    class Recorded:  # (a container that says which threads its stream decodes with)
+        def __init__(self, container):
+            self.container = container
+
+        def __enter__(self):
+            self.container.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.container.__exit__(*exc)
+
+        def __getattr__(self, name):
+            return getattr(self.container, name)
+
+        def decode(self, stream):
+            seen.append(str(stream.thread_type))
+            return self.container.decode(stream)
+
+    class Av:
+        def __getattr__(self, name):
+            return getattr(av, name)
+
+        def open(self, *args, **kwargs):
+            return Recorded(av.open(*args, **kwargs))
+
+    monkeypatch.setattr(video, "pyav", lambda: Av())
+    data = make_clip(codec, 12, gop=4)
+    info = probe(data)
+    for wanted in ([0, 1], [5, 6, 7], [11]):
+        assert decode_frames(data, np.array(wanted), info).shape == (len(wanted), 32, 32, 3)
+    assert len(seen) == 3 and all("SLICE" in s and "FRAME" not in s for s in seen), seen
