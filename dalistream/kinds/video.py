@@ -35,6 +35,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import os
+import threading
 from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
@@ -47,6 +49,8 @@ DALI_CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
 SHORT_MODES = ("loop", "edge", "black")  # what fills a clip longer than its video
 DECODE_PLACES = ("dali", "worker")
 #: The codec id the probe reads, by FFmpeg's codec name (a decoder such as ``libdav1d`` names its codec's id).
+_CONVERTERS = threading.local()
+
 _CODEC_NAMES = ("h264", "hevc", "av1", "vp8", "vp9", "mjpeg", "mpeg4", "mpeg2video", "prores", "theora")
 
 
@@ -278,6 +282,18 @@ class Clips:
         return np.concatenate([np.frombuffer(taken.tobytes(), np.uint8), np.frombuffer(data, np.uint8)])
 
 
+def _converter(av: Any) -> Any:
+    """This thread's converter of frames to RGB, made in this process. PyAV 18.1.1 keeps one per
+    thread itself, and a process forked (a DALI worker) after its parent converted frames inherits
+    it with swscale threads that do not exist there: its first conversion frees them and hangs for
+    ever. Ours are kept per process id, and one inherited through a fork is never used or freed."""
+    made = _CONVERTERS.__dict__.setdefault("by_process", {})
+    pid = os.getpid()
+    if pid not in made:
+        made[pid] = av.video.reformatter.VideoReformatter()
+    return made[pid]
+
+
 def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarray:
     """Frames ``indices`` of a video (:func:`probe`'s ``info``) as ``uint8``
     ``(len(indices), H, W, 3)`` RGB, decoded by PyAV; indices from ``info.frames`` on are black.
@@ -292,6 +308,7 @@ def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarr
     needed = sorted({i for i in wanted if i < info.frames})
     place = {stamp: i for i, stamp in enumerate(info.pts)}
     got: dict = {}
+    rgb = _converter(av)
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             stream = container.streams.video[0]
@@ -305,7 +322,7 @@ def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarr
                 counted += 1
                 i = place.get(frame.pts, -1) if place else counted
                 if i in needed and i not in got:
-                    got[i] = frame.to_ndarray(format="rgb24")
+                    got[i] = rgb.reformat(frame, format="rgb24").to_ndarray()
                 if needed and (len(got) == len(needed) or i > needed[-1]):
                     break
     except Exception as e:  # noqa: BLE001 - FFmpeg's errors, named by the caller with the sample

@@ -5,6 +5,7 @@ sample and per run alike; audio is checked cheaply and its crop drawn the same w
 
 import dataclasses
 import io
+import queue
 from fractions import Fraction
 
 import numpy as np
@@ -501,3 +502,33 @@ def test_the_worker_decode_uses_slice_threads_only(codec, monkeypatch):
     for wanted in ([0, 1], [5, 6, 7], [11]):
         assert decode_frames(data, np.array(wanted), info).shape == (len(wanted), 32, 32, 3)
     assert len(seen) == 3 and all("SLICE" in s and "FRAME" not in s for s in seen), seen
+
+
+@pytest.mark.parametrize("codec", ["h264", "vp9"])
+def test_a_worker_forked_after_its_parent_converted_frames_decodes(codec):
+    """PyAV 18.1.1 keeps a frame converter per thread; a DALI worker forked after its parent
+    converted frames inherited it, with swscale threads that do not exist in the child, and its
+    first clip hung for ever freeing them (a CI run stalled so). The worker's decode converts
+    with its own: a forked child decodes as its parent did."""
+    import multiprocessing
+
+    data = make_clip(codec, 12, gop=4)
+    info = probe(data)
+    pyav_frames(data)  # the parent converts with PyAV's own per-thread converter
+    parent = decode_frames(data, np.arange(8), info)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=lambda: results.put(decode_frames(data, np.arange(8), info).tobytes()))
+    child.start()
+    try:
+        got = results.get(timeout=60)
+    except queue.Empty:
+        got = None
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert got is not None, "the forked child's decode hung"
+    assert child.exitcode == 0
+    assert got == parent.tobytes()
