@@ -52,8 +52,11 @@ def pyav_frames(data: bytes) -> List[np.ndarray]:
     """Every frame of a clip as PyAV decodes it (RGB)."""
     import av
 
+    # (converted without threads: PyAV 18.1.1's per-thread converter, made with threads in the test
+    # process, would hang a DALI worker forked later from another thread: see dalistream.kinds.video)
+    one = {"threads": 1} if int(av.__version__.split(".")[0]) >= 17 else {}
     with av.open(io.BytesIO(data)) as c:
-        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+        return [f.to_ndarray(format="rgb24", **one) for f in c.decode(video=0)]
 
 
 def frame_ids(clip: np.ndarray) -> List[int]:

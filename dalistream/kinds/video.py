@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import os
 import threading
 from typing import Any, List, Optional, Tuple, Union
 
@@ -282,16 +281,18 @@ class Clips:
         return np.concatenate([np.frombuffer(taken.tobytes(), np.uint8), np.frombuffer(data, np.uint8)])
 
 
-def _converter(av: Any) -> Any:
-    """This thread's converter of frames to RGB, made in this process. PyAV 18.1.1 keeps one per
-    thread itself, and a process forked (a DALI worker) after its parent converted frames inherits
-    it with swscale threads that do not exist there: its first conversion frees them and hangs for
-    ever. Ours are kept per process id, and one inherited through a fork is never used or freed."""
-    made = _CONVERTERS.__dict__.setdefault("by_process", {})
-    pid = os.getpid()
-    if pid not in made:
-        made[pid] = av.video.reformatter.VideoReformatter()
-    return made[pid]
+def _to_rgb(av: Any, frame: Any) -> np.ndarray:
+    """A decoded frame as ``uint8`` ``(H, W, 3)`` RGB, converted by this thread's converter, which
+    runs no threads of its own. PyAV 18.1.1 converts with one swscale context per thread, with
+    threads (PyAV 17 on): a process forked after such a context was made inherits it, and whoever
+    frees it there (the child's first conversion, or Python clearing the other threads' state
+    when the fork came from another thread) waits for ever on threads that do not exist in the
+    child. A context without threads is only memory: safe to inherit, use and free."""
+    rgb = getattr(_CONVERTERS, "rgb", None)
+    if rgb is None:
+        rgb = _CONVERTERS.rgb = av.video.reformatter.VideoReformatter()
+    one = {"threads": 1} if int(av.__version__.split(".")[0]) >= 17 else {}  # (no ``threads`` before 17: none run)
+    return rgb.reformat(frame, format="rgb24", **one).to_ndarray()
 
 
 def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarray:
@@ -308,7 +309,6 @@ def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarr
     needed = sorted({i for i in wanted if i < info.frames})
     place = {stamp: i for i, stamp in enumerate(info.pts)}
     got: dict = {}
-    rgb = _converter(av)
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             stream = container.streams.video[0]
@@ -322,7 +322,7 @@ def decode_frames(data: bytes, indices: np.ndarray, info: VideoInfo) -> np.ndarr
                 counted += 1
                 i = place.get(frame.pts, -1) if place else counted
                 if i in needed and i not in got:
-                    got[i] = rgb.reformat(frame, format="rgb24").to_ndarray()
+                    got[i] = _to_rgb(av, frame)
                 if needed and (len(got) == len(needed) or i > needed[-1]):
                     break
     except Exception as e:  # noqa: BLE001 - FFmpeg's errors, named by the caller with the sample
