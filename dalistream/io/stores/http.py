@@ -121,7 +121,7 @@ class HTTPStore(ObjectStore):
     def stat(self, url: str) -> ObjectInfo:
         plain, headers = http_parts(url)
         answer = http_pool(self.opts).request("HEAD", plain, headers=headers, preload_content=False)
-        answer.release_conn()
+        given_back(answer)  # (released unread, a HEAD's answer stays open: the next request on it fails)
         if answer.status != 200:
             raise status_error(answer.status, "", url, "object", self.credential_source)
         length = answer.headers.get("Content-Length")
