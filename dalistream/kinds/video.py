@@ -288,10 +288,11 @@ def _to_rgb(av: Any, frame: Any) -> np.ndarray:
     frees it there (the child's first conversion, or Python clearing the other threads' state
     when the fork came from another thread) waits for ever on threads that do not exist in the
     child. A context without threads is only memory: safe to inherit, use and free."""
-    rgb = getattr(_CONVERTERS, "rgb", None)
-    if rgb is None:
-        rgb = _CONVERTERS.rgb = av.video.reformatter.VideoReformatter()
-    one = {"threads": 1} if int(av.__version__.split(".")[0]) >= 17 else {}  # (no ``threads`` before 17: none run)
+    made = getattr(_CONVERTERS, "made", None)
+    if made is None:  # (no ``threads`` before PyAV 17: none run)
+        one = {"threads": 1} if int(av.__version__.split(".")[0]) >= 17 else {}
+        made = _CONVERTERS.made = (av.video.reformatter.VideoReformatter(), one)
+    rgb, one = made
     return rgb.reformat(frame, format="rgb24", **one).to_ndarray()
 
 
