@@ -47,9 +47,8 @@ VIDEO_EXTS = frozenset({"mp4", "webm", "mkv", "mov"})
 DALI_CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
 SHORT_MODES = ("loop", "edge", "black")  # what fills a clip longer than its video
 DECODE_PLACES = ("dali", "worker")
+_CONVERTERS = threading.local()  # each thread's frame converter (:func:`_to_rgb`)
 #: The codec id the probe reads, by FFmpeg's codec name (a decoder such as ``libdav1d`` names its codec's id).
-_CONVERTERS = threading.local()
-
 _CODEC_NAMES = ("h264", "hevc", "av1", "vp8", "vp9", "mjpeg", "mpeg4", "mpeg2video", "prores", "theora")
 
 
